@@ -1,0 +1,33 @@
+"""Algorithm registry: an explicit dict from config name to `Algorithm` record (DESIGN §2)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from fedray.algorithms import fedavg
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str
+    Hparams: type
+    init: Callable[..., Any]  # (fed, hp) -> State
+    round: Callable[..., Any]  # (state, fed, hp, rnd) -> (State, records)
+    evaluate: Callable[..., Any]  # (state, fed, hp, rnd) -> records
+
+    def make_hparams(self, values: Mapping[str, Any]) -> Any:
+        from fedray.config import hparams_from_dict
+
+        return hparams_from_dict(self.Hparams, values, self.name)
+
+    @classmethod
+    def from_module(cls, name: str, module: ModuleType) -> Algorithm:
+        return cls(name, module.Hparams, module.init, module.round, module.evaluate)
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    "fedavg": Algorithm.from_module("fedavg", fedavg),
+}

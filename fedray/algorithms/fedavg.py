@@ -1,0 +1,58 @@
+"""FedAvg: McMahan, Moore, Ramage, Hampson, Agüera y Arcas, "Communication-Efficient Learning of
+Deep Networks from Decentralized Data", AISTATS 2017; procedure as in NIID-Bench (ALGORITHMS.md §0.2).
+
+Each round: sample the first floor(N * participation) clients of a random permutation; each runs
+``local_epochs`` of SGD (fresh optimizer) from the global weights; the server takes the
+data-size-weighted average of all state-dict entries. ``server_lr`` != 1 turns the average into a
+server step w + eta_g (avg - w) (FedAvgM-style without momentum); 1 is the paper and NIID-Bench.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fedray.client import Client
+from fedray.evaluation import single_model_records
+from fedray.federation import Federation
+from fedray.params import Params, get_params
+from fedray.records import Record
+from fedray.rounds import fedavg_aggregate, local_sgd_reply, train_records
+
+
+@dataclass
+class Hparams:
+    server_lr: float = 1.0  # eta_g: global step size on (average - current); 1 = plain FedAvg average
+
+    def check(self) -> None:
+        if self.server_lr <= 0:
+            raise ValueError(f"config key 'hp.server_lr': must be > 0, got {self.server_lr}")
+
+
+@dataclass
+class State:
+    params: Params  # the global model w_t
+
+
+def init(fed: Federation, hp: Hparams) -> State:
+    return State(get_params(fed.task.build_model()))
+
+
+def local_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+    return local_sgd_reply(client, msg["params"], msg["round"]), cstate
+
+
+def server_step(current: Params, average: Params, server_lr: float) -> Params:
+    if server_lr == 1.0:
+        return average  # exactly the weighted average, no round-off from w + (avg - w)
+    return {k: (current[k] + server_lr * (average[k] - current[k])).astype(current[k].dtype) for k in current}
+
+
+def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
+    cids = fed.sample(fed.task.participation, fed.task.rng("sample", rnd=rnd))
+    replies = fed.map(local_update, cids, {"params": state.params, "round": rnd})
+    return State(server_step(state.params, fedavg_aggregate(replies), hp.server_lr)), train_records(replies)
+
+
+def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Record]:
+    return single_model_records(fed, state.params)

@@ -1,0 +1,120 @@
+"""What a client function sees: the run's fixed `Task` and one `Client` (its data, device, batches).
+
+Client work is a module-level function ``fn(client, cstate, msg) -> (reply, new_cstate)``
+(DESIGN §2); persistent per-client state round-trips through ``cstate``, never through attributes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedray import seeding
+from fedray.data import ArrayDataset, DataSpec
+from fedray.models import EncoderHead, build_model
+from fedray.params import Params, set_params
+
+
+@dataclass(frozen=True)
+class Task:
+    """Everything about a run that every client and the coordinator share and never changes."""
+
+    seed: int
+    model: str
+    spec: DataSpec
+    local_epochs: int
+    batch_size: int
+    lr: float
+    momentum: float
+    weight_decay: float
+    participation: float
+    eval_batch_size: int
+
+    @classmethod
+    def from_config(cls, cfg, spec: DataSpec) -> Task:
+        return cls(
+            seed=cfg.seed, model=cfg.model, spec=spec, local_epochs=cfg.local_epochs, batch_size=cfg.batch_size,
+            lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, participation=cfg.participation,
+            eval_batch_size=cfg.eval_batch_size,
+        )  # fmt: skip
+
+    def build_model(self, purpose: str = "init") -> EncoderHead:
+        """A freshly initialised model; the init draws come from the derived stream (seed, purpose)."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seeding.torch_seed(self.seed, purpose))
+            return build_model(self.model, self.spec.input_shape, self.spec.num_classes)
+
+    def rng(self, purpose: str, client: int = seeding.GLOBAL, rnd: int = seeding.GLOBAL) -> np.random.Generator:
+        return seeding.rng(self.seed, purpose, client, rnd)
+
+
+class Client:
+    """One client's view: its id, its data (views into the shared arrays) and the device to use."""
+
+    def __init__(
+        self,
+        cid: int,
+        task: Task,
+        data: ArrayDataset,
+        train_idx: np.ndarray,
+        test_idx: np.ndarray,
+        device: torch.device,
+        model_cache: dict | None = None,
+    ):
+        self.cid = cid
+        # One model object per host, reused across its clients: loading params overwrites every
+        # entry of the state dict, so reuse changes no number and saves re-initialising each call.
+        self._model_cache = {} if model_cache is None else model_cache
+        self.task = task
+        self.device = device
+        self._data = data
+        self.train_idx = train_idx
+        self.test_idx = test_idx
+
+    @property
+    def num_examples(self) -> int:
+        return len(self.train_idx)
+
+    @property
+    def num_test_examples(self) -> int:
+        return len(self.test_idx)
+
+    def label_counts(self) -> np.ndarray:
+        return np.bincount(self._data.y[self.train_idx], minlength=self.task.spec.num_classes)
+
+    def model(self, params: Params | None = None) -> EncoderHead:
+        """The task's model on this client's device, loaded with ``params`` when given."""
+        if params is None:
+            return self.task.build_model().to(self.device)
+        m = self._model_cache.get("model")
+        if m is None:
+            m = self._model_cache["model"] = self.task.build_model().to(self.device)
+        set_params(m, params)
+        m.train()
+        return m
+
+    def train_batches(self, rnd: int, epoch: int, batch_size: int | None = None, drop_last: bool = False) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Shuffled mini-batches of the training split; the order is drawn from (seed, loader, client, round, epoch)."""
+        bs = batch_size or self.task.batch_size
+        order = seeding.rng(self.task.seed, f"loader/{epoch}", self.cid, rnd).permutation(self.train_idx)
+        aug = seeding.torch_generator(self.task.seed, f"augment/{epoch}", self.cid, rnd)
+        stop = len(order) - (len(order) % bs if drop_last else 0)
+        for start in range(0, stop, bs):
+            idx = order[start : start + bs]
+            x = self.task.spec.to_tensor(self._data.x[idx], augment=True, generator=aug)
+            yield x.to(self.device, non_blocking=True), torch.from_numpy(self._data.y[idx]).to(self.device, non_blocking=True)
+
+    def test_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        yield from iterate(self._data, self.test_idx, self.task.spec, self.task.eval_batch_size, self.device)
+
+
+def iterate(data: ArrayDataset, idx: np.ndarray | None, spec: DataSpec, batch_size: int, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Batches in order, without augmentation (evaluation)."""
+    n = len(data) if idx is None else len(idx)
+    for start in range(0, n, batch_size):
+        sel = slice(start, start + batch_size) if idx is None else idx[start : start + batch_size]
+        x = spec.to_tensor(data.x[sel])
+        yield x.to(device, non_blocking=True), torch.from_numpy(np.asarray(data.y[sel])).to(device, non_blocking=True)

@@ -1,0 +1,335 @@
+"""The typed experiment config (DESIGN §5): YAML files plus ``--set key=value`` overrides.
+
+Every key, its default and its meaning is in `Config` below. Unknown keys and bad values raise
+`ConfigError` naming the key (and suggesting a close match) before any data is read or Ray is
+started. Algorithm hyperparameters live under ``hp.`` and are checked against the chosen
+algorithm's ``Hparams`` dataclass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULT_FMNIST_ROOT = "/usr/share/datasets/fashion-mnist"
+
+
+class ConfigError(ValueError):
+    """A config key or value is wrong; the message names the key."""
+
+
+@dataclass
+class Config:
+    # --- what to run -------------------------------------------------------------------------
+    experiment: str = "default"  # free-form name; groups runs in `fedray report`
+    algorithm: str = "fedavg"  # a name from fedray.algorithms.ALGORITHMS
+    hp: dict[str, Any] = field(default_factory=dict)  # algorithm hyperparameters (hp.<name>), checked per algorithm
+    seed: int = 0  # master seed; every random stream derives from (seed, purpose, client, round)
+
+    # --- data ------------------------------------------------------------------------------------
+    dataset: str = "digits"  # digits | fmnist | mnist | emnist | cifar10 | cifar100 | svhn | synthetic
+    data_root: str = ""  # folder with the dataset files; "" = the dataset's default (fmnist: the Debian package path)
+    download: bool = False  # let torchvision download a missing dataset into data_root (needs internet)
+    emnist_split: str = "byclass"  # torchvision EMNIST split: byclass | bymerge | balanced | letters | digits | mnist
+    synthetic_size: int = 2000  # synthetic only: number of training samples (test set is a quarter of it)
+    synthetic_shape: list[int] = field(default_factory=lambda: [1, 8, 8])  # synthetic only: C, H, W of an input
+
+    # --- partition across clients (ALGORITHMS.md §7) -------------------------------------------
+    num_clients: int = 10  # N
+    partition: str = "dirichlet"  # iid | labels (#C=k) | dirichlet | quantity | dominant | clientwise_dirichlet
+    partition_k: int = 2  # labels: classes per client (#C=k)
+    partition_beta: float = 0.5  # dirichlet/quantity/clientwise_dirichlet: concentration; dominant: dominant fraction
+    partition_clusters: int = 4  # dominant: number of client clusters, each with its own dominant class
+    partition_size: int = 0  # dominant: samples per client (0 = as many as the class pools allow, at most n/N)
+    partition_min_size: int = 10  # dirichlet/quantity: redraw until every client holds at least this many samples
+    client_test_fraction: float = 0.0  # share of each client's samples kept as its own test split (FedRC: 0.1)
+
+    # --- model and local training (ALGORITHMS.md §0.2, NIID-Bench defaults) -----------------------
+    model: str = "mlp"  # a name from fedray.models.MODELS (simple_cnn, mlp)
+    rounds: int = 30  # communication rounds
+    local_epochs: int = 2  # full passes over the local data per round
+    batch_size: int = 64  # local mini-batch size (last partial batch kept, as in NIID-Bench)
+    lr: float = 0.05  # local SGD learning rate
+    momentum: float = 0.9  # local SGD momentum (optimizer re-created every round)
+    weight_decay: float = 1e-5  # local SGD weight decay
+    participation: float = 1.0  # fraction of clients sampled per round (first floor(N * p) of a permutation)
+
+    # --- evaluation --------------------------------------------------------------------------------
+    eval_every: int = 1  # evaluate every this many rounds (the last round is always evaluated)
+    eval_batch_size: int = 512  # batch size for evaluation (does not change the numbers)
+
+    # --- placement (DESIGN §3) -----------------------------------------------------------------------
+    num_cpus_per_actor: float = 1.0  # CPUs reserved per client actor; torch threads = max(1, floor(this))
+    num_gpus_per_actor: float = 0.0  # GPUs per client actor, fractional (e.g. 0.25 puts 4 actors on a GPU)
+    num_actors: int = 0  # client actors to start; 0 = as many as the cluster's resources allow (at most N)
+    placement_timeout_s: float = 300.0  # give up (loudly) if the actors cannot be placed within this time
+
+    # --- output (DESIGN §6) -------------------------------------------------------------------------
+    output: str = "out"  # results folder: metrics/, runs/, configs/
+
+    # ------------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def run_id(self) -> str:
+        """Stable id of the run: the same resolved config gives the same id (output excluded)."""
+        d = self.to_dict()
+        d.pop("output")
+        digest = hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
+        return f"{self.algorithm}-{self.dataset}-s{self.seed}-{digest}"
+
+    def resolved_data_root(self) -> str:
+        if self.data_root:
+            return self.data_root
+        return DEFAULT_FMNIST_ROOT if self.dataset == "fmnist" else "data"
+
+
+FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Config)}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Loading
+# ----------------------------------------------------------------------------------------------------
+
+
+def _suggest(name: str, candidates: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def parse_sets(sets: Iterable[str]) -> dict[str, Any]:
+    """Turn ``["a=1", "hp.mu=0.1"]`` into a nested dict; values are parsed as YAML scalars."""
+    out: dict[str, Any] = {}
+    for item in sets:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected key=value")
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        if not key:
+            raise ConfigError(f"--set {item!r}: empty key")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--set {key}: cannot parse value {raw!r}: {e}") from None
+        node = out
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {key}: '{p}' is not a section")
+        node[parts[-1]] = value
+    return out
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = _merge(dict(out[k]), v)
+        else:
+            out[k] = v
+    return out
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(p)!r}: expected a mapping of keys to values at the top level")
+    return data
+
+
+def load_config(path: str | Path | None = None, sets: Iterable[str] = (), **overrides: Any) -> Config:
+    """Read YAML (or the embedded default when ``path`` is None), apply ``--set``s and overrides, validate."""
+    raw: dict[str, Any] = read_yaml(path) if path is not None else {}
+    raw = _merge(raw, parse_sets(sets))
+    raw = _merge(raw, {k: v for k, v in overrides.items() if v is not None})
+    return from_dict(raw)
+
+
+def from_dict(raw: Mapping[str, Any]) -> Config:
+    """Build and validate a Config from a (possibly nested) mapping."""
+    if "grid" in raw:
+        raise ConfigError("key 'grid': grids are expanded by `fedray sweep`, not by `fedray run`")
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in FIELDS:
+            raise ConfigError(f"unknown config key '{key}'{_suggest(key, FIELDS)}")
+        values[key] = _coerce(key, value, _field_type(key))
+    cfg = Config(**values)
+    validate(cfg)
+    return cfg
+
+
+def _field_type(name: str) -> Any:
+    return typing.get_type_hints(Config)[name]
+
+
+def _coerce(key: str, value: Any, typ: Any) -> Any:
+    """Check ``value`` against the annotation ``typ``; allow int -> float. Returns the value to store."""
+    origin = typing.get_origin(typ)
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"config key '{key}': expected true or false, got {value!r}")
+    if typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"config key '{key}': expected an integer, got {value!r}")
+    if typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"config key '{key}': expected a number, got {value!r}")
+    if typ is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and key in ("experiment", "output", "data_root"):
+            return str(value)
+        raise ConfigError(f"config key '{key}': expected a string, got {value!r}")
+    if origin is list:
+        (inner,) = typing.get_args(typ)
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"config key '{key}': expected a list, got {value!r}")
+        return [_coerce(f"{key}[{i}]", v, inner) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"config key '{key}': expected a mapping of names to values, got {value!r}")
+        return dict(value)
+    if origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(typ):
+            if option is type(None) and value is None:
+                return None
+            try:
+                return _coerce(key, value, option)
+            except ConfigError:
+                continue
+        raise ConfigError(f"config key '{key}': value {value!r} does not fit {typ}")
+    if typ is Any:
+        return value
+    raise TypeError(f"unsupported config annotation {typ!r} for {key}")  # a bug in Config, not user input
+
+
+def _choice(key: str, value: str, allowed: Iterable[str]) -> None:
+    allowed = sorted(allowed)
+    if value not in allowed:
+        raise ConfigError(f"config key '{key}': unknown value {value!r}{_suggest(value, allowed)} (allowed: {', '.join(allowed)})")
+
+
+def _check(cond: bool, key: str, message: str) -> None:
+    if not cond:
+        raise ConfigError(f"config key '{key}': {message}")
+
+
+def validate(cfg: Config) -> None:
+    """Value checks and cross-key checks. Cheap: no data is read, no Ray is started."""
+    # Local imports: the registries import torch, which the pure parsing above does not need.
+    from fedray.algorithms import ALGORITHMS
+    from fedray.data import DATASETS, PARTITIONS, dataset_info
+    from fedray.models import MODELS
+
+    _choice("algorithm", cfg.algorithm, ALGORITHMS)
+    _choice("dataset", cfg.dataset, DATASETS)
+    _choice("partition", cfg.partition, PARTITIONS)
+    _choice("model", cfg.model, MODELS)
+    _choice("emnist_split", cfg.emnist_split, ("byclass", "bymerge", "balanced", "letters", "digits", "mnist"))
+
+    _check(cfg.num_clients >= 1, "num_clients", f"must be >= 1, got {cfg.num_clients}")
+    _check(cfg.rounds >= 1, "rounds", f"must be >= 1, got {cfg.rounds}")
+    _check(cfg.local_epochs >= 1, "local_epochs", f"must be >= 1, got {cfg.local_epochs}")
+    _check(cfg.batch_size >= 1, "batch_size", f"must be >= 1, got {cfg.batch_size}")
+    _check(cfg.eval_batch_size >= 1, "eval_batch_size", f"must be >= 1, got {cfg.eval_batch_size}")
+    _check(cfg.lr > 0, "lr", f"must be > 0, got {cfg.lr}")
+    _check(0 <= cfg.momentum < 1, "momentum", f"must be in [0, 1), got {cfg.momentum}")
+    _check(cfg.weight_decay >= 0, "weight_decay", f"must be >= 0, got {cfg.weight_decay}")
+    _check(0 < cfg.participation <= 1, "participation", f"must be in (0, 1], got {cfg.participation}")
+    _check(cfg.eval_every >= 1, "eval_every", f"must be >= 1, got {cfg.eval_every}")
+    _check(cfg.seed >= 0, "seed", f"must be >= 0, got {cfg.seed}")
+    _check(cfg.num_cpus_per_actor > 0, "num_cpus_per_actor", f"must be > 0, got {cfg.num_cpus_per_actor}")
+    _check(cfg.num_gpus_per_actor >= 0, "num_gpus_per_actor", f"must be >= 0, got {cfg.num_gpus_per_actor}")
+    _check(
+        cfg.num_gpus_per_actor <= 1 or float(cfg.num_gpus_per_actor).is_integer(),
+        "num_gpus_per_actor",
+        f"above 1 it must be a whole number of GPUs (Ray's rule), got {cfg.num_gpus_per_actor}",
+    )
+    _check(cfg.num_actors >= 0, "num_actors", f"must be >= 0 (0 = from resources), got {cfg.num_actors}")
+    _check(cfg.placement_timeout_s > 0, "placement_timeout_s", f"must be > 0, got {cfg.placement_timeout_s}")
+    _check(0 <= cfg.client_test_fraction < 1, "client_test_fraction", f"must be in [0, 1), got {cfg.client_test_fraction}")
+    _check(cfg.partition_beta > 0, "partition_beta", f"must be > 0, got {cfg.partition_beta}")
+    _check(cfg.partition_min_size >= 1, "partition_min_size", f"must be >= 1, got {cfg.partition_min_size}")
+    _check(cfg.partition_size >= 0, "partition_size", f"must be >= 0 (0 = automatic), got {cfg.partition_size}")
+    _check(cfg.synthetic_size >= 10, "synthetic_size", f"must be >= 10, got {cfg.synthetic_size}")
+    _check(
+        len(cfg.synthetic_shape) in (1, 3) and all(s >= 1 for s in cfg.synthetic_shape),
+        "synthetic_shape",
+        f"must be [D] or [C, H, W] with positive sizes, got {cfg.synthetic_shape}",
+    )
+    _check(bool(cfg.output), "output", "must name a folder")
+
+    info = dataset_info(cfg)
+    if cfg.partition == "labels":
+        _check(
+            1 <= cfg.partition_k <= info.num_classes,
+            "partition_k",
+            f"#C=k needs 1 <= k <= {info.num_classes} (classes of {cfg.dataset}), got {cfg.partition_k}",
+        )
+    if cfg.partition == "dominant":
+        _check(cfg.partition_beta <= 1, "partition_beta", f"dominant: the dominant-class fraction must be <= 1, got {cfg.partition_beta}")
+        _check(
+            1 <= cfg.partition_clusters <= cfg.num_clients,
+            "partition_clusters",
+            f"must be between 1 and num_clients={cfg.num_clients}, got {cfg.partition_clusters}",
+        )
+    if info.train_size is not None:
+        _check(
+            cfg.num_clients <= info.train_size,
+            "num_clients",
+            f"{cfg.num_clients} clients but {cfg.dataset} has only {info.train_size} training samples",
+        )
+    problem = MODELS[cfg.model].incompatibility(info.input_shape)
+    if problem:
+        raise ConfigError(f"config key 'model': {cfg.model} cannot take {cfg.dataset} inputs: {problem}")
+
+    ALGORITHMS[cfg.algorithm].make_hparams(cfg.hp)
+
+
+def hparams_from_dict(cls: type, values: Mapping[str, Any], algorithm: str) -> Any:
+    """Build an algorithm's Hparams dataclass from ``hp.*`` values, with the same checks as Config."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for k, v in values.items():
+        if k not in fields:
+            known = ", ".join(sorted(fields)) or "none"
+            raise ConfigError(f"unknown config key 'hp.{k}' for algorithm {algorithm}{_suggest(k, fields)} (its hp keys: {known})")
+        kwargs[k] = _coerce(f"hp.{k}", v, hints[k])
+    hp = cls(**kwargs)
+    check = getattr(hp, "check", None)
+    if check is not None:
+        try:
+            check()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    return hp
+
+
+def dump_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)

@@ -1,0 +1,307 @@
+"""Datasets as in-memory numpy arrays.
+
+Images are kept as uint8 ``(N, C, H, W)`` arrays (4x smaller than float32, and what the object
+store shares zero-copy with every actor); `DataSpec.to_tensor` turns a batch into floats the way
+NIID-Bench's transforms do (ALGORITHMS.md §0.3): ToTensor scaling, optional normalisation, and the
+CIFAR training augmentation.
+"""
+
+from __future__ import annotations
+
+import gzip
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from fedray.config import Config
+
+
+class DatasetMissing(FileNotFoundError):
+    """The dataset's files are not where the config says; the message says how to get them."""
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    input_shape: tuple[int, ...]
+    num_classes: int
+    train_size: int | None  # None when it depends on files we have not read
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """How a stored batch becomes a model input."""
+
+    input_shape: tuple[int, ...]
+    num_classes: int
+    scale: float  # stored value * scale = ToTensor value (1/255 for uint8 images)
+    mean: tuple[float, ...] | None = None  # per-channel normalisation after scaling
+    std: tuple[float, ...] | None = None
+    augment: str = "none"  # "none" | "crop_flip" (reflect-pad 4, random 32 crop, horizontal flip)
+
+    def to_tensor(self, x: np.ndarray, augment: bool = False, generator: torch.Generator | None = None) -> torch.Tensor:
+        t = torch.from_numpy(np.ascontiguousarray(x)).to(torch.float32)
+        if self.scale != 1.0:
+            t = t * self.scale
+        if augment and self.augment == "crop_flip":
+            t = crop_flip(t, generator)
+        if self.mean is not None and self.std is not None:
+            shape = (1, -1) + (1,) * (t.dim() - 2)
+            t = (t - torch.tensor(self.mean).view(shape)) / torch.tensor(self.std).view(shape)
+        return t
+
+
+def crop_flip(t: torch.Tensor, generator: torch.Generator | None, pad: int = 4) -> torch.Tensor:
+    """Per-sample random crop (after reflect padding) and horizontal flip, vectorised over the batch."""
+    b, c, h, w = t.shape
+    padded = torch.nn.functional.pad(t, (pad, pad, pad, pad), mode="reflect")
+    oy = torch.randint(0, 2 * pad + 1, (b,), generator=generator)
+    ox = torch.randint(0, 2 * pad + 1, (b,), generator=generator)
+    flip = torch.rand(b, generator=generator) < 0.5
+    rows = (oy[:, None] + torch.arange(h)[None, :])[:, None, :, None]
+    cols = ox[:, None] + torch.arange(w)[None, :]
+    cols = torch.where(flip[:, None], cols.flip(1), cols)[:, None, None, :]
+    return padded[torch.arange(b)[:, None, None, None], torch.arange(c)[None, :, None, None], rows, cols]
+
+
+@dataclass
+class ArrayDataset:
+    x: np.ndarray
+    y: np.ndarray  # int64 class ids
+
+    def __post_init__(self) -> None:
+        if len(self.x) != len(self.y):
+            raise ValueError(f"{len(self.x)} inputs but {len(self.y)} labels")
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+@dataclass
+class Dataset:
+    name: str
+    train: ArrayDataset
+    test: ArrayDataset
+    spec: DataSpec
+
+
+# ----------------------------------------------------------------------------------------------------
+# Loaders
+# ----------------------------------------------------------------------------------------------------
+
+
+def _digits(cfg: Config) -> Dataset:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    d = load_digits()
+    x = d.data.reshape(-1, 1, 8, 8).astype(np.uint8)  # pixel values 0..16
+    # A fixed stratified 70/30 split, independent of the run seed: every run sees the same test set.
+    xtr, xte, ytr, yte = train_test_split(x, d.target.astype(np.int64), test_size=0.3, random_state=0, stratify=d.target)
+    spec = DataSpec((1, 8, 8), 10, scale=1.0 / 16.0)
+    return Dataset("digits", ArrayDataset(xtr, ytr), ArrayDataset(xte, yte), spec)
+
+
+def _synthetic(cfg: Config) -> Dataset:
+    """Gaussian class clusters in [0, 1], a small learnable task for tests and smoke runs."""
+    shape = tuple(cfg.synthetic_shape)
+    classes = 10
+    # Fixed generator: the data set is part of the problem, not of the run's randomness.
+    g = np.random.default_rng(12345)
+    means = g.uniform(0.2, 0.8, size=(classes, *shape))
+
+    def draw(n: int) -> ArrayDataset:
+        y = g.integers(0, classes, size=n).astype(np.int64)
+        x = np.clip(means[y] + g.normal(0, 0.25, size=(n, *shape)), 0, 1).astype(np.float32)
+        return ArrayDataset(x, y)
+
+    train, test = draw(cfg.synthetic_size), draw(max(10, cfg.synthetic_size // 4))
+    return Dataset("synthetic", train, test, DataSpec(shape, classes, scale=1.0))
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read an IDX file (the MNIST family's format), gzipped or not."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    zero, dtype_code, ndim = struct.unpack(">HBB", data[:4])
+    if zero != 0 or dtype_code != 0x08:
+        raise ValueError(f"{path}: not an unsigned-byte IDX file (magic {data[:4].hex()})")
+    dims = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
+    arr = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
+    if arr.size != int(np.prod(dims)):
+        raise ValueError(f"{path}: header says {dims} but holds {arr.size} bytes (truncated?)")
+    return arr.reshape(dims)
+
+
+FMNIST_FILES = {
+    "train_x": "train-images-idx3-ubyte",
+    "train_y": "train-labels-idx1-ubyte",
+    "test_x": "t10k-images-idx3-ubyte",
+    "test_y": "t10k-labels-idx1-ubyte",
+}
+
+
+def _find_idx(root: Path, stem: str) -> Path | None:
+    for name in (stem, stem + ".gz"):
+        for folder in (root, root / "FashionMNIST" / "raw"):
+            if (folder / name).is_file():
+                return folder / name
+    return None
+
+
+def _fmnist(cfg: Config) -> Dataset:
+    root = Path(cfg.resolved_data_root())
+    found = {k: _find_idx(root, stem) for k, stem in FMNIST_FILES.items()}
+    if any(p is None for p in found.values()):
+        if not cfg.download:
+            raise DatasetMissing(_fmnist_missing_message(root))
+        from torchvision.datasets import FashionMNIST
+
+        for train in (True, False):
+            FashionMNIST(str(root), train=train, download=True)
+        found = {k: _find_idx(root, stem) for k, stem in FMNIST_FILES.items()}
+    arrays = {k: read_idx(p) for k, p in found.items()}  # type: ignore[arg-type]
+    spec = DataSpec((1, 28, 28), 10, scale=1.0 / 255.0)
+    return Dataset(
+        "fmnist",
+        ArrayDataset(arrays["train_x"][:, None], arrays["train_y"].astype(np.int64)),
+        ArrayDataset(arrays["test_x"][:, None], arrays["test_y"].astype(np.int64)),
+        spec,
+    )
+
+
+def _fmnist_missing_message(root: Path) -> str:
+    return (
+        f"dataset fmnist: no Fashion-MNIST IDX files in data_root={str(root)!r} "
+        f"(looked for {', '.join(FMNIST_FILES.values())}, optionally .gz). "
+        "Install them with `apt-get install dataset-fashion-mnist` (Debian/Ubuntu; files land in "
+        f"{'/usr/share/datasets/fashion-mnist'}), point data_root at a folder holding them, "
+        "or set download=true to fetch them with torchvision (needs internet)."
+    )
+
+
+@dataclass(frozen=True)
+class TorchvisionSpec:
+    cls_name: str
+    marker: str  # a path under data_root that exists once the data set is there
+    split_kwargs: Callable[[bool, Config], dict]
+    info: Callable[[Config], DatasetInfo]
+    spec: Callable[[Config], DataSpec]
+
+
+_EMNIST_CLASSES = {"byclass": 62, "bymerge": 47, "balanced": 47, "letters": 27, "digits": 10, "mnist": 10}
+_EMNIST_TRAIN = {"byclass": 697932, "bymerge": 697932, "balanced": 112800, "letters": 124800, "digits": 240000, "mnist": 60000}
+_CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
+_CIFAR100_STD = (0.2673, 0.2564, 0.2762)
+
+TORCHVISION: dict[str, TorchvisionSpec] = {
+    "mnist": TorchvisionSpec(
+        "MNIST", "MNIST/raw", lambda train, cfg: {"train": train},
+        lambda cfg: DatasetInfo((1, 28, 28), 10, 60000), lambda cfg: DataSpec((1, 28, 28), 10, 1 / 255),
+    ),
+    "emnist": TorchvisionSpec(
+        "EMNIST", "EMNIST/raw", lambda train, cfg: {"train": train, "split": cfg.emnist_split},
+        lambda cfg: DatasetInfo((1, 28, 28), _EMNIST_CLASSES[cfg.emnist_split], _EMNIST_TRAIN[cfg.emnist_split]),
+        lambda cfg: DataSpec((1, 28, 28), _EMNIST_CLASSES[cfg.emnist_split], 1 / 255),
+    ),
+    "cifar10": TorchvisionSpec(
+        "CIFAR10", "cifar-10-batches-py", lambda train, cfg: {"train": train},
+        lambda cfg: DatasetInfo((3, 32, 32), 10, 50000), lambda cfg: DataSpec((3, 32, 32), 10, 1 / 255, augment="crop_flip"),
+    ),
+    "cifar100": TorchvisionSpec(
+        "CIFAR100", "cifar-100-python", lambda train, cfg: {"train": train},
+        lambda cfg: DatasetInfo((3, 32, 32), 100, 50000),
+        lambda cfg: DataSpec((3, 32, 32), 100, 1 / 255, _CIFAR100_MEAN, _CIFAR100_STD, augment="crop_flip"),
+    ),
+    "svhn": TorchvisionSpec(
+        "SVHN", "train_32x32.mat", lambda train, cfg: {"split": "train" if train else "test"},
+        lambda cfg: DatasetInfo((3, 32, 32), 10, 73257), lambda cfg: DataSpec((3, 32, 32), 10, 1 / 255),
+    ),
+}
+
+
+def _as_nchw(data: object, name: str) -> np.ndarray:
+    x = data.numpy() if isinstance(data, torch.Tensor) else np.asarray(data)
+    if x.ndim == 3:  # (N, H, W) grey images
+        x = x[:, None]
+        if name == "emnist":
+            # EMNIST's stored images are transposed relative to MNIST; flip them upright.
+            x = x.transpose(0, 1, 3, 2)
+    elif name in ("cifar10", "cifar100"):  # stored as (N, H, W, C)
+        x = x.transpose(0, 3, 1, 2)
+    return np.ascontiguousarray(x, dtype=np.uint8)
+
+
+def _torchvision_loader(name: str) -> Callable[[Config], Dataset]:
+    def load(cfg: Config) -> Dataset:
+        import torchvision.datasets as tvd
+
+        tv = TORCHVISION[name]
+        root = cfg.resolved_data_root()
+        cls = getattr(tvd, tv.cls_name)
+        parts = []
+        for train in (True, False):
+            try:
+                ds = cls(root, download=cfg.download, **tv.split_kwargs(train, cfg))
+            except RuntimeError as e:
+                raise DatasetMissing(_torchvision_missing_message(name, root, str(e))) from None
+            labels = getattr(ds, "targets", None)
+            if labels is None:
+                labels = ds.labels
+            labels = labels.numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
+            parts.append(ArrayDataset(_as_nchw(ds.data, name), labels.astype(np.int64)))
+        return Dataset(name, parts[0], parts[1], tv.spec(cfg))
+
+    return load
+
+
+def _torchvision_missing_message(name: str, root: str, detail: str = "") -> str:
+    tv = TORCHVISION[name]
+    return (
+        f"dataset {name}: not found under data_root={root!r} (torchvision's {tv.cls_name} layout, e.g. "
+        f"{root}/{tv.marker}){': ' + detail if detail else ''}. Set download=true to fetch it with torchvision "
+        "(needs internet), or point data_root at a folder that holds it."
+    )
+
+
+LOADERS: dict[str, Callable[[Config], Dataset]] = {
+    "digits": _digits,
+    "synthetic": _synthetic,
+    "fmnist": _fmnist,
+    **{name: _torchvision_loader(name) for name in TORCHVISION},
+}
+DATASETS = tuple(LOADERS)
+
+
+def dataset_info(cfg: Config) -> DatasetInfo:
+    """Shape, classes and size of a dataset without reading it (for config validation)."""
+    if cfg.dataset == "digits":
+        return DatasetInfo((1, 8, 8), 10, 1257)
+    if cfg.dataset == "synthetic":
+        return DatasetInfo(tuple(cfg.synthetic_shape), 10, cfg.synthetic_size)
+    if cfg.dataset == "fmnist":
+        return DatasetInfo((1, 28, 28), 10, 60000)
+    return TORCHVISION[cfg.dataset].info(cfg)
+
+
+def check_available(cfg: Config) -> None:
+    """Raise DatasetMissing now (cheaply) rather than after Ray and the actors have started."""
+    if cfg.download or cfg.dataset in ("digits", "synthetic"):
+        return
+    root = Path(cfg.resolved_data_root())
+    if cfg.dataset == "fmnist":
+        if any(_find_idx(root, stem) is None for stem in FMNIST_FILES.values()):
+            raise DatasetMissing(_fmnist_missing_message(root))
+        return
+    if not (root / TORCHVISION[cfg.dataset].marker).exists():
+        raise DatasetMissing(_torchvision_missing_message(cfg.dataset, str(root)))
+
+
+def load_dataset(cfg: Config) -> Dataset:
+    return LOADERS[cfg.dataset](cfg)

@@ -1,0 +1,42 @@
+"""Evaluation of models: the global test set on the coordinator, local test splits on the clients."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedray.client import Client, iterate
+from fedray.federation import Federation
+from fedray.params import Params, set_params
+from fedray.records import Record, rec
+from fedray.train import EvalStats, evaluate
+
+
+def evaluate_global(fed: Federation, params: Params) -> EvalStats:
+    """The model ``params`` on the full global test set (on the coordinator, CPU)."""
+    model = fed.task.build_model()
+    set_params(model, params)
+    return evaluate(model, iterate(fed.test_set, None, fed.task.spec, fed.task.eval_batch_size, torch.device("cpu")))
+
+
+def local_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+    """Client function: the received model on the client's own test split. State unchanged."""
+    stats = evaluate(client.model(msg["params"]), client.test_batches())
+    return {"correct": stats.correct, "samples": stats.samples, "loss_sum": stats.loss_sum}, cstate
+
+
+def single_model_records(fed: Federation, params: Params, stage: str = "") -> list[Record]:
+    """accuracy/loss on the global test set, plus local_accuracy on clients' own test splits if they have them."""
+    g = evaluate_global(fed, params)
+    records = [rec("accuracy", g.accuracy, stage=stage), rec("loss", g.loss, stage=stage)]
+    with_test = [c for c, n in fed.num_test_examples().items() if n > 0]
+    if with_test:
+        replies = fed.map(local_eval, with_test, {"params": params})
+        correct = np.array([replies[c]["correct"] for c in with_test])
+        samples = np.array([replies[c]["samples"] for c in with_test])
+        for c, k, n in zip(with_test, correct, samples):
+            records.append(rec("local_accuracy", k / n, scope="client", entity=c, stage=stage))
+        records.append(rec("local_accuracy", correct.sum() / samples.sum(), stage=stage))
+    return records

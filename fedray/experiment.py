@@ -1,0 +1,119 @@
+"""The round loop. It exists once, here; the Ray coordinator actor and ``--local`` both drive it.
+
+`execute` loads and partitions the data, builds a federation through the factory it is given,
+runs the algorithm's rounds, evaluates every ``eval_every`` rounds and streams every record to the
+`ResultsWriter`. It yields progress events; the caller prints them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedray.algorithms import ALGORITHMS
+from fedray.config import Config
+from fedray.data import FederatedData, build_federated_data
+from fedray.federation import Federation
+from fedray.records import Record, rec
+from fedray.results import ResultsWriter
+
+
+@dataclass
+class Started:
+    run_id: str
+    num_clients: int
+    placement: dict[str, Any]
+
+
+@dataclass
+class RoundDone:
+    round: int
+    rounds: int
+    seconds: float
+    metrics: dict[str, float] = field(default_factory=dict)  # the round's global-scope values
+
+
+@dataclass
+class Finished:
+    run_id: str
+    summary: dict[str, Any]
+
+
+Event = Started | RoundDone | Finished
+FederationFactory = Callable[[Config, FederatedData], tuple[Federation, dict[str, Any]]]
+
+
+def _global(records: list[Record]) -> dict[str, float]:
+    return {f"{r['stage']}/{r['metric']}" if r["stage"] else r["metric"]: r["value"] for r in records if r["scope"] == "global"}
+
+
+def run_rounds(cfg: Config, fed: Federation, writer: ResultsWriter) -> Iterator[RoundDone]:
+    alg = ALGORITHMS[cfg.algorithm]
+    hp = alg.make_hparams(cfg.hp)
+    state = alg.init(fed, hp)
+    fed.take_traffic()
+    for rnd in range(cfg.rounds):
+        t0 = time.perf_counter()
+        state, records = alg.round(state, fed, hp, rnd)
+        seconds = time.perf_counter() - t0
+        down, up = fed.take_traffic()
+        records = [*records, rec("bytes_down", down), rec("bytes_up", up), rec("seconds", seconds)]
+        if (rnd + 1) % cfg.eval_every == 0 or rnd + 1 == cfg.rounds:
+            t1 = time.perf_counter()
+            records += alg.evaluate(state, fed, hp, rnd)
+            fed.take_traffic()  # evaluation traffic is not training traffic
+            records.append(rec("eval_seconds", time.perf_counter() - t1))
+        writer.add(rnd + 1, records)
+        yield RoundDone(rnd + 1, cfg.rounds, seconds, _global(records))
+
+
+def summarize(history: list[RoundDone], total_seconds: float, placement: dict[str, Any]) -> dict[str, Any]:
+    acc = [(h.round, h.metrics["accuracy"]) for h in history if "accuracy" in h.metrics]
+    seconds = [h.seconds for h in history]
+    out: dict[str, Any] = {"rounds_done": len(history), "total_seconds": total_seconds, "placement": placement}
+    if seconds:
+        out["mean_round_seconds"] = sum(seconds) / len(seconds)
+        steady = seconds[1:] or seconds  # the first round pays for warm-up (actor imports, caches)
+        out["steady_round_seconds"] = sum(steady) / len(steady)
+    if acc:
+        out["final_accuracy"] = acc[-1][1]
+        best = max(acc, key=lambda a: a[1])
+        out["best_accuracy"], out["best_round"] = best[1], best[0]
+    return out
+
+
+def execute(cfg: Config, make_federation: FederationFactory) -> Iterator[Event]:
+    """Run one experiment end to end; the results writer records success or the failure."""
+    run_id = cfg.run_id()
+    writer = ResultsWriter(cfg.output, run_id, cfg.to_dict())
+    writer.start()
+    t0 = time.perf_counter()
+    fed = None
+    history: list[RoundDone] = []
+    placement: dict[str, Any] = {}
+    try:
+        data = build_federated_data(cfg)
+        fed, placement = make_federation(cfg, data)
+        yield Started(run_id, len(data.clients), placement)
+        for ev in run_rounds(cfg, fed, writer):
+            if not all(math.isfinite(v) for v in ev.metrics.values()):
+                bad = {k: v for k, v in ev.metrics.items() if not math.isfinite(v)}
+                raise FloatingPointError(f"round {ev.round}: non-finite metrics {bad} (diverged? lower lr)")
+            history.append(ev)
+            yield ev
+        summary = summarize(history, time.perf_counter() - t0, placement)
+        writer.finish(summary)
+        yield Finished(run_id, summary)
+    except BaseException as e:
+        detail = getattr(e, "remote_traceback", "") or traceback.format_exc()
+        writer.fail(f"{type(e).__name__}: {e}\n{detail}", summarize(history, time.perf_counter() - t0, placement))
+        raise
+    finally:
+        if fed is not None:
+            close = getattr(fed, "close", None)
+            if close is not None:
+                close()

@@ -1,0 +1,215 @@
+"""The Federation protocol, the `ClientHost` that runs client functions, and `LocalFederation`.
+
+A `ClientHost` holds some clients' data and persistent state and runs client functions on them.
+`LocalFederation` wraps one host with every client (in-process, sequential); each Ray client actor
+(actors/) wraps one host with its share of the clients. Both federations therefore run exactly the
+same client code, which is why they give bit-identical numbers for a seed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from fedray.client import Client, Task
+from fedray.data import ArrayDataset, ClientIndices
+from fedray.params import payload_nbytes
+
+ClientFn = Callable[[Client, Any, Any], tuple[Any, Any]]
+
+
+class ClientError(RuntimeError):
+    """A client function raised; carries the client id and the original traceback text."""
+
+    def __init__(self, cid: int, message: str, remote_traceback: str = "") -> None:
+        super().__init__(f"client {cid}: {message}")
+        self.cid = cid
+        self.message = message
+        self.remote_traceback = remote_traceback
+
+    def __reduce__(self):  # keep the fields when Ray pickles the exception
+        return (ClientError, (self.cid, self.message, self.remote_traceback))
+
+
+@dataclass(frozen=True)
+class CallMeta:
+    """Accounting for one client call: serialized bytes received and sent, and wall time."""
+
+    cid: int
+    bytes_in: int
+    bytes_out: int
+    seconds: float
+
+
+def set_torch_threads(num_cpus: float) -> int:
+    """Torch intra-op threads = the CPUs reserved for this process (at least 1)."""
+    n = max(1, int(math.floor(num_cpus)))
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+    return n
+
+
+class ClientHost:
+    def __init__(
+        self,
+        task: Task,
+        data: ArrayDataset,
+        clients: Mapping[int, ClientIndices],
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.task = task
+        self.device = torch.device(device)
+        self._data = data
+        self._indices = dict(clients)
+        self._state: dict[int, Any] = {}
+        self._model_cache: dict = {}
+
+    @property
+    def client_ids(self) -> list[int]:
+        return sorted(self._indices)
+
+    def client(self, cid: int) -> Client:
+        ix = self._indices[cid]
+        return Client(cid, self.task, self._data, ix.train, ix.test, self.device, self._model_cache)
+
+    def run(self, fn: ClientFn, cid: int, msg: Any) -> tuple[Any, CallMeta]:
+        if cid not in self._indices:
+            raise ClientError(cid, f"not hosted here (this host has clients {self.client_ids[:10]}...)")
+        t0 = time.perf_counter()
+        try:
+            reply, new_state = fn(self.client(cid), self._state.get(cid), msg)
+        except Exception as e:  # noqa: BLE001 - re-raised with the client id attached
+            raise ClientError(cid, f"{type(e).__name__}: {e}", traceback.format_exc()) from e
+        self._state[cid] = new_state
+        meta = CallMeta(cid, payload_nbytes(msg), payload_nbytes(reply), time.perf_counter() - t0)
+        return reply, meta
+
+    def run_many(self, fn: ClientFn, cids: Sequence[int], msg: Any) -> list[tuple[Any, CallMeta]]:
+        return [self.run(fn, cid, msg) for cid in cids]
+
+    def num_examples(self) -> dict[int, int]:
+        return {cid: len(ix.train) for cid, ix in self._indices.items()}
+
+    def num_test_examples(self) -> dict[int, int]:
+        return {cid: len(ix.test) for cid, ix in self._indices.items()}
+
+    def label_counts(self) -> dict[int, np.ndarray]:
+        return {cid: self.client(cid).label_counts() for cid in self._indices}
+
+
+class Federation(Protocol):
+    """What an algorithm may do with the clients (DESIGN §2)."""
+
+    task: Task
+    test_set: ArrayDataset  # the global test set (coordinator side)
+    client_ids: list[int]
+
+    def map(self, fn: ClientFn, cids: Sequence[int], msg: Any) -> dict[int, Any]:
+        """Run ``fn`` on each client with the same ``msg`` (sent once), in parallel; replies by client id."""
+
+    def chain(self, fn: ClientFn, chains: Sequence[Sequence[int]], first_msg: Any) -> list[Any]:
+        """Sequential hand-off inside each chain (client j's reply is client j+1's msg), chains in parallel.
+
+        Returns the last reply of each chain.
+        """
+
+    def num_examples(self, cids: Sequence[int] | None = None) -> dict[int, int]: ...
+
+    def num_test_examples(self, cids: Sequence[int] | None = None) -> dict[int, int]: ...
+
+    def label_counts(self, cids: Sequence[int] | None = None) -> dict[int, np.ndarray]:
+        """Per-client class counts. Only algorithms whose paper lets the server see them may call this."""
+
+    def sample(self, fraction: float, rng: np.random.Generator) -> list[int]: ...
+
+    def take_traffic(self) -> tuple[int, int]:
+        """(bytes_down, bytes_up) since the last call, then reset."""
+
+
+def sample_clients(client_ids: Sequence[int], fraction: float, rng: np.random.Generator) -> list[int]:
+    """NIID-Bench sampling: the first max(1, floor(N * fraction)) ids of a random permutation, sorted."""
+    ids = np.asarray(sorted(client_ids))
+    k = max(1, int(math.floor(len(ids) * fraction + 1e-9)))
+    return sorted(int(c) for c in rng.permutation(ids)[:k])
+
+
+class TrafficMeter:
+    def __init__(self) -> None:
+        self.down = 0
+        self.up = 0
+
+    def add(self, metas: Sequence[CallMeta]) -> None:
+        for m in metas:
+            self.down += m.bytes_in
+            self.up += m.bytes_out
+
+    def take(self) -> tuple[int, int]:
+        out = (self.down, self.up)
+        self.down = self.up = 0
+        return out
+
+
+def _select(d: Mapping[int, Any], cids: Sequence[int] | None) -> dict[int, Any]:
+    return {c: d[c] for c in (sorted(d) if cids is None else cids)}
+
+
+class LocalFederation:
+    """In-process, sequential federation for tests and debugging (``fedray run --local``)."""
+
+    def __init__(self, task: Task, train: ArrayDataset, test: ArrayDataset, clients: Mapping[int, ClientIndices], num_threads: float = 1.0):
+        set_torch_threads(num_threads)  # same thread count as one actor: same floating-point path
+        self.task = task
+        self.test_set = test
+        self.host = ClientHost(task, train, clients)
+        self.client_ids = self.host.client_ids
+        self._traffic = TrafficMeter()
+        self._num_examples = self.host.num_examples()
+        self._num_test = self.host.num_test_examples()
+
+    def map(self, fn: ClientFn, cids: Sequence[int], msg: Any) -> dict[int, Any]:
+        results = self.host.run_many(fn, sorted(cids), msg)
+        self._traffic.add([m for _, m in results])
+        return {m.cid: r for r, m in results}
+
+    def chain(self, fn: ClientFn, chains: Sequence[Sequence[int]], first_msg: Any) -> list[Any]:
+        finals = []
+        for chain in chains:
+            msg = first_msg
+            for cid in chain:
+                msg, meta = self.host.run(fn, cid, msg)
+                self._traffic.add([meta])
+            finals.append(msg)
+        return finals
+
+    def num_examples(self, cids: Sequence[int] | None = None) -> dict[int, int]:
+        return _select(self._num_examples, cids)
+
+    def num_test_examples(self, cids: Sequence[int] | None = None) -> dict[int, int]:
+        return _select(self._num_test, cids)
+
+    def label_counts(self, cids: Sequence[int] | None = None) -> dict[int, np.ndarray]:
+        return _select(self.host.label_counts(), cids)
+
+    def sample(self, fraction: float, rng: np.random.Generator) -> list[int]:
+        return sample_clients(self.client_ids, fraction, rng)
+
+    def take_traffic(self) -> tuple[int, int]:
+        return self._traffic.take()
+
+    def close(self) -> None:
+        pass
+
+
+def make_local_federation(cfg: Any, data: Any) -> tuple[LocalFederation, dict[str, Any]]:
+    """The `execute` factory for ``--local``: every client in this process, one at a time."""
+    task = Task.from_config(cfg, data.dataset.spec)
+    threads = set_torch_threads(cfg.num_cpus_per_actor)
+    fed = LocalFederation(task, data.dataset.train, data.dataset.test, data.clients, num_threads=cfg.num_cpus_per_actor)
+    return fed, {"mode": "local", "actors": 0, "torch_threads": threads}

@@ -1,0 +1,70 @@
+"""State-dict math on plain numpy dicts (what travels between coordinator and clients).
+
+Parameters cross process boundaries as ``dict[str, np.ndarray]``: Ray serialises numpy arrays
+without copying, and the dicts are easy to inspect and test.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+
+Params = dict[str, np.ndarray]
+
+
+def get_params(model: torch.nn.Module) -> Params:
+    """A detached CPU copy of the model's full state dict (parameters and buffers)."""
+    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+
+
+def set_params(model: torch.nn.Module, params: Mapping[str, np.ndarray]) -> None:
+    state = model.state_dict()
+    missing = set(state) - set(params)
+    unexpected = set(params) - set(state)
+    if missing or unexpected:
+        raise KeyError(f"parameter names differ: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+    with torch.no_grad():
+        for k, v in state.items():
+            v.copy_(torch.from_numpy(np.asarray(params[k])))
+
+
+def weighted_average(states: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float]) -> Params:
+    """sum_i (w_i / sum_j w_j) * state_i for every entry, in the given order.
+
+    Float entries are accumulated in float64 and cast back to their dtype; integer entries (e.g.
+    BatchNorm's num_batches_tracked) are averaged the same way and rounded. Callers pass states in
+    sorted client order so the result does not depend on arrival order.
+    """
+    if len(states) == 0:
+        raise ValueError("weighted_average of no states")
+    if len(states) != len(weights):
+        raise ValueError(f"{len(states)} states but {len(weights)} weights")
+    w = np.asarray(weights, dtype=np.float64)
+    if np.any(w < 0) or w.sum() <= 0:
+        raise ValueError(f"aggregation weights must be >= 0 with a positive sum, got {w.tolist()}")
+    w = w / w.sum()
+    out: Params = {}
+    for k in states[0]:
+        acc = np.zeros(np.shape(states[0][k]), dtype=np.float64)
+        for wi, s in zip(w, states):
+            acc += wi * np.asarray(s[k], dtype=np.float64)
+        dtype = np.asarray(states[0][k]).dtype
+        out[k] = (np.rint(acc) if np.issubdtype(dtype, np.integer) else acc).astype(dtype)
+    return out
+
+
+def payload_nbytes(obj: object) -> int:
+    """Size of ``obj`` as serialised with pickle protocol 5, as Ray ships it.
+
+    Array buffers are counted but not copied: they go out of band through buffer_callback.
+    """
+    buffers: list[pickle.PickleBuffer] = []
+    meta = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    return len(meta) + sum(b.raw().nbytes for b in buffers)
+
+
+def num_parameters(params: Mapping[str, np.ndarray]) -> int:
+    return int(sum(np.asarray(v).size for v in params.values()))

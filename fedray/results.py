@@ -1,0 +1,179 @@
+"""The results writer (DESIGN §6): Parquet part files under ``metrics/``, one row per run under ``runs/``.
+
+Every file is written aside under a dot-name and renamed into place, so a killed job leaves only
+complete files (readers skip dot-files). A run that starts again under the same run id first
+removes the part files of its earlier attempt, so no row is ever counted twice.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from fedray.records import Record
+
+METRICS_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("experiment", pa.string()),
+        ("algorithm", pa.string()),
+        ("dataset", pa.string()),
+        ("partition", pa.string()),
+        ("model", pa.string()),
+        ("seed", pa.int64()),
+        ("round", pa.int64()),  # rounds completed when the value was taken (1-based)
+        ("stage", pa.string()),
+        ("scope", pa.string()),  # global | cluster | client
+        ("entity", pa.int64()),  # cluster or client id, -1 for global
+        ("metric", pa.string()),
+        ("value", pa.float64()),
+        ("elapsed", pa.float64()),  # seconds since the run started
+    ]
+)
+
+RUNS_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("experiment", pa.string()),
+        ("algorithm", pa.string()),
+        ("dataset", pa.string()),
+        ("partition", pa.string()),
+        ("model", pa.string()),
+        ("seed", pa.int64()),
+        ("num_clients", pa.int64()),
+        ("rounds", pa.int64()),
+        ("status", pa.string()),  # running | finished | failed
+        ("error", pa.string()),
+        ("config", pa.string()),  # resolved config, JSON
+        ("summary", pa.string()),  # JSON: final/best accuracy, seconds, placement
+        ("versions", pa.string()),  # JSON: python, fedray, torch, ray, numpy, ...
+        ("started", pa.timestamp("us", tz="UTC")),
+        ("finished", pa.timestamp("us", tz="UTC")),
+    ]
+)
+
+RUN_COLUMNS = ("experiment", "algorithm", "dataset", "partition", "model", "seed")
+
+
+def write_atomic(table: pa.Table, path: Path) -> None:
+    """Write ``table`` to ``path`` via a hidden temporary file, fsync, then rename."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    with open(tmp, "wb") as f:
+        pq.write_table(table, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_text_atomic(text: str, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def versions() -> dict[str, str]:
+    import numpy
+    import torch
+
+    import fedray
+
+    out = {"python": platform.python_version(), "fedray": fedray.__version__, "torch": torch.__version__, "numpy": numpy.__version__}
+    for mod in ("ray", "torchvision", "sklearn", "pyarrow"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except ImportError:
+            pass
+    return out
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def run_status(out_dir: str | Path, run_id: str) -> str | None:
+    """The recorded status of ``run_id`` in ``out_dir``, or None if it never started there."""
+    path = Path(out_dir) / "runs" / f"{run_id}.parquet"
+    if not path.is_file():
+        return None
+    return pq.read_table(path, columns=["status"]).column("status")[0].as_py()
+
+
+class ResultsWriter:
+    """The only writer of a run's results. Buffers metric rows and flushes them as part files."""
+
+    def __init__(self, out_dir: str | Path, run_id: str, config: dict[str, Any], flush_every_s: float = 10.0) -> None:
+        self.root = Path(out_dir)
+        self.run_id = run_id
+        self.config = config
+        self.flush_every_s = flush_every_s
+        self._rows: list[dict[str, Any]] = []
+        self._seq = 0
+        self._last_flush = time.monotonic()
+        self._t0 = time.monotonic()
+        self._started = _now()
+        self._const = {k: config[k] for k in RUN_COLUMNS}
+
+    # --- lifecycle --------------------------------------------------------------------------------
+    def start(self) -> None:
+        for sub in ("metrics", "runs", "configs"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        # An earlier attempt of this same run (killed or failed) must not leave rows behind.
+        for old in (self.root / "metrics").glob(f"{self.run_id}-*.parquet"):
+            old.unlink()
+        import yaml
+
+        write_text_atomic(yaml.safe_dump(self.config, sort_keys=False), self.root / "configs" / f"{self.run_id}.yaml")
+        self._write_run("running")
+
+    def add(self, rnd: int, records: Iterable[Record]) -> None:
+        elapsed = time.monotonic() - self._t0
+        for r in records:
+            self._rows.append({**self._const, "run_id": self.run_id, "round": rnd, "elapsed": elapsed, **r})
+        if time.monotonic() - self._last_flush >= self.flush_every_s:
+            self.flush()
+
+    def flush(self) -> None:
+        self._last_flush = time.monotonic()
+        if not self._rows:
+            return
+        table = pa.Table.from_pylist(self._rows, schema=METRICS_SCHEMA)
+        write_atomic(table, self.root / "metrics" / f"{self.run_id}-{self._seq:06d}.parquet")
+        self._seq += 1
+        self._rows = []
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        self.flush()
+        self._write_run("finished", summary=summary)
+
+    def fail(self, error: str, summary: dict[str, Any] | None = None) -> None:
+        try:
+            self.flush()
+        finally:
+            self._write_run("failed", error=error, summary=summary or {})
+
+    # --- runs/ ------------------------------------------------------------------------------------
+    def _write_run(self, status: str, error: str = "", summary: dict[str, Any] | None = None) -> None:
+        row = {
+            "run_id": self.run_id,
+            **self._const,
+            "num_clients": self.config["num_clients"],
+            "rounds": self.config["rounds"],
+            "status": status,
+            "error": error,
+            "config": json.dumps(self.config, sort_keys=True),
+            "summary": json.dumps(summary or {}, sort_keys=True),
+            "versions": json.dumps(versions(), sort_keys=True),
+            "started": self._started,
+            "finished": None if status == "running" else _now(),
+        }
+        write_atomic(pa.Table.from_pylist([row], schema=RUNS_SCHEMA), self.root / "runs" / f"{self.run_id}.parquet")

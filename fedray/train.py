@@ -1,0 +1,96 @@
+"""Local training and evaluation loops (NIID-Bench semantics, ALGORITHMS.md §0.2)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from fedray.client import Client
+
+# An extra loss term, e.g. FedProx's proximal term: f(model) -> scalar tensor.
+ExtraLoss = Callable[[nn.Module], torch.Tensor]
+
+
+@dataclass
+class TrainStats:
+    steps: int = 0
+    samples: int = 0
+    loss_sum: float = 0.0  # sum over samples of the cross-entropy (extra terms excluded)
+    correct: int = 0
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / max(1, self.samples)
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / max(1, self.samples)
+
+
+def sgd(params: Iterable[nn.Parameter], client: Client) -> torch.optim.SGD:
+    t = client.task
+    return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
+
+
+def local_train(
+    model: nn.Module,
+    client: Client,
+    rnd: int,
+    epochs: int | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    extra_loss: ExtraLoss | None = None,
+) -> TrainStats:
+    """``epochs`` full passes of mini-batch SGD with cross-entropy on the client's training split.
+
+    A fresh optimizer per call unless one is given (NIID-Bench re-creates it every round).
+    """
+    opt = optimizer or sgd(model.parameters(), client)
+    model.train()
+    stats = TrainStats()
+    for epoch in range(client.task.local_epochs if epochs is None else epochs):
+        for x, y in client.train_batches(rnd, epoch):
+            opt.zero_grad(set_to_none=True)
+            out = model(x)
+            ce = nn.functional.cross_entropy(out, y)
+            loss = ce if extra_loss is None else ce + extra_loss(model)
+            loss.backward()
+            opt.step()
+            n = len(y)
+            stats.steps += 1
+            stats.samples += n
+            stats.loss_sum += float(ce.detach()) * n
+            stats.correct += int((out.detach().argmax(1) == y).sum())
+    return stats
+
+
+@dataclass
+class EvalStats:
+    samples: int = 0
+    loss_sum: float = 0.0
+    correct: int = 0
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / max(1, self.samples)
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / max(1, self.samples)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> EvalStats:
+    """Accuracy (argmax match) and summed cross-entropy, in eval mode."""
+    was_training = model.training
+    model.eval()
+    stats = EvalStats()
+    for x, y in batches:
+        out = model(x)
+        stats.loss_sum += float(nn.functional.cross_entropy(out, y, reduction="sum"))
+        stats.correct += int((out.argmax(1) == y).sum())
+        stats.samples += len(y)
+    model.train(was_training)
+    return stats
