@@ -7,6 +7,7 @@ without copying, and the dicts are easy to inspect and test.
 from __future__ import annotations
 
 import pickle
+import warnings
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -26,7 +27,9 @@ def set_params(model: torch.nn.Module, params: Mapping[str, np.ndarray]) -> None
     unexpected = set(params) - set(state)
     if missing or unexpected:
         raise KeyError(f"parameter names differ: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        # Arrays from Ray's object store are read-only; we only read them, so torch's warning is moot.
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         for k, v in state.items():
             v.copy_(torch.from_numpy(np.asarray(params[k])))
 

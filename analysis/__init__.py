@@ -1,0 +1,6 @@
+"""pandas over fedray's Parquet output (reads files only; no fedray or Ray imports needed)."""
+
+from analysis.load import load_metrics, load_runs
+from analysis.report import final_accuracy, report_table
+
+__all__ = ["final_accuracy", "load_metrics", "load_runs", "report_table"]

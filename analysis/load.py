@@ -1,0 +1,39 @@
+"""Load a results folder into pandas. Hidden temporary files of a killed writer are skipped."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.dataset as ds
+
+
+def _read_dir(path: Path) -> pd.DataFrame | None:
+    if not path.is_dir() or not any(p.suffix == ".parquet" and not p.name.startswith((".", "_")) for p in path.iterdir()):
+        return None
+    # pyarrow's discovery skips names starting with "." or "_", i.e. files still being written.
+    return ds.dataset(str(path), format="parquet").to_table().to_pandas()
+
+
+def load_metrics(out_dir: str | Path) -> pd.DataFrame:
+    """One tidy table over all runs in ``out_dir`` (DESIGN §6); empty if nothing was written yet."""
+    root = Path(out_dir)
+    if not root.is_dir():
+        raise FileNotFoundError(f"results folder {str(root)!r} does not exist")
+    df = _read_dir(root / "metrics")
+    if df is None:
+        return pd.DataFrame(columns=["run_id", "experiment", "algorithm", "dataset", "partition", "model", "seed", "round",
+                                     "stage", "scope", "entity", "metric", "value", "elapsed"])  # fmt: skip
+    return df.sort_values(["run_id", "round", "metric", "scope", "entity"], kind="stable").reset_index(drop=True)
+
+
+def load_runs(out_dir: str | Path) -> pd.DataFrame:
+    """One row per run with status, parsed config and summary columns."""
+    root = Path(out_dir)
+    df = _read_dir(root / "runs")
+    if df is None:
+        return pd.DataFrame(columns=["run_id", "status", "config", "summary"])
+    df["config"] = df["config"].map(json.loads)
+    df["summary"] = df["summary"].map(json.loads)
+    return df.sort_values("run_id").reset_index(drop=True)

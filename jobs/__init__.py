@@ -1,0 +1,1 @@
+"""Entry points: `fedray` (jobs.cli), `python -m jobs.run`, `python -m jobs.bench`, and experiment configs."""
