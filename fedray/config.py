@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import re
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -21,6 +22,7 @@ from typing import Any
 
 import yaml
 
+_SCIENTIFIC = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
 DEFAULT_FMNIST_ROOT = "/usr/share/datasets/fashion-mnist"
 
 
@@ -200,6 +202,8 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
     if typ is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str) and _SCIENTIFIC.match(value.strip()):
+            return float(value)  # PyYAML (YAML 1.1) reads 1e-3 as a string; people write it anyway
         raise ConfigError(f"config key '{key}': expected a number, got {value!r}")
     if typ is str:
         if isinstance(value, str):
@@ -310,7 +314,8 @@ def validate(cfg: Config) -> None:
     if problem:
         raise ConfigError(f"config key 'model': {cfg.model} cannot take {cfg.dataset} inputs: {problem}")
 
-    ALGORITHMS[cfg.algorithm].make_hparams(cfg.hp)
+    hp = ALGORITHMS[cfg.algorithm].make_hparams(cfg.hp)
+    cfg.hp = {k: getattr(hp, k) for k in cfg.hp}  # keep the checked, typed values (saved with the results)
 
 
 def hparams_from_dict(cls: type, values: Mapping[str, Any], algorithm: str) -> Any:
