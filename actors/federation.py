@@ -99,7 +99,8 @@ class RayFederation:
             by_actor.setdefault(self._actor_of[c], []).append(c)
         refs = [a.run_many.remote(fn, group, msg_ref) for a, group in by_actor.items()]
         results = [r for batch in self._get(refs) for r in batch]
-        self._traffic.add([m for _, m in results])
+        self._traffic.broadcast(msg, len(results))
+        self._traffic.replies([m for _, m in results])
         return {m.cid: r for r, m in sorted(results, key=lambda rm: rm[1].cid)}
 
     def chain(self, fn: ClientFn, chains: Sequence[Sequence[int]], first_msg: Any) -> list[Any]:
@@ -113,7 +114,7 @@ class RayFederation:
                 metas.append(meta)
             finals.append(ref)
         out = self._get(finals + metas)
-        self._traffic.add(out[len(finals) :])
+        self._traffic.chains(first_msg, chains, out[len(finals) :])
         return out[: len(finals)]
 
     def num_examples(self, cids: Sequence[int] | None = None) -> dict[int, int]:

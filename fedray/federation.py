@@ -40,10 +40,14 @@ class ClientError(RuntimeError):
 
 @dataclass(frozen=True)
 class CallMeta:
-    """Accounting for one client call: serialized bytes received and sent, and wall time."""
+    """Accounting for one client call: serialized size of the reply it sent, and wall time.
+
+    Sizes are measured by the sender (the federation for what it broadcasts, the client for its
+    reply), so they do not depend on how the receiver holds the object (Ray hands actors
+    read-only arrays, which pickle one byte longer).
+    """
 
     cid: int
-    bytes_in: int
     bytes_out: int
     seconds: float
 
@@ -88,7 +92,7 @@ class ClientHost:
         except Exception as e:  # noqa: BLE001 - re-raised with the client id attached
             raise ClientError(cid, f"{type(e).__name__}: {e}", traceback.format_exc()) from e
         self._state[cid] = new_state
-        meta = CallMeta(cid, payload_nbytes(msg), payload_nbytes(reply), time.perf_counter() - t0)
+        meta = CallMeta(cid, payload_nbytes(reply), time.perf_counter() - t0)
         return reply, meta
 
     def run_many(self, fn: ClientFn, cids: Sequence[int], msg: Any) -> list[tuple[Any, CallMeta]]:
@@ -141,14 +145,27 @@ def sample_clients(client_ids: Sequence[int], fraction: float, rng: np.random.Ge
 
 
 class TrafficMeter:
+    """Bytes sent to clients (down) and by clients (up), from the sender's measurements."""
+
     def __init__(self) -> None:
         self.down = 0
         self.up = 0
 
-    def add(self, metas: Sequence[CallMeta]) -> None:
-        for m in metas:
-            self.down += m.bytes_in
-            self.up += m.bytes_out
+    def broadcast(self, msg: Any, receivers: int) -> None:
+        self.down += payload_nbytes(msg) * receivers
+
+    def replies(self, metas: Sequence[CallMeta]) -> None:
+        self.up += sum(m.bytes_out for m in metas)
+
+    def chains(self, first_msg: Any, chains: Sequence[Sequence[int]], metas: Sequence[CallMeta]) -> None:
+        """Each chain's first client receives first_msg; every later client receives its predecessor's reply."""
+        self.broadcast(first_msg, sum(1 for c in chains if c))
+        pos = 0
+        for chain in chains:
+            hops = metas[pos : pos + len(chain)]
+            self.down += sum(m.bytes_out for m in hops[:-1])
+            self.up += sum(m.bytes_out for m in hops)
+            pos += len(chain)
 
     def take(self) -> tuple[int, int]:
         out = (self.down, self.up)
@@ -175,17 +192,19 @@ class LocalFederation:
 
     def map(self, fn: ClientFn, cids: Sequence[int], msg: Any) -> dict[int, Any]:
         results = self.host.run_many(fn, sorted(cids), msg)
-        self._traffic.add([m for _, m in results])
+        self._traffic.broadcast(msg, len(results))
+        self._traffic.replies([m for _, m in results])
         return {m.cid: r for r, m in results}
 
     def chain(self, fn: ClientFn, chains: Sequence[Sequence[int]], first_msg: Any) -> list[Any]:
-        finals = []
+        finals, metas = [], []
         for chain in chains:
             msg = first_msg
             for cid in chain:
                 msg, meta = self.host.run(fn, cid, msg)
-                self._traffic.add([meta])
+                metas.append(meta)
             finals.append(msg)
+        self._traffic.chains(first_msg, chains, metas)
         return finals
 
     def num_examples(self, cids: Sequence[int] | None = None) -> dict[int, int]:

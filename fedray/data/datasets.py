@@ -45,7 +45,8 @@ class DataSpec:
     augment: str = "none"  # "none" | "crop_flip" (reflect-pad 4, random 32 crop, horizontal flip)
 
     def to_tensor(self, x: np.ndarray, augment: bool = False, generator: torch.Generator | None = None) -> torch.Tensor:
-        t = torch.from_numpy(np.ascontiguousarray(x)).to(torch.float32)
+        # np.array copies into a fresh writable float32 array (stored arrays may be read-only views).
+        t = torch.from_numpy(np.array(x, dtype=np.float32))
         if self.scale != 1.0:
             t = t * self.scale
         if augment and self.augment == "crop_flip":

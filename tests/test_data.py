@@ -1,0 +1,190 @@
+"""Datasets load from files the tests make (no downloads); missing data says how to get it."""
+
+from __future__ import annotations
+
+import gzip
+import pickle
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedray.config import from_dict
+from fedray.data import DatasetMissing, build_federated_data, check_available, dataset_info, load_dataset
+from fedray.data.datasets import crop_flip
+
+G = np.random.default_rng(0)
+
+
+def write_idx(path: Path, arr: np.ndarray, gz: bool = False) -> None:
+    header = struct.pack(">HBB", 0, 0x08, arr.ndim) + struct.pack(f">{arr.ndim}I", *arr.shape)
+    data = header + arr.astype(np.uint8).tobytes()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if gz:
+        with gzip.open(str(path) + ".gz", "wb") as f:
+            f.write(data)
+    else:
+        path.write_bytes(data)
+
+
+def mnist_like(root: Path, names: dict[str, str], n_train=50, n_test=20, classes=10, gz=False):
+    xs = {"train": G.integers(0, 256, (n_train, 28, 28)), "test": G.integers(0, 256, (n_test, 28, 28))}
+    ys = {"train": np.arange(n_train) % classes, "test": np.arange(n_test) % classes}
+    for split in ("train", "test"):
+        write_idx(root / names[f"{split}_x"], xs[split], gz)
+        write_idx(root / names[f"{split}_y"], ys[split], gz)
+    return xs, ys
+
+
+FMNIST_NAMES = {"train_x": "train-images-idx3-ubyte", "train_y": "train-labels-idx1-ubyte",
+                "test_x": "t10k-images-idx3-ubyte", "test_y": "t10k-labels-idx1-ubyte"}  # fmt: skip
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_fmnist_reads_idx_files_from_data_root(tmp_path, gz):
+    xs, ys = mnist_like(tmp_path, FMNIST_NAMES, gz=gz)
+    cfg = from_dict({"dataset": "fmnist", "data_root": str(tmp_path), "model": "simple_cnn", "num_clients": 5})
+    check_available(cfg)
+    ds = load_dataset(cfg)
+    assert ds.train.x.shape == (50, 1, 28, 28) and ds.train.x.dtype == np.uint8
+    np.testing.assert_array_equal(ds.train.x[:, 0], xs["train"])
+    np.testing.assert_array_equal(ds.test.y, ys["test"])
+    t = ds.spec.to_tensor(ds.train.x[:2])
+    assert t.dtype == torch.float32 and 0 <= t.min() and t.max() <= 1  # ToTensor scaling, no normalisation
+
+
+def test_real_fashion_mnist_when_installed():
+    root = Path("/usr/share/datasets/fashion-mnist")
+    if not (root / "train-images-idx3-ubyte.gz").is_file():
+        pytest.skip("dataset-fashion-mnist is not installed here")
+    ds = load_dataset(from_dict({"dataset": "fmnist", "model": "simple_cnn"}))
+    assert ds.train.x.shape == (60000, 1, 28, 28) and ds.test.x.shape == (10000, 1, 28, 28)
+    assert np.bincount(ds.train.y).tolist() == [6000] * 10
+
+
+def test_missing_fmnist_says_how_to_get_it(tmp_path):
+    cfg = from_dict({"dataset": "fmnist", "data_root": str(tmp_path / "none"), "model": "simple_cnn"})
+    with pytest.raises(DatasetMissing, match=r"apt-get install dataset-fashion-mnist.*download=true"):
+        check_available(cfg)
+    with pytest.raises(DatasetMissing, match="data_root"):
+        load_dataset(cfg)
+
+
+def test_truncated_idx_file_is_a_clear_error(tmp_path):
+    mnist_like(tmp_path, FMNIST_NAMES)
+    f = tmp_path / "train-images-idx3-ubyte"
+    f.write_bytes(f.read_bytes()[:-10])
+    with pytest.raises(ValueError, match="truncated"):
+        load_dataset(from_dict({"dataset": "fmnist", "data_root": str(tmp_path), "model": "simple_cnn"}))
+
+
+def test_torchvision_mnist_from_files(tmp_path):
+    names = {"train_x": "MNIST/raw/train-images-idx3-ubyte", "train_y": "MNIST/raw/train-labels-idx1-ubyte",
+             "test_x": "MNIST/raw/t10k-images-idx3-ubyte", "test_y": "MNIST/raw/t10k-labels-idx1-ubyte"}  # fmt: skip
+    xs, ys = mnist_like(tmp_path, names)
+    ds = load_dataset(from_dict({"dataset": "mnist", "data_root": str(tmp_path), "model": "simple_cnn"}))
+    np.testing.assert_array_equal(ds.train.x[:, 0], xs["train"])
+    np.testing.assert_array_equal(ds.train.y, ys["train"])
+
+
+def test_torchvision_emnist_from_files_is_flipped_upright(tmp_path):
+    pre = "EMNIST/raw/emnist-letters"
+    names = {"train_x": f"{pre}-train-images-idx3-ubyte", "train_y": f"{pre}-train-labels-idx1-ubyte",
+             "test_x": f"{pre}-test-images-idx3-ubyte", "test_y": f"{pre}-test-labels-idx1-ubyte"}  # fmt: skip
+    xs, ys = mnist_like(tmp_path, names, classes=27)
+    cfg = from_dict({"dataset": "emnist", "emnist_split": "letters", "data_root": str(tmp_path), "model": "simple_cnn"})
+    assert dataset_info(cfg).num_classes == 27
+    ds = load_dataset(cfg)
+    np.testing.assert_array_equal(ds.train.x[:, 0], xs["train"].transpose(0, 2, 1))
+    assert ds.spec.num_classes == 27
+
+
+@pytest.fixture
+def no_md5(monkeypatch):
+    """torchvision checks the official files' MD5 sums; the files we make cannot match them."""
+    import torchvision.datasets.cifar as cifar
+    import torchvision.datasets.svhn as svhn
+
+    monkeypatch.setattr(cifar, "check_integrity", lambda *a, **k: True)
+    monkeypatch.setattr(cifar.CIFAR10, "_check_integrity", lambda self: True)
+    monkeypatch.setattr(svhn.SVHN, "_check_integrity", lambda self: True)
+
+
+def _pickle(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pickle.dumps(obj))
+
+
+def test_torchvision_cifar10_from_files(tmp_path, no_md5):
+    folder = tmp_path / "cifar-10-batches-py"
+    batches = {}
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        batches[name] = G.integers(0, 256, (4, 3072)).astype(np.uint8)
+        _pickle(folder / name, {"data": batches[name], "labels": [0, 1, 2, 3]})
+    _pickle(folder / "batches.meta", {"label_names": [str(i) for i in range(10)]})
+    ds = load_dataset(from_dict({"dataset": "cifar10", "data_root": str(tmp_path), "model": "simple_cnn"}))
+    assert ds.train.x.shape == (20, 3, 32, 32) and ds.test.x.shape == (4, 3, 32, 32)
+    np.testing.assert_array_equal(ds.train.x[0], batches["data_batch_1"][0].reshape(3, 32, 32))  # CHW order kept
+    assert ds.spec.augment == "crop_flip"
+
+
+def test_torchvision_cifar100_from_files(tmp_path, no_md5):
+    folder = tmp_path / "cifar-100-python"
+    for name in ("train", "test"):
+        _pickle(folder / name, {"data": G.integers(0, 256, (5, 3072)).astype(np.uint8), "fine_labels": [0, 1, 50, 98, 99]})
+    _pickle(folder / "meta", {"fine_label_names": [str(i) for i in range(100)]})
+    ds = load_dataset(from_dict({"dataset": "cifar100", "data_root": str(tmp_path), "model": "simple_cnn"}))
+    assert ds.spec.num_classes == 100 and ds.train.y.tolist() == [0, 1, 50, 98, 99]
+    t = ds.spec.to_tensor(ds.train.x)
+    assert t.min() < 0  # normalised with the CIFAR-100 mean/std
+
+
+def test_torchvision_svhn_from_files(tmp_path, no_md5):
+    import scipy.io
+
+    for split in ("train", "test"):
+        x = G.integers(0, 256, (32, 32, 3, 6)).astype(np.uint8)
+        scipy.io.savemat(tmp_path / f"{split}_32x32.mat", {"X": x, "y": np.array([[1], [2], [10], [4], [5], [10]])})
+    ds = load_dataset(from_dict({"dataset": "svhn", "data_root": str(tmp_path), "model": "simple_cnn"}))
+    assert ds.train.x.shape == (6, 3, 32, 32) and ds.train.y.tolist() == [1, 2, 0, 4, 5, 0]  # label 10 means digit 0
+
+
+def test_missing_torchvision_dataset_suggests_download(tmp_path):
+    cfg = from_dict({"dataset": "cifar10", "data_root": str(tmp_path), "model": "simple_cnn"})
+    with pytest.raises(DatasetMissing, match=r"cifar10: not found.*download=true"):
+        check_available(cfg)
+    with pytest.raises(DatasetMissing, match=r"download=true"):
+        load_dataset(cfg)
+
+
+def test_digits_is_fixed_and_stratified():
+    a = load_dataset(from_dict({}))
+    b = load_dataset(from_dict({"seed": 5}))
+    assert a.train.x.shape == (1257, 1, 8, 8) and len(a.test) == 540
+    np.testing.assert_array_equal(a.test.y, b.test.y)  # the test set does not move with the run seed
+    assert np.bincount(a.test.y).min() >= 50
+
+
+def test_client_test_split_and_partition_are_seeded(tmp_path):
+    base = {"dataset": "synthetic", "num_clients": 5, "client_test_fraction": 0.1}
+    a, b = build_federated_data(from_dict(base)), build_federated_data(from_dict(base))
+    c = build_federated_data(from_dict({**base, "seed": 1}))
+    assert all(np.array_equal(a.clients[i].train, b.clients[i].train) for i in range(5))
+    assert not all(np.array_equal(a.clients[i].train, c.clients[i].train) for i in range(5))
+    for ix in a.clients.values():
+        assert len(ix.test) == round(0.1 * (len(ix.train) + len(ix.test)))
+        assert not set(ix.train) & set(ix.test)
+
+
+def test_crop_flip_is_seeded_and_each_sample_is_a_crop_of_its_padded_image():
+    x = torch.arange(4 * 3 * 32 * 32, dtype=torch.float32).reshape(4, 3, 32, 32)
+    a = crop_flip(x, torch.Generator().manual_seed(0))
+    assert a.shape == x.shape and torch.equal(a, crop_flip(x, torch.Generator().manual_seed(0)))
+    padded = torch.nn.functional.pad(x, (4, 4, 4, 4), mode="reflect")
+    for i in range(4):
+        candidates = [padded[i, :, oy : oy + 32, ox : ox + 32] for oy in range(9) for ox in range(9)]
+        assert any(torch.equal(a[i], c) or torch.equal(a[i], c.flip(-1)) for c in candidates)
+    outs = [crop_flip(x, torch.Generator().manual_seed(s)) for s in range(5)]
+    assert any(not torch.equal(o, outs[0]) for o in outs[1:])

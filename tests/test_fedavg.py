@@ -1,0 +1,93 @@
+"""FedAvg's update rule, checked against numbers worked out by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedray.algorithms import fedavg
+from fedray.client import Task
+from fedray.data import ArrayDataset, ClientIndices, DataSpec
+from fedray.federation import LocalFederation
+from fedray.params import get_params, set_params, weighted_average
+from fedray.rounds import fedavg_aggregate
+
+
+def test_weighted_average_by_hand():
+    # n1 = 10, n2 = 30: w = (10 * w1 + 30 * w2) / 40
+    w1 = {"w": np.array([1.0, 2.0], np.float32), "count": np.array(4, np.int64)}
+    w2 = {"w": np.array([4.0, -1.0], np.float32), "count": np.array(8, np.int64)}
+    out = weighted_average([w1, w2], [10, 30])
+    np.testing.assert_array_equal(out["w"], np.array([3.25, -0.25], np.float32))  # (10+120)/40, (20-30)/40
+    assert out["w"].dtype == np.float32
+    assert out["count"] == 7 and out["count"].dtype == np.int64  # (40 + 240) / 40 = 7
+
+
+def test_aggregate_is_order_independent_and_rejects_bad_weights():
+    replies = {3: {"params": {"w": np.array([1.0])}, "num_examples": 1}, 1: {"params": {"w": np.array([3.0])}, "num_examples": 3}}
+    assert fedavg_aggregate(replies)["w"].tolist() == [2.5]  # (1*1 + 3*3) / 4
+    with pytest.raises(ValueError, match="positive sum"):
+        weighted_average([{"w": np.zeros(1)}], [0])
+
+
+def test_server_lr_step_by_hand():
+    cur = {"w": np.array([0.0, 2.0], np.float32)}
+    avg = {"w": np.array([3.25, -0.25], np.float32)}
+    np.testing.assert_array_equal(fedavg.server_step(cur, avg, 0.5)["w"], [1.625, 0.875])  # w + 0.5 (avg - w)
+    assert fedavg.server_step(cur, avg, 1.0) is avg
+
+
+def _two_client_federation(local_epochs: int, batch_size: int, momentum: float = 0.0) -> LocalFederation:
+    g = np.random.default_rng(0)
+    x = g.normal(size=(30, 4)).astype(np.float32)
+    y = g.integers(0, 3, size=30).astype(np.int64)
+    task = Task(seed=0, model="mlp", spec=DataSpec((4,), 3, scale=1.0), local_epochs=local_epochs, batch_size=batch_size,
+                lr=0.1, momentum=momentum, weight_decay=0.0, participation=1.0, eval_batch_size=64)  # fmt: skip
+    clients = {0: ClientIndices(np.arange(0, 10), np.zeros(0, np.int64)), 1: ClientIndices(np.arange(10, 30), np.zeros(0, np.int64))}
+    return LocalFederation(task, ArrayDataset(x, y), ArrayDataset(x, y), clients)
+
+
+def test_one_full_batch_step_equals_one_centralised_gradient_step():
+    """With one epoch of one full-batch SGD step per client, FedAvg's weighted average is exactly
+    w - lr * sum_i (n_i/n) grad L_i(w) = w - lr * grad L(w): one gradient step on the union."""
+    fed = _two_client_federation(local_epochs=1, batch_size=1000)
+    state = fedavg.init(fed, fedavg.Hparams())
+    new, records = fedavg.round(state, fed, fedavg.Hparams(), rnd=0)
+
+    model = fed.task.build_model()
+    set_params(model, state.params)
+    x = torch.from_numpy(fed.host._data.x)
+    y = torch.from_numpy(fed.host._data.y)
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 0.1 * p.grad
+    expected = get_params(model)
+    for k in expected:
+        np.testing.assert_allclose(new.params[k], expected[k], rtol=1e-5, atol=1e-6)
+    recorded = {r["metric"]: r["value"] for r in records}
+    assert recorded["participants"] == 2
+    assert recorded["train_loss"] == pytest.approx(float(loss.detach()), rel=1e-5)  # the same loss, sample-weighted
+
+
+def test_partial_participation_samples_first_floor_n_p_of_a_permutation():
+    fed = _two_client_federation(local_epochs=1, batch_size=8)
+    ids = list(range(10))
+    picks = [tuple(LocalFederation.sample(type("F", (), {"client_ids": ids})(), 0.35, np.random.default_rng(s))) for s in range(20)]
+    assert all(len(p) == 3 and list(p) == sorted(p) for p in picks)  # floor(10 * 0.35) = 3, sorted
+    assert len(set(picks)) > 5
+    assert fed.sample(0.01, np.random.default_rng(0)) in ([0], [1])  # at least one client
+
+
+def test_traffic_counts_each_participant_download_and_upload():
+    fed = _two_client_federation(local_epochs=1, batch_size=8)
+    state = fedavg.init(fed, fedavg.Hparams())
+    fed.take_traffic()
+    fedavg.round(state, fed, fedavg.Hparams(), rnd=0)
+    down, up = fed.take_traffic()
+    model_bytes = sum(v.nbytes for v in state.params.values())
+    assert 2 * model_bytes < down < 2 * model_bytes + 4000  # two clients received the model (+ pickle framing)
+    assert 2 * model_bytes < up < 2 * model_bytes + 4000
+    assert fed.take_traffic() == (0, 0)

@@ -1,0 +1,68 @@
+"""Client state round-trips, chains hand off in order, and client errors carry the client id."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedray.federation import ClientError, LocalFederation, make_local_federation
+from fedray.data import build_federated_data
+from tests.conftest import small_config
+
+
+def count_calls(client, cstate, msg):
+    n = (cstate or 0) + 1
+    return {"cid": client.cid, "calls": n, "msg": msg}, n
+
+
+def append_self(client, cstate, msg):
+    return [*msg, client.cid], cstate
+
+
+def fail_on_three(client, cstate, msg):
+    if client.cid == 3:
+        raise ValueError("bad batch")
+    return None, cstate
+
+
+@pytest.fixture
+def fed(tmp_path) -> LocalFederation:
+    cfg = small_config(tmp_path)
+    return make_local_federation(cfg, build_federated_data(cfg))[0]
+
+
+def test_client_state_persists_per_client(fed):
+    fed.map(count_calls, [0, 1, 2], "a")
+    out = fed.map(count_calls, [1, 2, 4], "b")
+    assert [out[c]["calls"] for c in (1, 2, 4)] == [2, 2, 1]
+    assert out[4] == {"cid": 4, "calls": 1, "msg": "b"}
+
+
+def test_chain_hands_replies_along_each_chain(fed):
+    assert fed.chain(append_self, [[2, 0, 5], [1], []], []) == [[2, 0, 5], [1], []]
+
+
+def test_client_error_names_the_client_and_keeps_the_traceback(fed):
+    with pytest.raises(ClientError, match=r"client 3: ValueError: bad batch") as info:
+        fed.map(fail_on_three, [1, 3, 5], None)
+    assert info.value.cid == 3 and "fail_on_three" in info.value.remote_traceback
+
+
+def test_metadata(fed):
+    n = fed.num_examples()
+    assert sorted(n) == list(range(6)) and sum(n.values()) == 600
+    counts = fed.label_counts([0, 1])
+    assert counts[0].sum() == n[0] and counts[0].shape == (10,)
+    assert isinstance(counts[1], np.ndarray)
+
+
+def test_chain_traffic_counts_every_hand_off(fed):
+    from fedray.params import payload_nbytes
+
+    fed.take_traffic()
+    fed.chain(append_self, [[2, 0, 5], [1]], [])
+    down, up = fed.take_traffic()
+    size = payload_nbytes
+    # downloads: [] to clients 2 and 1, then [2] to 0 and [2, 0] to 5; uploads: every reply
+    assert down == 2 * size([]) + size([2]) + size([2, 0])
+    assert up == size([2]) + size([2, 0]) + size([2, 0, 5]) + size([1])

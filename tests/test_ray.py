@@ -1,0 +1,111 @@
+"""The same numbers on Ray as in-process, fractional-GPU placement, chains and errors through actors."""
+
+from __future__ import annotations
+
+import pytest
+
+from actors.placement import PlacementError, assign_clients, plan_actor_count
+from analysis import load_metrics
+from fedray.data import build_federated_data
+from fedray.experiment import execute
+from fedray.federation import ClientError, make_local_federation
+from tests.conftest import small_config
+from tests.test_federation import append_self, count_calls, fail_on_three
+
+pytestmark = pytest.mark.ray
+
+TIMING = {"seconds", "eval_seconds"}
+
+
+def _metrics(out):
+    df = load_metrics(out)
+    df = df[~df["metric"].isin(TIMING)]
+    return df.sort_values(["round", "metric", "scope", "entity"])[["round", "metric", "scope", "entity", "value"]].reset_index(drop=True)
+
+
+def _run(cfg, factory):
+    return list(execute(cfg, factory))
+
+
+def test_local_and_ray_with_1_and_3_actors_give_identical_metrics(ray_session, tmp_path):
+    from actors.federation import make_ray_federation
+
+    over = dict(participation=0.5, client_test_fraction=0.2, rounds=3, seed=7)
+    local = small_config(tmp_path / "local", **over)
+    _run(local, make_local_federation)
+    ref = _metrics(local.output)
+    assert {"accuracy", "loss", "local_accuracy", "train_accuracy", "bytes_down", "bytes_up"} <= set(ref["metric"])
+    for n in (1, 3):
+        cfg = small_config(tmp_path / f"ray{n}", num_actors=n, **over)
+        events = _run(cfg, make_ray_federation)
+        assert events[0].placement["actors"] == n
+        got = _metrics(cfg.output)
+        # Bit-identical: exact equality of every value, bytes counted included.
+        assert got.equals(ref), f"{n} actors differ from --local:\n{got.compare(ref)}"
+
+
+def test_fractional_gpus_put_two_actors_on_each_logical_gpu(ray_session, tmp_path):
+    from actors.federation import RayFederation
+
+    cfg = small_config(tmp_path, num_gpus_per_actor=0.5, num_cpus_per_actor=1, num_clients=6)
+    fed = RayFederation(cfg, build_federated_data(cfg))
+    try:
+        # 2 logical GPUs / 0.5 = 4 actors (4 CPUs allow 4 too)
+        assert len(fed.actors) == 4
+        for info in fed.actor_info:
+            assert info["resources"] == {"CPU": 1.0, "GPU": 0.5}
+            assert len(info["gpu_ids"]) == 1
+            assert info["device"] == "cpu"  # logical GPUs, no CUDA: the actor trains on the CPU
+            assert info["torch_threads"] == 1
+        gpus = [i["gpu_ids"][0] for i in fed.actor_info]
+        assert sorted(gpus.count(g) for g in set(gpus)) == [2, 2]
+        assert sorted(c for i in fed.actor_info for c in i["clients"]) == list(range(6))
+    finally:
+        fed.close()
+
+
+def test_ray_chain_state_and_client_errors(ray_session, tmp_path):
+    from actors.federation import RayFederation
+
+    cfg = small_config(tmp_path, num_actors=3)
+    fed = RayFederation(cfg, build_federated_data(cfg))
+    try:
+        assert fed.chain(append_self, [[2, 0, 5], [1, 4]], []) == [[2, 0, 5], [1, 4]]
+        fed.map(count_calls, [0, 1], "a")
+        assert fed.map(count_calls, [1, 3], "b")[1]["calls"] == 2
+        with pytest.raises(ClientError, match="client 3: ValueError: bad batch") as info:
+            fed.map(fail_on_three, [0, 3], None)
+        assert "fail_on_three" in info.value.remote_traceback
+    finally:
+        fed.close()
+
+
+def test_failed_run_is_recorded_with_the_client_error(ray_session, tmp_path):
+    from actors.driver import run_on_ray
+    from analysis import load_runs
+
+    # lr so large the MLP diverges to non-finite values: a failure that comes from inside the run.
+    cfg = small_config(tmp_path, lr=1e30, rounds=2, num_actors=2)
+    with pytest.raises(FloatingPointError, match="non-finite"):
+        list(run_on_ray(cfg))
+    runs = load_runs(cfg.output)
+    assert runs["status"].tolist() == ["failed"] and "FloatingPointError" in runs["error"][0]
+
+
+def test_plan_actor_count_from_resources():
+    assert plan_actor_count(300, 0, 1, 0, cluster_cpus=2, cluster_gpus=0) == 2
+    assert plan_actor_count(40, 0, 1, 0.1, cluster_cpus=64, cluster_gpus=4) == 40  # 10 actors per GPU
+    assert plan_actor_count(100, 0, 0.5, 0.25, cluster_cpus=4, cluster_gpus=8) == 8  # CPU-bound
+    assert plan_actor_count(3, 0, 1, 0, cluster_cpus=16, cluster_gpus=0) == 3  # never more than clients
+    assert plan_actor_count(10, 7, 1, 0, cluster_cpus=2, cluster_gpus=0) == 7  # explicit num_actors wins
+    with pytest.raises(PlacementError, match="num_gpus_per_actor=0.5.*0 GPUs"):
+        plan_actor_count(10, 0, 1, 0.5, cluster_cpus=8, cluster_gpus=0)
+
+
+def test_assign_clients_balances_samples():
+    sizes = {0: 100, 1: 90, 2: 10, 3: 10, 4: 10, 5: 80}
+    groups = assign_clients(sizes, 2)
+    loads = [sum(sizes[c] for c in g) for g in groups]
+    assert sorted(c for g in groups for c in g) == list(range(6))
+    assert sorted(loads) == [130, 170]  # {100, 10, 10, 10} and {90, 80}: the best split there is
+    assert assign_clients({0: 5, 1: 5}, 2) == [[0], [1]]

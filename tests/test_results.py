@@ -1,0 +1,111 @@
+"""The results folder: DESIGN §6 columns, atomic files, no duplicate rows after a restart."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pyarrow.parquet as pq
+
+from analysis import load_metrics, load_runs
+from fedray.experiment import execute
+from fedray.federation import make_local_federation
+from fedray.records import rec
+from fedray.results import ResultsWriter, run_status
+from tests.conftest import ROOT, small_config
+
+DESIGN_COLUMNS = {"run_id", "experiment", "algorithm", "dataset", "partition", "seed", "round", "stage", "scope", "entity", "metric", "value"}
+
+
+def test_run_writes_design_columns_runs_row_and_config(tmp_path):
+    cfg = small_config(tmp_path, rounds=2, client_test_fraction=0.2)
+    list(execute(cfg, make_local_federation))
+    df = pd.read_parquet(tmp_path / "out" / "metrics")  # the public contract: plain pandas
+    assert DESIGN_COLUMNS <= set(df.columns)
+    assert set(df["round"]) == {1, 2}
+    glob = df[df["scope"] == "global"]
+    assert {"accuracy", "loss", "local_accuracy", "train_accuracy", "bytes_down", "bytes_up", "seconds"} <= set(glob["metric"])
+    assert (glob["entity"] == -1).all()
+    clients = df[(df["scope"] == "client") & (df["metric"] == "local_accuracy")]
+    assert sorted(clients["entity"].unique()) == list(range(6))
+    runs = load_runs(tmp_path / "out")
+    assert runs["status"].tolist() == ["finished"]
+    assert runs["config"][0]["num_clients"] == 6 and "torch" in runs["versions"][0]
+    assert runs["summary"][0]["final_accuracy"] == glob[(glob["metric"] == "accuracy") & (glob["round"] == 2)]["value"].item()
+    assert (tmp_path / "out" / "configs" / f"{cfg.run_id()}.yaml").is_file()
+
+
+def test_rerun_of_same_run_id_leaves_no_duplicate_rows(tmp_path):
+    cfg = small_config(tmp_path, rounds=2)
+    list(execute(cfg, make_local_federation))
+    first = load_metrics(cfg.output)
+    list(execute(cfg, make_local_federation))
+    again = load_metrics(cfg.output)
+    assert len(again) == len(first)
+    cols = ["round", "metric", "scope", "entity"]
+    assert not again.duplicated(cols).any()
+
+
+def test_failed_run_is_recorded(tmp_path):
+    cfg = small_config(tmp_path, rounds=2)
+
+    def broken_factory(cfg, data):
+        raise RuntimeError("no federation today")
+
+    try:
+        list(execute(cfg, broken_factory))
+    except RuntimeError:
+        pass
+    runs = load_runs(cfg.output)
+    assert runs["status"].tolist() == ["failed"]
+    assert "RuntimeError: no federation today" in runs["error"][0]
+    assert run_status(cfg.output, cfg.run_id()) == "failed"
+
+
+def test_leftover_temporary_files_are_ignored(tmp_path):
+    w = ResultsWriter(tmp_path, "r1", small_config(tmp_path).to_dict(), flush_every_s=0)
+    w.start()
+    w.add(1, [rec("accuracy", 0.5)])
+    # What a kill during a write leaves behind: half-written hidden files.
+    (tmp_path / "metrics" / ".r1-000001.parquet.abcd1234.tmp").write_bytes(b"PAR1\x00garbage")
+    (tmp_path / "runs" / ".r1.parquet.ffff0000.tmp").write_bytes(b"")
+    df = pd.read_parquet(tmp_path / "metrics")
+    assert df["value"].tolist() == [0.5]
+    assert load_runs(tmp_path)["status"].tolist() == ["running"]
+
+
+WRITER_LOOP = """
+import sys
+from fedray.records import rec
+from fedray.results import ResultsWriter
+from tests.conftest import small_config
+out = sys.argv[1]
+w = ResultsWriter(out, "loop", small_config(__import__("pathlib").Path(out)).to_dict(), flush_every_s=0)
+w.start()
+print("started", flush=True)
+r = 0
+while True:
+    r += 1
+    w.add(r, [rec("accuracy", r / 1000.0, scope="client", entity=e) for e in range(2000)])
+"""
+
+
+def test_killed_mid_write_results_still_load(tmp_path):
+    """SIGKILL a writer that flushes 2,000-row part files back to back; every visible file is whole."""
+    p = subprocess.Popen([sys.executable, "-c", WRITER_LOOP, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "started"
+    deadline = time.monotonic() + 60
+    while len(list((tmp_path / "metrics").glob("*.parquet"))) < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    df = load_metrics(tmp_path)
+    assert len(df) >= 5 * 2000 and len(df) % 2000 == 0  # only complete part files
+    for f in (tmp_path / "metrics").glob("*.parquet"):
+        assert pq.read_metadata(f).num_rows == 2000
+    assert not df.duplicated(["round", "entity"]).any()
+    assert load_runs(tmp_path)["status"].tolist() == ["running"]  # the run never finished
