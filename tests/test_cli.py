@@ -1,0 +1,69 @@
+"""The commands a user types: README's first two lines, fedray run / report, python -m jobs.run on Ray."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from tests.conftest import ROOT
+
+FEDRAY = [sys.executable, "-m", "jobs.cli"]
+
+
+def readme_commands() -> list[str]:
+    lines = (ROOT / "README.md").read_text().splitlines()
+    start = lines.index("```bash")
+    return [ln.split("#")[0].strip() for ln in lines[start + 1 : start + 3]]
+
+
+def test_readme_opens_with_setup_and_run_and_setup_and_test_commands():
+    run, test = readme_commands()
+    assert run == "bash scripts/setup.sh && .venv/bin/fedray run"
+    assert test == "bash scripts/setup.sh && .venv/bin/python -m pytest -q"
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert test in ci.splitlines(), ".ci/run must call the README's test command"
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    assert '"torch==2.14.1" "torchvision==0.29.1"' in setup and '-e ".[test]"' in setup
+
+
+def run(args, cwd, env=None, timeout=300):
+    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def test_fedray_run_local_then_skip_then_report(tmp_path):
+    out = tmp_path / "out"
+    p = run([*FEDRAY, "run", "--local", "--set", "rounds=2", "--output", str(out)], cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert "round 1/2" in p.stdout and "done: final accuracy" in p.stdout
+    df = pd.read_parquet(out / "metrics")
+    acc = df[(df.metric == "accuracy") & (df.scope == "global")]
+    assert acc["round"].tolist() == [1, 2] and acc["dataset"].unique().tolist() == ["digits"]
+
+    again = run([*FEDRAY, "run", "--local", "--set", "rounds=2", "--output", str(out)], cwd=ROOT)
+    assert again.returncode == 0 and "already finished" in again.stdout
+
+    run([*FEDRAY, "run", "--local", "--set", "rounds=2", "--set", "seed=1", "--output", str(out), "--quiet"], cwd=ROOT)
+    rep = run([*FEDRAY, "report", str(out)], cwd=ROOT)
+    assert rep.returncode == 0, rep.stderr
+    assert "fedavg" in rep.stdout and "dirichlet(0.5)" in rep.stdout and "±" in rep.stdout  # two seeds: mean ± std
+    assert "finished:2" in rep.stdout
+
+
+@pytest.mark.ray
+def test_jobs_run_attaches_to_a_running_ray(ray_session, tmp_path):
+    """`RAY_ADDRESS=... python -m jobs.run CONFIG`: the entry point `ray job submit` runs."""
+    address = ray_session.get_runtime_context().gcs_address
+    out = tmp_path / "out"
+    p = run(
+        [sys.executable, "-m", "jobs.run", str(ROOT / "jobs" / "configs" / "digits.yaml"), "--set", "rounds=2",
+         "--set", "num_actors=2", "--output", str(out)],
+        cwd=ROOT, env={"RAY_ADDRESS": address},
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert "2 actors on 1 node(s)" in p.stdout and "done: final accuracy" in p.stdout
+    runs = pd.read_parquet(out / "runs")
+    assert runs["status"].tolist() == ["finished"]
