@@ -25,7 +25,9 @@ def pick_device() -> torch.device:
 class ClientActor:
     """Serves its clients one call at a time (Ray runs an actor's calls in order)."""
 
-    def __init__(self, task: Task, train: ArrayDataset, clients: Mapping[int, ClientIndices], num_cpus: float) -> None:
+    def __init__(
+        self, task: Task, train: ArrayDataset, clients: Mapping[int, ClientIndices], num_cpus: float
+    ) -> None:
         self.threads = set_torch_threads(num_cpus)
         self.device = pick_device()
         self.host = ClientHost(task, train, clients, self.device)

@@ -31,7 +31,9 @@ def run_on_ray(cfg: Config, address: str | None = None) -> Iterator[Event]:
     started = connect(address)
     # Pin the coordinator to this node: it writes the results, and `--output` is a path here.
     here = ray.get_runtime_context().get_node_id()
-    coord = Coordinator.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False)).remote()
+    coord = Coordinator.options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False)
+    ).remote()
     try:
         for ref in coord.run.remote(cfg.to_dict()):
             yield ray.get(ref)

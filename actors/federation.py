@@ -62,7 +62,9 @@ class RayFederation:
             actor = ClientActor.options(
                 num_cpus=cfg.num_cpus_per_actor,
                 num_gpus=cfg.num_gpus_per_actor,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=i),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self._pg, placement_group_bundle_index=i
+                ),
             ).remote(self.task, train_ref, {c: data.clients[c] for c in group}, cfg.num_cpus_per_actor)
             self.actors.append(actor)
             for c in group:

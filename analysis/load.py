@@ -10,7 +10,9 @@ import pyarrow.dataset as ds
 
 
 def _read_dir(path: Path) -> pd.DataFrame | None:
-    if not path.is_dir() or not any(p.suffix == ".parquet" and not p.name.startswith((".", "_")) for p in path.iterdir()):
+    if not path.is_dir() or not any(
+        p.suffix == ".parquet" and not p.name.startswith((".", "_")) for p in path.iterdir()
+    ):
         return None
     # pyarrow's discovery skips names starting with "." or "_", i.e. files still being written.
     return ds.dataset(str(path), format="parquet").to_table().to_pandas()
@@ -25,7 +27,9 @@ def load_metrics(out_dir: str | Path) -> pd.DataFrame:
     if df is None:
         return pd.DataFrame(columns=["run_id", "experiment", "algorithm", "dataset", "partition", "model", "seed", "round",
                                      "stage", "scope", "entity", "metric", "value", "elapsed"])  # fmt: skip
-    return df.sort_values(["run_id", "round", "metric", "scope", "entity"], kind="stable").reset_index(drop=True)
+    return df.sort_values(["run_id", "round", "metric", "scope", "entity"], kind="stable").reset_index(
+        drop=True
+    )
 
 
 def load_runs(out_dir: str | Path) -> pd.DataFrame:

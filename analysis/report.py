@@ -52,7 +52,11 @@ def report_table(out_dir: str | Path, metric: str = "accuracy") -> pd.DataFrame:
                 "status": ",".join(f"{s}:{n}" for s, n in g["status"].value_counts().sort_index().items()),
             }
         )
-    return pd.DataFrame(rows).sort_values(["experiment", "dataset", "partition", "algorithm"]).reset_index(drop=True)
+    return (
+        pd.DataFrame(rows)
+        .sort_values(["experiment", "dataset", "partition", "algorithm"])
+        .reset_index(drop=True)
+    )
 
 
 def _partition_label(c: dict) -> str:

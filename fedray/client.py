@@ -47,7 +47,9 @@ class Task:
             torch.manual_seed(seeding.torch_seed(self.seed, purpose))
             return build_model(self.model, self.spec.input_shape, self.spec.num_classes)
 
-    def rng(self, purpose: str, client: int = seeding.GLOBAL, rnd: int = seeding.GLOBAL) -> np.random.Generator:
+    def rng(
+        self, purpose: str, client: int = seeding.GLOBAL, rnd: int = seeding.GLOBAL
+    ) -> np.random.Generator:
         return seeding.rng(self.seed, purpose, client, rnd)
 
 
@@ -96,7 +98,9 @@ class Client:
         m.train()
         return m
 
-    def train_batches(self, rnd: int, epoch: int, batch_size: int | None = None, drop_last: bool = False) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def train_batches(
+        self, rnd: int, epoch: int, batch_size: int | None = None, drop_last: bool = False
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Shuffled mini-batches of the training split; the order is drawn from (seed, loader, client, round, epoch)."""
         bs = batch_size or self.task.batch_size
         order = seeding.rng(self.task.seed, f"loader/{epoch}", self.cid, rnd).permutation(self.train_idx)
@@ -105,16 +109,24 @@ class Client:
         for start in range(0, stop, bs):
             idx = order[start : start + bs]
             x = self.task.spec.to_tensor(self._data.x[idx], augment=True, generator=aug)
-            yield x.to(self.device, non_blocking=True), torch.from_numpy(self._data.y[idx]).to(self.device, non_blocking=True)
+            yield (
+                x.to(self.device, non_blocking=True),
+                torch.from_numpy(self._data.y[idx]).to(self.device, non_blocking=True),
+            )
 
     def test_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         yield from iterate(self._data, self.test_idx, self.task.spec, self.task.eval_batch_size, self.device)
 
 
-def iterate(data: ArrayDataset, idx: np.ndarray | None, spec: DataSpec, batch_size: int, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def iterate(
+    data: ArrayDataset, idx: np.ndarray | None, spec: DataSpec, batch_size: int, device: torch.device
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Batches in order, without augmentation (evaluation)."""
     n = len(data) if idx is None else len(idx)
     for start in range(0, n, batch_size):
         sel = slice(start, start + batch_size) if idx is None else idx[start : start + batch_size]
         x = spec.to_tensor(data.x[sel])
-        yield x.to(device, non_blocking=True), torch.from_numpy(np.asarray(data.y[sel])).to(device, non_blocking=True)
+        yield (
+            x.to(device, non_blocking=True),
+            torch.from_numpy(np.asarray(data.y[sel])).to(device, non_blocking=True),
+        )

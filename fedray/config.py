@@ -35,26 +35,29 @@ class Config:
     # --- what to run -------------------------------------------------------------------------
     experiment: str = "default"  # free-form name; groups runs in `fedray report`
     algorithm: str = "fedavg"  # a name from fedray.algorithms.ALGORITHMS
-    hp: dict[str, Any] = field(default_factory=dict)  # algorithm hyperparameters (hp.<name>), checked per algorithm
+    # Algorithm hyperparameters, `hp.<name>`; checked against the chosen algorithm's Hparams.
+    hp: dict[str, Any] = field(default_factory=dict)  # e.g. {server_lr: 1.0} for fedavg
     seed: int = 0  # master seed; every random stream derives from (seed, purpose, client, round)
 
     # --- data ------------------------------------------------------------------------------------
     dataset: str = "digits"  # digits | fmnist | mnist | emnist | cifar10 | cifar100 | svhn | synthetic
-    data_root: str = ""  # folder with the dataset files; "" = the dataset's default (fmnist: the Debian package path)
+    # "" = the dataset's default: fmnist -> /usr/share/datasets/fashion-mnist (Debian), others -> ./data
+    data_root: str = ""  # folder with the dataset files
     download: bool = False  # let torchvision download a missing dataset into data_root (needs internet)
-    emnist_split: str = "byclass"  # torchvision EMNIST split: byclass | bymerge | balanced | letters | digits | mnist
+    emnist_split: str = "byclass"  # EMNIST split: byclass | bymerge | balanced | letters | digits | mnist
     synthetic_size: int = 2000  # synthetic only: number of training samples (test set is a quarter of it)
-    synthetic_shape: list[int] = field(default_factory=lambda: [1, 8, 8])  # synthetic only: C, H, W of an input
+    synthetic_shape: list[int] = field(default_factory=lambda: [1, 8, 8])  # synthetic only: [C, H, W] or [D]
 
     # --- partition across clients (ALGORITHMS.md §7) -------------------------------------------
     num_clients: int = 10  # N
-    partition: str = "dirichlet"  # iid | labels (#C=k) | dirichlet | quantity | dominant | clientwise_dirichlet
+    # iid | labels (#C=k) | dirichlet | quantity | dominant | clientwise_dirichlet
+    partition: str = "dirichlet"  # how training samples are split across clients
     partition_k: int = 2  # labels: classes per client (#C=k)
-    partition_beta: float = 0.5  # dirichlet/quantity/clientwise_dirichlet: concentration; dominant: dominant fraction
+    partition_beta: float = 0.5  # Dirichlet concentration; for dominant: the dominant-class fraction
     partition_clusters: int = 4  # dominant: number of client clusters, each with its own dominant class
-    partition_size: int = 0  # dominant: samples per client (0 = as many as the class pools allow, at most n/N)
-    partition_min_size: int = 10  # dirichlet/quantity: redraw until every client holds at least this many samples
-    client_test_fraction: float = 0.0  # share of each client's samples kept as its own test split (FedRC: 0.1)
+    partition_size: int = 0  # dominant: samples per client (0 = the most the pools allow, <= n/N)
+    partition_min_size: int = 10  # dirichlet/quantity: redraw until every client has this many samples
+    client_test_fraction: float = 0.0  # share of each client's samples kept as its test split (FedRC: 0.1)
 
     # --- model and local training (ALGORITHMS.md §0.2) ------------------------------------------------
     # The defaults are the embedded default run (digits, MLP; about 96% in 30 rounds). Paper
@@ -208,7 +211,11 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
     if typ is str:
         if isinstance(value, str):
             return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and key in ("experiment", "output", "data_root"):
+        if (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and key in ("experiment", "output", "data_root")
+        ):
             return str(value)
         raise ConfigError(f"config key '{key}': expected a string, got {value!r}")
     if origin is list:
@@ -237,7 +244,9 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
 def _choice(key: str, value: str, allowed: Iterable[str]) -> None:
     allowed = sorted(allowed)
     if value not in allowed:
-        raise ConfigError(f"config key '{key}': unknown value {value!r}{_suggest(value, allowed)} (allowed: {', '.join(allowed)})")
+        raise ConfigError(
+            f"config key '{key}': unknown value {value!r}{_suggest(value, allowed)} (allowed: {', '.join(allowed)})"
+        )
 
 
 def _check(cond: bool, key: str, message: str) -> None:
@@ -256,7 +265,9 @@ def validate(cfg: Config) -> None:
     _choice("dataset", cfg.dataset, DATASETS)
     _choice("partition", cfg.partition, PARTITIONS)
     _choice("model", cfg.model, MODELS)
-    _choice("emnist_split", cfg.emnist_split, ("byclass", "bymerge", "balanced", "letters", "digits", "mnist"))
+    _choice(
+        "emnist_split", cfg.emnist_split, ("byclass", "bymerge", "balanced", "letters", "digits", "mnist")
+    )
 
     _check(cfg.num_clients >= 1, "num_clients", f"must be >= 1, got {cfg.num_clients}")
     _check(cfg.rounds >= 1, "rounds", f"must be >= 1, got {cfg.rounds}")
@@ -278,10 +289,16 @@ def validate(cfg: Config) -> None:
     )
     _check(cfg.num_actors >= 0, "num_actors", f"must be >= 0 (0 = from resources), got {cfg.num_actors}")
     _check(cfg.placement_timeout_s > 0, "placement_timeout_s", f"must be > 0, got {cfg.placement_timeout_s}")
-    _check(0 <= cfg.client_test_fraction < 1, "client_test_fraction", f"must be in [0, 1), got {cfg.client_test_fraction}")
+    _check(
+        0 <= cfg.client_test_fraction < 1,
+        "client_test_fraction",
+        f"must be in [0, 1), got {cfg.client_test_fraction}",
+    )
     _check(cfg.partition_beta > 0, "partition_beta", f"must be > 0, got {cfg.partition_beta}")
     _check(cfg.partition_min_size >= 1, "partition_min_size", f"must be >= 1, got {cfg.partition_min_size}")
-    _check(cfg.partition_size >= 0, "partition_size", f"must be >= 0 (0 = automatic), got {cfg.partition_size}")
+    _check(
+        cfg.partition_size >= 0, "partition_size", f"must be >= 0 (0 = automatic), got {cfg.partition_size}"
+    )
     _check(cfg.synthetic_size >= 10, "synthetic_size", f"must be >= 10, got {cfg.synthetic_size}")
     _check(
         len(cfg.synthetic_shape) in (1, 3) and all(s >= 1 for s in cfg.synthetic_shape),
@@ -298,7 +315,11 @@ def validate(cfg: Config) -> None:
             f"#C=k needs 1 <= k <= {info.num_classes} (classes of {cfg.dataset}), got {cfg.partition_k}",
         )
     if cfg.partition == "dominant":
-        _check(cfg.partition_beta <= 1, "partition_beta", f"dominant: the dominant-class fraction must be <= 1, got {cfg.partition_beta}")
+        _check(
+            cfg.partition_beta <= 1,
+            "partition_beta",
+            f"dominant: the dominant-class fraction must be <= 1, got {cfg.partition_beta}",
+        )
         _check(
             1 <= cfg.partition_clusters <= cfg.num_clients,
             "partition_clusters",
@@ -326,7 +347,9 @@ def hparams_from_dict(cls: type, values: Mapping[str, Any], algorithm: str) -> A
     for k, v in values.items():
         if k not in fields:
             known = ", ".join(sorted(fields)) or "none"
-            raise ConfigError(f"unknown config key 'hp.{k}' for algorithm {algorithm}{_suggest(k, fields)} (its hp keys: {known})")
+            raise ConfigError(
+                f"unknown config key 'hp.{k}' for algorithm {algorithm}{_suggest(k, fields)} (its hp keys: {known})"
+            )
         kwargs[k] = _coerce(f"hp.{k}", v, hints[k])
     hp = cls(**kwargs)
     check = getattr(hp, "check", None)

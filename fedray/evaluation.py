@@ -18,7 +18,9 @@ def evaluate_global(fed: Federation, params: Params) -> EvalStats:
     """The model ``params`` on the full global test set (on the coordinator, CPU)."""
     model = fed.task.build_model()
     set_params(model, params)
-    return evaluate(model, iterate(fed.test_set, None, fed.task.spec, fed.task.eval_batch_size, torch.device("cpu")))
+    return evaluate(
+        model, iterate(fed.test_set, None, fed.task.spec, fed.task.eval_batch_size, torch.device("cpu"))
+    )
 
 
 def local_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
@@ -36,7 +38,7 @@ def single_model_records(fed: Federation, params: Params, stage: str = "") -> li
         replies = fed.map(local_eval, with_test, {"params": params})
         correct = np.array([replies[c]["correct"] for c in with_test])
         samples = np.array([replies[c]["samples"] for c in with_test])
-        for c, k, n in zip(with_test, correct, samples):
+        for c, k, n in zip(with_test, correct, samples, strict=True):
             records.append(rec("local_accuracy", k / n, scope="client", entity=c, stage=stage))
         records.append(rec("local_accuracy", correct.sum() / samples.sum(), stage=stage))
     return records

@@ -48,7 +48,11 @@ FederationFactory = Callable[[Config, FederatedData], tuple[Federation, dict[str
 
 
 def _global(records: list[Record]) -> dict[str, float]:
-    return {f"{r['stage']}/{r['metric']}" if r["stage"] else r["metric"]: r["value"] for r in records if r["scope"] == "global"}
+    return {
+        f"{r['stage']}/{r['metric']}" if r["stage"] else r["metric"]: r["value"]
+        for r in records
+        if r["scope"] == "global"
+    }
 
 
 def run_rounds(cfg: Config, fed: Federation, writer: ResultsWriter) -> Iterator[RoundDone]:
@@ -74,7 +78,11 @@ def run_rounds(cfg: Config, fed: Federation, writer: ResultsWriter) -> Iterator[
 def summarize(history: list[RoundDone], total_seconds: float, placement: dict[str, Any]) -> dict[str, Any]:
     acc = [(h.round, h.metrics["accuracy"]) for h in history if "accuracy" in h.metrics]
     seconds = [h.seconds for h in history]
-    out: dict[str, Any] = {"rounds_done": len(history), "total_seconds": total_seconds, "placement": placement}
+    out: dict[str, Any] = {
+        "rounds_done": len(history),
+        "total_seconds": total_seconds,
+        "placement": placement,
+    }
     if seconds:
         out["mean_round_seconds"] = sum(seconds) / len(seconds)
         steady = seconds[1:] or seconds  # the first round pays for warm-up (actor imports, caches)
@@ -110,7 +118,9 @@ def execute(cfg: Config, make_federation: FederationFactory) -> Iterator[Event]:
         yield Finished(run_id, summary)
     except BaseException as e:
         detail = getattr(e, "remote_traceback", "") or traceback.format_exc()
-        writer.fail(f"{type(e).__name__}: {e}\n{detail}", summarize(history, time.perf_counter() - t0, placement))
+        writer.fail(
+            f"{type(e).__name__}: {e}\n{detail}", summarize(history, time.perf_counter() - t0, placement)
+        )
         raise
     finally:
         if fed is not None:

@@ -180,7 +180,14 @@ def _select(d: Mapping[int, Any], cids: Sequence[int] | None) -> dict[int, Any]:
 class LocalFederation:
     """In-process, sequential federation for tests and debugging (``fedray run --local``)."""
 
-    def __init__(self, task: Task, train: ArrayDataset, test: ArrayDataset, clients: Mapping[int, ClientIndices], num_threads: float = 1.0):
+    def __init__(
+        self,
+        task: Task,
+        train: ArrayDataset,
+        test: ArrayDataset,
+        clients: Mapping[int, ClientIndices],
+        num_threads: float = 1.0,
+    ):
         set_torch_threads(num_threads)  # same thread count as one actor: same floating-point path
         self.task = task
         self.test_set = test
@@ -230,5 +237,7 @@ def make_local_federation(cfg: Any, data: Any) -> tuple[LocalFederation, dict[st
     """The `execute` factory for ``--local``: every client in this process, one at a time."""
     task = Task.from_config(cfg, data.dataset.spec)
     threads = set_torch_threads(cfg.num_cpus_per_actor)
-    fed = LocalFederation(task, data.dataset.train, data.dataset.test, data.clients, num_threads=cfg.num_cpus_per_actor)
+    fed = LocalFederation(
+        task, data.dataset.train, data.dataset.test, data.clients, num_threads=cfg.num_cpus_per_actor
+    )
     return fed, {"mode": "local", "actors": 0, "torch_threads": threads}

@@ -52,7 +52,7 @@ def weighted_average(states: Sequence[Mapping[str, np.ndarray]], weights: Sequen
     out: Params = {}
     for k in states[0]:
         acc = np.zeros(np.shape(states[0][k]), dtype=np.float64)
-        for wi, s in zip(w, states):
+        for wi, s in zip(w, states, strict=True):
             acc += wi * np.asarray(s[k], dtype=np.float64)
         dtype = np.asarray(states[0][k]).dtype
         out[k] = (np.rint(acc) if np.issubdtype(dtype, np.integer) else acc).astype(dtype)

@@ -87,7 +87,12 @@ def versions() -> dict[str, str]:
 
     import fedray
 
-    out = {"python": platform.python_version(), "fedray": fedray.__version__, "torch": torch.__version__, "numpy": numpy.__version__}
+    out = {
+        "python": platform.python_version(),
+        "fedray": fedray.__version__,
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+    }
     for mod in ("ray", "torchvision", "sklearn", "pyarrow"):
         try:
             out[mod] = __import__(mod).__version__
@@ -111,7 +116,9 @@ def run_status(out_dir: str | Path, run_id: str) -> str | None:
 class ResultsWriter:
     """The only writer of a run's results. Buffers metric rows and flushes them as part files."""
 
-    def __init__(self, out_dir: str | Path, run_id: str, config: dict[str, Any], flush_every_s: float = 10.0) -> None:
+    def __init__(
+        self, out_dir: str | Path, run_id: str, config: dict[str, Any], flush_every_s: float = 10.0
+    ) -> None:
         self.root = Path(out_dir)
         self.run_id = run_id
         self.config = config
@@ -132,7 +139,9 @@ class ResultsWriter:
             old.unlink()
         import yaml
 
-        write_text_atomic(yaml.safe_dump(self.config, sort_keys=False), self.root / "configs" / f"{self.run_id}.yaml")
+        write_text_atomic(
+            yaml.safe_dump(self.config, sort_keys=False), self.root / "configs" / f"{self.run_id}.yaml"
+        )
         self._write_run("running")
 
     def add(self, rnd: int, records: Iterable[Record]) -> None:
@@ -176,4 +185,6 @@ class ResultsWriter:
             "started": self._started,
             "finished": None if status == "running" else _now(),
         }
-        write_atomic(pa.Table.from_pylist([row], schema=RUNS_SCHEMA), self.root / "runs" / f"{self.run_id}.parquet")
+        write_atomic(
+            pa.Table.from_pylist([row], schema=RUNS_SCHEMA), self.root / "runs" / f"{self.run_id}.parquet"
+        )

@@ -11,7 +11,9 @@ from fedray.records import Record, rec
 from fedray.train import ExtraLoss, local_train
 
 
-def local_sgd_reply(client: Client, params: Params, rnd: int, extra_loss: ExtraLoss | None = None) -> dict[str, Any]:
+def local_sgd_reply(
+    client: Client, params: Params, rnd: int, extra_loss: ExtraLoss | None = None
+) -> dict[str, Any]:
     """Load ``params``, run the local epochs, and report the new params with the training stats."""
     model = client.model(params)
     stats = local_train(model, client, rnd, extra_loss=extra_loss)

@@ -16,13 +16,19 @@ EXIT_FAILED = 1  # the run itself failed
 
 
 def _add_run_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", nargs="?", help="experiment YAML (default: the embedded default, digits + FedAvg)")
+    p.add_argument(
+        "config", nargs="?", help="experiment YAML (default: the embedded default, digits + FedAvg)"
+    )
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, dotted for hp (e.g. --set hp.server_lr=0.5); repeatable")  # fmt: skip
     p.add_argument("--output", help="results folder (config key output)")
     p.add_argument("--local", action="store_true", help="run in-process without Ray (debugging, tests)")
-    p.add_argument("--address", help="Ray address to attach to (default: RAY_ADDRESS, else start a local Ray)")
-    p.add_argument("--force", action="store_true", help="re-run even if this run already finished in the output folder")
+    p.add_argument(
+        "--address", help="Ray address to attach to (default: RAY_ADDRESS, else start a local Ray)"
+    )
+    p.add_argument(
+        "--force", action="store_true", help="re-run even if this run already finished in the output folder"
+    )
     p.add_argument("--quiet", action="store_true", help="print only the summary")
 
 
@@ -69,13 +75,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         for ev in events:
             if isinstance(ev, Started):
                 pl = ev.placement
-                where = "in-process" if pl.get("mode") == "local" else f"{pl.get('actors')} actors on {pl.get('nodes')} node(s) {pl.get('devices')}"
-                print(f"run {ev.run_id}: {cfg.algorithm} on {cfg.dataset} ({cfg.partition}), {ev.num_clients} clients, {where}", flush=True)
+                where = (
+                    "in-process"
+                    if pl.get("mode") == "local"
+                    else f"{pl.get('actors')} actors on {pl.get('nodes')} node(s) {pl.get('devices')}"
+                )
+                print(
+                    f"run {ev.run_id}: {cfg.algorithm} on {cfg.dataset} ({cfg.partition}), {ev.num_clients} clients, {where}",
+                    flush=True,
+                )
             elif isinstance(ev, RoundDone) and not args.quiet:
                 print(_fmt_round(ev), flush=True)
             elif isinstance(ev, Finished):
                 s = ev.summary
-                acc = f"final accuracy {s['final_accuracy']:.4f} (best {s['best_accuracy']:.4f} at round {s['best_round']})" if "final_accuracy" in s else "no accuracy recorded"
+                acc = (
+                    f"final accuracy {s['final_accuracy']:.4f} (best {s['best_accuracy']:.4f} at round {s['best_round']})"
+                    if "final_accuracy" in s
+                    else "no accuracy recorded"
+                )
                 print(f"done: {acc}; {s['rounds_done']} rounds, {s.get('steady_round_seconds', 0):.2f} s/round, "
                       f"{time.perf_counter() - t0:.1f} s in all; results in {cfg.output}/", flush=True)  # fmt: skip
     except KeyboardInterrupt:
@@ -116,12 +133,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fedray", description="Federated learning under heterogeneous data, on Ray.")
+    parser = argparse.ArgumentParser(
+        prog="fedray", description="Federated learning under heterogeneous data, on Ray."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p_run = sub.add_parser("run", help="run one experiment")
     _add_run_args(p_run)
     p_run.set_defaults(func=cmd_run)
-    p_rep = sub.add_parser("report", help="print final accuracy per run (mean ± std over seeds) from a results folder")
+    p_rep = sub.add_parser(
+        "report", help="print final accuracy per run (mean ± std over seeds) from a results folder"
+    )
     p_rep.add_argument("dir")
     p_rep.add_argument("--metric", default="accuracy", help="global metric to report (default accuracy)")
     p_rep.set_defaults(func=cmd_report)

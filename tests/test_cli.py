@@ -31,7 +31,9 @@ def test_readme_opens_with_setup_and_run_and_setup_and_test_commands():
 
 
 def run(args, cwd, env=None, timeout=300):
-    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
 
 
 def test_fedray_run_local_then_skip_then_report(tmp_path):
@@ -46,10 +48,15 @@ def test_fedray_run_local_then_skip_then_report(tmp_path):
     again = run([*FEDRAY, "run", "--local", "--set", "rounds=2", "--output", str(out)], cwd=ROOT)
     assert again.returncode == 0 and "already finished" in again.stdout
 
-    run([*FEDRAY, "run", "--local", "--set", "rounds=2", "--set", "seed=1", "--output", str(out), "--quiet"], cwd=ROOT)
+    run(
+        [*FEDRAY, "run", "--local", "--set", "rounds=2", "--set", "seed=1", "--output", str(out), "--quiet"],
+        cwd=ROOT,
+    )
     rep = run([*FEDRAY, "report", str(out)], cwd=ROOT)
     assert rep.returncode == 0, rep.stderr
-    assert "fedavg" in rep.stdout and "dirichlet(0.5)" in rep.stdout and "±" in rep.stdout  # two seeds: mean ± std
+    assert (
+        "fedavg" in rep.stdout and "dirichlet(0.5)" in rep.stdout and "±" in rep.stdout
+    )  # two seeds: mean ± std
     assert "finished:2" in rep.stdout
 
 

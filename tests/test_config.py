@@ -25,7 +25,9 @@ def test_embedded_default_is_valid_and_every_field_is_commented():
 def test_yaml_then_sets_then_overrides(tmp_path):
     f = tmp_path / "exp.yaml"
     f.write_text(yaml.safe_dump({"num_clients": 20, "lr": 0.1, "hp": {"server_lr": 0.5}}))
-    cfg = load_config(f, ["num_clients=40", "partition=labels", "partition_k=3", "hp.server_lr=0.25"], output="elsewhere")
+    cfg = load_config(
+        f, ["num_clients=40", "partition=labels", "partition_k=3", "hp.server_lr=0.25"], output="elsewhere"
+    )
     assert (cfg.num_clients, cfg.lr, cfg.partition, cfg.partition_k) == (40, 0.1, "labels", 3)
     assert cfg.hp == {"server_lr": 0.25} and cfg.output == "elsewhere"
 
@@ -46,7 +48,10 @@ def test_parse_sets_nests_and_parses_yaml_scalars():
     [
         ({"partiton": "iid"}, r"unknown config key 'partiton'; did you mean 'partition'\?"),
         ({"num_client": 4}, r"did you mean 'num_clients'"),
-        ({"partition": "dirichlett"}, r"'partition': unknown value 'dirichlett'; did you mean 'dirichlet'\?.*allowed: .*iid"),
+        (
+            {"partition": "dirichlett"},
+            r"'partition': unknown value 'dirichlett'; did you mean 'dirichlet'\?.*allowed: .*iid",
+        ),
         ({"dataset": "fmnst"}, r"'dataset'.*did you mean 'fmnist'"),
         ({"algorithm": "fedavgg"}, r"'algorithm'.*did you mean 'fedavg'"),
         ({"model": "cnn"}, r"'model': unknown value 'cnn'"),
@@ -101,14 +106,38 @@ CHECK_NO_RAY = (
     [
         (["run", "--set", "partiton=iid"], "did you mean 'partition'"),
         (["run", "--set", "lr=0"], "'lr': must be > 0"),
-        (["run", "--set", "dataset=fmnist", "--set", "data_root=/nonexistent", "--set", "model=simple_cnn"], "apt-get install dataset-fashion-mnist"),
-        (["run", "--set", "dataset=cifar10", "--set", "data_root=/nonexistent", "--set", "model=simple_cnn"], "download=true"),
+        (
+            [
+                "run",
+                "--set",
+                "dataset=fmnist",
+                "--set",
+                "data_root=/nonexistent",
+                "--set",
+                "model=simple_cnn",
+            ],
+            "apt-get install dataset-fashion-mnist",
+        ),
+        (
+            [
+                "run",
+                "--set",
+                "dataset=cifar10",
+                "--set",
+                "data_root=/nonexistent",
+                "--set",
+                "model=simple_cnn",
+            ],
+            "download=true",
+        ),
         (["run", "no_such_config.yaml"], "does not exist"),
     ],
 )
 def test_cli_rejects_bad_input_fast_without_starting_ray(args, message, tmp_path):
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-c", CHECK_NO_RAY, *args], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-c", CHECK_NO_RAY, *args], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
     assert time.monotonic() - t0 < 10
     assert p.returncode == 2, p.stderr
     assert message in p.stderr

@@ -45,7 +45,9 @@ FMNIST_NAMES = {"train_x": "train-images-idx3-ubyte", "train_y": "train-labels-i
 @pytest.mark.parametrize("gz", [True, False])
 def test_fmnist_reads_idx_files_from_data_root(tmp_path, gz):
     xs, ys = mnist_like(tmp_path, FMNIST_NAMES, gz=gz)
-    cfg = from_dict({"dataset": "fmnist", "data_root": str(tmp_path), "model": "simple_cnn", "num_clients": 5})
+    cfg = from_dict(
+        {"dataset": "fmnist", "data_root": str(tmp_path), "model": "simple_cnn", "num_clients": 5}
+    )
     check_available(cfg)
     ds = load_dataset(cfg)
     assert ds.train.x.shape == (50, 1, 28, 28) and ds.train.x.dtype == np.uint8
@@ -94,7 +96,9 @@ def test_torchvision_emnist_from_files_is_flipped_upright(tmp_path):
     names = {"train_x": f"{pre}-train-images-idx3-ubyte", "train_y": f"{pre}-train-labels-idx1-ubyte",
              "test_x": f"{pre}-test-images-idx3-ubyte", "test_y": f"{pre}-test-labels-idx1-ubyte"}  # fmt: skip
     xs, ys = mnist_like(tmp_path, names, classes=27)
-    cfg = from_dict({"dataset": "emnist", "emnist_split": "letters", "data_root": str(tmp_path), "model": "simple_cnn"})
+    cfg = from_dict(
+        {"dataset": "emnist", "emnist_split": "letters", "data_root": str(tmp_path), "model": "simple_cnn"}
+    )
     assert dataset_info(cfg).num_classes == 27
     ds = load_dataset(cfg)
     np.testing.assert_array_equal(ds.train.x[:, 0], xs["train"].transpose(0, 2, 1))
@@ -126,14 +130,19 @@ def test_torchvision_cifar10_from_files(tmp_path, no_md5):
     _pickle(folder / "batches.meta", {"label_names": [str(i) for i in range(10)]})
     ds = load_dataset(from_dict({"dataset": "cifar10", "data_root": str(tmp_path), "model": "simple_cnn"}))
     assert ds.train.x.shape == (20, 3, 32, 32) and ds.test.x.shape == (4, 3, 32, 32)
-    np.testing.assert_array_equal(ds.train.x[0], batches["data_batch_1"][0].reshape(3, 32, 32))  # CHW order kept
+    np.testing.assert_array_equal(
+        ds.train.x[0], batches["data_batch_1"][0].reshape(3, 32, 32)
+    )  # CHW order kept
     assert ds.spec.augment == "crop_flip"
 
 
 def test_torchvision_cifar100_from_files(tmp_path, no_md5):
     folder = tmp_path / "cifar-100-python"
     for name in ("train", "test"):
-        _pickle(folder / name, {"data": G.integers(0, 256, (5, 3072)).astype(np.uint8), "fine_labels": [0, 1, 50, 98, 99]})
+        _pickle(
+            folder / name,
+            {"data": G.integers(0, 256, (5, 3072)).astype(np.uint8), "fine_labels": [0, 1, 50, 98, 99]},
+        )
     _pickle(folder / "meta", {"fine_label_names": [str(i) for i in range(100)]})
     ds = load_dataset(from_dict({"dataset": "cifar100", "data_root": str(tmp_path), "model": "simple_cnn"}))
     assert ds.spec.num_classes == 100 and ds.train.y.tolist() == [0, 1, 50, 98, 99]
@@ -146,9 +155,18 @@ def test_torchvision_svhn_from_files(tmp_path, no_md5):
 
     for split in ("train", "test"):
         x = G.integers(0, 256, (32, 32, 3, 6)).astype(np.uint8)
-        scipy.io.savemat(tmp_path / f"{split}_32x32.mat", {"X": x, "y": np.array([[1], [2], [10], [4], [5], [10]])})
+        scipy.io.savemat(
+            tmp_path / f"{split}_32x32.mat", {"X": x, "y": np.array([[1], [2], [10], [4], [5], [10]])}
+        )
     ds = load_dataset(from_dict({"dataset": "svhn", "data_root": str(tmp_path), "model": "simple_cnn"}))
-    assert ds.train.x.shape == (6, 3, 32, 32) and ds.train.y.tolist() == [1, 2, 0, 4, 5, 0]  # label 10 means digit 0
+    assert ds.train.x.shape == (6, 3, 32, 32) and ds.train.y.tolist() == [
+        1,
+        2,
+        0,
+        4,
+        5,
+        0,
+    ]  # label 10 means digit 0
 
 
 def test_missing_torchvision_dataset_suggests_download(tmp_path):

@@ -25,7 +25,10 @@ def test_weighted_average_by_hand():
 
 
 def test_aggregate_is_order_independent_and_rejects_bad_weights():
-    replies = {3: {"params": {"w": np.array([1.0])}, "num_examples": 1}, 1: {"params": {"w": np.array([3.0])}, "num_examples": 3}}
+    replies = {
+        3: {"params": {"w": np.array([1.0])}, "num_examples": 1},
+        1: {"params": {"w": np.array([3.0])}, "num_examples": 3},
+    }
     assert fedavg_aggregate(replies)["w"].tolist() == [2.5]  # (1*1 + 3*3) / 4
     with pytest.raises(ValueError, match="positive sum"):
         weighted_average([{"w": np.zeros(1)}], [0])
@@ -44,7 +47,10 @@ def _two_client_federation(local_epochs: int, batch_size: int, momentum: float =
     y = g.integers(0, 3, size=30).astype(np.int64)
     task = Task(seed=0, model="mlp", spec=DataSpec((4,), 3, scale=1.0), local_epochs=local_epochs, batch_size=batch_size,
                 lr=0.1, momentum=momentum, weight_decay=0.0, participation=1.0, eval_batch_size=64)  # fmt: skip
-    clients = {0: ClientIndices(np.arange(0, 10), np.zeros(0, np.int64)), 1: ClientIndices(np.arange(10, 30), np.zeros(0, np.int64))}
+    clients = {
+        0: ClientIndices(np.arange(0, 10), np.zeros(0, np.int64)),
+        1: ClientIndices(np.arange(10, 30), np.zeros(0, np.int64)),
+    }
     return LocalFederation(task, ArrayDataset(x, y), ArrayDataset(x, y), clients)
 
 
@@ -69,13 +75,18 @@ def test_one_full_batch_step_equals_one_centralised_gradient_step():
         np.testing.assert_allclose(new.params[k], expected[k], rtol=1e-5, atol=1e-6)
     recorded = {r["metric"]: r["value"] for r in records}
     assert recorded["participants"] == 2
-    assert recorded["train_loss"] == pytest.approx(float(loss.detach()), rel=1e-5)  # the same loss, sample-weighted
+    assert recorded["train_loss"] == pytest.approx(
+        float(loss.detach()), rel=1e-5
+    )  # the same loss, sample-weighted
 
 
 def test_partial_participation_samples_first_floor_n_p_of_a_permutation():
     fed = _two_client_federation(local_epochs=1, batch_size=8)
     ids = list(range(10))
-    picks = [tuple(LocalFederation.sample(type("F", (), {"client_ids": ids})(), 0.35, np.random.default_rng(s))) for s in range(20)]
+    picks = [
+        tuple(LocalFederation.sample(type("F", (), {"client_ids": ids})(), 0.35, np.random.default_rng(s)))
+        for s in range(20)
+    ]
     assert all(len(p) == 3 and list(p) == sorted(p) for p in picks)  # floor(10 * 0.35) = 3, sorted
     assert len(set(picks)) > 5
     assert fed.sample(0.01, np.random.default_rng(0)) in ([0], [1])  # at least one client
@@ -88,6 +99,8 @@ def test_traffic_counts_each_participant_download_and_upload():
     fedavg.round(state, fed, fedavg.Hparams(), rnd=0)
     down, up = fed.take_traffic()
     model_bytes = sum(v.nbytes for v in state.params.values())
-    assert 2 * model_bytes < down < 2 * model_bytes + 4000  # two clients received the model (+ pickle framing)
+    assert (
+        2 * model_bytes < down < 2 * model_bytes + 4000
+    )  # two clients received the model (+ pickle framing)
     assert 2 * model_bytes < up < 2 * model_bytes + 4000
     assert fed.take_traffic() == (0, 0)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedray.federation import ClientError, LocalFederation, make_local_federation
 from fedray.data import build_federated_data
+from fedray.federation import ClientError, LocalFederation, make_local_federation
 from tests.conftest import small_config
 
 

@@ -16,7 +16,13 @@ def test_simple_cnn_matches_niid_bench_parameter_counts(shape, params):
     feats = m.encoder(x)
     assert feats.shape == (2, 84) and m.feature_dim == 84
     assert torch.equal(m(x), m.head(feats))
-    assert {"encoder.conv1.weight", "encoder.conv2.weight", "encoder.fc1.weight", "encoder.fc2.weight", "head.weight"} <= set(m.state_dict())
+    assert {
+        "encoder.conv1.weight",
+        "encoder.conv2.weight",
+        "encoder.fc1.weight",
+        "encoder.fc2.weight",
+        "head.weight",
+    } <= set(m.state_dict())
 
 
 def test_mlp_takes_any_shape():

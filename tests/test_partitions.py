@@ -42,8 +42,8 @@ def test_same_generator_seed_gives_same_partition(fn, kw):
     a = fn(LABELS, params(**kw), np.random.default_rng(3))
     b = fn(LABELS, params(**kw), np.random.default_rng(3))
     c = fn(LABELS, params(**kw), np.random.default_rng(4))
-    assert all(np.array_equal(x, y) for x, y in zip(a.clients, b.clients))
-    assert not all(np.array_equal(x, y) for x, y in zip(a.clients, c.clients))
+    assert all(np.array_equal(x, y) for x, y in zip(a.clients, b.clients, strict=True))
+    assert not all(np.array_equal(x, y) for x, y in zip(a.clients, c.clients, strict=True))
     assert len(a.clients) == 40
     assert_disjoint(a.clients)
 

@@ -20,7 +20,9 @@ TIMING = {"seconds", "eval_seconds"}
 def _metrics(out):
     df = load_metrics(out)
     df = df[~df["metric"].isin(TIMING)]
-    return df.sort_values(["round", "metric", "scope", "entity"])[["round", "metric", "scope", "entity", "value"]].reset_index(drop=True)
+    return df.sort_values(["round", "metric", "scope", "entity"])[
+        ["round", "metric", "scope", "entity", "value"]
+    ].reset_index(drop=True)
 
 
 def _run(cfg, factory):
@@ -34,7 +36,9 @@ def test_local_and_ray_with_1_and_3_actors_give_identical_metrics(ray_session, t
     local = small_config(tmp_path / "local", **over)
     _run(local, make_local_federation)
     ref = _metrics(local.output)
-    assert {"accuracy", "loss", "local_accuracy", "train_accuracy", "bytes_down", "bytes_up"} <= set(ref["metric"])
+    assert {"accuracy", "loss", "local_accuracy", "train_accuracy", "bytes_down", "bytes_up"} <= set(
+        ref["metric"]
+    )
     for n in (1, 3):
         cfg = small_config(tmp_path / f"ray{n}", num_actors=n, **over)
         events = _run(cfg, make_ray_federation)

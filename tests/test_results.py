@@ -18,7 +18,20 @@ from fedray.records import rec
 from fedray.results import ResultsWriter, run_status
 from tests.conftest import ROOT, small_config
 
-DESIGN_COLUMNS = {"run_id", "experiment", "algorithm", "dataset", "partition", "seed", "round", "stage", "scope", "entity", "metric", "value"}
+DESIGN_COLUMNS = {
+    "run_id",
+    "experiment",
+    "algorithm",
+    "dataset",
+    "partition",
+    "seed",
+    "round",
+    "stage",
+    "scope",
+    "entity",
+    "metric",
+    "value",
+}
 
 
 def test_run_writes_design_columns_runs_row_and_config(tmp_path):
@@ -28,14 +41,25 @@ def test_run_writes_design_columns_runs_row_and_config(tmp_path):
     assert DESIGN_COLUMNS <= set(df.columns)
     assert set(df["round"]) == {1, 2}
     glob = df[df["scope"] == "global"]
-    assert {"accuracy", "loss", "local_accuracy", "train_accuracy", "bytes_down", "bytes_up", "seconds"} <= set(glob["metric"])
+    assert {
+        "accuracy",
+        "loss",
+        "local_accuracy",
+        "train_accuracy",
+        "bytes_down",
+        "bytes_up",
+        "seconds",
+    } <= set(glob["metric"])
     assert (glob["entity"] == -1).all()
     clients = df[(df["scope"] == "client") & (df["metric"] == "local_accuracy")]
     assert sorted(clients["entity"].unique()) == list(range(6))
     runs = load_runs(tmp_path / "out")
     assert runs["status"].tolist() == ["finished"]
     assert runs["config"][0]["num_clients"] == 6 and "torch" in runs["versions"][0]
-    assert runs["summary"][0]["final_accuracy"] == glob[(glob["metric"] == "accuracy") & (glob["round"] == 2)]["value"].item()
+    assert (
+        runs["summary"][0]["final_accuracy"]
+        == glob[(glob["metric"] == "accuracy") & (glob["round"] == 2)]["value"].item()
+    )
     assert (tmp_path / "out" / "configs" / f"{cfg.run_id()}.yaml").is_file()
 
 
@@ -96,7 +120,9 @@ while True:
 
 def test_killed_mid_write_results_still_load(tmp_path):
     """SIGKILL a writer that flushes 2,000-row part files back to back; every visible file is whole."""
-    p = subprocess.Popen([sys.executable, "-c", WRITER_LOOP, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", WRITER_LOOP, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
     assert p.stdout.readline().strip() == "started"
     deadline = time.monotonic() + 60
     while len(list((tmp_path / "metrics").glob("*.parquet"))) < 5 and time.monotonic() < deadline:

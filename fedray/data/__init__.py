@@ -77,7 +77,11 @@ def build_federated_data(cfg: Config) -> FederatedData:
     clients = {}
     for cid, idx in enumerate(part.clients):
         if len(idx) == 0:
-            raise PartitionError(f"config key 'partition': client {cid} received no samples ({cfg.partition}); use fewer clients")
-        tr, te = split_train_test(idx, cfg.client_test_fraction, seeding.rng(cfg.seed, "client_test_split", cid))
+            raise PartitionError(
+                f"config key 'partition': client {cid} received no samples ({cfg.partition}); use fewer clients"
+            )
+        tr, te = split_train_test(
+            idx, cfg.client_test_fraction, seeding.rng(cfg.seed, "client_test_split", cid)
+        )
         clients[cid] = ClientIndices(tr, te)
     return FederatedData(ds, clients, part.groups)

@@ -44,7 +44,9 @@ class DataSpec:
     std: tuple[float, ...] | None = None
     augment: str = "none"  # "none" | "crop_flip" (reflect-pad 4, random 32 crop, horizontal flip)
 
-    def to_tensor(self, x: np.ndarray, augment: bool = False, generator: torch.Generator | None = None) -> torch.Tensor:
+    def to_tensor(
+        self, x: np.ndarray, augment: bool = False, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
         # np.array copies into a fresh writable float32 array (stored arrays may be read-only views).
         t = torch.from_numpy(np.array(x, dtype=np.float32))
         if self.scale != 1.0:
@@ -103,7 +105,9 @@ def _digits(cfg: Config) -> Dataset:
     d = load_digits()
     x = d.data.reshape(-1, 1, 8, 8).astype(np.uint8)  # pixel values 0..16
     # A fixed stratified 70/30 split, independent of the run seed: every run sees the same test set.
-    xtr, xte, ytr, yte = train_test_split(x, d.target.astype(np.int64), test_size=0.3, random_state=0, stratify=d.target)
+    xtr, xte, ytr, yte = train_test_split(
+        x, d.target.astype(np.int64), test_size=0.3, random_state=0, stratify=d.target
+    )
     spec = DataSpec((1, 8, 8), 10, scale=1.0 / 16.0)
     return Dataset("digits", ArrayDataset(xtr, ytr), ArrayDataset(xte, yte), spec)
 
@@ -197,32 +201,54 @@ class TorchvisionSpec:
 
 
 _EMNIST_CLASSES = {"byclass": 62, "bymerge": 47, "balanced": 47, "letters": 27, "digits": 10, "mnist": 10}
-_EMNIST_TRAIN = {"byclass": 697932, "bymerge": 697932, "balanced": 112800, "letters": 124800, "digits": 240000, "mnist": 60000}
+_EMNIST_TRAIN = {
+    "byclass": 697932,
+    "bymerge": 697932,
+    "balanced": 112800,
+    "letters": 124800,
+    "digits": 240000,
+    "mnist": 60000,
+}
 _CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
 _CIFAR100_STD = (0.2673, 0.2564, 0.2762)
 
 TORCHVISION: dict[str, TorchvisionSpec] = {
     "mnist": TorchvisionSpec(
-        "MNIST", "MNIST/raw", lambda train, cfg: {"train": train},
-        lambda cfg: DatasetInfo((1, 28, 28), 10, 60000), lambda cfg: DataSpec((1, 28, 28), 10, 1 / 255),
+        "MNIST",
+        "MNIST/raw",
+        lambda train, cfg: {"train": train},
+        lambda cfg: DatasetInfo((1, 28, 28), 10, 60000),
+        lambda cfg: DataSpec((1, 28, 28), 10, 1 / 255),
     ),
     "emnist": TorchvisionSpec(
-        "EMNIST", "EMNIST/raw", lambda train, cfg: {"train": train, "split": cfg.emnist_split},
-        lambda cfg: DatasetInfo((1, 28, 28), _EMNIST_CLASSES[cfg.emnist_split], _EMNIST_TRAIN[cfg.emnist_split]),
+        "EMNIST",
+        "EMNIST/raw",
+        lambda train, cfg: {"train": train, "split": cfg.emnist_split},
+        lambda cfg: DatasetInfo(
+            (1, 28, 28), _EMNIST_CLASSES[cfg.emnist_split], _EMNIST_TRAIN[cfg.emnist_split]
+        ),
         lambda cfg: DataSpec((1, 28, 28), _EMNIST_CLASSES[cfg.emnist_split], 1 / 255),
     ),
     "cifar10": TorchvisionSpec(
-        "CIFAR10", "cifar-10-batches-py", lambda train, cfg: {"train": train},
-        lambda cfg: DatasetInfo((3, 32, 32), 10, 50000), lambda cfg: DataSpec((3, 32, 32), 10, 1 / 255, augment="crop_flip"),
+        "CIFAR10",
+        "cifar-10-batches-py",
+        lambda train, cfg: {"train": train},
+        lambda cfg: DatasetInfo((3, 32, 32), 10, 50000),
+        lambda cfg: DataSpec((3, 32, 32), 10, 1 / 255, augment="crop_flip"),
     ),
     "cifar100": TorchvisionSpec(
-        "CIFAR100", "cifar-100-python", lambda train, cfg: {"train": train},
+        "CIFAR100",
+        "cifar-100-python",
+        lambda train, cfg: {"train": train},
         lambda cfg: DatasetInfo((3, 32, 32), 100, 50000),
         lambda cfg: DataSpec((3, 32, 32), 100, 1 / 255, _CIFAR100_MEAN, _CIFAR100_STD, augment="crop_flip"),
     ),
     "svhn": TorchvisionSpec(
-        "SVHN", "train_32x32.mat", lambda train, cfg: {"split": "train" if train else "test"},
-        lambda cfg: DatasetInfo((3, 32, 32), 10, 73257), lambda cfg: DataSpec((3, 32, 32), 10, 1 / 255),
+        "SVHN",
+        "train_32x32.mat",
+        lambda train, cfg: {"split": "train" if train else "test"},
+        lambda cfg: DatasetInfo((3, 32, 32), 10, 73257),
+        lambda cfg: DataSpec((3, 32, 32), 10, 1 / 255),
     ),
 }
 

@@ -74,7 +74,7 @@ def by_labels(labels: np.ndarray, p: PartitionParams, rng: np.random.Generator) 
         if not holders:  # only when N < C: nobody holds this label, its samples stay unused
             continue
         idx = rng.permutation(np.flatnonzero(labels == c))
-        for j, chunk in zip(holders, np.array_split(idx, len(holders))):
+        for j, chunk in zip(holders, np.array_split(idx, len(holders)), strict=True):
             parts[j].append(chunk)
     return Partition(_pack(parts))
 
@@ -137,7 +137,9 @@ def dominant(labels: np.ndarray, p: PartitionParams, rng: np.random.Generator) -
     """§7.10 dominant-class skew: client i is in group i mod K; each group has its own dominant class."""
     n_cls, n_clients = p.num_classes, p.num_clients
     groups = np.arange(n_clients) % p.clusters
-    dom_of_group = rng.permutation(n_cls)[: p.clusters] if p.clusters <= n_cls else rng.integers(0, n_cls, p.clusters)
+    dom_of_group = (
+        rng.permutation(n_cls)[: p.clusters] if p.clusters <= n_cls else rng.integers(0, n_cls, p.clusters)
+    )
     available = np.bincount(labels, minlength=n_cls)
 
     def demand(size: int) -> np.ndarray:
@@ -216,7 +218,9 @@ PARTITIONS: dict[str, Callable[[np.ndarray, PartitionParams, np.random.Generator
 }
 
 
-def split_train_test(indices: np.ndarray, fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def split_train_test(
+    indices: np.ndarray, fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """Keep round(fraction * n) of a client's samples (at least one train sample stays) as its test split."""
     if fraction <= 0:
         return indices, np.zeros(0, dtype=np.int64)

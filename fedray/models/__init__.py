@@ -55,7 +55,13 @@ def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: int = 200) -> En
     """Two hidden layers of 200 units (McMahan et al.'s 2NN), for digits and tabular data."""
     d = math.prod(input_shape)
     encoder = nn.Sequential(
-        OrderedDict(flatten=nn.Flatten(), fc1=nn.Linear(d, hidden), relu1=nn.ReLU(), fc2=nn.Linear(hidden, hidden), relu2=nn.ReLU())
+        OrderedDict(
+            flatten=nn.Flatten(),
+            fc1=nn.Linear(d, hidden),
+            relu1=nn.ReLU(),
+            fc2=nn.Linear(hidden, hidden),
+            relu2=nn.ReLU(),
+        )
     )
     return EncoderHead(encoder, nn.Linear(hidden, num_classes), hidden)
 
