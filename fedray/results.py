@@ -22,15 +22,20 @@ import pyarrow.parquet as pq
 
 from fedray.records import Record
 
+# Columns that identify a run; both tables start with them.
+_RUN_FIELDS = [
+    ("run_id", pa.string()),
+    ("experiment", pa.string()),
+    ("algorithm", pa.string()),
+    ("dataset", pa.string()),
+    ("partition", pa.string()),
+    ("model", pa.string()),
+    ("seed", pa.int64()),
+]
+
 METRICS_SCHEMA = pa.schema(
     [
-        ("run_id", pa.string()),
-        ("experiment", pa.string()),
-        ("algorithm", pa.string()),
-        ("dataset", pa.string()),
-        ("partition", pa.string()),
-        ("model", pa.string()),
-        ("seed", pa.int64()),
+        *_RUN_FIELDS,
         ("round", pa.int64()),  # rounds completed when the value was taken (1-based)
         ("stage", pa.string()),
         ("scope", pa.string()),  # global | cluster | client
@@ -43,13 +48,7 @@ METRICS_SCHEMA = pa.schema(
 
 RUNS_SCHEMA = pa.schema(
     [
-        ("run_id", pa.string()),
-        ("experiment", pa.string()),
-        ("algorithm", pa.string()),
-        ("dataset", pa.string()),
-        ("partition", pa.string()),
-        ("model", pa.string()),
-        ("seed", pa.int64()),
+        *_RUN_FIELDS,
         ("num_clients", pa.int64()),
         ("rounds", pa.int64()),
         ("status", pa.string()),  # running | finished | failed
@@ -62,7 +61,7 @@ RUNS_SCHEMA = pa.schema(
     ]
 )
 
-RUN_COLUMNS = ("experiment", "algorithm", "dataset", "partition", "model", "seed")
+RUN_COLUMNS = tuple(name for name, _ in _RUN_FIELDS[1:])  # the run_id column is added apart
 
 
 def write_atomic(table: pa.Table, path: Path) -> None:

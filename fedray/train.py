@@ -15,10 +15,9 @@ ExtraLoss = Callable[[nn.Module], torch.Tensor]
 
 
 @dataclass
-class TrainStats:
-    steps: int = 0
+class EvalStats:
     samples: int = 0
-    loss_sum: float = 0.0  # sum over samples of the cross-entropy (extra terms excluded)
+    loss_sum: float = 0.0  # summed cross-entropy over the samples (extra loss terms excluded)
     correct: int = 0
 
     @property
@@ -28,6 +27,11 @@ class TrainStats:
     @property
     def accuracy(self) -> float:
         return self.correct / max(1, self.samples)
+
+
+@dataclass
+class TrainStats(EvalStats):
+    steps: int = 0  # optimizer steps taken
 
 
 def sgd(params: Iterable[nn.Parameter], client: Client) -> torch.optim.SGD:
@@ -64,21 +68,6 @@ def local_train(
             stats.loss_sum += float(ce.detach()) * n
             stats.correct += int((out.detach().argmax(1) == y).sum())
     return stats
-
-
-@dataclass
-class EvalStats:
-    samples: int = 0
-    loss_sum: float = 0.0
-    correct: int = 0
-
-    @property
-    def loss(self) -> float:
-        return self.loss_sum / max(1, self.samples)
-
-    @property
-    def accuracy(self) -> float:
-        return self.correct / max(1, self.samples)
 
 
 @torch.no_grad()
