@@ -1,41 +1,51 @@
-"""A Ray actor hosting some clients: their data (zero-copy from the object store) and state."""
+"""A Ray actor hosting some clients: their data (zero-copy from the object store) and state.
+
+This module imports only ray at the top, so the coordinator can start client actors before it
+pays for importing torch itself: the actors' imports and the coordinator's run in parallel.
+"""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
-import torch
 
-from fedray.client import Task
-from fedray.data import ArrayDataset, ClientIndices
-from fedray.federation import CallMeta, ClientFn, ClientHost, set_torch_threads
-
-
-def pick_device() -> torch.device:
-    """The GPU Ray assigned us (visible as cuda:0 after Ray sets CUDA_VISIBLE_DEVICES), else the CPU."""
-    if ray.get_gpu_ids() and torch.cuda.is_available():
-        return torch.device("cuda:0")
-    return torch.device("cpu")
+if TYPE_CHECKING:
+    from fedray.client import Task
+    from fedray.data import ArrayDataset, ClientIndices
+    from fedray.federation import CallMeta, ClientFn
 
 
 @ray.remote(max_restarts=0)
 class ClientActor:
     """Serves its clients one call at a time (Ray runs an actor's calls in order)."""
 
-    def __init__(
-        self, task: Task, train: ArrayDataset, clients: Mapping[int, ClientIndices], num_cpus: float
-    ) -> None:
+    def __init__(self, num_cpus: float) -> None:
+        import torch
+
+        from fedray.federation import set_torch_threads
+
         self.threads = set_torch_threads(num_cpus)
-        self.device = pick_device()
-        self.host = ClientHost(task, train, clients, self.device)
+        # The GPU Ray assigned us is cuda:0 after Ray sets CUDA_VISIBLE_DEVICES; else the CPU.
+        self.device = torch.device("cuda:0" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu")
+        self.host = None
+
+    def setup(
+        self, task: Task, train: ArrayDataset, test: ArrayDataset, clients: Mapping[int, ClientIndices]
+    ) -> dict[str, Any]:
+        from fedray.federation import ClientHost
+
+        self.host = ClientHost(task, train, clients, self.device, test=test)
+        return self.info()
 
     def info(self) -> dict[str, Any]:
+        import torch
+
         ctx = ray.get_runtime_context()
         return {
-            "clients": self.host.client_ids,
+            "clients": self.host.client_ids if self.host else [],
             "device": str(self.device),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
             "resources": ctx.get_assigned_resources(),
@@ -49,3 +59,6 @@ class ClientActor:
 
     def run_many(self, fn: ClientFn, cids: Sequence[int], msg: Any) -> list[tuple[Any, CallMeta]]:
         return self.host.run_many(fn, cids, msg)
+
+    def run_test(self, fn: ClientFn, start: int, stop: int, msg: Any) -> Any:
+        return self.host.run_test(fn, start, stop, msg)

@@ -3,22 +3,32 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import ray
 
-from actors.federation import make_ray_federation
-from fedray.config import from_dict
-from fedray.experiment import Event, execute
-from fedray.federation import set_torch_threads
+from actors.launch import launch_actors
+
+if TYPE_CHECKING:
+    from fedray.experiment import Event
 
 
-# num_cpus=0: the coordinator mostly waits on the client actors; reserving a CPU for it would take
-# a whole client actor's slot on small machines. It evaluates the global model between rounds,
-# while the client actors are idle.
+# num_cpus=0: the coordinator mostly waits on the client actors (which also evaluate); reserving a
+# CPU for it would take a whole client actor's slot on small machines.
 @ray.remote(num_cpus=0, max_restarts=0)
 class Coordinator:
     def run(self, config: dict[str, Any]) -> Iterator[Event]:
-        cfg = from_dict(config)
-        set_torch_threads(cfg.num_cpus_per_actor)  # the same thread count as --local: same numbers
-        yield from execute(cfg, make_ray_federation)
+        # Start the client actors first: they import torch while we import it and load the data.
+        group = launch_actors(config)
+        try:
+            from actors.federation import make_ray_federation
+            from fedray.config import from_dict
+            from fedray.experiment import execute
+            from fedray.federation import set_torch_threads
+
+            cfg = from_dict(config)
+            set_torch_threads(cfg.num_cpus_per_actor)
+            yield from execute(cfg, partial(make_ray_federation, group=group))
+        finally:
+            group.close()

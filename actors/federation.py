@@ -7,15 +7,13 @@ from typing import Any
 
 import numpy as np
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from actors.client_actor import ClientActor
-from actors.placement import PlacementError, assign_clients, plan_actor_count
+from actors.launch import ActorGroup, launch_actors
+from actors.placement import assign_clients
 from fedray.client import Task
 from fedray.config import Config
 from fedray.data import FederatedData
-from fedray.federation import ClientError, ClientFn, ClientHost, TrafficMeter, sample_clients
+from fedray.federation import ClientError, ClientFn, ClientHost, TrafficMeter, sample_clients, test_shards
 
 
 def unwrap(error: BaseException) -> BaseException:
@@ -27,49 +25,29 @@ def unwrap(error: BaseException) -> BaseException:
 
 
 class RayFederation:
-    def __init__(self, cfg: Config, data: FederatedData) -> None:
+    """The Federation protocol over an `ActorGroup` of client actors."""
+
+    def __init__(self, cfg: Config, data: FederatedData, group: ActorGroup | None = None) -> None:
         self.task = Task.from_config(cfg, data.dataset.spec)
-        self.test_set = data.dataset.test
         # Metadata (sizes, label counts) comes from a host that never trains; it reads the same arrays.
         self._meta = ClientHost(self.task, data.dataset.train, data.clients)
         self.client_ids = self._meta.client_ids
         self._num_examples = self._meta.num_examples()
         self._num_test = self._meta.num_test_examples()
         self._traffic = TrafficMeter()
-
-        res = ray.cluster_resources()
-        n = plan_actor_count(
-            len(self.client_ids), cfg.num_actors, cfg.num_cpus_per_actor, cfg.num_gpus_per_actor,
-            res.get("CPU", 0.0), res.get("GPU", 0.0),
-        )  # fmt: skip
-        bundle = {"CPU": cfg.num_cpus_per_actor}
-        if cfg.num_gpus_per_actor > 0:
-            bundle["GPU"] = cfg.num_gpus_per_actor
-        self._pg = placement_group([dict(bundle) for _ in range(n)], strategy="PACK")
-        ready, _ = ray.wait([self._pg.ready()], timeout=cfg.placement_timeout_s)
-        if not ready:
-            remove_placement_group(self._pg)
-            raise PlacementError(
-                f"could not place {n} client actors with {bundle} each within placement_timeout_s="
-                f"{cfg.placement_timeout_s:g}; the cluster has {res.get('CPU', 0):g} CPUs and {res.get('GPU', 0):g} GPUs "
-                "(lower num_actors, num_cpus_per_actor or num_gpus_per_actor)"
-            )
-        train_ref = ray.put(data.dataset.train)  # once; every actor reads it zero-copy
-        groups = assign_clients({c: self._num_examples[c] for c in self.client_ids}, n)
-        self.actors = []
-        self._actor_of: dict[int, Any] = {}
-        for i, group in enumerate(groups):
-            actor = ClientActor.options(
-                num_cpus=cfg.num_cpus_per_actor,
-                num_gpus=cfg.num_gpus_per_actor,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    self._pg, placement_group_bundle_index=i
-                ),
-            ).remote(self.task, train_ref, {c: data.clients[c] for c in group}, cfg.num_cpus_per_actor)
-            self.actors.append(actor)
-            for c in group:
-                self._actor_of[c] = actor
-        self.actor_info = self._get([a.info.remote() for a in self.actors])
+        self._test_size = len(data.dataset.test)
+        self._group = group or launch_actors(cfg.to_dict())
+        self._group.wait_ready()
+        self.actors = self._group.actors
+        # Each array goes into the object store once; every actor reads it zero-copy.
+        train_ref, test_ref = ray.put(data.dataset.train), ray.put(data.dataset.test)
+        groups = assign_clients({c: self._num_examples[c] for c in self.client_ids}, len(self.actors))
+        self._actor_of: dict[int, Any] = {c: a for a, g in zip(self.actors, groups, strict=True) for c in g}
+        setups = [
+            a.setup.remote(self.task, train_ref, test_ref, {c: data.clients[c] for c in g})
+            for a, g in zip(self.actors, groups, strict=True)
+        ]
+        self.actor_info = self._get(setups)
 
     # --- plumbing ------------------------------------------------------------------------------
     def _get(self, refs: Any) -> Any:
@@ -119,6 +97,14 @@ class RayFederation:
         self._traffic.chains(first_msg, chains, out[len(finals) :])
         return out[: len(finals)]
 
+    def test_map(self, fn: ClientFn, msg: Any) -> list[Any]:
+        msg_ref = ray.put(msg)
+        shards = test_shards(self._test_size, self.task.eval_batch_size, len(self.actors))
+        refs = [
+            a.run_test.remote(fn, lo, hi, msg_ref) for a, (lo, hi) in zip(self.actors, shards, strict=False)
+        ]
+        return [r for part in self._get(refs) for r in part]
+
     def num_examples(self, cids: Sequence[int] | None = None) -> dict[int, int]:
         return {c: self._num_examples[c] for c in (self.client_ids if cids is None else cids)}
 
@@ -136,12 +122,12 @@ class RayFederation:
         return self._traffic.take()
 
     def close(self) -> None:
-        for a in self.actors:
-            ray.kill(a)
+        self._group.close()
         self.actors = []
-        remove_placement_group(self._pg)
 
 
-def make_ray_federation(cfg: Config, data: FederatedData) -> tuple[RayFederation, dict[str, Any]]:
-    fed = RayFederation(cfg, data)
+def make_ray_federation(
+    cfg: Config, data: FederatedData, group: ActorGroup | None = None
+) -> tuple[RayFederation, dict[str, Any]]:
+    fed = RayFederation(cfg, data, group)
     return fed, fed.placement()

@@ -119,14 +119,10 @@ class Client:
 
 
 def iterate(
-    data: ArrayDataset, idx: np.ndarray | None, spec: DataSpec, batch_size: int, device: torch.device
+    data: ArrayDataset, idx: np.ndarray, spec: DataSpec, batch_size: int, device: torch.device
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Batches in order, without augmentation (evaluation)."""
-    n = len(data) if idx is None else len(idx)
-    for start in range(0, n, batch_size):
-        sel = slice(start, start + batch_size) if idx is None else idx[start : start + batch_size]
+    """Batches of ``data[idx]`` in order, without augmentation (evaluation)."""
+    for start in range(0, len(idx), batch_size):
+        sel = idx[start : start + batch_size]
         x = spec.to_tensor(data.x[sel])
-        yield (
-            x.to(device, non_blocking=True),
-            torch.from_numpy(np.asarray(data.y[sel])).to(device, non_blocking=True),
-        )
+        yield x.to(device, non_blocking=True), torch.from_numpy(data.y[sel]).to(device, non_blocking=True)

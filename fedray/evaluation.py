@@ -1,26 +1,26 @@
-"""Evaluation of models: the global test set on the coordinator, local test splits on the clients."""
+"""Evaluation of models: the global test set spread over the workers, local test splits on the clients."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
-import torch
 
-from fedray.client import Client, iterate
+from fedray.client import Client
 from fedray.federation import Federation
-from fedray.params import Params, set_params
+from fedray.params import Params
 from fedray.records import Record, rec
-from fedray.train import EvalStats, evaluate
+from fedray.train import EvalStats, evaluate, evaluate_batches, total
+
+
+def eval_batches(client: Client, cstate: Any, msg: dict) -> tuple[list[EvalStats], Any]:
+    """Client function: per-batch stats of the model ``msg["params"]`` on the client's test split."""
+    return evaluate_batches(client.model(msg["params"]), client.test_batches()), cstate
 
 
 def evaluate_global(fed: Federation, params: Params) -> EvalStats:
-    """The model ``params`` on the full global test set (on the coordinator, CPU)."""
-    model = fed.task.build_model()
-    set_params(model, params)
-    return evaluate(
-        model, iterate(fed.test_set, None, fed.task.spec, fed.task.eval_batch_size, torch.device("cpu"))
-    )
+    """The model ``params`` on the full global test set, spread over the workers (their devices)."""
+    return total(fed.test_map(eval_batches, {"params": params}))
 
 
 def local_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:

@@ -23,6 +23,7 @@ from fedray.data import ArrayDataset, ClientIndices
 from fedray.params import payload_nbytes
 
 ClientFn = Callable[[Client, Any, Any], tuple[Any, Any]]
+TEST_SHARD = -1  # the client id a shard of the global test set poses as in test_map
 
 
 class ClientError(RuntimeError):
@@ -67,10 +68,12 @@ class ClientHost:
         data: ArrayDataset,
         clients: Mapping[int, ClientIndices],
         device: torch.device | str = "cpu",
+        test: ArrayDataset | None = None,
     ) -> None:
         self.task = task
         self.device = torch.device(device)
         self._data = data
+        self._test = test
         self._indices = dict(clients)
         self._state: dict[int, Any] = {}
         self._model_cache: dict = {}
@@ -98,6 +101,28 @@ class ClientHost:
     def run_many(self, fn: ClientFn, cids: Sequence[int], msg: Any) -> list[tuple[Any, CallMeta]]:
         return [self.run(fn, cid, msg) for cid in cids]
 
+    def run_test(self, fn: ClientFn, start: int, stop: int, msg: Any) -> Any:
+        """Run ``fn`` on test-set samples [start, stop) posing as client TEST_SHARD's own test split."""
+        if self._test is None:
+            raise RuntimeError("this host holds no global test set")
+        shard = Client(
+            TEST_SHARD,
+            self.task,
+            self._test,
+            np.zeros(0, np.int64),
+            np.arange(start, stop),
+            self.device,
+            self._model_cache,
+        )
+        try:
+            return fn(shard, None, msg)[0]
+        except Exception as e:  # noqa: BLE001 - re-raised with the shard named
+            raise ClientError(
+                TEST_SHARD,
+                f"global test samples [{start}, {stop}): {type(e).__name__}: {e}",
+                traceback.format_exc(),
+            ) from e
+
     def num_examples(self) -> dict[int, int]:
         return {cid: len(ix.train) for cid, ix in self._indices.items()}
 
@@ -112,7 +137,6 @@ class Federation(Protocol):
     """What an algorithm may do with the clients (DESIGN §2)."""
 
     task: Task
-    test_set: ArrayDataset  # the global test set (coordinator side)
     client_ids: list[int]
 
     def map(self, fn: ClientFn, cids: Sequence[int], msg: Any) -> dict[int, Any]:
@@ -122,6 +146,14 @@ class Federation(Protocol):
         """Sequential hand-off inside each chain (client j's reply is client j+1's msg), chains in parallel.
 
         Returns the last reply of each chain.
+        """
+
+    def test_map(self, fn: ClientFn, msg: Any) -> list[Any]:
+        """Run ``fn`` over the global test set, split into whole eval batches across the workers.
+
+        ``fn`` sees a client (id TEST_SHARD) whose ``test_batches()`` are its shard; it returns a
+        list with one entry per batch. The lists come back concatenated in batch order, so the
+        result does not depend on how many workers there are.
         """
 
     def num_examples(self, cids: Sequence[int] | None = None) -> dict[int, int]: ...
@@ -135,6 +167,13 @@ class Federation(Protocol):
 
     def take_traffic(self) -> tuple[int, int]:
         """(bytes_down, bytes_up) since the last call, then reset."""
+
+
+def test_shards(num_samples: int, batch_size: int, workers: int) -> list[tuple[int, int]]:
+    """Split [0, num_samples) into at most ``workers`` contiguous ranges of whole batches."""
+    batches = -(-num_samples // batch_size)
+    parts = [p for p in np.array_split(np.arange(batches), min(workers, batches)) if len(p)]
+    return [(int(p[0]) * batch_size, min(int(p[-1] + 1) * batch_size, num_samples)) for p in parts]
 
 
 def sample_clients(client_ids: Sequence[int], fraction: float, rng: np.random.Generator) -> list[int]:
@@ -190,8 +229,8 @@ class LocalFederation:
     ):
         set_torch_threads(num_threads)  # same thread count as one actor: same floating-point path
         self.task = task
-        self.test_set = test
-        self.host = ClientHost(task, train, clients)
+        self.host = ClientHost(task, train, clients, test=test)
+        self._test_size = len(test)
         self.client_ids = self.host.client_ids
         self._traffic = TrafficMeter()
         self._num_examples = self.host.num_examples()
@@ -213,6 +252,9 @@ class LocalFederation:
             finals.append(msg)
         self._traffic.chains(first_msg, chains, metas)
         return finals
+
+    def test_map(self, fn: ClientFn, msg: Any) -> list[Any]:
+        return self.host.run_test(fn, 0, self._test_size, msg)
 
     def num_examples(self, cids: Sequence[int] | None = None) -> dict[int, int]:
         return _select(self._num_examples, cids)

@@ -71,15 +71,30 @@ def local_train(
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> EvalStats:
-    """Accuracy (argmax match) and summed cross-entropy, in eval mode."""
+def evaluate_batches(
+    model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]
+) -> list[EvalStats]:
+    """Accuracy (argmax match) and summed cross-entropy per batch, in eval mode."""
     was_training = model.training
     model.eval()
-    stats = EvalStats()
+    out = []
     for x, y in batches:
-        out = model(x)
-        stats.loss_sum += float(nn.functional.cross_entropy(out, y, reduction="sum"))
-        stats.correct += int((out.argmax(1) == y).sum())
-        stats.samples += len(y)
+        logits = model(x)
+        loss = float(nn.functional.cross_entropy(logits, y, reduction="sum"))
+        out.append(EvalStats(len(y), loss, int((logits.argmax(1) == y).sum())))
     model.train(was_training)
-    return stats
+    return out
+
+
+def total(parts: Iterable[EvalStats]) -> EvalStats:
+    """Sum per-batch stats in the given order (fixed order: the same float sums everywhere)."""
+    acc = EvalStats()
+    for p in parts:
+        acc.samples += p.samples
+        acc.loss_sum += p.loss_sum
+        acc.correct += p.correct
+    return acc
+
+
+def evaluate(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> EvalStats:
+    return total(evaluate_batches(model, batches))

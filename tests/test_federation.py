@@ -66,3 +66,23 @@ def test_chain_traffic_counts_every_hand_off(fed):
     # downloads: [] to clients 2 and 1, then [2] to 0 and [2, 0] to 5; uploads: every reply
     assert down == 2 * size([]) + size([2]) + size([2, 0])
     assert up == size([2]) + size([2, 0]) + size([2, 0, 5]) + size([1])
+
+
+def test_test_shards_are_whole_batches_covering_the_test_set():
+    from fedray.federation import test_shards
+
+    assert test_shards(1000, 300, 2) == [(0, 600), (600, 1000)]
+    assert test_shards(1000, 300, 10) == [(0, 300), (300, 600), (600, 900), (900, 1000)]
+    assert test_shards(5, 512, 3) == [(0, 5)]
+
+
+def test_global_evaluation_is_summed_per_batch_in_order(fed):
+    from fedray.evaluation import eval_batches, evaluate_global
+    from fedray.params import get_params
+
+    params = get_params(fed.task.build_model())
+    parts = fed.test_map(eval_batches, {"params": params})
+    n_test = 150  # synthetic_size 600 -> a quarter for the test set
+    assert [p.samples for p in parts] == [min(512, n_test)]
+    g = evaluate_global(fed, params)
+    assert g.samples == n_test and 0 <= g.accuracy <= 1
