@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from actors.launch import launch_actors
+from actors.launch import ActorGroup, launch_actors
 
 if TYPE_CHECKING:
     from fedray.experiment import Event
@@ -18,9 +18,10 @@ if TYPE_CHECKING:
 # CPU for it would take a whole client actor's slot on small machines.
 @ray.remote(num_cpus=0, max_restarts=0)
 class Coordinator:
-    def run(self, config: dict[str, Any]) -> Iterator[Event]:
-        # Start the client actors first: they import torch while we import it and load the data.
-        group = launch_actors(config)
+    def run(self, config: dict[str, Any], group: ActorGroup | None = None) -> Iterator[Event]:
+        # Without a group from the driver, start the client actors first: they import torch
+        # while we import it and load the data.
+        group = group or launch_actors(config)
         try:
             from actors.federation import make_ray_federation
             from fedray.config import from_dict

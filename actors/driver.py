@@ -11,6 +11,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors.coordinator import Coordinator
 from actors.federation import unwrap
+from actors.launch import launch_actors
 from fedray.config import Config
 from fedray.experiment import Event
 
@@ -29,17 +30,19 @@ def connect(address: str | None = None) -> bool:
 
 def run_on_ray(cfg: Config, address: str | None = None) -> Iterator[Event]:
     started = connect(address)
+    # Client actors start now, so their imports overlap with the coordinator's start-up.
+    group = launch_actors(cfg.to_dict())
     # Pin the coordinator to this node: it writes the results, and `--output` is a path here.
     here = ray.get_runtime_context().get_node_id()
-    coord = Coordinator.options(
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False)
-    ).remote()
+    pin = NodeAffinitySchedulingStrategy(node_id=here, soft=False)
+    coord = Coordinator.options(scheduling_strategy=pin).remote()
     try:
-        for ref in coord.run.remote(cfg.to_dict()):
+        for ref in coord.run.remote(cfg.to_dict(), group):
             yield ray.get(ref)
     except ray.exceptions.RayTaskError as e:
         raise unwrap(e) from None
     finally:
         ray.kill(coord)
+        group.close()
         if started:
             ray.shutdown()
