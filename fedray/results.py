@@ -81,21 +81,14 @@ def write_text_atomic(text: str, path: Path) -> None:
 
 
 def versions() -> dict[str, str]:
-    import numpy
-    import torch
+    """Versions of Python and the packages a run depends on, read from package metadata (no imports)."""
+    from importlib import metadata
 
-    import fedray
-
-    out = {
-        "python": platform.python_version(),
-        "fedray": fedray.__version__,
-        "torch": torch.__version__,
-        "numpy": numpy.__version__,
-    }
-    for mod in ("ray", "torchvision", "sklearn", "pyarrow"):
+    out = {"python": platform.python_version()}
+    for dist in ("fedray", "torch", "torchvision", "ray", "numpy", "scikit-learn", "pyarrow", "pandas"):
         try:
-            out[mod] = __import__(mod).__version__
-        except ImportError:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
             pass
     return out
 
