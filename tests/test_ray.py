@@ -113,3 +113,27 @@ def test_assign_clients_balances_samples():
     assert sorted(c for g in groups for c in g) == list(range(6))
     assert sorted(loads) == [130, 170]  # {100, 10, 10, 10} and {90, 80}: the best split there is
     assert assign_clients({0: 5, 1: 5}, 2) == [[0], [1]]
+
+
+def test_actors_that_cannot_be_placed_fail_loudly_instead_of_hanging(ray_session, tmp_path):
+    from actors.federation import RayFederation
+
+    # 3 actors with a whole GPU each, but the session has 2 logical GPUs.
+    cfg = small_config(tmp_path, num_actors=3, num_gpus_per_actor=1, placement_timeout_s=2)
+    with pytest.raises(PlacementError, match=r"could not place 3 client actors.*GPU.*placement_timeout_s=2"):
+        RayFederation(cfg, build_federated_data(cfg))
+
+
+def test_a_dead_client_actor_is_an_error_not_a_hang(ray_session, tmp_path):
+    import ray
+
+    from actors.federation import RayFederation
+
+    cfg = small_config(tmp_path, num_actors=2)
+    fed = RayFederation(cfg, build_federated_data(cfg))
+    try:
+        ray.kill(fed.actors[0])  # what a lost node or an OOM kill looks like from the coordinator
+        with pytest.raises(RuntimeError, match="client actor died"):
+            fed.map(count_calls, fed.client_ids, "x")
+    finally:
+        fed.close()
