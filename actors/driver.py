@@ -30,19 +30,22 @@ def connect(address: str | None = None) -> bool:
 
 def run_on_ray(cfg: Config, address: str | None = None) -> Iterator[Event]:
     started = connect(address)
-    # Client actors start now, so their imports overlap with the coordinator's start-up.
-    group = launch_actors(cfg.to_dict())
-    # Pin the coordinator to this node: it writes the results, and `--output` is a path here.
-    here = ray.get_runtime_context().get_node_id()
-    pin = NodeAffinitySchedulingStrategy(node_id=here, soft=False)
-    coord = Coordinator.options(scheduling_strategy=pin).remote()
+    group = coord = None
     try:
+        # Client actors start now, so their imports overlap with the coordinator's start-up.
+        group = launch_actors(cfg.to_dict())
+        # Pin the coordinator to this node: it writes the results, and `--output` is a path here.
+        here = ray.get_runtime_context().get_node_id()
+        pin = NodeAffinitySchedulingStrategy(node_id=here, soft=False)
+        coord = Coordinator.options(scheduling_strategy=pin).remote()
         for ref in coord.run.remote(cfg.to_dict(), group):
             yield ray.get(ref)
     except ray.exceptions.RayTaskError as e:
         raise unwrap(e) from None
     finally:
-        ray.kill(coord)
-        group.close()
+        if coord is not None:
+            ray.kill(coord)
+        if group is not None:
+            group.close()
         if started:
             ray.shutdown()

@@ -206,3 +206,32 @@ def test_crop_flip_is_seeded_and_each_sample_is_a_crop_of_its_padded_image():
         assert any(torch.equal(a[i], c) or torch.equal(a[i], c.flip(-1)) for c in candidates)
     outs = [crop_flip(x, torch.Generator().manual_seed(s)) for s in range(5)]
     assert any(not torch.equal(o, outs[0]) for o in outs[1:])
+
+
+def test_rotation_keeps_the_centre_and_zero_angle_is_identity():
+    from fedray.data.datasets import rotate
+
+    x = torch.rand(8, 3, 32, 32)
+    assert torch.equal(rotate(x, torch.Generator().manual_seed(0), max_degrees=0.0), x)
+    r = rotate(x, torch.Generator().manual_seed(0), max_degrees=15.0)
+    assert r.shape == x.shape and torch.equal(
+        r, rotate(x, torch.Generator().manual_seed(0), max_degrees=15.0)
+    )
+    assert torch.equal(
+        r[:, :, 15:17, 15:17], x[:, :, 15:17, 15:17]
+    )  # a small rotation leaves the centre pixels
+    assert not torch.equal(r, x)
+
+
+def test_cifar100_training_batches_are_rotated_too(tmp_path, no_md5):
+    folder = tmp_path / "cifar-100-python"
+    for name in ("train", "test"):
+        _pickle(
+            folder / name,
+            {"data": G.integers(0, 256, (5, 3072)).astype(np.uint8), "fine_labels": [0, 1, 2, 3, 4]},
+        )
+    _pickle(folder / "meta", {"fine_label_names": [str(i) for i in range(100)]})
+    ds = load_dataset(from_dict({"dataset": "cifar100", "data_root": str(tmp_path), "model": "simple_cnn"}))
+    assert ds.spec.augment == "crop_flip_rotate"
+    a = ds.spec.to_tensor(ds.train.x, augment=True, generator=torch.Generator().manual_seed(1))
+    assert a.shape == (5, 3, 32, 32) and not torch.equal(a, ds.spec.to_tensor(ds.train.x))

@@ -137,3 +137,12 @@ def test_a_dead_client_actor_is_an_error_not_a_hang(ray_session, tmp_path):
             fed.map(count_calls, fed.client_ids, "x")
     finally:
         fed.close()
+
+
+def test_run_that_fits_no_actor_names_the_keys(ray_session, tmp_path):
+    from actors.driver import run_on_ray
+
+    cfg = small_config(tmp_path, num_gpus_per_actor=4)  # the session has 2 logical GPUs
+    with pytest.raises(PlacementError, match=r"num_gpus_per_actor=4.*2 GPUs"):
+        list(run_on_ray(cfg))
+    assert ray_session.is_initialized()  # we attached to the session; it is not ours to stop

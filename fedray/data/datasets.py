@@ -42,7 +42,9 @@ class DataSpec:
     scale: float  # stored value * scale = ToTensor value (1/255 for uint8 images)
     mean: tuple[float, ...] | None = None  # per-channel normalisation after scaling
     std: tuple[float, ...] | None = None
-    augment: str = "none"  # "none" | "crop_flip" (reflect-pad 4, random 32 crop, horizontal flip)
+    # "none" | "crop_flip" (reflect-pad 4, random crop, horizontal flip) | "crop_flip_rotate"
+    # (the same, then a random rotation in [-15, 15] degrees: CIFAR-100 in NIID-Bench/FedConcat)
+    augment: str = "none"
 
     def to_tensor(
         self, x: np.ndarray, augment: bool = False, generator: torch.Generator | None = None
@@ -51,8 +53,10 @@ class DataSpec:
         t = torch.from_numpy(np.array(x, dtype=np.float32))
         if self.scale != 1.0:
             t = t * self.scale
-        if augment and self.augment == "crop_flip":
+        if augment and self.augment in ("crop_flip", "crop_flip_rotate"):
             t = crop_flip(t, generator)
+        if augment and self.augment == "crop_flip_rotate":
+            t = rotate(t, generator, max_degrees=15.0)
         if self.mean is not None and self.std is not None:
             shape = (1, -1) + (1,) * (t.dim() - 2)
             t = (t - torch.tensor(self.mean).view(shape)) / torch.tensor(self.std).view(shape)
@@ -70,6 +74,21 @@ def crop_flip(t: torch.Tensor, generator: torch.Generator | None, pad: int = 4) 
     cols = ox[:, None] + torch.arange(w)[None, :]
     cols = torch.where(flip[:, None], cols.flip(1), cols)[:, None, None, :]
     return padded[torch.arange(b)[:, None, None, None], torch.arange(c)[None, :, None, None], rows, cols]
+
+
+def rotate(t: torch.Tensor, generator: torch.Generator | None, max_degrees: float) -> torch.Tensor:
+    """Per-sample rotation about the centre by an angle uniform in [-max, max] degrees.
+
+    Nearest-neighbour sampling with zero fill, like torchvision's RandomRotation defaults, but
+    one angle per sample and no Python loop (affine_grid + grid_sample over the batch).
+    """
+    b = t.shape[0]
+    angle = (torch.rand(b, generator=generator) * 2 - 1) * max_degrees * torch.pi / 180
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    zero = torch.zeros(b)
+    theta = torch.stack([torch.stack([cos, -sin, zero], 1), torch.stack([sin, cos, zero], 1)], 1)
+    grid = torch.nn.functional.affine_grid(theta, list(t.shape), align_corners=False)
+    return torch.nn.functional.grid_sample(t, grid, mode="nearest", padding_mode="zeros", align_corners=False)
 
 
 @dataclass
@@ -241,7 +260,9 @@ TORCHVISION: dict[str, TorchvisionSpec] = {
         "cifar-100-python",
         lambda train, cfg: {"train": train},
         lambda cfg: DatasetInfo((3, 32, 32), 100, 50000),
-        lambda cfg: DataSpec((3, 32, 32), 100, 1 / 255, _CIFAR100_MEAN, _CIFAR100_STD, augment="crop_flip"),
+        lambda cfg: DataSpec(
+            (3, 32, 32), 100, 1 / 255, _CIFAR100_MEAN, _CIFAR100_STD, augment="crop_flip_rotate"
+        ),
     ),
     "svhn": TorchvisionSpec(
         "SVHN",
