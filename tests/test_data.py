@@ -148,6 +148,10 @@ def test_torchvision_cifar100_from_files(tmp_path, no_md5):
     assert ds.spec.num_classes == 100 and ds.train.y.tolist() == [0, 1, 50, 98, 99]
     t = ds.spec.to_tensor(ds.train.x)
     assert t.min() < 0  # normalised with the CIFAR-100 mean/std
+    # Training batches: crop, flip and a random rotation (§0.3); evaluation batches: none of it.
+    assert ds.spec.augment == "crop_flip_rotate"
+    a = ds.spec.to_tensor(ds.train.x, augment=True, generator=torch.Generator().manual_seed(1))
+    assert a.shape == (5, 3, 32, 32) and not torch.equal(a, t)
 
 
 def test_torchvision_svhn_from_files(tmp_path, no_md5):
@@ -221,17 +225,3 @@ def test_rotation_keeps_the_centre_and_zero_angle_is_identity():
         r[:, :, 15:17, 15:17], x[:, :, 15:17, 15:17]
     )  # a small rotation leaves the centre pixels
     assert not torch.equal(r, x)
-
-
-def test_cifar100_training_batches_are_rotated_too(tmp_path, no_md5):
-    folder = tmp_path / "cifar-100-python"
-    for name in ("train", "test"):
-        _pickle(
-            folder / name,
-            {"data": G.integers(0, 256, (5, 3072)).astype(np.uint8), "fine_labels": [0, 1, 2, 3, 4]},
-        )
-    _pickle(folder / "meta", {"fine_label_names": [str(i) for i in range(100)]})
-    ds = load_dataset(from_dict({"dataset": "cifar100", "data_root": str(tmp_path), "model": "simple_cnn"}))
-    assert ds.spec.augment == "crop_flip_rotate"
-    a = ds.spec.to_tensor(ds.train.x, augment=True, generator=torch.Generator().manual_seed(1))
-    assert a.shape == (5, 3, 32, 32) and not torch.equal(a, ds.spec.to_tensor(ds.train.x))
