@@ -13,7 +13,8 @@ from analysis.load import load_metrics, load_runs
 _PER_RUN_KEYS = ("seed", "output")
 
 
-def _setting(config: dict) -> str:
+def setting_key(config: dict) -> str:
+    """Everything but the seed (and output folder): runs with equal keys are seeds of one setting."""
     return json.dumps({k: v for k, v in config.items() if k not in _PER_RUN_KEYS}, sort_keys=True)
 
 
@@ -32,9 +33,9 @@ def report_table(out_dir: str | Path, metric: str = "accuracy") -> pd.DataFrame:
         return pd.DataFrame()
     acc = final_accuracy(load_metrics(out_dir), metric)
     df = runs.merge(acc, on="run_id", how="left")
-    df["setting"] = df["config"].map(_setting)
+    df["setting"] = df["config"].map(setting_key)
     df["clients"] = df["config"].map(lambda c: c["num_clients"])
-    df["part"] = df["config"].map(_partition_label)
+    df["part"] = df["config"].map(partition_label)
     rows = []
     for _, g in df.groupby("setting", sort=False):
         first = g.iloc[0]
@@ -59,7 +60,8 @@ def report_table(out_dir: str | Path, metric: str = "accuracy") -> pd.DataFrame:
     )
 
 
-def _partition_label(c: dict) -> str:
+def partition_label(c: dict) -> str:
+    """The partition as papers write it: #C=2, dirichlet(0.5), ..."""
     p = c["partition"]
     if p == "labels":
         return f"#C={c['partition_k']}"

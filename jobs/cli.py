@@ -112,6 +112,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     import pandas as pd
 
+    from analysis.plots import write_plots
     from analysis.report import report_table
 
     if not os.path.isdir(args.dir):
@@ -123,6 +124,12 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 0
     with pd.option_context("display.max_rows", None, "display.max_columns", None, "display.width", 200):
         print(table.to_string(index=False))
+    if not args.no_plots:
+        plots = write_plots(args.dir, metric=args.metric)
+        if plots:
+            print("plots: " + ", ".join(str(p) for p in plots))
+        else:
+            print("(no plots: install matplotlib, e.g. pip install 'fedray[plot]')")
     return 0
 
 
@@ -145,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_rep.add_argument("dir")
     p_rep.add_argument("--metric", default="accuracy", help="global metric to report (default accuracy)")
+    p_rep.add_argument("--no-plots", action="store_true", help="only print the table")
     p_rep.set_defaults(func=cmd_report)
     p_bench = sub.add_parser("bench", help="time fedray against plain PyTorch loops (see jobs/bench.py)")
     p_bench.add_argument("bench_args", nargs=argparse.REMAINDER)
