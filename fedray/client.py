@@ -67,8 +67,8 @@ class Client:
         model_cache: dict | None = None,
     ):
         self.cid = cid
-        # One model object per host, reused across its clients: loading params overwrites every
-        # entry of the state dict, so reuse changes no number and saves re-initialising each call.
+        # Model objects are reused across a host's clients (see `model`): loading params overwrites
+        # every entry of the state dict, so reuse changes no number and saves re-initialising.
         self._model_cache = {} if model_cache is None else model_cache
         self.task = task
         self.device = device
@@ -87,13 +87,18 @@ class Client:
     def label_counts(self) -> np.ndarray:
         return np.bincount(self._data.y[self.train_idx], minlength=self.task.spec.num_classes)
 
-    def model(self, params: Params | None = None) -> EncoderHead:
-        """The task's model on this client's device, loaded with ``params`` when given."""
+    def model(self, params: Params | None = None, slot: str = "main") -> EncoderHead:
+        """The task's model on this client's device, loaded with ``params`` (in train mode).
+
+        With ``params`` the module is reused: one per ``slot`` per host, overwritten by the next
+        call for the same slot. A client function that needs two models alive at once (MOON's
+        global and local model) asks for two slots. Without ``params``: a fresh initialisation.
+        """
         if params is None:
             return self.task.build_model().to(self.device)
-        m = self._model_cache.get("model")
+        m = self._model_cache.get(slot)
         if m is None:
-            m = self._model_cache["model"] = self.task.build_model().to(self.device)
+            m = self._model_cache[slot] = self.task.build_model().to(self.device)
         set_params(m, params)
         m.train()
         return m

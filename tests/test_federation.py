@@ -86,3 +86,17 @@ def test_global_evaluation_is_summed_per_batch_in_order(fed):
     assert [p.samples for p in parts] == [min(512, n_test)]
     g = evaluate_global(fed, params)
     assert g.samples == n_test and 0 <= g.accuracy <= 1
+
+
+def test_model_slots_are_reused_but_never_aliased(fed):
+    from fedray.params import get_params
+
+    client = fed.host.client(0)
+    p = get_params(fed.task.build_model())
+    a = client.model(p)
+    assert client.model(p) is a  # reused: no re-initialisation per call
+    b = client.model(p, slot="global")
+    assert b is not a  # two models alive at once need two slots
+    q = {k: v + 1 for k, v in p.items()}
+    client.model(q, slot="global")
+    assert all((get_params(a)[k] == p[k]).all() for k in p)  # loading one slot leaves the other alone
