@@ -117,13 +117,12 @@ def execute(cfg: Config, make_federation: FederationFactory) -> Iterator[Event]:
         writer.finish(summary)
         yield Finished(run_id, summary)
     except BaseException as e:
-        detail = getattr(e, "remote_traceback", "") or traceback.format_exc()
-        writer.fail(
-            f"{type(e).__name__}: {e}\n{detail}", summarize(history, time.perf_counter() - t0, placement)
-        )
+        if isinstance(e, (GeneratorExit, KeyboardInterrupt)):  # the consumer stopped: Ctrl-C, job stopped
+            error = f"interrupted after {len(history)} of {cfg.rounds} rounds"
+        else:
+            error = f"{type(e).__name__}: {e}\n{getattr(e, 'remote_traceback', '') or traceback.format_exc()}"
+        writer.fail(error, summarize(history, time.perf_counter() - t0, placement))
         raise
     finally:
         if fed is not None:
-            close = getattr(fed, "close", None)
-            if close is not None:
-                close()
+            fed.close()

@@ -168,6 +168,9 @@ class Federation(Protocol):
     def take_traffic(self) -> tuple[int, int]:
         """(bytes_down, bytes_up) since the last call, then reset."""
 
+    def close(self) -> None:
+        """Release workers (actors, placement group); the federation is unusable afterwards."""
+
 
 def test_shards(num_samples: int, batch_size: int, workers: int) -> list[tuple[int, int]]:
     """Split [0, num_samples) into at most ``workers`` contiguous ranges of whole batches."""
@@ -272,7 +275,7 @@ class LocalFederation:
         return self._traffic.take()
 
     def close(self) -> None:
-        pass
+        """Nothing to release in-process."""
 
 
 def make_local_federation(cfg: Any, data: Any) -> tuple[LocalFederation, dict[str, Any]]:

@@ -135,3 +135,16 @@ def test_killed_mid_write_results_still_load(tmp_path):
         assert pq.read_metadata(f).num_rows == 2000
     assert not df.duplicated(["round", "entity"]).any()
     assert load_runs(tmp_path)["status"].tolist() == ["running"]  # the run never finished
+
+
+def test_a_run_stopped_midway_is_recorded_as_interrupted(tmp_path):
+    cfg = small_config(tmp_path, rounds=5)
+    events = execute(cfg, make_local_federation)
+    for ev in events:
+        if getattr(ev, "round", 0) == 2:
+            break
+    events.close()  # what the coordinator sees when the driver goes away
+    runs = load_runs(cfg.output)
+    assert runs["status"].tolist() == ["failed"]
+    assert runs["error"][0] == "interrupted after 2 of 5 rounds"  # both rounds it saw were complete
+    assert set(load_metrics(cfg.output)["round"]) == {1, 2}
