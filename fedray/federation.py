@@ -281,8 +281,7 @@ class LocalFederation:
 def make_local_federation(cfg: Any, data: Any) -> tuple[LocalFederation, dict[str, Any]]:
     """The `execute` factory for ``--local``: every client in this process, one at a time."""
     task = Task.from_config(cfg, data.dataset.spec)
-    threads = set_torch_threads(cfg.num_cpus_per_actor)
     fed = LocalFederation(
         task, data.dataset.train, data.dataset.test, data.clients, num_threads=cfg.num_cpus_per_actor
     )
-    return fed, {"mode": "local", "actors": 0, "torch_threads": threads}
+    return fed, {"mode": "local", "actors": 0, "torch_threads": torch.get_num_threads()}
