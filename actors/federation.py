@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import ray
 
 from actors.launch import ActorGroup, launch_actors
@@ -13,7 +12,7 @@ from actors.placement import assign_clients
 from fedray.client import Task
 from fedray.config import Config
 from fedray.data import FederatedData
-from fedray.federation import ClientError, ClientFn, ClientHost, TrafficMeter, sample_clients, test_shards
+from fedray.federation import ClientCatalog, ClientError, ClientFn, ClientHost, test_shards
 
 
 def unwrap(error: BaseException) -> BaseException:
@@ -24,17 +23,13 @@ def unwrap(error: BaseException) -> BaseException:
     return error
 
 
-class RayFederation:
+class RayFederation(ClientCatalog):
     """The Federation protocol over an `ActorGroup` of client actors."""
 
     def __init__(self, cfg: Config, data: FederatedData, group: ActorGroup | None = None) -> None:
         self.task = Task.from_config(cfg, data.dataset.spec)
         # Metadata (sizes, label counts) comes from a host that never trains; it reads the same arrays.
-        self._meta = ClientHost(self.task, data.dataset.train, data.clients)
-        self.client_ids = self._meta.client_ids
-        self._num_examples = self._meta.num_examples()
-        self._num_test = self._meta.num_test_examples()
-        self._traffic = TrafficMeter()
+        super().__init__(ClientHost(self.task, data.dataset.train, data.clients))
         self._test_size = len(data.dataset.test)
         self._group = group or launch_actors(cfg.to_dict())
         self._group.wait_ready()
@@ -104,22 +99,6 @@ class RayFederation:
             a.run_test.remote(fn, lo, hi, msg_ref) for a, (lo, hi) in zip(self.actors, shards, strict=False)
         ]
         return [r for part in self._get(refs) for r in part]
-
-    def num_examples(self, cids: Sequence[int] | None = None) -> dict[int, int]:
-        return {c: self._num_examples[c] for c in (self.client_ids if cids is None else cids)}
-
-    def num_test_examples(self, cids: Sequence[int] | None = None) -> dict[int, int]:
-        return {c: self._num_test[c] for c in (self.client_ids if cids is None else cids)}
-
-    def label_counts(self, cids: Sequence[int] | None = None) -> dict[int, np.ndarray]:
-        counts = self._meta.label_counts()
-        return {c: counts[c] for c in (self.client_ids if cids is None else cids)}
-
-    def sample(self, fraction: float, rng: np.random.Generator) -> list[int]:
-        return sample_clients(self.client_ids, fraction, rng)
-
-    def take_traffic(self) -> tuple[int, int]:
-        return self._traffic.take()
 
     def close(self) -> None:
         self._group.close()

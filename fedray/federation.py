@@ -219,7 +219,34 @@ def _select(d: Mapping[int, Any], cids: Sequence[int] | None) -> dict[int, Any]:
     return {c: d[c] for c in (sorted(d) if cids is None else cids)}
 
 
-class LocalFederation:
+class ClientCatalog:
+    """What a federation knows about its clients without running them, the same in every federation:
+    ids, sizes, label counts, sampling and the traffic meter. Reads a `ClientHost`'s indices only."""
+
+    def __init__(self, catalog: ClientHost) -> None:
+        self._catalog = catalog
+        self.client_ids = catalog.client_ids
+        self._num_examples = catalog.num_examples()
+        self._num_test = catalog.num_test_examples()
+        self._traffic = TrafficMeter()
+
+    def num_examples(self, cids: Sequence[int] | None = None) -> dict[int, int]:
+        return _select(self._num_examples, cids)
+
+    def num_test_examples(self, cids: Sequence[int] | None = None) -> dict[int, int]:
+        return _select(self._num_test, cids)
+
+    def label_counts(self, cids: Sequence[int] | None = None) -> dict[int, np.ndarray]:
+        return _select(self._catalog.label_counts(), cids)
+
+    def sample(self, fraction: float, rng: np.random.Generator) -> list[int]:
+        return sample_clients(self.client_ids, fraction, rng)
+
+    def take_traffic(self) -> tuple[int, int]:
+        return self._traffic.take()
+
+
+class LocalFederation(ClientCatalog):
     """In-process, sequential federation for tests and debugging (``fedray run --local``)."""
 
     def __init__(
@@ -234,10 +261,7 @@ class LocalFederation:
         self.task = task
         self.host = ClientHost(task, train, clients, test=test)
         self._test_size = len(test)
-        self.client_ids = self.host.client_ids
-        self._traffic = TrafficMeter()
-        self._num_examples = self.host.num_examples()
-        self._num_test = self.host.num_test_examples()
+        super().__init__(self.host)
 
     def map(self, fn: ClientFn, cids: Sequence[int], msg: Any) -> dict[int, Any]:
         results = self.host.run_many(fn, sorted(cids), msg)
@@ -258,21 +282,6 @@ class LocalFederation:
 
     def test_map(self, fn: ClientFn, msg: Any) -> list[Any]:
         return self.host.run_test(fn, 0, self._test_size, msg)
-
-    def num_examples(self, cids: Sequence[int] | None = None) -> dict[int, int]:
-        return _select(self._num_examples, cids)
-
-    def num_test_examples(self, cids: Sequence[int] | None = None) -> dict[int, int]:
-        return _select(self._num_test, cids)
-
-    def label_counts(self, cids: Sequence[int] | None = None) -> dict[int, np.ndarray]:
-        return _select(self.host.label_counts(), cids)
-
-    def sample(self, fraction: float, rng: np.random.Generator) -> list[int]:
-        return sample_clients(self.client_ids, fraction, rng)
-
-    def take_traffic(self) -> tuple[int, int]:
-        return self._traffic.take()
 
     def close(self) -> None:
         """Nothing to release in-process."""
