@@ -8,9 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from actors.launch import ActorGroup, launch_actors
-
 if TYPE_CHECKING:
+    from actors.launch import ActorGroup
     from fedray.experiment import Event
 
 
@@ -18,18 +17,14 @@ if TYPE_CHECKING:
 # CPU for it would take a whole client actor's slot on small machines.
 @ray.remote(num_cpus=0, max_restarts=0)
 class Coordinator:
-    def run(self, config: dict[str, Any], group: ActorGroup | None = None) -> Iterator[Event]:
-        # Without a group from the driver, start the client actors first: they import torch
-        # while we import it and load the data.
-        group = group or launch_actors(config)
-        try:
-            from actors.federation import make_ray_federation
-            from fedray.config import from_dict
-            from fedray.experiment import execute
-            from fedray.federation import set_torch_threads
+    def run(self, config: dict[str, Any], group: ActorGroup) -> Iterator[Event]:
+        """Run the experiment on ``group``, the client actors the driver started (and will free)."""
+        # Imported here, not at module level: the actors already import torch while we do.
+        from actors.federation import make_ray_federation
+        from fedray.config import from_dict
+        from fedray.experiment import execute
+        from fedray.federation import set_torch_threads
 
-            cfg = from_dict(config)
-            set_torch_threads(cfg.num_cpus_per_actor)
-            yield from execute(cfg, partial(make_ray_federation, group=group))
-        finally:
-            group.close()
+        cfg = from_dict(config)
+        set_torch_threads(cfg.num_cpus_per_actor)
+        yield from execute(cfg, partial(make_ray_federation, group=group))
