@@ -9,11 +9,8 @@ algorithm's ``Hparams`` dataclass.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import hashlib
 import json
-import re
-import types
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -22,12 +19,13 @@ from typing import Any
 
 import yaml
 
-_SCIENTIFIC = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
+from fedray.typed import ConfigError, coerce, suggest
+
+__all__ = ["Config", "ConfigError", "from_dict", "load_config", "parse_sets", "validate"]
+
 DEFAULT_FMNIST_ROOT = "/usr/share/datasets/fashion-mnist"
-
-
-class ConfigError(ValueError):
-    """A config key or value is wrong; the message names the key."""
+# Names people write unquoted (experiment: 2024, output: 1): a number there means its text.
+_NAME_KEYS = ("experiment", "output", "data_root")
 
 
 @dataclass
@@ -109,11 +107,6 @@ FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Co
 # ----------------------------------------------------------------------------------------------------
 
 
-def _suggest(name: str, candidates: Iterable[str]) -> str:
-    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
-    return f"; did you mean '{close[0]}'?" if close else ""
-
-
 def parse_sets(sets: Iterable[str]) -> dict[str, Any]:
     """Turn ``["a=1", "hp.mu=0.1"]`` into a nested dict; values are parsed as YAML scalars."""
     out: dict[str, Any] = {}
@@ -178,8 +171,8 @@ def from_dict(raw: Mapping[str, Any]) -> Config:
     values: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in FIELDS:
-            raise ConfigError(f"unknown config key '{key}'{_suggest(key, FIELDS)}")
-        values[key] = _coerce(key, value, _field_type(key))
+            raise ConfigError(f"unknown config key '{key}'{suggest(key, FIELDS)}")
+        values[key] = coerce(key, value, _field_type(key), str_from_number=key in _NAME_KEYS)
     cfg = Config(**values)
     validate(cfg)
     return cfg
@@ -189,63 +182,11 @@ def _field_type(name: str) -> Any:
     return typing.get_type_hints(Config)[name]
 
 
-def _coerce(key: str, value: Any, typ: Any) -> Any:
-    """Check ``value`` against the annotation ``typ``; allow int -> float. Returns the value to store."""
-    origin = typing.get_origin(typ)
-    if typ is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"config key '{key}': expected true or false, got {value!r}")
-    if typ is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise ConfigError(f"config key '{key}': expected an integer, got {value!r}")
-    if typ is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str) and _SCIENTIFIC.match(value.strip()):
-            return float(value)  # PyYAML (YAML 1.1) reads 1e-3 as a string; people write it anyway
-        raise ConfigError(f"config key '{key}': expected a number, got {value!r}")
-    if typ is str:
-        if isinstance(value, str):
-            return value
-        if (
-            isinstance(value, (int, float))
-            and not isinstance(value, bool)
-            and key in ("experiment", "output", "data_root")
-        ):
-            return str(value)
-        raise ConfigError(f"config key '{key}': expected a string, got {value!r}")
-    if origin is list:
-        (inner,) = typing.get_args(typ)
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"config key '{key}': expected a list, got {value!r}")
-        return [_coerce(f"{key}[{i}]", v, inner) for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"config key '{key}': expected a mapping of names to values, got {value!r}")
-        return dict(value)
-    if origin in (typing.Union, types.UnionType):
-        for option in typing.get_args(typ):
-            if option is type(None) and value is None:
-                return None
-            try:
-                return _coerce(key, value, option)
-            except ConfigError:
-                continue
-        raise ConfigError(f"config key '{key}': value {value!r} does not fit {typ}")
-    if typ is Any:
-        return value
-    raise TypeError(f"unsupported config annotation {typ!r} for {key}")  # a bug in Config, not user input
-
-
 def _choice(key: str, value: str, allowed: Iterable[str]) -> None:
     allowed = sorted(allowed)
     if value not in allowed:
         raise ConfigError(
-            f"config key '{key}': unknown value {value!r}{_suggest(value, allowed)} (allowed: {', '.join(allowed)})"
+            f"config key '{key}': unknown value {value!r}{suggest(value, allowed)} (allowed: {', '.join(allowed)})"
         )
 
 
@@ -337,28 +278,6 @@ def validate(cfg: Config) -> None:
 
     hp = ALGORITHMS[cfg.algorithm].make_hparams(cfg.hp)
     cfg.hp = {k: getattr(hp, k) for k in cfg.hp}  # keep the checked, typed values (saved with the results)
-
-
-def hparams_from_dict(cls: type, values: Mapping[str, Any], algorithm: str) -> Any:
-    """Build an algorithm's Hparams dataclass from ``hp.*`` values, with the same checks as Config."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
-    kwargs = {}
-    for k, v in values.items():
-        if k not in fields:
-            known = ", ".join(sorted(fields)) or "none"
-            raise ConfigError(
-                f"unknown config key 'hp.{k}' for algorithm {algorithm}{_suggest(k, fields)} (its hp keys: {known})"
-            )
-        kwargs[k] = _coerce(f"hp.{k}", v, hints[k])
-    hp = cls(**kwargs)
-    check = getattr(hp, "check", None)
-    if check is not None:
-        try:
-            check()
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-    return hp
 
 
 def dump_yaml(cfg: Config) -> str:

@@ -8,6 +8,7 @@ from types import ModuleType
 from typing import Any
 
 from fedray.algorithms import fedavg
+from fedray.typed import hparams_from_dict
 
 
 @dataclass(frozen=True)
@@ -19,8 +20,6 @@ class Algorithm:
     evaluate: Callable[..., Any]  # (state, fed, hp, rnd) -> records
 
     def make_hparams(self, values: Mapping[str, Any]) -> Any:
-        from fedray.config import hparams_from_dict
-
         return hparams_from_dict(self.Hparams, values, self.name)
 
     @classmethod

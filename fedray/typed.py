@@ -1,0 +1,100 @@
+"""Typed values from YAML: checking a value against a dataclass field's annotation.
+
+Shared by the experiment config (`fedray.config`) and the algorithms' ``Hparams`` (built by
+`hparams_from_dict`), so neither has to import the other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+_SCIENTIFIC = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
+
+
+class ConfigError(ValueError):
+    """A config key or value is wrong; the message names the key."""
+
+
+def suggest(name: str, candidates: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def coerce(key: str, value: Any, typ: Any, str_from_number: bool = False) -> Any:
+    """Check ``value`` against the annotation ``typ``; allow int -> float. Returns the value to store.
+
+    ``str_from_number``: a number where a string is expected is taken as its text (names such as
+    ``experiment: 2024``).
+    """
+    origin = typing.get_origin(typ)
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"config key '{key}': expected true or false, got {value!r}")
+    if typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"config key '{key}': expected an integer, got {value!r}")
+    if typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str) and _SCIENTIFIC.match(value.strip()):
+            return float(value)  # PyYAML (YAML 1.1) reads 1e-3 as a string; people write it anyway
+        raise ConfigError(f"config key '{key}': expected a number, got {value!r}")
+    if typ is str:
+        if isinstance(value, str):
+            return value
+        if str_from_number and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"config key '{key}': expected a string, got {value!r}")
+    if origin is list:
+        (inner,) = typing.get_args(typ)
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"config key '{key}': expected a list, got {value!r}")
+        return [coerce(f"{key}[{i}]", v, inner) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"config key '{key}': expected a mapping of names to values, got {value!r}")
+        return dict(value)
+    if origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(typ):
+            if option is type(None) and value is None:
+                return None
+            try:
+                return coerce(key, value, option, str_from_number)
+            except ConfigError:
+                continue
+        raise ConfigError(f"config key '{key}': value {value!r} does not fit {typ}")
+    if typ is Any:
+        return value
+    raise TypeError(f"unsupported config annotation {typ!r} for {key}")  # a bug in Config, not user input
+
+
+def hparams_from_dict(cls: type, values: Mapping[str, Any], algorithm: str) -> Any:
+    """Build an algorithm's Hparams dataclass from ``hp.*`` values, with the same checks as Config."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for k, v in values.items():
+        if k not in fields:
+            known = ", ".join(sorted(fields)) or "none"
+            raise ConfigError(
+                f"unknown config key 'hp.{k}' for algorithm {algorithm}{suggest(k, fields)} (its hp keys: {known})"
+            )
+        kwargs[k] = coerce(f"hp.{k}", v, hints[k])
+    hp = cls(**kwargs)
+    check = getattr(hp, "check", None)
+    if check is not None:
+        try:
+            check()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    return hp
