@@ -87,9 +87,15 @@ class Config:
         return dataclasses.asdict(self)
 
     def run_id(self) -> str:
-        """Stable id of the run: the same resolved config gives the same id (output excluded)."""
+        """Stable id of the run: the same resolved config gives the same id.
+
+        Keys that cannot change a number are left out (`NOT_IN_RUN_ID`): where results go, and how
+        many actors serve the clients (bit-identical for any count, DESIGN §4), which a sweep
+        chooses from the resources it has at the time.
+        """
         d = self.to_dict()
-        d.pop("output")
+        for key in NOT_IN_RUN_ID:
+            d.pop(key)
         digest = hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
         return f"{self.algorithm}-{self.dataset}-s{self.seed}-{digest}"
 
@@ -100,6 +106,7 @@ class Config:
 
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Config)}
+NOT_IN_RUN_ID = ("output", "num_actors", "placement_timeout_s")
 
 
 # ----------------------------------------------------------------------------------------------------

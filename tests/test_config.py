@@ -88,11 +88,14 @@ def test_bad_yaml_file_errors_name_the_file(tmp_path):
         load_config(lst)
 
 
-def test_run_id_is_stable_and_ignores_output():
+def test_run_id_is_stable_and_ignores_output_and_actor_count():
     a = from_dict({"seed": 1, "output": "x"})
-    b = from_dict({"seed": 1, "output": "y"})
+    b = from_dict({"seed": 1, "output": "y", "num_actors": 3, "placement_timeout_s": 5})
     c = from_dict({"seed": 2})
     assert a.run_id() == b.run_id() != c.run_id()
+    # What can change a number changes the id: threads per actor, devices, evaluation batches.
+    for key, value in (("num_cpus_per_actor", 2.0), ("num_gpus_per_actor", 0.5), ("eval_batch_size", 64)):
+        assert from_dict({"seed": 1, key: value}).run_id() != a.run_id(), key
 
 
 CHECK_NO_RAY = (
