@@ -8,11 +8,11 @@ from typing import Any
 import ray
 
 from actors.launch import ActorGroup, launch_actors
-from actors.placement import assign_clients
 from fedray.client import Task
 from fedray.config import Config
 from fedray.data import FederatedData
 from fedray.federation import ClientCatalog, ClientError, ClientFn, ClientHost, test_shards
+from fedray.placement import assign_clients
 
 
 def unwrap(error: BaseException) -> BaseException:

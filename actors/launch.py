@@ -10,7 +10,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.client_actor import ClientActor
-from actors.placement import PlacementError, plan_actor_count
+from fedray.placement import PlacementError, plan_actor_count
 
 
 @dataclass
@@ -44,16 +44,22 @@ class ActorGroup:
         self.pg = None
 
 
-def launch_actors(config: dict[str, Any]) -> ActorGroup:
+def launch_actors(config: dict[str, Any], num_actors: int | None = None) -> ActorGroup:
     """Plan the actor count from the cluster's resources and start that many bare client actors.
 
-    Takes the plain config dict (already validated by the driver) so it runs before the caller
-    imports torch; returns at once, the actors start in the background.
+    ``num_actors`` (a sweep's share of the cluster) overrides the config's own. Takes the plain
+    config dict (already validated by the driver) so it runs before the caller imports torch;
+    returns at once, the actors start in the background.
     """
     res = ray.cluster_resources()
     cpus, gpus = config["num_cpus_per_actor"], config["num_gpus_per_actor"]
     n = plan_actor_count(
-        config["num_clients"], config["num_actors"], cpus, gpus, res.get("CPU", 0.0), res.get("GPU", 0.0)
+        config["num_clients"],
+        config["num_actors"] if num_actors is None else num_actors,
+        cpus,
+        gpus,
+        res.get("CPU", 0.0),
+        res.get("GPU", 0.0),
     )
     bundle = {"CPU": cpus, **({"GPU": gpus} if gpus > 0 else {})}
     pg = placement_group([dict(bundle) for _ in range(n)], strategy="PACK")

@@ -107,6 +107,8 @@ class Config:
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Config)}
 NOT_IN_RUN_ID = ("output", "num_actors", "placement_timeout_s")
+# Keys of a sweep file that are not config keys (fedray/sweep.py expands them into runs).
+SWEEP_KEYS = ("grid", "seeds", "cases", "max_concurrent_runs")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -128,13 +130,30 @@ def parse_sets(sets: Iterable[str]) -> dict[str, Any]:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError as e:
             raise ConfigError(f"--set {key}: cannot parse value {raw!r}: {e}") from None
-        node = out
-        parts = key.split(".")
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"--set {key}: '{p}' is not a section")
-        node[parts[-1]] = value
+        set_dotted(out, key, value, where=f"--set {key}")
+    return out
+
+
+def set_dotted(tree: dict[str, Any], key: str, value: Any, where: str) -> None:
+    """``tree["hp"]["mu"] = value`` for ``key="hp.mu"``, making sections as needed (in place)."""
+    node = tree
+    parts = key.split(".")
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{where}: '{p}' is not a section")
+    node[parts[-1]] = value
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """The inverse of `set_dotted`: ``{"hp": {"mu": 1}}`` -> ``{"hp.mu": 1}`` (an empty section stays)."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and v:
+            out.update(flatten(v, f"{key}."))
+        else:
+            out[key] = v
     return out
 
 
@@ -173,8 +192,11 @@ def load_config(path: str | Path | None = None, sets: Iterable[str] = (), **over
 
 def from_dict(raw: Mapping[str, Any]) -> Config:
     """Build and validate a Config from a (possibly nested) mapping."""
-    if "grid" in raw:
-        raise ConfigError("key 'grid': grids are expanded by `fedray sweep`, not by `fedray run`")
+    for key in SWEEP_KEYS:
+        if key in raw:
+            raise ConfigError(
+                f"key '{key}' belongs to sweeps: run this file with `fedray sweep`, not `fedray run`"
+            )
     values: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in FIELDS:

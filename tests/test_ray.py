@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from actors.placement import PlacementError, assign_clients, plan_actor_count
 from analysis import load_metrics
 from fedray.data import build_federated_data
 from fedray.experiment import execute
 from fedray.federation import ClientError, make_local_federation
+from fedray.placement import PlacementError
 from tests.conftest import small_config
 from tests.test_federation import append_self, count_calls, fail_on_three
 
@@ -94,25 +94,6 @@ def test_failed_run_is_recorded_with_the_client_error(ray_session, tmp_path):
         list(run_on_ray(cfg))
     runs = load_runs(cfg.output)
     assert runs["status"].tolist() == ["failed"] and "FloatingPointError" in runs["error"][0]
-
-
-def test_plan_actor_count_from_resources():
-    assert plan_actor_count(300, 0, 1, 0, cluster_cpus=2, cluster_gpus=0) == 2
-    assert plan_actor_count(40, 0, 1, 0.1, cluster_cpus=64, cluster_gpus=4) == 40  # 10 actors per GPU
-    assert plan_actor_count(100, 0, 0.5, 0.25, cluster_cpus=4, cluster_gpus=8) == 8  # CPU-bound
-    assert plan_actor_count(3, 0, 1, 0, cluster_cpus=16, cluster_gpus=0) == 3  # never more than clients
-    assert plan_actor_count(10, 7, 1, 0, cluster_cpus=2, cluster_gpus=0) == 7  # explicit num_actors wins
-    with pytest.raises(PlacementError, match="num_gpus_per_actor=0.5.*0 GPUs"):
-        plan_actor_count(10, 0, 1, 0.5, cluster_cpus=8, cluster_gpus=0)
-
-
-def test_assign_clients_balances_samples():
-    sizes = {0: 100, 1: 90, 2: 10, 3: 10, 4: 10, 5: 80}
-    groups = assign_clients(sizes, 2)
-    loads = [sum(sizes[c] for c in g) for g in groups]
-    assert sorted(c for g in groups for c in g) == list(range(6))
-    assert sorted(loads) == [130, 170]  # {100, 10, 10, 10} and {90, 80}: the best split there is
-    assert assign_clients({0: 5, 1: 5}, 2) == [[0], [1]]
 
 
 def test_actors_that_cannot_be_placed_fail_loudly_instead_of_hanging(ray_session, tmp_path):

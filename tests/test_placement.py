@@ -1,0 +1,71 @@
+"""Actor counts from resources, clients spread over actors, and which sweep runs start when (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedray.placement import (
+    Need,
+    PlacementError,
+    actor_slots,
+    assign_clients,
+    plan_actor_count,
+    plan_launches,
+)
+
+
+def test_plan_actor_count_from_resources():
+    assert plan_actor_count(300, 0, 1, 0, cluster_cpus=2, cluster_gpus=0) == 2
+    assert plan_actor_count(40, 0, 1, 0.1, cluster_cpus=64, cluster_gpus=4) == 40  # 10 actors per GPU
+    assert plan_actor_count(100, 0, 0.5, 0.25, cluster_cpus=4, cluster_gpus=8) == 8  # CPU-bound
+    assert plan_actor_count(3, 0, 1, 0, cluster_cpus=16, cluster_gpus=0) == 3  # never more than clients
+    assert plan_actor_count(10, 7, 1, 0, cluster_cpus=2, cluster_gpus=0) == 7  # explicit num_actors wins
+    with pytest.raises(PlacementError, match="num_gpus_per_actor=0.5.*0 GPUs"):
+        plan_actor_count(10, 0, 1, 0.5, cluster_cpus=8, cluster_gpus=0)
+
+
+def test_assign_clients_balances_samples():
+    sizes = {0: 100, 1: 90, 2: 10, 3: 10, 4: 10, 5: 80}
+    groups = assign_clients(sizes, 2)
+    loads = [sum(sizes[c] for c in g) for g in groups]
+    assert sorted(c for g in groups for c in g) == list(range(6))
+    assert sorted(loads) == [130, 170]  # {100, 10, 10, 10} and {90, 80}: the best split there is
+    assert assign_clients({0: 5, 1: 5}, 2) == [[0], [1]]
+
+
+def test_fractional_gpus_are_packed_per_gpu():
+    # Ray packs fractions inside one GPU: 0.3 fits 3 per GPU (0.1 stranded), 0.4 fits 2.
+    assert actor_slots(1, 0.3, cpus=64, gpus=4) == 12
+    assert actor_slots(1, 0.4, cpus=64, gpus=4) == 8
+    assert actor_slots(1, 0.25, cpus=64, gpus=4) == 16
+    assert actor_slots(1, 2, cpus=64, gpus=5) == 2  # whole GPUs
+    assert actor_slots(0.5, 0, cpus=3, gpus=0) == 6
+    assert plan_actor_count(100, 0, 1, 0.3, cluster_cpus=64, cluster_gpus=4) == 12
+
+
+def need(num_actors=0, cpus=1.0, gpus=0.0, clients=10):
+    return Need(cpus=cpus, gpus=gpus, num_actors=num_actors, num_clients=clients)
+
+
+def test_sweep_runs_share_free_slots_evenly_and_use_them_all():
+    # 2 CPUs, 4 runs, no limit: two runs at once, one actor each.
+    assert plan_launches([need()] * 4, 2, 0, running=0, max_concurrent=0) == [(0, 1), (1, 1)]
+    # 16 slots (4 GPUs x 0.25), 12 runs: all start; the first 4 take 2 actors so no slot idles.
+    launches = plan_launches([need(gpus=0.25)] * 12, 64, 4, running=0, max_concurrent=0)
+    assert [a for _, a in launches] == [2, 2, 2, 2] + [1] * 8
+    # 4 runs on 16 slots: 4 actors each.
+    assert plan_launches([need(gpus=0.25)] * 4, 64, 4, 0, 0) == [(0, 4), (1, 4), (2, 4), (3, 4)]
+    # max_concurrent_runs: 2 at once out of 12 -> 8 actors each; with 1 running, only 1 more starts.
+    assert plan_launches([need(gpus=0.25)] * 12, 64, 4, 0, 2) == [(0, 8), (1, 8)]
+    assert plan_launches([need(gpus=0.25)] * 12, 64, 2, 1, 2) == [(0, 8)]
+    # never more actors than clients; what a small run leaves goes to the next
+    assert plan_launches([need(clients=3), need(clients=40)], 16, 0, 0, 0) == [(0, 3), (1, 13)]
+    # nothing free: nothing starts
+    assert plan_launches([need()] * 3, 0, 0, 2, 0) == []
+
+
+def test_a_run_with_its_own_actor_count_waits_until_it_fits_and_others_go_first():
+    pending = [need(num_actors=4), need(), need(num_actors=2)]
+    assert plan_launches(pending, 3, 0, running=1, max_concurrent=0) == [(1, 1), (2, 2)]
+    assert plan_launches(pending, 8, 0, running=0, max_concurrent=0) == [(0, 4), (1, 2), (2, 2)]
+    assert plan_launches([need(num_actors=50, clients=5)], 8, 0, 0, 0) == [(0, 5)]  # capped at clients
