@@ -2,6 +2,16 @@
 
 from analysis.load import load_metrics, load_runs
 from analysis.plots import accuracy_curves, write_plots
-from analysis.report import final_accuracy, report_table
+from analysis.report import ReportError, format_table, pivot, run_values, wide_tables
 
-__all__ = ["accuracy_curves", "final_accuracy", "load_metrics", "load_runs", "report_table", "write_plots"]
+__all__ = [
+    "ReportError",
+    "accuracy_curves",
+    "format_table",
+    "load_metrics",
+    "load_runs",
+    "pivot",
+    "run_values",
+    "wide_tables",
+    "write_plots",
+]

@@ -1,36 +1,65 @@
-"""Plots from a results folder: global accuracy against round, one line per setting.
+"""Plots from a results folder: a global metric against round, laid out like the report's table.
 
-Seeds of one setting are averaged, with a ±1 std band. Needs matplotlib (``pip install
-fedray[plot]``); `write_plots` says so instead of failing when it is missing.
+One PNG per experiment; one panel per table row (e.g. per partition), one line per column (e.g.
+per algorithm), the mean over seeds with a ±1 std band. With a stage, the x axis counts that
+stage's rounds. Needs matplotlib (``pip install fedray[plot]``); `write_plots` says so instead of
+failing when it is missing.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from analysis.load import load_metrics, load_runs
-from analysis.report import partition_label, setting_key
+from analysis.report import label_runs
 
 
-def accuracy_curves(out_dir: str | Path, metric: str = "accuracy") -> pd.DataFrame:
-    """Per (experiment, setting, round): mean and std of the global ``metric`` over seeds."""
-    m = load_metrics(out_dir)
-    m = m[(m["metric"] == metric) & (m["scope"] == "global")]
+def accuracy_curves(
+    out_dir: str | Path,
+    metric: str = "accuracy",
+    rows: Sequence[str] = ("dataset", "partition"),
+    cols: Sequence[str] = ("algorithm",),
+    stage: str | None = None,
+    include_unfinished: bool = False,
+) -> pd.DataFrame:
+    """Per (experiment, row, col, round): mean and std of the global ``metric`` over seeds."""
+    out_cols = ["experiment", "row", "col", "round", "mean", "std", "seeds"]
     runs = load_runs(out_dir)
-    if m.empty or runs.empty:
-        return pd.DataFrame(columns=["experiment", "label", "round", "mean", "std", "seeds"])
-    runs["setting"] = runs["config"].map(setting_key)
-    runs["label"] = runs["config"].map(
-        lambda c: f"{c['algorithm']} {c['dataset']} {partition_label(c)} N={c['num_clients']}"
+    if not include_unfinished and not runs.empty:
+        runs = runs[runs["status"] == "finished"]
+    m = load_metrics(out_dir)
+    m = m[(m["scope"] == "global") & m["run_id"].isin(runs["run_id"])]
+    if stage is not None:
+        m = m[m["stage"] == stage]
+        # the x axis counts the stage's rounds, from 1
+        first = m.groupby("run_id")["round"].transform("min")
+        m = m.assign(round=m["round"] - first + 1)
+    m = m[m["metric"] == metric]
+    if m.empty:
+        return pd.DataFrame(columns=out_cols)
+    labelled = label_runs(runs.sort_values("started", kind="stable"), rows, cols)
+    df = m.merge(labelled[["run_id", "experiment", "row", "col"]], on="run_id", suffixes=("_m", ""))
+    # Panels and lines in the table's order: the order the runs started (a sweep file's order).
+    rank = {k: i for i, k in enumerate(dict.fromkeys([*labelled["row"], *labelled["col"]]))}
+    df = df.assign(_r=df["row"].map(rank), _c=df["col"].map(rank)).sort_values(
+        ["_r", "_c", "round"], kind="stable"
     )
-    df = m.merge(runs[["run_id", "setting", "label"]], on="run_id")
-    g = df.groupby(["experiment", "setting", "label", "round"])["value"]
-    return g.agg(mean="mean", std="std", seeds="count").reset_index().fillna({"std": 0.0})
+    g = df.groupby(["experiment", "row", "col", "round"], sort=False)["value"]
+    return g.agg(mean="mean", std="std", seeds="count").reset_index().fillna({"std": 0.0})[out_cols]
 
 
-def write_plots(out_dir: str | Path, metric: str = "accuracy") -> list[Path]:
+def write_plots(
+    out_dir: str | Path,
+    metric: str = "accuracy",
+    rows: Sequence[str] = ("dataset", "partition"),
+    cols: Sequence[str] = ("algorithm",),
+    stage: str | None = None,
+    include_unfinished: bool = False,
+) -> list[Path]:
     """One PNG per experiment under ``out_dir/plots/``; returns the files written."""
     try:
         import matplotlib
@@ -40,25 +69,37 @@ def write_plots(out_dir: str | Path, metric: str = "accuracy") -> list[Path]:
         import matplotlib.ticker
     except ImportError:
         return []
-    curves = accuracy_curves(out_dir, metric)
+    curves = accuracy_curves(out_dir, metric, rows, cols, stage, include_unfinished)
+    scale = 100.0 if "accuracy" in metric else 1.0
     written = []
     folder = Path(out_dir) / "plots"
-    for exp, ce in curves.groupby("experiment"):
-        folder.mkdir(exist_ok=True)
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for (_, label), c in ce.groupby(["setting", "label"]):
-            seeds = int(c["seeds"].max())
-            ax.plot(c["round"], 100 * c["mean"], label=f"{label} ({seeds} seed{'s' if seeds > 1 else ''})")
-            ax.fill_between(c["round"], 100 * (c["mean"] - c["std"]), 100 * (c["mean"] + c["std"]), alpha=0.2)
-        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-        ax.set_xlabel("round")
-        ax.set_ylabel(f"{metric} (%)")
-        ax.set_title(str(exp))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    for exp, ce in curves.groupby("experiment", sort=False):
+        panels = list(dict.fromkeys(ce["row"]))
+        ncols = min(len(panels), 3)
+        nrows = math.ceil(len(panels) / ncols)
+        fig, axes = plt.subplots(nrows, ncols, figsize=(5.5 * ncols, 4 * nrows), squeeze=False, sharey=True)
+        color = {col: f"C{i % 10}" for i, col in enumerate(dict.fromkeys(ce["col"]))}  # one colour per column
+        for ax, panel in zip(axes.flat, panels, strict=False):
+            for col, c in ce[ce["row"] == panel].groupby("col", sort=False):
+                seeds = int(c["seeds"].max())
+                label = f"{col} ({seeds} seed{'s' if seeds > 1 else ''})"
+                ax.plot(c["round"], scale * c["mean"], color=color[col], label=label)
+                low, high = scale * (c["mean"] - c["std"]), scale * (c["mean"] + c["std"])
+                ax.fill_between(c["round"], low, high, color=color[col], alpha=0.2)
+            ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+            ax.set_title(" ".join(panel), fontsize=10)
+            ax.set_xlabel("round" if stage is None else f"{stage} round")
+            ax.set_ylabel(f"{metric}{' (%)' if scale == 100 else ''}")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        for ax in list(axes.flat)[len(panels) :]:
+            ax.set_visible(False)
+        fig.suptitle(str(exp))
         fig.tight_layout()
-        path = folder / f"{exp}-{metric}.png"
-        fig.savefig(path, dpi=120)
+        folder.mkdir(exist_ok=True)
+        suffix = f"-{stage}" if stage else ""
+        path = folder / f"{exp}-{metric}{suffix}.png"
+        fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)
     return written

@@ -1,63 +1,42 @@
-"""Paper-style tables from a results folder: final accuracy per run, mean ± std over seeds."""
+"""Paper-style tables from a results folder (pandas over the Parquet files; no fedray or Ray imports).
+
+- `run_values`: one number per run: a global metric at the final round, at a fixed round (counted
+  within a stage when one is given: FedConcat's "classifier round 173"), at the round of best
+  training accuracy (FedRC's protocol), or its best value.
+- `pivot`: runs laid out as the papers do: rows = settings (default dataset + partition), columns =
+  algorithms, each cell mean ± std over seeds with the number of seeds. Runs that differ in a key
+  the rows and columns do not show (a FedProx mu grid, say) get that key added to their column,
+  so a cell never mixes two settings.
+- `format_table`: text, markdown, CSV or LaTeX.
+"""
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from analysis.load import load_metrics, load_runs
 
-# Keys that tell seeds of one setting apart; runs equal in everything else form one group.
-_PER_RUN_KEYS = ("seed", "output")
+# Keys that tell replicates of one setting apart or cannot change a number (fedray.config.NOT_IN_RUN_ID).
+_PER_RUN_KEYS = ("seed", "output", "num_actors", "placement_timeout_s")
+# The config keys the paper-style partition label stands for.
+_PARTITION_KEYS = ("partition", "partition_k", "partition_beta", "partition_clusters")
+AT = ("final", "best-train", "best")
+FORMATS = ("text", "markdown", "csv", "latex")
+
+
+class ReportError(ValueError):
+    """A report option names something the results folder does not have; the message says what it has."""
 
 
 def setting_key(config: dict) -> str:
-    """Everything but the seed (and output folder): runs with equal keys are seeds of one setting."""
+    """Everything but the seed (and what cannot change a number): equal keys = seeds of one setting."""
     return json.dumps({k: v for k, v in config.items() if k not in _PER_RUN_KEYS}, sort_keys=True)
-
-
-def final_accuracy(metrics: pd.DataFrame, metric: str = "accuracy") -> pd.DataFrame:
-    """Per run: the global ``metric`` at the last round where it was recorded."""
-    m = metrics[(metrics["metric"] == metric) & (metrics["scope"] == "global")]
-    if m.empty:
-        return pd.DataFrame(columns=["run_id", "round", metric])
-    last = m.sort_values("round").groupby("run_id", sort=True).tail(1)
-    return last[["run_id", "round", "value"]].rename(columns={"value": metric}).reset_index(drop=True)
-
-
-def report_table(out_dir: str | Path, metric: str = "accuracy") -> pd.DataFrame:
-    runs = load_runs(out_dir)
-    if runs.empty:
-        return pd.DataFrame()
-    acc = final_accuracy(load_metrics(out_dir), metric)
-    df = runs.merge(acc, on="run_id", how="left")
-    df["setting"] = df["config"].map(setting_key)
-    df["clients"] = df["config"].map(lambda c: c["num_clients"])
-    df["part"] = df["config"].map(partition_label)
-    rows = []
-    for _, g in df.groupby("setting", sort=False):
-        first = g.iloc[0]
-        vals = g[metric].dropna() * 100
-        rows.append(
-            {
-                "experiment": first["experiment"],
-                "algorithm": first["algorithm"],
-                "dataset": first["dataset"],
-                "partition": first["part"],
-                "clients": int(first["clients"]),
-                "seeds": len(g),
-                "round": int(g["round"].max()) if g["round"].notna().any() else 0,
-                metric: _mean_std(vals),
-                "status": ",".join(f"{s}:{n}" for s, n in g["status"].value_counts().sort_index().items()),
-            }
-        )
-    return (
-        pd.DataFrame(rows)
-        .sort_values(["experiment", "dataset", "partition", "algorithm"])
-        .reset_index(drop=True)
-    )
 
 
 def partition_label(c: dict) -> str:
@@ -72,9 +51,226 @@ def partition_label(c: dict) -> str:
     return p
 
 
-def _mean_std(vals: pd.Series) -> str:
+def _flat(config: dict) -> dict[str, Any]:
+    out = {k: v for k, v in config.items() if k != "hp"}
+    out.update({f"hp.{k}": v for k, v in (config.get("hp") or {}).items()})
+    return out
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def field_label(config: dict, name: str) -> str:
+    """How run ``config`` reads under field ``name``: a config key (hp.x too), `partition` (paper
+    style), or `hp` (all of it)."""
+    if name == "partition":
+        return partition_label(config)
+    if name == "hp":
+        return ",".join(f"{k}={_text(v)}" for k, v in sorted((config.get("hp") or {}).items())) or "-"
+    flat = _flat(config)
+    if name not in flat:
+        raise ReportError(f"unknown field {name!r} for --rows/--cols (fields: partition, hp, and the config keys: "
+                          f"{', '.join(sorted(flat))})")  # fmt: skip
+    return _text(flat[name])
+
+
+def _covered(fields: Sequence[str]) -> set[str]:
+    out = set(fields)
+    if "partition" in fields:
+        out |= set(_PARTITION_KEYS)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# One value per run
+# ------------------------------------------------------------------------------------------------
+
+
+def _value_at(
+    rows: pd.DataFrame, metric: str, at: str, round_: int | None, stage: str | None
+) -> tuple[float, float]:
+    """(round, value) for one run's global rows (already cut to the stage); NaNs where absent."""
+    vals = rows[rows["metric"] == metric].drop_duplicates("round", keep="last").set_index("round")["value"]
     if vals.empty:
+        return math.nan, math.nan
+    if round_ is not None:
+        if stage is None:
+            target = round_
+        else:  # the R-th round of this stage, counted over every row the stage wrote
+            stage_rounds = sorted(rows["round"].unique())
+            if round_ > len(stage_rounds):
+                return math.nan, math.nan
+            target = stage_rounds[round_ - 1]
+        return (float(target), float(vals[target])) if target in vals.index else (math.nan, math.nan)
+    if at == "final":
+        r = vals.index.max()
+    elif at == "best":
+        r = vals.idxmax()
+    else:  # best-train: the round with the best training accuracy among those where the metric exists
+        train = (
+            rows[rows["metric"] == "train_accuracy"].drop_duplicates("round", keep="last").set_index("round")
+        )
+        train = train["value"].reindex(vals.index).dropna()
+        if train.empty:
+            return math.nan, math.nan
+        r = train.idxmax()  # the first round with the best value
+    return float(r), float(vals[r])
+
+
+def run_values(
+    out_dir: str | Path,
+    metric: str = "accuracy",
+    at: str = "final",
+    round: int | None = None,  # noqa: A002 - the option's name
+    stage: str | None = None,
+    include_unfinished: bool = False,
+) -> pd.DataFrame:
+    """One row per run: run_id, status, config, started, round (where the value was read), value.
+
+    Only finished runs unless ``include_unfinished``. Raises `ReportError` for a metric or stage the
+    folder never recorded.
+    """
+    if at not in AT:
+        raise ReportError(f"--at must be one of {', '.join(AT)}, got {at!r}")
+    if round is not None and round < 1:
+        raise ReportError(f"--round must be >= 1, got {round}")
+    runs = load_runs(out_dir)
+    cols = ["run_id", "status", "config", "started", "round", "value"]
+    if runs.empty:
+        return pd.DataFrame(columns=cols)
+    if not include_unfinished:
+        runs = runs[runs["status"] == "finished"]
+    m = load_metrics(out_dir)
+    m = m[(m["scope"] == "global") & m["run_id"].isin(runs["run_id"])]
+    if not m.empty and metric not in set(m["metric"]):
+        raise ReportError(
+            f"metric {metric!r} was not recorded (global metrics: {', '.join(sorted(set(m['metric'])))})"
+        )
+    if stage is not None:
+        stages = sorted(set(m["stage"]))
+        if stage not in stages:
+            raise ReportError(
+                f"stage {stage!r} was not recorded (stages: {', '.join(repr(s) for s in stages)})"
+            )
+        m = m[m["stage"] == stage]
+    by_run = dict(tuple(m.groupby("run_id", sort=False)))
+    read = [
+        _value_at(by_run[r], metric, at, round, stage) if r in by_run else (math.nan, math.nan)
+        for r in runs["run_id"]
+    ]
+    out = runs[["run_id", "status", "config", "started"]].copy()
+    out["round"] = [r for r, _ in read]
+    out["value"] = [v for _, v in read]
+    return out.reset_index(drop=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# The paper-style pivot
+# ------------------------------------------------------------------------------------------------
+
+
+def label_runs(runs: pd.DataFrame, rows: Sequence[str], cols: Sequence[str]) -> pd.DataFrame:
+    """Add experiment, row and column labels to runs (one row each, with a ``config`` column).
+
+    A key that differs between runs of one (experiment, row, column) other than by seed is added to
+    the column label, so a cell only ever holds seeds of one setting.
+    """
+    df = runs.copy()
+    df["experiment"] = df["config"].map(lambda c: c["experiment"])
+    df["row"] = df["config"].map(lambda c: tuple(field_label(c, f) for f in rows))
+    df["col"] = df["config"].map(lambda c: " ".join(field_label(c, f) for f in cols))
+    covered = _covered([*rows, *cols]) | set(_PER_RUN_KEYS) | {"experiment"}
+    if "hp" in cols or "hp" in rows:
+        covered |= {k for c in df["config"] for k in _flat(c) if k.startswith("hp.")}
+    extra: set[str] = set()
+    for _, cell in df.groupby(["experiment", "row", "col"], sort=False):
+        flats = [_flat(c) for c in cell["config"]]
+        keys = {k for f in flats for k in f} - covered
+        extra |= {
+            k for k in keys if len({json.dumps(f.get(k, "<unset>"), sort_keys=True) for f in flats}) > 1
+        }
+    if extra:
+
+        def suffix(c: dict) -> str:
+            f = _flat(c)
+            return " ".join(f"{k}={_text(f[k])}" for k in sorted(extra) if k in f)
+
+        df["col"] = [f"{col} {suffix(c)}".strip() for col, c in zip(df["col"], df["config"], strict=True)]
+    return df
+
+
+def pivot(
+    values: pd.DataFrame, rows: Sequence[str] = ("dataset", "partition"), cols: Sequence[str] = ("algorithm",)
+) -> pd.DataFrame:
+    """Long table of cells: experiment, row fields..., col, mean, std, n (seeds with a value), runs."""
+    out_cols = ["experiment", *rows, "col", "mean", "std", "n", "runs"]
+    if values.empty:
+        return pd.DataFrame(columns=out_cols)
+    df = label_runs(values.sort_values("started", kind="stable"), rows, cols)
+    g = df.groupby(["experiment", "row", "col"], sort=False)["value"]
+    cells = g.agg(
+        mean="mean", std=lambda v: v.std(ddof=1) if v.count() > 1 else math.nan, n="count", runs="size"
+    )
+    cells = cells.reset_index()
+    for i, f in enumerate(rows):
+        cells[f] = cells["row"].map(lambda r, i=i: r[i])
+    return cells[out_cols]
+
+
+def _is_fraction(metric: str) -> bool:
+    return "accuracy" in metric or metric == "purity"
+
+
+def _cell(mean: float, std: float, n: int, digits: int) -> str:
+    if n == 0 or math.isnan(mean):
         return "-"
-    if len(vals) == 1:
-        return f"{vals.iloc[0]:.1f}"
-    return f"{vals.mean():.1f} ± {vals.std(ddof=1):.1f}"
+    if n == 1 or math.isnan(std):
+        return f"{mean:.{digits}f} ({n})"
+    return f"{mean:.{digits}f} ± {std:.{digits}f} ({n})"
+
+
+def wide_tables(cells: pd.DataFrame, rows: Sequence[str], metric: str) -> dict[str, pd.DataFrame]:
+    """Per experiment: rows x columns of formatted cells ("84.4 ± 0.6 (3)"), in first-seen order."""
+    scale, digits = (100.0, 1) if _is_fraction(metric) else (1.0, 4)
+    out = {}
+    for exp, c in cells.groupby("experiment", sort=False):
+        text = [
+            _cell(m * scale, s * scale, n, digits)
+            for m, s, n in zip(c["mean"], c["std"], c["n"], strict=True)
+        ]
+        c = c.assign(cell=text)
+        wide = c.pivot_table(index=list(rows), columns="col", values="cell", aggfunc="first", sort=False)
+        wide = wide.reindex(columns=list(dict.fromkeys(c["col"]))).fillna("-").reset_index()
+        wide.columns.name = None
+        out[str(exp)] = wide
+    return out
+
+
+def format_table(table: pd.DataFrame, fmt: str) -> str:
+    if fmt == "text":
+        with pd.option_context("display.max_rows", None, "display.max_columns", None, "display.width", 250):
+            return table.to_string(index=False)
+    if fmt == "markdown":
+        return table.to_markdown(index=False)
+    if fmt == "csv":
+        return table.to_csv(index=False).rstrip("\n")
+    if fmt == "latex":
+        return table.to_latex(index=False, escape=True).rstrip("\n")
+    raise ReportError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+
+
+def describe_value(metric: str, at: str, round_: int | None, stage: str | None) -> str:
+    unit = " (%)" if _is_fraction(metric) else ""
+    where = {
+        "final": "the final round",
+        "best-train": "the round of best train_accuracy",
+        "best": "its best round",
+    }[at]
+    if round_ is not None:
+        where = f"round {round_}" + (f" of stage {stage!r}" if stage else "")
+    elif stage:
+        where += f" of stage {stage!r}"
+    return f"{metric}{unit} at {where}; mean ± std over seeds (number of seeds)"

@@ -61,16 +61,24 @@ def run_rounds(cfg: Config, fed: Federation, writer: ResultsWriter) -> Iterator[
     state = alg.init(fed, hp)
     fed.take_traffic()
     for rnd in range(cfg.rounds):
+        # A multi-stage algorithm keeps its stage in State (DESIGN §2); the round's own rows carry
+        # the stage the round ran in, so `fedray report --stage S --round R` can count its rounds.
+        stage = getattr(state, "stage", "")
         t0 = time.perf_counter()
         state, records = alg.round(state, fed, hp, rnd)
         seconds = time.perf_counter() - t0
         down, up = fed.take_traffic()
-        records = [*records, rec("bytes_down", down), rec("bytes_up", up), rec("seconds", seconds)]
+        records = [
+            *records,
+            rec("bytes_down", down, stage=stage),
+            rec("bytes_up", up, stage=stage),
+            rec("seconds", seconds, stage=stage),
+        ]
         if (rnd + 1) % cfg.eval_every == 0 or rnd + 1 == cfg.rounds:
             t1 = time.perf_counter()
             records += alg.evaluate(state, fed, hp, rnd)
             fed.take_traffic()  # evaluation traffic is not training traffic
-            records.append(rec("eval_seconds", time.perf_counter() - t1))
+            records.append(rec("eval_seconds", time.perf_counter() - t1, stage=stage))
         writer.add(rnd + 1, records)
         yield RoundDone(rnd + 1, cfg.rounds, seconds, _global(records))
 

@@ -3,11 +3,17 @@
 Every file is written aside under a dot-name and renamed into place, so a killed job leaves only
 complete files (readers skip dot-files). A run that starts again under the same run id first
 removes the part files of its earlier attempt, so no row is ever counted twice.
+
+While a run is being written its writer holds an exclusive lock on ``runs/.RUN_ID.lock`` (flock,
+released by the kernel when the process dies, however it dies). A second writer of the same run
+id fails at once instead of deleting the first one's files, and `run_state` tells a run that is
+being written now from one that was interrupted.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import json
 import os
 import platform
@@ -105,6 +111,68 @@ def run_status(out_dir: str | Path, run_id: str) -> str | None:
     return pq.read_table(path, columns=["status"]).column("status")[0].as_py()
 
 
+class RunLocked(RuntimeError):
+    """Another live process is writing this run id into this output folder."""
+
+
+class RunLock:
+    """An exclusive, non-blocking flock on ``DIR/runs/.RUN_ID.lock``; the file holds the owner's pid."""
+
+    def __init__(self, out_dir: str | Path, run_id: str) -> None:
+        self.path = Path(out_dir) / "runs" / f".{run_id}.lock"
+        self.run_id = run_id
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.read(fd, 64).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise RunLocked(
+                f"run {self.run_id} is being written into {self.path.parent.parent}/ by another process "
+                f"(pid {owner} on this machine); wait for it to end, or use another output folder"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the lock
+            self._fd = None
+
+    def held_elsewhere(self) -> bool:
+        """True if some live process holds the lock now (checked without keeping it)."""
+        if self._fd is not None or not self.path.is_file():
+            return False
+        try:
+            self.acquire()
+        except RunLocked:
+            return True
+        self.release()
+        return False
+
+
+def run_state(out_dir: str | Path, run_id: str) -> str:
+    """What a re-submission should know: new | finished | failed | running (now) | interrupted."""
+    status = run_status(out_dir, run_id)
+    if status is None:
+        return "new"
+    if status == "running":
+        return "running" if RunLock(out_dir, run_id).held_elsewhere() else "interrupted"
+    return status
+
+
+def record_failure(out_dir: str | Path, run_id: str, config: dict[str, Any], error: str) -> None:
+    """Record ``run_id`` as failed when it failed before its own writer could (e.g. its actors never
+    fit the cluster). Leaves a run that a live process is writing, or that recorded itself, alone."""
+    if run_state(out_dir, run_id) in ("new", "interrupted"):
+        ResultsWriter(out_dir, run_id, config)._write_run("failed", error=error)
+
+
 class ResultsWriter:
     """The only writer of a run's results. Buffers metric rows and flushes them as part files."""
 
@@ -121,11 +189,13 @@ class ResultsWriter:
         self._t0 = time.monotonic()
         self._started = _now()
         self._const = {k: config[k] for k in RUN_COLUMNS}
+        self._lock = RunLock(out_dir, run_id)
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
         for sub in ("metrics", "runs", "configs"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self._lock.acquire()  # before touching anything of an earlier attempt
         # An earlier attempt of this same run (killed or failed) must not leave rows behind.
         for old in (self.root / "metrics").glob(f"{self.run_id}-*.parquet"):
             old.unlink()
@@ -153,14 +223,20 @@ class ResultsWriter:
         self._rows = []
 
     def finish(self, summary: dict[str, Any]) -> None:
-        self.flush()
-        self._write_run("finished", summary=summary)
+        try:
+            self.flush()
+            self._write_run("finished", summary=summary)
+        finally:
+            self._lock.release()
 
     def fail(self, error: str, summary: dict[str, Any] | None = None) -> None:
         try:
             self.flush()
         finally:
-            self._write_run("failed", error=error, summary=summary or {})
+            try:
+                self._write_run("failed", error=error, summary=summary or {})
+            finally:
+                self._lock.release()
 
     # --- runs/ ------------------------------------------------------------------------------------
     def _write_run(self, status: str, error: str = "", summary: dict[str, Any] | None = None) -> None:

@@ -1,4 +1,4 @@
-"""The `fedray` command: run, report, bench (DESIGN §5).
+"""The `fedray` command: run, sweep, report, bench (DESIGN §5).
 
 Config errors and missing data sets are reported before Ray is imported or started.
 """
@@ -46,7 +46,7 @@ def _fmt_round(ev) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     from fedray.config import ConfigError, load_config
     from fedray.data import DatasetMissing, check_available
-    from fedray.results import run_status
+    from fedray.results import run_state
 
     try:
         cfg = load_config(args.config, args.sets, output=args.output)
@@ -55,7 +55,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"fedray: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     run_id = cfg.run_id()
-    if not args.force and run_status(cfg.output, run_id) == "finished":
+    state = run_state(cfg.output, run_id)
+    if state == "running":
+        print(
+            f"fedray: error: run {run_id} is being written into {cfg.output}/ by another live process",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    if not args.force and state == "finished":
         print(f"run {run_id} already finished in {cfg.output}/ (use --force to run it again)")
         return 0
 
@@ -100,7 +107,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 130
     except Exception as e:  # noqa: BLE001 - reported to the user with the real cause
         from fedray.federation import ClientError
+        from fedray.results import RunLocked
 
+        if isinstance(e, RunLocked):
+            print(f"fedray: error: {e}", file=sys.stderr)
+            return EXIT_FAILED
         if isinstance(e, ClientError) and e.remote_traceback:
             print(e.remote_traceback.rstrip(), file=sys.stderr)
         print(f"fedray: run {run_id} failed: {type(e).__name__}: {e}", file=sys.stderr)
@@ -109,28 +120,184 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_report(args: argparse.Namespace) -> int:
-    import pandas as pd
+def _duration(seconds: float) -> str:
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
+
+def _outcome(summary: dict) -> str:
+    if "final_accuracy" not in summary:
+        return "no accuracy recorded"
+    return f"acc {summary['final_accuracy']:.4f} (best {summary['best_accuracy']:.4f} at round {summary['best_round']})"
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from fedray.data import DatasetMissing
+    from fedray.sweep import load_sweep, plan
+    from fedray.typed import ConfigError
+
+    try:
+        sweep = load_sweep(args.config, args.sets, output=args.output, only=args.only)
+    except (ConfigError, DatasetMissing) as e:
+        print(f"fedray: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    planned = plan(sweep, force=args.force)
+    todo = [p.run for p in planned if p.action == "run"]
+    counts: dict[str, int] = {}
+    for p in planned:
+        counts[p.state] = counts.get(p.state, 0) + 1
+    collapsed = f" ({sweep.collapsed} more made identical by --set, run once)" if sweep.collapsed else ""
+    print(f"sweep {sweep.source}: {len(sweep.runs)} runs{collapsed}, results in {sweep.output}/")
+    print("  " + ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+          + f"; to run: {len(todo)}" + ("" if args.force else " (finished runs are skipped; --force runs them again)"))  # fmt: skip
+    if args.dry_run or not todo:
+        width = max(len(p.run.run_id) for p in planned)
+        print(f"  {'#':>3}  {'state':<11}  {'action':<6}  {'run id':<{width}}  settings")
+        for p in planned:
+            print(f"  {p.run.index:>3}  {p.state:<11}  {p.action:<6}  {p.run.run_id:<{width}}  {p.run.label}")
+        return 0
+    return _execute_sweep(sweep, todo, args, skipped=len(planned) - len(todo))
+
+
+def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int) -> int:
+    from fedray.experiment import RoundDone, Started
+    from fedray.sweep import LocalLauncher, RunEnded, RunLaunched, RunProgress, run_sweep
+
+    if args.local:
+        launcher = LocalLauncher()
+    else:
+        from actors.sweep import RayLauncher
+
+        launcher = RayLauncher(args.address)
+    limit = sweep.max_concurrent_runs if args.max_concurrent_runs is None else args.max_concurrent_runs
+    res = launcher.resources()
+    where = "in-process, one at a time" if args.local else (
+        f"Ray with {res.get('CPU', 0):g} CPUs and {res.get('GPU', 0):g} GPUs; "
+        + (f"at most {limit} runs at once" if limit else "as many runs at once as fit (max_concurrent_runs=0)"))  # fmt: skip
+    print(f"running {len(todo)} runs on {where}", flush=True)
+    t0 = time.perf_counter()
+    ended: list[RunEnded] = []
+    in_flight = 0
+    events = run_sweep(todo, launcher, limit)
+    try:
+        for ev in events:
+            tag = f"#{ev.run.index}"
+            if isinstance(ev, RunLaunched):
+                in_flight += 1
+                actors = (
+                    f"{ev.actors} actor{'s' if ev.actors != 1 else ''}" if not args.local else "in-process"
+                )
+                print(
+                    f"{tag} start  {ev.run.label}  ({ev.run.run_id}, {actors}; {in_flight} running)",
+                    flush=True,
+                )
+            elif isinstance(ev, RunProgress) and args.verbose:
+                if isinstance(ev.event, RoundDone):
+                    print(f"{tag} {_fmt_round(ev.event)}", flush=True)
+                elif isinstance(ev.event, Started) and not args.local:
+                    pl = ev.event.placement
+                    print(
+                        f"{tag} placed: {pl.get('actors')} actors on {pl.get('nodes')} node(s) {pl.get('devices')}",
+                        flush=True,
+                    )
+            elif isinstance(ev, RunEnded):
+                in_flight -= 1
+                ended.append(ev)
+                done = len(ended)
+                elapsed = time.perf_counter() - t0
+                eta = f"; ETA {_duration(elapsed / done * (len(todo) - done))}" if done < len(todo) else ""
+                if ev.ok:
+                    print(
+                        f"{tag} done   [{done}/{len(todo)}] {_outcome(ev.summary)}, {_duration(ev.seconds)}{eta}",
+                        flush=True,
+                    )
+                else:
+                    first = str(ev.error).splitlines()[0] if str(ev.error) else ""
+                    print(
+                        f"{tag} FAILED [{done}/{len(todo)}] {type(ev.error).__name__}: {first}{eta}",
+                        flush=True,
+                    )
+    except KeyboardInterrupt:
+        events.close()
+        print(f"fedray: sweep interrupted; {in_flight} runs in flight were stopped and run again on the next "
+              "submission", file=sys.stderr)  # fmt: skip
+        return 130
+    finally:
+        close = getattr(launcher, "close", None)
+        if close is not None:
+            close()
+    failed = [e for e in ended if not e.ok]
+    print(f"sweep done in {_duration(time.perf_counter() - t0)}: {len(ended) - len(failed)} finished, "
+          f"{len(failed)} failed, {skipped} skipped")  # fmt: skip
+    for e in failed:
+        print(f"  FAILED #{e.run.index} {e.run.label} ({e.run.run_id}): {type(e.error).__name__}: {e.error}")
+    print(f"results: {sweep.output}/  (fedray report {sweep.output})")
+    return EXIT_FAILED if failed else 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
     from analysis.plots import write_plots
-    from analysis.report import report_table
+    from analysis.report import ReportError, describe_value, format_table, pivot, run_values, wide_tables
 
     if not os.path.isdir(args.dir):
         print(f"fedray: error: results folder {args.dir!r} does not exist", file=sys.stderr)
         return EXIT_USAGE
-    table = report_table(args.dir, metric=args.metric)
-    if table.empty:
-        print(f"no runs in {args.dir}/")
+    rows, cols = _fields(args.rows), _fields(args.cols)
+    at = "final" if args.at is None else args.at
+    try:
+        values = run_values(args.dir, args.metric, at, args.round, args.stage, include_unfinished=args.all)
+        cells = pivot(values, rows, cols)
+        tables = wide_tables(cells, rows, args.metric)
+        texts = {exp: format_table(t, args.format) for exp, t in tables.items()}
+    except ReportError as e:
+        print(f"fedray: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if not texts:
+        print(f"no {'' if args.all else 'finished '}runs in {args.dir}/")
         return 0
-    with pd.option_context("display.max_rows", None, "display.max_columns", None, "display.width", 200):
-        print(table.to_string(index=False))
+    prose = args.format in ("text", "markdown")
+    for exp, text in texts.items():
+        if prose or len(texts) > 1:
+            print(f"{'#' if args.format == 'markdown' else '%' if args.format == 'latex' else ''}"
+                  f"{' ' if args.format in ('markdown', 'latex') else ''}experiment: {exp}".strip())  # fmt: skip
+        print(text)
+        if prose:
+            print()
+    if prose:
+        print(describe_value(args.metric, at, args.round, args.stage))
+        missing = values["value"].isna().sum()
+        if missing:
+            print(
+                f"({missing} run{'s have' if missing > 1 else ' has'} no value there: shown as fewer seeds or -)"
+            )
+        _print_run_counts(args.dir, args.all)
     if not args.no_plots:
-        plots = write_plots(args.dir, metric=args.metric)
-        if plots:
+        plots = write_plots(args.dir, args.metric, rows, cols, args.stage, include_unfinished=args.all)
+        if plots and prose:
             print("plots: " + ", ".join(str(p) for p in plots))
-        else:
+        elif not plots and prose:
             print("(no plots: install matplotlib, e.g. pip install 'fedray[plot]')")
     return 0
+
+
+def _fields(text: str) -> list[str]:
+    return [f.strip() for f in text.split(",") if f.strip()]
+
+
+def _print_run_counts(out_dir: str, include_all: bool) -> None:
+    from analysis.load import load_runs
+
+    counts = load_runs(out_dir)["status"].value_counts()
+    others = {s: int(n) for s, n in counts.items() if s != "finished"}
+    line = f"runs: {int(counts.get('finished', 0))} finished"
+    if others:
+        line += ", " + ", ".join(f"{n} {s}" for s, n in sorted(others.items()))
+        line += " (included)" if include_all else " (not in the table; --all includes them)"
+    print(line)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -147,11 +314,51 @@ def build_parser() -> argparse.ArgumentParser:
     p_run = sub.add_parser("run", help="run one experiment")
     _add_run_args(p_run)
     p_run.set_defaults(func=cmd_run)
+    p_sw = sub.add_parser(
+        "sweep", help="run every run of a sweep file (grid x cases x seeds), several at once"
+    )
+    p_sw.add_argument("config", help="sweep YAML: an experiment config plus grid:, seeds:, cases:")
+    p_sw.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a config key in every run (e.g. --set rounds=5); repeatable")  # fmt: skip
+    p_sw.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
+                      help="run only the runs whose config has this value (e.g. --only algorithm=fedavg); repeatable")  # fmt: skip
+    p_sw.add_argument("--output", help="results folder for every run (config key output)")
+    p_sw.add_argument(
+        "--dry-run", action="store_true", help="list the runs, their state and what would run; run nothing"
+    )
+    p_sw.add_argument("--force", action="store_true", help="run finished runs again too")
+    p_sw.add_argument("--max-concurrent-runs", type=int, metavar="N",
+                      help="runs at once (default: the file's max_concurrent_runs; 0 = as many as the resources allow)")  # fmt: skip
+    p_sw.add_argument("--local", action="store_true", help="run in-process without Ray, one run at a time")
+    p_sw.add_argument(
+        "--address", help="Ray address to attach to (default: RAY_ADDRESS, else start a local Ray)"
+    )
+    p_sw.add_argument(
+        "--verbose", action="store_true", help="print every round of every run, prefixed with #run"
+    )
+    p_sw.set_defaults(func=cmd_sweep)
     p_rep = sub.add_parser(
-        "report", help="print final accuracy per run (mean ± std over seeds) from a results folder"
+        "report", help="paper-style table (mean ± std over seeds) and plots from a results folder"
     )
     p_rep.add_argument("dir")
-    p_rep.add_argument("--metric", default="accuracy", help="global metric to report (default accuracy)")
+    p_rep.add_argument(
+        "--metric",
+        default="accuracy",
+        help="global metric to report (default accuracy; e.g. local_accuracy, loss)",
+    )
+    p_rep.add_argument("--stage", help="read within this stage (e.g. classifier); --round counts its rounds")
+    when = p_rep.add_mutually_exclusive_group()
+    when.add_argument(
+        "--round", type=int, metavar="R", help="the value at round R (within --stage S when given)"
+    )
+    when.add_argument("--at", choices=("final", "best-train", "best"),
+                      help="final round (default), round of best train_accuracy (FedRC's protocol), or best value")  # fmt: skip
+    p_rep.add_argument(
+        "--rows", default="dataset,partition", help="fields for rows (default dataset,partition)"
+    )
+    p_rep.add_argument("--cols", default="algorithm", help="fields for columns (default algorithm)")
+    p_rep.add_argument("--format", choices=("text", "markdown", "csv", "latex"), default="text")
+    p_rep.add_argument("--all", action="store_true", help="include failed and unfinished runs")
     p_rep.add_argument("--no-plots", action="store_true", help="only print the table")
     p_rep.set_defaults(func=cmd_report)
     p_bench = sub.add_parser("bench", help="time fedray against plain PyTorch loops (see jobs/bench.py)")

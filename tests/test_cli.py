@@ -57,7 +57,7 @@ def test_fedray_run_local_then_skip_then_report(tmp_path):
     assert (
         "fedavg" in rep.stdout and "dirichlet(0.5)" in rep.stdout and "±" in rep.stdout
     )  # two seeds: mean ± std
-    assert "finished:2" in rep.stdout
+    assert "(2)" in rep.stdout and "runs: 2 finished" in rep.stdout  # a cell of two seeds
     png = out / "plots" / "default-accuracy.png"
     assert f"plots: {png}" in rep.stdout and png.stat().st_size > 5000  # one curve with a ±std band
 

@@ -1,0 +1,49 @@
+"""The Ray side of `fedray sweep`: one Ray connection, each run with its own actors and coordinator."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import ray
+
+from actors.driver import RunHandle, connect, stream_run
+from fedray.config import Config
+from fedray.experiment import Event
+from fedray.placement import Need
+from fedray.sweep import SweepRun
+
+
+class RayLauncher:
+    """Runs of a sweep on one Ray cluster (attached to, or started once for the whole sweep)."""
+
+    def __init__(self, address: str | None = None) -> None:
+        self.started = connect(address)
+        self._handles: dict[int, RunHandle] = {}
+        self._lock = threading.Lock()
+
+    def resources(self) -> dict[str, float]:
+        return ray.cluster_resources()
+
+    def need(self, cfg: Config) -> Need:
+        return Need(cfg.num_cpus_per_actor, cfg.num_gpus_per_actor, cfg.num_actors, cfg.num_clients)
+
+    def launch(self, run: SweepRun, actors: int) -> Iterator[Event]:
+        handle = RunHandle()
+        with self._lock:
+            self._handles[run.index] = handle
+        try:
+            yield from stream_run(run.config, actors, handle)
+        finally:
+            with self._lock:
+                self._handles.pop(run.index, None)
+
+    def cancel(self) -> None:
+        with self._lock:
+            handles = list(self._handles.values())
+        for h in handles:
+            h.cancel()
+
+    def close(self) -> None:
+        if self.started:
+            ray.shutdown()

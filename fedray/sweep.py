@@ -1,0 +1,437 @@
+"""Sweeps (DESIGN §5): one YAML file expands into many runs, run several at a time.
+
+A sweep file is an experiment config plus these keys::
+
+    grid:                             # axes, expanded as a cartesian product (first axis outermost)
+      lr: [0.01, 0.05]                # values of the key the axis names (dotted for hp: hp.mu)
+      partition:                      # a mapping is a case: several keys set together, one value
+        - {partition: labels, partition_k: 2}
+        - {partition: dirichlet, partition_beta: 0.1}
+      algorithm:
+        - fedavg
+        - {algorithm: fedprox, grid: {hp.mu: [0.001, 0.01]}}   # a case may carry its own grid
+    seeds: [0, 1, 2]                  # the seed axis (innermost)
+    cases: [{...}, ...]               # one more axis of cases, named "case"
+    max_concurrent_runs: 0            # runs at once (0 = as many as the free resources allow)
+
+On an axis named ``hp`` a mapping is the hp mapping itself (``hp: [{mu: 0.1}, {mu: 1}]``). Two
+axes may not set the same key. ``--set`` overrides apply to every run, after the grid; runs it
+makes identical are run once.
+
+`load_sweep` validates every run before anything starts and reports all errors at once
+(`SweepError`). `run_sweep` is the scheduler: it starts runs through a `Launcher` (Ray's in
+actors/sweep.py, or `LocalLauncher`) while resources allow, each streamed by its own thread, and
+turns what they report into `SweepEvent`s. No Ray here.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import queue
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from fedray.config import (
+    SWEEP_KEYS,
+    Config,
+    ConfigError,
+    flatten,
+    from_dict,
+    parse_sets,
+    read_yaml,
+    set_dotted,
+)
+from fedray.experiment import Event, Finished
+from fedray.placement import Need, plan_launches
+from fedray.results import record_failure, run_state
+
+_LISTED = 8  # runs named under one error before "... and N more"
+
+
+class SweepError(ConfigError):
+    """The sweep file, or some of its runs, are invalid; the message lists every problem."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One value of an axis: the keys it sets (dotted) and how it reads in a run's label."""
+
+    overrides: dict[str, Any]
+    label: str
+
+
+@dataclass
+class SweepRun:
+    index: int  # 1-based position in the expanded sweep; progress lines call the run "#index"
+    label: str  # the axis values that make this run, e.g. "partition=labels,partition_k=2 seed=0"
+    config: Config
+
+    @property
+    def run_id(self) -> str:
+        return self.config.run_id()
+
+
+@dataclass
+class Sweep:
+    source: str
+    runs: list[SweepRun]
+    max_concurrent_runs: int
+    collapsed: int = 0  # expanded runs that --set made identical to an earlier one (run once)
+
+    @property
+    def output(self) -> str:
+        return self.runs[0].config.output
+
+
+# ------------------------------------------------------------------------------------------------
+# Expansion
+# ------------------------------------------------------------------------------------------------
+
+
+def _fmt(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+
+
+def _apply(tree: dict[str, Any], overrides: Mapping[str, Any]) -> None:
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and not value and key in tree:
+            continue  # an empty section (hp: {}) adds nothing to the one there
+        set_dotted(tree, key, copy.deepcopy(value), where=key)
+
+
+def _check_overlap(axes: Sequence[tuple[str, list[Choice]]], where: str, errors: list[str]) -> None:
+    owner: dict[str, str] = {}
+    for name, choices in axes:
+        for key in sorted({k for c in choices for k in c.overrides}):
+            if key in owner and owner[key] != name:
+                errors.append(
+                    f"{where}: key '{key}' is set by two axes, '{owner[key]}' and '{name}' "
+                    "(set each key on one axis, or vary the keys together as cases of one axis)"
+                )
+            owner.setdefault(key, name)
+
+
+def _product(axes: Sequence[tuple[str, list[Choice]]]) -> Iterator[tuple[Choice, ...]]:
+    return itertools.product(*[choices for _, choices in axes])
+
+
+def _case(case: Mapping[str, Any], where: str, errors: list[str]) -> list[Choice]:
+    """A mapping on an axis: its keys set together; its own ``grid:`` expands inside it."""
+    fixed = flatten({k: v for k, v in case.items() if k != "grid"})
+    label = ",".join(f"{k}={_fmt(v)}" for k, v in fixed.items())
+    if "grid" not in case:
+        return [Choice(fixed, label)]
+    sub = _grid(case["grid"], f"{where}.grid", errors)
+    _check_overlap([("(the case)", [Choice(fixed, label)]), *sub], where, errors)
+    out = []
+    for combo in _product(sub):
+        overrides = dict(fixed)
+        for c in combo:
+            overrides.update(c.overrides)
+        out.append(Choice(overrides, ",".join(x for x in (label, *(c.label for c in combo)) if x)))
+    return out
+
+
+def _choices(axis: str, values: Any, where: str, errors: list[str], cases_only: bool = False) -> list[Choice]:
+    if not isinstance(values, list) or not values:
+        errors.append(f"{where}: expected a non-empty list of values, got {values!r}")
+        return []
+    out: list[Choice] = []
+    for i, v in enumerate(values):
+        here = f"{where}[{i}]"
+        if cases_only and not isinstance(v, Mapping):
+            errors.append(f"{here}: a case must be a mapping of keys to values, got {v!r}")
+        elif isinstance(v, Mapping) and axis != "hp":
+            out += _case(v, here, errors)
+        else:
+            flat = flatten({axis: v}) if isinstance(v, Mapping) else {axis: v}
+            out.append(Choice(flat, ",".join(f"{k}={_fmt(x)}" for k, x in flat.items()) or f"{axis}={{}}"))
+    return out
+
+
+def _grid(grid: Any, where: str, errors: list[str]) -> list[tuple[str, list[Choice]]]:
+    if not isinstance(grid, Mapping) or not grid:
+        errors.append(f"{where}: expected a mapping of keys to lists of values, got {grid!r}")
+        return []
+    axes = [
+        (str(name), _choices(str(name), values, f"{where}.{name}", errors)) for name, values in grid.items()
+    ]
+    _check_overlap(axes, where, errors)
+    return axes
+
+
+def _axes(raw: Mapping[str, Any], errors: list[str]) -> list[tuple[str, list[Choice]]]:
+    axes = _grid(raw["grid"], "grid", errors) if "grid" in raw else []
+    if "cases" in raw:
+        axes.append(("case", _choices("case", raw["cases"], "cases", errors, cases_only=True)))
+    if "seeds" in raw:
+        seeds = raw["seeds"]
+        if (
+            not isinstance(seeds, list)
+            or not seeds
+            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)
+        ):
+            errors.append(f"seeds: expected a non-empty list of integers >= 0, got {seeds!r}")
+        else:
+            axes.append(("seed", [Choice({"seed": s}, f"seed={s}") for s in seeds]))
+    _check_overlap(axes, "sweep", errors)
+    return axes
+
+
+def _report(source: str, problems: dict[str, list[str]], total: int) -> str:
+    bad = len({label for labels in problems.values() for label in labels})
+    lines = [f"{source}: {bad} of {total} runs are invalid; nothing was started:"]
+    for message, labels in problems.items():
+        lines.append(f"  {message}")
+        for label in labels[:_LISTED]:
+            lines.append(f"    in run [{label}]")
+        if len(labels) > _LISTED:
+            lines.append(f"    ... and {len(labels) - _LISTED} more runs")
+    return "\n".join(lines)
+
+
+def load_sweep(
+    path: str | Path, sets: Iterable[str] = (), output: str | None = None, only: Iterable[str] = ()
+) -> Sweep:
+    """Expand and validate a sweep file. Raises `SweepError` listing every invalid run.
+
+    ``only`` (``KEY=VALUE`` like ``--set``) keeps the runs whose resolved config has those values.
+    Cheap: no data is read and no Ray is started (datasets are only checked to exist).
+    """
+    from fedray.data import DatasetMissing, check_available
+
+    source = str(path)
+    raw = read_yaml(path)
+    errors: list[str] = []
+    axes = _axes(raw, errors)
+    max_concurrent = raw.get("max_concurrent_runs", 0)
+    if isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int) or max_concurrent < 0:
+        errors.append(
+            f"max_concurrent_runs: expected an integer >= 0 (0 = from resources), got {max_concurrent!r}"
+        )
+    if errors:
+        raise SweepError("\n  ".join([f"{source}: invalid sweep; nothing was started:", *errors]))
+    base = {k: v for k, v in raw.items() if k not in SWEEP_KEYS}
+    over = flatten(parse_sets(sets))
+    if output is not None:
+        over["output"] = output
+    wanted = flatten(parse_sets(only))
+
+    problems: dict[str, list[str]] = {}
+    valid: list[tuple[str, Config]] = []
+    total = 0
+    for combo in _product(axes):
+        total += 1
+        tree = copy.deepcopy(base)
+        label = " ".join(c.label for c in combo)
+        try:
+            for c in combo:
+                _apply(tree, c.overrides)
+            _apply(tree, over)
+            valid.append((label, from_dict(tree)))
+        except ConfigError as e:
+            problems.setdefault(str(e), []).append(label)
+
+    # Data sets are checked once per distinct source, for every run that reads it.
+    by_source: dict[tuple, list[tuple[str, Config]]] = {}
+    for label, cfg in valid:
+        key = (cfg.dataset, cfg.resolved_data_root(), cfg.download, cfg.emnist_split)
+        by_source.setdefault(key, []).append((label, cfg))
+    for group in by_source.values():
+        try:
+            check_available(group[0][1])
+        except DatasetMissing as e:
+            problems.setdefault(str(e), []).extend(label for label, _ in group)
+    if len({cfg.output for _, cfg in valid}) > 1:
+        problems.setdefault("config key 'output': every run of a sweep writes to one folder", []).extend(
+            label for label, cfg in valid if cfg.output != valid[0][1].output
+        )
+    if problems:
+        raise SweepError(_report(source, problems, total))
+
+    runs: list[SweepRun] = []
+    seen: set[str] = set()
+    for label, cfg in valid:
+        if cfg.run_id() not in seen:
+            seen.add(cfg.run_id())
+            runs.append(SweepRun(len(runs) + 1, label, cfg))
+    collapsed = len(valid) - len(runs)
+    if wanted:
+        runs = [
+            r
+            for r in runs
+            if all(flatten(r.config.to_dict()).get(k, object()) == v for k, v in wanted.items())
+        ]
+        if not runs:
+            raise SweepError(
+                f"{source}: no run has {', '.join(f'{k}={_fmt(v)}' for k, v in wanted.items())} (--only)"
+            )
+    return Sweep(source, runs, max_concurrent, collapsed)
+
+
+# ------------------------------------------------------------------------------------------------
+# What to run
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PlannedRun:
+    run: SweepRun
+    state: str  # new | finished | failed | interrupted | running (written by a live process now)
+    action: str  # run | skip
+
+
+def plan(sweep: Sweep, force: bool = False) -> list[PlannedRun]:
+    """Finished runs are skipped (``force``: run again); failed, interrupted and new ones run.
+
+    A run that a live process is writing now (another sweep) is never touched.
+    """
+    out = []
+    for r in sweep.runs:
+        state = run_state(r.config.output, r.run_id)
+        skip = state == "running" or (state == "finished" and not force)
+        out.append(PlannedRun(r, state, "skip" if skip else "run"))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Running
+# ------------------------------------------------------------------------------------------------
+
+
+class Launcher(Protocol):
+    """Where the runs of a sweep execute (Ray, or in-process one at a time)."""
+
+    def resources(self) -> dict[str, float]:
+        """Total CPUs/GPUs the sweep's runs share (read again at every scheduling step)."""
+
+    def need(self, cfg: Config) -> Need:
+        """What one run asks for."""
+
+    def launch(self, run: SweepRun, actors: int) -> Iterator[Event]:
+        """Run it with ``actors`` client actors and yield its events (called in a worker thread)."""
+
+    def cancel(self) -> None:
+        """Stop every run in flight (Ctrl-C)."""
+
+
+class LocalLauncher:
+    """In-process, one run at a time (``fedray sweep --local``; debugging and tests)."""
+
+    def resources(self) -> dict[str, float]:
+        return {"CPU": 1.0}
+
+    def need(self, cfg: Config) -> Need:
+        return Need(cpus=1.0, gpus=0.0, num_actors=1, num_clients=cfg.num_clients)
+
+    def launch(self, run: SweepRun, actors: int) -> Iterator[Event]:
+        from fedray.experiment import execute
+        from fedray.federation import make_local_federation
+
+        return execute(run.config, make_local_federation)
+
+    def cancel(self) -> None:
+        """The worker thread is a daemon: it ends with the process."""
+
+
+@dataclass
+class RunLaunched:
+    run: SweepRun
+    actors: int
+
+
+@dataclass
+class RunProgress:
+    run: SweepRun
+    event: Event  # Started / RoundDone from the run's round loop
+
+
+@dataclass
+class RunEnded:
+    run: SweepRun
+    seconds: float
+    summary: dict[str, Any] = field(default_factory=dict)
+    error: BaseException | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+SweepEvent = RunLaunched | RunProgress | RunEnded
+
+
+def _stream(launcher: Launcher, run: SweepRun, actors: int, events: queue.Queue) -> None:
+    """Worker thread: forward one run's events; its end (with the error, if any) comes last."""
+    t0 = time.perf_counter()
+    summary: dict[str, Any] = {}
+    try:
+        for ev in launcher.launch(run, actors):
+            if isinstance(ev, Finished):
+                summary = ev.summary
+            events.put(RunProgress(run, ev))
+    except BaseException as e:  # noqa: BLE001 - handed to the scheduler, which reports it
+        events.put(RunEnded(run, time.perf_counter() - t0, summary, e))
+        return
+    events.put(RunEnded(run, time.perf_counter() - t0, summary))
+
+
+def run_sweep(
+    runs: Sequence[SweepRun], launcher: Launcher, max_concurrent_runs: int = 0, poll_s: float = 5.0
+) -> Iterator[SweepEvent]:
+    """Run ``runs`` through ``launcher``, as many at once as resources and ``max_concurrent_runs`` allow.
+
+    A failed run does not stop the others. A run that does not fit even the idle cluster is started
+    alone, and Ray's placement decides (an autoscaler may add nodes; else ``placement_timeout_s``).
+    Leaving the generator early (Ctrl-C) cancels the runs in flight.
+    """
+    events: queue.Queue[SweepEvent] = queue.Queue()
+    pending = list(runs)
+    running: dict[int, tuple[float, float]] = {}  # run index -> (CPUs, GPUs) it holds
+    try:
+        while pending or running:
+            if pending:
+                total = launcher.resources()
+                free_cpus = total.get("CPU", 0.0) - sum(c for c, _ in running.values())
+                free_gpus = total.get("GPU", 0.0) - sum(g for _, g in running.values())
+                needs = [launcher.need(r.config) for r in pending]
+                launches = plan_launches(needs, free_cpus, free_gpus, len(running), max_concurrent_runs)
+                if not launches and not running:
+                    launches = [(0, min(max(1, needs[0].num_actors), needs[0].num_clients))]
+                for i, actors in launches:
+                    run = pending[i]
+                    running[run.index] = needs[i].resources(actors)
+                    threading.Thread(
+                        target=_stream,
+                        args=(launcher, run, actors, events),
+                        name=f"run-{run.index}",
+                        daemon=True,
+                    ).start()
+                    yield RunLaunched(run, actors)
+                started = {i for i, _ in launches}
+                pending = [r for i, r in enumerate(pending) if i not in started]
+            try:
+                ev = events.get(timeout=poll_s)
+            except queue.Empty:
+                continue  # look again: nodes may have joined the cluster
+            if isinstance(ev, RunEnded):
+                running.pop(ev.run.index, None)
+                if not ev.ok:
+                    record_failure(
+                        ev.run.config.output, ev.run.run_id, ev.run.config.to_dict(), _error_text(ev.error)
+                    )
+            yield ev
+    except BaseException:
+        if running:
+            launcher.cancel()
+        raise
+
+
+def _error_text(error: BaseException | None) -> str:
+    return f"{type(error).__name__}: {error}" if error is not None else ""
