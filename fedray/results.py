@@ -253,6 +253,7 @@ class ResultsWriter:
             "started": self._started,
             "finished": None if status == "running" else _now(),
         }
+        (self.root / "runs").mkdir(parents=True, exist_ok=True)  # a failure recorded before start()
         write_atomic(
             pa.Table.from_pylist([row], schema=RUNS_SCHEMA), self.root / "runs" / f"{self.run_id}.parquet"
         )

@@ -2,7 +2,8 @@
 
 A sweep file is an experiment config plus these keys::
 
-    grid:                             # axes, expanded as a cartesian product (first axis outermost)
+    cases: [{...}, ...]               # an axis of cases (the outermost), e.g. the partitions
+    grid:                             # axes, expanded as a cartesian product (first axis outer)
       lr: [0.01, 0.05]                # values of the key the axis names (dotted for hp: hp.mu)
       partition:                      # a mapping is a case: several keys set together, one value
         - {partition: labels, partition_k: 2}
@@ -11,7 +12,6 @@ A sweep file is an experiment config plus these keys::
         - fedavg
         - {algorithm: fedprox, grid: {hp.mu: [0.001, 0.01]}}   # a case may carry its own grid
     seeds: [0, 1, 2]                  # the seed axis (innermost)
-    cases: [{...}, ...]               # one more axis of cases, named "case"
     max_concurrent_runs: 0            # runs at once (0 = as many as the free resources allow)
 
 On an axis named ``hp`` a mapping is the hp mapping itself (``hp: [{mu: 0.1}, {mu: 1}]``). Two
@@ -106,15 +106,15 @@ def _apply(tree: dict[str, Any], overrides: Mapping[str, Any]) -> None:
 
 
 def _check_overlap(axes: Sequence[tuple[str, list[Choice]]], where: str, errors: list[str]) -> None:
-    owner: dict[str, str] = {}
-    for name, choices in axes:
+    owner: dict[str, int] = {}
+    for pos, (name, choices) in enumerate(axes):
         for key in sorted({k for c in choices for k in c.overrides}):
-            if key in owner and owner[key] != name:
+            if key in owner and owner[key] != pos:
                 errors.append(
-                    f"{where}: key '{key}' is set by two axes, '{owner[key]}' and '{name}' "
+                    f"{where}: key '{key}' is set by two axes, '{axes[owner[key]][0]}' and '{name}' "
                     "(set each key on one axis, or vary the keys together as cases of one axis)"
                 )
-            owner.setdefault(key, name)
+            owner.setdefault(key, pos)
 
 
 def _product(axes: Sequence[tuple[str, list[Choice]]]) -> Iterator[tuple[Choice, ...]]:
@@ -167,9 +167,9 @@ def _grid(grid: Any, where: str, errors: list[str]) -> list[tuple[str, list[Choi
 
 
 def _axes(raw: Mapping[str, Any], errors: list[str]) -> list[tuple[str, list[Choice]]]:
-    axes = _grid(raw["grid"], "grid", errors) if "grid" in raw else []
-    if "cases" in raw:
-        axes.append(("case", _choices("case", raw["cases"], "cases", errors, cases_only=True)))
+    axes = [("cases", _choices("case", raw["cases"], "cases", errors, cases_only=True))] if "cases" in raw else []
+    if "grid" in raw:
+        axes += _grid(raw["grid"], "grid", errors)
     if "seeds" in raw:
         seeds = raw["seeds"]
         if (
@@ -179,7 +179,7 @@ def _axes(raw: Mapping[str, Any], errors: list[str]) -> list[tuple[str, list[Cho
         ):
             errors.append(f"seeds: expected a non-empty list of integers >= 0, got {seeds!r}")
         else:
-            axes.append(("seed", [Choice({"seed": s}, f"seed={s}") for s in seeds]))
+            axes.append(("seeds", [Choice({"seed": s}, f"seed={s}") for s in seeds]))
     _check_overlap(axes, "sweep", errors)
     return axes
 

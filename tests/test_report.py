@@ -1,0 +1,171 @@
+"""fedray report on a hand-made results folder: the pivot, --round within --stage, --at best-train."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from analysis import ReportError, format_table, pivot, run_values, wide_tables
+from fedray.records import rec
+from fedray.results import ResultsWriter
+from tests.conftest import ROOT, small_config
+from tests.test_cli import run
+
+
+def write_run(out, cfg: dict, rounds: dict[int, list], status: str = "finished") -> str:
+    """One run with the given records per round; ``cfg`` is a full config dict (edited freely)."""
+    run_id = f"{cfg['algorithm']}-{cfg['experiment']}-{cfg['partition']}{cfg['partition_k']}{cfg['partition_beta']}" \
+             f"-{sorted(cfg['hp'].items())}-s{cfg['seed']}"  # fmt: skip
+    w = ResultsWriter(out, run_id, cfg, flush_every_s=0)
+    w.start()
+    for r, records in rounds.items():
+        w.add(r, records)
+    w.finish({}) if status == "finished" else w.fail("RuntimeError: boom")
+    return run_id
+
+
+def final(acc: float, rounds: int = 2) -> dict[int, list]:
+    """A plain run: accuracy 0.1 at every round but the last, ``acc`` at the last."""
+    return {
+        r: [rec("accuracy", acc if r == rounds else 0.1), rec("train_accuracy", 0.5)]
+        for r in range(1, rounds + 1)
+    }
+
+
+@pytest.fixture
+def results(tmp_path):
+    out = tmp_path / "out"
+    base = small_config(tmp_path).to_dict()
+
+    def cfg(**over):
+        c = {**base, "experiment": "table", **over}
+        c["hp"] = dict(over.get("hp", {}))
+        return c
+
+    labels, dirichlet = (
+        dict(partition="labels", partition_k=2),
+        dict(partition="dirichlet", partition_beta=0.5),
+    )
+    for seed, acc in enumerate([0.80, 0.82, 0.84]):
+        write_run(out, cfg(seed=seed, **labels), final(acc))
+    for seed, acc in enumerate([0.85, 0.87]):
+        write_run(out, cfg(seed=seed, **dirichlet), final(acc))
+    write_run(out, cfg(seed=2, **dirichlet), final(0.10), status="failed")
+    # an hp grid: two settings that the rows and columns do not tell apart
+    write_run(out, cfg(algorithm="fedprox", hp={"mu": 0.001}, **labels), final(0.83))
+    write_run(out, cfg(algorithm="fedprox", hp={"mu": 0.01}, **labels), final(0.79))
+    write_run(out, cfg(algorithm="fedprox", hp={"mu": 0.01}, seed=1, **labels), final(0.81))
+
+    # A two-stage run: rounds 1-3 "encoder", rounds 4-8 "classifier" (accuracy = round / 10).
+    staged = {
+        r: [rec("seconds", 1.0, stage="encoder"), rec("train_accuracy", 0.5, stage="encoder")]
+        for r in (1, 2, 3)
+    }
+    staged |= {r: [rec("seconds", 1.0, stage="classifier"), rec("accuracy", r / 10, stage="classifier"),
+                   rec("train_accuracy", 0.9, stage="classifier")] for r in range(4, 9)}  # fmt: skip
+    write_run(out, cfg(experiment="staged", algorithm="fedconcat", **labels), staged)
+
+    # best-train: train accuracy peaks first at round 2; accuracy is only evaluated at rounds 2, 3, 4, 5.
+    acc = {2: 0.60, 3: 0.70, 4: 0.65, 5: 0.66}
+    train = {1: 0.99, 2: 0.95, 3: 0.90, 4: 0.95, 5: 0.80}  # round 1 has no accuracy: not eligible
+    rounds = {
+        r: [rec("train_accuracy", train[r])] + ([rec("accuracy", acc[r])] if r in acc else []) for r in train
+    }
+    write_run(out, cfg(experiment="protocol", algorithm="fedrc", **labels), rounds)
+    return out
+
+
+def table(out, **kw):
+    values = run_values(out, **{k: v for k, v in kw.items() if k not in ("rows", "cols")})
+    rows = kw.get("rows", ("dataset", "partition"))
+    return wide_tables(
+        pivot(values, rows, kw.get("cols", ("algorithm",))), rows, kw.get("metric", "accuracy")
+    )
+
+
+def test_pivot_rows_settings_columns_algorithms_cells_mean_std_over_seeds(results):
+    t = table(results)["table"]
+    assert list(t.columns) == ["dataset", "partition", "fedavg", "fedprox hp.mu=0.001", "fedprox hp.mu=0.01"]
+    cells = t.set_index("partition")
+    # (80 + 82 + 84) / 3 = 82, std (ddof 1) = 2; (85 + 87) / 2 = 86, std = sqrt(2) = 1.41; the failed run is out
+    assert cells.loc["#C=2", "fedavg"] == "82.0 ± 2.0 (3)"
+    assert cells.loc["dirichlet(0.5)", "fedavg"] == "86.0 ± 1.4 (2)"
+    assert cells.loc["#C=2", "fedprox hp.mu=0.001"] == "83.0 (1)"
+    assert cells.loc["#C=2", "fedprox hp.mu=0.01"] == "80.0 ± 1.4 (2)"
+    assert cells.loc["dirichlet(0.5)", "fedprox hp.mu=0.01"] == "-"
+    with_failed = table(results, include_unfinished=True)["table"].set_index("partition")
+    assert with_failed.loc["dirichlet(0.5)", "fedavg"] == "60.7 ± 43.9 (3)"  # mean (85 + 87 + 10) / 3, std sqrt(3852.7 / 2)
+
+
+def test_rows_and_columns_are_chosen_by_flags(results):
+    t = table(results, rows=("algorithm",), cols=("partition", "hp"))["table"]
+    assert list(t.columns) == ["algorithm", "#C=2 -", "dirichlet(0.5) -", "#C=2 mu=0.001", "#C=2 mu=0.01"]
+    assert t.set_index("algorithm").loc["fedavg", "dirichlet(0.5) -"] == "86.0 ± 1.4 (2)"
+    loss = table(results, metric="train_accuracy")["table"].set_index("partition")
+    assert loss.loc["#C=2", "fedavg"] == "50.0 ± 0.0 (3)"
+    with pytest.raises(
+        ReportError, match=r"unknown field 'partitoin'.*partition, hp, and the config keys: .*batch_size"
+    ):
+        table(results, rows=("partitoin",))
+
+
+def test_round_is_counted_within_a_stage(results):
+    def staged(**kw):
+        return table(results, **kw)["staged"].set_index("partition").loc["#C=2", "fedconcat"]
+
+    assert staged() == "80.0 (1)"  # final round 8
+    assert staged(stage="classifier", round=2) == "50.0 (1)"  # the 2nd classifier round is round 5
+    assert staged(round=5) == "50.0 (1)"  # absolute round 5
+    assert staged(stage="classifier", round=6) == "-"  # the stage has 5 rounds
+    assert staged(stage="classifier") == "80.0 (1)"
+    values = run_values(results, stage="classifier", round=1)
+    assert values.set_index("round").loc[4.0, "value"] == pytest.approx(0.4)
+    with pytest.raises(
+        ReportError, match=r"stage 'clasifier' was not recorded \(stages: .*'classifier', 'encoder'"
+    ):
+        run_values(results, stage="clasifier")
+
+
+def test_at_best_train_reads_the_round_of_best_training_accuracy(results):
+    def protocol(at):
+        return table(results, at=at)["protocol"].set_index("partition").loc["#C=2", "fedrc"]
+
+    assert protocol("final") == "66.0 (1)"
+    assert protocol("best") == "70.0 (1)"
+    # train accuracy is best (0.95) at rounds 2 and 4 among rounds with an accuracy: the first wins
+    assert protocol("best-train") == "60.0 (1)"
+    with pytest.raises(
+        ReportError, match=r"metric 'acuracy' was not recorded \(global metrics: accuracy, seconds"
+    ):
+        run_values(results, metric="acuracy")
+
+
+def test_formats(results):
+    t = table(results)["table"]
+    md = format_table(t, "markdown")
+    assert md.splitlines()[0].startswith("| dataset") and "| 82.0 ± 2.0 (3) " in md
+    tex = format_table(t, "latex")
+    assert r"\begin{tabular}" in tex and r"\#C=2" in tex and r"fedprox hp.mu=0.001" in tex
+    csv = format_table(t, "csv")
+    assert csv.splitlines()[0] == "dataset,partition,fedavg,fedprox hp.mu=0.001,fedprox hp.mu=0.01"
+    with pytest.raises(ReportError, match="--format must be one of"):
+        format_table(t, "html")
+
+
+def test_fedray_report_command(results):
+    p = run(
+        [sys.executable, "-m", "jobs.cli", "report", str(results), "--format", "markdown", "--no-plots"],
+        cwd=ROOT,
+    )
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert "# experiment: table" in out and "# experiment: staged" in out and "| 82.0 ± 2.0 (3) " in out
+    assert "accuracy (%) at the final round; mean ± std over seeds" in out
+    assert "runs: 10 finished, 1 failed (not in the table; --all includes them)" in out
+    bad = run(
+        [sys.executable, "-m", "jobs.cli", "report", str(results), "--stage", "nope", "--no-plots"], cwd=ROOT
+    )
+    assert bad.returncode == 2 and "stage 'nope' was not recorded" in bad.stderr
+    plots = run([sys.executable, "-m", "jobs.cli", "report", str(results), "--stage", "classifier"], cwd=ROOT)
+    assert plots.returncode == 0 and (results / "plots" / "staged-accuracy-classifier.png").is_file()

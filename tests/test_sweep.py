@@ -1,0 +1,266 @@
+"""fedray sweep: expansion of grid / cases / seeds, validation before anything starts, what a
+re-submission runs, and runs that fail without stopping the others (in-process launcher)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from analysis import load_runs
+from fedray.results import ResultsWriter, RunLock, run_state
+from fedray.sweep import LocalLauncher, RunEnded, RunLaunched, SweepError, load_sweep, plan, run_sweep
+from tests.conftest import ROOT
+
+BASE = """\
+experiment: sw
+dataset: synthetic
+synthetic_size: 600
+model: mlp
+num_clients: 6
+rounds: 2
+local_epochs: 1
+batch_size: 32
+lr: 0.05
+"""
+
+
+def sweep_file(tmp_path: Path, body: str, name: str = "sweep.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(BASE + f"output: {tmp_path / 'out'}\n" + textwrap.dedent(body))
+    return p
+
+
+def settings(sweep, *keys):
+    return [tuple(r.config.to_dict()[k] if k != "hp" else r.config.hp for k in keys) for r in sweep.runs]
+
+
+def test_grid_is_a_cartesian_product_first_axis_outermost_seeds_innermost(tmp_path):
+    sw = load_sweep(
+        sweep_file(tmp_path, "grid:\n  lr: [0.01, 0.1]\n  batch_size: [16, 32, 64]\nseeds: [0, 1]\n")
+    )
+    assert len(sw.runs) == 12
+    assert settings(sw, "lr", "batch_size", "seed")[:4] == [
+        (0.01, 16, 0),
+        (0.01, 16, 1),
+        (0.01, 32, 0),
+        (0.01, 32, 1),
+    ]
+    assert sw.runs[-1].label == "lr=0.1 batch_size=64 seed=1"
+    assert [r.index for r in sw.runs] == list(range(1, 13))
+    assert len({r.run_id for r in sw.runs}) == 12
+
+
+def test_cases_vary_several_keys_together_and_carry_their_own_hp_grid(tmp_path):
+    sw = load_sweep(
+        sweep_file(
+            tmp_path,
+            """\
+            hp: {server_lr: 1.0}
+            grid:
+              partition:
+                - {partition: labels, partition_k: 2}
+                - {partition: dirichlet, partition_beta: 0.1}
+              algorithm:
+                - fedavg
+                - {algorithm: fedavg, grid: {hp.server_lr: [0.5, 0.25]}}
+            seeds: [3]
+            """,
+        )
+    )
+    got = settings(sw, "partition", "partition_k", "partition_beta", "hp")
+    assert got == [
+        ("labels", 2, 0.5, {"server_lr": 1.0}),
+        ("labels", 2, 0.5, {"server_lr": 0.5}),
+        ("labels", 2, 0.5, {"server_lr": 0.25}),
+        ("dirichlet", 2, 0.1, {"server_lr": 1.0}),
+        ("dirichlet", 2, 0.1, {"server_lr": 0.5}),
+        ("dirichlet", 2, 0.1, {"server_lr": 0.25}),
+    ]
+    assert sw.runs[1].label == "partition=labels,partition_k=2 algorithm=fedavg,hp.server_lr=0.5 seed=3"
+
+
+def test_top_level_cases_and_an_hp_axis_of_mappings(tmp_path):
+    sw = load_sweep(
+        sweep_file(
+            tmp_path,
+            """\
+            hp: {server_lr: 0.5}
+            cases:
+              - {rounds: 1, local_epochs: 2}
+              - {rounds: 3}
+            grid:
+              hp: [{}, {server_lr: 0.1}]
+            """,
+        )
+    )
+    # the hp axis merges into the file's hp; its empty mapping leaves it as it is
+    assert settings(sw, "rounds", "local_epochs", "hp") == [
+        (1, 2, {"server_lr": 0.5}),
+        (1, 2, {"server_lr": 0.1}),
+        (3, 1, {"server_lr": 0.5}),
+        (3, 1, {"server_lr": 0.1}),
+    ]
+    assert [r.label for r in sw.runs[:2]] == [
+        "rounds=1,local_epochs=2 hp={}",
+        "rounds=1,local_epochs=2 hp.server_lr=0.1",
+    ]
+
+
+def test_set_applies_to_every_run_and_identical_runs_are_run_once(tmp_path):
+    path = sweep_file(tmp_path, "grid:\n  lr: [0.01, 0.1]\nseeds: [0, 1, 2]\n")
+    sw = load_sweep(path, sets=["rounds=1", "seed=0"], output=str(tmp_path / "elsewhere"))
+    assert [r.config.rounds for r in sw.runs] == [1, 1]
+    assert settings(sw, "lr", "seed") == [(0.01, 0), (0.1, 0)]
+    assert sw.collapsed == 4 and sw.output == str(tmp_path / "elsewhere")
+    only = load_sweep(path, only=["lr=0.1", "seed=2"])
+    assert [r.label for r in only.runs] == ["lr=0.1 seed=2"] and only.runs[0].index == 6
+    with pytest.raises(SweepError, match=r"no run has lr=0.5 \(--only\)"):
+        load_sweep(path, only=["lr=0.5"])
+
+
+@pytest.mark.parametrize(
+    "body, pattern",
+    [
+        ("grid: [1, 2]\n", r"grid: expected a mapping"),
+        ("grid:\n  lr: 0.1\n", r"grid.lr: expected a non-empty list"),
+        ("grid:\n  lr: []\n", r"grid.lr: expected a non-empty list"),
+        ("seeds: [0, -1]\n", r"seeds: expected a non-empty list of integers >= 0"),
+        ("cases: [1, 2]\n", r"cases\[0\]: a case must be a mapping"),
+        ("max_concurrent_runs: -1\n", r"max_concurrent_runs: expected an integer >= 0"),
+        ("grid:\n  partition_beta: [0.1]\n  partition: [{partition: dirichlet, partition_beta: 0.5}]\n",
+         r"key 'partition_beta' is set by two axes, 'partition_beta' and 'partition'"),
+        ("grid:\n  seed: [1]\nseeds: [0]\n", r"key 'seed' is set by two axes, 'seed' and 'seeds'"),
+        ("grid:\n  algorithm: [{algorithm: fedavg, hp.server_lr: 1, grid: {hp.server_lr: [2]}}]\n",
+         r"key 'hp.server_lr' is set by two axes"),
+    ],
+)  # fmt: skip
+def test_malformed_sweeps_are_rejected_naming_the_key(tmp_path, body, pattern):
+    with pytest.raises(SweepError, match=pattern):
+        load_sweep(sweep_file(tmp_path, body))
+
+
+BAD = """\
+grid:
+  partition:
+    - {partition: labels, partition_k: 2}
+    - {partition: labels, partition_k: 11}
+  algorithm:
+    - fedavg
+    - {algorithm: fedavg, hp: {server_lr: -1}}
+    - {algorithm: fedavgg}
+seeds: [0, 1]
+"""
+
+
+def test_every_invalid_run_is_listed_at_once_naming_the_run_and_the_key(tmp_path):
+    with pytest.raises(SweepError) as info:
+        load_sweep(sweep_file(tmp_path, BAD))
+    msg = str(info.value)
+    # 12 runs: 6 with k=11 and 4 more with a bad algorithm or hp among the k=2 ones
+    assert "10 of 12 runs are invalid; nothing was started" in msg
+    assert "config key 'partition_k': #C=k needs 1 <= k <= 10" in msg
+    assert "in run [partition=labels,partition_k=11 algorithm=fedavg seed=1]" in msg
+    assert "config key 'hp.server_lr': must be > 0, got -1.0" in msg
+    assert "in run [partition=labels,partition_k=2 algorithm=fedavg,hp.server_lr=-1 seed=0]" in msg
+    assert "unknown value 'fedavgg'; did you mean 'fedavg'?" in msg
+    assert "in run [partition=labels,partition_k=2 algorithm=fedavgg seed=1]" in msg
+
+
+def test_the_cli_rejects_an_invalid_sweep_before_importing_ray_and_writes_nothing(tmp_path):
+    from tests.test_config import CHECK_NO_RAY
+
+    path = sweep_file(tmp_path, BAD)
+    p = subprocess.run(
+        [sys.executable, "-c", CHECK_NO_RAY, "sweep", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 2, p.stderr
+    assert "10 of 12 runs are invalid" in p.stderr and "partition_k" in p.stderr and "fedavgg" in p.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_dataset_is_reported_for_the_runs_that_read_it(tmp_path):
+    body = "grid:\n  dataset: [synthetic, fmnist]\n  model: [mlp]\ndata_root: /nonexistent\n"
+    with pytest.raises(
+        SweepError, match=r"(?s)1 of 2 runs are invalid.*fmnist.*in run \[dataset=fmnist model=mlp\]"
+    ):
+        load_sweep(sweep_file(tmp_path, body))
+
+
+def _collect(events):
+    out = []
+    for ev in events:
+        out.append(ev)
+    return out
+
+
+def test_a_failing_run_leaves_the_others_finished_and_a_resubmission_reruns_only_it(tmp_path):
+    # lr 1e30 diverges to non-finite values in its first round: a failure from inside the run.
+    path = sweep_file(tmp_path, "grid:\n  lr: [0.05, 1.0e30, 0.1]\n")
+    sw = load_sweep(path)
+    assert [p.state for p in plan(sw)] == ["new"] * 3
+    events = _collect(run_sweep(sw.runs, LocalLauncher()))
+    ended = {e.run.index: e for e in events if isinstance(e, RunEnded)}
+    assert ended[1].ok and ended[3].ok and "final_accuracy" in ended[1].summary
+    assert isinstance(ended[2].error, FloatingPointError)
+    runs = load_runs(sw.output).set_index("run_id")
+    assert [runs.loc[r.run_id, "status"] for r in sw.runs] == ["finished", "failed", "finished"]
+
+    again = plan(load_sweep(path))
+    assert [(p.state, p.action) for p in again] == [
+        ("finished", "skip"),
+        ("failed", "run"),
+        ("finished", "skip"),
+    ]
+    assert [p.action for p in plan(load_sweep(path), force=True)] == ["run"] * 3
+    first_start = runs.loc[sw.runs[1].run_id, "started"]
+    rerun = [p.run for p in again if p.action == "run"]
+    events = _collect(run_sweep(rerun, LocalLauncher()))
+    assert [e.run.index for e in events if isinstance(e, RunLaunched)] == [2]
+    assert load_runs(sw.output).set_index("run_id").loc[sw.runs[1].run_id, "started"] > first_start
+
+
+def test_interrupted_runs_are_rerun_but_a_run_another_process_is_writing_is_left_alone(tmp_path):
+    sw = load_sweep(sweep_file(tmp_path, "grid:\n  lr: [0.05, 0.1]\n"))
+    a, b = sw.runs
+    # a: started and never finished, its process gone (no lock held) -> interrupted
+    ResultsWriter(a.config.output, a.run_id, a.config.to_dict())._write_run("running")
+    # b: being written right now by a live writer (this process holds its lock)
+    live = ResultsWriter(b.config.output, b.run_id, b.config.to_dict())
+    live.start()
+    try:
+        assert run_state(sw.output, a.run_id) == "interrupted"
+        assert run_state(sw.output, b.run_id) == "running"
+        assert [(p.state, p.action) for p in plan(sw, force=True)] == [
+            ("interrupted", "run"),
+            ("running", "skip"),
+        ]
+    finally:
+        live.finish({})
+    assert run_state(sw.output, b.run_id) == "finished"
+
+
+def test_a_second_writer_of_a_live_run_fails_at_once_and_deletes_nothing(tmp_path):
+    from fedray.records import rec
+    from fedray.results import RunLocked
+
+    out = tmp_path / "out"
+    cfg = {"experiment": "x", "algorithm": "fedavg", "dataset": "d", "partition": "iid", "model": "mlp", "seed": 0,
+           "num_clients": 2, "rounds": 1}  # fmt: skip
+    first = ResultsWriter(out, "r", cfg, flush_every_s=0)
+    first.start()
+    first.add(1, [rec("accuracy", 0.5)])
+    with pytest.raises(RunLocked, match=r"run r is being written .* by another process \(pid \d+"):
+        ResultsWriter(out, "r", cfg).start()
+    assert (
+        len(list((out / "metrics").glob("r-*.parquet"))) == 1
+    )  # the first writer's part file is still there
+    first.finish({})
+    assert not RunLock(out, "r").held_elsewhere()

@@ -1,0 +1,78 @@
+"""fedray sweep on a real local Ray (the shared session: 4 logical CPUs, 2 logical GPUs)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from analysis import load_runs
+from fedray.sweep import RunEnded, RunLaunched, load_sweep, run_sweep
+from tests.conftest import ROOT
+from tests.test_cli import run
+from tests.test_sweep import sweep_file
+
+pytestmark = pytest.mark.ray
+
+
+def test_runs_share_the_cluster_concurrently_and_failures_stay_contained(ray_session, tmp_path):
+    from actors.sweep import RayLauncher
+
+    path = sweep_file(
+        tmp_path,
+        """\
+        num_gpus_per_actor: 0.5
+        cases:
+          - {lr: 0.05}
+          - {lr: 0.1}
+          - {lr: 1.0e30}                                                     # diverges in round 1
+          - {num_actors: 3, num_gpus_per_actor: 1, placement_timeout_s: 2}  # 3 GPUs: never fits
+        """,
+    )
+    sw = load_sweep(path)
+    launcher = RayLauncher()  # attaches to the session
+    assert not launcher.started
+    events = list(run_sweep(sw.runs, launcher, poll_s=0.5))
+    kinds = [(type(e).__name__, e.run.index) for e in events if isinstance(e, (RunLaunched, RunEnded))]
+    launched = {e.run.index: e.actors for e in events if isinstance(e, RunLaunched)}
+    ended = {e.run.index: e for e in events if isinstance(e, RunEnded)}
+
+    # 4 CPUs and 2 GPUs at 0.5 per actor = 4 actor slots, shared by the 3 runs that fit: 2 + 1 + 1,
+    # all three started before any ended; the run that fits no cluster of this size goes last, alone.
+    assert kinds[:3] == [("RunLaunched", 1), ("RunLaunched", 2), ("RunLaunched", 3)]
+    assert launched == {1: 2, 2: 1, 3: 1, 4: 3}
+    assert kinds[-2:] == [("RunLaunched", 4), ("RunEnded", 4)]
+    assert ended[1].ok and ended[2].ok
+    assert ended[1].summary["placement"]["actors"] == 2 and ended[2].summary["placement"]["actors"] == 1
+    assert type(ended[3].error).__name__ == "FloatingPointError"
+    assert type(ended[4].error).__name__ == "PlacementError"
+
+    runs = load_runs(sw.output).set_index("run_id")
+    a, b = (runs.loc[r.run_id] for r in sw.runs[:2])
+    assert a["started"] < b["finished"] and b["started"] < a["finished"], "the two runs did not overlap"
+    status = [runs.loc[r.run_id, "status"] for r in sw.runs]
+    assert status == ["finished", "finished", "failed", "failed"]
+    # the unplaceable run failed before its coordinator existed: the sweep recorded it
+    assert "could not place 3 client actors" in runs.loc[sw.runs[3].run_id, "error"]
+    assert ray_session.available_resources().get("GPU") == 2  # every actor and placement group freed
+
+
+def test_python_m_jobs_sweep_attached_to_a_running_ray_then_resubmitted(ray_session, tmp_path):
+    """`ray job submit -- python -m jobs.sweep CONFIG`: the driver attaches to the cluster it runs on."""
+    address = ray_session.get_runtime_context().gcs_address
+    path = sweep_file(tmp_path, "grid:\n  lr: [0.05, 0.1]\n")
+    cmd = [sys.executable, "-m", "jobs.sweep", str(path), "--set", "rounds=1", "--set", "num_cpus_per_actor=2",
+           "--max-concurrent-runs", "1", "--verbose"]  # fmt: skip
+    p = run(cmd, cwd=ROOT, env={"RAY_ADDRESS": address})
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert "2 new; to run: 2" in out and "at most 1 runs at once" in out
+    assert (
+        "#1 start  lr=0.05  (" in out and "2 actors; 1 running)" in out
+    )  # one run at a time gets the whole cluster
+    assert "#1 round 1/1  acc" in out and "#2 done   [2/2] acc" in out
+    assert "sweep done in" in out and "2 finished, 0 failed, 0 skipped" in out
+
+    again = run(cmd[:-1], cwd=ROOT, env={"RAY_ADDRESS": address})
+    assert again.returncode == 0, again.stderr
+    assert "2 finished; to run: 0" in again.stdout and "skip" in again.stdout
