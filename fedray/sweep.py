@@ -167,7 +167,11 @@ def _grid(grid: Any, where: str, errors: list[str]) -> list[tuple[str, list[Choi
 
 
 def _axes(raw: Mapping[str, Any], errors: list[str]) -> list[tuple[str, list[Choice]]]:
-    axes = [("cases", _choices("case", raw["cases"], "cases", errors, cases_only=True))] if "cases" in raw else []
+    axes = (
+        [("cases", _choices("case", raw["cases"], "cases", errors, cases_only=True))]
+        if "cases" in raw
+        else []
+    )
     if "grid" in raw:
         axes += _grid(raw["grid"], "grid", errors)
     if "seeds" in raw:
@@ -322,7 +326,13 @@ class Launcher(Protocol):
 
 
 class LocalLauncher:
-    """In-process, one run at a time (``fedray sweep --local``; debugging and tests)."""
+    """In-process, one run at a time, in the calling thread (``fedray sweep --local``; debugging, tests).
+
+    ``inline``: Ctrl-C then lands inside the run, which records itself as interrupted, as with
+    ``fedray run --local`` (a worker thread would be killed inside torch at exit).
+    """
+
+    inline = True
 
     def resources(self) -> dict[str, float]:
         return {"CPU": 1.0}
@@ -337,7 +347,7 @@ class LocalLauncher:
         return execute(run.config, make_local_federation)
 
     def cancel(self) -> None:
-        """The worker thread is a daemon: it ends with the process."""
+        """Nothing runs elsewhere: the run in flight was stopped by the interrupt itself."""
 
 
 @dataclass
@@ -367,19 +377,24 @@ class RunEnded:
 SweepEvent = RunLaunched | RunProgress | RunEnded
 
 
-def _stream(launcher: Launcher, run: SweepRun, actors: int, events: queue.Queue) -> None:
-    """Worker thread: forward one run's events; its end (with the error, if any) comes last."""
+def _run_events(launcher: Launcher, run: SweepRun, actors: int) -> Iterator[SweepEvent]:
+    """One run's events; its end (with the error, if it failed) comes last. An interrupt propagates."""
     t0 = time.perf_counter()
     summary: dict[str, Any] = {}
     try:
         for ev in launcher.launch(run, actors):
             if isinstance(ev, Finished):
                 summary = ev.summary
-            events.put(RunProgress(run, ev))
-    except BaseException as e:  # noqa: BLE001 - handed to the scheduler, which reports it
-        events.put(RunEnded(run, time.perf_counter() - t0, summary, e))
+            yield RunProgress(run, ev)
+    except Exception as e:  # noqa: BLE001 - reported by the scheduler; the other runs go on
+        yield RunEnded(run, time.perf_counter() - t0, summary, e)
         return
-    events.put(RunEnded(run, time.perf_counter() - t0, summary))
+    yield RunEnded(run, time.perf_counter() - t0, summary)
+
+
+def _forward(events: Iterator[SweepEvent], out: queue.Queue) -> None:
+    for ev in events:  # a worker thread's loop; it ends with the run's RunEnded
+        out.put(ev)
 
 
 def run_sweep(
@@ -389,11 +404,23 @@ def run_sweep(
 
     A failed run does not stop the others. A run that does not fit even the idle cluster is started
     alone, and Ray's placement decides (an autoscaler may add nodes; else ``placement_timeout_s``).
-    Leaving the generator early (Ctrl-C) cancels the runs in flight.
+    Each run is streamed by a worker thread, except with an ``inline`` launcher (in-process runs go
+    one at a time in this thread). Leaving the generator early (Ctrl-C) cancels the runs in flight.
     """
     events: queue.Queue[SweepEvent] = queue.Queue()
     pending = list(runs)
     running: dict[int, tuple[float, float]] = {}  # run index -> (CPUs, GPUs) it holds
+    threads: list[threading.Thread] = []
+    inline = getattr(launcher, "inline", False)
+
+    def settle(ev: SweepEvent) -> SweepEvent:
+        if isinstance(ev, RunEnded):
+            running.pop(ev.run.index, None)
+            if not ev.ok:
+                cfg = ev.run.config
+                record_failure(cfg.output, ev.run.run_id, cfg.to_dict(), _error_text(ev.error))
+        return ev
+
     try:
         while pending or running:
             if pending:
@@ -404,32 +431,34 @@ def run_sweep(
                 launches = plan_launches(needs, free_cpus, free_gpus, len(running), max_concurrent_runs)
                 if not launches and not running:
                     launches = [(0, min(max(1, needs[0].num_actors), needs[0].num_clients))]
+                if inline:
+                    launches = launches[:1]
+                started = {i for i, _ in launches}
                 for i, actors in launches:
                     run = pending[i]
                     running[run.index] = needs[i].resources(actors)
-                    threading.Thread(
-                        target=_stream,
-                        args=(launcher, run, actors, events),
-                        name=f"run-{run.index}",
-                        daemon=True,
-                    ).start()
                     yield RunLaunched(run, actors)
-                started = {i for i, _ in launches}
+                    if inline:
+                        for ev in _run_events(launcher, run, actors):
+                            yield settle(ev)
+                    else:
+                        t = threading.Thread(
+                            target=_forward, args=(_run_events(launcher, run, actors), events), daemon=True
+                        )
+                        t.start()
+                        threads.append(t)
                 pending = [r for i, r in enumerate(pending) if i not in started]
-            try:
-                ev = events.get(timeout=poll_s)
-            except queue.Empty:
-                continue  # look again: nodes may have joined the cluster
-            if isinstance(ev, RunEnded):
-                running.pop(ev.run.index, None)
-                if not ev.ok:
-                    record_failure(
-                        ev.run.config.output, ev.run.run_id, ev.run.config.to_dict(), _error_text(ev.error)
-                    )
-            yield ev
+            if running:
+                try:
+                    ev = events.get(timeout=poll_s)
+                except queue.Empty:
+                    continue  # look again: nodes may have joined the cluster
+                yield settle(ev)
     except BaseException:
         if running:
             launcher.cancel()
+            for t in threads:
+                t.join(timeout=30)  # their runs were cancelled: they end at once
         raise
 
 

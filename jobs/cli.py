@@ -175,10 +175,10 @@ def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int) -> int:
         launcher = RayLauncher(args.address)
     limit = sweep.max_concurrent_runs if args.max_concurrent_runs is None else args.max_concurrent_runs
     res = launcher.resources()
-    where = "in-process, one at a time" if args.local else (
+    where = "in-process, one at a time" if args.local else "on " + (
         f"Ray with {res.get('CPU', 0):g} CPUs and {res.get('GPU', 0):g} GPUs; "
         + (f"at most {limit} runs at once" if limit else "as many runs at once as fit (max_concurrent_runs=0)"))  # fmt: skip
-    print(f"running {len(todo)} runs on {where}", flush=True)
+    print(f"running {len(todo)} runs {where}", flush=True)
     t0 = time.perf_counter()
     ended: list[RunEnded] = []
     in_flight = 0

@@ -95,7 +95,9 @@ def test_pivot_rows_settings_columns_algorithms_cells_mean_std_over_seeds(result
     assert cells.loc["#C=2", "fedprox hp.mu=0.01"] == "80.0 ± 1.4 (2)"
     assert cells.loc["dirichlet(0.5)", "fedprox hp.mu=0.01"] == "-"
     with_failed = table(results, include_unfinished=True)["table"].set_index("partition")
-    assert with_failed.loc["dirichlet(0.5)", "fedavg"] == "60.7 ± 43.9 (3)"  # mean (85 + 87 + 10) / 3, std sqrt(3852.7 / 2)
+    assert (
+        with_failed.loc["dirichlet(0.5)", "fedavg"] == "60.7 ± 43.9 (3)"
+    )  # mean (85 + 87 + 10) / 3, std sqrt(3852.7 / 2)
 
 
 def test_rows_and_columns_are_chosen_by_flags(results):

@@ -76,3 +76,38 @@ def test_python_m_jobs_sweep_attached_to_a_running_ray_then_resubmitted(ray_sess
     again = run(cmd[:-1], cwd=ROOT, env={"RAY_ADDRESS": address})
     assert again.returncode == 0, again.stderr
     assert "2 finished; to run: 0" in again.stdout and "skip" in again.stdout
+
+
+@pytest.mark.parametrize("mode", ["local", "ray"])
+def test_ctrl_c_stops_the_sweep_cleanly_and_frees_what_it_held(ray_session, tmp_path, mode):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from fedray.results import run_state
+
+    path = sweep_file(tmp_path, "grid:\n  lr: [0.05, 0.1]\n")
+    cmd = [sys.executable, "-m", "jobs.cli", "sweep", str(path), "--set", "rounds=100000", "--verbose"]
+    env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
+    if mode == "local":
+        cmd.append("--local")
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    for line in p.stdout:  # wait until a run is training
+        if " round " in line or time.monotonic() > deadline:
+            break
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert "sweep interrupted" in err and "terminate called" not in err
+    states = [run_state(tmp_path / "out", r.run_id) for r in load_sweep(path, sets=["rounds=100000"]).runs]
+    # in-process: the run records its own interruption; on Ray its coordinator is stopped and the
+    # run reads as interrupted; either way a re-submission runs it again
+    assert states[0] == ("failed" if mode == "local" else "interrupted")
+    if mode == "ray":
+        for _ in range(50):
+            if ray_session.available_resources().get("CPU") == 4:
+                break
+            time.sleep(0.2)
+        assert ray_session.available_resources().get("CPU") == 4  # actors and placement groups freed
