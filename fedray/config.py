@@ -116,21 +116,21 @@ SWEEP_KEYS = ("grid", "seeds", "cases", "max_concurrent_runs")
 # ----------------------------------------------------------------------------------------------------
 
 
-def parse_sets(sets: Iterable[str]) -> dict[str, Any]:
+def parse_sets(sets: Iterable[str], flag: str = "--set") -> dict[str, Any]:
     """Turn ``["a=1", "hp.mu=0.1"]`` into a nested dict; values are parsed as YAML scalars."""
     out: dict[str, Any] = {}
     for item in sets:
         if "=" not in item:
-            raise ConfigError(f"--set {item!r}: expected key=value")
+            raise ConfigError(f"{flag} {item!r}: expected key=value")
         key, raw = item.split("=", 1)
         key = key.strip()
         if not key:
-            raise ConfigError(f"--set {item!r}: empty key")
+            raise ConfigError(f"{flag} {item!r}: empty key")
         try:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError as e:
-            raise ConfigError(f"--set {key}: cannot parse value {raw!r}: {e}") from None
-        set_dotted(out, key, value, where=f"--set {key}")
+            raise ConfigError(f"{flag} {key}: cannot parse value {raw!r}: {e}") from None
+        set_dotted(out, key, value, where=f"{flag} {key}")
     return out
 
 

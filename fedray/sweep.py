@@ -50,6 +50,7 @@ from fedray.config import (
 from fedray.experiment import Event, Finished
 from fedray.placement import Need, plan_launches
 from fedray.results import record_failure, run_state
+from fedray.typed import suggest
 
 _LISTED = 8  # runs named under one error before "... and N more"
 
@@ -225,7 +226,7 @@ def load_sweep(
     over = flatten(parse_sets(sets))
     if output is not None:
         over["output"] = output
-    wanted = flatten(parse_sets(only))
+    wanted = flatten(parse_sets(only, flag="--only"))
 
     problems: dict[str, list[str]] = {}
     valid: list[tuple[str, Config]] = []
@@ -233,7 +234,7 @@ def load_sweep(
     for combo in _product(axes):
         total += 1
         tree = copy.deepcopy(base)
-        label = " ".join(c.label for c in combo)
+        label = " ".join(c.label for c in combo) or "the file as it is"  # a sweep file with no axes
         try:
             for c in combo:
                 _apply(tree, c.overrides)
@@ -267,6 +268,10 @@ def load_sweep(
             runs.append(SweepRun(len(runs) + 1, label, cfg))
     collapsed = len(valid) - len(runs)
     if wanted:
+        keys = {k for r in runs for k in flatten(r.config.to_dict())}
+        for k in wanted:
+            if k not in keys:
+                raise SweepError(f"--only {k}: unknown config key{suggest(k, keys)}")
         runs = [
             r
             for r in runs

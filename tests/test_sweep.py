@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from analysis import load_runs
+from fedray.config import ConfigError
 from fedray.results import ResultsWriter, RunLock, run_state
 from fedray.sweep import LocalLauncher, RunEnded, RunLaunched, SweepError, load_sweep, plan, run_sweep
 from tests.conftest import ROOT
@@ -120,6 +121,10 @@ def test_set_applies_to_every_run_and_identical_runs_are_run_once(tmp_path):
     assert [r.label for r in only.runs] == ["lr=0.1 seed=2"] and only.runs[0].index == 6
     with pytest.raises(SweepError, match=r"no run has lr=0.5 \(--only\)"):
         load_sweep(path, only=["lr=0.5"])
+    with pytest.raises(SweepError, match=r"--only lrr: unknown config key; did you mean 'lr'\?"):
+        load_sweep(path, only=["lrr=0.1"])
+    with pytest.raises(ConfigError, match=r"--only 'lr': expected key=value"):
+        load_sweep(path, only=["lr"])
 
 
 @pytest.mark.parametrize(
