@@ -141,6 +141,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from fedray.typed import ConfigError
 
     try:
+        if args.max_concurrent_runs is not None and args.max_concurrent_runs < 0:
+            raise ConfigError(
+                f"--max-concurrent-runs must be >= 0 (0 = from resources), got {args.max_concurrent_runs}"
+            )
         sweep = load_sweep(args.config, args.sets, output=args.output, only=args.only)
     except (ConfigError, DatasetMissing) as e:
         print(f"fedray: error: {e}", file=sys.stderr)
@@ -240,6 +244,8 @@ def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    import pandas as pd
+
     from analysis.plots import write_plots
     from analysis.report import ReportError, describe_value, format_table, pivot, run_values, wide_tables
 
@@ -249,9 +255,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     rows, cols = _fields(args.rows), _fields(args.cols)
     at = "final" if args.at is None else args.at
     try:
-        values = run_values(args.dir, args.metric, at, args.round, args.stage, include_unfinished=args.all)
-        cells = pivot(values, rows, cols)
-        tables = wide_tables(cells, rows, args.metric)
+        values = run_values(args.dir, args.metric, at, args.round, args.stage, include_unfinished=True)
+        statuses = values["status"].value_counts()
+        if not args.all:
+            values = values[values["status"] == "finished"]
+        tables = wide_tables(pivot(values, rows, cols), rows, args.metric)
+        if args.format == "csv" and len(tables) > 1:  # one parseable table, experiment as a column
+            tables = {"": pd.concat([t.assign(experiment=e) for e, t in tables.items()])}
+            tables[""] = tables[""][["experiment", *[c for c in tables[""].columns if c != "experiment"]]]
         texts = {exp: format_table(t, args.format) for exp, t in tables.items()}
     except ReportError as e:
         print(f"fedray: error: {e}", file=sys.stderr)
@@ -260,21 +271,26 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"no {'' if args.all else 'finished '}runs in {args.dir}/")
         return 0
     prose = args.format in ("text", "markdown")
+    heading = {"text": "", "markdown": "# ", "latex": "% "}.get(args.format)
     for exp, text in texts.items():
-        if prose or len(texts) > 1:
-            print(f"{'#' if args.format == 'markdown' else '%' if args.format == 'latex' else ''}"
-                  f"{' ' if args.format in ('markdown', 'latex') else ''}experiment: {exp}".strip())  # fmt: skip
+        if heading is not None and (prose or len(texts) > 1):
+            print(f"{heading}experiment: {exp}")
         print(text)
         if prose:
             print()
     if prose:
         print(describe_value(args.metric, at, args.round, args.stage))
-        missing = values["value"].isna().sum()
+        missing = int(values["value"].isna().sum())
         if missing:
             print(
                 f"({missing} run{'s have' if missing > 1 else ' has'} no value there: shown as fewer seeds or -)"
             )
-        _print_run_counts(args.dir, args.all)
+        others = {str(k): int(n) for k, n in statuses.items() if k != "finished"}
+        line = f"runs: {int(statuses.get('finished', 0))} finished"
+        if others:
+            line += ", " + ", ".join(f"{n} {k}" for k, n in sorted(others.items()))
+            line += " (included)" if args.all else " (not in the table; --all includes them)"
+        print(line)
     if not args.no_plots:
         plots = write_plots(args.dir, args.metric, rows, cols, args.stage, include_unfinished=args.all)
         if plots and prose:
@@ -286,18 +302,6 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def _fields(text: str) -> list[str]:
     return [f.strip() for f in text.split(",") if f.strip()]
-
-
-def _print_run_counts(out_dir: str, include_all: bool) -> None:
-    from analysis.load import load_runs
-
-    counts = load_runs(out_dir)["status"].value_counts()
-    others = {s: int(n) for s, n in counts.items() if s != "finished"}
-    line = f"runs: {int(counts.get('finished', 0))} finished"
-    if others:
-        line += ", " + ", ".join(f"{n} {s}" for s, n in sorted(others.items()))
-        line += " (included)" if include_all else " (not in the table; --all includes them)"
-    print(line)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
