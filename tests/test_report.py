@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import sys
 
+import pandas as pd
 import pytest
 
 from analysis import ReportError, format_table, pivot, run_values, wide_tables
@@ -165,6 +167,14 @@ def test_fedray_report_command(results):
     assert "# experiment: table" in out and "# experiment: staged" in out and "| 82.0 ± 2.0 (3) " in out
     assert "accuracy (%) at the final round; mean ± std over seeds" in out
     assert "runs: 10 finished, 1 failed (not in the table; --all includes them)" in out
+    csv = run(
+        [sys.executable, "-m", "jobs.cli", "report", str(results), "--format", "csv", "--no-plots"], cwd=ROOT
+    )
+    assert csv.returncode == 0, csv.stderr
+    parsed = pd.read_csv(io.StringIO(csv.stdout))  # several experiments: still one table, experiment a column
+    assert list(parsed.columns[:3]) == ["experiment", "dataset", "partition"]
+    assert set(parsed["experiment"]) == {"table", "staged", "protocol"}
+    assert parsed.set_index(["experiment", "partition"]).loc[("table", "#C=2"), "fedavg"] == "82.0 ± 2.0 (3)"
     bad = run(
         [sys.executable, "-m", "jobs.cli", "report", str(results), "--stage", "nope", "--no-plots"], cwd=ROOT
     )
