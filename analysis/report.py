@@ -34,11 +34,6 @@ class ReportError(ValueError):
     """A report option names something the results folder does not have; the message says what it has."""
 
 
-def setting_key(config: dict) -> str:
-    """Everything but the seed (and what cannot change a number): equal keys = seeds of one setting."""
-    return json.dumps({k: v for k, v in config.items() if k not in _PER_RUN_KEYS}, sort_keys=True)
-
-
 def partition_label(c: dict) -> str:
     """The partition as papers write it: #C=2, dirichlet(0.5), ..."""
     p = c["partition"]

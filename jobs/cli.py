@@ -95,12 +95,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(_fmt_round(ev), flush=True)
             elif isinstance(ev, Finished):
                 s = ev.summary
-                acc = (
-                    f"final accuracy {s['final_accuracy']:.4f} (best {s['best_accuracy']:.4f} at round {s['best_round']})"
-                    if "final_accuracy" in s
-                    else "no accuracy recorded"
-                )
-                print(f"done: {acc}; {s['rounds_done']} rounds, {s.get('steady_round_seconds', 0):.2f} s/round, "
+                print(f"done: {_outcome(s, 'final accuracy')}; {s['rounds_done']} rounds, {s.get('steady_round_seconds', 0):.2f} s/round, "
                       f"{time.perf_counter() - t0:.1f} s in all; results in {cfg.output}/", flush=True)  # fmt: skip
     except KeyboardInterrupt:
         print("fedray: interrupted", file=sys.stderr)
@@ -129,10 +124,12 @@ def _duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
-def _outcome(summary: dict) -> str:
+def _outcome(summary: dict, label: str = "acc") -> str:
+    """The accuracy line of a run's summary: final value, and the best with its round."""
     if "final_accuracy" not in summary:
         return "no accuracy recorded"
-    return f"acc {summary['final_accuracy']:.4f} (best {summary['best_accuracy']:.4f} at round {summary['best_round']})"
+    s = summary
+    return f"{label} {s['final_accuracy']:.4f} (best {s['best_accuracy']:.4f} at round {s['best_round']})"
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
