@@ -27,6 +27,8 @@ def ray_session():
 
     if not ray.is_initialized():
         os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-        ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False)
+        # address="local": always a private Ray, even where a developer's `ray start` cluster (or
+        # RAY_ADDRESS) would otherwise be joined, and asking it for logical CPUs/GPUs would fail.
+        ray.init(address="local", num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
