@@ -11,7 +11,7 @@ from actors.launch import ActorGroup, launch_actors
 from fedray.client import Task
 from fedray.config import Config
 from fedray.data import FederatedData
-from fedray.federation import ClientCatalog, ClientError, ClientFn, ClientHost, test_shards
+from fedray.federation import ClientCatalog, ClientError, ClientFn, ClientHost, check_groups, test_shards
 from fedray.placement import assign_clients
 
 
@@ -29,7 +29,7 @@ class RayFederation(ClientCatalog):
     def __init__(self, cfg: Config, data: FederatedData, group: ActorGroup | None = None) -> None:
         self.task = Task.from_config(cfg, data.dataset.spec)
         # Metadata (sizes, label counts) comes from a host that never trains; it reads the same arrays.
-        super().__init__(ClientHost(self.task, data.dataset.train, data.clients))
+        super().__init__(ClientHost(self.task, data.dataset.train, data.clients), data.groups)
         self._test_size = len(data.dataset.test)
         self._group = group or launch_actors(cfg.to_dict())
         self._group.wait_ready()
@@ -68,13 +68,20 @@ class RayFederation(ClientCatalog):
 
     # --- Federation protocol ---------------------------------------------------------------------
     def map(self, fn: ClientFn, cids: Sequence[int], msg: Any) -> dict[int, Any]:
-        msg_ref = ray.put(msg)  # the broadcast goes into the object store once
-        by_actor: dict[Any, list[int]] = {}
-        for c in sorted(cids):
-            by_actor.setdefault(self._actor_of[c], []).append(c)
-        refs = [a.run_many.remote(fn, group, msg_ref) for a, group in by_actor.items()]
+        return self.map_groups(fn, [(cids, msg)])
+
+    def map_groups(self, fn: ClientFn, groups: Sequence[tuple[Sequence[int], Any]]) -> dict[int, Any]:
+        check_groups(groups)
+        refs = []
+        for cids, msg in groups:
+            msg_ref = ray.put(msg)  # each message goes into the object store once
+            by_actor: dict[Any, list[int]] = {}
+            for c in sorted(cids):
+                by_actor.setdefault(self._actor_of[c], []).append(c)
+            # Every group's calls are submitted before any result is awaited: all groups run at once.
+            refs += [a.run_many.remote(fn, part, msg_ref) for a, part in by_actor.items()]
+            self._traffic.broadcast(msg, len(cids))
         results = [r for batch in self._get(refs) for r in batch]
-        self._traffic.broadcast(msg, len(results))
         self._traffic.replies([m for _, m in results])
         return {m.cid: r for r, m in sorted(results, key=lambda rm: rm[1].cid)}
 

@@ -139,8 +139,16 @@ class Federation(Protocol):
     task: Task
     client_ids: list[int]
 
+    groups: dict[int, int] | None
+    """Ground-truth client groups of the partition (``dominant``), else None. Only an oracle may read it."""
+
     def map(self, fn: ClientFn, cids: Sequence[int], msg: Any) -> dict[int, Any]:
         """Run ``fn`` on each client with the same ``msg`` (sent once), in parallel; replies by client id."""
+
+    def map_groups(self, fn: ClientFn, groups: Sequence[tuple[Sequence[int], Any]]) -> dict[int, Any]:
+        """Several messages at once: group ``(cids, msg)`` sends ``msg`` to its clients, all groups in one
+        parallel dispatch (cluster-wise FedAvg trains every cluster in the same round). A client
+        appears in one group at most. Replies by client id."""
 
     def chain(self, fn: ClientFn, chains: Sequence[Sequence[int]], first_msg: Any) -> list[Any]:
         """Sequential hand-off inside each chain (client j's reply is client j+1's msg), chains in parallel.
@@ -219,13 +227,25 @@ def _select(d: Mapping[int, Any], cids: Sequence[int] | None) -> dict[int, Any]:
     return {c: d[c] for c in (sorted(d) if cids is None else cids)}
 
 
+def check_groups(groups: Sequence[tuple[Sequence[int], Any]]) -> None:
+    """Each client in one group at most, once (a caller's bug otherwise: it would train twice)."""
+    seen: set[int] = set()
+    for cids, _ in groups:
+        for c in cids:
+            if c in seen:
+                raise ValueError(f"map_groups: client {c} is sent more than one message")
+            seen.add(c)
+
+
 class ClientCatalog:
     """What a federation knows about its clients without running them, the same in every federation:
-    ids, sizes, label counts, sampling and the traffic meter. Reads a `ClientHost`'s indices only."""
+    ids, sizes, label counts, ground-truth groups, sampling and the traffic meter. Reads a
+    `ClientHost`'s indices only."""
 
-    def __init__(self, catalog: ClientHost) -> None:
+    def __init__(self, catalog: ClientHost, groups: np.ndarray | None = None) -> None:
         self._catalog = catalog
         self.client_ids = catalog.client_ids
+        self.groups = None if groups is None else {c: int(groups[c]) for c in self.client_ids}
         self._num_examples = catalog.num_examples()
         self._num_test = catalog.num_test_examples()
         self._traffic = TrafficMeter()
@@ -256,18 +276,26 @@ class LocalFederation(ClientCatalog):
         test: ArrayDataset,
         clients: Mapping[int, ClientIndices],
         num_threads: float = 1.0,
+        groups: np.ndarray | None = None,
     ):
         set_torch_threads(num_threads)  # same thread count as one actor: same floating-point path
         self.task = task
         self.host = ClientHost(task, train, clients, test=test)
         self._test_size = len(test)
-        super().__init__(self.host)
+        super().__init__(self.host, groups)
 
     def map(self, fn: ClientFn, cids: Sequence[int], msg: Any) -> dict[int, Any]:
-        results = self.host.run_many(fn, sorted(cids), msg)
-        self._traffic.broadcast(msg, len(results))
-        self._traffic.replies([m for _, m in results])
-        return {m.cid: r for r, m in results}
+        return self.map_groups(fn, [(cids, msg)])
+
+    def map_groups(self, fn: ClientFn, groups: Sequence[tuple[Sequence[int], Any]]) -> dict[int, Any]:
+        check_groups(groups)
+        out: dict[int, Any] = {}
+        for cids, msg in groups:
+            results = self.host.run_many(fn, sorted(cids), msg)
+            self._traffic.broadcast(msg, len(results))
+            self._traffic.replies([m for _, m in results])
+            out.update({m.cid: r for r, m in results})
+        return dict(sorted(out.items()))
 
     def chain(self, fn: ClientFn, chains: Sequence[Sequence[int]], first_msg: Any) -> list[Any]:
         finals, metas = [], []
@@ -291,6 +319,11 @@ def make_local_federation(cfg: Any, data: Any) -> tuple[LocalFederation, dict[st
     """The `execute` factory for ``--local``: every client in this process, one at a time."""
     task = Task.from_config(cfg, data.dataset.spec)
     fed = LocalFederation(
-        task, data.dataset.train, data.dataset.test, data.clients, num_threads=cfg.num_cpus_per_actor
+        task,
+        data.dataset.train,
+        data.dataset.test,
+        data.clients,
+        num_threads=cfg.num_cpus_per_actor,
+        groups=data.groups,
     )
     return fed, {"mode": "local", "actors": 0, "torch_threads": torch.get_num_threads()}

@@ -100,3 +100,17 @@ def test_model_slots_are_reused_but_never_aliased(fed):
     q = {k: v + 1 for k, v in p.items()}
     client.model(q, slot="global")
     assert all((get_params(a)[k] == p[k]).all() for k in p)  # loading one slot leaves the other alone
+
+
+def test_map_groups_sends_each_message_to_its_clients_and_counts_each_broadcast(fed):
+    from fedray.params import payload_nbytes
+
+    fed.take_traffic()
+    out = fed.map_groups(count_calls, [([4, 0], "a"), ([], "unused"), ([2], {"big": np.zeros(100)})])
+    assert list(out) == [0, 2, 4]  # sorted by client id
+    assert out[0]["msg"] == out[4]["msg"] == "a" and out[2]["msg"]["big"].shape == (100,)
+    down, up = fed.take_traffic()
+    assert down == 2 * payload_nbytes("a") + payload_nbytes({"big": np.zeros(100)})
+    assert up == sum(payload_nbytes(r) for r in out.values())
+    with pytest.raises(ValueError, match="client 2 is sent more than one message"):
+        fed.map_groups(count_calls, [([1, 2], "a"), ([2], "b")])

@@ -75,8 +75,10 @@ def test_ray_chain_state_and_client_errors(ray_session, tmp_path):
     fed = RayFederation(cfg, build_federated_data(cfg))
     try:
         assert fed.chain(append_self, [[2, 0, 5], [1, 4]], []) == [[2, 0, 5], [1, 4]]
+        grouped = fed.map_groups(count_calls, [([5, 0, 3], "x"), ([1], "y")])  # spread over the 3 actors
+        assert {c: r["msg"] for c, r in grouped.items()} == {0: "x", 1: "y", 3: "x", 5: "x"}
         fed.map(count_calls, [0, 1], "a")
-        assert fed.map(count_calls, [1, 3], "b")[1]["calls"] == 2
+        assert fed.map(count_calls, [1, 3], "b")[1]["calls"] == 3  # its third call (map_groups above)
         with pytest.raises(ClientError, match="client 3: ValueError: bad batch") as info:
             fed.map(fail_on_three, [0, 3], None)
         assert "fail_on_three" in info.value.remote_traceback
