@@ -41,3 +41,11 @@ def load_runs(out_dir: str | Path) -> pd.DataFrame:
     df["config"] = df["config"].map(json.loads)
     df["summary"] = df["summary"].map(json.loads)
     return df.sort_values("run_id").reset_index(drop=True)
+
+
+def load_assignments(out_dir: str | Path) -> pd.DataFrame:
+    """Cluster assignments of clustered algorithms: run_id, round, stage, client, cluster, weight."""
+    df = _read_dir(Path(out_dir) / "assignments")
+    if df is None:
+        return pd.DataFrame(columns=["run_id", "round", "stage", "client", "cluster", "weight"])
+    return df.sort_values(["run_id", "round", "client", "cluster"], kind="stable").reset_index(drop=True)

@@ -51,7 +51,7 @@ def _global(records: list[Record]) -> dict[str, float]:
     return {
         f"{r['stage']}/{r['metric']}" if r["stage"] else r["metric"]: r["value"]
         for r in records
-        if r["scope"] == "global"
+        if r.get("scope") == "global"  # assignment rows have no scope
     }
 
 

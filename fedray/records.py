@@ -1,4 +1,8 @@
-"""Tidy metric records (DESIGN §2): one dict per value; the coordinator adds run columns."""
+"""Tidy records (DESIGN §2): one dict per value; the coordinator adds the run columns.
+
+`rec` makes a metric row (``DIR/metrics/``); `assign` a cluster-assignment row (``DIR/assignments/``:
+which cluster a client is in, with a weight, 1 for a hard assignment).
+"""
 
 from __future__ import annotations
 
@@ -15,3 +19,18 @@ def rec(
     if scope not in ("global", "cluster", "client"):
         raise ValueError(f"scope must be global, cluster or client, got {scope!r}")
     return {"metric": metric, "value": float(value), "scope": scope, "entity": int(entity), "stage": stage}
+
+
+def assign(client: int, cluster: int, weight: float = 1.0, stage: str = "") -> Record:
+    """Client ``client`` is in cluster ``cluster`` (soft assignments: one row per cluster, with its weight)."""
+    return {
+        "kind": "assignment",
+        "client": int(client),
+        "cluster": int(cluster),
+        "weight": float(weight),
+        "stage": stage,
+    }
+
+
+def is_assignment(r: Record) -> bool:
+    return r.get("kind") == "assignment"

@@ -26,7 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fedray.records import Record
+from fedray.records import Record, is_assignment
 
 # Columns that identify a run; both tables start with them.
 _RUN_FIELDS = [
@@ -49,6 +49,17 @@ METRICS_SCHEMA = pa.schema(
         ("metric", pa.string()),
         ("value", pa.float64()),
         ("elapsed", pa.float64()),  # seconds since the run started
+    ]
+)
+
+ASSIGNMENTS_SCHEMA = pa.schema(
+    [
+        *_RUN_FIELDS,
+        ("round", pa.int64()),  # rounds completed when the assignment was made (0 = before training)
+        ("stage", pa.string()),
+        ("client", pa.int64()),
+        ("cluster", pa.int64()),
+        ("weight", pa.float64()),  # 1 for hard assignments; soft ones have a row per cluster
     ]
 )
 
@@ -184,6 +195,7 @@ class ResultsWriter:
         self.config = config
         self.flush_every_s = flush_every_s
         self._rows: list[dict[str, Any]] = []
+        self._assignments: list[dict[str, Any]] = []
         self._seq = 0
         self._last_flush = time.monotonic()
         self._t0 = time.monotonic()
@@ -193,12 +205,13 @@ class ResultsWriter:
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
-        for sub in ("metrics", "runs", "configs"):
+        for sub in ("metrics", "assignments", "runs", "configs"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self._lock.acquire()  # before touching anything of an earlier attempt
         # An earlier attempt of this same run (killed or failed) must not leave rows behind.
-        for old in (self.root / "metrics").glob(f"{self.run_id}-*.parquet"):
-            old.unlink()
+        for table in ("metrics", "assignments"):
+            for old in (self.root / table).glob(f"{self.run_id}-*.parquet"):
+                old.unlink()
         import yaml
 
         write_text_atomic(
@@ -209,18 +222,28 @@ class ResultsWriter:
     def add(self, rnd: int, records: Iterable[Record]) -> None:
         elapsed = time.monotonic() - self._t0
         for r in records:
-            self._rows.append({**self._const, "run_id": self.run_id, "round": rnd, "elapsed": elapsed, **r})
+            if is_assignment(r):
+                row = {k: v for k, v in r.items() if k != "kind"}
+                self._assignments.append({**self._const, "run_id": self.run_id, "round": rnd, **row})
+            else:
+                self._rows.append(
+                    {**self._const, "run_id": self.run_id, "round": rnd, "elapsed": elapsed, **r}
+                )
         if time.monotonic() - self._last_flush >= self.flush_every_s:
             self.flush()
 
     def flush(self) -> None:
         self._last_flush = time.monotonic()
-        if not self._rows:
-            return
-        table = pa.Table.from_pylist(self._rows, schema=METRICS_SCHEMA)
-        write_atomic(table, self.root / "metrics" / f"{self.run_id}-{self._seq:06d}.parquet")
-        self._seq += 1
-        self._rows = []
+        for table, rows, schema in (
+            ("metrics", self._rows, METRICS_SCHEMA),
+            ("assignments", self._assignments, ASSIGNMENTS_SCHEMA),
+        ):
+            if rows:
+                path = self.root / table / f"{self.run_id}-{self._seq:06d}.parquet"
+                write_atomic(pa.Table.from_pylist(rows, schema=schema), path)
+        if self._rows or self._assignments:
+            self._seq += 1
+        self._rows, self._assignments = [], []
 
     def finish(self, summary: dict[str, Any]) -> None:
         try:

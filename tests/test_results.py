@@ -148,3 +148,25 @@ def test_a_run_stopped_midway_is_recorded_as_interrupted(tmp_path):
     assert runs["status"].tolist() == ["failed"]
     assert runs["error"][0] == "interrupted after 2 of 5 rounds"  # both rounds it saw were complete
     assert set(load_metrics(cfg.output)["round"]) == {1, 2}
+
+
+def test_assignment_rows_go_to_their_own_table_and_a_rerun_leaves_no_duplicates(tmp_path):
+    from analysis import load_assignments
+    from fedray.records import assign
+
+    cfg = small_config(tmp_path).to_dict()
+    for _ in range(2):  # the second attempt of the same run id replaces the first
+        w = ResultsWriter(tmp_path, "r1", cfg, flush_every_s=0)
+        w.start()
+        w.add(0, [assign(0, 1), assign(1, 0), rec("accuracy", 0.5)])
+        w.add(3, [assign(0, 0, weight=0.25, stage="enc"), assign(0, 1, weight=0.75, stage="enc")])
+        w.finish({})
+    a = load_assignments(tmp_path)
+    assert a[["round", "client", "cluster", "weight", "stage"]].values.tolist() == [
+        [0, 0, 1, 1.0, ""],
+        [0, 1, 0, 1.0, ""],
+        [3, 0, 0, 0.25, "enc"],
+        [3, 0, 1, 0.75, "enc"],
+    ]
+    assert set(a["run_id"]) == {"r1"} and set(a["algorithm"]) == {"fedavg"}
+    assert load_metrics(tmp_path)["metric"].tolist() == ["accuracy"]  # no assignment leaked into metrics
