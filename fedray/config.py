@@ -305,7 +305,13 @@ def validate(cfg: Config) -> None:
     if problem:
         raise ConfigError(f"config key 'model': {cfg.model} cannot take {cfg.dataset} inputs: {problem}")
 
-    hp = ALGORITHMS[cfg.algorithm].make_hparams(cfg.hp)
+    alg = ALGORITHMS[cfg.algorithm]
+    hp = alg.make_hparams(cfg.hp)
+    if alg.check_config is not None:
+        try:
+            alg.check_config(cfg, hp)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     cfg.hp = {k: getattr(hp, k) for k in cfg.hp}  # keep the checked, typed values (saved with the results)
 
 

@@ -18,13 +18,23 @@ class Algorithm:
     init: Callable[..., Any]  # (fed, hp) -> State
     round: Callable[..., Any]  # (state, fed, hp, rnd) -> (State, records)
     evaluate: Callable[..., Any]  # (state, fed, hp, rnd) -> records
+    # (cfg, hp) -> None: checks between hp and the rest of the config (rounds, partition, ...);
+    # raises ValueError naming the keys. Optional.
+    check_config: Callable[..., None] | None = None
 
     def make_hparams(self, values: Mapping[str, Any]) -> Any:
         return hparams_from_dict(self.Hparams, values, self.name)
 
     @classmethod
     def from_module(cls, name: str, module: ModuleType) -> Algorithm:
-        return cls(name, module.Hparams, module.init, module.round, module.evaluate)
+        return cls(
+            name,
+            module.Hparams,
+            module.init,
+            module.round,
+            module.evaluate,
+            getattr(module, "check_config", None),
+        )
 
 
 ALGORITHMS: dict[str, Algorithm] = {

@@ -19,13 +19,21 @@ from fedray.data.datasets import (
     dataset_info,
     load_dataset,
 )
-from fedray.data.partitions import PARTITIONS, Partition, PartitionError, PartitionParams, split_train_test
+from fedray.data.partitions import (
+    GROUPED_PARTITIONS,
+    PARTITIONS,
+    Partition,
+    PartitionError,
+    PartitionParams,
+    split_train_test,
+)
 
 if TYPE_CHECKING:
     from fedray.config import Config
 
 __all__ = [
     "DATASETS",
+    "GROUPED_PARTITIONS",
     "PARTITIONS",
     "ArrayDataset",
     "ClientIndices",

@@ -216,6 +216,8 @@ PARTITIONS: dict[str, Callable[[np.ndarray, PartitionParams, np.random.Generator
     "dominant": dominant,
     "clientwise_dirichlet": clientwise_dirichlet,
 }
+# Partitions that define ground-truth client groups (`Partition.groups`), e.g. for an oracle clustering.
+GROUPED_PARTITIONS = frozenset({"dominant"})
 
 
 def split_train_test(
