@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
+from torch import nn
 
 from fedray import seeding
 from fedray.data import ArrayDataset, DataSpec
-from fedray.models import EncoderHead, build_model
+from fedray.models import TASK, Arch, build_arch, build_model
 from fedray.params import Params, set_params
 
 
@@ -41,11 +43,13 @@ class Task:
             eval_batch_size=cfg.eval_batch_size,
         )  # fmt: skip
 
-    def build_model(self, purpose: str = "init") -> EncoderHead:
-        """A freshly initialised model; the init draws come from the derived stream (seed, purpose)."""
+    def build_model(self, purpose: str = "init", arch: Arch = TASK) -> nn.Module:
+        """A freshly initialised model (the task's, or ``arch``); the init draws come from the
+        derived stream (seed, purpose)."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seeding.torch_seed(self.seed, purpose))
-            return build_model(self.model, self.spec.input_shape, self.spec.num_classes)
+            task_model = partial(build_model, self.model, self.spec.input_shape, self.spec.num_classes)
+            return build_arch(arch, task_model, self.spec.num_classes)
 
     def rng(
         self, purpose: str, client: int = seeding.GLOBAL, rnd: int = seeding.GLOBAL
@@ -87,18 +91,18 @@ class Client:
     def label_counts(self) -> np.ndarray:
         return np.bincount(self._data.y[self.train_idx], minlength=self.task.spec.num_classes)
 
-    def model(self, params: Params | None = None, slot: str = "main") -> EncoderHead:
-        """The task's model on this client's device, loaded with ``params`` (in train mode).
+    def model(self, params: Params | None = None, slot: str = "main", arch: Arch = TASK) -> nn.Module:
+        """The task's model (or ``arch``) on this client's device, loaded with ``params`` (train mode).
 
-        With ``params`` the module is reused: one per ``slot`` per host, overwritten by the next
-        call for the same slot. A client function that needs two models alive at once (MOON's
+        With ``params`` the module is reused: one per ``slot`` and arch per host, overwritten by the
+        next call for the same slot. A client function that needs two models alive at once (MOON's
         global and local model) asks for two slots. Without ``params``: a fresh initialisation.
         """
         if params is None:
-            return self.task.build_model().to(self.device)
-        m = self._model_cache.get(slot)
+            return self.task.build_model(arch=arch).to(self.device)
+        m = self._model_cache.get((slot, arch))
         if m is None:
-            m = self._model_cache[slot] = self.task.build_model().to(self.device)
+            m = self._model_cache[(slot, arch)] = self.task.build_model(arch=arch).to(self.device)
         set_params(m, params)
         m.train()
         return m

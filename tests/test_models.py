@@ -35,3 +35,42 @@ def test_incompatible_shapes_are_explained():
     assert "16x16" in MODELS["simple_cnn"].incompatibility((1, 8, 8))
     assert "C x H x W" in MODELS["simple_cnn"].incompatibility((64,))
     assert MODELS["simple_cnn"].incompatibility((3, 32, 32)) is None
+
+
+def test_concatenated_model_from_cluster_models_and_the_f5_head_init():
+    from fedray.models import Arch, concat_params, concatenated, encoder_params, head_from_clusters
+    from fedray.params import get_params, set_params
+
+    torch.manual_seed(0)
+    clusters = [build_model("simple_cnn", (1, 28, 28), 10) for _ in range(3)]
+    params = [get_params(m) for m in clusters]
+    big = concatenated(lambda: build_model("simple_cnn", (1, 28, 28), 10), 3, 10)
+    assert big.feature_dim == 3 * 84 and big.head.weight.shape == (10, 252)
+    set_params(big, concat_params([encoder_params(p) for p in params], head_from_clusters(params)))
+    x = torch.rand(5, 1, 28, 28)
+    with torch.no_grad():
+        # the features are the K encoders' outputs side by side, in cluster order
+        assert torch.equal(big.encoder(x), torch.cat([m.encoder(x) for m in clusters], dim=1))
+        # F5: concatenated weights and summed biases make the logits the sum of the cluster models' logits
+        assert torch.allclose(big(x), sum(m(x) for m in clusters), atol=1e-5)
+    head = head_from_clusters(params)
+    assert head["weight"].shape == (10, 252) and head["bias"].dtype == params[0]["head.bias"].dtype
+    assert Arch(concat=3, head_only=True) != Arch(concat=3) and Arch() == Arch(concat=0)
+
+
+def test_task_builds_each_arch_with_seeded_init():
+    from fedray.client import Task
+    from fedray.data import DataSpec
+    from fedray.models import Arch
+
+    spec = DataSpec((1, 28, 28), 10, 1 / 255)
+    task = Task(seed=3, model="simple_cnn", spec=spec, local_epochs=1, batch_size=8, lr=0.1, momentum=0.0,
+                weight_decay=0.0, participation=1.0, eval_batch_size=8)  # fmt: skip
+    head = task.build_model("classifier_init", Arch(concat=5, head_only=True))
+    assert isinstance(head, torch.nn.Linear) and head.weight.shape == (10, 420)
+    again = task.build_model("classifier_init", Arch(concat=5, head_only=True))
+    assert torch.equal(head.weight, again.weight)  # the same derived stream
+    assert (
+        sum(p.numel() for p in task.build_model(arch=Arch(concat=2)).parameters())
+        == 2 * (44_426 - 850) + 1_690
+    )

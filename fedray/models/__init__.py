@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+import torch
 from torch import nn
 
 
@@ -84,3 +86,74 @@ MODELS: dict[str, ModelSpec] = {
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> EncoderHead:
     return MODELS[name].build(tuple(input_shape), num_classes)
+
+
+# ------------------------------------------------------------------------------------------------
+# FedConcat's concatenated model (ALGORITHMS.md §1(a) steps 8-9, eq. F5)
+# ------------------------------------------------------------------------------------------------
+
+
+class ConcatEncoder(nn.Module):
+    """K encoders side by side: E(x) = [E_1(x), ..., E_K(x)] along the feature axis, in cluster order."""
+
+    def __init__(self, encoders: Sequence[nn.Module]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(encoders)
+
+    def forward(self, x):  # noqa: D401 - plain nn.Module forward
+        return torch.cat([e(x) for e in self.parts], dim=1)
+
+
+def concatenated(build: Callable[[], EncoderHead], k: int, num_classes: int) -> EncoderHead:
+    """K copies of a model's encoder under one linear head Linear(K * feature_dim -> classes)."""
+    models = [build() for _ in range(k)]
+    d = models[0].feature_dim
+    return EncoderHead(ConcatEncoder([m.encoder for m in models]), nn.Linear(k * d, num_classes), k * d)
+
+
+@dataclass(frozen=True)
+class Arch:
+    """Which network a parameter dict is for. It travels in messages, so a client (or an evaluation
+    worker) builds the network the parameters belong to."""
+
+    concat: int = 0  # 0: the task's model; K >= 1: K of its encoders concatenated under one linear head
+    head_only: bool = False  # with concat: only that head (a linear layer over precomputed features)
+
+
+TASK = Arch()
+
+
+def build_arch(arch: Arch, build: Callable[[], EncoderHead], num_classes: int) -> nn.Module:
+    if arch.concat == 0:
+        return build()
+    if arch.head_only:
+        return nn.Linear(arch.concat * build().feature_dim, num_classes)
+    return concatenated(build, arch.concat, num_classes)
+
+
+Params = Mapping[str, np.ndarray]
+
+
+def encoder_params(params: Params) -> dict[str, np.ndarray]:
+    """The encoder's entries of a task model's parameters (names keep their ``encoder.`` prefix)."""
+    return {k: v for k, v in params.items() if k.startswith("encoder.")}
+
+
+def concat_params(encoders: Sequence[Params], head: Params) -> dict[str, np.ndarray]:
+    """Parameters of `concatenated` from K task models' encoders (in cluster order) and a head
+    (``weight``, ``bias`` of the Linear)."""
+    out: dict[str, np.ndarray] = {}
+    for k, enc in enumerate(encoders):
+        for name, v in enc.items():
+            if name.startswith("encoder."):
+                out[f"encoder.parts.{k}.{name[len('encoder.') :]}"] = v
+    out.update({f"head.{n}": v for n, v in head.items()})
+    return out
+
+
+def head_from_clusters(models: Sequence[Params]) -> dict[str, np.ndarray]:
+    """F5: the head [W_1 | ... | W_K] with bias b_1 + ... + b_K, so the concatenated model's logits
+    start as the sum of the K cluster models' logits."""
+    weight = np.concatenate([np.asarray(m["head.weight"]) for m in models], axis=1)
+    bias = np.sum([np.asarray(m["head.bias"], dtype=np.float64) for m in models], axis=0)
+    return {"weight": weight, "bias": bias.astype(np.asarray(models[0]["head.bias"]).dtype)}
