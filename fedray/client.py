@@ -112,7 +112,7 @@ class Client:
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Shuffled mini-batches of the training split; the order is drawn from (seed, loader, client, round, epoch)."""
         bs = batch_size or self.task.batch_size
-        order = seeding.rng(self.task.seed, f"loader/{epoch}", self.cid, rnd).permutation(self.train_idx)
+        order = self.train_idx[self.train_order(rnd, epoch)]
         aug = seeding.torch_generator(self.task.seed, f"augment/{epoch}", self.cid, rnd)
         stop = len(order) - (len(order) % bs if drop_last else 0)
         for start in range(0, stop, bs):
@@ -122,6 +122,19 @@ class Client:
                 x.to(self.device, non_blocking=True),
                 torch.from_numpy(self._data.y[idx]).to(self.device, non_blocking=True),
             )
+
+    def train_order(self, rnd: int, epoch: int) -> np.ndarray:
+        """Positions into the training split in this epoch's shuffled order, drawn from (seed,
+        loader, client, round, epoch). Batches of anything aligned with the split (precomputed
+        features) in this order are the same batches `train_batches` gives."""
+        return seeding.rng(self.task.seed, f"loader/{epoch}", self.cid, rnd).permutation(len(self.train_idx))
+
+    def train_labels(self) -> np.ndarray:
+        return self._data.y[self.train_idx]
+
+    def eval_train_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The training split in order, without augmentation (a model evaluated on its own data)."""
+        yield from iterate(self._data, self.train_idx, self.task.spec, self.task.eval_batch_size, self.device)
 
     def test_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         yield from iterate(self._data, self.test_idx, self.task.spec, self.task.eval_batch_size, self.device)

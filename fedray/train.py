@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -39,6 +40,10 @@ def sgd(params: Iterable[nn.Parameter], client: Client) -> torch.optim.SGD:
     return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
 
 
+# Batches of one epoch: epoch -> (inputs, labels) pairs.
+Batches = Callable[[int], Iterable[tuple[torch.Tensor, torch.Tensor]]]
+
+
 def local_train(
     model: nn.Module,
     client: Client,
@@ -46,16 +51,23 @@ def local_train(
     epochs: int | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     extra_loss: ExtraLoss | None = None,
+    batches: Batches | None = None,
+    max_steps: int | None = None,
 ) -> TrainStats:
     """``epochs`` full passes of mini-batch SGD with cross-entropy on the client's training split.
 
-    A fresh optimizer per call unless one is given (NIID-Bench re-creates it every round).
+    A fresh optimizer per call unless one is given (NIID-Bench re-creates it every round); give one
+    over some parameters only to train those (the others stay frozen). ``batches(epoch)`` replaces
+    the client's shuffled training batches (e.g. precomputed features, `feature_batches`).
+    ``max_steps`` stops after that many optimizer steps (FedConcat's classifier rounds: 3).
     """
     opt = optimizer or sgd(model.parameters(), client)
     model.train()
     stats = TrainStats()
     for epoch in range(client.task.local_epochs if epochs is None else epochs):
-        for x, y in client.train_batches(rnd, epoch):
+        for x, y in client.train_batches(rnd, epoch) if batches is None else batches(epoch):
+            if max_steps is not None and stats.steps >= max_steps:
+                break
             opt.zero_grad(set_to_none=True)
             out = model(x)
             ce = nn.functional.cross_entropy(out, y)
@@ -68,6 +80,24 @@ def local_train(
             stats.loss_sum += float(ce.detach()) * n
             stats.correct += int((out.detach().argmax(1) == y).sum())
     return stats
+
+
+def feature_batches(client: Client, features: np.ndarray, rnd: int) -> Batches:
+    """Batches of a client's precomputed features (aligned with its training split) and labels, in
+    the very order and sizes `Client.train_batches` would give its images."""
+    labels = client.train_labels()
+    bs = client.task.batch_size
+
+    def epoch_batches(epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        order = client.train_order(rnd, epoch)
+        for start in range(0, len(order), bs):
+            pos = order[start : start + bs]
+            yield (
+                torch.from_numpy(features[pos]).to(client.device),
+                torch.from_numpy(labels[pos]).to(client.device),
+            )
+
+    return epoch_batches
 
 
 @torch.no_grad()
