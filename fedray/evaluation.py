@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from fedray.client import Client
-from fedray.federation import Federation
+from fedray.federation import ClientFn, Federation
 from fedray.models import TASK, Arch
 from fedray.params import Params
 from fedray.records import Record, rec
@@ -46,10 +46,78 @@ def single_model_records(fed: Federation, params: Params, stage: str = "", arch:
     records = [rec("accuracy", g.accuracy, stage=stage), rec("loss", g.loss, stage=stage)]
     with_test = [c for c, n in fed.num_test_examples().items() if n > 0]
     if with_test:
-        replies = fed.map(local_eval, with_test, model_msg(params, arch))
-        correct = np.array([replies[c]["correct"] for c in with_test])
-        samples = np.array([replies[c]["samples"] for c in with_test])
-        for c, k, n in zip(with_test, correct, samples, strict=True):
-            records.append(rec("local_accuracy", k / n, scope="client", entity=c, stage=stage))
-        records.append(rec("local_accuracy", correct.sum() / samples.sum(), stage=stage))
+        records += own_data_records(
+            fed, [(with_test, model_msg(params, arch))], local_eval, "local_accuracy", stage
+        )
+    return records
+
+
+def own_data_records(
+    fed: Federation,
+    groups: Sequence[tuple[Sequence[int], dict]],
+    fn: ClientFn,
+    metric: str,
+    stage: str,
+    per_group: bool = False,
+) -> list[Record]:
+    """Each group's clients evaluate the group's model message with ``fn`` (a reply of ``correct`` and
+    ``samples``): ``metric`` per client, per group (scope cluster, entity = the group's index, with
+    ``per_group``) and overall, sample-weighted."""
+    replies = fed.map_groups(fn, [g for g in groups if g[0]])
+    records = [
+        rec(metric, r["correct"] / r["samples"], scope="client", entity=c, stage=stage)
+        for c, r in replies.items()
+    ]
+    for k, (members, _) in enumerate(groups):
+        if per_group and members:
+            correct = sum(replies[c]["correct"] for c in members)
+            records.append(
+                rec(
+                    metric,
+                    correct / sum(replies[c]["samples"] for c in members),
+                    scope="cluster",
+                    entity=k,
+                    stage=stage,
+                )
+            )
+    correct = sum(r["correct"] for r in replies.values())
+    records.append(rec(metric, correct / sum(r["samples"] for r in replies.values()), stage=stage))
+    return records
+
+
+def member_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+    """Client function: the received model on the client's own training data (no augmentation)."""
+    stats = evaluate(received_model(client, msg), client.eval_train_batches())
+    return {"correct": stats.correct, "samples": stats.samples, "loss_sum": stats.loss_sum}, cstate
+
+
+def cluster_model_records(
+    fed: Federation,
+    models: Sequence[Params],
+    assignment: Mapping[int, int],
+    stage: str = "",
+    members: bool = False,
+) -> list[Record]:
+    """Clustered models: each cluster's model on the global test set (``accuracy``/``loss``, scope
+    cluster); where clients have test splits, each client with its cluster's model
+    (``local_accuracy``, per client, per cluster and overall); with ``members``, each client with its
+    cluster's model on its own training data (``member_accuracy``)."""
+    records = []
+    for k, m in enumerate(models):
+        g = evaluate_global(fed, m)
+        records += [rec("accuracy", g.accuracy, scope="cluster", entity=k, stage=stage),
+                    rec("loss", g.loss, scope="cluster", entity=k, stage=stage)]  # fmt: skip
+
+    def groups(cids: Sequence[int]) -> list[tuple[list[int], dict]]:
+        return [([c for c in cids if assignment[c] == k], model_msg(m)) for k, m in enumerate(models)]
+
+    with_test = [c for c, n in fed.num_test_examples().items() if n > 0]
+    if with_test:
+        records += own_data_records(
+            fed, groups(with_test), local_eval, "local_accuracy", stage, per_group=True
+        )
+    if members:
+        records += own_data_records(
+            fed, groups(fed.client_ids), member_eval, "member_accuracy", stage, per_group=True
+        )
     return records

@@ -1,11 +1,13 @@
-"""Reusable pieces of a FedAvg-style round (ALGORITHMS.md §0.2): local update, aggregation, train stats."""
+"""Reusable pieces of a FedAvg-style round (ALGORITHMS.md §0.2): local update, aggregation, train
+stats, and the cluster-wise FedAvg round (§1(a) step 7)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fedray.client import Client
+from fedray.federation import Federation
 from fedray.params import Params, get_params, weighted_average
 from fedray.records import Record, rec
 from fedray.train import ExtraLoss, local_train
@@ -27,6 +29,11 @@ def local_sgd_reply(
     }
 
 
+def local_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+    """FedAvg's client function: train the received ``params`` for the round's local epochs."""
+    return local_sgd_reply(client, msg["params"], msg["round"]), cstate
+
+
 def fedavg_aggregate(replies: Mapping[int, Mapping[str, Any]]) -> Params:
     """w = sum_i (n_i / sum_j n_j) w_i over the replies, in sorted client order."""
     cids = sorted(replies)
@@ -45,3 +52,27 @@ def train_records(replies: Mapping[int, Mapping[str, Any]], stage: str = "") -> 
         rec("train_accuracy", acc, stage=stage),
         rec("participants", len(replies), stage=stage),
     ]
+
+
+def clustered_fedavg_round(
+    fed: Federation, models: Sequence[Params], assignment: Mapping[int, int], rnd: int, stage: str = ""
+) -> tuple[list[Params], list[Record]]:
+    """One round of FedAvg in every cluster at once (ALGORITHMS.md §1(a) step 7).
+
+    The round's participants (FedAvg's sampling) train their cluster's model, every cluster in the
+    same parallel dispatch; each cluster's model becomes the data-size-weighted average of its
+    participants'. A cluster with no participant this round keeps its model. With one cluster this
+    is FedAvg's round exactly (same sampling stream, messages and aggregation).
+    """
+    cids = fed.sample(fed.task.participation, fed.task.rng("sample", rnd=rnd))
+    members = {k: [c for c in cids if assignment[c] == k] for k in range(len(models))}
+    replies = fed.map_groups(
+        local_update, [(m, {"params": models[k], "round": rnd}) for k, m in members.items() if m]
+    )
+    new = list(models)
+    records = train_records(replies, stage)
+    for k, m in members.items():
+        if m:
+            new[k] = fedavg_aggregate({c: replies[c] for c in m})
+        records.append(rec("participants", len(m), scope="cluster", entity=k, stage=stage))
+    return new, records

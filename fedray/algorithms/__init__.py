@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from fedray.algorithms import fedavg
+from fedray.algorithms import clusterfedavg, fedavg
 from fedray.typed import hparams_from_dict
 
 
@@ -39,4 +39,5 @@ class Algorithm:
 
 ALGORITHMS: dict[str, Algorithm] = {
     "fedavg": Algorithm.from_module("fedavg", fedavg),
+    "clusterfedavg": Algorithm.from_module("clusterfedavg", clusterfedavg),
 }

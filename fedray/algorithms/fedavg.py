@@ -10,14 +10,12 @@ server step w + eta_g (avg - w) (FedAvgM-style without momentum); 1 is the paper
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from fedray.client import Client
 from fedray.evaluation import single_model_records
 from fedray.federation import Federation
 from fedray.params import Params, get_params
 from fedray.records import Record
-from fedray.rounds import fedavg_aggregate, local_sgd_reply, train_records
+from fedray.rounds import fedavg_aggregate, local_update, train_records
 
 
 @dataclass
@@ -36,10 +34,6 @@ class State:
 
 def init(fed: Federation, hp: Hparams) -> State:
     return State(get_params(fed.task.build_model()))
-
-
-def local_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
-    return local_sgd_reply(client, msg["params"], msg["round"]), cstate
 
 
 def server_step(current: Params, average: Params, server_lr: float) -> Params:

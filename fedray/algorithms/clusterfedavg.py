@@ -1,0 +1,118 @@
+"""Cluster-wise FedAvg: one FedAvg per group of clients, the groups fixed before training.
+
+As stage 2 of FedConcat (Diao, Li, He, "Exploiting Label Skews in Federated Learning with Model
+Concatenation", AAAI 2024; ALGORITHMS.md §1(a) steps 6-7), usable on its own:
+
+- groups: ``oracle`` takes the partition's ground-truth groups (partitions that have them, e.g.
+  ``dominant``); ``kmeans`` clusters the clients' label distributions (F1) with scikit-learn's
+  K-means, as FedConcat's stage 1-A (the server sees the label counts, as FedConcat's does).
+- every cluster model starts from the same random weights (register row 5);
+- each round, FedAvg's participants train their own cluster's model, all clusters at once; a
+  cluster without participants keeps its model.
+
+There is no global model: evaluation gives each cluster model's ``accuracy`` on the global test
+set (scope cluster) and, with ``client_test_fraction`` > 0, each client's ``local_accuracy`` with its
+cluster's model (per client, per cluster and overall). The assignment is written to
+``assignments/`` with the first round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fedray.clustering import Clustering, cluster_vectors, label_distributions
+from fedray.evaluation import cluster_model_records
+from fedray.federation import Federation
+from fedray.params import Params, get_params
+from fedray.records import Record, assign, rec
+from fedray.rounds import clustered_fedavg_round
+
+GROUPS = ("kmeans", "oracle")
+
+
+@dataclass
+class Hparams:
+    num_clusters: int = 5  # K: number of client groups (oracle: must equal partition_clusters)
+    groups: str = "kmeans"  # kmeans (on label distributions) | oracle (the partition's ground truth)
+
+    def check(self) -> None:
+        if self.num_clusters < 1:
+            raise ValueError(f"config key 'hp.num_clusters': must be >= 1, got {self.num_clusters}")
+        if self.groups not in GROUPS:
+            raise ValueError(
+                f"config key 'hp.groups': must be one of {', '.join(GROUPS)}, got {self.groups!r}"
+            )
+
+
+def check_config(cfg, hp: Hparams) -> None:
+    from fedray.data import GROUPED_PARTITIONS
+
+    if hp.num_clusters > cfg.num_clients:
+        raise ValueError(
+            f"config key 'hp.num_clusters': {hp.num_clusters} clusters but only {cfg.num_clients} clients"
+        )
+    if hp.groups == "oracle":
+        if cfg.partition not in GROUPED_PARTITIONS:
+            raise ValueError(
+                f"config key 'hp.groups': oracle needs a partition with ground-truth groups "
+                f"({', '.join(sorted(GROUPED_PARTITIONS))}); partition is {cfg.partition!r} (use hp.groups: kmeans)"
+            )
+        if hp.num_clusters != cfg.partition_clusters:
+            raise ValueError(
+                f"config key 'hp.num_clusters': the oracle has partition_clusters={cfg.partition_clusters} groups; "
+                f"set hp.num_clusters: {cfg.partition_clusters}"
+            )
+
+
+@dataclass
+class State:
+    init: Params  # the shared initial weights of every cluster model
+    models: list[Params] = field(default_factory=list)  # one per cluster, once the clients are grouped
+    assignment: dict[int, int] = field(default_factory=dict)  # client -> cluster
+
+
+def init(fed: Federation, hp: Hparams) -> State:
+    return State(get_params(fed.task.build_model()))
+
+
+def oracle_groups(fed: Federation, k: int, stage: str = "") -> Clustering:
+    if fed.groups is None:
+        raise ValueError("hp.groups=oracle: the partition has no ground-truth groups")
+    sizes = [sum(1 for g in fed.groups.values() if g == j) for j in range(k)]
+    records = [rec("num_clusters", k, stage=stage)]
+    records += [rec("cluster_size", n, scope="cluster", entity=j, stage=stage) for j, n in enumerate(sizes)]
+    return Clustering(dict(fed.groups), k, records)
+
+
+def group_clients(fed: Federation, hp: Hparams, stage: str = "") -> Clustering:
+    if hp.groups == "oracle":
+        return oracle_groups(fed, hp.num_clusters, stage)
+    counts = fed.label_counts()
+    dists = dict(zip(sorted(counts), label_distributions(counts), strict=True))
+    return cluster_vectors(dists, hp.num_clusters, fed.task.rng("clustering"), stage=stage)
+
+
+def start_clusters(
+    state_init: Params, clustering: Clustering, stage: str = ""
+) -> tuple[list[Params], list[Record]]:
+    """K identical copies of the shared init, and the records of the clustering with its assignment."""
+    models = [dict(state_init) for _ in range(clustering.k)]  # arrays are never changed in place
+    records = clustering.records + [
+        assign(c, k, stage=stage) for c, k in sorted(clustering.assignment.items())
+    ]
+    return models, records
+
+
+def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
+    records: list[Record] = []
+    models, assignment = state.models, state.assignment
+    if not assignment:
+        clustering = group_clients(fed, hp)
+        models, records = start_clusters(state.init, clustering)
+        assignment = clustering.assignment
+    models, train = clustered_fedavg_round(fed, models, assignment, rnd)
+    return State(state.init, models, assignment), records + train
+
+
+def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Record]:
+    return cluster_model_records(fed, state.models, state.assignment)
