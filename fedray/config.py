@@ -70,7 +70,7 @@ class Config:
     participation: float = 1.0  # fraction of clients sampled per round (first floor(N * p) of a permutation)
 
     # --- evaluation --------------------------------------------------------------------------------
-    eval_every: int = 1  # evaluate every this many rounds (the last round is always evaluated)
+    eval_every: int = 1  # evaluate every this many rounds (the last round, and each stage's last, always)
     eval_batch_size: int = 512  # batch size for evaluation (does not change the numbers)
 
     # --- placement (DESIGN §3) -----------------------------------------------------------------------

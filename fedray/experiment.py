@@ -34,7 +34,8 @@ class RoundDone:
     round: int
     rounds: int
     seconds: float
-    metrics: dict[str, float] = field(default_factory=dict)  # the round's global-scope values
+    metrics: dict[str, float] = field(default_factory=dict)  # the round's global-scope values, by metric
+    stage: str = ""  # the stage the round ran in (multi-stage algorithms)
 
 
 @dataclass
@@ -48,11 +49,8 @@ FederationFactory = Callable[[Config, FederatedData], tuple[Federation, dict[str
 
 
 def _global(records: list[Record]) -> dict[str, float]:
-    return {
-        f"{r['stage']}/{r['metric']}" if r["stage"] else r["metric"]: r["value"]
-        for r in records
-        if r.get("scope") == "global"  # assignment rows have no scope
-    }
+    # One round runs in one stage, so the metric name is enough (assignment rows have no scope).
+    return {r["metric"]: r["value"] for r in records if r.get("scope") == "global"}
 
 
 def run_rounds(cfg: Config, fed: Federation, writer: ResultsWriter) -> Iterator[RoundDone]:
@@ -74,13 +72,15 @@ def run_rounds(cfg: Config, fed: Federation, writer: ResultsWriter) -> Iterator[
             rec("bytes_up", up, stage=stage),
             rec("seconds", seconds, stage=stage),
         ]
-        if (rnd + 1) % cfg.eval_every == 0 or rnd + 1 == cfg.rounds:
+        # Evaluated: every eval_every rounds, the last round, and the last round of every stage.
+        stage_ends = getattr(state, "stage", "") != stage
+        if (rnd + 1) % cfg.eval_every == 0 or rnd + 1 == cfg.rounds or stage_ends:
             t1 = time.perf_counter()
             records += alg.evaluate(state, fed, hp, rnd)
             fed.take_traffic()  # evaluation traffic is not training traffic
             records.append(rec("eval_seconds", time.perf_counter() - t1, stage=stage))
         writer.add(rnd + 1, records)
-        yield RoundDone(rnd + 1, cfg.rounds, seconds, _global(records))
+        yield RoundDone(rnd + 1, cfg.rounds, seconds, _global(records), stage)
 
 
 def summarize(history: list[RoundDone], total_seconds: float, placement: dict[str, Any]) -> dict[str, Any]:

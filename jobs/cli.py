@@ -34,7 +34,7 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
 
 def _fmt_round(ev) -> str:
     m = ev.metrics
-    parts = [f"round {ev.round:>{len(str(ev.rounds))}}/{ev.rounds}"]
+    parts = [f"round {ev.round:>{len(str(ev.rounds))}}/{ev.rounds}" + (f" {ev.stage}" if ev.stage else "")]
     for key, label, fmt in (("accuracy", "acc", "{:.4f}"), ("loss", "loss", "{:.4f}"), ("local_accuracy", "local_acc", "{:.4f}"),
                             ("train_accuracy", "train_acc", "{:.4f}"), ("train_loss", "train_loss", "{:.4f}")):  # fmt: skip
         if key in m:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from fedray.algorithms import clusterfedavg, fedavg
+from fedray.algorithms import clusterfedavg, fedavg, fedconcat, fedconcat_id
 from fedray.typed import hparams_from_dict
 
 
@@ -40,4 +40,6 @@ class Algorithm:
 ALGORITHMS: dict[str, Algorithm] = {
     "fedavg": Algorithm.from_module("fedavg", fedavg),
     "clusterfedavg": Algorithm.from_module("clusterfedavg", clusterfedavg),
+    "fedconcat": Algorithm.from_module("fedconcat", fedconcat),
+    "fedconcat_id": Algorithm.from_module("fedconcat_id", fedconcat_id),
 }

@@ -57,10 +57,19 @@ class DataSpec:
             t = crop_flip(t, generator)
         if augment and self.augment == "crop_flip_rotate":
             t = rotate(t, generator, max_degrees=15.0)
-        if self.mean is not None and self.std is not None:
-            shape = (1, -1) + (1,) * (t.dim() - 2)
-            t = (t - torch.tensor(self.mean).view(shape)) / torch.tensor(self.std).view(shape)
-        return t
+        return self.normalize(t)
+
+    def normalize(self, t: torch.Tensor) -> torch.Tensor:
+        """Per-channel (t - mean) / std, where the data set has a normalisation."""
+        if self.mean is None or self.std is None:
+            return t
+        shape = (1, -1) + (1,) * (t.dim() - 2)
+        return (t - torch.tensor(self.mean).view(shape)) / torch.tensor(self.std).view(shape)
+
+    def random_inputs(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        """``n`` inputs with every value i.i.d. uniform over the data's range: U[0, 1) at ToTensor
+        scale, then the data set's normalisation (FedConcat-ID's random inputs, eq. F2)."""
+        return self.normalize(torch.rand((n, *self.input_shape), generator=generator))
 
 
 def crop_flip(t: torch.Tensor, generator: torch.Generator | None, pad: int = 4) -> torch.Tensor:

@@ -1,0 +1,222 @@
+"""FedConcat: Diao, Li, He, "Exploiting Label Skews in Federated Learning with Model Concatenation",
+AAAI 2024 (ALGORITHMS.md §1; reference code sjtudyq/FedConcat).
+
+1. (first round) Cluster the clients by their label distributions P_i (F1; optional Laplace noise,
+   F3) with K-means, optionally balanced (F4) or with K chosen by the elbow of the inertia curve.
+2. (``encoder_rounds`` rounds, stage ``encoder``) cluster-wise FedAvg, every cluster starting from
+   the same random weights, all clusters training in the same round.
+3. (the remaining rounds, stage ``classifier``) freeze the K encoders, concatenate them, and train
+   one global linear classifier on top by FedAvg: per round each participant takes
+   ``classifier_steps`` mini-batch steps (fresh SGD), and the server averages unweighted.
+
+Following the reference code (register rows 1-7): identical initial weights for all clusters
+(row 5); a cluster with no participant this round is skipped; the classifier is averaged without
+weights (row 2); K-means as scikit-learn with 10 restarts. Deviations, said openly:
+- features are computed once per client (the paper, Sec. 3.3; ``cache_features``) from its
+  training images without augmentation, in eval mode; ``cache_features: false`` recomputes them
+  at every step from augmented batches in train mode, as the code does (row 1; identical for the
+  simple CNN on MNIST-like data, which has neither augmentation nor dropout);
+- the K frozen encoders travel once to every client, as K whole cluster models (eq. F6's "+K");
+- the elbow (``elbow_range``) is ours: the paper fixes K; we record the inertia curve.
+
+Records: assignments once (round 1); per cluster, its model's test accuracy during stage 2 and,
+at the stage's end, its accuracy on its members' training data (``member_accuracy``); the
+concatenated model's ``accuracy`` on the test set after every classifier round. Every row carries
+its stage, so per-stage bytes (F6) are a groupby. Read the paper's FMNIST number with
+``fedray report DIR --stage classifier --round 173``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedray.algorithms.clusterfedavg import start_clusters
+from fedray.client import Client
+from fedray.clustering import Clustering, cluster_vectors, label_distributions, laplace_noise
+from fedray.evaluation import cluster_model_records, single_model_records
+from fedray.federation import Federation
+from fedray.models import Arch, concat_params, head_from_clusters
+from fedray.params import Params, get_params, weighted_average
+from fedray.records import Record
+from fedray.rounds import clustered_fedavg_round, train_records
+from fedray.train import feature_batches, local_train, sgd
+
+ENCODER, CLASSIFIER = "encoder", "classifier"
+
+
+def kmeans_step(
+    fed: Federation, vectors: dict[int, np.ndarray], hp: Hparams, rng: np.random.Generator
+) -> Clustering:
+    """K-means (balanced, or K by the elbow, as asked) on the clients' distribution vectors."""
+    return cluster_vectors(vectors, hp.num_clusters, rng, hp.balanced, hp.elbow_range, stage=ENCODER)
+
+
+# The clustering step: the clients' (label) distribution vectors in, an assignment out. The
+# clustered-FL family (IFCA, FeSEM, FedSoft) registers here as FedConcat-IFCA etc.
+CLUSTERING_STEPS: dict[str, Callable[..., Clustering]] = {"kmeans": kmeans_step}
+
+
+@dataclass
+class Hparams:
+    num_clusters: int = 5  # K: clusters, hence encoders concatenated (paper: 5)
+    encoder_rounds: int = 31  # T_e: rounds of cluster-wise FedAvg (paper Table 1: 31; code default 50)
+    # T_c: rounds of global classifier training; None = rounds - encoder_rounds (paper: 200)
+    classifier_rounds: int | None = None
+    classifier_steps: int = 3  # mini-batch steps per participant per classifier round
+    eps: float = 0.0  # DP: Laplace(0, 1/eps) on every entry of the label distributions (F3); 0 = off
+    balanced: bool = False  # balanced K-means, no cluster above floor(1.2 N / K) clients (F4)
+    init_from_clusters: bool = False  # classifier starts as the cluster heads side by side (F5)
+    cache_features: bool = True  # features computed once per client (paper); false: every step (code)
+    elbow_range: list[int] = field(default_factory=list)  # [lo, hi]: K by the elbow over lo..hi
+    clustering: str = "kmeans"  # the clustering step (CLUSTERING_STEPS)
+
+    def check(self) -> None:
+        for key, value, low in (("num_clusters", self.num_clusters, 1), ("encoder_rounds", self.encoder_rounds, 1),
+                                ("classifier_steps", self.classifier_steps, 1)):  # fmt: skip
+            if value < low:
+                raise ValueError(f"config key 'hp.{key}': must be >= {low}, got {value}")
+        if self.classifier_rounds is not None and self.classifier_rounds < 0:
+            raise ValueError(f"config key 'hp.classifier_rounds': must be >= 0, got {self.classifier_rounds}")
+        if self.eps < 0:
+            raise ValueError(f"config key 'hp.eps': must be >= 0 (0 = no noise), got {self.eps}")
+        r = self.elbow_range
+        if r and not (len(r) == 2 and 1 <= r[0] <= r[1]):
+            raise ValueError(f"config key 'hp.elbow_range': must be [lo, hi] with 1 <= lo <= hi, got {r}")
+        if self.clustering not in CLUSTERING_STEPS:
+            raise ValueError(
+                f"config key 'hp.clustering': must be one of {', '.join(CLUSTERING_STEPS)}, got {self.clustering!r}"
+            )
+
+
+def check_config(cfg, hp: Hparams) -> None:
+    name = cfg.algorithm
+    if hp.classifier_rounds is None:
+        if cfg.rounds < hp.encoder_rounds:
+            raise ValueError(
+                f"config key 'rounds': {name} runs hp.encoder_rounds={hp.encoder_rounds} encoder rounds, then "
+                f"rounds - encoder_rounds classifier rounds; rounds is {cfg.rounds}. Set rounds: "
+                f"{hp.encoder_rounds + 200} for the paper's {hp.encoder_rounds} + 200"
+            )
+    elif cfg.rounds != hp.encoder_rounds + hp.classifier_rounds:
+        total = hp.encoder_rounds + hp.classifier_rounds
+        raise ValueError(
+            f"config key 'rounds': {name} runs hp.encoder_rounds + hp.classifier_rounds = {hp.encoder_rounds} + "
+            f"{hp.classifier_rounds} = {total} rounds, but rounds is {cfg.rounds}; set rounds: {total} "
+            "(or leave hp.classifier_rounds unset: it is then rounds - encoder_rounds)"
+        )
+    k = hp.elbow_range[1] if hp.elbow_range else hp.num_clusters
+    if k > cfg.num_clients:
+        key = "hp.elbow_range" if hp.elbow_range else "hp.num_clusters"
+        raise ValueError(f"config key '{key}': {k} clusters but only {cfg.num_clients} clients")
+
+
+@dataclass
+class State:
+    init: Params  # the shared initial weights of every cluster model
+    stage: str = ENCODER  # the stage the next round runs in
+    models: list[Params] = field(default_factory=list)  # the K cluster models (encoder + head)
+    assignment: dict[int, int] = field(default_factory=dict)  # client -> cluster, set by the first round
+    head: Params | None = None  # the global classifier over the concatenated features (stage 3)
+
+
+def init(fed: Federation, hp: Hparams) -> State:
+    return State(get_params(fed.task.build_model()))
+
+
+def cluster_by_label_distributions(fed: Federation, hp: Hparams) -> Clustering:
+    """Stage 1-A: the clients' label distributions (F1), noised for DP if asked (F3), clustered."""
+    counts = fed.label_counts()  # the paper's server receives these (or their noised version)
+    p = label_distributions(counts)
+    if hp.eps > 0:
+        p = laplace_noise(p, hp.eps, fed.task.rng("dp_noise"))
+    vectors = dict(zip(sorted(counts), p, strict=True))
+    return CLUSTERING_STEPS[hp.clustering](fed, vectors, hp, fed.task.rng("clustering"))
+
+
+def next_stage(hp: Hparams, rnd: int) -> str:
+    return CLASSIFIER if rnd + 1 >= hp.encoder_rounds else ENCODER
+
+
+def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
+    if rnd >= hp.encoder_rounds:
+        return classifier_round(state, fed, hp, rnd)
+    records: list[Record] = []
+    if not state.assignment:
+        clustering = cluster_by_label_distributions(fed, hp)
+        models, records = start_clusters(state.init, clustering, stage=ENCODER)
+        state = replace(state, models=models, assignment=clustering.assignment)
+    models, train = clustered_fedavg_round(fed, state.models, state.assignment, rnd, ENCODER)
+    return replace(state, models=models, stage=next_stage(hp, rnd)), records + train
+
+
+# ------------------------------------------------------------------------------------------------
+# Stage 3: a global classifier over the concatenated, frozen encoders
+# ------------------------------------------------------------------------------------------------
+
+
+def receive_encoders(client: Client, cstate: Any, msg: dict) -> tuple[None, Any]:
+    """Client function, once: the K cluster models arrive. Keep the features of the training split
+    (computed once, no augmentation, eval mode), or the models themselves to recompute them."""
+    models = msg["models"]
+    if not msg["cache"]:
+        return None, {"models": models}
+    net = client.model(
+        concat_params(models, head_from_clusters(models)), slot="features", arch=Arch(len(models))
+    )
+    net.eval()
+    with torch.no_grad():
+        feats = [net.encoder(x).cpu().numpy() for x, _ in client.eval_train_batches()]
+    return None, {"features": np.concatenate(feats)}
+
+
+def classifier_update(client: Client, cstate: dict, msg: dict) -> tuple[dict, dict]:
+    """Client function: ``steps`` mini-batch steps of fresh SGD on the global classifier only."""
+    k, rnd = msg["k"], msg["round"]
+    if "features" in cstate:
+        net = client.model(msg["head"], slot="head", arch=Arch(k, head_only=True))
+        head, batches = net, feature_batches(client, cstate["features"], rnd)
+    else:  # the reference code: frozen encoders run on every (augmented) batch, in train mode
+        net = client.model(concat_params(cstate["models"], msg["head"]), slot="concat", arch=Arch(k))
+        net.encoder.requires_grad_(False)
+        head, batches = net.head, None
+    stats = local_train(net, client, rnd, epochs=1, optimizer=sgd(head.parameters(), client), batches=batches,
+                        max_steps=msg["steps"])  # fmt: skip
+    reply = {
+        "params": get_params(head),
+        "num_examples": client.num_examples,
+        "train_loss_sum": stats.loss_sum,
+        "train_correct": stats.correct,
+        "train_samples": stats.samples,
+        "steps": stats.steps,
+    }
+    return reply, cstate
+
+
+def classifier_round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:
+    k = len(state.models)
+    if state.head is None:  # the first classifier round: every client receives the encoders once
+        fed.map(receive_encoders, fed.client_ids, {"models": state.models, "cache": hp.cache_features})
+        if hp.init_from_clusters:
+            head = head_from_clusters(state.models)
+        else:
+            head = get_params(fed.task.build_model("classifier_init", Arch(k, head_only=True)))
+        state = replace(state, head=head)
+    cids = fed.sample(fed.task.participation, fed.task.rng("sample", rnd=rnd))
+    msg = {"head": state.head, "round": rnd, "k": k, "steps": hp.classifier_steps}
+    replies = fed.map(classifier_update, cids, msg)
+    # Unweighted: every participant took the same number of steps (register row 2).
+    head = weighted_average([replies[c]["params"] for c in sorted(replies)], [1.0] * len(replies))
+    return replace(state, head=head, stage=CLASSIFIER), train_records(replies, CLASSIFIER)
+
+
+def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Record]:
+    if rnd < hp.encoder_rounds:
+        end = rnd + 1 == hp.encoder_rounds  # the end of stage 2: also each model on its members' data
+        return cluster_model_records(fed, state.models, state.assignment, ENCODER, members=end)
+    params = concat_params(state.models, state.head)
+    return single_model_records(fed, params, CLASSIFIER, Arch(len(state.models)))

@@ -1,0 +1,108 @@
+"""FedConcat-ID: FedConcat without label distributions (Diao, Li, He, AAAI 2024, Sec. 3.2;
+ALGORITHMS.md §1(a) steps 4'-5'; reference code sjtudyq/FedConcat experiments-fedconcat-id.py).
+
+The server never sees label counts. Instead, in the first round every client (all of them,
+whatever ``participation`` says) trains the shared initial model for its local epochs and reports
+its model's mean softmax over ``random_inputs`` inputs drawn uniformly over the data's range
+(eq. F2: 100 batches of 100 by default). K-means clusters those inferred distributions, and that
+round also seeds the cluster models: each is the data-size-weighted average of its members'
+round-0 models (register row 6), so the round counts as encoder round 0. Stages 2 and 3 are
+FedConcat's.
+
+Deviation: the random inputs go through the model in eval mode (the code leaves train mode on;
+the same for models without dropout or batch norm, such as the simple CNN).
+
+Diagnostics that do not feed the algorithm: each client also reports the L1 distance between the
+inferred and its true label distribution (computed on the client), recorded as ``inference_l1``
+(scope client, and the mean over clients).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedray import seeding
+from fedray.algorithms import fedconcat
+from fedray.algorithms.fedconcat import ENCODER, State, check_config, evaluate, init  # noqa: F401 - the record
+from fedray.client import Client
+from fedray.federation import Federation
+from fedray.records import Record, assign, rec
+from fedray.rounds import fedavg_aggregate, local_sgd_reply, train_records
+
+BATCH = 100  # random inputs per forward pass (the code's 100 x 100)
+
+
+@dataclass
+class Hparams(fedconcat.Hparams):
+    random_inputs: int = 10_000  # r: random inputs per client for the inferred distribution (eq. F2)
+
+    def check(self) -> None:
+        super().check()
+        if self.random_inputs < 1:
+            raise ValueError(f"config key 'hp.random_inputs': must be >= 1, got {self.random_inputs}")
+        if self.eps > 0:
+            raise ValueError(
+                "config key 'hp.eps': FedConcat-ID sends no label distributions to protect; use algorithm fedconcat for DP"
+            )
+
+
+@torch.no_grad()
+def inferred_distribution(client: Client, model: torch.nn.Module, n: int) -> np.ndarray:
+    """Eq. F2: the mean softmax of ``model`` over ``n`` random inputs, drawn from (seed, client)."""
+    gen = seeding.torch_generator(client.task.seed, "random_inputs", client.cid)
+    model.eval()
+    total = torch.zeros(client.task.spec.num_classes, dtype=torch.float64)
+    for start in range(0, n, BATCH):
+        x = client.task.spec.random_inputs(min(BATCH, n - start), gen).to(client.device)
+        total += torch.softmax(model(x), dim=1).sum(dim=0).double().cpu()
+    return (total / n).numpy()
+
+
+def train_and_infer(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+    """Client function, round 0: train the shared init, then report the inferred label distribution."""
+    reply = local_sgd_reply(client, msg["params"], msg["round"])
+    inferred = inferred_distribution(client, client.model(reply["params"]), msg["random_inputs"])
+    truth = client.label_counts() / client.num_examples
+    reply["inferred"] = inferred
+    reply["inference_l1"] = float(np.abs(inferred - truth).sum())  # a diagnostic; the server ignores it
+    return reply, cstate
+
+
+def inference_round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:
+    """Stage 1-B, which is also encoder round 0."""
+    msg = {"params": state.init, "round": rnd, "random_inputs": hp.random_inputs}
+    replies = fed.map(train_and_infer, fed.client_ids, msg)  # every client, whatever participation says
+    vectors = {c: r["inferred"] for c, r in replies.items()}
+    clustering = fedconcat.CLUSTERING_STEPS[hp.clustering](fed, vectors, hp, fed.task.rng("clustering"))
+    models = []
+    for k in range(clustering.k):
+        members = {c: r for c, r in replies.items() if clustering.assignment[c] == k}
+        models.append(
+            fedavg_aggregate(members) if members else dict(state.init)
+        )  # an empty cluster keeps the init
+    records = train_records(replies, ENCODER) + clustering.records
+    records += [assign(c, k, stage=ENCODER) for c, k in sorted(clustering.assignment.items())]
+    records += [
+        rec("inference_l1", r["inference_l1"], scope="client", entity=c, stage=ENCODER)
+        for c, r in replies.items()
+    ]
+    records.append(
+        rec("inference_l1", float(np.mean([r["inference_l1"] for r in replies.values()])), stage=ENCODER)
+    )
+    for k in range(clustering.k):
+        n = sum(1 for c in replies if clustering.assignment[c] == k)
+        records.append(rec("participants", n, scope="cluster", entity=k, stage=ENCODER))
+    state = replace(
+        state, models=models, assignment=clustering.assignment, stage=fedconcat.next_stage(hp, rnd)
+    )
+    return state, records
+
+
+def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
+    if rnd == 0:
+        return inference_round(state, fed, hp, rnd)
+    return fedconcat.round(state, fed, hp, rnd)
