@@ -6,6 +6,7 @@ without copying, and the dicts are easy to inspect and test.
 
 from __future__ import annotations
 
+import io
 import pickle
 import warnings
 from collections.abc import Mapping, Sequence
@@ -60,13 +61,20 @@ def weighted_average(states: Sequence[Mapping[str, np.ndarray]], weights: Sequen
 
 
 def payload_nbytes(obj: object) -> int:
-    """Size of ``obj`` as serialised with pickle protocol 5, as Ray ships it.
+    """Size of ``obj`` serialised with pickle protocol 5, as Ray ships it.
 
-    Array buffers are counted but not copied: they go out of band through buffer_callback.
+    Array buffers are counted but not copied: they go out of band through buffer_callback. The
+    pickler's memo is off ("fast" mode): with it, a repeated object (the same key string in two
+    models) pickles as a back-reference, so the count would depend on which objects happen to be
+    shared in the sender's process (not the same in-process and under Ray), not on the content.
+    Messages are trees, which fast mode requires.
     """
     buffers: list[pickle.PickleBuffer] = []
-    meta = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
-    return len(meta) + sum(b.raw().nbytes for b in buffers)
+    out = io.BytesIO()
+    pickler = pickle.Pickler(out, protocol=5, buffer_callback=buffers.append)
+    pickler.fast = True
+    pickler.dump(obj)
+    return out.getbuffer().nbytes + sum(b.raw().nbytes for b in buffers)
 
 
 def num_parameters(params: Mapping[str, np.ndarray]) -> int:

@@ -114,3 +114,19 @@ def test_map_groups_sends_each_message_to_its_clients_and_counts_each_broadcast(
     assert up == sum(payload_nbytes(r) for r in out.values())
     with pytest.raises(ValueError, match="client 2 is sent more than one message"):
         fed.map_groups(count_calls, [([1, 2], "a"), ([2], "b")])
+
+
+def test_bytes_counted_depend_on_content_not_on_which_objects_are_shared():
+    from fedray.params import payload_nbytes
+
+    model = {"encoder.fc1.weight": np.zeros((3, 2), np.float32), "head.bias": np.ones(2, np.float32)}
+    shared = [model, dict(model)]  # the second model reuses the first one's key strings and arrays
+    fresh = [
+        model,
+        {
+            "".join(["encoder.", "fc1.weight"]): np.zeros((3, 2), np.float32),
+            "head." + "bias": np.ones(2, np.float32),
+        },
+    ]
+    assert payload_nbytes(shared) == payload_nbytes(fresh)
+    assert payload_nbytes(shared) > 2 * (24 + 8)  # both models' arrays counted in full

@@ -129,3 +129,30 @@ def test_run_that_fits_no_actor_names_the_keys(ray_session, tmp_path):
     with pytest.raises(PlacementError, match=r"num_gpus_per_actor=4.*2 GPUs"):
         list(run_on_ray(cfg))
     assert ray_session.is_initialized()  # we attached to the session; it is not ours to stop
+
+
+CLUSTERED = {
+    "clusterfedavg": {"num_clusters": 2},
+    "fedconcat": {"num_clusters": 2, "encoder_rounds": 2},
+    "fedconcat_id": {"num_clusters": 2, "encoder_rounds": 2, "random_inputs": 300},
+}
+
+
+@pytest.mark.parametrize("algorithm", sorted(CLUSTERED))
+def test_clustered_algorithms_give_identical_metrics_in_process_and_on_1_and_3_actors(
+    ray_session, tmp_path, algorithm
+):
+    from actors.federation import make_ray_federation
+    from analysis import load_assignments
+
+    over = dict(algorithm=algorithm, hp=CLUSTERED[algorithm], rounds=4, participation=0.5, client_test_fraction=0.2,
+                seed=3)  # fmt: skip
+    local = small_config(tmp_path / "local", **over)
+    _run(local, make_local_federation)
+    ref, ref_assign = _metrics(local.output), load_assignments(local.output)[["round", "client", "cluster"]]
+    for n in (1, 3):
+        cfg = small_config(tmp_path / f"ray{n}", num_actors=n, **over)
+        _run(cfg, make_ray_federation)
+        got = _metrics(cfg.output)
+        assert got.equals(ref), f"{algorithm}, {n} actors differ from --local:\n{got.compare(ref)}"
+        assert load_assignments(cfg.output)[["round", "client", "cluster"]].equals(ref_assign)

@@ -1,0 +1,155 @@
+"""FedConcat and FedConcat-ID: reduces to FedAvg, label inference, eq. F6 communication, the stages."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis import load_assignments, load_metrics
+from fedray.algorithms import ALGORITHMS, fedconcat_id
+from fedray.config import ConfigError
+from fedray.data import build_federated_data
+from fedray.experiment import execute
+from fedray.federation import make_local_federation
+from fedray.models import encoder_params
+from fedray.params import get_params, num_parameters
+from tests.conftest import small_config
+
+TIMING = {"seconds", "eval_seconds"}
+
+
+def run(cfg):
+    list(execute(cfg, make_local_federation))
+    return load_metrics(cfg.output)
+
+
+def tidy(df):
+    cols = ["round", "metric", "scope", "entity", "value"]
+    return df[~df["metric"].isin(TIMING)].sort_values(cols[:4]).reset_index(drop=True)[cols]
+
+
+def test_one_cluster_and_no_classifier_stage_is_fedavg_exactly(tmp_path):
+    over = dict(participation=0.5, rounds=3, seed=2, client_test_fraction=0.2)
+    fedavg = tidy(run(small_config(tmp_path / "a", **over)))
+    hp = {"num_clusters": 1, "encoder_rounds": 3, "classifier_rounds": 0}
+    fc = run(small_config(tmp_path / "b", algorithm="fedconcat", hp=hp, **over))
+    assert set(fc["stage"]) == {"encoder"}
+    # The single cluster's model is FedAvg's global model: its rows, relabelled, are FedAvg's rows.
+    cluster0 = (fc["scope"] == "cluster") & (fc["entity"] == 0) & fc["metric"].isin(["accuracy", "loss"])
+    fc.loc[cluster0, ["scope", "entity"]] = ["global", -1]
+    extra = {"num_clusters", "cluster_size", "member_accuracy"}
+    fc = fc[
+        ~fc["metric"].isin(extra)
+        & ~((fc["scope"] == "cluster") & fc["metric"].isin(["participants", "local_accuracy"]))
+    ]
+    assert tidy(fc).equals(fedavg)  # every value exact: accuracy, losses, local accuracies, bytes
+
+
+def test_fedconcat_id_ranks_a_skewed_clients_majority_classes_first(tmp_path):
+    cfg = small_config(tmp_path, dataset="digits", num_clients=10, partition="labels", partition_k=2, local_epochs=5,
+                       algorithm="fedconcat_id", rounds=1, hp={"num_clusters": 5, "encoder_rounds": 1,
+                       "classifier_rounds": 0, "random_inputs": 2000})  # fmt: skip
+    data = build_federated_data(cfg)
+    fed, _ = make_local_federation(cfg, data)
+    replies = fed.map(fedconcat_id.train_and_infer, fed.client_ids, {"params": get_params(fed.task.build_model()),
+                      "round": 0, "random_inputs": 2000})  # fmt: skip
+    for c, r in replies.items():
+        counts = fed.label_counts([c])[c]
+        mine = set(np.flatnonzero(counts))
+        assert len(mine) == 2
+        assert set(np.argsort(r["inferred"])[-2:]) == mine, (c, r["inferred"].round(3), counts)
+        assert r["inferred"].sum() == pytest.approx(1.0) and 0 <= r["inference_l1"] <= 2
+    # the whole algorithm: two clients share a label pair -> most pairs land in one cluster
+    list(execute(cfg, make_local_federation))
+    m = load_metrics(cfg.output)
+    l1 = m[(m["metric"] == "inference_l1") & (m["scope"] == "global")]["value"].item()
+    assert l1 < 1.0  # inferred distributions are closer to the truth than a wrong guess (L1 up to 2)
+    assert set(load_assignments(cfg.output)["cluster"]) <= set(range(5))
+
+
+def f6_units(out: str, model_bytes: int) -> pd.Series:
+    m = load_metrics(out)
+    m = m[m["metric"].isin(["bytes_down", "bytes_up"])]
+    return m.groupby("stage")["value"].sum() / model_bytes
+
+
+def test_communication_per_client_follows_eq_f6(tmp_path):
+    """F6: per client, 2 T_e + K + 2 c K T_c model units (full participation), c = classifier / model."""
+    from fedray.params import payload_nbytes
+
+    n, k, te, tc = 6, 2, 3, 4
+    cfg = small_config(
+        tmp_path, algorithm="fedconcat", rounds=te + tc, hp={"num_clusters": k, "encoder_rounds": te}
+    )
+    list(execute(cfg, make_local_federation))
+    model = get_params(make_local_federation(cfg, build_federated_data(cfg))[0].task.build_model())
+    w = payload_nbytes(model)
+    c = (num_parameters(model) - num_parameters(encoder_params(model))) / num_parameters(model)
+    units = f6_units(cfg.output, w) / n
+    assert units["encoder"] == pytest.approx(2 * te, rel=0.01)
+    # the K encoders once (as whole cluster models, as F6 counts them), then 2 c K per round
+    assert units["classifier"] == pytest.approx(k + 2 * c * k * tc, rel=0.02)
+    assert units.sum() == pytest.approx(2 * te + k + 2 * c * k * tc, rel=0.01)
+
+
+def test_every_row_carries_its_stage_and_the_classifier_starts_after_the_encoders(tmp_path):
+    cfg = small_config(
+        tmp_path, algorithm="fedconcat", rounds=5, eval_every=10, hp={"num_clusters": 2, "encoder_rounds": 2}
+    )
+    m = run(cfg)
+    assert (m[m["round"] <= 2]["stage"] == "encoder").all() and (
+        m[m["round"] > 2]["stage"] == "classifier"
+    ).all()
+    evaluated = sorted(m[m["metric"] == "eval_seconds"]["round"])
+    assert evaluated == [2, 5]  # the end of each stage is evaluated even with eval_every=10
+    glob = m[m["scope"] == "global"]
+    assert "accuracy" not in set(glob[glob["stage"] == "encoder"]["metric"])  # no global model yet
+    member = m[(m["metric"] == "member_accuracy") & (m["scope"] == "cluster")]
+    assert sorted(member["entity"]) == [0, 1] and set(member["round"]) == {2}
+    assert set(m[m["metric"] == "participants"][lambda d: d["scope"] == "global"]["round"]) == {1, 2, 3, 4, 5}
+
+
+def test_cached_features_give_the_numbers_of_recomputing_them(tmp_path):
+    hp = {"num_clusters": 2, "encoder_rounds": 2}
+    a = run(small_config(tmp_path / "a", algorithm="fedconcat", rounds=5, hp=hp))
+    b = run(small_config(tmp_path / "b", algorithm="fedconcat", rounds=5, hp={**hp, "cache_features": False}))
+    ta, tb = tidy(a), tidy(b)
+    traffic = ta["metric"].isin(["bytes_down", "bytes_up"])
+    assert ta[~traffic][["round", "metric", "scope", "entity"]].equals(
+        tb[~traffic][["round", "metric", "scope", "entity"]]
+    )
+    np.testing.assert_allclose(ta[~traffic]["value"], tb[~traffic]["value"], rtol=1e-5, atol=1e-6)
+
+
+def test_options_balanced_dp_elbow_and_classifier_init_run_and_are_recorded(tmp_path):
+    hp = {"num_clusters": 2, "encoder_rounds": 1, "balanced": True, "eps": 2.5, "elbow_range": [1, 4],
+          "init_from_clusters": True}  # fmt: skip
+    m = run(small_config(tmp_path, algorithm="fedconcat", rounds=3, hp=hp))
+    k = int(m[m["metric"] == "num_clusters"]["value"].item())
+    assert 1 <= k <= 4 and sorted(m[m["metric"] == "elbow_inertia"]["entity"]) == [1, 2, 3, 4]
+    sizes = m[m["metric"] == "cluster_size"]["value"]
+    assert sizes.sum() == 6 and sizes.max() <= max(int(1.2 * 6 / k), -(-6 // k))  # the balanced cap
+
+
+@pytest.mark.parametrize(
+    "over, pattern",
+    [
+        (dict(rounds=10, hp={"encoder_rounds": 31}), r"'rounds': fedconcat runs hp.encoder_rounds=31 .* Set rounds: 231"),
+        (dict(rounds=50, hp={"encoder_rounds": 31, "classifier_rounds": 200}),
+         r"31 \+ 200 = 231 rounds, but rounds is 50; set rounds: 231"),
+        (dict(rounds=10, hp={"encoder_rounds": 2, "num_clusters": 7}), r"hp.num_clusters': 7 clusters but only 6"),
+        (dict(rounds=10, hp={"encoder_rounds": 2, "elbow_range": [3, 2]}), r"hp.elbow_range': must be \[lo, hi\]"),
+        (dict(rounds=10, hp={"encoder_rounds": 2, "clustering": "ifca"}), r"hp.clustering': must be one of kmeans"),
+        (dict(rounds=10, algorithm="fedconcat_id", hp={"encoder_rounds": 2, "eps": 1.0}), r"hp.eps': FedConcat-ID sends no"),
+    ],
+)  # fmt: skip
+def test_config_errors_name_the_keys(tmp_path, over, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        small_config(tmp_path, **{"algorithm": "fedconcat", **over})
+
+
+def test_registered_with_their_hparams():
+    assert {"fedconcat", "fedconcat_id", "clusterfedavg"} <= set(ALGORITHMS)
+    hp = ALGORITHMS["fedconcat_id"].make_hparams({"num_clusters": 3})
+    assert hp.random_inputs == 10_000 and hp.classifier_steps == 3 and hp.encoder_rounds == 31
