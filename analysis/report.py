@@ -123,10 +123,12 @@ def run_values(
     stage: str | None = None,
     include_unfinished: bool = False,
 ) -> pd.DataFrame:
-    """One row per run: run_id, status, config, started, round (where the value was read), value.
+    """One row per run: run_id, status, config, started, round (where the value was read), value,
+    in_stage (False for a run read at its final round because it never had ``stage``).
 
-    Only finished runs unless ``include_unfinished``. Raises `ReportError` for a metric or stage the
-    folder never recorded.
+    With ``stage``, ``round`` counts that stage's rounds, and ``at`` looks only within it; runs that
+    never had the stage are read at their final round. Only finished runs unless
+    ``include_unfinished``. Raises `ReportError` for a metric or stage the folder never recorded.
     """
     if at not in AT:
         raise ReportError(f"--at must be one of {', '.join(AT)}, got {at!r}")
@@ -144,21 +146,30 @@ def run_values(
         raise ReportError(
             f"metric {metric!r} was not recorded (global metrics: {', '.join(sorted(set(m['metric'])))})"
         )
+    staged: set[str] = set()
     if stage is not None:
         stages = sorted(set(m["stage"]))
         if stage not in stages:
             raise ReportError(
                 f"stage {stage!r} was not recorded (stages: {', '.join(repr(s) for s in stages)})"
             )
-        m = m[m["stage"] == stage]
+        staged = set(m.loc[m["stage"] == stage, "run_id"])
+        # Runs that have the stage are read within it; the others (FedAvg next to FedConcat) keep
+        # all their rows and are read at their final round: the paper's equal-communication table.
+        m = m[(m["stage"] == stage) | ~m["run_id"].isin(staged)]
     by_run = dict(tuple(m.groupby("run_id", sort=False)))
-    read = [
-        _value_at(by_run[r], metric, at, round, stage) if r in by_run else (math.nan, math.nan)
-        for r in runs["run_id"]
-    ]
+    read = []
+    for r in runs["run_id"]:
+        if r not in by_run:
+            read.append((math.nan, math.nan))
+        elif stage is None or r in staged:
+            read.append(_value_at(by_run[r], metric, at, round, stage))
+        else:
+            read.append(_value_at(by_run[r], metric, "final", None, None))
     out = runs[["run_id", "status", "config", "started"]].copy()
     out["round"] = [r for r, _ in read]
     out["value"] = [v for _, v in read]
+    out["in_stage"] = out["run_id"].isin(staged) if stage is not None else True
     return out.reset_index(drop=True)
 
 

@@ -277,6 +277,9 @@ def cmd_report(args: argparse.Namespace) -> int:
             print()
     if prose:
         print(describe_value(args.metric, at, args.round, args.stage))
+        if args.stage is not None and not values["in_stage"].all():
+            algs = sorted({c["algorithm"] for c in values.loc[~values["in_stage"], "config"]})
+            print(f"(runs without stage {args.stage!r}, here {', '.join(algs)}: read at their final round)")
         missing = int(values["value"].isna().sum())
         if missing:
             print(

@@ -125,6 +125,13 @@ def test_round_is_counted_within_a_stage(results):
     assert staged(stage="classifier") == "80.0 (1)"
     values = run_values(results, stage="classifier", round=1)
     assert values.set_index("round").loc[4.0, "value"] == pytest.approx(0.4)
+    # runs without the stage (FedAvg next to FedConcat) are read at their final round
+    plain = values[~values["in_stage"]]
+    assert len(plain) == 9 and set(plain["round"]) == {2.0, 5.0}
+    assert (
+        table(results, stage="classifier", round=2)["table"].set_index("partition").loc["#C=2", "fedavg"]
+        == "82.0 ± 2.0 (3)"
+    )
     with pytest.raises(
         ReportError, match=r"stage 'clasifier' was not recorded \(stages: .*'classifier', 'encoder'"
     ):
