@@ -33,8 +33,9 @@ class Config:
     # --- what to run -------------------------------------------------------------------------
     experiment: str = "default"  # free-form name; groups runs in `fedray report`
     algorithm: str = "fedavg"  # a name from fedray.algorithms.ALGORITHMS
-    # Algorithm hyperparameters, `hp.<name>`; checked against the chosen algorithm's Hparams.
-    hp: dict[str, Any] = field(default_factory=dict)  # e.g. {server_lr: 1.0} for fedavg
+    # Algorithm hyperparameters, `hp.<name>`; checked against the chosen algorithm's Hparams. The
+    # resolved config keeps those that differ from the algorithm's defaults (the run summary has all).
+    hp: dict[str, Any] = field(default_factory=dict)  # e.g. {server_lr: 0.5} for fedavg
     seed: int = 0  # master seed; every random stream derives from (seed, purpose, client, round)
 
     # --- data ------------------------------------------------------------------------------------
@@ -312,7 +313,11 @@ def validate(cfg: Config) -> None:
             alg.check_config(cfg, hp)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    cfg.hp = {k: getattr(hp, k) for k in cfg.hp}  # keep the checked, typed values (saved with the results)
+    # Canonical hp: the checked, typed values that differ from the algorithm's defaults. Writing a
+    # default out (hp.classifier_steps: 3) names the same run as leaving it out, so the run id
+    # and the report's settings agree; the full hp is in the run's summary.
+    defaults = alg.Hparams()
+    cfg.hp = {k: getattr(hp, k) for k in sorted(cfg.hp) if getattr(hp, k) != getattr(defaults, k)}
 
 
 def dump_yaml(cfg: Config) -> str:

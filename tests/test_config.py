@@ -88,6 +88,14 @@ def test_bad_yaml_file_errors_name_the_file(tmp_path):
         load_config(lst)
 
 
+def test_hp_keeps_what_differs_from_the_defaults_so_writing_a_default_out_names_the_same_run():
+    a = from_dict({"algorithm": "fedconcat", "rounds": 231, "hp": {"num_clusters": 5, "classifier_steps": 3}})
+    b = from_dict({"algorithm": "fedconcat", "rounds": 231})
+    assert a.hp == {} and a.run_id() == b.run_id()
+    c = from_dict({"algorithm": "fedconcat", "rounds": 231, "hp": {"num_clusters": 4, "classifier_steps": 3}})
+    assert c.hp == {"num_clusters": 4} and c.run_id() != b.run_id()
+
+
 def test_run_id_is_stable_and_ignores_output_and_actor_count():
     a = from_dict({"seed": 1, "output": "x"})
     b = from_dict({"seed": 1, "output": "y", "num_actors": 3, "placement_timeout_s": 5})
