@@ -153,3 +153,35 @@ def test_registered_with_their_hparams():
     assert {"fedconcat", "fedconcat_id", "clusterfedavg"} <= set(ALGORITHMS)
     hp = ALGORITHMS["fedconcat_id"].make_hparams({"num_clusters": 3})
     assert hp.random_inputs == 10_000 and hp.classifier_steps == 3 and hp.encoder_rounds == 31
+
+
+def test_the_classifier_is_the_unweighted_mean_of_the_participants_heads(tmp_path):
+    """Register row 2: every client takes the same 3 steps, so the server averages without weights."""
+    from fedray.algorithms import fedconcat
+
+    cfg = small_config(tmp_path, algorithm="fedconcat", rounds=2, partition="quantity", partition_beta=0.3,
+                       hp={"num_clusters": 2, "encoder_rounds": 1})  # fmt: skip
+    fed, _ = make_local_federation(cfg, build_federated_data(cfg))
+    sizes = fed.num_examples()
+    assert len(set(sizes.values())) > 1  # clients of different sizes: a weighted mean would differ
+    hp = ALGORITHMS["fedconcat"].make_hparams(cfg.hp)
+    state, _ = fedconcat.round(fedconcat.init(fed, hp), fed, hp, 0)
+    before = state.head
+    state, records = fedconcat.round(
+        state, fed, hp, 1
+    )  # the first classifier round: encoders sent, head trained
+    # Each client's own update from the round's starting head, as the clients computed it:
+    start = get_params(fed.task.build_model("classifier_init", fedconcat.Arch(2, head_only=True)))
+    assert before is None
+    msg = {"head": start, "round": 1, "k": 2, "steps": 3}
+    heads = fed.map(fedconcat.classifier_update, fed.client_ids, msg)
+    for name in ("weight", "bias"):
+        by_hand = np.mean([heads[c]["params"][name].astype(np.float64) for c in sorted(heads)], axis=0)
+        np.testing.assert_allclose(state.head[name], by_hand.astype(np.float32), rtol=0, atol=1e-7)
+        weighted = np.average(
+            [heads[c]["params"][name] for c in sorted(heads)],
+            axis=0,
+            weights=[sizes[c] for c in sorted(heads)],
+        )
+        assert not np.allclose(state.head[name], weighted, atol=1e-6)
+    assert all(heads[c]["steps"] == min(3, -(-sizes[c] // 32)) for c in heads)
