@@ -10,7 +10,7 @@ from fedray.client import Client
 from fedray.federation import Federation
 from fedray.params import Params, get_params, weighted_average
 from fedray.records import Record, rec
-from fedray.train import ExtraLoss, local_train
+from fedray.train import ExtraLoss, TrainStats, local_train
 
 
 def local_sgd_reply(
@@ -19,8 +19,13 @@ def local_sgd_reply(
     """Load ``params``, run the local epochs, and report the new params with the training stats."""
     model = client.model(params)
     stats = local_train(model, client, rnd, extra_loss=extra_loss)
+    return train_reply(client, get_params(model), stats)
+
+
+def train_reply(client: Client, params: Params, stats: TrainStats) -> dict[str, Any]:
+    """What a client sends back after local training: its parameters, its size and the training stats."""
     return {
-        "params": get_params(model),
+        "params": params,
         "num_examples": client.num_examples,
         "train_loss_sum": stats.loss_sum,
         "train_correct": stats.correct,

@@ -43,7 +43,7 @@ from fedray.federation import Federation
 from fedray.models import Arch, concat_params, head_from_clusters
 from fedray.params import Params, get_params, weighted_average
 from fedray.records import Record
-from fedray.rounds import clustered_fedavg_round, train_records
+from fedray.rounds import clustered_fedavg_round, train_records, train_reply
 from fedray.train import feature_batches, local_train, sgd
 
 ENCODER, CLASSIFIER = "encoder", "classifier"
@@ -186,15 +186,7 @@ def classifier_update(client: Client, cstate: dict, msg: dict) -> tuple[dict, di
         head, batches = net.head, None
     stats = local_train(net, client, rnd, epochs=1, optimizer=sgd(head.parameters(), client), batches=batches,
                         max_steps=msg["steps"])  # fmt: skip
-    reply = {
-        "params": get_params(head),
-        "num_examples": client.num_examples,
-        "train_loss_sum": stats.loss_sum,
-        "train_correct": stats.correct,
-        "train_samples": stats.samples,
-        "steps": stats.steps,
-    }
-    return reply, cstate
+    return train_reply(client, get_params(head), stats), cstate
 
 
 def classifier_round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:
