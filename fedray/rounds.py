@@ -6,19 +6,29 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
+
 from fedray.client import Client
 from fedray.federation import Federation
 from fedray.params import Params, get_params, weighted_average
 from fedray.records import Record, rec
-from fedray.train import ExtraLoss, TrainStats, local_train
+from fedray.train import AfterStep, Objective, TrainStats, cross_entropy, local_train
 
 
 def local_sgd_reply(
-    client: Client, params: Params, rnd: int, extra_loss: ExtraLoss | None = None
+    client: Client,
+    params: Params,
+    rnd: int,
+    objective: Objective = cross_entropy,
+    after_step: AfterStep | None = None,
+    model: torch.nn.Module | None = None,
 ) -> dict[str, Any]:
-    """Load ``params``, run the local epochs, and report the new params with the training stats."""
-    model = client.model(params)
-    stats = local_train(model, client, rnd, extra_loss=extra_loss)
+    """Load ``params``, run the local epochs, and report the new params with the training stats.
+
+    ``model``: the module to train (already loaded), when it is not the task's model in the main slot.
+    """
+    model = client.model(params) if model is None else model
+    stats = local_train(model, client, rnd, objective=objective, after_step=after_step)
     return train_reply(client, get_params(model), stats)
 
 

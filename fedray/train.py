@@ -11,8 +11,27 @@ from torch import nn
 
 from fedray.client import Client
 
-# An extra loss term, e.g. FedProx's proximal term: f(model) -> scalar tensor.
-ExtraLoss = Callable[[nn.Module], torch.Tensor]
+
+@dataclass
+class Step:
+    """What an objective computes for one batch."""
+
+    logits: torch.Tensor  # the model's predictions: train accuracy is counted on these
+    ce: torch.Tensor  # the batch's mean cross-entropy, reported as train_loss
+    loss: torch.Tensor  # what the optimizer minimises
+
+
+# The local objective: (model, x, y) -> Step. FedProx adds a proximal term, MOON a contrastive
+# term, FedRS and FedLC adjust the logits the loss sees; the default is plain cross-entropy.
+Objective = Callable[[nn.Module, torch.Tensor, torch.Tensor], Step]
+# Called after every optimizer step with the model (SCAFFOLD's control-variate correction).
+AfterStep = Callable[[nn.Module], None]
+
+
+def cross_entropy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Step:
+    out = model(x)
+    ce = nn.functional.cross_entropy(out, y)
+    return Step(out, ce, ce)
 
 
 @dataclass
@@ -50,16 +69,19 @@ def local_train(
     rnd: int,
     epochs: int | None = None,
     optimizer: torch.optim.Optimizer | None = None,
-    extra_loss: ExtraLoss | None = None,
+    objective: Objective = cross_entropy,
+    after_step: AfterStep | None = None,
     batches: Batches | None = None,
     max_steps: int | None = None,
 ) -> TrainStats:
-    """``epochs`` full passes of mini-batch SGD with cross-entropy on the client's training split.
+    """``epochs`` full passes of mini-batch SGD on the client's training split.
 
     A fresh optimizer per call unless one is given (NIID-Bench re-creates it every round); give one
-    over some parameters only to train those (the others stay frozen). ``batches(epoch)`` replaces
-    the client's shuffled training batches (e.g. precomputed features, `feature_batches`).
-    ``max_steps`` stops after that many optimizer steps (FedConcat's classifier rounds: 3).
+    over some parameters only to train those (the others stay frozen). ``objective`` is the loss
+    (cross-entropy unless an algorithm says otherwise); ``after_step`` runs after each optimizer
+    step. ``batches(epoch)`` replaces the client's shuffled training batches (e.g. precomputed
+    features, `feature_batches`). ``max_steps`` stops after that many optimizer steps (FedConcat's
+    classifier rounds: 3).
     """
     opt = optimizer or sgd(model.parameters(), client)
     model.train()
@@ -69,16 +91,16 @@ def local_train(
             if max_steps is not None and stats.steps >= max_steps:
                 break
             opt.zero_grad(set_to_none=True)
-            out = model(x)
-            ce = nn.functional.cross_entropy(out, y)
-            loss = ce if extra_loss is None else ce + extra_loss(model)
-            loss.backward()
+            step = objective(model, x, y)
+            step.loss.backward()
             opt.step()
+            if after_step is not None:
+                after_step(model)
             n = len(y)
             stats.steps += 1
             stats.samples += n
-            stats.loss_sum += float(ce.detach()) * n
-            stats.correct += int((out.detach().argmax(1) == y).sum())
+            stats.loss_sum += float(step.ce.detach()) * n
+            stats.correct += int((step.logits.detach().argmax(1) == y).sum())
     return stats
 
 
