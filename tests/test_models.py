@@ -74,3 +74,21 @@ def test_task_builds_each_arch_with_seeded_init():
         sum(p.numel() for p in task.build_model(arch=Arch(concat=2)).parameters())
         == 2 * (44_426 - 850) + 1_690
     )
+
+
+@pytest.mark.parametrize("name,shape", [("simple_cnn", (1, 28, 28)), ("mlp", (1, 8, 8))])
+def test_moon_projection_head_wraps_any_model(name, shape):
+    from fedray.models import projected
+
+    base = build_model(name, shape, 10)
+    m = projected(base, 256, 10)
+    d = base.feature_dim
+    x = torch.rand(4, *shape)
+    z = m.encoder(x)
+    assert z.shape == (4, 256) and m.feature_dim == 256 and m(x).shape == (4, 10)
+    assert torch.equal(m.encoder.base(x), base.encoder(x))  # h: the base encoder, unchanged
+    extra = sum(p.numel() for p in m.parameters()) - sum(p.numel() for p in base.encoder.parameters())
+    assert extra == (d * d + d) + (d * 256 + 256) + (256 * 10 + 10)  # L1, L2, classifier on z
+    assert {"encoder.projection.l1.weight", "encoder.projection.l2.weight", "head.weight"} <= set(
+        m.state_dict()
+    )

@@ -7,7 +7,18 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from fedray.algorithms import clusterfedavg, fedavg, fedconcat, fedconcat_id
+from fedray.algorithms import (
+    clusterfedavg,
+    fedavg,
+    fedconcat,
+    fedconcat_id,
+    fedlc,
+    fednova,
+    fedprox,
+    fedrs,
+    moon,
+    scaffold,
+)
 from fedray.typed import hparams_from_dict
 
 
@@ -39,6 +50,12 @@ class Algorithm:
 
 ALGORITHMS: dict[str, Algorithm] = {
     "fedavg": Algorithm.from_module("fedavg", fedavg),
+    "fedprox": Algorithm.from_module("fedprox", fedprox),
+    "scaffold": Algorithm.from_module("scaffold", scaffold),
+    "fednova": Algorithm.from_module("fednova", fednova),
+    "moon": Algorithm.from_module("moon", moon),
+    "fedrs": Algorithm.from_module("fedrs", fedrs),
+    "fedlc": Algorithm.from_module("fedlc", fedlc),
     "clusterfedavg": Algorithm.from_module("clusterfedavg", clusterfedavg),
     "fedconcat": Algorithm.from_module("fedconcat", fedconcat),
     "fedconcat_id": Algorithm.from_module("fedconcat_id", fedconcat_id),

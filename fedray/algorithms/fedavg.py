@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedray.evaluation import single_model_records
-from fedray.federation import Federation
+from fedray.federation import ClientFn, Federation
 from fedray.params import Params, get_params
 from fedray.records import Record
 from fedray.rounds import fedavg_aggregate, local_update, train_records
@@ -42,10 +42,19 @@ def server_step(current: Params, average: Params, server_lr: float) -> Params:
     return {k: (current[k] + server_lr * (average[k] - current[k])).astype(current[k].dtype) for k in current}
 
 
-def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
+def fedavg_round(
+    state: State, fed: Federation, hp: Hparams, rnd: int, update: ClientFn = local_update
+) -> tuple[State, list[Record]]:
+    """FedAvg's round with any client update that takes and returns FedAvg's messages (FedProx,
+    MOON, FedRS and FedLC change only the local objective; their hyperparameters are bound into
+    ``update`` with functools.partial, so the messages, and the bytes counted, stay FedAvg's)."""
     cids = fed.sample(fed.task.participation, fed.task.rng("sample", rnd=rnd))
-    replies = fed.map(local_update, cids, {"params": state.params, "round": rnd})
+    replies = fed.map(update, cids, {"params": state.params, "round": rnd})
     return State(server_step(state.params, fedavg_aggregate(replies), hp.server_lr)), train_records(replies)
+
+
+def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
+    return fedavg_round(state, fed, hp, rnd)
 
 
 def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Record]:

@@ -111,6 +111,16 @@ def concatenated(build: Callable[[], EncoderHead], k: int, num_classes: int) -> 
     return EncoderHead(ConcatEncoder([m.encoder for m in models]), nn.Linear(k * d, num_classes), k * d)
 
 
+def projected(base: EncoderHead, out_dim: int, num_classes: int) -> EncoderHead:
+    """MOON's model (ALGORITHMS.md §2.4, MOON:model.py ModelFedCon): the base encoder h, then a
+    projection head z = L2(ReLU(L1(h))) (L1: d -> d, L2: d -> out_dim), then a linear classifier on z.
+    The encoder of the result is h followed by the projection, so ``model.encoder(x)`` is z."""
+    d = base.feature_dim
+    projection = nn.Sequential(OrderedDict(l1=nn.Linear(d, d), relu=nn.ReLU(), l2=nn.Linear(d, out_dim)))
+    encoder = nn.Sequential(OrderedDict(base=base.encoder, projection=projection))
+    return EncoderHead(encoder, nn.Linear(out_dim, num_classes), out_dim)
+
+
 @dataclass(frozen=True)
 class Arch:
     """Which network a parameter dict is for. It travels in messages, so a client (or an evaluation
@@ -118,12 +128,17 @@ class Arch:
 
     concat: int = 0  # 0: the task's model; K >= 1: K of its encoders concatenated under one linear head
     head_only: bool = False  # with concat: only that head (a linear layer over precomputed features)
+    projection: int = 0  # > 0: the task's model with MOON's projection head of this output size
 
 
 TASK = Arch()
 
 
 def build_arch(arch: Arch, build: Callable[[], EncoderHead], num_classes: int) -> nn.Module:
+    if arch.projection > 0:
+        if arch.concat:
+            raise ValueError("an Arch is either concatenated or projected, not both")
+        return projected(build(), arch.projection, num_classes)
     if arch.concat == 0:
         return build()
     if arch.head_only:

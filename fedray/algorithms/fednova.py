@@ -1,0 +1,79 @@
+"""FedNova: Wang, Liu, Liang, Joshi, Poor, "Tackling the Objective Inconsistency Problem in
+Heterogeneous Federated Optimization", NeurIPS 2020 (ALGORITHMS.md §2.3; NIID-Bench
+train_net_fednova, branch fednova).
+
+Clients train as in FedAvg (tau_i local SGD steps with momentum rho = the config's momentum) and
+report their model with a_i = [tau_i - rho (1 - rho^tau_i) / (1 - rho)] / (1 - rho) (tau_i when
+rho = 0). With p_i = n_i / sum_j n_j over the participants (samples, not batches: register row 8),
+the server sets w <- w - (sum_i p_i a_i) sum_i p_i (w - w_i) / a_i. Computed as the p-weighted
+average of w + r_i (w_i - w), r_i = (sum_j p_j a_j) / a_i, in float64: the same update, and with
+equal a_i (equal steps) exactly FedAvg's average. Integer buffers are rounded back to integers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fedray.algorithms.fedavg import State, evaluate, init  # noqa: F401 - FedAvg's, part of the record
+from fedray.client import Client
+from fedray.federation import Federation
+from fedray.params import Params, weighted_average
+from fedray.records import Record
+from fedray.rounds import local_sgd_reply, train_records
+
+
+@dataclass
+class Hparams:
+    """FedNova has no hyperparameters of its own: rho is the config's momentum."""
+
+
+def normalizer(steps: int, rho: float) -> float:
+    """a_i for tau_i = ``steps`` SGD steps with momentum ``rho``."""
+    if rho == 0:
+        return float(steps)
+    return (steps - rho * (1 - rho**steps) / (1 - rho)) / (1 - rho)
+
+
+def nova_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+    reply = local_sgd_reply(client, msg["params"], msg["round"])
+    reply["a"] = normalizer(reply["steps"], client.task.momentum)
+    return reply, cstate
+
+
+def nova_average(current: Params, locals_: list[Params], weights: list[float], a: list[float]) -> Params:
+    """w - (sum p_i a_i) sum p_i (w - w_i) / a_i, p = weights normalised."""
+    p = np.asarray(weights, dtype=np.float64) / np.sum(weights)
+    a_eff = float(np.dot(p, a))
+    rescaled = []
+    for wi, ai in zip(locals_, a, strict=True):
+        r = a_eff / ai
+        rescaled.append(
+            {
+                k: np.asarray(current[k], np.float64)
+                + r * (np.asarray(wi[k], np.float64) - np.asarray(current[k], np.float64))
+                for k in current
+            }
+        )
+    out = weighted_average(rescaled, list(p))
+    return {
+        k: (np.rint(v) if np.issubdtype(np.asarray(current[k]).dtype, np.integer) else v).astype(
+            np.asarray(current[k]).dtype
+        )
+        for k, v in out.items()
+    }
+
+
+def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
+    cids = fed.sample(fed.task.participation, fed.task.rng("sample", rnd=rnd))
+    replies = fed.map(nova_update, cids, {"params": state.params, "round": rnd})
+    order = sorted(replies)
+    params = nova_average(
+        state.params,
+        [replies[c]["params"] for c in order],
+        [replies[c]["num_examples"] for c in order],
+        [replies[c]["a"] for c in order],
+    )
+    return State(params), train_records(replies)

@@ -1,0 +1,55 @@
+"""FedProx: Li, Sahu, Zaheer, Sanjabi, Talwalkar, Smith, "Federated Optimization in Heterogeneous
+Networks", MLSys 2020 (ALGORITHMS.md §2.1; NIID-Bench experiments.py train_net_fedprox).
+
+FedAvg's round; every client minimises CE(w; batch) + (mu/2) sum ||w - w^t||^2 over the model's
+parameters (not its buffers), w^t being the global model it received this round. The optimizer's
+weight decay applies on top, as in NIID-Bench. mu = 0 is FedAvg exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+
+from fedray.algorithms import fedavg
+from fedray.algorithms.fedavg import State, evaluate, init  # noqa: F401 - FedAvg's, part of the record
+from fedray.client import Client
+from fedray.federation import Federation
+from fedray.records import Record
+from fedray.rounds import local_sgd_reply
+from fedray.train import Objective, Step, cross_entropy
+
+
+@dataclass
+class Hparams(fedavg.Hparams):
+    mu: float = 0.001  # proximal weight (NIID-Bench default; FedConcat tunes {0.001, 0.01}, FedCat up to 1)
+
+    def check(self) -> None:
+        super().check()
+        if self.mu < 0:
+            raise ValueError(f"config key 'hp.mu': must be >= 0, got {self.mu}")
+
+
+def proximal(mu: float, anchor: Mapping[str, torch.Tensor]) -> Objective:
+    """Cross-entropy plus (mu/2) ||w - anchor||^2 over the parameters."""
+
+    def objective(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Step:
+        step = cross_entropy(model, x, y)
+        prox = sum(((p - anchor[name]) ** 2).sum() for name, p in model.named_parameters())
+        return Step(step.logits, step.ce, step.loss + mu / 2 * prox)
+
+    return objective
+
+
+def prox_update(client: Client, cstate: Any, msg: dict, mu: float) -> tuple[dict, Any]:
+    model = client.model(msg["params"])
+    anchor = {name: p.detach().clone() for name, p in model.named_parameters()}  # w^t, as received
+    return local_sgd_reply(client, msg["params"], msg["round"], proximal(mu, anchor), model=model), cstate
+
+
+def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
+    return fedavg.fedavg_round(state, fed, hp, rnd, partial(prox_update, mu=hp.mu))

@@ -1,0 +1,67 @@
+"""FedRS: Li, Zhan, "FedRS: Federated Learning with Restricted Softmax for Label Distribution
+Non-IID Data", KDD 2021 (ALGORITHMS.md §2.5; FedRepo algorithms/fedrs.py).
+
+FedAvg's round; in local training the logit of class c is scaled by
+s_c = alpha + (1 - alpha) n_c / max_c' n_c' (n_c: the client's count of class c), so classes the
+client lacks get alpha and its most frequent class 1. Evaluation uses the unscaled logits.
+Choice (register, §2.5(d)): our models' last layer has a bias; the scale applies to W h and the
+bias stays unscaled, so alpha = 1 is FedAvg exactly. Not reproduced: FedRepo's gradient clipping
+at norm 100 (its own experiments' setting, not FedRS's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedray.algorithms import fedavg
+from fedray.algorithms.fedavg import State, evaluate, init  # noqa: F401 - FedAvg's, part of the record
+from fedray.client import Client
+from fedray.federation import Federation
+from fedray.records import Record
+from fedray.rounds import local_sgd_reply
+from fedray.train import Objective, Step
+
+
+@dataclass
+class Hparams(fedavg.Hparams):
+    alpha: float = 0.5  # scale of the logits of classes the client lacks (FedConcat App. D.1: 0.5)
+
+    def check(self) -> None:
+        super().check()
+        if not 0 <= self.alpha <= 1:
+            raise ValueError(f"config key 'hp.alpha': must be in [0, 1], got {self.alpha}")
+
+
+def class_scales(counts: np.ndarray, alpha: float) -> np.ndarray:
+    """s_c = alpha + (1 - alpha) n_c / max n."""
+    counts = np.asarray(counts, dtype=np.float64)
+    return alpha + (1 - alpha) * counts / counts.max()
+
+
+def restricted_softmax(scales: torch.Tensor) -> Objective:
+    """Cross-entropy on logits s_c <w_c, h> + b_c; the reported logits are the unscaled ones."""
+
+    def objective(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Step:
+        h = model.encoder(x)
+        head = model.head
+        scaled = torch.nn.functional.linear(h, head.weight * scales[:, None], head.bias)
+        ce = torch.nn.functional.cross_entropy(scaled, y)
+        return Step(head(h), ce, ce)
+
+    return objective
+
+
+def fedrs_update(client: Client, cstate: Any, msg: dict, alpha: float) -> tuple[dict, Any]:
+    scales = torch.as_tensor(
+        class_scales(client.label_counts(), alpha), dtype=torch.float32, device=client.device
+    )
+    return local_sgd_reply(client, msg["params"], msg["round"], restricted_softmax(scales)), cstate
+
+
+def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
+    return fedavg.fedavg_round(state, fed, hp, rnd, partial(fedrs_update, alpha=hp.alpha))
