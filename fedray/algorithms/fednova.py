@@ -3,8 +3,9 @@ Heterogeneous Federated Optimization", NeurIPS 2020 (ALGORITHMS.md §2.3; NIID-B
 train_net_fednova, branch fednova).
 
 Clients train as in FedAvg (tau_i local SGD steps with momentum rho = the config's momentum) and
-report their model with a_i = [tau_i - rho (1 - rho^tau_i) / (1 - rho)] / (1 - rho) (tau_i when
-rho = 0). With p_i = n_i / sum_j n_j over the participants (samples, not batches: register row 8),
+report their model and tau_i (FedAvg's reply); the server computes
+a_i = [tau_i - rho (1 - rho^tau_i) / (1 - rho)] / (1 - rho) (tau_i when rho = 0), which the
+reference code has the client send: the same value, and nothing more travels than in FedAvg. With p_i = n_i / sum_j n_j over the participants (samples, not batches: register row 8),
 the server sets w <- w - (sum_i p_i a_i) sum_i p_i (w - w_i) / a_i. Computed as the p-weighted
 average of w + r_i (w_i - w), r_i = (sum_j p_j a_j) / a_i, in float64: the same update, and with
 equal a_i (equal steps) exactly FedAvg's average. Integer buffers are rounded back to integers.
@@ -13,16 +14,14 @@ equal a_i (equal steps) exactly FedAvg's average. Integer buffers are rounded ba
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from fedray.algorithms.fedavg import State, evaluate, init  # noqa: F401 - FedAvg's, part of the record
-from fedray.client import Client
 from fedray.federation import Federation
 from fedray.params import Params, weighted_average
 from fedray.records import Record
-from fedray.rounds import local_sgd_reply, train_records
+from fedray.rounds import local_update, train_records
 
 
 @dataclass
@@ -35,12 +34,6 @@ def normalizer(steps: int, rho: float) -> float:
     if rho == 0:
         return float(steps)
     return (steps - rho * (1 - rho**steps) / (1 - rho)) / (1 - rho)
-
-
-def nova_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
-    reply = local_sgd_reply(client, msg["params"], msg["round"])
-    reply["a"] = normalizer(reply["steps"], client.task.momentum)
-    return reply, cstate
 
 
 def nova_average(current: Params, locals_: list[Params], weights: list[float], a: list[float]) -> Params:
@@ -68,12 +61,12 @@ def nova_average(current: Params, locals_: list[Params], weights: list[float], a
 
 def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
     cids = fed.sample(fed.task.participation, fed.task.rng("sample", rnd=rnd))
-    replies = fed.map(nova_update, cids, {"params": state.params, "round": rnd})
+    replies = fed.map(local_update, cids, {"params": state.params, "round": rnd})  # FedAvg's clients
     order = sorted(replies)
     params = nova_average(
         state.params,
         [replies[c]["params"] for c in order],
         [replies[c]["num_examples"] for c in order],
-        [replies[c]["a"] for c in order],
+        [normalizer(replies[c]["steps"], fed.task.momentum) for c in order],
     )
     return State(params), train_records(replies)
