@@ -131,21 +131,34 @@ def test_run_that_fits_no_actor_names_the_keys(ray_session, tmp_path):
     assert ray_session.is_initialized()  # we attached to the session; it is not ours to stop
 
 
-CLUSTERED = {
+# Every algorithm but FedAvg (tested above), with small settings that exercise its state.
+ALGORITHM_HP = {
     "clusterfedavg": {"num_clusters": 2},
     "fedconcat": {"num_clusters": 2, "encoder_rounds": 2},
     "fedconcat_id": {"num_clusters": 2, "encoder_rounds": 2, "random_inputs": 300},
+    "fedprox": {"mu": 0.01},
+    "scaffold": {},
+    "fednova": {},
+    "moon": {"mu": 1.0, "out_dim": 16},
+    "fedrs": {"alpha": 0.5},
+    "fedlc": {"tau": 1.0},
 }
 
 
-@pytest.mark.parametrize("algorithm", sorted(CLUSTERED))
-def test_clustered_algorithms_give_identical_metrics_in_process_and_on_1_and_3_actors(
+def test_every_registered_algorithm_is_in_the_identity_test():
+    from fedray.algorithms import ALGORITHMS
+
+    assert set(ALGORITHMS) == {"fedavg", *ALGORITHM_HP}
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHM_HP))
+def test_every_algorithm_gives_identical_metrics_in_process_and_on_1_and_3_actors(
     ray_session, tmp_path, algorithm
 ):
     from actors.federation import make_ray_federation
     from analysis import load_assignments
 
-    over = dict(algorithm=algorithm, hp=CLUSTERED[algorithm], rounds=4, participation=0.5, client_test_fraction=0.2,
+    over = dict(algorithm=algorithm, hp=ALGORITHM_HP[algorithm], rounds=4, participation=0.5, client_test_fraction=0.2,
                 seed=3)  # fmt: skip
     local = small_config(tmp_path / "local", **over)
     _run(local, make_local_federation)
