@@ -35,12 +35,17 @@ def set_params(model: torch.nn.Module, params: Mapping[str, np.ndarray]) -> None
             v.copy_(torch.from_numpy(np.asarray(params[k])))
 
 
-def weighted_average(states: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float]) -> Params:
+def weighted_average(
+    states: Sequence[Mapping[str, np.ndarray]],
+    weights: Sequence[float],
+    like: Mapping[str, np.ndarray] | None = None,
+) -> Params:
     """sum_i (w_i / sum_j w_j) * state_i for every entry, in the given order.
 
-    Float entries are accumulated in float64 and cast back to their dtype; integer entries (e.g.
-    BatchNorm's num_batches_tracked) are averaged the same way and rounded. Callers pass states in
-    sorted client order so the result does not depend on arrival order.
+    Float entries are accumulated in float64 and cast back to their dtype (or ``like``'s, when the
+    states are float64 intermediates); integer entries (e.g. BatchNorm's num_batches_tracked) are
+    averaged the same way and rounded. Callers pass states in sorted client order so the result
+    does not depend on arrival order.
     """
     if len(states) == 0:
         raise ValueError("weighted_average of no states")
@@ -55,7 +60,7 @@ def weighted_average(states: Sequence[Mapping[str, np.ndarray]], weights: Sequen
         acc = np.zeros(np.shape(states[0][k]), dtype=np.float64)
         for wi, s in zip(w, states, strict=True):
             acc += wi * np.asarray(s[k], dtype=np.float64)
-        dtype = np.asarray(states[0][k]).dtype
+        dtype = np.asarray((states[0] if like is None else like)[k]).dtype
         out[k] = (np.rint(acc) if np.issubdtype(dtype, np.integer) else acc).astype(dtype)
     return out
 

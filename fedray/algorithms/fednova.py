@@ -37,26 +37,16 @@ def normalizer(steps: int, rho: float) -> float:
 
 
 def nova_average(current: Params, locals_: list[Params], weights: list[float], a: list[float]) -> Params:
-    """w - (sum p_i a_i) sum p_i (w - w_i) / a_i, p = weights normalised."""
+    """w - (sum p_i a_i) sum p_i (w - w_i) / a_i, p = weights normalised: the p-weighted average of
+    w + r_i (w_i - w) with r_i = (sum_j p_j a_j) / a_i, in float64 (exactly FedAvg's when r_i = 1)."""
     p = np.asarray(weights, dtype=np.float64) / np.sum(weights)
     a_eff = float(np.dot(p, a))
-    rescaled = []
-    for wi, ai in zip(locals_, a, strict=True):
-        r = a_eff / ai
-        rescaled.append(
-            {
-                k: np.asarray(current[k], np.float64)
-                + r * (np.asarray(wi[k], np.float64) - np.asarray(current[k], np.float64))
-                for k in current
-            }
-        )
-    out = weighted_average(rescaled, list(p))
-    return {
-        k: (np.rint(v) if np.issubdtype(np.asarray(current[k]).dtype, np.integer) else v).astype(
-            np.asarray(current[k]).dtype
-        )
-        for k, v in out.items()
-    }
+    w = {k: np.asarray(v, np.float64) for k, v in current.items()}
+    rescaled = [
+        {k: w[k] + (a_eff / ai) * (np.asarray(wi[k], np.float64) - w[k]) for k in w}
+        for wi, ai in zip(locals_, a, strict=True)
+    ]
+    return weighted_average(rescaled, list(p), like=current)
 
 
 def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
