@@ -9,21 +9,25 @@ import pandas as pd
 import pyarrow.dataset as ds
 
 
-def _read_dir(path: Path) -> pd.DataFrame | None:
+def _read_dir(path: Path, where: ds.Expression | None = None) -> pd.DataFrame | None:
     if not path.is_dir() or not any(
         p.suffix == ".parquet" and not p.name.startswith((".", "_")) for p in path.iterdir()
     ):
         return None
     # pyarrow's discovery skips names starting with "." or "_", i.e. files still being written.
-    return ds.dataset(str(path), format="parquet").to_table().to_pandas()
+    return ds.dataset(str(path), format="parquet").to_table(filter=where).to_pandas()
 
 
-def load_metrics(out_dir: str | Path) -> pd.DataFrame:
-    """One tidy table over all runs in ``out_dir`` (DESIGN §6); empty if nothing was written yet."""
+def load_metrics(out_dir: str | Path, scope: str | None = None) -> pd.DataFrame:
+    """One tidy table over all runs in ``out_dir`` (DESIGN §6); empty if nothing was written yet.
+
+    ``scope`` ("global", "cluster", "client") reads only those rows: the filter is applied while
+    reading, so per-client rows of large runs never reach memory when only global ones are wanted.
+    """
     root = Path(out_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"results folder {str(root)!r} does not exist")
-    df = _read_dir(root / "metrics")
+    df = _read_dir(root / "metrics", None if scope is None else ds.field("scope") == scope)
     if df is None:
         return pd.DataFrame(columns=["run_id", "experiment", "algorithm", "dataset", "partition", "model", "seed", "round",
                                      "stage", "scope", "entity", "metric", "value", "elapsed"])  # fmt: skip

@@ -31,8 +31,8 @@ def accuracy_curves(
     runs = load_runs(out_dir)
     if not include_unfinished and not runs.empty:
         runs = runs[runs["status"] == "finished"]
-    m = load_metrics(out_dir)
-    m = m[(m["scope"] == "global") & m["run_id"].isin(runs["run_id"])]
+    m = load_metrics(out_dir, scope="global")
+    m = m[m["run_id"].isin(runs["run_id"])]
     if stage is not None:
         m = m[m["stage"] == stage]
         # the x axis counts the stage's rounds, from 1

@@ -140,8 +140,8 @@ def run_values(
         return pd.DataFrame(columns=cols)
     if not include_unfinished:
         runs = runs[runs["status"] == "finished"]
-    m = load_metrics(out_dir)
-    m = m[(m["scope"] == "global") & m["run_id"].isin(runs["run_id"])]
+    m = load_metrics(out_dir, scope="global")
+    m = m[m["run_id"].isin(runs["run_id"])]
     if not m.empty and metric not in set(m["metric"]):
         raise ReportError(
             f"metric {metric!r} was not recorded (global metrics: {', '.join(sorted(set(m['metric'])))})"
