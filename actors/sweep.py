@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import ray
+from ray.util.placement_group import placement_group_table
 
 from actors.driver import RunHandle, connect, stream_run
 from fedray.config import Config
@@ -20,10 +21,28 @@ class RayLauncher:
     def __init__(self, address: str | None = None) -> None:
         self.started = connect(address)
         self._handles: dict[int, RunHandle] = {}
+        self._placed: set[int] = set()  # runs whose placement group Ray has placed
         self._lock = threading.Lock()
 
     def resources(self) -> dict[str, float]:
         return ray.cluster_resources()
+
+    def free(self, running: Mapping[int, tuple[float, float]]) -> tuple[float, float]:
+        """Ray's available resources (other jobs, and our placed runs, already taken off), less what
+        our runs not placed yet will take: their placement groups are not in Ray's count yet."""
+        avail = ray.available_resources()
+        with self._lock:
+            handles = dict(self._handles)
+        cpus, gpus = avail.get("CPU", 0.0), avail.get("GPU", 0.0)
+        for index, (c, g) in running.items():
+            if index not in self._placed:
+                handle = handles.get(index)
+                pg = None if handle is None or handle.group is None else handle.group.pg
+                if pg is not None and placement_group_table(pg).get("state") == "CREATED":
+                    self._placed.add(index)
+                    continue
+                cpus, gpus = cpus - c, gpus - g
+        return cpus, gpus
 
     def need(self, cfg: Config) -> Need:
         return Need(cfg.num_cpus_per_actor, cfg.num_gpus_per_actor, cfg.num_actors, cfg.num_clients)

@@ -318,7 +318,11 @@ class Launcher(Protocol):
     """Where the runs of a sweep execute (Ray, or in-process one at a time)."""
 
     def resources(self) -> dict[str, float]:
-        """Total CPUs/GPUs the sweep's runs share (read again at every scheduling step)."""
+        """Total CPUs/GPUs of the cluster (read again at every scheduling step: nodes may join)."""
+
+    def free(self, running: Mapping[int, tuple[float, float]]) -> tuple[float, float]:
+        """(CPUs, GPUs) free for new runs now, given what this sweep's runs in flight hold
+        (run index -> (CPUs, GPUs)); other jobs on the cluster count too."""
 
     def need(self, cfg: Config) -> Need:
         """What one run asks for."""
@@ -342,6 +346,9 @@ class LocalLauncher:
     def resources(self) -> dict[str, float]:
         return {"CPU": 1.0}
 
+    def free(self, running: Mapping[int, tuple[float, float]]) -> tuple[float, float]:
+        return 1.0 - sum(c for c, _ in running.values()), 0.0
+
     def need(self, cfg: Config) -> Need:
         return Need(cpus=1.0, gpus=0.0, num_actors=1, num_clients=cfg.num_clients)
 
@@ -362,6 +369,14 @@ class RunLaunched:
 
 
 @dataclass
+class Waiting:
+    """No pending run fits what is free, though one would fit the idle cluster: other jobs hold it."""
+
+    free_cpus: float
+    free_gpus: float
+
+
+@dataclass
 class RunProgress:
     run: SweepRun
     event: Event  # Started / RoundDone from the run's round loop
@@ -379,7 +394,7 @@ class RunEnded:
         return self.error is None
 
 
-SweepEvent = RunLaunched | RunProgress | RunEnded
+SweepEvent = RunLaunched | RunProgress | RunEnded | Waiting
 
 
 def _run_events(launcher: Launcher, run: SweepRun, actors: int) -> Iterator[SweepEvent]:
@@ -407,8 +422,10 @@ def run_sweep(
 ) -> Iterator[SweepEvent]:
     """Run ``runs`` through ``launcher``, as many at once as resources and ``max_concurrent_runs`` allow.
 
-    A failed run does not stop the others. A run that does not fit even the idle cluster is started
-    alone, and Ray's placement decides (an autoscaler may add nodes; else ``placement_timeout_s``).
+    A failed run does not stop the others. Runs start when they fit what is free, other jobs on the
+    cluster included (while only those are in the way the sweep waits, saying so once). A run that
+    does not fit even the idle cluster is started alone, and Ray's placement decides (an
+    autoscaler may add nodes; else ``placement_timeout_s``).
     Each run is streamed by a worker thread, except with an ``inline`` launcher (in-process runs go
     one at a time in this thread). Leaving the generator early (Ctrl-C) cancels the runs in flight.
     """
@@ -417,6 +434,7 @@ def run_sweep(
     running: dict[int, tuple[float, float]] = {}  # run index -> (CPUs, GPUs) it holds
     threads: list[threading.Thread] = []
     inline = getattr(launcher, "inline", False)
+    waiting = False
 
     def settle(ev: SweepEvent) -> SweepEvent:
         if isinstance(ev, RunEnded):
@@ -429,13 +447,21 @@ def run_sweep(
     try:
         while pending or running:
             if pending:
-                total = launcher.resources()
-                free_cpus = total.get("CPU", 0.0) - sum(c for c, _ in running.values())
-                free_gpus = total.get("GPU", 0.0) - sum(g for _, g in running.values())
+                free_cpus, free_gpus = launcher.free(running)
                 needs = [launcher.need(r.config) for r in pending]
                 launches = plan_launches(needs, free_cpus, free_gpus, len(running), max_concurrent_runs)
                 if not launches and not running:
-                    launches = [(0, min(max(1, needs[0].num_actors), needs[0].num_clients))]
+                    total = launcher.resources()
+                    if plan_launches(
+                        needs, total.get("CPU", 0.0), total.get("GPU", 0.0), 0, max_concurrent_runs
+                    ):
+                        if not waiting:  # other jobs hold what these runs need: wait for them
+                            waiting = True
+                            yield Waiting(free_cpus, free_gpus)
+                    else:  # too big for the whole cluster: alone, and Ray's placement decides
+                        launches = [(0, min(max(1, needs[0].num_actors), needs[0].num_clients))]
+                if launches:
+                    waiting = False
                 if inline:
                     launches = launches[:1]
                 started = {i for i, _ in launches}
@@ -453,11 +479,11 @@ def run_sweep(
                         t.start()
                         threads.append(t)
                 pending = [r for i, r in enumerate(pending) if i not in started]
-            if running:
+            if running or waiting:
                 try:
                     ev = events.get(timeout=poll_s)
                 except queue.Empty:
-                    continue  # look again: nodes may have joined the cluster
+                    continue  # look again: nodes may have joined, other jobs may have ended
                 yield settle(ev)
     except BaseException:
         if running:

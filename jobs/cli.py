@@ -166,7 +166,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int) -> int:
     from fedray.experiment import RoundDone, Started
-    from fedray.sweep import LocalLauncher, RunEnded, RunLaunched, RunProgress, run_sweep
+    from fedray.sweep import LocalLauncher, RunEnded, RunLaunched, RunProgress, Waiting, run_sweep
 
     if args.local:
         launcher = LocalLauncher()
@@ -186,7 +186,7 @@ def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int) -> int:
     events = run_sweep(todo, launcher, limit)
     try:
         for ev in events:
-            tag = f"#{ev.run.index}"
+            tag = f"#{ev.run.index}" if hasattr(ev, "run") else ""
             if isinstance(ev, RunLaunched):
                 in_flight += 1
                 actors = (
@@ -196,6 +196,9 @@ def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int) -> int:
                     f"{tag} start  {ev.run.label}  ({ev.run.run_id}, {actors}; {in_flight} running)",
                     flush=True,
                 )
+            elif isinstance(ev, Waiting):
+                print(f"waiting: {ev.free_cpus:g} CPUs and {ev.free_gpus:g} GPUs are free, too little for the next "
+                      "run; other jobs on the cluster hold the rest", flush=True)  # fmt: skip
             elif isinstance(ev, RunProgress) and args.verbose:
                 if isinstance(ev.event, RoundDone):
                     print(f"{tag} {_fmt_round(ev.event)}", flush=True)

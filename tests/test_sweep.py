@@ -30,6 +30,7 @@ lr: 0.05
 
 
 def sweep_file(tmp_path: Path, body: str, name: str = "sweep.yaml") -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     p = tmp_path / name
     p.write_text(BASE + f"output: {tmp_path / 'out'}\n" + textwrap.dedent(body))
     return p

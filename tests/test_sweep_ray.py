@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import sys
+import time
 
 import pytest
 
 from analysis import load_runs
-from fedray.sweep import RunEnded, RunLaunched, load_sweep, run_sweep
+from fedray.sweep import RunEnded, RunLaunched, RunProgress, load_sweep, run_sweep
 from tests.conftest import ROOT
 from tests.test_cli import run
 from tests.test_sweep import sweep_file
@@ -111,3 +112,37 @@ def test_ctrl_c_stops_the_sweep_cleanly_and_frees_what_it_held(ray_session, tmp_
                 break
             time.sleep(0.2)
         assert ray_session.available_resources().get("CPU") == 4  # actors and placement groups freed
+
+
+def test_a_second_sweep_waits_for_the_first_instead_of_failing_placement(ray_session, tmp_path):
+    """Two sweeps on one cluster: the second sees what the first holds and waits for it. Without
+    that, its placement group would wait in Ray and fail after placement_timeout_s (2 s here)."""
+    import threading
+
+    from actors.sweep import RayLauncher
+    from fedray.sweep import Waiting
+
+    first = load_sweep(sweep_file(tmp_path / "a", "num_actors: 4\nrounds: 25\ncases: [{lr: 0.05}]\n"))
+    second = load_sweep(
+        sweep_file(tmp_path / "b", "num_actors: 2\nplacement_timeout_s: 2\ncases: [{lr: 0.1}]\n")
+    )
+    events_a: list = []
+    runner = threading.Thread(
+        target=lambda: events_a.extend(run_sweep(first.runs, RayLauncher(), poll_s=0.2))
+    )
+    runner.start()
+    try:
+        while not any(isinstance(e, RunLaunched) for e in events_a):
+            time.sleep(0.05)
+        time.sleep(3)  # the first sweep's 4 actors hold the session's 4 CPUs
+        events_b = list(run_sweep(second.runs, RayLauncher(), poll_s=0.2))
+    finally:
+        runner.join(timeout=120)
+    assert [type(e).__name__ for e in events_b if not isinstance(e, RunProgress)][:2] == [
+        "Waiting",
+        "RunLaunched",
+    ]
+    ended_a = [e for e in events_a if isinstance(e, RunEnded)]
+    ended_b = [e for e in events_b if isinstance(e, RunEnded)]
+    assert ended_a[0].ok and ended_b[0].ok, (ended_a[0].error, ended_b[0].error)
+    assert any(isinstance(e, Waiting) and e.free_cpus < 2 for e in events_b)
