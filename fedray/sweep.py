@@ -27,6 +27,7 @@ turns what they report into `SweepEvent`s. No Ray here.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import json
 import queue
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from fedray.algorithms import ALGORITHMS
 from fedray.config import (
     SWEEP_KEYS,
     Config,
@@ -268,20 +270,27 @@ def load_sweep(
             runs.append(SweepRun(len(runs) + 1, label, cfg))
     collapsed = len(valid) - len(runs)
     if wanted:
-        keys = {k for r in runs for k in flatten(r.config.to_dict())}
+        resolved = {r.index: _resolved(r.config) for r in runs}
+        keys = {k for d in resolved.values() for k in d}
         for k in wanted:
             if k not in keys:
                 raise SweepError(f"--only {k}: unknown config key{suggest(k, keys)}")
         runs = [
-            r
-            for r in runs
-            if all(flatten(r.config.to_dict()).get(k, object()) == v for k, v in wanted.items())
+            r for r in runs if all(resolved[r.index].get(k, object()) == v for k, v in wanted.items())
         ]
         if not runs:
             raise SweepError(
                 f"{source}: no run has {', '.join(f'{k}={_fmt(v)}' for k, v in wanted.items())} (--only)"
             )
     return Sweep(source, runs, max_concurrent, collapsed)
+
+
+def _resolved(cfg: Config) -> dict[str, Any]:
+    """The run's config, flattened, with every hp value the algorithm uses (defaults included), so
+    that ``--only hp.tau=1.0`` also keeps the runs where 1.0 is the default the config leaves out."""
+    d = cfg.to_dict()
+    d["hp"] = dataclasses.asdict(ALGORITHMS[cfg.algorithm].make_hparams(cfg.hp))
+    return flatten(d)
 
 
 # ------------------------------------------------------------------------------------------------

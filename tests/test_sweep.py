@@ -270,3 +270,16 @@ def test_a_second_writer_of_a_live_run_fails_at_once_and_deletes_nothing(tmp_pat
     )  # the first writer's part file is still there
     first.finish({})
     assert not RunLock(out, "r").held_elsewhere()
+
+
+def test_only_matches_an_hp_value_the_config_leaves_at_its_default(tmp_path):
+    # FedLC's default tau is 1.0: the run with hp.tau=1.0 names no tau in its (canonical) config,
+    # and --only hp.tau=1.0 must still find it, and only it.
+    path = sweep_file(tmp_path, "algorithm: fedlc\ngrid:\n  hp.tau: [0.1, 1.0, 5.0]\n")
+    sw = load_sweep(path)
+    assert [r.config.hp for r in sw.runs] == [{"tau": 0.1}, {}, {"tau": 5.0}]
+    only = load_sweep(path, only=["hp.tau=1.0"])
+    assert [r.index for r in only.runs] == [2]
+    assert [r.index for r in load_sweep(path, only=["hp.tau=5"]).runs] == [3]  # 5 == 5.0
+    with pytest.raises(SweepError, match=r"--only hp.tauu: unknown config key; did you mean 'hp.tau'\?"):
+        load_sweep(path, only=["hp.tauu=1"])
