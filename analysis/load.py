@@ -8,6 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.dataset as ds
 
+from fedray.results import run_state
+
 
 def _read_dir(path: Path, where: ds.Expression | None = None) -> pd.DataFrame | None:
     if not path.is_dir() or not any(
@@ -44,6 +46,9 @@ def load_runs(out_dir: str | Path) -> pd.DataFrame:
         return pd.DataFrame(columns=["run_id", "status", "config", "summary"])
     df["config"] = df["config"].map(json.loads)
     df["summary"] = df["summary"].map(json.loads)
+    # A run recorded as running whose writer is gone (killed, machine rebooted) was interrupted.
+    running = df["status"] == "running"
+    df.loc[running, "status"] = [run_state(root, r) for r in df.loc[running, "run_id"]]
     return df.sort_values("run_id").reset_index(drop=True)
 
 

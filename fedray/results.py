@@ -156,14 +156,20 @@ class RunLock:
             self._fd = None
 
     def held_elsewhere(self) -> bool:
-        """True if some live process holds the lock now (checked without keeping it)."""
-        if self._fd is not None or not self.path.is_file():
+        """True if some live process holds the lock now. Read-only: a probe with a shared lock on a
+        read-only descriptor, so a report over a results folder it cannot write still works."""
+        if self._fd is not None:
             return False
         try:
-            self.acquire()
-        except RunLocked:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
             return True
-        self.release()
+        finally:
+            os.close(fd)
         return False
 
 

@@ -134,7 +134,7 @@ def test_killed_mid_write_results_still_load(tmp_path):
     for f in (tmp_path / "metrics").glob("*.parquet"):
         assert pq.read_metadata(f).num_rows == 2000
     assert not df.duplicated(["round", "entity"]).any()
-    assert load_runs(tmp_path)["status"].tolist() == ["running"]  # the run never finished
+    assert load_runs(tmp_path)["status"].tolist() == ["interrupted"]  # never finished, its writer is gone
 
 
 def test_a_run_stopped_midway_is_recorded_as_interrupted(tmp_path):

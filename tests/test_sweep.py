@@ -244,6 +244,12 @@ def test_interrupted_runs_are_rerun_but_a_run_another_process_is_writing_is_left
     try:
         assert run_state(sw.output, a.run_id) == "interrupted"
         assert run_state(sw.output, b.run_id) == "running"
+        # the report (analysis.load_runs) tells the two apart the same way, and probing writes nothing
+        lockfile = Path(sw.output) / "runs" / f".{b.run_id}.lock"
+        before = lockfile.read_bytes()
+        runs = load_runs(sw.output).set_index("run_id")["status"]
+        assert (runs[a.run_id], runs[b.run_id]) == ("interrupted", "running")
+        assert lockfile.read_bytes() == before
         assert [(p.state, p.action) for p in plan(sw, force=True)] == [
             ("interrupted", "run"),
             ("running", "skip"),
