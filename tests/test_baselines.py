@@ -236,3 +236,25 @@ def test_moon_keeps_the_previous_model_on_the_client_and_it_never_travels(tmp_pa
     model = fed.task.build_model(arch=moon.arch(hp))
     set_params(model, state.params)
     assert get_params(model).keys() == state.params.keys()
+
+
+def test_moon_negative_of_a_client_that_has_not_taken_part_yet_is_the_initial_model(tmp_path):
+    # After round 0 the pool holds every client's model; one that sat out still holds the shared
+    # initial model (ALGORITHMS.md §2.4(d)). In round 0 the pool is empty: no negative at all.
+    cfg = small_config(tmp_path, algorithm="moon", hp={"mu": 1.0, "out_dim": 16}, seed=3)
+    fed, _ = make_local_federation(cfg, build_federated_data(cfg))
+    hp = ALGORITHMS["moon"].make_hparams(cfg.hp)
+    w0 = moon.init(fed, hp).params
+    rng = np.random.default_rng(0)  # the global model this round: not the initial one
+    glob = {k: (v + 0.05 * rng.standard_normal(v.shape)).astype(v.dtype) for k, v in w0.items()}
+    client = fed.host.client(0)
+
+    def update(cstate, rnd):
+        msg = {"params": glob, "round": rnd}
+        return moon.moon_update(client, cstate, msg, hp.mu, hp.temperature, moon.arch(hp))[0]["params"]
+
+    def gap(a, b):
+        return max(float(np.abs(a[k] - b[k]).max()) for k in a)
+
+    assert gap(update(None, 1), update(w0, 1)) == 0  # not taken part yet: the initial model is its negative
+    assert gap(update(None, 0), update(w0, 0)) > 1e-4  # round 0: no negative (w0 would change the update)

@@ -6,10 +6,13 @@ classifier reads z); ``out_dim: 0`` drops the head (NIID-Bench's use_projection_
 client minimises CE + mu l_con, where
     l_con = -log( exp(cos(z, z_glob)/T) / (exp(cos(z, z_glob)/T) + exp(cos(z, z_prev)/T)) ),
 z_glob from the global model it received (frozen, eval mode) and z_prev from its own local model
-of the last round it took part in (buffer of one, kept as client state: it never travels). In a
-client's first round there is no previous model, so l_con is a cross-entropy over one logit, zero
-(register row 23). FedAvg's sampling, averaging and evaluation; mu = 0 without the projection head
-is FedAvg exactly.
+of the last round it took part in (buffer of one, kept as client state: it never travels). In
+round 0 the pool is empty, so l_con is a cross-entropy over one logit, zero (register row 23).
+After round 0 the references keep every client's model in the pool, participant or not: a client
+that took part in no round yet still holds the shared initial model, and that is its negative
+(under partial participation). It rebuilds that model from the run's seed, so nothing travels for
+it. FedAvg's sampling, averaging and evaluation; mu = 0 without the projection head is FedAvg
+exactly.
 """
 
 from __future__ import annotations
@@ -91,7 +94,12 @@ def moon_update(
     model = client.model(msg["params"], arch=arch)
     model.requires_grad_(True)
     glob = frozen(client.model(msg["params"], slot="moon_global", arch=arch))
-    prev = None if cstate is None else frozen(client.model(cstate, slot="moon_previous", arch=arch))
+    if cstate is not None:
+        prev = frozen(client.model(cstate, slot="moon_previous", arch=arch))
+    elif msg["round"] > 0:  # not in the pool's first round: the initial model it still holds
+        prev = frozen(client.model(arch=arch))
+    else:
+        prev = None
     reply = local_sgd_reply(
         client, msg["params"], msg["round"], contrastive(mu, temperature, glob, prev), model=model
     )
