@@ -275,9 +275,7 @@ def load_sweep(
         for k in wanted:
             if k not in keys:
                 raise SweepError(f"--only {k}: unknown config key{suggest(k, keys)}")
-        runs = [
-            r for r in runs if all(resolved[r.index].get(k, object()) == v for k, v in wanted.items())
-        ]
+        runs = [r for r in runs if all(resolved[r.index].get(k, object()) == v for k, v in wanted.items())]
         if not runs:
             raise SweepError(
                 f"{source}: no run has {', '.join(f'{k}={_fmt(v)}' for k, v in wanted.items())} (--only)"

@@ -5,7 +5,7 @@ Concatenation", AAAI 2024; ALGORITHMS.md §1(a) steps 6-7), usable on its own:
 
 - groups: ``oracle`` takes the partition's ground-truth groups (partitions that have them, e.g.
   ``dominant``); ``kmeans`` clusters the clients' label distributions (F1) with scikit-learn's
-  K-means, as FedConcat's stage 1-A (the server sees the label counts, as FedConcat's does).
+  K-means, as FedConcat's stage 1-A (each client sends its label distribution, as in FedConcat).
 - every cluster model starts from the same random weights (register row 5);
 - each round, FedAvg's participants train their own cluster's model, all clusters at once; a
   cluster without participants keeps its model.
@@ -19,8 +19,12 @@ cluster's model (per client, per cluster and overall). The assignment is written
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from fedray.clustering import Clustering, cluster_vectors, label_distributions
+import numpy as np
+
+from fedray.client import Client
+from fedray.clustering import Clustering, cluster_vectors, label_distributions, laplace_noise
 from fedray.evaluation import cluster_model_records
 from fedray.federation import Federation
 from fedray.params import Params, get_params
@@ -84,12 +88,37 @@ def oracle_groups(fed: Federation, k: int, stage: str = "") -> Clustering:
     return Clustering(dict(fed.groups), k, records)
 
 
+def label_distribution_reply(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+    """Client function: its label distribution P_i (F1), with Laplace noise added on the client
+    when ``eps`` > 0 (F3), so that the server only ever sees the noised vector."""
+    p = label_distributions({client.cid: client.label_counts()})
+    if msg["eps"] > 0:
+        p = laplace_noise(p, msg["eps"], client.task.rng("dp_noise", client.cid))
+    return {"distribution": p[0]}, cstate
+
+
+def one_cluster(cids: list[int], stage: str = "") -> Clustering:
+    """K = 1: every client in cluster 0, known without asking the clients anything."""
+    records = [
+        rec("num_clusters", 1, stage=stage),
+        rec("cluster_size", len(cids), scope="cluster", entity=0, stage=stage),
+    ]
+    return Clustering({c: 0 for c in cids}, 1, records)
+
+
+def reported_distributions(fed: Federation, eps: float = 0.0) -> dict[int, np.ndarray]:
+    """Every client's label distribution as it sends it (noised on the client if ``eps`` > 0)."""
+    replies = fed.map(label_distribution_reply, fed.client_ids, {"eps": eps})
+    return {c: replies[c]["distribution"] for c in sorted(replies)}
+
+
 def group_clients(fed: Federation, hp: Hparams, stage: str = "") -> Clustering:
     if hp.groups == "oracle":
         return oracle_groups(fed, hp.num_clusters, stage)
-    counts = fed.label_counts()
-    dists = dict(zip(sorted(counts), label_distributions(counts), strict=True))
-    return cluster_vectors(dists, hp.num_clusters, fed.task.rng("clustering"), stage=stage)
+    if hp.num_clusters == 1:
+        return one_cluster(fed.client_ids, stage)
+    vectors = reported_distributions(fed)
+    return cluster_vectors(vectors, hp.num_clusters, fed.task.rng("clustering"), stage=stage)
 
 
 def start_clusters(

@@ -17,7 +17,12 @@ weights (row 2); K-means as scikit-learn with 10 restarts. Deviations, said open
   at every step from augmented batches in train mode, as the code does (row 1; identical for the
   simple CNN on MNIST-like data, which has neither augmentation nor dropout);
 - the K frozen encoders travel once to every client, as K whole cluster models (eq. F6's "+K");
-- the elbow (``elbow_range``) is ours: the paper fixes K; we record the inertia curve.
+- the elbow (``elbow_range``) is ours: the paper fixes K; we record the inertia curve;
+- the balanced cap is max(floor(1.2 N / K), ceil(N / K)): F4's floor(1.2 N / K) wherever K such
+  clusters can hold all N clients, raised where they cannot (N = 4, K = 3: floor(1.6) = 1 leaves
+  room for 3 of the 4 clients, so the cap is ceil(4 / 3) = 2);
+- DP noise (``eps``) is added by each client to its own distribution, from its own derived stream,
+  so the server only sees noised vectors (the code adds it where it holds all of them).
 
 Records: assignments once (round 1); per cluster, its model's test accuracy during stage 2 and,
 at the stage's end, its accuracy on its members' training data (``member_accuracy``); the
@@ -35,9 +40,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedray.algorithms.clusterfedavg import start_clusters
+from fedray.algorithms.clusterfedavg import one_cluster, reported_distributions, start_clusters
 from fedray.client import Client
-from fedray.clustering import Clustering, cluster_vectors, label_distributions, laplace_noise
+from fedray.clustering import Clustering, cluster_vectors
 from fedray.evaluation import cluster_model_records, single_model_records
 from fedray.federation import Federation
 from fedray.models import Arch, concat_params, head_from_clusters
@@ -129,12 +134,10 @@ def init(fed: Federation, hp: Hparams) -> State:
 
 
 def cluster_by_label_distributions(fed: Federation, hp: Hparams) -> Clustering:
-    """Stage 1-A: the clients' label distributions (F1), noised for DP if asked (F3), clustered."""
-    counts = fed.label_counts()  # the paper's server receives these (or their noised version)
-    p = label_distributions(counts)
-    if hp.eps > 0:
-        p = laplace_noise(p, hp.eps, fed.task.rng("dp_noise"))
-    vectors = dict(zip(sorted(counts), p, strict=True))
+    """Stage 1-A: every client sends its label distribution (noised for DP if asked); K-means."""
+    if hp.num_clusters == 1 and not hp.elbow_range:
+        return one_cluster(fed.client_ids, ENCODER)  # nothing to send: FedAvg's messages exactly
+    vectors = reported_distributions(fed, hp.eps)
     return CLUSTERING_STEPS[hp.clustering](fed, vectors, hp, fed.task.rng("clustering"))
 
 
