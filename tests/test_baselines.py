@@ -73,8 +73,8 @@ def full_gradient(fed, cid, params):
 
 def scaffold_config(tmp_path, **over):
     # one full-batch step per round: lr 0.1, no momentum, no weight decay
-    return small_config(tmp_path, algorithm="scaffold", num_clients=2, partition="iid", batch_size=10_000,
-                        local_epochs=1, momentum=0.0, weight_decay=0.0, lr=0.1, **over)  # fmt: skip
+    return small_config(tmp_path, **{**dict(algorithm="scaffold", num_clients=2, partition="iid", batch_size=10_000,
+                        local_epochs=1, momentum=0.0, weight_decay=0.0, lr=0.1), **over})  # fmt: skip
 
 
 def run_two_rounds(fed, cfg):
@@ -258,3 +258,50 @@ def test_moon_negative_of_a_client_that_has_not_taken_part_yet_is_the_initial_mo
 
     assert gap(update(None, 1), update(w0, 1)) == 0  # not taken part yet: the initial model is its negative
     assert gap(update(None, 0), update(w0, 0)) > 1e-4  # round 0: no negative (w0 would change the update)
+
+
+@pytest.mark.parametrize("server_update, divisor", [("paper", 4), ("code", 2)])
+def test_scaffold_server_control_variate_by_hand_at_half_participation(tmp_path, server_update, divisor):
+    # 4 clients, 2 take part, one full-batch step from c = c_i = 0: Delta c_i = g_i(w0), so the server's
+    # c1 = sum_{i in S} g_i(w0) / N (paper, N = 4) or / |S| (code, 2); the model is FedAvg's step.
+    cfg = scaffold_config(tmp_path, hp={"server_update": server_update}, participation=0.5, num_clients=4)
+    fed, _ = make_local_federation(cfg, build_federated_data(cfg))
+    hp = ALGORITHMS["scaffold"].make_hparams(cfg.hp)
+    state = scaffold.init(fed, hp)
+    w0 = state.params
+    state, _ = scaffold.round(state, fed, hp, 0)
+    took_part = sorted(fed.host._state)
+    assert len(took_part) == 2
+    g = {c: full_gradient(fed, c, w0) for c in took_part}
+    n = fed.num_examples()
+    p = {c: n[c] / sum(n[i] for i in took_part) for c in took_part}
+    for k in g[took_part[0]]:
+        np.testing.assert_allclose(state.c[k], sum(g[c][k] for c in took_part) / divisor, rtol=0, atol=1e-5)
+        # c = c_i = 0 in the first round: the model step is FedAvg's
+        np.testing.assert_allclose(state.params[k], sum(p[c] * (w0[k] - 0.1 * g[c][k]) for c in took_part),
+                                   rtol=0, atol=2e-6)  # fmt: skip
+
+
+def test_fednova_round_with_momentum_and_unequal_steps_by_hand(tmp_path):
+    # Dirichlet sizes give unequal step counts; rho = 0.5: the round must use a_i(tau_i, rho) and
+    # p_i = n_i / n over the participants, then w - (sum p a) sum p (w - w_i) / a_i.
+    from fedray.rounds import local_update
+
+    cfg = small_config(tmp_path, algorithm="fednova", partition="dirichlet", partition_beta=0.5, momentum=0.5,
+                       batch_size=16, local_epochs=1, seed=4)  # fmt: skip
+    fed, _ = make_local_federation(cfg, build_federated_data(cfg))
+    hp = ALGORITHMS["fednova"].make_hparams(cfg.hp)
+    w = get_params(fed.task.build_model())
+    replies = fed.map(local_update, fed.client_ids, {"params": w, "round": 0})
+    steps = {c: r["steps"] for c, r in replies.items()}
+    assert len(set(steps.values())) > 1
+    n = {c: r["num_examples"] for c, r in replies.items()}
+    p = {c: n[c] / sum(n.values()) for c in n}
+    a = {c: (steps[c] - 0.5 * (1 - 0.5 ** steps[c]) / 0.5) / 0.5 for c in n}
+    a_eff = sum(p[c] * a[c] for c in n)
+    state, _ = fednova.round(fednova.State(w), fed, hp, 0)
+    for k in w:
+        if not np.issubdtype(w[k].dtype, np.floating):
+            continue
+        d = sum(p[c] * (w[k].astype(np.float64) - replies[c]["params"][k]) / a[c] for c in n)
+        np.testing.assert_allclose(state.params[k], w[k] - a_eff * d, rtol=0, atol=1e-6)
