@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ def small_config(tmp_path: Path, **over) -> Config:
 
 
 @pytest.fixture(scope="session")
-def ray_session():
+def _ray():
     """One local Ray for the whole suite: 4 logical CPUs and 2 logical GPUs (placement tests)."""
     import ray
 
@@ -32,3 +33,22 @@ def ray_session():
         ray.init(address="local", num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture
+def ray_session(_ray):
+    """The shared Ray, idle: Ray frees the actors and placement groups of the previous test
+    asynchronously, and tests that plan against free resources (sweeps) must not see them."""
+    deadline = time.monotonic() + 60
+    while True:
+        total, free = _ray.cluster_resources(), _ray.available_resources()
+        held = {
+            k: total[k] - free.get(k, 0.0)
+            for k in ("CPU", "GPU")
+            if total.get(k, 0.0) - free.get(k, 0.0) > 1e-9
+        }
+        if not held:
+            return _ray
+        if time.monotonic() > deadline:
+            pytest.fail(f"the shared Ray is still busy 60 s after the previous test (held: {held}): a leak")
+        time.sleep(0.2)
