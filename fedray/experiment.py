@@ -127,11 +127,12 @@ def execute(cfg: Config, make_federation: FederationFactory) -> Iterator[Event]:
         writer.finish(summary)
         yield Finished(run_id, summary)
     except BaseException as e:
+        status = "failed"
         if isinstance(e, (GeneratorExit, KeyboardInterrupt)):  # the consumer stopped: Ctrl-C, job stopped
-            error = f"interrupted after {len(history)} of {cfg.rounds} rounds"
+            status, error = "interrupted", f"interrupted after {len(history)} of {cfg.rounds} rounds"
         else:
             error = f"{type(e).__name__}: {e}\n{getattr(e, 'remote_traceback', '') or traceback.format_exc()}"
-        writer.fail(error, summarize(history, time.perf_counter() - t0, placement))
+        writer.fail(error, summarize(history, time.perf_counter() - t0, placement), status)
         raise
     finally:
         if fed is not None:

@@ -258,12 +258,13 @@ class ResultsWriter:
         finally:
             self._lock.release()
 
-    def fail(self, error: str, summary: dict[str, Any] | None = None) -> None:
+    def fail(self, error: str, summary: dict[str, Any] | None = None, status: str = "failed") -> None:
+        """Record the run as ``failed`` (an error) or ``interrupted`` (stopped from outside)."""
         try:
             self.flush()
         finally:
             try:
-                self._write_run("failed", error=error, summary=summary or {})
+                self._write_run(status, error=error, summary=summary or {})
             finally:
                 self._lock.release()
 

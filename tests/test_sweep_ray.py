@@ -108,9 +108,10 @@ def test_ctrl_c_stops_the_sweep_cleanly_and_frees_what_it_held(ray_session, tmp_
     assert p.returncode == 130, err
     assert "sweep interrupted" in err and "terminate called" not in err
     states = [run_state(tmp_path / "out", r.run_id) for r in load_sweep(path, sets=["rounds=100000"]).runs]
-    # in-process: the run records its own interruption; on Ray its coordinator is stopped and the
-    # run reads as interrupted; either way a re-submission runs it again
-    assert states[0] == ("failed" if mode == "local" else "interrupted")
+    # in-process the run records its own interruption; on Ray it does too when its coordinator sees
+    # the stream close first, or its coordinator is killed first and the run reads as interrupted
+    # (its writer's lock is gone): the same either way, and a re-submission runs it again
+    assert states[0] == "interrupted"
     if mode == "ray":
         for _ in range(50):
             if ray_session.available_resources().get("CPU") == 4:
