@@ -93,7 +93,12 @@ def test_ctrl_c_stops_the_sweep_cleanly_and_frees_what_it_held(ray_session, tmp_
     env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
     if mode == "local":
         cmd.append("--local")
-    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C as a terminal delivers it. A shell without job control (CI running the suite in the
+    # background) starts it with SIGINT ignored, and the sweep would inherit that: restore it first.
+    sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    p = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint
+    )
     deadline = time.monotonic() + 120
     for line in p.stdout:  # wait until a run is training
         if " round " in line or time.monotonic() > deadline:
