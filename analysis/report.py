@@ -178,11 +178,14 @@ def run_values(
 # ------------------------------------------------------------------------------------------------
 
 
-def label_runs(runs: pd.DataFrame, rows: Sequence[str], cols: Sequence[str]) -> pd.DataFrame:
+def label_runs(
+    runs: pd.DataFrame, rows: Sequence[str], cols: Sequence[str], tuned: bool = False
+) -> pd.DataFrame:
     """Add experiment, row and column labels to runs (one row each, with a ``config`` column).
 
     A key that differs between runs of one (experiment, row, column) other than by seed is added to
-    the column label, so a cell only ever holds seeds of one setting.
+    the column label, so a cell only ever holds seeds of one setting. With ``tuned``, differing
+    ``hp.*`` keys go to a ``setting`` column instead (the candidates `pivot` picks the best of).
     """
     df = runs.copy()
     df["experiment"] = df["config"].map(lambda c: c["experiment"])
@@ -198,29 +201,51 @@ def label_runs(runs: pd.DataFrame, rows: Sequence[str], cols: Sequence[str]) -> 
         extra |= {
             k for k in keys if len({json.dumps(f.get(k, "<unset>"), sort_keys=True) for f in flats}) > 1
         }
-    if extra:
 
-        def suffix(c: dict) -> str:
-            f = _flat(c)
-            return " ".join(f"{k}={_text(f[k])}" for k in sorted(extra) if k in f)
+    def suffix(c: dict, keys: set[str]) -> str:
+        f = _flat(c)
+        return " ".join(f"{k}={_text(f[k])}" for k in sorted(keys) if k in f)
 
-        df["col"] = [f"{col} {suffix(c)}".strip() for col, c in zip(df["col"], df["config"], strict=True)]
+    tunable = {k for k in extra if k.startswith("hp.")} if tuned else set()
+    if extra - tunable:
+        df["col"] = [
+            f"{col} {suffix(c, extra - tunable)}".strip()
+            for col, c in zip(df["col"], df["config"], strict=True)
+        ]
+    df["setting"] = [suffix(c, tunable) for c in df["config"]]
     return df
 
 
 def pivot(
-    values: pd.DataFrame, rows: Sequence[str] = ("dataset", "partition"), cols: Sequence[str] = ("algorithm",)
+    values: pd.DataFrame,
+    rows: Sequence[str] = ("dataset", "partition"),
+    cols: Sequence[str] = ("algorithm",),
+    tuned: bool = False,
 ) -> pd.DataFrame:
-    """Long table of cells: experiment, row fields..., col, mean, std, n (seeds with a value), runs."""
-    out_cols = ["experiment", *rows, "col", "mean", "std", "n", "runs"]
+    """Long table of cells: experiment, row fields..., col, mean, std, n (seeds with a value), runs,
+    setting.
+
+    With ``tuned``, runs that differ in hyperparameters (``hp.*``) share a cell, and the cell shows
+    the setting with the best mean over its seeds (the first seen on a tie), as papers report tuned
+    baselines; ``setting`` names it ("" where there was nothing to choose). The choice is made per
+    cell, on the value read, so it is only as fair as that value (a test-set choice, as in the papers).
+    """
+    out_cols = ["experiment", *rows, "col", "mean", "std", "n", "runs", "setting"]
     if values.empty:
         return pd.DataFrame(columns=out_cols)
-    df = label_runs(values.sort_values("started", kind="stable"), rows, cols)
-    g = df.groupby(["experiment", "row", "col"], sort=False)["value"]
+    df = label_runs(values.sort_values("started", kind="stable"), rows, cols, tuned)
+    g = df.groupby(["experiment", "row", "col", "setting"], sort=False)["value"]
     cells = g.agg(
         mean="mean", std=lambda v: v.std(ddof=1) if v.count() > 1 else math.nan, n="count", runs="size"
     )
     cells = cells.reset_index()
+    if tuned:  # the best setting of each cell; NaN means never win over a number
+        best = (
+            cells.assign(key=cells["mean"].fillna(-math.inf))
+            .groupby(["experiment", "row", "col"], sort=False)["key"]
+            .idxmax()
+        )
+        cells = cells.loc[sorted(best)].reset_index(drop=True)
     for i, f in enumerate(rows):
         cells[f] = cells["row"].map(lambda r, i=i: r[i])
     return cells[out_cols]

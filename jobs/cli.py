@@ -259,7 +259,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         statuses = values["status"].value_counts()
         if not args.all:
             values = values[values["status"] == "finished"]
-        tables = wide_tables(pivot(values, rows, cols), rows, args.metric)
+        cells = pivot(values, rows, cols, tuned=args.tuned)
+        tables = wide_tables(cells, rows, args.metric)
         if args.format == "csv" and len(tables) > 1:  # one parseable table, experiment as a column
             tables = {"": pd.concat([t.assign(experiment=e) for e, t in tables.items()])}
             tables[""] = tables[""][["experiment", *[c for c in tables[""].columns if c != "experiment"]]]
@@ -283,6 +284,13 @@ def cmd_report(args: argparse.Namespace) -> int:
         if args.stage is not None and not values["in_stage"].all():
             algs = sorted({c["algorithm"] for c in values.loc[~values["in_stage"], "config"]})
             print(f"(runs without stage {args.stage!r}, here {', '.join(algs)}: read at their final round)")
+        chosen = cells[cells["setting"] != ""]
+        if args.tuned:
+            print("tuned: each cell is its column's best hp setting (best mean over seeds), here:" if len(chosen)
+                  else "tuned: no cell had hp settings to choose from")  # fmt: skip
+            for _, c in chosen.iterrows():
+                where = " ".join(str(c[f]) for f in rows)
+                print(f"  {c['experiment']}: {where} {c['col']}: {c['setting']}")
         missing = int(values["value"].isna().sum())
         if missing:
             print(
@@ -365,6 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_rep.add_argument("--cols", default="algorithm", help="fields for columns (default algorithm)")
     p_rep.add_argument("--format", choices=("text", "markdown", "csv", "latex"), default="text")
+    p_rep.add_argument("--tuned", action="store_true",
+                       help="runs that differ only in hp share a cell, which shows the best setting (listed below the table)")  # fmt: skip
     p_rep.add_argument("--all", action="store_true", help="include failed and unfinished runs")
     p_rep.add_argument("--no-plots", action="store_true", help="only print the table")
     p_rep.set_defaults(func=cmd_report)

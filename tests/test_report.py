@@ -102,6 +102,21 @@ def test_pivot_rows_settings_columns_algorithms_cells_mean_std_over_seeds(result
     )  # mean (85 + 87 + 10) / 3, std sqrt(3852.7 / 2)
 
 
+def test_tuned_shows_each_cells_best_hp_setting_and_names_it(results):
+    values = run_values(results)
+    cells = pivot(values, tuned=True)
+    t = wide_tables(cells, ("dataset", "partition"), "accuracy")["table"].set_index("partition")
+    assert list(t.columns) == ["dataset", "fedavg", "fedprox"]  # the settings share one column
+    # mu=0.001: 83 (one seed) beats mu=0.01: (79 + 81) / 2 = 80; the cell keeps the winner's seeds
+    assert t.loc["#C=2", "fedprox"] == "83.0 (1)" and t.loc["#C=2", "fedavg"] == "82.0 ± 2.0 (3)"
+    chosen = cells[cells["setting"] != ""][["experiment", "partition", "col", "setting"]].values.tolist()
+    assert chosen == [["table", "#C=2", "fedprox", "hp.mu=0.001"]]
+    p = run([sys.executable, "-m", "jobs.cli", "report", str(results), "--tuned", "--no-plots"], cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert "tuned: each cell is its column's best hp setting" in p.stdout
+    assert "\n  table: synthetic #C=2 fedprox: hp.mu=0.001\n" in p.stdout
+
+
 def test_rows_and_columns_are_chosen_by_flags(results):
     t = table(results, rows=("algorithm",), cols=("partition", "hp"))["table"]
     assert list(t.columns) == ["algorithm", "#C=2 -", "dirichlet(0.5) -", "#C=2 mu=0.001", "#C=2 mu=0.01"]
