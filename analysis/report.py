@@ -135,7 +135,7 @@ def run_values(
     if round is not None and round < 1:
         raise ReportError(f"--round must be >= 1, got {round}")
     runs = load_runs(out_dir)
-    cols = ["run_id", "status", "config", "started", "round", "value"]
+    cols = ["run_id", "status", "config", "started", "hparams", "round", "value"]
     if runs.empty:
         return pd.DataFrame(columns=cols)
     if not include_unfinished:
@@ -167,6 +167,8 @@ def run_values(
         else:
             read.append(_value_at(by_run[r], metric, "final", None, None))
     out = runs[["run_id", "status", "config", "started"]].copy()
+    # every hp value the run used, defaults included (its config names only non-defaults)
+    out["hparams"] = [sm.get("hparams", {}) if isinstance(sm, dict) else {} for sm in runs["summary"]]
     out["round"] = [r for r, _ in read]
     out["value"] = [v for _, v in read]
     out["in_stage"] = out["run_id"].isin(staged) if stage is not None else True
@@ -202,17 +204,20 @@ def label_runs(
             k for k in keys if len({json.dumps(f.get(k, "<unset>"), sort_keys=True) for f in flats}) > 1
         }
 
-    def suffix(c: dict, keys: set[str]) -> str:
-        f = _flat(c)
+    def suffix(c: dict, hparams: dict, keys: set[str]) -> str:
+        """``k=value`` for the keys; an hp value the config leaves at its default is named too."""
+        f = {f"hp.{k}": v for k, v in hparams.items()} | _flat(c)
         return " ".join(f"{k}={_text(f[k])}" for k in sorted(keys) if k in f)
+
+    hps = df["hparams"] if "hparams" in df else [{}] * len(df)
 
     tunable = {k for k in extra if k.startswith("hp.")} if tuned else set()
     if extra - tunable:
         df["col"] = [
-            f"{col} {suffix(c, extra - tunable)}".strip()
-            for col, c in zip(df["col"], df["config"], strict=True)
+            f"{col} {suffix(c, h, extra - tunable)}".strip()
+            for col, c, h in zip(df["col"], df["config"], hps, strict=True)
         ]
-    df["setting"] = [suffix(c, tunable) for c in df["config"]]
+    df["setting"] = [suffix(c, h, tunable) for c, h in zip(df["config"], hps, strict=True)]
     return df
 
 

@@ -15,7 +15,9 @@ from tests.conftest import ROOT, small_config
 from tests.test_cli import run
 
 
-def write_run(out, cfg: dict, rounds: dict[int, list], status: str = "finished") -> str:
+def write_run(
+    out, cfg: dict, rounds: dict[int, list], status: str = "finished", summary: dict | None = None
+) -> str:
     """One run with the given records per round; ``cfg`` is a full config dict (edited freely)."""
     run_id = f"{cfg['algorithm']}-{cfg['experiment']}-{cfg['partition']}{cfg['partition_k']}{cfg['partition_beta']}" \
              f"-{sorted(cfg['hp'].items())}-s{cfg['seed']}"  # fmt: skip
@@ -23,7 +25,7 @@ def write_run(out, cfg: dict, rounds: dict[int, list], status: str = "finished")
     w.start()
     for r, records in rounds.items():
         w.add(r, records)
-    w.finish({}) if status == "finished" else w.fail("RuntimeError: boom")
+    w.finish(summary or {}) if status == "finished" else w.fail("RuntimeError: boom")
     return run_id
 
 
@@ -115,6 +117,18 @@ def test_tuned_shows_each_cells_best_hp_setting_and_names_it(results):
     assert p.returncode == 0, p.stderr
     assert "tuned: each cell is its column's best hp setting" in p.stdout
     assert "\n  table: synthetic #C=2 fedprox: hp.mu=0.001\n" in p.stdout
+
+
+def test_a_setting_left_at_its_default_is_named_by_its_value(tmp_path):
+    # FedLC's tau=1.0 is its default: the run's config names no tau, its summary has every hp value
+    out = tmp_path / "out"
+    base = {**small_config(tmp_path).to_dict(), "experiment": "t", "algorithm": "fedlc"}
+    write_run(out, {**base, "hp": {}}, final(0.70), summary={"hparams": {"tau": 1.0}})
+    write_run(out, {**base, "hp": {"tau": 0.1}}, final(0.60), summary={"hparams": {"tau": 0.1}})
+    plain = wide_tables(pivot(run_values(out)), ("dataset", "partition"), "accuracy")["t"]
+    assert list(plain.columns)[2:] == ["fedlc hp.tau=1", "fedlc hp.tau=0.1"]
+    cells = pivot(run_values(out), tuned=True)
+    assert cells[["col", "setting", "mean"]].values.tolist() == [["fedlc", "hp.tau=1", 0.70]]
 
 
 def test_rows_and_columns_are_chosen_by_flags(results):
