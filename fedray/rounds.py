@@ -3,9 +3,10 @@ stats, and the cluster-wise FedAvg round (§1(a) step 7)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from fedray.client import Client
@@ -30,6 +31,19 @@ def local_sgd_reply(
     model = client.model(params) if model is None else model
     stats = local_train(model, client, rnd, objective=objective, after_step=after_step)
     return train_reply(client, get_params(model), stats)
+
+
+def class_count_update(
+    client: Client,
+    cstate: Any,
+    msg: dict,
+    per_class: Callable[[np.ndarray], np.ndarray],
+    objective: Callable[[torch.Tensor], Objective],
+) -> tuple[dict, Any]:
+    """FedAvg's client update whose objective is built from a per-class vector of the client's own
+    label counts (FedRS's softmax scales, FedLC's logit offsets): ``objective(per_class(counts))``."""
+    v = torch.as_tensor(per_class(client.label_counts()), dtype=torch.float32, device=client.device)
+    return local_sgd_reply(client, msg["params"], msg["round"], objective(v)), cstate
 
 
 def train_reply(client: Client, params: Params, stats: TrainStats) -> dict[str, Any]:

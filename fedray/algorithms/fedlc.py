@@ -12,17 +12,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 import numpy as np
 import torch
 
 from fedray.algorithms import fedavg
 from fedray.algorithms.fedavg import State, evaluate, init  # noqa: F401 - FedAvg's, part of the record
-from fedray.client import Client
 from fedray.federation import Federation
 from fedray.records import Record
-from fedray.rounds import local_sgd_reply
+from fedray.rounds import class_count_update
 from fedray.train import Objective, Step
 
 FLOOR = 1e-8  # the floor on class counts (FL-bench)
@@ -52,12 +50,11 @@ def calibrated(offset: torch.Tensor) -> Objective:
     return objective
 
 
-def fedlc_update(client: Client, cstate: Any, msg: dict, tau: float) -> tuple[dict, Any]:
-    offset = torch.as_tensor(
-        calibration(client.label_counts(), tau), dtype=torch.float32, device=client.device
-    )
-    return local_sgd_reply(client, msg["params"], msg["round"], calibrated(offset)), cstate
-
-
 def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
-    return fedavg.fedavg_round(state, fed, hp, rnd, partial(fedlc_update, tau=hp.tau))
+    return fedavg.fedavg_round(
+        state,
+        fed,
+        hp,
+        rnd,
+        partial(class_count_update, per_class=partial(calibration, tau=hp.tau), objective=calibrated),
+    )

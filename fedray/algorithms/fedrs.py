@@ -13,17 +13,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 import numpy as np
 import torch
 
 from fedray.algorithms import fedavg
 from fedray.algorithms.fedavg import State, evaluate, init  # noqa: F401 - FedAvg's, part of the record
-from fedray.client import Client
 from fedray.federation import Federation
 from fedray.records import Record
-from fedray.rounds import local_sgd_reply
+from fedray.rounds import class_count_update
 from fedray.train import Objective, Step
 
 
@@ -56,12 +54,13 @@ def restricted_softmax(scales: torch.Tensor) -> Objective:
     return objective
 
 
-def fedrs_update(client: Client, cstate: Any, msg: dict, alpha: float) -> tuple[dict, Any]:
-    scales = torch.as_tensor(
-        class_scales(client.label_counts(), alpha), dtype=torch.float32, device=client.device
-    )
-    return local_sgd_reply(client, msg["params"], msg["round"], restricted_softmax(scales)), cstate
-
-
 def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
-    return fedavg.fedavg_round(state, fed, hp, rnd, partial(fedrs_update, alpha=hp.alpha))
+    return fedavg.fedavg_round(
+        state,
+        fed,
+        hp,
+        rnd,
+        partial(
+            class_count_update, per_class=partial(class_scales, alpha=hp.alpha), objective=restricted_softmax
+        ),
+    )
