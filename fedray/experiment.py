@@ -7,7 +7,6 @@ runs the algorithm's rounds, evaluates every ``eval_every`` rounds and streams e
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 import traceback
@@ -123,7 +122,7 @@ def execute(cfg: Config, make_federation: FederationFactory) -> Iterator[Event]:
             history.append(ev)
             yield ev
         summary = summarize(history, time.perf_counter() - t0, placement)
-        summary["hparams"] = dataclasses.asdict(ALGORITHMS[cfg.algorithm].make_hparams(cfg.hp))
+        summary["hparams"] = ALGORITHMS[cfg.algorithm].full_hparams(cfg.hp)
         writer.finish(summary)
         yield Finished(run_id, summary)
     except BaseException as e:

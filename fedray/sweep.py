@@ -27,7 +27,6 @@ turns what they report into `SweepEvent`s. No Ray here.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import itertools
 import json
 import queue
@@ -287,7 +286,7 @@ def _resolved(cfg: Config) -> dict[str, Any]:
     """The run's config, flattened, with every hp value the algorithm uses (defaults included), so
     that ``--only hp.tau=1.0`` also keeps the runs where 1.0 is the default the config leaves out."""
     d = cfg.to_dict()
-    d["hp"] = dataclasses.asdict(ALGORITHMS[cfg.algorithm].make_hparams(cfg.hp))
+    d["hp"] = ALGORITHMS[cfg.algorithm].full_hparams(cfg.hp)
     return flatten(d)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
@@ -35,6 +36,10 @@ class Algorithm:
 
     def make_hparams(self, values: Mapping[str, Any]) -> Any:
         return hparams_from_dict(self.Hparams, values, self.name)
+
+    def full_hparams(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """Every hyperparameter the run uses, defaults included (a config names only non-defaults)."""
+        return dataclasses.asdict(self.make_hparams(values))
 
     @classmethod
     def from_module(cls, name: str, module: ModuleType) -> Algorithm:

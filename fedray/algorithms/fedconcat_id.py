@@ -30,6 +30,7 @@ from fedray import seeding
 from fedray.algorithms import fedconcat
 from fedray.algorithms.fedconcat import ENCODER, State, check_config, evaluate, init  # noqa: F401 - the record
 from fedray.client import Client
+from fedray.clustering import label_distributions
 from fedray.federation import Federation
 from fedray.records import Record, assign, rec
 from fedray.rounds import fedavg_aggregate, local_sgd_reply, train_records
@@ -84,8 +85,9 @@ def inference_round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tup
         )  # an empty cluster keeps the init
     records = train_records(replies, ENCODER) + clustering.records
     records += [assign(c, k, stage=ENCODER) for c, k in sorted(clustering.assignment.items())]
-    truth = fed.label_counts()  # the simulator's knowledge, for the diagnostic only
-    l1 = {c: float(np.abs(vectors[c] - truth[c] / truth[c].sum()).sum()) for c in sorted(vectors)}
+    counts = fed.label_counts()  # the simulator's knowledge, for the diagnostic only
+    truth = dict(zip(sorted(counts), label_distributions(counts), strict=True))
+    l1 = {c: float(np.abs(vectors[c] - truth[c]).sum()) for c in sorted(vectors)}
     records += [rec("inference_l1", d, scope="client", entity=c, stage=ENCODER) for c, d in l1.items()]
     records.append(rec("inference_l1", float(np.mean(list(l1.values()))), stage=ENCODER))
     for k in range(clustering.k):
