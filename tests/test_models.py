@@ -25,6 +25,17 @@ def test_simple_cnn_matches_niid_bench_parameter_counts(shape, params):
     } <= set(m.state_dict())
 
 
+@pytest.mark.parametrize("shape,params,flat", [((1, 28, 28), 1_663_370, 3136), ((3, 32, 32), 2_156_490, 4096)])
+def test_mcmahan_cnn_matches_the_papers_parameter_count(shape, params, flat):
+    m = build_model("mcmahan_cnn", shape, 10)
+    assert sum(p.numel() for p in m.parameters()) == params
+    assert m.encoder.fc1.in_features == flat
+    feats = m.encoder(torch.zeros(2, *shape))
+    assert feats.shape == (2, 512) and m.feature_dim == 512
+    assert m.head.out_features == 10
+    assert "C x H x W" in MODELS["mcmahan_cnn"].incompatibility((64,))
+
+
 def test_mlp_takes_any_shape():
     m = build_model("mlp", (1, 8, 8), 10)
     assert m(torch.zeros(3, 1, 8, 8)).shape == (3, 10)

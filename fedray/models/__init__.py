@@ -45,12 +45,32 @@ def simple_cnn(input_shape: tuple[int, ...], num_classes: int) -> EncoderHead:
     return EncoderHead(encoder, nn.Linear(84, num_classes), 84)
 
 
-def _simple_cnn_problem(shape: tuple[int, ...]) -> str | None:
-    if len(shape) != 3:
-        return f"needs C x H x W images, the data set gives {list(shape)}"
-    if min(shape[1:]) < 16:
-        return f"needs images of at least 16x16 (two 5x5 convolutions and two 2x2 pools), got {shape[1]}x{shape[2]}"
-    return None
+def mcmahan_cnn(input_shape: tuple[int, ...], num_classes: int) -> EncoderHead:
+    """McMahan et al. 2017's CNN (ALGORITHMS.md §0.1, FedCat's model): two 5x5 "same" convolutions
+    (32, 64 channels) each with ReLU and 2x2 max pooling, FC(512), ReLU, then the linear head.
+    1,663,370 params at 1x28x28 (flatten 64*7*7 = 3136), 2,156,490 at 3x32x32 (64*8*8 = 4096)."""
+    c, h, w = input_shape
+    flat = 64 * (h // 4) * (w // 4)
+    encoder = nn.Sequential(
+        OrderedDict(
+            conv1=nn.Conv2d(c, 32, 5, padding=2), relu1=nn.ReLU(), pool1=nn.MaxPool2d(2),
+            conv2=nn.Conv2d(32, 64, 5, padding=2), relu2=nn.ReLU(), pool2=nn.MaxPool2d(2),
+            flatten=nn.Flatten(),
+            fc1=nn.Linear(flat, 512), relu3=nn.ReLU(),
+        )
+    )  # fmt: skip
+    return EncoderHead(encoder, nn.Linear(512, num_classes), 512)
+
+
+def _image_problem(min_side: int, why: str) -> Callable[[tuple[int, ...]], str | None]:
+    def problem(shape: tuple[int, ...]) -> str | None:
+        if len(shape) != 3:
+            return f"needs C x H x W images, the data set gives {list(shape)}"
+        if min(shape[1:]) < min_side:
+            return f"needs images of at least {min_side}x{min_side} ({why}), got {shape[1]}x{shape[2]}"
+        return None
+
+    return problem
 
 
 def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: int = 200) -> EncoderHead:
@@ -79,7 +99,8 @@ class ModelSpec:
 
 
 MODELS: dict[str, ModelSpec] = {
-    "simple_cnn": ModelSpec(simple_cnn, _simple_cnn_problem),
+    "simple_cnn": ModelSpec(simple_cnn, _image_problem(16, "two 5x5 convolutions and two 2x2 pools")),
+    "mcmahan_cnn": ModelSpec(mcmahan_cnn, _image_problem(4, "two 2x2 pools")),
     "mlp": ModelSpec(mlp),
 }
 
