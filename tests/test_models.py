@@ -25,7 +25,9 @@ def test_simple_cnn_matches_niid_bench_parameter_counts(shape, params):
     } <= set(m.state_dict())
 
 
-@pytest.mark.parametrize("shape,params,flat", [((1, 28, 28), 1_663_370, 3136), ((3, 32, 32), 2_156_490, 4096)])
+@pytest.mark.parametrize(
+    "shape,params,flat", [((1, 28, 28), 1_663_370, 3136), ((3, 32, 32), 2_156_490, 4096)]
+)
 def test_mcmahan_cnn_matches_the_papers_parameter_count(shape, params, flat):
     m = build_model("mcmahan_cnn", shape, 10)
     assert sum(p.numel() for p in m.parameters()) == params
