@@ -60,5 +60,8 @@ class ClientActor:
     def run_many(self, fn: ClientFn, cids: Sequence[int], msg: Any) -> list[tuple[Any, CallMeta]]:
         return self.host.run_many(fn, cids, msg)
 
+    def relay(self, fn: ClientFn, cid: int, carry: Any, common: Any) -> tuple[Any, Any, CallMeta]:
+        return self.host.relay(fn, cid, carry, common)
+
     def run_test(self, fn: ClientFn, start: int, stop: int, msg: Any) -> Any:
         return self.host.run_test(fn, start, stop, msg)

@@ -11,7 +11,16 @@ from actors.launch import ActorGroup, launch_actors
 from fedray.client import Task
 from fedray.config import Config
 from fedray.data import FederatedData
-from fedray.federation import ClientCatalog, ClientError, ClientFn, ClientHost, check_groups, test_shards
+from fedray.federation import (
+    Baton,
+    ClientCatalog,
+    ClientError,
+    ClientFn,
+    ClientHost,
+    check_groups,
+    test_shards,
+)
+from fedray.params import payload_nbytes
 from fedray.placement import assign_clients
 
 
@@ -98,6 +107,35 @@ class RayFederation(ClientCatalog):
         out = self._get(finals + metas)
         self._traffic.chains(first_msg, chains, out[len(finals) :])
         return out[: len(finals)]
+
+    def relay(self, fn: ClientFn, hops: Sequence[tuple[int, Any]], common: Any) -> list[tuple[Baton, Any]]:
+        common_ref = ray.put(common)
+        put: dict[int, tuple[Any, int]] = {}  # a value given for several hops goes into the store once
+        carries, sizes, infos, metas = [], [], [], []
+        for cid, carry in hops:
+            if isinstance(carry, Baton):
+                arg, size = self._batons.take(carry)  # an ObjectRef: Ray hands its value actor to actor
+            else:
+                if id(carry) not in put:
+                    put[id(carry)] = (ray.put(carry), payload_nbytes(carry))
+                arg, size = put[id(carry)]
+            c, i, m = self._actor_of[cid].relay.options(num_returns=3).remote(fn, cid, arg, common_ref)
+            carries.append(c)
+            infos.append(i)
+            metas.append(m)
+            sizes.append(size)
+        got = self._get(infos + metas)  # the carries are never fetched here
+        infos, metas = got[: len(hops)], got[len(hops) :]
+        self._traffic.relay_hops(sizes, common, infos, metas)
+        return [
+            (self._batons.park(c, m.carry_bytes), i) for c, i, m in zip(carries, infos, metas, strict=True)
+        ]
+
+    def fetch(self, batons: Sequence[Baton]) -> list[Any]:
+        taken = [self._batons.take(b) for b in batons]
+        values = self._get([ref for ref, _ in taken])
+        self._traffic.fetched([n for _, n in taken])
+        return values
 
     def test_map(self, fn: ClientFn, msg: Any) -> list[Any]:
         msg_ref = ray.put(msg)

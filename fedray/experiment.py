@@ -65,11 +65,12 @@ def run_rounds(cfg: Config, fed: Federation, writer: ResultsWriter) -> Iterator[
         t0 = time.perf_counter()
         state, records = alg.round(state, fed, hp, rnd)
         seconds = time.perf_counter() - t0
-        down, up = fed.take_traffic()
+        traffic = fed.take_traffic()
         records = [
             *records,
-            rec("bytes_down", down, stage=stage),
-            rec("bytes_up", up, stage=stage),
+            rec("bytes_down", traffic.down, stage=stage),
+            rec("bytes_up", traffic.up, stage=stage),
+            rec("bytes_received", traffic.received, stage=stage),
             rec("seconds", seconds, stage=stage),
         ]
         # Evaluated: every eval_every rounds, the last round, and the last round of every stage.

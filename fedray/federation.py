@@ -12,8 +12,8 @@ import math
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -51,6 +51,23 @@ class CallMeta:
     cid: int
     bytes_out: int
     seconds: float
+    carry_bytes: int = 0  # relay calls: the size of the carry the client left behind (part of bytes_out)
+
+
+@dataclass(frozen=True)
+class Baton:
+    """A value a client left in the federation instead of sending it back (FedCat's model copies
+    between the rounds of a cycle). Plain data, so it can sit in an algorithm's State; the value
+    stays where it was made (under Ray: in the object store of the client actor's node) until a
+    later `relay` hop or `fetch` uses it, once."""
+
+    key: int
+
+
+class Traffic(NamedTuple):
+    down: int  # bytes sent to clients (the algorithm's protocol: what a real deployment would send)
+    up: int  # bytes sent by clients
+    received: int  # bytes of the objects the caller (the coordinator) actually got back
 
 
 def set_torch_threads(num_cpus: float) -> int:
@@ -100,6 +117,18 @@ class ClientHost:
 
     def run_many(self, fn: ClientFn, cids: Sequence[int], msg: Any) -> list[tuple[Any, CallMeta]]:
         return [self.run(fn, cid, msg) for cid in cids]
+
+    def relay(self, fn: ClientFn, cid: int, carry: Any, common: Any) -> tuple[Any, Any, CallMeta]:
+        """One relay hop (see `Federation.relay`): ``fn`` gets ``(carry, common)`` and returns
+        ``(carry_out, info)``; the three results travel separately, so a caller can leave
+        ``carry_out`` where it is and take only ``info`` and the meta."""
+        reply, meta = self.run(fn, cid, (carry, common))
+        if not (isinstance(reply, tuple) and len(reply) == 2):
+            raise ClientError(
+                cid, f"a relay client function returns (carry, info), got {type(reply).__name__}"
+            )
+        out, info = reply
+        return out, info, replace(meta, carry_bytes=payload_nbytes(out))
 
     def run_test(self, fn: ClientFn, start: int, stop: int, msg: Any) -> Any:
         """Run ``fn`` on test-set samples [start, stop) posing as client TEST_SHARD's own test split."""
@@ -156,6 +185,18 @@ class Federation(Protocol):
         Returns the last reply of each chain.
         """
 
+    def relay(self, fn: ClientFn, hops: Sequence[tuple[int, Any]], common: Any) -> list[tuple[Baton, Any]]:
+        """One hop per ``(cid, carry)``, all hops in parallel: ``fn(client, cstate, (carry, common))``
+        returns ``((carry_out, info), cstate)``. ``carry_out`` stays in the federation as a `Baton`
+        and only the small ``info`` comes back; a ``carry`` may be a Baton from an earlier relay,
+        whose value goes straight to the client (under Ray, actor to actor: the caller never holds
+        it). This is `chain` spread over rounds: FedCat's copies travel device to device through a
+        cycle and the coordinator receives them only when it aggregates (`fetch`). Hops to one
+        client run in the given order. Returns ``(baton, info)`` per hop, in hop order."""
+
+    def fetch(self, batons: Sequence[Baton]) -> list[Any]:
+        """The values behind ``batons``, brought to the caller; each Baton is used up."""
+
     def test_map(self, fn: ClientFn, msg: Any) -> list[Any]:
         """Run ``fn`` over the global test set, split into whole eval batches across the workers.
 
@@ -173,8 +214,8 @@ class Federation(Protocol):
 
     def sample(self, fraction: float, rng: np.random.Generator) -> list[int]: ...
 
-    def take_traffic(self) -> tuple[int, int]:
-        """(bytes_down, bytes_up) since the last call, then reset."""
+    def take_traffic(self) -> Traffic:
+        """Bytes down, up and received by the caller since the last call, then reset."""
 
     def close(self) -> None:
         """Release workers (actors, placement group); the federation is unusable afterwards."""
@@ -195,17 +236,34 @@ def sample_clients(client_ids: Sequence[int], fraction: float, rng: np.random.Ge
 
 
 class TrafficMeter:
-    """Bytes sent to clients (down) and by clients (up), from the sender's measurements."""
+    """Bytes sent to clients (down) and by clients (up), from the sender's measurements, and the
+    bytes of the objects the caller received (replies and metas it fetched; a relay's carries stay
+    out until fetched). Every count is of the objects themselves, so it is the same in-process and
+    under Ray with any number of actors."""
 
     def __init__(self) -> None:
         self.down = 0
         self.up = 0
+        self.received = 0
 
     def broadcast(self, msg: Any, receivers: int) -> None:
         self.down += payload_nbytes(msg) * receivers
 
     def replies(self, metas: Sequence[CallMeta]) -> None:
         self.up += sum(m.bytes_out for m in metas)
+        self.received += sum(m.bytes_out + payload_nbytes(m) for m in metas)
+
+    def relay_hops(
+        self, carry_sizes: Sequence[int], common: Any, infos: Sequence[Any], metas: Sequence[CallMeta]
+    ) -> None:
+        """Each hop's client received its carry and the common message and sent carry + info; the
+        caller received only the infos and metas."""
+        self.down += sum(carry_sizes) + payload_nbytes(common) * len(carry_sizes)
+        self.up += sum(m.bytes_out for m in metas)
+        self.received += sum(payload_nbytes(i) + payload_nbytes(m) for i, m in zip(infos, metas, strict=True))
+
+    def fetched(self, sizes: Sequence[int]) -> None:
+        self.received += sum(sizes)
 
     def chains(self, first_msg: Any, chains: Sequence[Sequence[int]], metas: Sequence[CallMeta]) -> None:
         """Each chain's first client receives first_msg; every later client receives its predecessor's reply."""
@@ -215,12 +273,37 @@ class TrafficMeter:
             hops = metas[pos : pos + len(chain)]
             self.down += sum(m.bytes_out for m in hops[:-1])
             self.up += sum(m.bytes_out for m in hops)
+            self.received += sum(payload_nbytes(m) for m in hops) + (hops[-1].bytes_out if hops else 0)
             pos += len(chain)
 
-    def take(self) -> tuple[int, int]:
-        out = (self.down, self.up)
-        self.down = self.up = 0
+    def take(self) -> Traffic:
+        out = Traffic(self.down, self.up, self.received)
+        self.down = self.up = self.received = 0
         return out
+
+
+class BatonStore:
+    """What a federation keeps behind its Batons: the value (or, under Ray, its ObjectRef) and its size."""
+
+    def __init__(self) -> None:
+        self._items: dict[int, tuple[Any, int]] = {}
+        self._next = 0
+
+    def park(self, value: Any, nbytes: int) -> Baton:
+        self._next += 1
+        self._items[self._next] = (value, nbytes)
+        return Baton(self._next)
+
+    def take(self, baton: Baton) -> tuple[Any, int]:
+        try:
+            return self._items.pop(baton.key)
+        except KeyError:
+            raise ValueError(
+                f"{baton} was already used (a Baton is used once) or is not from this federation"
+            ) from None
+
+    def __len__(self) -> int:
+        return len(self._items)
 
 
 def _select(d: Mapping[int, Any], cids: Sequence[int] | None) -> dict[int, Any]:
@@ -249,6 +332,7 @@ class ClientCatalog:
         self._num_examples = catalog.num_examples()
         self._num_test = catalog.num_test_examples()
         self._traffic = TrafficMeter()
+        self._batons = BatonStore()
 
     def num_examples(self, cids: Sequence[int] | None = None) -> dict[int, int]:
         return _select(self._num_examples, cids)
@@ -262,7 +346,7 @@ class ClientCatalog:
     def sample(self, fraction: float, rng: np.random.Generator) -> list[int]:
         return sample_clients(self.client_ids, fraction, rng)
 
-    def take_traffic(self) -> tuple[int, int]:
+    def take_traffic(self) -> Traffic:
         return self._traffic.take()
 
 
@@ -307,6 +391,25 @@ class LocalFederation(ClientCatalog):
             finals.append(msg)
         self._traffic.chains(first_msg, chains, metas)
         return finals
+
+    def relay(self, fn: ClientFn, hops: Sequence[tuple[int, Any]], common: Any) -> list[tuple[Baton, Any]]:
+        out, sizes, infos, metas = [], [], [], []
+        for cid, carry in hops:
+            carry, size = (
+                self._batons.take(carry) if isinstance(carry, Baton) else (carry, payload_nbytes(carry))
+            )
+            value, info, meta = self.host.relay(fn, cid, carry, common)
+            out.append((self._batons.park(value, meta.carry_bytes), info))
+            sizes.append(size)
+            infos.append(info)
+            metas.append(meta)
+        self._traffic.relay_hops(sizes, common, infos, metas)
+        return out
+
+    def fetch(self, batons: Sequence[Baton]) -> list[Any]:
+        taken = [self._batons.take(b) for b in batons]
+        self._traffic.fetched([n for _, n in taken])
+        return [v for v, _ in taken]
 
     def test_map(self, fn: ClientFn, msg: Any) -> list[Any]:
         return self.host.run_test(fn, 0, self._test_size, msg)

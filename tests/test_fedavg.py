@@ -97,10 +97,10 @@ def test_traffic_counts_each_participant_download_and_upload():
     state = fedavg.init(fed, fedavg.Hparams())
     fed.take_traffic()
     fedavg.round(state, fed, fedavg.Hparams(), rnd=0)
-    down, up = fed.take_traffic()
+    down, up, _ = fed.take_traffic()
     model_bytes = sum(v.nbytes for v in state.params.values())
     assert (
         2 * model_bytes < down < 2 * model_bytes + 4000
     )  # two clients received the model (+ pickle framing)
     assert 2 * model_bytes < up < 2 * model_bytes + 4000
-    assert fed.take_traffic() == (0, 0)
+    assert fed.take_traffic() == (0, 0, 0)

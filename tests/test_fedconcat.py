@@ -234,7 +234,7 @@ def test_dp_noise_is_added_by_each_client_so_the_server_sees_only_noised_distrib
     exact = dict(zip(sorted(counts), label_distributions(counts), strict=True))
     fed.take_traffic()
     assert all(np.array_equal(v, exact[c]) for c, v in reported_distributions(fed).items())  # eps = 0
-    _, up = fed.take_traffic()
+    _, up, _ = fed.take_traffic()
     assert up > 0  # the distributions travel, and are counted
     noised = reported_distributions(fed, eps=2.5)
     for c, v in noised.items():  # F3 on the client, from the client's own stream: Laplace(0, 1/eps)

@@ -19,6 +19,14 @@ def append_self(client, cstate, msg):
     return [*msg, client.cid], cstate
 
 
+def stamp_big(client, cstate, msg):
+    """Relay client function: a carry of 1 MB stamped with the client's id; a small info."""
+    carry, _ = msg
+    out = np.array(carry, copy=True)
+    out[client.cid] += 1
+    return (out, int(out.sum())), cstate
+
+
 def fail_on_three(client, cstate, msg):
     if client.cid == 3:
         raise ValueError("bad batch")
@@ -61,7 +69,7 @@ def test_chain_traffic_counts_every_hand_off(fed):
 
     fed.take_traffic()
     fed.chain(append_self, [[2, 0, 5], [1]], [])
-    down, up = fed.take_traffic()
+    down, up, _ = fed.take_traffic()
     size = payload_nbytes
     # downloads: [] to clients 2 and 1, then [2] to 0 and [2, 0] to 5; uploads: every reply
     assert down == 2 * size([]) + size([2]) + size([2, 0])
@@ -109,7 +117,7 @@ def test_map_groups_sends_each_message_to_its_clients_and_counts_each_broadcast(
     out = fed.map_groups(count_calls, [([4, 0], "a"), ([], "unused"), ([2], {"big": np.zeros(100)})])
     assert list(out) == [0, 2, 4]  # sorted by client id
     assert out[0]["msg"] == out[4]["msg"] == "a" and out[2]["msg"]["big"].shape == (100,)
-    down, up = fed.take_traffic()
+    down, up, _ = fed.take_traffic()
     assert down == 2 * payload_nbytes("a") + payload_nbytes({"big": np.zeros(100)})
     assert up == sum(payload_nbytes(r) for r in out.values())
     with pytest.raises(ValueError, match="client 2 is sent more than one message"):
@@ -130,3 +138,33 @@ def test_bytes_counted_depend_on_content_not_on_which_objects_are_shared():
     ]
     assert payload_nbytes(shared) == payload_nbytes(fresh)
     assert payload_nbytes(shared) > 2 * (24 + 8)  # both models' arrays counted in full
+
+
+def add_self(client, cstate, msg):
+    """Relay client function: appends its id to the carry; reports the carry's length."""
+    carry, common = msg
+    out = [*carry, client.cid + common]
+    return (out, len(out)), cstate
+
+
+def test_relay_leaves_carries_behind_and_hands_them_on(fed):
+    from fedray.federation import Baton
+    from fedray.params import payload_nbytes
+
+    fed.take_traffic()
+    first = fed.relay(add_self, [(2, []), (4, [])], 100)
+    assert [info for _, info in first] == [1, 1]
+    assert all(isinstance(b, Baton) for b, _ in first)
+    t = fed.take_traffic()
+    size = payload_nbytes
+    assert t.down == 2 * size([]) + 2 * size(100)
+    assert t.up == size(([102], 1)) + size(([104], 1))
+    assert t.received < 2 * size(([102], 1)) + 400  # infos and metas only, not the carries
+
+    # Round two: the carries swap clients (a Latin square of two copies), then come back.
+    second = fed.relay(add_self, [(4, first[0][0]), (2, first[1][0])], 0)
+    assert fed.fetch([b for b, _ in second]) == [[102, 4], [104, 2]]
+    t = fed.take_traffic()
+    assert t.down == size([102]) + size([104]) + 2 * size(0)
+    with pytest.raises(ValueError, match="already used"):
+        fed.fetch([second[0][0]])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from analysis import load_metrics
@@ -10,7 +11,7 @@ from fedray.experiment import execute
 from fedray.federation import ClientError, make_local_federation
 from fedray.placement import PlacementError
 from tests.conftest import small_config
-from tests.test_federation import append_self, count_calls, fail_on_three
+from tests.test_federation import append_self, count_calls, fail_on_three, stamp_big
 
 pytestmark = pytest.mark.ray
 
@@ -75,6 +76,17 @@ def test_ray_chain_state_and_client_errors(ray_session, tmp_path):
     fed = RayFederation(cfg, build_federated_data(cfg))
     try:
         assert fed.chain(append_self, [[2, 0, 5], [1, 4]], []) == [[2, 0, 5], [1, 4]]
+        # Relay: 1 MB carries go actor to actor for three rounds; the coordinator gets them once.
+        fed.take_traffic()
+        hops = fed.relay(stamp_big, [(0, np.zeros(125_000)), (1, np.zeros(125_000))], None)
+        for cids in ([2, 3], [4, 5]):
+            hops = fed.relay(stamp_big, [(c, b) for c, (b, _) in zip(cids, hops, strict=True)], None)
+        in_cycle = fed.take_traffic()
+        assert in_cycle.down > 6_000_000 and in_cycle.up > 6_000_000  # six hops, 1 MB each way
+        assert in_cycle.received < 10_000  # infos and metas only
+        a, b = fed.fetch([h for h, _ in hops])
+        assert np.flatnonzero(a).tolist() == [0, 2, 4] and np.flatnonzero(b).tolist() == [1, 3, 5]
+        assert 2_000_000 < fed.take_traffic().received < 2_010_000
         grouped = fed.map_groups(count_calls, [([5, 0, 3], "x"), ([1], "y")])  # spread over the 3 actors
         assert {c: r["msg"] for c, r in grouped.items()} == {0: "x", 1: "y", 3: "x", 5: "x"}
         fed.map(count_calls, [0, 1], "a")
