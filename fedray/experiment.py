@@ -73,9 +73,11 @@ def run_rounds(cfg: Config, fed: Federation, writer: ResultsWriter) -> Iterator[
             rec("bytes_received", traffic.received, stage=stage),
             rec("seconds", seconds, stage=stage),
         ]
-        # Evaluated: every eval_every rounds, the last round, and the last round of every stage.
+        # Evaluated: every eval_every rounds, the last round, the last round of every stage, and
+        # where the algorithm asks (FedCat after each aggregation).
         stage_ends = getattr(state, "stage", "") != stage
-        if (rnd + 1) % cfg.eval_every == 0 or rnd + 1 == cfg.rounds or stage_ends:
+        asked = alg.evaluate_after is not None and alg.evaluate_after(state, hp, rnd)
+        if (rnd + 1) % cfg.eval_every == 0 or rnd + 1 == cfg.rounds or stage_ends or asked:
             t1 = time.perf_counter()
             records += alg.evaluate(state, fed, hp, rnd)
             fed.take_traffic()  # evaluation traffic is not training traffic

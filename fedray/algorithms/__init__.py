@@ -11,6 +11,7 @@ from typing import Any
 from fedray.algorithms import (
     clusterfedavg,
     fedavg,
+    fedcat,
     fedconcat,
     fedconcat_id,
     fedlc,
@@ -33,6 +34,9 @@ class Algorithm:
     # (cfg, hp) -> None: checks between hp and the rest of the config (rounds, partition, ...);
     # raises ValueError naming the keys. Optional.
     check_config: Callable[..., None] | None = None
+    # (state, hp, rnd) -> bool: evaluate after this round whatever eval_every says (FedCat: after
+    # each aggregation). Optional.
+    evaluate_after: Callable[..., bool] | None = None
 
     def make_hparams(self, values: Mapping[str, Any]) -> Any:
         return hparams_from_dict(self.Hparams, values, self.name)
@@ -50,6 +54,7 @@ class Algorithm:
             module.round,
             module.evaluate,
             getattr(module, "check_config", None),
+            getattr(module, "evaluate_after", None),
         )
 
 
@@ -64,4 +69,5 @@ ALGORITHMS: dict[str, Algorithm] = {
     "clusterfedavg": Algorithm.from_module("clusterfedavg", clusterfedavg),
     "fedconcat": Algorithm.from_module("fedconcat", fedconcat),
     "fedconcat_id": Algorithm.from_module("fedconcat_id", fedconcat_id),
+    "fedcat": Algorithm.from_module("fedcat", fedcat),
 }

@@ -1,0 +1,188 @@
+"""FedCat (ALGORITHMS.md §5): DevSelect by hand, the Latin-square schedule, eq. 3, the reduction to
+FedAvg, the ablations and the config checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from analysis import load_assignments, load_metrics
+from fedray.algorithms import ALGORITHMS, fedcat
+from fedray.config import ConfigError
+from fedray.data import build_federated_data
+from fedray.experiment import execute
+from fedray.federation import make_local_federation
+from fedray.params import weighted_average
+from fedray.selection import dev_select, equal_groups, latin_square, selection_probabilities
+from tests.conftest import small_config
+from tests.test_baselines import metrics
+
+# ------------------------------------------------------------------------------------------------
+# DevSelect (Alg. 3, eqs. 4-5, §5(d)) on a 2-group example worked by hand
+# ------------------------------------------------------------------------------------------------
+
+
+def test_selection_probabilities_follow_eq_5_and_the_zero_count_rule():
+    # w = 1/sqrt(1), 1/sqrt(4) = 1, 1/2 -> P = 2/3, 1/3
+    np.testing.assert_allclose(selection_probabilities([1, 4]), [2 / 3, 1 / 3])
+    # w = 1, 1/2, 1/3 -> sum 11/6 -> P = 6/11, 3/11, 2/11
+    np.testing.assert_allclose(selection_probabilities([1, 4, 9]), [6 / 11, 3 / 11, 2 / 11])
+    # never chosen at this position: infinite bonus, shared by the zero-count devices only
+    np.testing.assert_array_equal(selection_probabilities([0, 3, 0]), [0.5, 0.0, 0.5])
+    assert not np.isnan(selection_probabilities([0, 0])).any()
+
+
+def test_dev_select_counts_greedy_and_sampling_on_two_groups():
+    groups = [[0, 1], [2, 3]]
+    counts = np.array([[1, 0], [4, 0], [9, 0], [1, 0]])  # N = 4 devices x K = 2 positions
+    # greedy (epsilon = 1): group 0 -> device 0 (w 1 > 1/2), group 1 -> device 3 (w 1 > 1/3)
+    chosen = dev_select(groups, counts, 0, 1.0, np.random.default_rng(0))
+    assert chosen == [0, 3]
+    np.testing.assert_array_equal(counts[:, 0], [2, 4, 9, 2])  # M[d][o] += 1 for the chosen
+    np.testing.assert_array_equal(counts[:, 1], [0, 0, 0, 0])  # other positions untouched
+    # sampling (epsilon = 0) from M = [[1, 4], [9, 1]] at column 0: P(0) = 2/3 in group 0, P(3) = 3/4 in group 1
+    picks = []
+    rng = np.random.default_rng(1)
+    for _ in range(6000):
+        c = np.array([[1, 0], [4, 0], [9, 0], [1, 0]])
+        picks.append(dev_select(groups, c, 0, 0.0, rng))
+    picks = np.array(picks)
+    assert abs((picks[:, 0] == 0).mean() - 2 / 3) < 0.02
+    assert abs((picks[:, 1] == 3).mean() - 3 / 4) < 0.02
+    # zero counts come first in both branches; position 1 has never been used
+    for eps in (0.0, 1.0):
+        for seed in range(20):
+            c = np.array([[0, 5], [0, 0], [0, 2], [0, 7]])
+            assert dev_select(groups, c, 1, eps, np.random.default_rng(seed))[0] == 1
+            c = np.array([[0, 5], [0, 0], [0, 0], [0, 7]])
+            assert dev_select(groups, c, 1, eps, np.random.default_rng(seed)) == [1, 2]
+
+
+def test_equal_groups_and_the_latin_square():
+    groups = equal_groups(10, 3, np.random.default_rng(0))
+    assert sorted(len(g) for g in groups) == [3, 3, 4]
+    assert sorted(c for g in groups for c in g) == list(range(10))
+    assert latin_square([7, 8, 9], 0) == [7, 8, 9]
+    assert latin_square([7, 8, 9], 1) == [8, 9, 7]  # copy 0 -> the device of group 1
+    assert latin_square([7, 8, 9], 2) == [9, 7, 8]
+
+
+# ------------------------------------------------------------------------------------------------
+# The algorithm
+# ------------------------------------------------------------------------------------------------
+
+
+def fedcat_config(tmp_path, **over):
+    base = dict(algorithm="fedcat", num_clients=9, participation=0.34, rounds=6, eval_every=100, seed=4,
+                partition="iid", hp={"regroup_cycles": 1})  # fmt: skip
+    base.update(over)
+    return small_config(tmp_path, **base)
+
+
+def test_each_copy_meets_one_device_of_every_group_per_cycle(tmp_path):
+    cfg = fedcat_config(tmp_path)  # N = 9, K = 3, two cycles, regrouped every cycle
+    list(execute(cfg, make_local_federation))
+    a = load_assignments(cfg.output)
+    m = load_metrics(cfg.output)
+    groups = m[m["metric"] == "group"]
+    assert sorted(groups["round"].unique()) == [1, 4]  # drawn at the start of each cycle
+    for start in (1, 4):
+        drawn = groups[groups["round"] == start]
+        group_of = dict(zip(drawn["entity"], drawn["value"], strict=True))
+        assert sorted(np.bincount(list(map(int, group_of.values())))) == [3, 3, 3]  # equal groups
+        cycle = a[a["round"].between(start, start + 2)]
+        assert (
+            cycle.groupby("round")["cluster"].apply(lambda s: sorted(s) == [0, 1, 2]).all()
+        )  # K copies a round
+        for copy, rows in cycle.groupby("cluster"):
+            met = sorted(int(group_of[c]) for c in rows["client"])
+            assert met == [0, 1, 2], f"copy {copy} met groups {met}"
+        for _, rows in cycle.groupby("round"):
+            assert sorted(int(group_of[c]) for c in rows["client"]) == [0, 1, 2]  # one device per group
+    # accuracy after each aggregation (rounds 3 and 6), though eval_every is 100
+    assert sorted(m[m["metric"] == "accuracy"]["round"]) == [3, 6]
+    assert (m[m["metric"] == "participants"]["value"] == 3).all()
+
+
+def test_a_cycle_is_the_hand_off_of_copies_and_eq_3(tmp_path):
+    cfg = fedcat_config(tmp_path, num_clients=4, participation=0.5, rounds=2, partition="dirichlet")  # K = 2
+    fed, _ = make_local_federation(cfg, build_federated_data(cfg))
+    hp = ALGORITHMS["fedcat"].make_hparams(cfg.hp)
+    s0 = fedcat.init(fed, hp)
+    s1, rec1 = fedcat.round(s0, fed, hp, 0)
+    s2, rec2 = fedcat.round(s1, fed, hp, 1)
+    route = [[r["client"] for r in recs if r.get("kind") == "assignment"] for recs in (rec1, rec2)]
+    group_of = {c: g for g, members in enumerate(s1.groups) for c in members}
+    assert [group_of[c] for c in route[0]] == [0, 1]  # offset 0: copy i -> the device of group i
+    assert [group_of[c] for c in route[1]] == [1, 0]  # offset 1: copy i -> the device of group i + 1
+    n = fed.num_examples()
+    assert s1.sizes == [n[route[0][0]], n[route[0][1]]] and len(s1.copies) == 2
+    assert s2.copies == [] and s2.sizes == []
+    np.testing.assert_array_equal(s2.counts.sum(axis=0), [2, 2])  # two devices chosen at each position
+    # By hand: each copy trained on its round-0 device, then on its round-1 device; eq. 3 by size.
+    copies = []
+    for i in range(2):
+        p = s0.params
+        for rnd in range(2):
+            (p, _info), _meta = fed.host.run(fedcat.train_copy, route[rnd][i], (p, {"round": rnd}))
+        copies.append(p)
+    d = [n[route[0][i]] + n[route[1][i]] for i in range(2)]
+    expect = weighted_average(copies, d)
+    for k in expect:
+        np.testing.assert_array_equal(s2.params[k], expect[k])
+    assert not all(np.array_equal(s2.params[k], s0.params[k]) for k in expect)
+
+
+def test_chains_of_length_1_with_random_devices_are_fedavg_exactly(tmp_path):
+    # w/ DC (FedAvg's sampling) and w/ GC (aggregate every round): FedAvg, value for value
+    over = dict(rounds=3, participation=0.5, client_test_fraction=0.2, seed=5)
+    keep = ["accuracy", "loss", "local_accuracy", "train_loss", "train_accuracy", "participants"]
+    ref = metrics(small_config(tmp_path / "fedavg", **over))
+    got = metrics(small_config(tmp_path / "fedcat", algorithm="fedcat",
+                               hp={"grouping": False, "concatenation": False}, **over))  # fmt: skip
+    ref, got = (df[df["metric"].isin(keep)].reset_index(drop=True) for df in (ref, got))
+    assert len(ref) and got.equals(ref), got.compare(ref)
+
+
+def test_ablations_change_the_schedule(tmp_path):
+    out = {}
+    for name, hp in {"fedcat": {}, "gc": {"concatenation": False}, "dc": {"grouping": False}}.items():
+        cfg = fedcat_config(tmp_path / name, hp=hp)
+        list(execute(cfg, make_local_federation))
+        m = load_metrics(cfg.output)
+        out[name] = (m, load_assignments(cfg.output))
+    # GC evaluates like FedCat (every K rounds) but aggregates every round: different numbers
+    acc = {k: m[m["metric"] == "accuracy"]["value"].tolist() for k, (m, _) in out.items()}
+    assert acc["fedcat"] != acc["gc"] and acc["fedcat"] != acc["dc"]
+    # DC draws no groups; FedCat and GC do
+    assert not (out["dc"][0]["metric"] == "group").any() and (out["gc"][0]["metric"] == "group").any()
+    # every variant trains K = 3 devices per round and moves K models each way
+    for _, a in out.values():
+        assert (a.groupby("round").size() == 3).all()
+
+
+def test_the_coordinator_receives_the_copies_only_when_it_aggregates(tmp_path):
+    cfg = fedcat_config(tmp_path, model="mlp")
+    list(execute(cfg, make_local_federation))
+    m = load_metrics(cfg.output)
+    by = m.pivot_table(index="round", columns="metric", values="value")
+    model_bytes = by["bytes_up"].iloc[0] / 3  # three copies go up per round
+    mid = by.loc[[1, 2, 4, 5], "bytes_received"]
+    end = by.loc[[3, 6], "bytes_received"]
+    assert (mid < 0.01 * model_bytes).all()  # infos and metas only
+    assert (end > 3 * model_bytes).all() and (end < 3.05 * model_bytes).all()  # the K copies, once
+    assert (by["bytes_down"] > 3 * model_bytes * 0.95).all()  # every round K models go down, as FedAvg
+
+
+@pytest.mark.parametrize(
+    "over, match",
+    [
+        (dict(rounds=5), r"'rounds'.*cycle of K = 3 rounds.*Set rounds: 6"),
+        (dict(hp={"num_groups": 4}), r"'hp.num_groups'.*participation=0.34 of 9 clients is 3"),
+        (dict(hp={"epsilon": 1.5}), r"'hp.epsilon'"),
+        (dict(hp={"regroup_cycles": 0}), r"'hp.regroup_cycles'"),
+    ],
+)
+def test_bad_fedcat_settings_name_the_key(tmp_path, over, match):
+    with pytest.raises(ConfigError, match=match):
+        fedcat_config(tmp_path, **over)
