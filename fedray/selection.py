@@ -102,28 +102,31 @@ def sample_size_strata(sizes: Sequence[int], m: int) -> np.ndarray:
     return strata / strata.sum(axis=1, keepdims=True)
 
 
-def update_distances(updates: np.ndarray, measure: str) -> np.ndarray:
+def update_distances(updates: np.ndarray, measure: str, chunk: int = 1 << 16) -> np.ndarray:
     """N x N distances between the clients' representative updates (rows), as Fraboni et al.'s code:
     ``arccos`` of the cosine (0 when either update is zero), ``L2`` the squared Euclidean distance,
-    ``L1`` the Manhattan distance."""
-    g = np.asarray(updates, dtype=np.float64)
+    ``L1`` the Manhattan distance. Accumulated in float64 over column chunks (N models of float64
+    at once would double the memory of the updates)."""
+    g = np.asarray(updates)
+    n = g.shape[0]
+    if measure not in ("arccos", "L2", "L1"):
+        raise ValueError(f"unknown distance {measure!r}: arccos, L2 or L1")
+    acc = np.zeros((n, n))
+    for start in range(0, max(g.shape[1], 1), chunk):
+        part = g[:, start : start + chunk].astype(np.float64)
+        acc += cdist(part, part, "cityblock") if measure == "L1" else part @ part.T
     if measure == "L1":
-        return cdist(g, g, "cityblock")
-    gram = g @ g.T
-    sq = np.diag(gram).copy()
+        return acc
+    sq = np.diag(acc).copy()
     if measure == "L2":
-        d = np.maximum(sq[:, None] + sq[None, :] - 2 * gram, 0.0)
-        np.fill_diagonal(d, 0.0)
-        return d
-    if measure == "arccos":
+        d = np.maximum(sq[:, None] + sq[None, :] - 2 * acc, 0.0)
+    else:
         norms = np.sqrt(sq)
         with np.errstate(invalid="ignore", divide="ignore"):
-            cos = gram / np.outer(norms, norms)
-        d = np.arccos(np.clip(cos, -1.0, 1.0))
+            d = np.arccos(np.clip(acc / np.outer(norms, norms), -1.0, 1.0))
         d[(norms[:, None] == 0) | (norms[None, :] == 0)] = 0.0
-        np.fill_diagonal(d, 0.0)
-        return d
-    raise ValueError(f"unknown distance {measure!r}: arccos, L2 or L1")
+    np.fill_diagonal(d, 0.0)
+    return d
 
 
 def similarity_strata(

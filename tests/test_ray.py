@@ -155,6 +155,7 @@ ALGORITHM_HP = {
     "fedrs": {"alpha": 0.5},
     "fedlc": {"tau": 1.0},
     "fedcat": {"regroup_cycles": 1},
+    "clusamp": {"similarity": "arccos"},
 }
 # Config keys an algorithm needs changed from the test's (FedCat: K = 2 copies, 4 rounds = 2 cycles).
 CONFIG_OVER = {"fedcat": {"participation": 0.34}}

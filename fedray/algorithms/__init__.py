@@ -9,6 +9,7 @@ from types import ModuleType
 from typing import Any
 
 from fedray.algorithms import (
+    clusamp,
     clusterfedavg,
     fedavg,
     fedcat,
@@ -70,4 +71,5 @@ ALGORITHMS: dict[str, Algorithm] = {
     "fedconcat": Algorithm.from_module("fedconcat", fedconcat),
     "fedconcat_id": Algorithm.from_module("fedconcat_id", fedconcat_id),
     "fedcat": Algorithm.from_module("fedcat", fedcat),
+    "clusamp": Algorithm.from_module("clusamp", clusamp),
 }
