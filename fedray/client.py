@@ -111,16 +111,26 @@ class Client:
         self, rnd: int, epoch: int, batch_size: int | None = None, drop_last: bool = False
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Shuffled mini-batches of the training split; the order is drawn from (seed, loader, client, round, epoch)."""
+        for x, y, _ in self.train_batches_at(rnd, epoch, batch_size, drop_last):
+            yield x, y
+
+    def train_batches_at(
+        self, rnd: int, epoch: int, batch_size: int | None = None, drop_last: bool = False
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, np.ndarray]]:
+        """`train_batches` with each batch's positions in the training split (to look up per-sample
+        weights). ``drop_last`` drops the last partial batch (FedRC's loaders)."""
         bs = batch_size or self.task.batch_size
-        order = self.train_idx[self.train_order(rnd, epoch)]
+        positions = self.train_order(rnd, epoch)
         aug = seeding.torch_generator(self.task.seed, f"augment/{epoch}", self.cid, rnd)
-        stop = len(order) - (len(order) % bs if drop_last else 0)
+        stop = len(positions) - (len(positions) % bs if drop_last else 0)
         for start in range(0, stop, bs):
-            idx = order[start : start + bs]
+            pos = positions[start : start + bs]
+            idx = self.train_idx[pos]
             x = self.task.spec.to_tensor(self._data.x[idx], augment=True, generator=aug)
             yield (
                 x.to(self.device, non_blocking=True),
                 torch.from_numpy(self._data.y[idx]).to(self.device, non_blocking=True),
+                pos,
             )
 
     def train_order(self, rnd: int, epoch: int) -> np.ndarray:

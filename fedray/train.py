@@ -34,6 +34,18 @@ def cross_entropy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Step:
     return Step(out, ce, ce)
 
 
+def weighted_cross_entropy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> Step:
+    """(1/|B|) sum_b w_b CE_b: per-sample weights, divided by the batch size and not by the weights'
+    sum (FedEM/FedRC's gamma-weighted loss, ALGORITHMS.md §3(a) step 2d)."""
+    out = model(x)
+    each = nn.functional.cross_entropy(out, y, reduction="none")
+    return Step(out, each.mean(), (w * each).sum() / len(y))
+
+
+# The weighted objective: (model, x, y, per-sample weights of the batch) -> Step.
+WeightedObjective = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], Step]
+
+
 @dataclass
 class EvalStats:
     samples: int = 0
@@ -73,6 +85,9 @@ def local_train(
     after_step: AfterStep | None = None,
     batches: Batches | None = None,
     max_steps: int | None = None,
+    weights: np.ndarray | None = None,
+    weighted_objective: WeightedObjective = weighted_cross_entropy,
+    drop_last: bool = False,
 ) -> TrainStats:
     """``epochs`` full passes of mini-batch SGD on the client's training split.
 
@@ -81,17 +96,31 @@ def local_train(
     (cross-entropy unless an algorithm says otherwise); ``after_step`` runs after each optimizer
     step. ``batches(epoch)`` replaces the client's shuffled training batches (e.g. precomputed
     features, `feature_batches`). ``max_steps`` stops after that many optimizer steps (FedConcat's
-    classifier rounds: 3).
+    classifier rounds: 3). ``weights`` (one per training sample, aligned with the client's training
+    split) weight each sample's loss through ``weighted_objective`` (FedEM/FedRC's gamma);
+    ``drop_last`` drops each epoch's last partial batch (FedRC's loaders).
     """
     opt = optimizer or sgd(model.parameters(), client)
     model.train()
     stats = TrainStats()
+    w_all = (
+        None
+        if weights is None
+        else torch.as_tensor(np.asarray(weights), dtype=torch.float32, device=client.device)
+    )
     for epoch in range(client.task.local_epochs if epochs is None else epochs):
-        for x, y in client.train_batches(rnd, epoch) if batches is None else batches(epoch):
+        if batches is not None:
+            epoch_batches = ((x, y, None) for x, y in batches(epoch))
+        else:
+            epoch_batches = client.train_batches_at(rnd, epoch, drop_last=drop_last)
+        for x, y, pos in epoch_batches:
             if max_steps is not None and stats.steps >= max_steps:
                 break
             opt.zero_grad(set_to_none=True)
-            step = objective(model, x, y)
+            if w_all is None:
+                step = objective(model, x, y)
+            else:
+                step = weighted_objective(model, x, y, w_all[torch.from_numpy(pos).to(client.device)])
             step.loss.backward()
             opt.step()
             if after_step is not None:
@@ -102,6 +131,29 @@ def local_train(
             stats.loss_sum += float(step.ce.detach()) * n
             stats.correct += int((step.logits.detach().argmax(1) == y).sum())
     return stats
+
+
+def optimizer_state(opt: torch.optim.Optimizer, model: nn.Module) -> dict[str, np.ndarray]:
+    """The optimizer's per-parameter buffers (SGD's momentum) as plain arrays keyed by parameter
+    name and buffer (``"encoder.fc1.weight/momentum_buffer"``): client state that survives between
+    a client's rounds (FedRC/FedEM and CFL keep their optimizer, ALGORITHMS.md §9.2)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    out: dict[str, np.ndarray] = {}
+    for group in opt.param_groups:
+        for p in group["params"]:
+            for key, value in opt.state.get(p, {}).items():
+                if torch.is_tensor(value) and value.ndim > 0:
+                    out[f"{names[id(p)]}/{key}"] = value.detach().cpu().numpy().copy()
+    return out
+
+
+def load_optimizer_state(opt: torch.optim.Optimizer, model: nn.Module, arrays: dict[str, np.ndarray]) -> None:
+    """Put buffers saved by `optimizer_state` back (a fresh optimizer for the same parameters)."""
+    params = dict(model.named_parameters())
+    for name, value in arrays.items():
+        pname, key = name.rsplit("/", 1)
+        p = params[pname]
+        opt.state[p][key] = torch.as_tensor(np.array(value), device=p.device, dtype=p.dtype)
 
 
 def feature_batches(client: Client, features: np.ndarray, rnd: int) -> Batches:
