@@ -38,6 +38,26 @@ def test_mcmahan_cnn_matches_the_papers_parameter_count(shape, params, flat):
     assert "C x H x W" in MODELS["mcmahan_cnn"].incompatibility((64,))
 
 
+def test_fedrc_cnn_has_the_papers_size_and_normalises_its_own_inputs():
+    m = build_model("fedrc_cnn", (1, 28, 28), 10)
+    assert sum(p.numel() for p in m.parameters()) == 2_171_786
+    assert m.encoder.fc1.in_features == 1024 and m.feature_dim == 2048
+    assert not any("normalize" in k for k in m.state_dict())  # the constants never travel
+    x = torch.full((1, 1, 28, 28), 0.1307)  # the mean: zero after normalisation
+    assert torch.allclose(m.encoder.normalize(x), torch.zeros_like(x))
+
+
+@pytest.mark.parametrize("name,dim", [("resnet18", 512), ("mobilenet_v2", 1280)])
+@pytest.mark.parametrize("shape", [(3, 32, 32), (1, 32, 32)])
+def test_torchvision_models_take_32x32_inputs_with_an_encoder_head_split(name, dim, shape):
+    m = build_model(name, shape, 10).eval()
+    x = torch.zeros(2, *shape)
+    feats = m.encoder(x)
+    assert feats.shape == (2, dim) and m.feature_dim == dim
+    assert torch.equal(m(x), m.head(feats)) and m(x).shape == (2, 10)
+    assert set(n for n, _ in m.head.named_parameters()) == {"weight", "bias"}
+
+
 def test_mlp_takes_any_shape():
     m = build_model("mlp", (1, 8, 8), 10)
     assert m(torch.zeros(3, 1, 8, 8)).shape == (3, 10)

@@ -62,6 +62,64 @@ def mcmahan_cnn(input_shape: tuple[int, ...], num_classes: int) -> EncoderHead:
     return EncoderHead(encoder, nn.Linear(512, num_classes), 512)
 
 
+class Normalize(nn.Module):
+    """A fixed (x - mean) / std in front of a model (FedRC's FMNIST CNN normalises its own inputs).
+    The constants are not parameters and not in the state dict: they never travel or average."""
+
+    def __init__(self, mean: float, std: float) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.tensor(mean), persistent=False)
+        self.register_buffer("std", torch.tensor(std), persistent=False)
+
+    def forward(self, x):  # noqa: D401 - plain nn.Module forward
+        return (x - self.mean) / self.std
+
+
+def fedrc_cnn(input_shape: tuple[int, ...], num_classes: int) -> EncoderHead:
+    """FedRC's FMNIST CNN (ALGORITHMS.md §0.1, RC:models.py FemnistCNN; the paper's "three-layer
+    CNN" is two convolutions and two FC layers): inputs normalised with mean 0.1307, std 0.3081,
+    Conv(32, 5x5), ReLU, MaxPool 2, Conv(64, 5x5), ReLU, MaxPool 2, FC(2048), ReLU, then the head.
+    2,171,786 params at 1x28x28 (flatten 64*4*4 = 1024)."""
+    c, h, w = input_shape
+    flat = 64 * (((h - 4) // 2 - 4) // 2) * (((w - 4) // 2 - 4) // 2)
+    encoder = nn.Sequential(
+        OrderedDict(
+            normalize=Normalize(0.1307, 0.3081),
+            conv1=nn.Conv2d(c, 32, 5), relu1=nn.ReLU(), pool1=nn.MaxPool2d(2),
+            conv2=nn.Conv2d(32, 64, 5), relu2=nn.ReLU(), pool2=nn.MaxPool2d(2),
+            flatten=nn.Flatten(),
+            fc1=nn.Linear(flat, 2048), relu3=nn.ReLU(),
+        )
+    )  # fmt: skip
+    return EncoderHead(encoder, nn.Linear(2048, num_classes), 2048)
+
+
+def resnet18(input_shape: tuple[int, ...], num_classes: int) -> EncoderHead:
+    """torchvision's ResNet-18 for 32x32 inputs (the usual CIFAR stem: a 3x3 stride-1 first
+    convolution for the input's channels, no max pool); encoder = up to the pooled 512-d feature."""
+    from torchvision.models import resnet18 as tv_resnet18
+
+    net = tv_resnet18(num_classes=num_classes)
+    net.conv1 = nn.Conv2d(input_shape[0], 64, kernel_size=3, stride=1, padding=1, bias=False)
+    net.maxpool = nn.Identity()
+    head = net.fc
+    net.fc = nn.Identity()  # the network up to here is the encoder: pooled and flattened features
+    return EncoderHead(net, head, 512)
+
+
+def mobilenet_v2(input_shape: tuple[int, ...], num_classes: int) -> EncoderHead:
+    """torchvision's MobileNetV2 for 32x32 inputs (first convolution stride 1 for the input's
+    channels); encoder = features, pooling and dropout (1280-d), head = the last Linear."""
+    from torchvision.models import mobilenet_v2 as tv_mobilenet_v2
+
+    net = tv_mobilenet_v2(num_classes=num_classes)
+    first = net.features[0][0]
+    net.features[0][0] = nn.Conv2d(input_shape[0], first.out_channels, 3, stride=1, padding=1, bias=False)
+    head = net.classifier[1]
+    net.classifier[1] = nn.Identity()
+    return EncoderHead(net, head, net.last_channel)
+
+
 def _image_problem(min_side: int, why: str) -> Callable[[tuple[int, ...]], str | None]:
     def problem(shape: tuple[int, ...]) -> str | None:
         if len(shape) != 3:
@@ -101,6 +159,9 @@ class ModelSpec:
 MODELS: dict[str, ModelSpec] = {
     "simple_cnn": ModelSpec(simple_cnn, _image_problem(16, "two 5x5 convolutions and two 2x2 pools")),
     "mcmahan_cnn": ModelSpec(mcmahan_cnn, _image_problem(4, "two 2x2 pools")),
+    "fedrc_cnn": ModelSpec(fedrc_cnn, _image_problem(16, "two 5x5 convolutions and two 2x2 pools")),
+    "resnet18": ModelSpec(resnet18, _image_problem(8, "ResNet-18's three stride-2 stages")),
+    "mobilenet_v2": ModelSpec(mobilenet_v2, _image_problem(8, "MobileNetV2's stride-2 stages")),
     "mlp": ModelSpec(mlp),
 }
 
