@@ -24,7 +24,10 @@ def e_step(
     with np.errstate(divide="ignore"):
         logits = np.log(np.asarray(omega, dtype=np.float64))[:, None] - np.asarray(losses, dtype=np.float64)
         if prior is not None:
-            logits = logits - np.log(np.asarray(prior, dtype=np.float64)[:, labels])
+            log_c = np.log(np.asarray(prior, dtype=np.float64)[:, labels])
+            # minus each sample's largest log C first: the softmax does not change, and a prior that is
+            # the same for every model adds exactly 0 (FedRC with a constant prior is FedEM, bit for bit)
+            logits = logits - (log_c - log_c.max(axis=0, keepdims=True))
     logits -= logits.max(axis=0, keepdims=True)
     w = np.exp(logits)
     return w / w.sum(axis=0, keepdims=True)

@@ -156,6 +156,8 @@ ALGORITHM_HP = {
     "fedlc": {"tau": 1.0},
     "fedcat": {"regroup_cycles": 1},
     "clusamp": {"similarity": "arccos"},
+    "fedem": {"num_clusters": 2},
+    "fedrc": {"num_clusters": 3, "adam": "paper", "delta": 0.2, "xi": 1.0, "finetune": True},
 }
 # Config keys an algorithm needs changed from the test's (FedCat: K = 2 copies, 4 rounds = 2 cycles).
 CONFIG_OVER = {"fedcat": {"participation": 0.34}}

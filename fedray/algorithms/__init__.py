@@ -15,9 +15,11 @@ from fedray.algorithms import (
     fedcat,
     fedconcat,
     fedconcat_id,
+    fedem,
     fedlc,
     fednova,
     fedprox,
+    fedrc,
     fedrs,
     moon,
     scaffold,
@@ -72,4 +74,6 @@ ALGORITHMS: dict[str, Algorithm] = {
     "fedconcat_id": Algorithm.from_module("fedconcat_id", fedconcat_id),
     "fedcat": Algorithm.from_module("fedcat", fedcat),
     "clusamp": Algorithm.from_module("clusamp", clusamp),
+    "fedem": Algorithm.from_module("fedem", fedem),
+    "fedrc": Algorithm.from_module("fedrc", fedrc),
 }

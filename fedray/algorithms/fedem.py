@@ -1,0 +1,287 @@
+"""FedEM: Marfoq, Neglia, Bellet, Kameni, Vidal, "Federated Multi-Task Learning under a Mixture of
+Distributions", NeurIPS 2021 (ALGORITHMS.md §4.1), as the FedRC codebase runs it; and the mixture
+skeleton FedRC extends (ALGORITHMS.md §3(a), `fedrc.py`).
+
+K global models. Each participant, per round (client state: gamma K x n, omega K, and with
+``persistent_optimizer`` one SGD buffer set per model):
+
+1. E-step with the received models: per-sample losses l_kj on its training split (eval mode),
+   gamma_kj = softmax_k(log omega_k - l_kj) (FedRC: minus log C_{y_j,k}); omega_k = mean_j gamma_kj;
+2. trains each model with omega_k > 0 for the local epochs on (1/|B|) sum_b gamma_bk CE_b, from
+   the received weights (drop_last batches, as the code's loaders);
+3. reports per-class gamma sums S[k, y] (FedRC's label prior; FedEM ignores them).
+
+The server averages each model over the participants that trained it (weights n_i, participants
+only: the FedRC code; FedEM's own code weighs over all clients, the same at full participation).
+Model k starts from its own init (seed + k, as the code). Prediction is the omega-weighted softmax
+ensemble (``hard_predict``: the argmax model's). ``accuracy`` is that ensemble on the global test
+set with the population's omega (the size-weighted mean of the clients' omega; FedRC-style test
+clients come with the shift preset); ``local_accuracy`` each client's ensemble on its test split.
+Per round, every participant's omega goes to ``assignments/`` (one row per model, weight omega_k).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedray import mixture
+from fedray.client import Client
+from fedray.federation import Federation
+from fedray.params import Params, get_params, weighted_average
+from fedray.records import Record, assign, rec
+from fedray.train import TrainStats, load_optimizer_state, local_train, optimizer_state, sgd
+
+
+@dataclass
+class Hparams:
+    num_clusters: int = 3  # K: mixture components (global models)
+    hard_predict: bool = (
+        False  # predict with the client's argmax-omega model instead of the omega-weighted ensemble
+    )
+    persistent_optimizer: bool = (
+        True  # each client keeps its SGD buffers per model across rounds (the code does)
+    )
+    drop_last: bool = True  # drop each epoch's last partial batch (the code's loaders)
+
+    def check(self) -> None:
+        if self.num_clusters < 1:
+            raise ValueError(f"config key 'hp.num_clusters': must be >= 1, got {self.num_clusters}")
+
+
+@dataclass
+class State:
+    models: dict[int, Params]  # model id -> theta_k (ids stay fixed when FedRC removes a model)
+    prior: np.ndarray | None = None  # FedRC: C_{y,k}, K x C over the live models (None: FedEM)
+    stats: dict[int, np.ndarray] = field(default_factory=dict)  # FedRC: each client's last reported S, K x C
+
+
+def init_models(fed: Federation, k: int) -> dict[int, Params]:
+    """Model k from its own seeded init (the code: torch seed + k), so the components differ; model
+    0 is FedAvg's init."""
+    return {i: get_params(fed.task.build_model(purpose="init" if i == 0 else f"init/{i}")) for i in range(k)}
+
+
+def init(fed: Federation, hp: Hparams) -> State:
+    return State(init_models(fed, hp.num_clusters))
+
+
+# ---- client side --------------------------------------------------------------------------------
+
+
+@dataclass
+class ClientMixture:
+    """A client's persistent mixture state (plain arrays)."""
+
+    ids: list[int]  # the live model ids the rows below belong to
+    gamma: np.ndarray  # K x n responsibilities of its training samples
+    omega: np.ndarray  # K mixture weights
+    nu: np.ndarray | None = None  # FedRC-Adam's first moment of gamma (K x n)
+    a: np.ndarray | None = None  # FedRC-Adam's second moment
+    opt: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)  # model id -> SGD buffers
+
+
+def fresh(ids: list[int], n: int) -> ClientMixture:
+    k = len(ids)
+    return ClientMixture(list(ids), np.full((k, n), 1.0 / k), np.full(k, 1.0 / k))
+
+
+def aligned(cstate: ClientMixture | None, ids: list[int], n: int) -> ClientMixture:
+    """The client's state for the live models ``ids``: fresh (1/K) the first time; rows of removed
+    models dropped and the rest renormalised (FedRC's adaptive removal)."""
+    if cstate is None:
+        return fresh(ids, n)
+    if cstate.ids == list(ids):
+        return cstate
+    keep = np.array([i in ids for i in cstate.ids])
+    gamma, omega = mixture.drop_models(cstate.gamma, keep)
+    nu = None if cstate.nu is None else cstate.nu[keep]
+    a = None if cstate.a is None else cstate.a[keep]
+    return ClientMixture(list(ids), gamma, omega, nu, a, {i: s for i, s in cstate.opt.items() if i in ids})
+
+
+@torch.no_grad()
+def sample_losses(client: Client, models: list[Params], batches) -> np.ndarray:
+    """K x n cross-entropies of each model on the given batches, in order (eval mode)."""
+    out = []
+    for params in models:
+        model = client.model(params)
+        model.eval()
+        out.append(
+            np.concatenate(
+                [
+                    torch.nn.functional.cross_entropy(model(x), y, reduction="none").cpu().numpy()
+                    for x, y in batches()
+                ]
+            )
+        )
+    return np.stack(out).astype(np.float64)
+
+
+def e_step(client: Client, state: ClientMixture, models: list[Params], msg: dict) -> ClientMixture:
+    """gamma and omega from the received models (with the label prior and Adam where the message says)."""
+    losses = sample_losses(client, models, client.eval_train_batches)
+    gamma = mixture.e_step(losses, state.omega, client.train_labels(), msg.get("prior"))
+    nu, a = state.nu, state.a
+    if msg.get("adam") is not None:
+        zero = np.zeros_like(gamma)
+        gamma, nu, a = mixture.adam_gamma(
+            state.gamma, gamma, zero if nu is None else nu, zero if a is None else a, msg["adam"]
+        )
+    return replace(state, gamma=gamma, omega=mixture.omega_update(gamma), nu=nu, a=a)
+
+
+def train_models(
+    client: Client, state: ClientMixture, models: list[Params], msg: dict
+) -> tuple[list, TrainStats]:
+    """Each model with omega_k > 0 trained on the gamma-weighted loss; None for skipped models."""
+    out, total = [], TrainStats()
+    for row, (mid, params) in enumerate(zip(state.ids, models, strict=True)):
+        if state.omega[row] <= 0:
+            out.append(None)
+            continue
+        model = client.model(params)
+        opt = sgd(model.parameters(), client)
+        if msg["persistent_optimizer"] and mid in state.opt:
+            load_optimizer_state(opt, model, state.opt[mid])
+        stats = local_train(model, client, msg["round"], optimizer=opt, weights=state.gamma[row],
+                            drop_last=msg["drop_last"])  # fmt: skip
+        if msg["persistent_optimizer"]:
+            state.opt[mid] = optimizer_state(opt, model)
+        out.append(get_params(model))
+        for f in ("samples", "loss_sum", "correct", "steps"):
+            setattr(total, f, getattr(total, f) + getattr(stats, f))
+    return out, total
+
+
+def mixture_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+    """Client function: E-step, omega, label statistics, then the weighted training of each model."""
+    ids, models = msg["ids"], msg["models"]
+    state = e_step(client, aligned(cstate, ids, client.num_examples), models, msg)
+    stats = mixture.label_stats(state.gamma, client.train_labels(), client.task.spec.num_classes)
+    if msg.get("xi", 0.0) > 0:  # FedRC's privacy variant: Gaussian noise on what leaves the client
+        stats = stats + client.task.rng("fedrc/noise", client.cid, msg["round"]).normal(
+            0.0, msg["xi"], stats.shape
+        )
+    trained, ts = train_models(client, state, models, msg)
+    reply = {
+        "models": trained,
+        "num_examples": client.num_examples,
+        "stats": stats,
+        "omega": state.omega,
+        "train_loss_sum": ts.loss_sum, "train_correct": ts.correct, "train_samples": ts.samples, "steps": ts.steps,
+    }  # fmt: skip
+    return reply, state
+
+
+@torch.no_grad()
+def ensemble_eval(client: Client, state: ClientMixture, models: list[Params], hard: bool, batches) -> dict:
+    """Correct predictions and summed NLL of the omega-weighted softmax ensemble on ``batches``."""
+    probas = []
+    ys = []
+    for params in models:
+        model = client.model(params)
+        model.eval()
+        probas.append(np.concatenate([torch.softmax(model(x), 1).cpu().numpy() for x, _ in batches()]))
+    ys = np.concatenate([y.cpu().numpy() for _, y in batches()]) if probas else np.zeros(0, np.int64)
+    p = mixture.ensemble_proba(np.stack(probas), state.omega, hard)
+    return {
+        "correct": int((p.argmax(1) == ys).sum()),
+        "samples": len(ys),
+        "loss_sum": float(-np.log(np.maximum(p[np.arange(len(ys)), ys], 1e-12)).sum()),
+    }
+
+
+def local_ensemble_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+    """Client function: the client's ensemble (its omega) on its own test split. State unchanged."""
+    state = aligned(cstate, msg["ids"], client.num_examples)
+    return ensemble_eval(client, state, msg["models"], msg["hard"], client.test_batches), cstate
+
+
+def global_ensemble_eval(client: Client, cstate: Any, msg: dict) -> tuple[list, Any]:
+    """test_map function: the ensemble with the population's omega on a shard of the global test set."""
+    state = ClientMixture(msg["ids"], np.zeros((0, 0)), np.asarray(msg["omega"]))
+    return [ensemble_eval(client, state, msg["models"], msg["hard"], client.test_batches)], cstate
+
+
+def report_omega(client: Client, cstate: Any, msg: dict) -> tuple[np.ndarray, Any]:
+    """Client function (evaluation): the client's current omega over the live models."""
+    return aligned(cstate, msg["ids"], client.num_examples).omega, cstate
+
+
+# ---- server side --------------------------------------------------------------------------------
+
+
+def mixture_round(
+    state: State, fed: Federation, hp: Hparams, rnd: int, extra: dict
+) -> tuple[State, list, dict]:
+    """The sampled clients' update and the per-model FedAvg; ``extra`` goes into the message (FedRC:
+    prior, Adam constants, noise). Returns the new state (models), the records and the replies."""
+    ids = sorted(state.models)
+    cids = fed.sample(fed.task.participation, fed.task.rng("sample", rnd=rnd))
+    msg = {"ids": ids, "models": [state.models[i] for i in ids], "round": rnd,
+           "persistent_optimizer": hp.persistent_optimizer, "drop_last": hp.drop_last, **extra}  # fmt: skip
+    replies = fed.map(mixture_update, cids, msg)
+    models = dict(state.models)
+    records: list[Record] = []
+    for row, mid in enumerate(ids):
+        trained = [c for c in cids if replies[c]["models"][row] is not None]
+        if trained:
+            models[mid] = weighted_average(
+                [replies[c]["models"][row] for c in trained], [replies[c]["num_examples"] for c in trained]
+            )
+        records.append(rec("participants", len(trained), scope="cluster", entity=mid))
+    samples = sum(r["train_samples"] for r in replies.values())
+    if samples:
+        records += [rec("train_loss", sum(r["train_loss_sum"] for r in replies.values()) / samples),
+                    rec("train_accuracy", sum(r["train_correct"] for r in replies.values()) / samples)]  # fmt: skip
+    records.append(rec("participants", len(cids)))
+    records += [assign(c, mid, float(replies[c]["omega"][row])) for c in cids for row, mid in enumerate(ids)]
+    return replace(state, models=models), records, replies
+
+
+def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
+    new, records, _ = mixture_round(state, fed, hp, rnd, {})
+    return new, records
+
+
+def purity(omega: dict[int, np.ndarray], truth: dict[int, int]) -> float:
+    """Concept purity: the share of clients whose argmax-omega model is the majority model of their
+    ground-truth group."""
+    good = 0
+    for g in sorted(set(truth.values())):
+        members = [c for c in truth if truth[c] == g and c in omega]
+        tops = [int(np.argmax(omega[c])) for c in members]
+        if tops:
+            good += max(tops.count(t) for t in set(tops))
+    return good / max(1, sum(1 for c in truth if c in omega))
+
+
+def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Record]:
+    ids = sorted(state.models)
+    models = [state.models[i] for i in ids]
+    omega = fed.map(report_omega, fed.client_ids, {"ids": ids})
+    n = fed.num_examples()
+    population = sum(n[c] * omega[c] for c in omega) / sum(n.values())
+    parts = fed.test_map(
+        global_ensemble_eval, {"ids": ids, "models": models, "omega": population, "hard": hp.hard_predict}
+    )
+    samples = sum(p["samples"] for p in parts)
+    records = [rec("accuracy", sum(p["correct"] for p in parts) / samples),
+               rec("loss", sum(p["loss_sum"] for p in parts) / samples)]  # fmt: skip
+    with_test = [c for c, k in fed.num_test_examples().items() if k > 0]
+    if with_test:
+        local = fed.map(
+            local_ensemble_eval, with_test, {"ids": ids, "models": models, "hard": hp.hard_predict}
+        )
+        records += [rec("local_accuracy", r["correct"] / max(1, r["samples"]), scope="client", entity=c)
+                    for c, r in local.items()]  # fmt: skip
+        records.append(rec("local_accuracy", sum(r["correct"] for r in local.values())
+                           / max(1, sum(r["samples"] for r in local.values()))))  # fmt: skip
+    if fed.groups is not None:
+        records.append(rec("purity", purity(omega, fed.groups)))
+    records += [rec("live_models", len(ids))]
+    return records

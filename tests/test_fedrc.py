@@ -1,0 +1,109 @@
+"""FedEM and FedRC: the reductions (FedRC's round 0 and FedRC without its prior are FedEM, bit for
+bit), the client's mixture state, removal, and the config checks. The E/M arithmetic itself is
+tested by hand in test_mixture.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from analysis import load_assignments
+from fedray.algorithms import ALGORITHMS, fedem, fedrc
+from fedray.config import ConfigError
+from fedray.data import build_federated_data
+from fedray.federation import make_local_federation
+from tests.conftest import small_config
+from tests.test_baselines import metrics as all_metrics
+
+
+def metrics(cfg):
+    """Every metric but the bytes sent down (FedRC's message carries its prior and options too)."""
+    df = all_metrics(cfg)
+    return df[df["metric"] != "bytes_down"].reset_index(drop=True)
+
+
+OVER = dict(partition="dominant", partition_clusters=2, num_clients=6, rounds=3, participation=1.0,
+            client_test_fraction=0.2, seed=3, lr=0.1)  # fmt: skip
+
+
+def test_fedrc_without_its_label_prior_is_fedem(tmp_path):
+    ref = metrics(small_config(tmp_path / "fedem", algorithm="fedem", hp={"num_clusters": 2}, **OVER))
+    got = metrics(small_config(tmp_path / "fedrc", algorithm="fedrc", hp={"num_clusters": 2, "label_prior": False},
+                               **OVER))  # fmt: skip
+    assert got.equals(ref), got.compare(ref)
+
+
+def test_fedrc_round_0_uses_a_constant_prior_so_it_is_fedems_round(tmp_path):
+    ref = metrics(small_config(tmp_path / "fedem", algorithm="fedem", hp={"num_clusters": 2}, **OVER))
+    got = metrics(small_config(tmp_path / "fedrc", algorithm="fedrc", hp={"num_clusters": 2}, **OVER))
+    first = lambda df: df[df["round"] == 1].reset_index(drop=True)  # noqa: E731
+    assert first(got).equals(first(ref))
+    assert not got[got["round"] == 3]["value"].equals(ref[ref["round"] == 3]["value"].reset_index(drop=True))
+
+
+def test_the_label_prior_is_built_from_every_clients_last_statistics(tmp_path):
+    cfg = small_config(tmp_path, algorithm="fedrc", hp={"num_clusters": 2}, **{**OVER, "participation": 0.5})
+    fed, _ = make_local_federation(cfg, build_federated_data(cfg))
+    hp = ALGORITHMS["fedrc"].make_hparams(cfg.hp)
+    s = fedrc.init(fed, hp)
+    assert s.prior is None  # round 0: constant prior, FedEM's E-step
+    s1, _ = fedrc.round(s, fed, hp, 0)
+    reported = sorted(s1.stats)
+    assert len(reported) == 3  # the participants; the others still count with 1/C per class
+    c = fed.task.spec.num_classes
+    total = sum(s1.stats[k] for k in reported) + 3 * np.full((2, c), 1.0 / c)
+    np.testing.assert_allclose(
+        s1.prior, np.maximum(total, 1e-8) / np.maximum(total, 1e-8).sum(axis=1, keepdims=True)
+    )
+    # each participant's statistics sum to its number of training samples (gamma sums to 1 per sample)
+    n = fed.num_examples()
+    for k in reported:
+        assert s1.stats[k].sum() == pytest.approx(n[k])
+
+
+def test_client_state_keeps_gamma_and_omega_and_drops_removed_models():
+    st = fedem.fresh([0, 1, 2], 4)
+    np.testing.assert_allclose(st.omega, 1 / 3)
+    st.gamma = np.array([[0.5, 0.2, 0.1, 0.4], [0.3, 0.0, 0.1, 0.2], [0.2, 0.8, 0.8, 0.4]])
+    st.opt = {0: {"x": np.zeros(1)}, 1: {"x": np.ones(1)}}
+    same = fedem.aligned(st, [0, 1, 2], 4)
+    assert same is st
+    kept = fedem.aligned(st, [0, 2], 4)  # model 1 removed by the server
+    np.testing.assert_allclose(kept.gamma.sum(axis=0), 1.0)
+    np.testing.assert_allclose(kept.gamma[:, 0], [0.5 / 0.7, 0.2 / 0.7])
+    np.testing.assert_allclose(kept.omega, kept.gamma.mean(axis=1))
+    assert kept.ids == [0, 2] and sorted(kept.opt) == [0]
+
+
+def test_removal_drops_a_model_everywhere(tmp_path):
+    cfg = small_config(tmp_path, algorithm="fedrc", hp={"num_clusters": 3, "delta": 0.34}, **OVER)
+    fed, _ = make_local_federation(cfg, build_federated_data(cfg))
+    hp = ALGORITHMS["fedrc"].make_hparams(cfg.hp)
+    s = fedrc.init(fed, hp)
+    s1, records = fedrc.round(s, fed, hp, 0)
+    removed = [r["entity"] for r in records if r.get("metric") == "removed"]
+    assert removed and len(s1.models) == 3 - len(removed) and s1.prior.shape[0] == len(s1.models)
+    assert all(st.shape[0] == len(s1.models) for st in s1.stats.values())
+    s2, _ = fedrc.round(s1, fed, hp, 1)  # clients drop the removed rows on the next message
+    omegas = fed.map(fedem.report_omega, fed.client_ids, {"ids": sorted(s2.models)})
+    assert all(len(o) == len(s2.models) and o.sum() == pytest.approx(1.0) for o in omegas.values())
+
+
+def test_omega_of_every_participant_is_written_each_round(tmp_path):
+    from fedray.experiment import execute
+
+    cfg = small_config(tmp_path, algorithm="fedrc", hp={"num_clusters": 2}, **OVER)
+    list(execute(cfg, make_local_federation))
+    a = load_assignments(cfg.output)
+    assert len(a) == 3 * 6 * 2  # rounds x clients x models
+    np.testing.assert_allclose(a.groupby(["round", "client"])["weight"].sum(), 1.0)
+
+
+@pytest.mark.parametrize(
+    "hp, match",
+    [({"adam": "yes"}, r"'hp.adam'.*off, paper, code"), ({"delta": 1.5}, r"'hp.delta'"), ({"xi": -1}, r"'hp.xi'"),
+     ({"num_clusters": 0}, r"'hp.num_clusters'")],
+)  # fmt: skip
+def test_bad_fedrc_settings_name_the_key(tmp_path, hp, match):
+    with pytest.raises(ConfigError, match=match):
+        small_config(tmp_path, algorithm="fedrc", hp=hp)
