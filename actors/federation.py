@@ -38,14 +38,16 @@ class RayFederation(ClientCatalog):
     def __init__(self, cfg: Config, data: FederatedData, group: ActorGroup | None = None) -> None:
         self.task = Task.from_config(cfg, data.dataset.spec)
         # Metadata (sizes, label counts) comes from a host that never trains; it reads the same arrays.
-        super().__init__(ClientHost(self.task, data.dataset.train, data.clients), data.groups)
+        super().__init__(
+            ClientHost(self.task, data.dataset.train, data.clients), data.groups, data.test_clients
+        )
         self._test_size = len(data.dataset.test)
         self._group = group or launch_actors(cfg.to_dict())
         self._group.wait_ready()
         self.actors = self._group.actors
         # Each array goes into the object store once; every actor reads it zero-copy.
         train_ref, test_ref = ray.put(data.dataset.train), ray.put(data.dataset.test)
-        groups = assign_clients({c: self._num_examples[c] for c in self.client_ids}, len(self.actors))
+        groups = assign_clients(dict(self._all_examples), len(self.actors))  # test clients are hosted too
         self._actor_of: dict[int, Any] = {c: a for a, g in zip(self.actors, groups, strict=True) for c in g}
         setups = [
             a.setup.remote(self.task, train_ref, test_ref, {c: data.clients[c] for c in g})

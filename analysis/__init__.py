@@ -1,6 +1,6 @@
 """pandas over fedray's Parquet output (reads files only; no fedray or Ray imports needed)."""
 
-from analysis.load import load_assignments, load_metrics, load_runs
+from analysis.load import load_assignments, load_clients, load_metrics, load_runs
 from analysis.plots import accuracy_curves, write_plots
 from analysis.report import ReportError, format_table, pivot, run_values, wide_tables
 
@@ -9,6 +9,7 @@ __all__ = [
     "accuracy_curves",
     "format_table",
     "load_assignments",
+    "load_clients",
     "load_metrics",
     "load_runs",
     "pivot",

@@ -52,6 +52,16 @@ def load_runs(out_dir: str | Path) -> pd.DataFrame:
     return df.sort_values("run_id").reset_index(drop=True)
 
 
+def load_clients(out_dir: str | Path) -> pd.DataFrame:
+    """Every run's clients: run_id, client, role (train | test), num_train, num_test, group, and
+    with FedRC's shift its concept, corruption and severity (a groupby key for per-client metrics)."""
+    df = _read_dir(Path(out_dir) / "clients")
+    if df is None:
+        return pd.DataFrame(columns=["run_id", "client", "role", "num_train", "num_test", "group", "concept",
+                                     "corruption", "severity"])  # fmt: skip
+    return df.sort_values(["run_id", "client"], kind="stable").reset_index(drop=True)
+
+
 def load_assignments(out_dir: str | Path) -> pd.DataFrame:
     """Cluster assignments of clustered algorithms: run_id, round, stage, client, cluster, weight."""
     df = _read_dir(Path(out_dir) / "assignments")

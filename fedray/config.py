@@ -57,6 +57,9 @@ class Config:
     partition_size: int = 0  # dominant: samples per client (0 = the most the pools allow, <= n/N)
     partition_min_size: int = 10  # dirichlet/quantity: redraw until every client has this many samples
     client_test_fraction: float = 0.0  # share of each client's samples kept as its test split (FedRC: 0.1)
+    # FedRC's shift benchmark on top of the partition (fedray/data/shift.py): none | fedrc_paper |
+    # fedrc_code. Corruptions and label maps per client, plus 3 non-participating test clients.
+    shift: str = "none"
 
     # --- model and local training (ALGORITHMS.md §0.2) ------------------------------------------------
     # The defaults are the embedded default run (digits, MLP; about 96% in 30 rounds). Paper
@@ -97,6 +100,9 @@ class Config:
         d = self.to_dict()
         for key in NOT_IN_RUN_ID:
             d.pop(key)
+        for key, default in ADDED_LATER.items():
+            if d[key] == default:
+                d.pop(key)
         digest = hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
         return f"{self.algorithm}-{self.dataset}-s{self.seed}-{digest}"
 
@@ -108,6 +114,9 @@ class Config:
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Config)}
 NOT_IN_RUN_ID = ("output", "num_actors", "placement_timeout_s")
+# Keys added after results existed, with the value that means "as before": at that value they stay
+# out of the run id, so every earlier run keeps its id (and a re-submitted sweep skips it).
+ADDED_LATER = {"shift": "none"}
 # Keys of a sweep file that are not config keys (fedray/sweep.py expands them into runs).
 SWEEP_KEYS = ("grid", "seeds", "cases", "max_concurrent_runs")
 
@@ -230,12 +239,14 @@ def validate(cfg: Config) -> None:
     # Local imports: the registries import torch, which the pure parsing above does not need.
     from fedray.algorithms import ALGORITHMS
     from fedray.data import DATASETS, PARTITIONS, dataset_info
+    from fedray.data.shift import SHIFTS
     from fedray.models import MODELS
 
     _choice("algorithm", cfg.algorithm, ALGORITHMS)
     _choice("dataset", cfg.dataset, DATASETS)
     _choice("partition", cfg.partition, PARTITIONS)
     _choice("model", cfg.model, MODELS)
+    _choice("shift", cfg.shift, SHIFTS)
     _choice(
         "emnist_split", cfg.emnist_split, ("byclass", "bymerge", "balanced", "letters", "digits", "mnist")
     )
@@ -302,6 +313,12 @@ def validate(cfg: Config) -> None:
             "num_clients",
             f"{cfg.num_clients} clients but {cfg.dataset} has only {info.train_size} training samples",
         )
+    _check(
+        cfg.shift == "none" or tuple(info.input_shape) == (1, 28, 28),
+        "shift",
+        f"{cfg.shift}'s FMNIST-C corruptions need 1x28x28 images (fmnist, mnist, emnist); "
+        f"{cfg.dataset} gives {'x'.join(map(str, info.input_shape))}",
+    )
     problem = MODELS[cfg.model].incompatibility(info.input_shape)
     if problem:
         raise ConfigError(f"config key 'model': {cfg.model} cannot take {cfg.dataset} inputs: {problem}")

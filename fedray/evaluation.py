@@ -40,10 +40,28 @@ def local_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
     return {"correct": stats.correct, "samples": stats.samples, "loss_sum": stats.loss_sum}, cstate
 
 
+def test_client_records(
+    fed: Federation, replies: Mapping[int, Mapping[str, Any]], stage: str = ""
+) -> list[Record]:
+    """FedRC's global accuracy: each test client's accuracy on its held-out part (scope client) and
+    their mean (``accuracy``, ``loss``), from replies of ``correct``, ``samples``, ``loss_sum``."""
+    records = [rec("accuracy", r["correct"] / r["samples"], scope="client", entity=c, stage=stage)
+               for c, r in replies.items()]  # fmt: skip
+    acc = sum(r["correct"] / r["samples"] for r in replies.values()) / len(replies)
+    loss = sum(r["loss_sum"] / r["samples"] for r in replies.values()) / len(replies)
+    return [*records, rec("accuracy", acc, stage=stage), rec("loss", loss, stage=stage)]
+
+
 def single_model_records(fed: Federation, params: Params, stage: str = "", arch: Arch = TASK) -> list[Record]:
-    """accuracy/loss on the global test set, plus local_accuracy on clients' own test splits if they have them."""
-    g = evaluate_global(fed, params, arch)
-    records = [rec("accuracy", g.accuracy, stage=stage), rec("loss", g.loss, stage=stage)]
+    """accuracy/loss on the global test set (with FedRC's test clients: their mean, each on its held-out
+    part), plus local_accuracy on clients' own test splits if they have them."""
+    if fed.test_client_ids:
+        records = test_client_records(
+            fed, fed.map(local_eval, fed.test_client_ids, model_msg(params, arch)), stage
+        )
+    else:
+        g = evaluate_global(fed, params, arch)
+        records = [rec("accuracy", g.accuracy, stage=stage), rec("loss", g.loss, stage=stage)]
     with_test = [c for c, n in fed.num_test_examples().items() if n > 0]
     if with_test:
         records += own_data_records(

@@ -86,6 +86,25 @@ def run_rounds(cfg: Config, fed: Federation, writer: ResultsWriter) -> Iterator[
         yield RoundDone(rnd + 1, cfg.rounds, seconds, _global(records), stage)
 
 
+def client_rows(data: FederatedData) -> list[dict[str, Any]]:
+    """One row per client for ``DIR/clients/``: its role, sizes, ground-truth group and shift."""
+    from fedray.data.shift import CONCEPTS
+
+    rows = []
+    for cid, ix in sorted(data.clients.items()):
+        s = data.shifts[cid] if data.shifts else None
+        test = cid in data.test_clients
+        group = (
+            s.concept
+            if test and s
+            else (int(data.groups[cid]) if data.groups is not None and not test else -1)
+        )
+        rows.append({"client": cid, "role": "test" if test else "train", "num_train": len(ix.train),
+                     "num_test": len(ix.test), "group": group, "concept": CONCEPTS[s.concept] if s else "",
+                     "corruption": s.corruption if s else "", "severity": s.severity if s else 0})  # fmt: skip
+    return rows
+
+
 def summarize(history: list[RoundDone], total_seconds: float, placement: dict[str, Any]) -> dict[str, Any]:
     acc = [(h.round, h.metrics["accuracy"]) for h in history if "accuracy" in h.metrics]
     seconds = [h.seconds for h in history]
@@ -116,6 +135,7 @@ def execute(cfg: Config, make_federation: FederationFactory) -> Iterator[Event]:
     placement: dict[str, Any] = {}
     try:
         data = build_federated_data(cfg)
+        writer.write_clients(client_rows(data))
         fed, placement = make_federation(cfg, data)
         yield Started(run_id, len(data.clients), placement)
         for ev in run_rounds(cfg, fed, writer):

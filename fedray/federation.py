@@ -171,6 +171,10 @@ class Federation(Protocol):
     groups: dict[int, int] | None
     """Ground-truth client groups of the partition (``dominant``), else None. Only an oracle may read it."""
 
+    test_client_ids: list[int]
+    """Clients that never train and are never sampled (FedRC's test clients, `shift`); hosted like
+    the others, so client functions run on them (evaluation). Not in ``client_ids``."""
+
     def map(self, fn: ClientFn, cids: Sequence[int], msg: Any) -> dict[int, Any]:
         """Run ``fn`` on each client with the same ``msg`` (sent once), in parallel; replies by client id."""
 
@@ -325,12 +329,17 @@ class ClientCatalog:
     ids, sizes, label counts, ground-truth groups, sampling and the traffic meter. Reads a
     `ClientHost`'s indices only."""
 
-    def __init__(self, catalog: ClientHost, groups: np.ndarray | None = None) -> None:
+    def __init__(
+        self, catalog: ClientHost, groups: np.ndarray | None = None, test_clients: Sequence[int] = ()
+    ) -> None:
         self._catalog = catalog
-        self.client_ids = catalog.client_ids
+        self.test_client_ids = sorted(test_clients)
+        self.client_ids = [c for c in catalog.client_ids if c not in set(test_clients)]
         self.groups = None if groups is None else {c: int(groups[c]) for c in self.client_ids}
-        self._num_examples = catalog.num_examples()
-        self._num_test = catalog.num_test_examples()
+        # Sizes of the training clients; the test clients' are apart (they never train or get sampled).
+        self._all_examples = catalog.num_examples()
+        self._num_examples = {c: self._all_examples[c] for c in self.client_ids}
+        self._num_test = {c: n for c, n in catalog.num_test_examples().items() if c in set(self.client_ids)}
         self._traffic = TrafficMeter()
         self._batons = BatonStore()
 
@@ -341,7 +350,8 @@ class ClientCatalog:
         return _select(self._num_test, cids)
 
     def label_counts(self, cids: Sequence[int] | None = None) -> dict[int, np.ndarray]:
-        return _select(self._catalog.label_counts(), cids)
+        counts = self._catalog.label_counts()
+        return _select({c: counts[c] for c in self.client_ids} if cids is None else counts, cids)
 
     def sample(self, fraction: float, rng: np.random.Generator) -> list[int]:
         return sample_clients(self.client_ids, fraction, rng)
@@ -361,12 +371,13 @@ class LocalFederation(ClientCatalog):
         clients: Mapping[int, ClientIndices],
         num_threads: float = 1.0,
         groups: np.ndarray | None = None,
+        test_clients: Sequence[int] = (),
     ):
         set_torch_threads(num_threads)  # same thread count as one actor: same floating-point path
         self.task = task
         self.host = ClientHost(task, train, clients, test=test)
         self._test_size = len(test)
-        super().__init__(self.host, groups)
+        super().__init__(self.host, groups, test_clients)
 
     def map(self, fn: ClientFn, cids: Sequence[int], msg: Any) -> dict[int, Any]:
         return self.map_groups(fn, [(cids, msg)])
@@ -428,5 +439,6 @@ def make_local_federation(cfg: Any, data: Any) -> tuple[LocalFederation, dict[st
         data.clients,
         num_threads=cfg.num_cpus_per_actor,
         groups=data.groups,
+        test_clients=data.test_clients,
     )
     return fed, {"mode": "local", "actors": 0, "torch_threads": torch.get_num_threads()}

@@ -63,6 +63,20 @@ ASSIGNMENTS_SCHEMA = pa.schema(
     ]
 )
 
+CLIENTS_SCHEMA = pa.schema(
+    [
+        *_RUN_FIELDS,
+        ("client", pa.int64()),
+        ("role", pa.string()),  # train | test (FedRC's non-participating test clients)
+        ("num_train", pa.int64()),  # the client's training split
+        ("num_test", pa.int64()),  # its own test split
+        ("group", pa.int64()),  # ground-truth group (partition clusters, the shift's concept), -1 if none
+        ("concept", pa.string()),  # the shift's label map (y, C-1-y, (y+1) mod C), "" without shift
+        ("corruption", pa.string()),  # the shift's corruption, "" for a clean client
+        ("severity", pa.int64()),  # 1..5, 0 for a clean client
+    ]
+)
+
 RUNS_SCHEMA = pa.schema(
     [
         *_RUN_FIELDS,
@@ -211,11 +225,11 @@ class ResultsWriter:
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
-        for sub in ("metrics", "assignments", "runs", "configs"):
+        for sub in ("metrics", "assignments", "clients", "runs", "configs"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self._lock.acquire()  # before touching anything of an earlier attempt
         # An earlier attempt of this same run (killed or failed) must not leave rows behind.
-        for table in ("metrics", "assignments"):
+        for table in ("metrics", "assignments", "clients"):
             for old in (self.root / table).glob(f"{self.run_id}-*.parquet"):
                 old.unlink()
         import yaml
@@ -237,6 +251,14 @@ class ResultsWriter:
                 )
         if time.monotonic() - self._last_flush >= self.flush_every_s:
             self.flush()
+
+    def write_clients(self, rows: Iterable[dict[str, Any]]) -> None:
+        """The run's clients (``DIR/clients/``, one file per run): role, sizes, ground truth, shift."""
+        table = [{**self._const, "run_id": self.run_id, **r} for r in rows]
+        write_atomic(
+            pa.Table.from_pylist(table, schema=CLIENTS_SCHEMA),
+            self.root / "clients" / f"{self.run_id}-clients.parquet",
+        )
 
     def flush(self) -> None:
         self._last_flush = time.monotonic()

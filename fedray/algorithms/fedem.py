@@ -30,6 +30,7 @@ import torch
 
 from fedray import mixture
 from fedray.client import Client
+from fedray.evaluation import test_client_records
 from fedray.federation import Federation
 from fedray.params import Params, get_params, weighted_average
 from fedray.records import Record, assign, rec
@@ -207,6 +208,15 @@ def global_ensemble_eval(client: Client, cstate: Any, msg: dict) -> tuple[list, 
     return [ensemble_eval(client, state, msg["models"], msg["hard"], client.test_batches)], cstate
 
 
+def test_client_step(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+    """Client function for a FedRC test client: one E-step (FedEM's form: test clients never get the
+    label prior) and omega update on its 90% part, kept for the next evaluation, then the ensemble's
+    accuracy on its 10% part (ALGORITHMS.md §3(a), evaluation protocol)."""
+    state = aligned(cstate, msg["ids"], client.num_examples)
+    state = e_step(client, state, msg["models"], {})
+    return ensemble_eval(client, state, msg["models"], msg["hard"], client.test_batches), state
+
+
 def report_omega(client: Client, cstate: Any, msg: dict) -> tuple[np.ndarray, Any]:
     """Client function (evaluation): the client's current omega over the live models."""
     return aligned(cstate, msg["ids"], client.num_examples).omega, cstate
@@ -264,14 +274,17 @@ def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Recor
     ids = sorted(state.models)
     models = [state.models[i] for i in ids]
     omega = fed.map(report_omega, fed.client_ids, {"ids": ids})
-    n = fed.num_examples()
-    population = sum(n[c] * omega[c] for c in omega) / sum(n.values())
-    parts = fed.test_map(
-        global_ensemble_eval, {"ids": ids, "models": models, "omega": population, "hard": hp.hard_predict}
-    )
-    samples = sum(p["samples"] for p in parts)
-    records = [rec("accuracy", sum(p["correct"] for p in parts) / samples),
-               rec("loss", sum(p["loss_sum"] for p in parts) / samples)]  # fmt: skip
+    if fed.test_client_ids:
+        msg = {"ids": ids, "models": models, "hard": hp.hard_predict}
+        records = test_client_records(fed, fed.map(test_client_step, fed.test_client_ids, msg))
+    else:
+        n = fed.num_examples()
+        population = sum(n[c] * omega[c] for c in omega) / sum(n.values())
+        msg = {"ids": ids, "models": models, "omega": population, "hard": hp.hard_predict}
+        parts = fed.test_map(global_ensemble_eval, msg)
+        samples = sum(p["samples"] for p in parts)
+        records = [rec("accuracy", sum(p["correct"] for p in parts) / samples),
+                   rec("loss", sum(p["loss_sum"] for p in parts) / samples)]  # fmt: skip
     with_test = [c for c, k in fed.num_test_examples().items() if k > 0]
     if with_test:
         local = fed.map(
