@@ -16,7 +16,8 @@ only: the FedRC code; FedEM's own code weighs over all clients, the same at full
 Model k starts from its own init (seed + k, as the code). Prediction is the omega-weighted softmax
 ensemble (``hard_predict``: the argmax model's). ``accuracy`` is that ensemble on the global test
 set with the population's omega (the size-weighted mean of the clients' omega; FedRC-style test
-clients come with the shift preset); ``local_accuracy`` each client's ensemble on its test split.
+clients come with the shift preset); ``local_accuracy`` each client's ensemble on its test split, ``train_accuracy`` on its training split
+(pooled; FedRC reads its numbers at the round of best train accuracy: ``fedray report --at best-train``).
 Per round, every participant's omega goes to ``assignments/`` (one row per model, weight omega_k).
 """
 
@@ -196,10 +197,19 @@ def ensemble_eval(client: Client, state: ClientMixture, models: list[Params], ha
     }
 
 
-def local_ensemble_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
-    """Client function: the client's ensemble (its omega) on its own test split. State unchanged."""
+def own_ensemble_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+    """Client function: the client's ensemble (its omega) on its training split and, if it has one,
+    its test split (FedRC's train and local accuracy). State unchanged."""
     state = aligned(cstate, msg["ids"], client.num_examples)
-    return ensemble_eval(client, state, msg["models"], msg["hard"], client.test_batches), cstate
+    out = {"train": ensemble_eval(client, state, msg["models"], msg["hard"], client.eval_train_batches)}
+    if client.num_test_examples:
+        out["test"] = ensemble_eval(client, state, msg["models"], msg["hard"], client.test_batches)
+    return out, cstate
+
+
+def pooled(replies: dict, part: str) -> float:
+    got = [r[part] for r in replies.values() if part in r]
+    return sum(g["correct"] for g in got) / max(1, sum(g["samples"] for g in got))
 
 
 def global_ensemble_eval(client: Client, cstate: Any, msg: dict) -> tuple[list, Any]:
@@ -245,9 +255,8 @@ def mixture_round(
             )
         records.append(rec("participants", len(trained), scope="cluster", entity=mid))
     samples = sum(r["train_samples"] for r in replies.values())
-    if samples:
-        records += [rec("train_loss", sum(r["train_loss_sum"] for r in replies.values()) / samples),
-                    rec("train_accuracy", sum(r["train_correct"] for r in replies.values()) / samples)]  # fmt: skip
+    if samples:  # train_accuracy comes from evaluation: the ensembles on the clients' training splits
+        records.append(rec("train_loss", sum(r["train_loss_sum"] for r in replies.values()) / samples))
     records.append(rec("participants", len(cids)))
     records += [assign(c, mid, float(replies[c]["omega"][row])) for c in cids for row, mid in enumerate(ids)]
     return replace(state, models=models), records, replies
@@ -285,15 +294,12 @@ def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Recor
         samples = sum(p["samples"] for p in parts)
         records = [rec("accuracy", sum(p["correct"] for p in parts) / samples),
                    rec("loss", sum(p["loss_sum"] for p in parts) / samples)]  # fmt: skip
-    with_test = [c for c, k in fed.num_test_examples().items() if k > 0]
-    if with_test:
-        local = fed.map(
-            local_ensemble_eval, with_test, {"ids": ids, "models": models, "hard": hp.hard_predict}
-        )
-        records += [rec("local_accuracy", r["correct"] / max(1, r["samples"]), scope="client", entity=c)
-                    for c, r in local.items()]  # fmt: skip
-        records.append(rec("local_accuracy", sum(r["correct"] for r in local.values())
-                           / max(1, sum(r["samples"] for r in local.values()))))  # fmt: skip
+    own = fed.map(own_ensemble_eval, fed.client_ids, {"ids": ids, "models": models, "hard": hp.hard_predict})
+    records.append(rec("train_accuracy", pooled(own, "train")))  # FedRC's, to pick the reported round
+    if any("test" in r for r in own.values()):
+        records += [rec("local_accuracy", r["test"]["correct"] / r["test"]["samples"], scope="client", entity=c)
+                    for c, r in own.items() if "test" in r]  # fmt: skip
+        records.append(rec("local_accuracy", pooled(own, "test")))
     if fed.groups is not None:
         records.append(rec("purity", purity(omega, fed.groups)))
     records += [rec("live_models", len(ids))]
