@@ -57,9 +57,9 @@ class Config:
     partition_size: int = 0  # dominant: samples per client (0 = the most the pools allow, <= n/N)
     partition_min_size: int = 10  # dirichlet/quantity: redraw until every client has this many samples
     client_test_fraction: float = 0.0  # share of each client's samples kept as its test split (FedRC: 0.1)
-    # FedRC's shift benchmark on top of the partition (fedray/data/shift.py): none | fedrc_paper |
-    # fedrc_code. Corruptions and label maps per client, plus 3 non-participating test clients.
-    shift: str = "none"
+    # FedRC's shift benchmark on top of the partition (fedray/data/shift.py): corruptions and label
+    # maps per client, plus 3 non-participating test clients.
+    shift: str = "none"  # none | fedrc_paper | fedrc_code
 
     # --- model and local training (ALGORITHMS.md §0.2) ------------------------------------------------
     # The defaults are the embedded default run (digits, MLP; about 96% in 30 rounds). Paper
