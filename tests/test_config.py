@@ -153,3 +153,15 @@ def test_cli_rejects_bad_input_fast_without_starting_ray(args, message, tmp_path
     assert p.returncode == 2, p.stderr
     assert message in p.stderr
     assert not (tmp_path / "out").exists()  # nothing written
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "jobs" / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_validates(path):
+    # Every config a user is pointed to resolves (keys, values, hp, cross-key checks) without data
+    # (download=true: the files need not be on this machine).
+    from fedray.sweep import load_sweep
+
+    if "grid" in yaml.safe_load(path.read_text()):
+        assert len(load_sweep(path, sets=["download=true"]).runs) >= 1
+    else:
+        load_config(path)
