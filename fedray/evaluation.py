@@ -40,9 +40,7 @@ def local_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
     return {"correct": stats.correct, "samples": stats.samples, "loss_sum": stats.loss_sum}, cstate
 
 
-def test_client_records(
-    fed: Federation, replies: Mapping[int, Mapping[str, Any]], stage: str = ""
-) -> list[Record]:
+def test_client_records(replies: Mapping[int, Mapping[str, Any]], stage: str = "") -> list[Record]:
     """FedRC's global accuracy: each test client's accuracy on its held-out part (scope client) and
     their mean (``accuracy``, ``loss``), from replies of ``correct``, ``samples``, ``loss_sum``."""
     records = [rec("accuracy", r["correct"] / r["samples"], scope="client", entity=c, stage=stage)
@@ -57,7 +55,7 @@ def single_model_records(fed: Federation, params: Params, stage: str = "", arch:
     part), plus local_accuracy on clients' own test splits if they have them."""
     if fed.test_client_ids:
         records = test_client_records(
-            fed, fed.map(local_eval, fed.test_client_ids, model_msg(params, arch)), stage
+            fed.map(local_eval, fed.test_client_ids, model_msg(params, arch)), stage
         )
     else:
         g = evaluate_global(fed, params, arch)

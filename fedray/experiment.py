@@ -94,11 +94,7 @@ def client_rows(data: FederatedData) -> list[dict[str, Any]]:
     for cid, ix in sorted(data.clients.items()):
         s = data.shifts[cid] if data.shifts else None
         test = cid in data.test_clients
-        group = (
-            s.concept
-            if test and s
-            else (int(data.groups[cid]) if data.groups is not None and not test else -1)
-        )
+        group = s.concept if s else (int(data.groups[cid]) if data.groups is not None else -1)
         rows.append({"client": cid, "role": "test" if test else "train", "num_train": len(ix.train),
                      "num_test": len(ix.test), "group": group, "concept": CONCEPTS[s.concept] if s else "",
                      "corruption": s.corruption if s else "", "severity": s.severity if s else 0})  # fmt: skip
@@ -137,7 +133,7 @@ def execute(cfg: Config, make_federation: FederationFactory) -> Iterator[Event]:
         data = build_federated_data(cfg)
         writer.write_clients(client_rows(data))
         fed, placement = make_federation(cfg, data)
-        yield Started(run_id, len(data.clients), placement)
+        yield Started(run_id, len(data.clients) - len(data.test_clients), placement)  # training clients
         for ev in run_rounds(cfg, fed, writer):
             if not all(math.isfinite(v) for v in ev.metrics.values()):
                 bad = {k: v for k, v in ev.metrics.items() if not math.isfinite(v)}

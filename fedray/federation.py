@@ -232,10 +232,15 @@ def test_shards(num_samples: int, batch_size: int, workers: int) -> list[tuple[i
     return [(int(p[0]) * batch_size, min(int(p[-1] + 1) * batch_size, num_samples)) for p in parts]
 
 
+def participants(num_clients: int, fraction: float) -> int:
+    """Clients per round: max(1, floor(N * fraction)) (the epsilon: 0.1 * 10 is 0.999... in floating point)."""
+    return max(1, int(math.floor(num_clients * fraction + 1e-9)))
+
+
 def sample_clients(client_ids: Sequence[int], fraction: float, rng: np.random.Generator) -> list[int]:
-    """NIID-Bench sampling: the first max(1, floor(N * fraction)) ids of a random permutation, sorted."""
+    """NIID-Bench sampling: the first `participants` ids of a random permutation, sorted."""
     ids = np.asarray(sorted(client_ids))
-    k = max(1, int(math.floor(len(ids) * fraction + 1e-9)))
+    k = participants(len(ids), fraction)
     return sorted(int(c) for c in rng.permutation(ids)[:k])
 
 
@@ -334,12 +339,13 @@ class ClientCatalog:
     ) -> None:
         self._catalog = catalog
         self.test_client_ids = sorted(test_clients)
-        self.client_ids = [c for c in catalog.client_ids if c not in set(test_clients)]
+        testing = set(test_clients)
+        self.client_ids = [c for c in catalog.client_ids if c not in testing]
         self.groups = None if groups is None else {c: int(groups[c]) for c in self.client_ids}
         # Sizes of the training clients; the test clients' are apart (they never train or get sampled).
         self._all_examples = catalog.num_examples()
         self._num_examples = {c: self._all_examples[c] for c in self.client_ids}
-        self._num_test = {c: n for c, n in catalog.num_test_examples().items() if c in set(self.client_ids)}
+        self._num_test = {c: n for c, n in catalog.num_test_examples().items() if c not in testing}
         self._traffic = TrafficMeter()
         self._batons = BatonStore()
 

@@ -20,14 +20,13 @@ client's last update: N models of memory in State.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from fedray.evaluation import single_model_records
-from fedray.federation import Federation
+from fedray.federation import Federation, participants
 from fedray.params import Params, get_params, weighted_average
 from fedray.records import Record, assign, rec
 from fedray.rounds import local_update, train_records
@@ -66,9 +65,14 @@ def init(fed: Federation, hp: Hparams) -> State:
     return State(get_params(fed.task.build_model()))
 
 
+def float_keys(params: Params) -> list[str]:
+    """The entries a representative gradient covers: the floating-point ones, in sorted order."""
+    return [k for k in sorted(params) if np.issubdtype(np.asarray(params[k]).dtype, np.floating)]
+
+
 def flat_update(trained: Params, sent: Params) -> np.ndarray:
     """The representative gradient: trained - sent over the floating-point entries, one vector."""
-    keys = [k for k in sorted(sent) if np.issubdtype(np.asarray(sent[k]).dtype, np.floating)]
+    keys = float_keys(sent)
     return np.concatenate([(np.asarray(trained[k]) - np.asarray(sent[k])).ravel() for k in keys]).astype(
         np.float32
     )
@@ -78,12 +82,10 @@ def strata(state: State, fed: Federation, hp: Hparams, rnd: int) -> np.ndarray:
     ids = fed.client_ids
     n = fed.num_examples()
     sizes = [n[c] for c in ids]
-    m = hp.num_strata or max(1, int(math.floor(len(ids) * fed.task.participation + 1e-9)))
+    m = hp.num_strata or participants(len(ids), fed.task.participation)
     if hp.similarity == "none":
         return sample_size_strata(sizes, m)
-    dim = sum(
-        np.asarray(v).size for v in state.params.values() if np.issubdtype(np.asarray(v).dtype, np.floating)
-    )
+    dim = sum(np.asarray(state.params[k]).size for k in float_keys(state.params))
     g = np.zeros((len(ids), dim), dtype=np.float32)
     for p, c in enumerate(ids):
         if c in state.updates:

@@ -27,7 +27,6 @@ FedCat w/ GC (K fresh copies of m_glb each round, aggregated at once). Both off 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +34,7 @@ import numpy as np
 
 from fedray.client import Client
 from fedray.evaluation import single_model_records
-from fedray.federation import Baton, Federation
+from fedray.federation import Baton, Federation, participants
 from fedray.params import Params, get_params, weighted_average
 from fedray.records import Record, assign, rec
 from fedray.rounds import local_sgd_reply, train_records
@@ -64,11 +63,11 @@ class Hparams:
 
 
 def num_groups(hp: Hparams, num_clients: int, participation: float) -> int:
-    return hp.num_groups or max(1, int(math.floor(num_clients * participation + 1e-9)))
+    return hp.num_groups or participants(num_clients, participation)
 
 
 def check_config(cfg, hp: Hparams) -> None:
-    k_from_p = max(1, int(math.floor(cfg.num_clients * cfg.participation + 1e-9)))
+    k_from_p = participants(cfg.num_clients, cfg.participation)
     k = num_groups(hp, cfg.num_clients, cfg.participation)
     if k > cfg.num_clients:
         raise ValueError(f"config key 'hp.num_groups': {k} groups but only {cfg.num_clients} clients")

@@ -182,13 +182,17 @@ def mixture_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
 @torch.no_grad()
 def ensemble_eval(client: Client, state: ClientMixture, models: list[Params], hard: bool, batches) -> dict:
     """Correct predictions and summed NLL of the omega-weighted softmax ensemble on ``batches``."""
-    probas = []
-    ys = []
+    probas, labels = [], []
     for params in models:
         model = client.model(params)
         model.eval()
-        probas.append(np.concatenate([torch.softmax(model(x), 1).cpu().numpy() for x, _ in batches()]))
-    ys = np.concatenate([y.cpu().numpy() for _, y in batches()]) if probas else np.zeros(0, np.int64)
+        out = []
+        for x, y in batches():
+            out.append(torch.softmax(model(x), 1).cpu().numpy())
+            if not probas:  # the labels once, from the first model's pass
+                labels.append(y.cpu().numpy())
+        probas.append(np.concatenate(out))
+    ys = np.concatenate(labels)
     p = mixture.ensemble_proba(np.stack(probas), state.omega, hard)
     return {
         "correct": int((p.argmax(1) == ys).sum()),
@@ -285,7 +289,7 @@ def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Recor
     omega = fed.map(report_omega, fed.client_ids, {"ids": ids})
     if fed.test_client_ids:
         msg = {"ids": ids, "models": models, "hard": hp.hard_predict}
-        records = test_client_records(fed, fed.map(test_client_step, fed.test_client_ids, msg))
+        records = test_client_records(fed.map(test_client_step, fed.test_client_ids, msg))
     else:
         n = fed.num_examples()
         population = sum(n[c] * omega[c] for c in omega) / sum(n.values())
