@@ -17,6 +17,7 @@ from fedray.federation import (
     ClientError,
     ClientFn,
     ClientHost,
+    FoldFn,
     check_groups,
     test_shards,
 )
@@ -95,6 +96,23 @@ class RayFederation(ClientCatalog):
         results = [r for batch in self._get(refs) for r in batch]
         self._traffic.replies([m for _, m in results])
         return {m.cid: r for r, m in sorted(results, key=lambda rm: rm[1].cid)}
+
+    def map_fold(self, fn: ClientFn, cids: Sequence[int], msg: Any, fold: FoldFn, acc: Any) -> Any:
+        msg_ref = ray.put(msg)
+        cids = sorted(cids)
+        # One call per client, all submitted at once (each actor runs its clients in order); the
+        # replies are fetched and folded in client order, each released as soon as it is folded.
+        calls = [self._actor_of[c].run.options(num_returns=2).remote(fn, c, msg_ref) for c in cids]
+        self._traffic.broadcast(msg, len(cids))
+        for i, cid in enumerate(cids):
+            reply_ref, meta_ref = calls[i]
+            reply, meta = self._get([reply_ref, meta_ref])
+            calls[i] = None  # drop our refs: Ray frees the reply once nothing holds it
+            del reply_ref, meta_ref
+            self._traffic.replies([meta])
+            acc = fold(acc, cid, reply)
+            del reply
+        return acc
 
     def chain(self, fn: ClientFn, chains: Sequence[Sequence[int]], first_msg: Any) -> list[Any]:
         msg_ref = ray.put(first_msg)

@@ -65,6 +65,44 @@ def weighted_average(
     return out
 
 
+class WeightedSum:
+    """A weighted average built one state at a time (`Federation.map_fold`): sum_i w_i * state_i
+    and sum_i w_i accumulated in float64, divided once at the end. Holds one float64 copy of a
+    state, never the states themselves. The result equals `weighted_average`'s to float64
+    rounding (that one divides each weight first), not bit for bit; use one or the other for a
+    given algorithm."""
+
+    def __init__(self) -> None:
+        self._acc: dict[str, np.ndarray] = {}
+        self._dtypes: dict[str, np.dtype] = {}
+        self.total = 0.0
+        self.count = 0
+
+    def add(self, state: Mapping[str, np.ndarray], weight: float) -> None:
+        if weight < 0:
+            raise ValueError(f"aggregation weights must be >= 0, got {weight}")
+        if self.count and set(state) != set(self._acc):
+            raise KeyError(f"parameter names differ: {sorted(set(state) ^ set(self._acc))}")
+        for k, v in state.items():
+            v = np.asarray(v)
+            if k not in self._acc:
+                self._acc[k] = np.zeros(v.shape, dtype=np.float64)
+                self._dtypes[k] = v.dtype
+            self._acc[k] += float(weight) * v.astype(np.float64)
+        self.total += float(weight)
+        self.count += 1
+
+    def result(self) -> Params:
+        if self.total <= 0:
+            raise ValueError(f"weighted average of {self.count} states with weight sum {self.total}")
+        out: Params = {}
+        for k, acc in self._acc.items():
+            avg = acc / self.total
+            dtype = self._dtypes[k]
+            out[k] = (np.rint(avg) if np.issubdtype(dtype, np.integer) else avg).astype(dtype)
+        return out
+
+
 def payload_nbytes(obj: object) -> int:
     """Size of ``obj`` serialised with pickle protocol 5, as Ray ships it.
 

@@ -10,7 +10,7 @@ from fedray.algorithms import fedavg
 from fedray.client import Task
 from fedray.data import ArrayDataset, ClientIndices, DataSpec
 from fedray.federation import LocalFederation
-from fedray.params import get_params, set_params, weighted_average
+from fedray.params import WeightedSum, get_params, set_params, weighted_average
 from fedray.rounds import fedavg_aggregate
 
 
@@ -22,6 +22,20 @@ def test_weighted_average_by_hand():
     np.testing.assert_array_equal(out["w"], np.array([3.25, -0.25], np.float32))  # (10+120)/40, (20-30)/40
     assert out["w"].dtype == np.float32
     assert out["count"] == 7 and out["count"].dtype == np.int64  # (40 + 240) / 40 = 7
+
+
+def test_weighted_sum_by_hand_one_state_at_a_time():
+    acc = WeightedSum()
+    acc.add({"w": np.array([1.0, 2.0], np.float32), "count": np.array(4, np.int64)}, 10)
+    acc.add({"w": np.array([4.0, -1.0], np.float32), "count": np.array(8, np.int64)}, 30)
+    out = acc.result()  # (10 * w1 + 30 * w2) / 40, as weighted_average's hand case
+    np.testing.assert_array_equal(out["w"], np.array([3.25, -0.25], np.float32))
+    assert out["w"].dtype == np.float32 and out["count"] == 7 and out["count"].dtype == np.int64
+    assert acc.count == 2 and acc.total == 40
+    with pytest.raises(KeyError, match="differ"):
+        acc.add({"v": np.zeros(2)}, 1)
+    with pytest.raises(ValueError, match="weight sum 0"):
+        WeightedSum().result()
 
 
 def test_aggregate_is_order_independent_and_rejects_bad_weights():

@@ -46,6 +46,22 @@ def test_client_state_persists_per_client(fed):
     assert out[4] == {"cid": 4, "calls": 1, "msg": "b"}
 
 
+def folded(acc, cid, reply):
+    return [*acc, (cid, reply["calls"], reply["msg"])]
+
+
+def test_map_fold_folds_each_reply_in_client_order_and_counts_traffic_like_map(fed):
+    fed.map(count_calls, [2], "warm")
+    fed.take_traffic()
+    out = fed.map_fold(count_calls, [4, 0, 2], {"w": np.zeros(50)}, folded, [])
+    assert out == [(0, 1, {"w": out[0][2]["w"]}), (2, 2, out[1][2]), (4, 1, out[2][2])]
+    by_fold = fed.take_traffic()
+    fed.map(count_calls, [4, 0, 2], {"w": np.zeros(50)})
+    assert by_fold == fed.take_traffic()  # same bytes down, up and received as map
+    with pytest.raises(ClientError, match="client 3"):
+        fed.map_fold(fail_on_three, [1, 3], None, lambda acc, c, r: acc, None)
+
+
 def test_chain_hands_replies_along_each_chain(fed):
     assert fed.chain(append_self, [[2, 0, 5], [1], []], []) == [[2, 0, 5], [1], []]
 

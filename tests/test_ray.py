@@ -91,6 +91,12 @@ def test_ray_chain_state_and_client_errors(ray_session, tmp_path):
         assert {c: r["msg"] for c, r in grouped.items()} == {0: "x", 1: "y", 3: "x", 5: "x"}
         fed.map(count_calls, [0, 1], "a")
         assert fed.map(count_calls, [1, 3], "b")[1]["calls"] == 3  # its third call (map_groups above)
+        # map_fold: replies from three actors folded in client order, whatever order they finish in.
+        order = fed.map_fold(count_calls, [5, 1, 4, 0], "f", lambda acc, c, r: [*acc, (c, r["cid"])], [])
+        assert order == [(0, 0), (1, 1), (4, 4), (5, 5)]
+        with pytest.raises(ClientError, match="client 3: ValueError: bad batch"):
+            fed.map_fold(fail_on_three, [0, 3, 4], None, lambda acc, c, r: acc, None)
+        assert fed.map(count_calls, [1], "c")[1]["calls"] == 5  # its third call (map_groups above)
         with pytest.raises(ClientError, match="client 3: ValueError: bad batch") as info:
             fed.map(fail_on_three, [0, 3], None)
         assert "fail_on_three" in info.value.remote_traceback

@@ -81,7 +81,7 @@ def test_shifted_data_applies_each_clients_concept_and_corruption(tmp_path):
 
 
 def test_test_clients_never_train_and_give_the_global_accuracy(tmp_path):
-    cfg = shift_config(tmp_path, algorithm="fedrc", hp={"num_clusters": 3})
+    cfg = shift_config(tmp_path, algorithm="fedrc", hp={"num_clusters": 3, "finetune": True})
     fed, _ = make_local_federation(cfg, build_federated_data(cfg))
     assert fed.client_ids == list(range(10)) and fed.test_client_ids == [10, 11, 12]
     assert sorted(fed.num_examples()) == list(range(10))
@@ -94,7 +94,10 @@ def test_test_clients_never_train_and_give_the_global_accuracy(tmp_path):
     for rnd, rows in per_test.groupby("round"):
         mean = acc[(acc["scope"] == "global") & (acc["round"] == rnd)]["value"].item()
         assert mean == pytest.approx(rows["value"].mean())
-    assert {"purity", "local_accuracy"} <= set(m["metric"])
+    assert {"purity", "local_accuracy", "local_accuracy_ft"} <= set(m["metric"])
+    ft = m[m["metric"] == "accuracy_ft"]  # FedRC-FT's global accuracy: the test clients tune too
+    assert sorted(ft[ft["scope"] == "client"]["entity"].unique()) == [10, 11, 12]
+    assert len(ft[ft["scope"] == "global"]) == len(acc[acc["scope"] == "global"])
     c = load_clients(cfg.output)
     assert (c["role"] == "test").sum() == 3 and (c[c["role"] == "test"]["num_test"] == 10).all()
     assert set(c[c["role"] == "train"]["concept"]) <= {"y", "C-1-y", "(y+1) mod C"}

@@ -13,7 +13,9 @@ K global models. Each participant, per round (client state: gamma K x n, omega K
 
 The server averages each model over the participants that trained it (weights n_i, participants
 only: the FedRC code; FedEM's own code weighs over all clients, the same at full participation).
-Model k starts from its own init (seed + k, as the code). Prediction is the omega-weighted softmax
+Model k starts from its own init (seed + k, as the code). Replies are folded into the per-model
+averages one at a time (`Federation.map_fold`), so the coordinator never holds every client's K
+models. Prediction is the omega-weighted softmax
 ensemble (``hard_predict``: the argmax model's). ``accuracy`` is that ensemble on the global test
 set with the population's omega (the size-weighted mean of the clients' omega; FedRC-style test
 clients come with the shift preset); ``local_accuracy`` each client's ensemble on its test split, ``train_accuracy`` on its training split
@@ -33,7 +35,7 @@ from fedray import mixture
 from fedray.client import Client
 from fedray.evaluation import test_client_records
 from fedray.federation import Federation
-from fedray.params import Params, get_params, weighted_average
+from fedray.params import Params, WeightedSum, get_params
 from fedray.records import Record, assign, rec
 from fedray.train import TrainStats, load_optimizer_state, local_train, optimizer_state, sgd
 
@@ -248,16 +250,24 @@ def mixture_round(
     cids = fed.sample(fed.task.participation, fed.task.rng("sample", rnd=rnd))
     msg = {"ids": ids, "models": [state.models[i] for i in ids], "round": rnd,
            "persistent_optimizer": hp.persistent_optimizer, "drop_last": hp.drop_last, **extra}  # fmt: skip
-    replies = fed.map(mixture_update, cids, msg)
+    # Each reply is folded into the per-model sums as it arrives (3 models x 300 clients would be
+    # gigabytes held at once); what is left of it (omega, statistics, counts) is small.
+    sums = {mid: WeightedSum() for mid in ids}
+
+    def fold(replies: dict, cid: int, reply: dict) -> dict:
+        for mid, params in zip(ids, reply.pop("models"), strict=True):
+            if params is not None:
+                sums[mid].add(params, reply["num_examples"])
+        replies[cid] = reply
+        return replies
+
+    replies = fed.map_fold(mixture_update, cids, msg, fold, {})
     models = dict(state.models)
     records: list[Record] = []
-    for row, mid in enumerate(ids):
-        trained = [c for c in cids if replies[c]["models"][row] is not None]
-        if trained:
-            models[mid] = weighted_average(
-                [replies[c]["models"][row] for c in trained], [replies[c]["num_examples"] for c in trained]
-            )
-        records.append(rec("participants", len(trained), scope="cluster", entity=mid))
+    for mid in ids:
+        if sums[mid].count:  # a model nobody trained keeps its weights
+            models[mid] = sums[mid].result()
+        records.append(rec("participants", sums[mid].count, scope="cluster", entity=mid))
     samples = sum(r["train_samples"] for r in replies.values())
     if samples:  # train_accuracy comes from evaluation: the ensembles on the clients' training splits
         records.append(rec("train_loss", sum(r["train_loss_sum"] for r in replies.values()) / samples))

@@ -14,7 +14,10 @@ removal, App. F: after a round, a model whose share of all responsibilities is b
 dropped by the server and by every client, which renormalises its gamma; the code has it disabled,
 row 13); ``xi`` > 0 (each client adds N(0, xi^2) noise to the sums it reports; the paper suggests
 25, the code uses 100; row 15); ``finetune`` (FedRC-FT: before evaluation each client fine-tunes
-copies of the models for one epoch on its gamma-weighted loss and evaluates those).
+copies of the models for one epoch on its gamma-weighted loss and evaluates those: training
+clients on their test splits, ``local_accuracy_ft``; the shift preset's test clients, after their
+E-step, on their held-out parts, ``accuracy_ft`` and ``loss_ft``, as the code's
+``--locally_tune_clients``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import numpy as np
 from fedray import mixture
 from fedray.algorithms import fedem
 from fedray.client import Client
+from fedray.evaluation import test_client_records
 from fedray.federation import Federation
 from fedray.params import get_params
 from fedray.records import Record, rec
@@ -106,7 +110,7 @@ def finetuned_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
 
 def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Record]:
     records = fedem.evaluate(state, fed, hp, rnd)
-    if hp.finetune:
+    if hp.finetune:  # after fedem.evaluate: test clients fine-tune with the gamma of its E-step
         ids = sorted(state.models)
         with_test = [c for c, k in fed.num_test_examples().items() if k > 0]
         msg = {"ids": ids, "models": [state.models[i] for i in ids], "hard": hp.hard_predict, "round": rnd,
@@ -114,4 +118,9 @@ def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Recor
         tuned = fed.map(finetuned_eval, with_test, msg)
         records.append(rec("local_accuracy_ft", sum(r["correct"] for r in tuned.values())
                            / max(1, sum(r["samples"] for r in tuned.values()))))  # fmt: skip
+        if fed.test_client_ids:  # FedRC-FT's global accuracy: the test clients tune too
+            records += [
+                {**r, "metric": f"{r['metric']}_ft"}
+                for r in test_client_records(fed.map(finetuned_eval, fed.test_client_ids, msg))
+            ]
     return records
