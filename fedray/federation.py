@@ -189,7 +189,8 @@ class Federation(Protocol):
         (``acc = fold(acc, cid, reply)``), each dropped once folded; returns the final ``acc``. The
         caller holds one reply at a time, not all of them (FedRC: 300 clients x 3 models of 8.7 MB
         each would be 7.8 GB), and the fold order, hence every float, is the same in-process and
-        under Ray with any number of actors."""
+        under Ray with any number of actors. Under Ray a reply's arrays are zero-copy views of its
+        object: what ``fold`` keeps of a reply must be copied, or the whole reply stays in memory."""
 
     def chain(self, fn: ClientFn, chains: Sequence[Sequence[int]], first_msg: Any) -> list[Any]:
         """Sequential hand-off inside each chain (client j's reply is client j+1's msg), chains in parallel.

@@ -25,6 +25,7 @@ Per round, every participant's omega goes to ``assignments/`` (one row per model
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -258,7 +259,7 @@ def mixture_round(
         for mid, params in zip(ids, reply.pop("models"), strict=True):
             if params is not None:
                 sums[mid].add(params, reply["num_examples"])
-        replies[cid] = reply
+        replies[cid] = copy.deepcopy(reply)  # owned copies: Ray's arrays are views that pin the whole reply
         return replies
 
     replies = fed.map_fold(mixture_update, cids, msg, fold, {})
