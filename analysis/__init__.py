@@ -1,6 +1,6 @@
 """pandas over fedray's Parquet output (reads files only; no fedray or Ray imports needed)."""
 
-from analysis.load import load_assignments, load_clients, load_metrics, load_runs
+from analysis.load import layer_gaps, load_assignments, load_clients, load_metrics, load_runs
 from analysis.plots import accuracy_curves, write_plots
 from analysis.report import ReportError, format_table, pivot, run_values, wide_tables
 
@@ -8,6 +8,7 @@ __all__ = [
     "ReportError",
     "accuracy_curves",
     "format_table",
+    "layer_gaps",
     "load_assignments",
     "load_clients",
     "load_metrics",

@@ -68,3 +68,15 @@ def load_assignments(out_dir: str | Path) -> pd.DataFrame:
     if df is None:
         return pd.DataFrame(columns=["run_id", "round", "stage", "client", "cluster", "weight"])
     return df.sort_values(["run_id", "round", "client", "cluster"], kind="stable").reset_index(drop=True)
+
+
+def layer_gaps(out_dir: str | Path) -> pd.DataFrame:
+    """The per-layer gaps of CFL and LayerCFL (metrics ``gap/LAYER`` and ``gap_l2/LAYER``) as a table:
+    the metric rows with ``layer`` and ``distance`` (cos | l2) columns, so LayerCFL's layer study
+    (its Figs. 5 and 8) is ``layer_gaps(DIR).groupby(["layer", "distance", "round"])["value"]``."""
+    m = load_metrics(out_dir, scope="global")
+    m = m[m["metric"].str.startswith(("gap/", "gap_l2/"))].copy()
+    kind_layer = m["metric"].str.split("/", n=1)
+    m["distance"] = kind_layer.str[0].map({"gap": "cos", "gap_l2": "l2"})
+    m["layer"] = kind_layer.str[1]
+    return m.reset_index(drop=True)

@@ -1,4 +1,5 @@
-"""Clustering clients by vectors that describe them (ALGORITHMS.md §1: F1, F3, F4, the elbow).
+"""Clustering clients by vectors that describe them (ALGORITHMS.md §1: F1, F3, F4, the elbow), CFL's
+bipartition (§6.1), and how well a clustering matches the ground truth (purity, the gap of §6.1).
 
 Pure numpy / scikit-learn; no federation. `cluster_vectors` is the "kmeans" clustering step of
 FedConcat and of clustered FedAvg: label distributions (true, noised or inferred) in, a cluster per
@@ -13,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from sklearn.cluster import KMeans
+from sklearn.cluster import AgglomerativeClustering, KMeans
 from sklearn.exceptions import ConvergenceWarning
 
 from fedray.records import Record, rec
@@ -148,3 +149,70 @@ def cluster_vectors(
         for j in range(k)
     ]
     return Clustering({c: int(label) for c, label in zip(cids, labels, strict=True)}, k, records)
+
+
+# ---- CFL's bipartition and the ground-truth measures ---------------------------------------------
+
+
+def cosine_similarity(x: np.ndarray) -> np.ndarray:
+    """S_ij = <x_i, x_j> / (||x_i|| ||x_j|| + 1e-12) over the rows of ``x`` (CFL's similarity of
+    updates; the guard keeps a zero update finite), in float64."""
+    x = np.asarray(x, dtype=np.float64)
+    norms = np.linalg.norm(x, axis=1)
+    return (x @ x.T) / (np.outer(norms, norms) + 1e-12)
+
+
+def euclidean_distances(x: np.ndarray) -> np.ndarray:
+    """D_ij = ||x_i - x_j||_2 over the rows of ``x``, in float64 (from the Gram matrix, clipped at 0)."""
+    x = np.asarray(x, dtype=np.float64)
+    sq = np.einsum("ij,ij->i", x, x)
+    return np.sqrt(np.maximum(sq[:, None] + sq[None, :] - 2.0 * (x @ x.T), 0.0))
+
+
+def bipartition(distance: np.ndarray) -> np.ndarray:
+    """CFL's split: agglomerative clustering of a precomputed distance matrix into 2 clusters with
+    complete linkage (scikit-learn). Labels 0/1, 0 for the half that holds the first row."""
+    labels = (
+        AgglomerativeClustering(n_clusters=2, metric="precomputed", linkage="complete")
+        .fit(np.asarray(distance, dtype=np.float64))
+        .labels_
+    )
+    return (labels != labels[0]).astype(np.int64)
+
+
+def separation(similarity: np.ndarray, labels: Sequence[int]) -> tuple[float, float]:
+    """(alpha_intra_min, alpha_cross_max) of a similarity matrix under a labelling: the smallest
+    similarity between two clients with the same label (pairs i != j; 1.0 where no group has two
+    members) and the largest between clients with different labels (-1.0 where all share one label)."""
+    s = np.asarray(similarity, dtype=np.float64)
+    lab = np.asarray(labels)
+    same = lab[:, None] == lab[None, :]
+    off = ~np.eye(len(lab), dtype=bool)
+    intra = s[same & off]
+    cross = s[~same]
+    return (float(intra.min()) if intra.size else 1.0, float(cross.max()) if cross.size else -1.0)
+
+
+def gap_cos(similarity: np.ndarray, labels: Sequence[int]) -> float:
+    """The cosine gap of LayerCFL eq. 21: alpha_intra_min - alpha_cross_max. Positive iff every pair of
+    clients in one group is more similar than any pair across groups (the matrix separates them)."""
+    intra_min, cross_max = separation(similarity, labels)
+    return intra_min - cross_max
+
+
+def gap_l2(distance: np.ndarray, labels: Sequence[int]) -> float:
+    """The L2 gap of LayerCFL eq. 22: d_cross_min - d_intra_max (a separation as `gap_cos`, for distances)."""
+    intra_min, cross_max = separation(-np.asarray(distance, dtype=np.float64), labels)
+    return intra_min - cross_max
+
+
+def purity(assignment: Mapping[int, int], truth: Mapping[int, int]) -> float:
+    """The share of clients in their ground-truth group's majority cluster: for each group, the
+    number of its members in the cluster most of them are in, summed, over the clients assigned.
+    One cluster for everyone counts as pure (a companion ``num_clusters`` row tells that apart)."""
+    good = 0
+    for g in sorted(set(truth.values())):
+        tops = [assignment[c] for c in truth if truth[c] == g and c in assignment]
+        if tops:
+            good += max(tops.count(t) for t in set(tops))
+    return good / max(1, sum(1 for c in truth if c in assignment))

@@ -49,12 +49,12 @@ class Config:
 
     # --- partition across clients (ALGORITHMS.md §7) -------------------------------------------
     num_clients: int = 10  # N
-    # iid | labels (#C=k) | dirichlet | quantity | dominant | clientwise_dirichlet
+    # iid | labels (#C=k) | dirichlet | quantity | dominant | clientwise_dirichlet | rotation
     partition: str = "dirichlet"  # how training samples are split across clients
     partition_k: int = 2  # labels: classes per client (#C=k)
     partition_beta: float = 0.5  # Dirichlet concentration; for dominant: the dominant-class fraction
-    partition_clusters: int = 4  # dominant: number of client clusters, each with its own dominant class
-    partition_size: int = 0  # dominant: samples per client (0 = the most the pools allow, <= n/N)
+    partition_clusters: int = 4  # dominant / rotation: client groups (i mod K), each its dominant class / c*360/K deg
+    partition_size: int = 0  # dominant / rotation: samples per client (0 = the most the pools allow, <= n/N)
     partition_min_size: int = 10  # dirichlet/quantity: redraw until every client has this many samples
     client_test_fraction: float = 0.0  # share of each client's samples kept as its test split (FedRC: 0.1)
     # FedRC's shift benchmark on top of the partition (fedray/data/shift.py): corruptions and label
@@ -302,6 +302,11 @@ def validate(cfg: Config) -> None:
             "partition_beta",
             f"dominant: the dominant-class fraction must be <= 1, got {cfg.partition_beta}",
         )
+    if cfg.partition == "rotation":
+        _check(
+            cfg.shift == "none", "shift", f"rotation clusters come without a shift preset, got {cfg.shift!r}"
+        )
+    if cfg.partition in ("dominant", "rotation"):
         _check(
             1 <= cfg.partition_clusters <= cfg.num_clients,
             "partition_clusters",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from fedray.client import Client
@@ -48,6 +49,30 @@ def test_client_records(replies: Mapping[int, Mapping[str, Any]], stage: str = "
     acc = sum(r["correct"] / r["samples"] for r in replies.values()) / len(replies)
     loss = sum(r["loss_sum"] / r["samples"] for r in replies.values()) / len(replies)
     return [*records, rec("accuracy", acc, stage=stage), rec("loss", loss, stage=stage)]
+
+
+def lowest_loss_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+    """Client function (a test client of a hard-clustering method, ALGORITHMS.md §4): the model of
+    ``msg["models"]`` with the lowest mean loss on its labelled part (first on ties), evaluated on its
+    held-out part. State unchanged."""
+    losses = [evaluate(client.model(p), client.eval_train_batches()).loss for p in msg["models"]]
+    best = int(np.argmin(losses))
+    stats = evaluate(client.model(msg["models"][best]), client.test_batches())
+    return {
+        "correct": stats.correct,
+        "samples": stats.samples,
+        "loss_sum": stats.loss_sum,
+        "model": best,
+    }, cstate
+
+
+def lowest_loss_records(fed: Federation, models: Sequence[Params], stage: str = "") -> list[Record]:
+    """FedRC's global accuracy for hard-clustering methods: each test client takes the model with the
+    lowest loss on its labelled part; `test_client_records` of that, plus the model each took
+    (``test_client_model``, scope client)."""
+    replies = fed.map(lowest_loss_eval, fed.test_client_ids, {"models": list(models)})
+    return [*test_client_records(replies, stage),
+            *(rec("test_client_model", r["model"], scope="client", entity=c, stage=stage) for c, r in replies.items())]  # fmt: skip
 
 
 def single_model_records(fed: Federation, params: Params, stage: str = "", arch: Arch = TASK) -> list[Record]:

@@ -164,9 +164,15 @@ ALGORITHM_HP = {
     "clusamp": {"similarity": "arccos"},
     "fedem": {"num_clusters": 2},
     "fedrc": {"num_clusters": 3, "adam": "paper", "delta": 0.2, "xi": 1.0, "finetune": True},
+    "cfl": {"eps1": 10.0, "eps2": 0.0},  # splits whenever a cluster has more than two members
+    "layercfl": {"eps1": 10.0, "eps2": 0.0, "layers": "fc", "distance": "delta_l2"},
 }
 # Config keys an algorithm needs changed from the test's (FedCat: K = 2 copies, 4 rounds = 2 cycles).
-CONFIG_OVER = {"fedcat": {"participation": 0.34}}
+CONFIG_OVER = {
+    "fedcat": {"participation": 0.34},
+    "cfl": {"participation": 1.0},
+    "layercfl": {"participation": 1.0},
+}
 
 
 def test_every_registered_algorithm_is_in_the_identity_test():

@@ -9,6 +9,7 @@ from types import ModuleType
 from typing import Any
 
 from fedray.algorithms import (
+    cfl,
     clusamp,
     clusterfedavg,
     fedavg,
@@ -21,6 +22,7 @@ from fedray.algorithms import (
     fedprox,
     fedrc,
     fedrs,
+    layercfl,
     moon,
     scaffold,
 )
@@ -76,4 +78,6 @@ ALGORITHMS: dict[str, Algorithm] = {
     "clusamp": Algorithm.from_module("clusamp", clusamp),
     "fedem": Algorithm.from_module("fedem", fedem),
     "fedrc": Algorithm.from_module("fedrc", fedrc),
+    "cfl": Algorithm.from_module("cfl", cfl),
+    "layercfl": Algorithm.from_module("layercfl", layercfl),
 }

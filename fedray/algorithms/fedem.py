@@ -34,6 +34,7 @@ import torch
 
 from fedray import mixture
 from fedray.client import Client
+from fedray.clustering import purity
 from fedray.evaluation import test_client_records
 from fedray.federation import Federation
 from fedray.params import Params, WeightedSum, get_params
@@ -282,18 +283,6 @@ def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, 
     return new, records
 
 
-def purity(omega: dict[int, np.ndarray], truth: dict[int, int]) -> float:
-    """Concept purity: the share of clients whose argmax-omega model is the majority model of their
-    ground-truth group."""
-    good = 0
-    for g in sorted(set(truth.values())):
-        members = [c for c in truth if truth[c] == g and c in omega]
-        tops = [int(np.argmax(omega[c])) for c in members]
-        if tops:
-            good += max(tops.count(t) for t in set(tops))
-    return good / max(1, sum(1 for c in truth if c in omega))
-
-
 def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Record]:
     ids = sorted(state.models)
     models = [state.models[i] for i in ids]
@@ -316,6 +305,6 @@ def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Recor
                     for c, r in own.items() if "test" in r]  # fmt: skip
         records.append(rec("local_accuracy", pooled(own, "test")))
     if fed.groups is not None:
-        records.append(rec("purity", purity(omega, fed.groups)))
+        records.append(rec("purity", purity({c: int(np.argmax(w)) for c, w in omega.items()}, fed.groups)))
     records += [rec("live_models", len(ids))]
     return records

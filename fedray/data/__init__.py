@@ -27,6 +27,7 @@ from fedray.data.partitions import (
     PartitionParams,
     split_train_test,
 )
+from fedray.data.rotation import rotated_arrays
 from fedray.data.shift import TEST_CLIENTS, ClientShift, assign_shifts, shifted_arrays
 
 if TYPE_CHECKING:
@@ -92,6 +93,12 @@ def build_federated_data(cfg: Config) -> FederatedData:
             )
     if cfg.shift != "none":
         return _shifted(cfg, ds, part.clients)
+    if cfg.partition == "rotation":  # each group's copies rotated; local test splits rotated with them
+        x, y, ranges = rotated_arrays(
+            ds.train.x, ds.train.y, part.clients, part.groups, cfg.partition_clusters
+        )
+        clients = {cid: _split(cfg, cid, r, cfg.client_test_fraction) for cid, r in enumerate(ranges)}
+        return FederatedData(replace(ds, train=ArrayDataset(x, y)), clients, part.groups)
     clients = {cid: _split(cfg, cid, idx, cfg.client_test_fraction) for cid, idx in enumerate(part.clients)}
     return FederatedData(ds, clients, part.groups)
 

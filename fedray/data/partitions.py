@@ -1,7 +1,7 @@
 """Client partitions (ALGORITHMS.md §7) as pure functions of the labels and a numpy Generator.
 
 Each partitioner returns a `Partition`: per-client index arrays into the training set and, where
-the partition has a ground-truth client grouping (``dominant``), the group id of each client.
+the partition has a ground-truth client grouping (``dominant``, ``rotation``), the group id of each client.
 NIID-Bench's procedures are followed step by step; the random draws come from the Generator we
 pass, so the partitions are reproducible for a seed but not bit-identical to NIID-Bench's own.
 """
@@ -173,6 +173,23 @@ def dominant(labels: np.ndarray, p: PartitionParams, rng: np.random.Generator) -
     return Partition(parts, groups=groups.astype(np.int64))
 
 
+def rotation(labels: np.ndarray, p: PartitionParams, rng: np.random.Generator) -> Partition:
+    """§7.10 rotation clusters: an IID split (``size`` > 0: that many samples per client, else all of
+    them), client i in group i mod K. The images of group c are rotated by c * 360 / K degrees when
+    the data is built (`fedray.data.rotation`); the labels stay."""
+    order = rng.permutation(len(labels))
+    if p.size:
+        if p.size * p.num_clients > len(order):
+            raise PartitionError(
+                f"config key 'partition_size': {p.num_clients} clients x {p.size} samples need more than "
+                f"the {len(order)} training samples"
+            )
+        order = order[: p.size * p.num_clients]
+    return Partition(
+        _pack(np.array_split(order, p.num_clients)), groups=np.arange(p.num_clients) % p.clusters
+    )
+
+
 def clientwise_dirichlet(labels: np.ndarray, p: PartitionParams, rng: np.random.Generator) -> Partition:
     """§7.7 (Hsu et al. / FedRC "LDA"): client by client, q ~ Dir(beta * remaining class shares), M = n // N draws.
 
@@ -215,9 +232,10 @@ PARTITIONS: dict[str, Callable[[np.ndarray, PartitionParams, np.random.Generator
     "quantity": quantity,
     "dominant": dominant,
     "clientwise_dirichlet": clientwise_dirichlet,
+    "rotation": rotation,
 }
 # Partitions that define ground-truth client groups (`Partition.groups`), e.g. for an oracle clustering.
-GROUPED_PARTITIONS = frozenset({"dominant"})
+GROUPED_PARTITIONS = frozenset({"dominant", "rotation"})
 
 
 def split_train_test(

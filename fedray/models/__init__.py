@@ -120,6 +120,22 @@ def mobilenet_v2(input_shape: tuple[int, ...], num_classes: int) -> EncoderHead:
     return EncoderHead(net, head, net.last_channel)
 
 
+def vgg16(input_shape: tuple[int, ...], num_classes: int) -> EncoderHead:
+    """torchvision's VGG-16 (no batch norm) for 32x32 inputs of any channel count (LayerCFL's model):
+    the first convolution takes the input's channels, the five pools leave 512 x 1 x 1, so the
+    average pool is global and the first FC layer takes 512 features; encoder = features, pool and
+    the first two FC layers (``classifier.0``, ``classifier.3``), head = the last Linear."""
+    from torchvision.models import vgg16 as tv_vgg16
+
+    net = tv_vgg16(num_classes=num_classes)
+    net.features[0] = nn.Conv2d(input_shape[0], 64, kernel_size=3, padding=1)
+    net.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+    net.classifier[0] = nn.Linear(512, 4096)
+    head = net.classifier[6]
+    net.classifier[6] = nn.Identity()
+    return EncoderHead(net, head, 4096)
+
+
 def _image_problem(min_side: int, why: str) -> Callable[[tuple[int, ...]], str | None]:
     def problem(shape: tuple[int, ...]) -> str | None:
         if len(shape) != 3:
@@ -162,6 +178,7 @@ MODELS: dict[str, ModelSpec] = {
     "fedrc_cnn": ModelSpec(fedrc_cnn, _image_problem(16, "two 5x5 convolutions and two 2x2 pools")),
     "resnet18": ModelSpec(resnet18, _image_problem(8, "ResNet-18's three stride-2 stages")),
     "mobilenet_v2": ModelSpec(mobilenet_v2, _image_problem(8, "MobileNetV2's stride-2 stages")),
+    "vgg16": ModelSpec(vgg16, _image_problem(32, "VGG-16's five 2x2 pools")),
     "mlp": ModelSpec(mlp),
 }
 

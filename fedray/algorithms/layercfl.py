@@ -1,0 +1,59 @@
+"""LayerCFL (2023; no public code; ALGORITHMS.md §6.2, register row 21): CFL's recursive bipartition
+(`cfl.py`) with the clients compared on the updates of selected layers only.
+
+The layers are chosen in advance for the environment (``layers``): ``conv`` (the convolutions) for
+feature skew such as rotated clients, ``fc`` (the first fully connected layer) for label skew,
+``all`` for CFL's behaviour, or a list of regular expressions on parameter names (VGG-16's 4th
+layer, the paper's choice for rotations: ``["features\\\\.7\\\\."]``). A layer is one module's weight and
+bias (§6.2(d)). The split condition is CFL's: the cluster's mean update over all parameters below
+``eps1`` (eq. 27) and the largest member update on the selected layers above ``eps2`` (eq. 28). The
+distance (eqs. 23-26) is ``delta_cos`` (LayerCFL's own, eq. 26) by default, or ``delta_l2``, ``cos`` or
+``l2`` (of the weights). A split is kept only when it passes Theorem 1's separation check: every
+pair inside a half closer than any pair across (the split's own gap > 0); otherwise it is rolled back
+(a ``split_rejected`` row) and the cluster trains on. ``similarity_dims`` records the size of what
+the similarity is computed on, against CFL's whole model.
+
+Deviation, said openly: the printed aggregation formula is illegible (§6.2(a)); we use CFL's
+n_i-weighted average, so LayerCFL with ``layers: all``, ``check_split: false`` is CFL exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fedray.algorithms import cfl
+from fedray.federation import Federation
+from fedray.layers import PRESETS
+from fedray.records import Record
+
+State = cfl.State
+check_config = cfl.check_config
+evaluate = cfl.evaluate
+
+
+@dataclass
+class Hparams(cfl.Hparams):
+    layers: str | list[str] = field(
+        default="conv"
+    )  # conv | fc | all | regular expressions on parameter names
+    distance: str = "delta_cos"  # delta_cos (eq. 26) | delta_l2 (eq. 24) | cos (eq. 25) | l2 (eq. 23)
+    check_split: bool = True  # keep a split only if it separates the clients (Theorem 1), else roll back
+
+    def check(self) -> None:
+        super().check()
+        if self.distance not in cfl.DISTANCES:
+            raise ValueError(
+                f"config key 'hp.distance': one of {', '.join(cfl.DISTANCES)}, got {self.distance!r}"
+            )
+        if isinstance(self.layers, str) and self.layers not in PRESETS:
+            raise ValueError(
+                f"config key 'hp.layers': one of {', '.join(PRESETS)} or a list of patterns, got {self.layers!r}"
+            )
+
+
+def init(fed: Federation, hp: Hparams) -> State:
+    return cfl.init(fed, hp, hp.layers)
+
+
+def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
+    return cfl.cfl_round(state, fed, hp, rnd, cfl.Selection(hp.distance, hp.check_split))
