@@ -53,7 +53,7 @@ class Config:
     partition: str = "dirichlet"  # how training samples are split across clients
     partition_k: int = 2  # labels: classes per client (#C=k)
     partition_beta: float = 0.5  # Dirichlet concentration; for dominant: the dominant-class fraction
-    partition_clusters: int = 4  # dominant / rotation: client groups (i mod K), each its dominant class / c*360/K deg
+    partition_clusters: int = 4  # dominant / rotation: groups i mod K (own dominant class / c*360/K degrees)
     partition_size: int = 0  # dominant / rotation: samples per client (0 = the most the pools allow, <= n/N)
     partition_min_size: int = 10  # dirichlet/quantity: redraw until every client has this many samples
     client_test_fraction: float = 0.0  # share of each client's samples kept as its test split (FedRC: 0.1)
