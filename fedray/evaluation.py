@@ -52,11 +52,14 @@ def test_client_records(replies: Mapping[int, Mapping[str, Any]], stage: str = "
 
 
 def lowest_loss_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
-    """Client function (a test client of a hard-clustering method, ALGORITHMS.md §4): the model of
-    ``msg["models"]`` with the lowest mean loss on its labelled part (first on ties), evaluated on its
-    held-out part. State unchanged."""
-    losses = [evaluate(client.model(p), client.eval_train_batches()).loss for p in msg["models"]]
-    best = int(np.argmin(losses))
+    """Client function for hard clustering: the client's model of ``msg["models"]`` (its assignment in
+    ``msg["assigned"]``, if it has one; else, as a test client of a hard-clustering method in
+    ALGORITHMS.md §4, the one with the lowest mean loss on its labelled part, first on ties),
+    evaluated on its held-out part. State unchanged."""
+    best = msg.get("assigned", {}).get(client.cid)
+    if best is None:
+        losses = [evaluate(client.model(p), client.eval_train_batches()).loss for p in msg["models"]]
+        best = int(np.argmin(losses))
     stats = evaluate(client.model(msg["models"][best]), client.test_batches())
     return {
         "correct": stats.correct,
@@ -64,6 +67,28 @@ def lowest_loss_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]
         "loss_sum": stats.loss_sum,
         "model": best,
     }, cstate
+
+
+def hard_cluster_records(
+    fed: Federation, models: Sequence[Params], assigned: Mapping[int, int], stage: str = ""
+) -> list[Record]:
+    """K models and a hard assignment (IFCA, FeSEM): each model on the global test set (``accuracy``,
+    ``loss``, scope cluster), or with test clients their accuracy with their lowest-loss model;
+    ``local_accuracy`` of each client with a test split, with its assigned model (the lowest-loss one
+    if it has none yet)."""
+    if fed.test_client_ids:
+        records = lowest_loss_records(fed, models, stage)
+    else:
+        records = []
+        for k, m in enumerate(models):
+            g = evaluate_global(fed, m)
+            records += [rec("accuracy", g.accuracy, scope="cluster", entity=k, stage=stage),
+                        rec("loss", g.loss, scope="cluster", entity=k, stage=stage)]  # fmt: skip
+    with_test = [c for c, n in fed.num_test_examples().items() if n > 0]
+    if with_test:
+        msg = {"models": list(models), "assigned": {c: assigned[c] for c in with_test if c in assigned}}
+        records += own_data_records(fed, [(with_test, msg)], lowest_loss_eval, "local_accuracy", stage)
+    return records
 
 
 def lowest_loss_records(fed: Federation, models: Sequence[Params], stage: str = "") -> list[Record]:

@@ -13,7 +13,16 @@ from fedray.client import Client
 from fedray.federation import Federation
 from fedray.params import Params, get_params, weighted_average
 from fedray.records import Record, rec
-from fedray.train import AfterStep, Objective, TrainStats, cross_entropy, local_train
+from fedray.train import (
+    AfterStep,
+    Objective,
+    TrainStats,
+    cross_entropy,
+    load_optimizer_state,
+    local_train,
+    optimizer_state,
+    sgd,
+)
 
 
 def local_sgd_reply(
@@ -56,6 +65,20 @@ def train_reply(client: Client, params: Params, stats: TrainStats) -> dict[str, 
         "train_samples": stats.samples,
         "steps": stats.steps,
     }
+
+
+def kept_optimizer_update(
+    client: Client, params: Params, rnd: int, buffers: dict | None, keep: bool, drop_last: bool = False
+) -> tuple[dict[str, Any], dict | None]:
+    """Train ``params`` for the local epochs with SGD whose buffers (momentum) continue from
+    ``buffers`` when ``keep`` (the client's own optimizer across rounds: CFL, IFCA as the FedRC code
+    runs them); returns FedAvg's reply and the buffers to keep (None without ``keep``)."""
+    model = client.model(params)
+    opt = sgd(model.parameters(), client)
+    if keep and buffers:
+        load_optimizer_state(opt, model, buffers)
+    stats = local_train(model, client, rnd, optimizer=opt, drop_last=drop_last)
+    return train_reply(client, get_params(model), stats), (optimizer_state(opt, model) if keep else None)
 
 
 def local_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:

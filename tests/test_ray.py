@@ -166,6 +166,8 @@ ALGORITHM_HP = {
     "fedrc": {"num_clusters": 3, "adam": "paper", "delta": 0.2, "xi": 1.0, "finetune": True},
     "cfl": {"eps1": 10.0, "eps2": 0.0},  # splits whenever a cluster has more than two members
     "layercfl": {"eps1": 10.0, "eps2": 0.0, "layers": "fc", "distance": "delta_l2"},
+    "ifca": {"num_clusters": 3, "persistent_optimizer": True},
+    "fesem": {"num_clusters": 2, "persistent_optimizer": True},
 }
 # Config keys an algorithm needs changed from the test's (FedCat: K = 2 copies, 4 rounds = 2 cycles).
 CONFIG_OVER = {

@@ -22,6 +22,8 @@ from fedray.algorithms import (
     fedprox,
     fedrc,
     fedrs,
+    fesem,
+    ifca,
     layercfl,
     moon,
     scaffold,
@@ -80,4 +82,6 @@ ALGORITHMS: dict[str, Algorithm] = {
     "fedrc": Algorithm.from_module("fedrc", fedrc),
     "cfl": Algorithm.from_module("cfl", cfl),
     "layercfl": Algorithm.from_module("layercfl", layercfl),
+    "ifca": Algorithm.from_module("ifca", ifca),
+    "fesem": Algorithm.from_module("fesem", fesem),
 }

@@ -42,8 +42,7 @@ from fedray.evaluation import cluster_model_records, lowest_loss_records
 from fedray.federation import Federation
 from fedray.params import Params, get_params, weighted_average
 from fedray.records import Record, assign, rec
-from fedray.rounds import train_records, train_reply
-from fedray.train import load_optimizer_state, local_train, optimizer_state, sgd
+from fedray.rounds import kept_optimizer_update, train_records
 
 MAX_NORMS = ("norm", "coordinate")
 DISTANCES = ("delta_cos", "delta_l2", "cos", "l2")
@@ -103,13 +102,7 @@ def init(fed: Federation, hp: Hparams, spec: str | list[str] = "all") -> State:
 def persistent_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
     """Client function: train the received ``params`` for the local epochs; with
     ``persistent_optimizer`` the client's SGD buffers carry over from its last round (client state)."""
-    model = client.model(msg["params"])
-    opt = sgd(model.parameters(), client)
-    keep = msg["persistent_optimizer"]
-    if keep and cstate:
-        load_optimizer_state(opt, model, cstate)
-    stats = local_train(model, client, msg["round"], optimizer=opt)
-    return train_reply(client, get_params(model), stats), (optimizer_state(opt, model) if keep else cstate)
+    return kept_optimizer_update(client, msg["params"], msg["round"], cstate, msg["persistent_optimizer"])
 
 
 # ---- server side --------------------------------------------------------------------------------

@@ -1,0 +1,86 @@
+"""FeSEM: Long, Xie, Tian, Jiang, Zhang, "Multi-Center Federated Learning: Clients Clustering for
+Better Personalization", World Wide Web 2023 (ALGORITHMS.md §4.3, register row 18), as the FedRC
+codebase runs it.
+
+K global models (the centres). Each round every participant trains the model it is assigned to,
+then reassigns itself to the centre nearest its trained model, d_k = sum over state-dict tensors of
+||theta_local[t] - theta_k[t]||_2 (the code's sum of per-tensor L2 norms). A client without an
+assignment yet (its first round) trains a copy of every model and takes the one whose trained copy
+has the lowest mean training loss. The server sets centre k to the n_i-weighted average of the
+trained models of the participants now assigned to k.
+
+Deviations from the FedRC code, said openly: an empty centre keeps its weights and records an
+``empty_cluster`` row (the code zeroes it, row 18); a client that switches to k' contributes its
+trained model to k' (the paper's M-step; the code contributes its untrained copy of the old centre
+k', §4.3's quirk). ``persistent_optimizer`` and ``drop_last`` as IFCA's. Evaluation as IFCA's, with
+the latest assignments.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fedray.algorithms import ifca
+from fedray.client import Client
+from fedray.clustering import purity
+from fedray.federation import Federation
+from fedray.params import Params
+from fedray.records import Record, assign, rec
+from fedray.rounds import kept_optimizer_update, train_records
+
+Hparams = ifca.Hparams
+State = ifca.State
+init = ifca.init
+evaluate = ifca.evaluate
+
+
+def center_distance(local: Params, center: Params) -> float:
+    """sum_t ||local[t] - center[t]||_2 over the floating-point state-dict tensors."""
+    return float(
+        sum(
+            np.linalg.norm(np.asarray(local[k], np.float64) - np.asarray(center[k], np.float64))
+            for k in local
+            if np.issubdtype(np.asarray(local[k]).dtype, np.floating)
+        )
+    )
+
+
+def fesem_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+    """Client function: train the assigned centre (every centre, first time) and reassign."""
+    models, k, buffers = msg["models"], msg["assigned"], dict(cstate or {})
+    keep, rnd, last = msg["persistent_optimizer"], msg["round"], msg["drop_last"]
+    if k is None:  # first participation: a trained copy of every centre, keep the lowest-loss one
+        tried = [
+            kept_optimizer_update(client, m, rnd, buffers.get(j), keep, last) for j, m in enumerate(models)
+        ]
+        losses = [ifca.mean_losses(client, [r["params"]])[0] for r, _ in tried]
+        new = int(np.argmin(losses))
+        for j, (_, kept) in enumerate(tried):
+            if kept is not None:
+                buffers[j] = kept
+        reply = tried[new][0]
+    else:
+        reply, kept = kept_optimizer_update(client, models[k], rnd, buffers.get(k), keep, last)
+        if kept is not None:
+            buffers[k] = kept
+        new = int(np.argmin([center_distance(reply["params"], m) for m in models]))
+    return {**reply, "cluster": new}, (buffers or None)
+
+
+def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
+    cids = fed.sample(fed.task.participation, fed.task.rng("sample", rnd=rnd))
+    common = {"models": state.models, "round": rnd, "persistent_optimizer": hp.persistent_optimizer,
+              "drop_last": hp.drop_last}  # fmt: skip
+    by_center: dict[Any, list[int]] = {}
+    for c in cids:
+        by_center.setdefault(state.assigned.get(c), []).append(c)
+    replies = fed.map_groups(fesem_update, [(m, {**common, "assigned": k}) for k, m in by_center.items()])
+    chosen = {c: r["cluster"] for c, r in replies.items()}
+    models, records = ifca.aggregate(state.models, replies, chosen)
+    assigned = {**state.assigned, **chosen}
+    records += train_records(replies) + [assign(c, k) for c, k in chosen.items()]
+    if fed.groups is not None:
+        records.append(rec("purity", purity(assigned, fed.groups)))
+    return State(models, assigned), records
