@@ -35,6 +35,13 @@ def evaluate_global(fed: Federation, params: Params, arch: Arch = TASK) -> EvalS
     return total(fed.test_map(eval_batches, model_msg(params, arch)))
 
 
+def model_global_records(fed: Federation, params: Params, k: int, stage: str = "") -> list[Record]:
+    """Cluster model k on the global test set: ``accuracy`` and ``loss`` rows of scope cluster."""
+    g = evaluate_global(fed, params)
+    return [rec("accuracy", g.accuracy, scope="cluster", entity=k, stage=stage),
+            rec("loss", g.loss, scope="cluster", entity=k, stage=stage)]  # fmt: skip
+
+
 def local_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
     """Client function: the received model on the client's own test split. State unchanged."""
     stats = evaluate(received_model(client, msg), client.test_batches())
@@ -69,6 +76,14 @@ def lowest_loss_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]
     }, cstate
 
 
+def cluster_global_records(fed: Federation, models: Sequence[Params], stage: str = "") -> list[Record]:
+    """K models' global accuracy: with the shift preset's test clients, theirs with their lowest-loss
+    model (`lowest_loss_records`); otherwise each model on the global test set (scope cluster)."""
+    if fed.test_client_ids:
+        return lowest_loss_records(fed, models, stage)
+    return [r for k, m in enumerate(models) for r in model_global_records(fed, m, k, stage)]
+
+
 def hard_cluster_records(
     fed: Federation, models: Sequence[Params], assigned: Mapping[int, int], stage: str = ""
 ) -> list[Record]:
@@ -76,14 +91,7 @@ def hard_cluster_records(
     ``loss``, scope cluster), or with test clients their accuracy with their lowest-loss model;
     ``local_accuracy`` of each client with a test split, with its assigned model (the lowest-loss one
     if it has none yet)."""
-    if fed.test_client_ids:
-        records = lowest_loss_records(fed, models, stage)
-    else:
-        records = []
-        for k, m in enumerate(models):
-            g = evaluate_global(fed, m)
-            records += [rec("accuracy", g.accuracy, scope="cluster", entity=k, stage=stage),
-                        rec("loss", g.loss, scope="cluster", entity=k, stage=stage)]  # fmt: skip
+    records = cluster_global_records(fed, models, stage)
     with_test = [c for c, n in fed.num_test_examples().items() if n > 0]
     if with_test:
         msg = {"models": list(models), "assigned": {c: assigned[c] for c in with_test if c in assigned}}
@@ -168,11 +176,7 @@ def cluster_model_records(
     cluster); where clients have test splits, each client with its cluster's model
     (``local_accuracy``, per client, per cluster and overall); with ``members``, each client with its
     cluster's model on its own training data (``member_accuracy``)."""
-    records = []
-    for k, m in enumerate(models):
-        g = evaluate_global(fed, m)
-        records += [rec("accuracy", g.accuracy, scope="cluster", entity=k, stage=stage),
-                    rec("loss", g.loss, scope="cluster", entity=k, stage=stage)]  # fmt: skip
+    records = [r for k, m in enumerate(models) for r in model_global_records(fed, m, k, stage)]
 
     def groups(cids: Sequence[int]) -> list[tuple[list[int], dict]]:
         return [([c for c in cids if assignment[c] == k], model_msg(m)) for k, m in enumerate(models)]

@@ -168,6 +168,7 @@ ALGORITHM_HP = {
     "layercfl": {"eps1": 10.0, "eps2": 0.0, "layers": "fc", "distance": "delta_l2"},
     "ifca": {"num_clusters": 3, "persistent_optimizer": True},
     "fesem": {"num_clusters": 2, "persistent_optimizer": True},
+    "fedsoft": {"num_clusters": 2, "tau": 2, "selection_size": 2},
 }
 # Config keys an algorithm needs changed from the test's (FedCat: K = 2 copies, 4 rounds = 2 cycles).
 CONFIG_OVER = {

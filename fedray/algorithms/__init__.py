@@ -22,6 +22,7 @@ from fedray.algorithms import (
     fedprox,
     fedrc,
     fedrs,
+    fedsoft,
     fesem,
     ifca,
     layercfl,
@@ -84,4 +85,5 @@ ALGORITHMS: dict[str, Algorithm] = {
     "layercfl": Algorithm.from_module("layercfl", layercfl),
     "ifca": Algorithm.from_module("ifca", ifca),
     "fesem": Algorithm.from_module("fesem", fesem),
+    "fedsoft": Algorithm.from_module("fedsoft", fedsoft),
 }

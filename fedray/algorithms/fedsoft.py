@@ -1,0 +1,183 @@
+"""FedSoft: Ruan, Joe-Wong, "FedSoft: Soft Clustered Federated Learning with Proximal Local
+Updating", AAAI 2022 (ALGORITHMS.md §4.5, register row 19): the original rule (FS:servers.py,
+FS:clients.py), not the FedRC repository's variant.
+
+K cluster models theta_k and one personal model w_c per client, kept as client state and never
+overwritten by the server.
+
+1. Every ``tau`` rounds (round 0 included) every client counts, for each cluster k, its training
+   samples on which theta_k has the smallest loss (first on ties), replaces a zero count by
+   ``sigma`` * n_c and sets its importance weights u_ck = count_ck / n_c.
+2. Aggregation weights v_kc = u_ck n_c / sum_c' u_c'k n_c'. With ``selection_size`` > 0 the server
+   samples that many clients per cluster without replacement with probabilities v_k. (stream
+   ``fedsoft/select``) and theta_k is the uniform average of the selected clients' personal models;
+   with 0, the round's participants (FedAvg's sampling) train and theta_k = sum_c v_kc w_c with v
+   renormalised over them.
+3. Each client that trains minimises CE + (lam/2) sum_k u_ck ||w_c - theta_k||^2 from its personal
+   model. The sum equals (lam/2) U ||w_c - theta_bar||^2 plus a constant, U = sum_k u_ck and
+   theta_bar = sum_k u_ck theta_k / U, so it is FedProx's term with mu = lam U and anchor theta_bar
+   (the same gradients; the loss differs by the constant). A personal model starts as theta_bar.
+
+Evaluation: ``local_accuracy`` is each client's personal model on its test split (theta_bar for a
+client that has not trained yet); each cluster model on the global test set (``accuracy``, scope
+cluster), or with the shift preset's test clients their lowest-loss cluster model. ``assignments/``
+holds every client's u (one row per cluster) after each estimation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedray.algorithms.fedem import init_models, sample_losses
+from fedray.algorithms.fedprox import proximal
+from fedray.client import Client
+from fedray.evaluation import cluster_global_records, own_data_records
+from fedray.federation import Federation
+from fedray.params import Params, weighted_average
+from fedray.records import Record, assign, rec
+from fedray.rounds import local_sgd_reply, train_records
+from fedray.train import evaluate as eval_model
+
+
+@dataclass
+class Hparams:
+    num_clusters: int = 3  # K: cluster models
+    tau: int = 2  # importance weights re-estimated every tau rounds (estimation_interval; FS: 2)
+    lam: float = 0.1  # lambda: weight of the proximal pull towards the cluster models (reg_weight)
+    sigma: float = 1e-4  # a zero count becomes sigma * n_c (count_smoother)
+    selection_size: int = 0  # clients sampled per cluster by v_k (FS: 15); 0 = FedAvg's participants
+
+    def check(self) -> None:
+        if self.num_clusters < 1:
+            raise ValueError(f"config key 'hp.num_clusters': must be >= 1, got {self.num_clusters}")
+        if self.tau < 1:
+            raise ValueError(f"config key 'hp.tau': must be >= 1, got {self.tau}")
+        if self.lam < 0:
+            raise ValueError(f"config key 'hp.lam': must be >= 0, got {self.lam}")
+        if not 0 < self.sigma <= 1:
+            raise ValueError(f"config key 'hp.sigma': must be in (0, 1], got {self.sigma}")
+        if self.selection_size < 0:
+            raise ValueError(f"config key 'hp.selection_size': must be >= 0, got {self.selection_size}")
+
+
+@dataclass
+class State:
+    models: list[Params]  # theta_k
+    u: dict[int, np.ndarray] = field(default_factory=dict)  # client -> its importance weights (K)
+
+
+def init(fed: Federation, hp: Hparams) -> State:
+    models = init_models(fed, hp.num_clusters)
+    return State([models[k] for k in range(hp.num_clusters)])
+
+
+# ---- pure rules ---------------------------------------------------------------------------------
+
+
+def importance(losses: np.ndarray, sigma: float) -> np.ndarray:
+    """u_k = (number of samples on which model k has the smallest loss, a zero count as sigma * n) / n,
+    from K x n losses."""
+    k, n = losses.shape
+    counts = np.bincount(np.argmin(losses, axis=0), minlength=k).astype(np.float64)
+    counts[counts == 0] = sigma * n
+    return counts / n
+
+
+def aggregation_weights(u: dict[int, np.ndarray], n: dict[int, int]) -> dict[int, np.ndarray]:
+    """v_kc = u_ck n_c / sum_c' u_c'k n_c' over the given clients: client -> its weight in each cluster."""
+    cids = sorted(u)
+    mass = np.stack([u[c] * n[c] for c in cids])  # clients x K
+    v = mass / mass.sum(axis=0, keepdims=True)
+    return {c: v[i] for i, c in enumerate(cids)}
+
+
+def anchor(models: list[Params], u: np.ndarray) -> Params:
+    """theta_bar = sum_k u_k theta_k / sum_k u_k."""
+    return weighted_average(models, list(u))
+
+
+# ---- client side --------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def estimate(client: Client, cstate: Any, msg: dict) -> tuple[np.ndarray, Any]:
+    """Client function: the client's importance weights under the current cluster models."""
+    return importance(sample_losses(client, msg["models"], client.eval_train_batches), msg["sigma"]), cstate
+
+
+def personal_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+    """Client function: the personal model (theta_bar the first time) trained with the proximal pull."""
+    u, models = np.asarray(msg["u"]), msg["models"]
+    bar = anchor(models, u)
+    start = bar if cstate is None else cstate
+    model = client.model(start)
+    target = {
+        n: torch.as_tensor(np.asarray(bar[n]), device=client.device) for n, _ in model.named_parameters()
+    }
+    reply = local_sgd_reply(
+        client, start, msg["round"], proximal(msg["lam"] * float(u.sum()), target), model=model
+    )
+    return reply, reply["params"]
+
+
+@torch.no_grad()
+def personal_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+    """Client function: the personal model (theta_bar if none yet) on the client's test split."""
+    params = cstate if cstate is not None else anchor(msg["models"], np.asarray(msg["u"][client.cid]))
+    stats = eval_model(client.model(params), client.test_batches())
+    return {"correct": stats.correct, "samples": stats.samples, "loss_sum": stats.loss_sum}, cstate
+
+
+# ---- server side --------------------------------------------------------------------------------
+
+
+def select(v: dict[int, np.ndarray], size: int, rng: np.random.Generator) -> list[list[int]]:
+    """Per cluster, ``size`` clients drawn without replacement with probabilities v_k. (all, if fewer)."""
+    cids = sorted(v)
+    out = []
+    for k in range(len(next(iter(v.values())))):
+        p = np.array([v[c][k] for c in cids])
+        take = min(size, int(np.count_nonzero(p)))
+        out.append(sorted(int(c) for c in rng.choice(cids, size=take, replace=False, p=p / p.sum())))
+    return out
+
+
+def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
+    records: list[Record] = []
+    u = state.u
+    if rnd % hp.tau == 0 or not u:
+        got = fed.map(estimate, fed.client_ids, {"models": state.models, "sigma": hp.sigma})
+        u = {c: np.array(w) for c, w in got.items()}  # owned, writable copies (Ray's are read-only views)
+        records += [assign(c, k, float(w)) for c in sorted(u) for k, w in enumerate(u[c])]
+    n = fed.num_examples()
+    if hp.selection_size:
+        chosen = select(aggregation_weights(u, n), hp.selection_size, fed.task.rng("fedsoft/select", rnd=rnd))
+        trainers = sorted({c for cs in chosen for c in cs})
+    else:
+        trainers = fed.sample(fed.task.participation, fed.task.rng("sample", rnd=rnd))
+    groups = [([c], {"models": state.models, "u": u[c], "lam": hp.lam, "round": rnd}) for c in trainers]
+    replies = fed.map_groups(personal_update, groups)
+    models = list(state.models)
+    for k in range(hp.num_clusters):
+        if hp.selection_size:
+            members, weights = chosen[k], [1.0] * len(chosen[k])
+        else:
+            v = aggregation_weights({c: u[c] for c in trainers}, n)
+            members, weights = trainers, [float(v[c][k]) for c in trainers]
+        if members and sum(weights) > 0:
+            models[k] = weighted_average([replies[c]["params"] for c in members], weights)
+        records.append(rec("participants", len(members), scope="cluster", entity=k))
+    return State(models, u), records + train_records(replies)
+
+
+def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Record]:
+    records = cluster_global_records(fed, state.models)
+    with_test = [c for c, k in fed.num_test_examples().items() if k > 0]
+    if with_test:
+        msg = {"models": state.models, "u": {c: state.u[c] for c in with_test if c in state.u}}
+        records += own_data_records(fed, [(with_test, msg)], personal_eval, "local_accuracy", "")
+    return records
