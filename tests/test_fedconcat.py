@@ -177,7 +177,7 @@ def test_options_balanced_dp_elbow_and_classifier_init_run_and_are_recorded(tmp_
          r"31 \+ 200 = 231 rounds, but rounds is 50; set rounds: 231"),
         (dict(rounds=10, hp={"encoder_rounds": 2, "num_clusters": 7}), r"hp.num_clusters': 7 clusters but only 6"),
         (dict(rounds=10, hp={"encoder_rounds": 2, "elbow_range": [3, 2]}), r"hp.elbow_range': must be \[lo, hi\]"),
-        (dict(rounds=10, hp={"encoder_rounds": 2, "clustering": "ifca"}), r"hp.clustering': must be one of kmeans"),
+        (dict(rounds=10, hp={"encoder_rounds": 2, "clustering": "cfl"}), r"hp.clustering': must be one of kmeans, ifca, fesem, fedsoft"),
         (dict(rounds=10, algorithm="fedconcat_id", hp={"encoder_rounds": 2, "eps": 1.0}), r"hp.eps': FedConcat-ID sends no"),
     ],
 )  # fmt: skip
@@ -242,3 +242,35 @@ def test_dp_noise_is_added_by_each_client_so_the_server_sees_only_noised_distrib
         np.testing.assert_array_equal(v, expect)
     again = reported_distributions(fed, eps=2.5)
     assert all(np.array_equal(noised[c], v) for c, v in again.items())  # seeded: the same noise every call
+
+
+@pytest.mark.parametrize("clustering", ["ifca", "fesem", "fedsoft"])
+def test_a_clustered_algorithm_can_run_stage_2_and_its_models_become_the_encoders(tmp_path, clustering):
+    cfg = small_config(tmp_path, algorithm="fedconcat", rounds=3, partition="dominant", partition_clusters=2,
+                       client_test_fraction=0.2, hp={"num_clusters": 2, "encoder_rounds": 2, "clustering": clustering})  # fmt: skip
+    fed, _ = make_local_federation(cfg, build_federated_data(cfg))
+    alg = ALGORITHMS["fedconcat"]
+    hp = alg.make_hparams(cfg.hp)
+    state = alg.init(fed, hp)
+    for rnd in range(2):
+        state, records = alg.round(state, fed, hp, rnd)
+        assert {r["stage"] for r in records} == {"encoder"}
+    assert state.models == state.inner.models and len(state.models) == 2
+    assert set(state.assignment) <= set(fed.client_ids) and set(state.assignment.values()) <= {0, 1}
+    state, _ = alg.round(state, fed, hp, 2)  # the classifier over the two encoders
+    assert state.stage == "classifier" and state.head is not None
+    m = run(cfg)
+    assert {"encoder", "classifier"} == set(m["stage"]) and "purity" in set(
+        m[m["stage"] == "encoder"]["metric"]
+    )
+
+
+def test_fedconcat_ifca_with_one_cluster_trains_fedconcats_encoder(tmp_path):
+    over = dict(participation=0.5, rounds=2, seed=2, client_test_fraction=0.2)
+    hp = {"num_clusters": 1, "encoder_rounds": 2, "classifier_rounds": 0}
+    a = run(small_config(tmp_path / "a", algorithm="fedconcat", hp=hp, **over))
+    b = run(small_config(tmp_path / "b", algorithm="fedconcat", hp={**hp, "clustering": "ifca"}, **over))
+    for name in ("train_loss", "train_accuracy"):
+        assert a[a["metric"] == name]["value"].tolist() == b[b["metric"] == name]["value"].tolist()
+    pick = lambda d: d[(d["metric"] == "accuracy") & (d["scope"] == "cluster")]["value"].tolist()  # noqa: E731
+    assert pick(a) == pick(b) and len(pick(a)) == 2

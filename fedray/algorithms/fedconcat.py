@@ -24,6 +24,11 @@ weights (row 2); K-means as scikit-learn with 10 restarts. Deviations, said open
 - DP noise (``eps``) is added by each client to its own distribution, from its own derived stream,
   so the server only sees noised vectors (the code adds it where it holds all of them).
 
+``clustering``: ``kmeans`` is the paper's stage 1 (label distributions, then fixed clusters); ``ifca``,
+``fesem`` or ``fedsoft`` run stage 2 as that clustered algorithm instead (its own inits, K clusters,
+its other hyperparameters at their defaults), clustering while training, and its K cluster models
+become the encoders (the FedConcat paper's Table 10 variants).
+
 Records: assignments once (round 1); per cluster, its model's test accuracy during stage 2 and,
 at the stage's end, its accuracy on its members' training data (``member_accuracy``); the
 concatenated model's ``accuracy`` on the test set after every classifier round. Every row carries
@@ -35,11 +40,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 import torch
 
+from fedray.algorithms import fedsoft, fesem, ifca
 from fedray.algorithms.clusterfedavg import one_cluster, reported_distributions, start_clusters
 from fedray.client import Client
 from fedray.clustering import Clustering, cluster_vectors
@@ -61,9 +68,11 @@ def kmeans_step(
     return cluster_vectors(vectors, hp.num_clusters, rng, hp.balanced, hp.elbow_range, stage=ENCODER)
 
 
-# The clustering step: the clients' (label) distribution vectors in, an assignment out. The
-# clustered-FL family (IFCA, FeSEM, FedSoft) registers here as FedConcat-IFCA etc.
+# The clustering step: the clients' (label) distribution vectors in, an assignment out.
 CLUSTERING_STEPS: dict[str, Callable[..., Clustering]] = {"kmeans": kmeans_step}
+# Or a clustered-FL algorithm runs stage 2 itself, clustering as it trains (FedConcat-IFCA, -FeSEM,
+# -FedSoft: the FedConcat paper's Table 10); its K cluster models become the encoders.
+CLUSTERED_STAGES: dict[str, ModuleType] = {"ifca": ifca, "fesem": fesem, "fedsoft": fedsoft}
 
 
 @dataclass
@@ -92,9 +101,10 @@ class Hparams:
         r = self.elbow_range
         if r and not (len(r) == 2 and 1 <= r[0] <= r[1]):
             raise ValueError(f"config key 'hp.elbow_range': must be [lo, hi] with 1 <= lo <= hi, got {r}")
-        if self.clustering not in CLUSTERING_STEPS:
+        if self.clustering not in {**CLUSTERING_STEPS, **CLUSTERED_STAGES}:
             raise ValueError(
-                f"config key 'hp.clustering': must be one of {', '.join(CLUSTERING_STEPS)}, got {self.clustering!r}"
+                f"config key 'hp.clustering': must be one of {', '.join([*CLUSTERING_STEPS, *CLUSTERED_STAGES])}, "
+                f"got {self.clustering!r}"
             )
 
 
@@ -127,6 +137,7 @@ class State:
     models: list[Params] = field(default_factory=list)  # the K cluster models (encoder + head)
     assignment: dict[int, int] = field(default_factory=dict)  # client -> cluster, set by the first round
     head: Params | None = None  # the global classifier over the concatenated features (stage 3)
+    inner: Any = None  # stage 2 by a clustered algorithm (hp.clustering in CLUSTERED_STAGES): its State
 
 
 def init(fed: Federation, hp: Hparams) -> State:
@@ -145,9 +156,32 @@ def next_stage(hp: Hparams, rnd: int) -> str:
     return CLASSIFIER if rnd + 1 >= hp.encoder_rounds else ENCODER
 
 
+def staged(records: list[Record], stage: str) -> list[Record]:
+    return [{**r, "stage": stage} for r in records]
+
+
+def clustered_stage(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:
+    """Stage 2 as one round of the clustered algorithm ``hp.clustering`` (its defaults, K clusters);
+    the encoders are its cluster models, each client in its latest (FedSoft: most important) one."""
+    alg = CLUSTERED_STAGES[hp.clustering]
+    inner_hp = alg.Hparams(num_clusters=hp.num_clusters)
+    inner, records = alg.round(state.inner or alg.init(fed, inner_hp), fed, inner_hp, rnd)
+    assigned = (
+        {c: int(np.argmax(u)) for c, u in inner.u.items()}
+        if hp.clustering == "fedsoft"
+        else dict(inner.assigned)
+    )
+    new = replace(
+        state, inner=inner, models=list(inner.models), assignment=assigned, stage=next_stage(hp, rnd)
+    )
+    return new, staged(records, ENCODER)
+
+
 def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
     if rnd >= hp.encoder_rounds:
         return classifier_round(state, fed, hp, rnd)
+    if hp.clustering in CLUSTERED_STAGES:
+        return clustered_stage(state, fed, hp, rnd)
     records: list[Record] = []
     if not state.assignment:
         clustering = cluster_by_label_distributions(fed, hp)
@@ -210,6 +244,9 @@ def classifier_round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tu
 
 
 def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Record]:
+    if rnd < hp.encoder_rounds and hp.clustering in CLUSTERED_STAGES:
+        alg = CLUSTERED_STAGES[hp.clustering]
+        return staged(alg.evaluate(state.inner, fed, alg.Hparams(num_clusters=hp.num_clusters), rnd), ENCODER)
     if rnd < hp.encoder_rounds:
         end = rnd + 1 == hp.encoder_rounds  # the end of stage 2: also each model on its members' data
         return cluster_model_records(fed, state.models, state.assignment, ENCODER, members=end)

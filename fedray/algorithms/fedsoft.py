@@ -21,7 +21,8 @@ overwritten by the server.
 Evaluation: ``local_accuracy`` is each client's personal model on its test split (theta_bar for a
 client that has not trained yet); each cluster model on the global test set (``accuracy``, scope
 cluster), or with the shift preset's test clients their lowest-loss cluster model. ``assignments/``
-holds every client's u (one row per cluster) after each estimation.
+holds every client's u (one row per cluster) after each estimation; with ground-truth groups,
+``purity`` of the argmax-u clustering every round.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import torch
 from fedray.algorithms.fedem import init_models, sample_losses
 from fedray.algorithms.fedprox import proximal
 from fedray.client import Client
+from fedray.clustering import purity
 from fedray.evaluation import cluster_global_records, own_data_records
 from fedray.federation import Federation
 from fedray.params import Params, weighted_average
@@ -171,6 +173,8 @@ def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, 
         if members and sum(weights) > 0:
             models[k] = weighted_average([replies[c]["params"] for c in members], weights)
         records.append(rec("participants", len(members), scope="cluster", entity=k))
+    if fed.groups is not None:  # each client in its most important cluster
+        records.append(rec("purity", purity({c: int(np.argmax(w)) for c, w in u.items()}, fed.groups)))
     return State(models, u), records + train_records(replies)
 
 
