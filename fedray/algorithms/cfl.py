@@ -56,6 +56,7 @@ class Hparams:
     warmup_rounds: int = 0  # no split before this many rounds (Sattler's notebook: 20)
     max_clusters: int = 0  # no split once there are this many clusters (0 = no cap; "CFL (3)": 3)
     persistent_optimizer: bool = True  # each client keeps its SGD buffers across rounds (the reference)
+    drop_last: bool = False  # drop each epoch's last partial batch (the FedRC code's loaders)
 
     def check(self) -> None:
         if self.eps1 < 0 or self.eps2 < 0:
@@ -102,7 +103,9 @@ def init(fed: Federation, hp: Hparams, spec: str | list[str] = "all") -> State:
 def persistent_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
     """Client function: train the received ``params`` for the local epochs; with
     ``persistent_optimizer`` the client's SGD buffers carry over from its last round (client state)."""
-    return kept_optimizer_update(client, msg["params"], msg["round"], cstate, msg["persistent_optimizer"])
+    return kept_optimizer_update(
+        client, msg["params"], msg["round"], cstate, msg["persistent_optimizer"], msg["drop_last"]
+    )
 
 
 # ---- server side --------------------------------------------------------------------------------
@@ -136,7 +139,15 @@ def cfl_round(
     state: State, fed: Federation, hp: Hparams, rnd: int, sel: Selection
 ) -> tuple[State, list[Record]]:
     msgs = [
-        (members, {"params": m, "round": rnd, "persistent_optimizer": hp.persistent_optimizer})
+        (
+            members,
+            {
+                "params": m,
+                "round": rnd,
+                "persistent_optimizer": hp.persistent_optimizer,
+                "drop_last": hp.drop_last,
+            },
+        )  # fmt: skip
         for members, m in zip(state.clusters, state.models, strict=True)
     ]
     replies = fed.map_groups(persistent_update, msgs)
