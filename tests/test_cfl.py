@@ -178,3 +178,12 @@ def test_cfl_needs_every_client_every_round(tmp_path):
         small_config(tmp_path, algorithm="cfl", participation=0.5)
     with pytest.raises(ConfigError, match=r"'hp.distance'"):
         small_config(tmp_path, algorithm="layercfl", participation=1.0, hp={"distance": "cosine"})
+
+
+def test_theorem_1_check_by_hand():
+    halves = np.array([0, 0, 0, 1, 1])
+    # alpha_cross_max of S's true split is 0.1: sqrt((1 - 0.1) / 2) = 0.671
+    assert cfl.split_is_safe(S, halves, 0.5) == (True, pytest.approx(0.1))
+    assert cfl.split_is_safe(S, halves, 0.7)[0] is False
+    # a wrong split {0, 2, 4} | {1, 3} has clients 0 and 1 across at 0.9: sqrt(0.05) = 0.224 < 0.5
+    assert cfl.split_is_safe(S, np.array([0, 1, 0, 1, 0]), 0.5) == (False, pytest.approx(0.9))

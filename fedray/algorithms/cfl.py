@@ -114,10 +114,18 @@ def persistent_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any
 @dataclass(frozen=True)
 class Selection:
     """How clients are compared: the distance (on the updates or the weights of ``State.selected``)
-    and whether a split must pass the separation check (LayerCFL's Theorem 1) to be kept."""
+    and, if ``gamma_max`` is set, the check a split must pass to be kept (LayerCFL's Theorem 1)."""
 
     distance: str = "delta_cos"
-    check_split: bool = False
+    gamma_max: float | None = None
+
+
+def split_is_safe(similarity: np.ndarray, halves: np.ndarray, gamma_max: float) -> tuple[bool, float]:
+    """CFL's separation theorem as LayerCFL checks it (eq. 20): a bipartition is correct when
+    gamma_max < sqrt((1 - alpha_cross_max) / 2), alpha_cross_max the largest cosine similarity of
+    updates across the two halves. Returns (safe, alpha_cross_max)."""
+    _, cross_max = clustering.separation(similarity, halves)
+    return bool(np.sqrt(max(0.0, 1.0 - cross_max) / 2.0) > gamma_max), cross_max
 
 
 def distances(vectors: np.ndarray, distance: str) -> np.ndarray:
@@ -184,9 +192,13 @@ def cfl_round(
             continue
         d = distances(compared(members), sel.distance)
         halves = clustering.bipartition(d)
-        if sel.check_split and clustering.gap_l2(d, halves) <= 0:  # not separated: roll back
-            records.append(rec("split_rejected", 1, scope="cluster", entity=k))
-            continue
+        if sel.gamma_max is not None:
+            cos = clustering.cosine_similarity(np.stack([update(c, state.selected) for c in members]))
+            safe, cross_max = split_is_safe(cos, halves, sel.gamma_max)
+            records.append(rec("alpha_cross_max", cross_max, scope="cluster", entity=k))
+            if not safe:  # the theorem does not vouch for this split: roll back, train on unsplit
+                records.append(rec("split_rejected", 1, scope="cluster", entity=k))
+                continue
         clusters[k] = [c for c, h in zip(members, halves, strict=True) if h == 0]
         clusters.append([c for c, h in zip(members, halves, strict=True) if h == 1])
         history.append(rnd)

@@ -8,9 +8,12 @@ layer, the paper's choice for rotations: ``["features\\\\.7\\\\."]``). A layer i
 bias (§6.2(d)). The split condition is CFL's: the cluster's mean update over all parameters below
 ``eps1`` (eq. 27) and the largest member update on the selected layers above ``eps2`` (eq. 28). The
 distance (eqs. 23-26) is ``delta_cos`` (LayerCFL's own, eq. 26) by default, or ``delta_l2``, ``cos`` or
-``l2`` (of the weights). A split is kept only when it passes Theorem 1's separation check: every
-pair inside a half closer than any pair across (the split's own gap > 0); otherwise it is rolled back
-(a ``split_rejected`` row) and the cluster trains on. ``similarity_dims`` records the size of what
+``l2`` (of the weights). With ``check_split`` a split is kept only when it passes Theorem 1 (eq. 20,
+CFL's separation theorem): gamma_max < sqrt((1 - alpha_cross_max) / 2), alpha_cross_max the largest
+cosine similarity of the selected layers' updates across the two halves and ``gamma_max`` the bound
+on the clients' relative gradient noise, which the paper leaves to the user (its gamma_i in [0, 1)
+needs the true risk); otherwise the split is rolled back (a ``split_rejected`` row) and the cluster
+trains on. Every checked split records its ``alpha_cross_max``. ``similarity_dims`` records the size of what
 the similarity is computed on, against CFL's whole model.
 
 Deviation, said openly: the printed aggregation formula is illegible (§6.2(a)); we use CFL's
@@ -37,7 +40,10 @@ class Hparams(cfl.Hparams):
         default="conv"
     )  # conv | fc | all | regular expressions on parameter names
     distance: str = "delta_cos"  # delta_cos (eq. 26) | delta_l2 (eq. 24) | cos (eq. 25) | l2 (eq. 23)
-    check_split: bool = True  # keep a split only if it separates the clients (Theorem 1), else roll back
+    check_split: bool = True  # keep a split only if Theorem 1 vouches for it, else roll back
+    gamma_max: float = (
+        0.5  # Theorem 1's bound on the relative gradient noise: split iff alpha_cross_max < 1 - 2 gamma_max^2
+    )
 
     def check(self) -> None:
         super().check()
@@ -45,6 +51,8 @@ class Hparams(cfl.Hparams):
             raise ValueError(
                 f"config key 'hp.distance': one of {', '.join(cfl.DISTANCES)}, got {self.distance!r}"
             )
+        if not 0.0 <= self.gamma_max < 1.0:
+            raise ValueError(f"config key 'hp.gamma_max': must be in [0, 1), got {self.gamma_max}")
         if isinstance(self.layers, str) and self.layers not in PRESETS:
             raise ValueError(
                 f"config key 'hp.layers': one of {', '.join(PRESETS)} or a list of patterns, got {self.layers!r}"
@@ -56,4 +64,6 @@ def init(fed: Federation, hp: Hparams) -> State:
 
 
 def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
-    return cfl.cfl_round(state, fed, hp, rnd, cfl.Selection(hp.distance, hp.check_split))
+    return cfl.cfl_round(
+        state, fed, hp, rnd, cfl.Selection(hp.distance, hp.gamma_max if hp.check_split else None)
+    )
