@@ -84,7 +84,7 @@ def test_kmeans_groups_follow_the_label_distributions(tmp_path):
 @pytest.mark.parametrize(
     "over, pattern",
     [
-        (dict(hp={"groups": "oracle", "num_clusters": 2}), r"hp.groups': oracle needs a partition with ground-truth groups \(dominant\)"),
+        (dict(hp={"groups": "oracle", "num_clusters": 2}), r"hp.groups': oracle needs a partition with ground-truth groups \(dominant, rotation\)"),
         (dict(partition="dominant", partition_clusters=3, hp={"groups": "oracle", "num_clusters": 2}),
          r"oracle has partition_clusters=3 groups; set hp.num_clusters: 3"),
         (dict(hp={"num_clusters": 7}), r"7 clusters but only 6 clients"),
