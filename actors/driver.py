@@ -30,6 +30,17 @@ def connect(address: str | None = None) -> bool:
     return True
 
 
+def kill_and_wait(actor: Any, timeout_s: float = 30.0) -> None:
+    """``ray.kill`` the actor and wait until it is gone (``ray.kill`` only asks). A coordinator must
+    be dead before its client actors are killed: alive, it would see them die and record its run as
+    failed instead of interrupted."""
+    ray.kill(actor)
+    try:  # queued behind whatever it runs, so this returns once the actor has died
+        ray.get(actor.__ray_ready__.remote(), timeout=timeout_s)
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        pass
+
+
 @dataclass
 class RunHandle:
     """The Ray pieces of one run in flight, so another thread can stop it (a sweep on Ctrl-C)."""
@@ -63,7 +74,7 @@ def stream_run(
         raise unwrap(e) from None
     finally:
         if handle.coordinator is not None:
-            ray.kill(handle.coordinator)
+            kill_and_wait(handle.coordinator)
         if handle.group is not None:
             handle.group.close()
 
