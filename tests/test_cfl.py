@@ -176,6 +176,10 @@ def test_splits_assignments_gap_and_purity_on_dominant_clusters(tmp_path):
 def test_cfl_needs_every_client_every_round(tmp_path):
     with pytest.raises(ConfigError, match=r"'participation'.*cfl.*1\.0"):
         small_config(tmp_path, algorithm="cfl", participation=0.5)
+    with pytest.raises(
+        ConfigError, match=r"'hp.layers'.*'conv'.*no such layer"
+    ):  # at config time, before Ray
+        small_config(tmp_path, algorithm="layercfl", participation=1.0)  # the MLP has no convolution
     with pytest.raises(ConfigError, match=r"'hp.distance'"):
         small_config(tmp_path, algorithm="layercfl", participation=1.0, hp={"distance": "cosine"})
 

@@ -18,13 +18,17 @@ Deviations and options, said openly:
   0 = no cap, the code's 100 in practice);
 - every client takes part every round (the reference asserts it): the config must say
   ``participation: 1.0``;
+- not built from Sattler's reference: the client lr decay (x 0.99 per call, §6.1(a)2) and the
+  cached pre-split models a client may pick after training (§6.1(a)6);
 - updates are of the trainable parameters only (buffers such as BatchNorm statistics are averaged
   but never compared), as the reference's named parameters.
 
 `layercfl.py` is this recursion with the similarity taken from selected layers. With ground-truth
 groups (``dominant``, ``rotation``) every round records ``purity`` and the gap of LayerCFL eqs. 21-22
 (``gap``, ``gap_l2`` on the selected layers' updates; ``gap/LAYER`` and ``gap_l2/LAYER`` for every
-layer: `analysis.layer_gaps` makes them a table), and ``similarity_dims``, the size of what the
+layer: `analysis.layer_gaps` makes them a table; signed, where LayerCFL's plots show 0 for any
+negative gap; after a split the clients' updates start from different cluster models, so the layer
+study reads a run that does not split), and ``similarity_dims``, the size of what the
 similarity is computed on.
 """
 
@@ -139,8 +143,22 @@ def distances(vectors: np.ndarray, distance: str) -> np.ndarray:
 def split_norms(updates: np.ndarray, rule: str) -> tuple[float, float]:
     """(||mean update||, the largest member update by ``rule``) of one cluster's update rows."""
     mean_norm = float(np.linalg.norm(updates.mean(axis=0)))
-    biggest = np.abs(updates).max() if rule == "coordinate" else np.linalg.norm(updates, axis=1).max()
+    if rule == "coordinate":  # max |x| without an abs copy of the matrix
+        biggest = max(updates.max(), -updates.min())
+    else:
+        biggest = max(float(np.linalg.norm(row)) for row in updates)
     return mean_norm, float(biggest)
+
+
+def stacked(cids: list[int], row: Callable[[int], np.ndarray]) -> np.ndarray:
+    """``row(c)`` for each client, filled into one float64 matrix in place: not a list of rows plus
+    its stack (300 clients x 2.2M parameters are 5 GB each)."""
+    first = row(cids[0])
+    out = np.empty((len(cids), first.size), dtype=np.float64)
+    out[0] = first
+    for i, c in enumerate(cids[1:], 1):
+        out[i] = row(c)
+    return out
 
 
 def cfl_round(
@@ -167,18 +185,21 @@ def cfl_round(
             state.models[cluster_of[c]], names
         )
 
-    def compared(cids: list[int]) -> np.ndarray:  # rows the distance is taken on
+    everything = state.selected == trainable  # CFL: the selected rows are the full rows
+
+    def compared(cids: list[int], full: np.ndarray) -> np.ndarray:  # rows the distance is taken on
         if sel.distance.startswith("delta"):
-            return np.stack([update(c, state.selected) for c in cids])
-        return np.stack([layers.flatten(replies[c]["params"], state.selected) for c in cids])
+            return full if everything else stacked(cids, lambda c: update(c, state.selected))
+        return stacked(cids, lambda c: layers.flatten(replies[c]["params"], state.selected))
 
     records = train_records(replies)
     clusters = [list(m) for m in state.clusters]
     history = list(state.history)
     for k, members in enumerate(state.clusters):
-        full = np.stack([update(c, trainable) for c in members])
-        mean_norm, _ = split_norms(full, hp.max_norm)
-        _, max_norm = split_norms(np.stack([update(c, state.selected) for c in members]), hp.max_norm)
+        full = stacked(members, lambda c: update(c, trainable))
+        mean_norm, max_norm = split_norms(full, hp.max_norm)
+        if not everything:
+            _, max_norm = split_norms(stacked(members, lambda c: update(c, state.selected)), hp.max_norm)
         records += [rec("mean_update_norm", mean_norm, scope="cluster", entity=k),
                     rec("max_update_norm", max_norm, scope="cluster", entity=k)]  # fmt: skip
         room = hp.max_clusters == 0 or len(clusters) < hp.max_clusters
@@ -190,10 +211,11 @@ def cfl_round(
             and max_norm > hp.eps2
         ):
             continue
-        d = distances(compared(members), sel.distance)
+        d = distances(compared(members, full), sel.distance)
         halves = clustering.bipartition(d)
         if sel.gamma_max is not None:
-            cos = clustering.cosine_similarity(np.stack([update(c, state.selected) for c in members]))
+            sel_rows = full if everything else stacked(members, lambda c: update(c, state.selected))
+            cos = clustering.cosine_similarity(sel_rows)
             safe, cross_max = split_is_safe(cos, halves, sel.gamma_max)
             records.append(rec("alpha_cross_max", cross_max, scope="cluster", entity=k))
             if not safe:  # the theorem does not vouch for this split: roll back, train on unsplit
@@ -229,7 +251,7 @@ def truth_records(
     if len(set(truth)) < 2:
         return records
     for name, names in [("", state.selected), *((f"/{layer}", ps) for layer, ps in state.layers.items())]:
-        x = np.stack([update(c, names) for c in cids])
+        x = stacked(cids, lambda c, names=names: update(c, names))
         records += [rec(f"gap{name}", clustering.gap_cos(clustering.cosine_similarity(x), truth)),
                     rec(f"gap_l2{name}", clustering.gap_l2(clustering.euclidean_distances(x), truth))]  # fmt: skip
     return records

@@ -27,7 +27,10 @@ weights (row 2); K-means as scikit-learn with 10 restarts. Deviations, said open
 ``clustering``: ``kmeans`` is the paper's stage 1 (label distributions, then fixed clusters); ``ifca``,
 ``fesem`` or ``fedsoft`` run stage 2 as that clustered algorithm instead (its own inits, K clusters,
 its other hyperparameters at their defaults), clustering while training, and its K cluster models
-become the encoders (the FedConcat paper's Table 10 variants).
+become the encoders (the FedConcat paper's Table 10 variants, built from our IFCA / FeSEM / FedSoft:
+FC's own FeSEM script differs, §4.3: equal consecutive groups in round 0, squared-L2 assignment
+to the previous local model; and the K models start from distinct inits, not register row 5's
+identical one). ``balanced``, ``eps`` and ``elbow_range`` apply to ``kmeans`` only.
 
 Records: assignments once (round 1); per cluster, its model's test accuracy during stage 2 and,
 at the stage's end, its accuracy on its members' training data (``member_accuracy``); the

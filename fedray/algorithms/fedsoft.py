@@ -113,7 +113,7 @@ def estimate(client: Client, cstate: Any, msg: dict) -> tuple[np.ndarray, Any]:
 
 def personal_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
     """Client function: the personal model (theta_bar the first time) trained with the proximal pull."""
-    u, models = np.asarray(msg["u"]), msg["models"]
+    u, models = np.asarray(msg["u"][client.cid]), msg["models"]
     bar = anchor(models, u)
     start = bar if cstate is None else cstate
     model = client.model(start)
@@ -161,8 +161,10 @@ def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, 
         trainers = sorted({c for cs in chosen for c in cs})
     else:
         trainers = fed.sample(fed.task.participation, fed.task.rng("sample", rnd=rnd))
-    groups = [([c], {"models": state.models, "u": u[c], "lam": hp.lam, "round": rnd}) for c in trainers]
-    replies = fed.map_groups(personal_update, groups)
+    # One message for all trainers (the models go into the object store once per round); each
+    # client reads its own u from it.
+    msg = {"models": state.models, "u": {c: u[c] for c in trainers}, "lam": hp.lam, "round": rnd}
+    replies = fed.map(personal_update, trainers, msg)
     models = list(state.models)
     for k in range(hp.num_clusters):
         if hp.selection_size:

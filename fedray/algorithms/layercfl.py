@@ -23,15 +23,25 @@ n_i-weighted average, so LayerCFL with ``layers: all``, ``check_split: false`` i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from fedray.algorithms import cfl
 from fedray.federation import Federation
-from fedray.layers import PRESETS
+from fedray.layers import PRESETS, select
 from fedray.records import Record
 
 State = cfl.State
-check_config = cfl.check_config
 evaluate = cfl.evaluate
+
+
+def check_config(cfg: Any, hp: Hparams) -> None:
+    """CFL's checks, and ``hp.layers`` against the configured model, before any actor starts."""
+    from fedray.data import dataset_info
+    from fedray.models import MODELS
+
+    cfl.check_config(cfg, hp)
+    info = dataset_info(cfg)
+    select(MODELS[cfg.model].build(tuple(info.input_shape), info.num_classes), hp.layers)
 
 
 @dataclass
