@@ -58,6 +58,12 @@ def test_client_records(replies: Mapping[int, Mapping[str, Any]], stage: str = "
     return [*records, rec("accuracy", acc, stage=stage), rec("loss", loss, stage=stage)]
 
 
+@torch.no_grad()
+def mean_losses(client: Client, models: Sequence[Params]) -> list[float]:
+    """Each model's mean cross-entropy on the client's training split (eval mode, no augmentation)."""
+    return [evaluate(client.model(p), client.eval_train_batches()).loss for p in models]
+
+
 def lowest_loss_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
     """Client function for hard clustering: the client's model of ``msg["models"]`` (its assignment in
     ``msg["assigned"]``, if it has one; else, as a test client of a hard-clustering method in
@@ -65,8 +71,7 @@ def lowest_loss_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]
     evaluated on its held-out part. State unchanged."""
     best = msg.get("assigned", {}).get(client.cid)
     if best is None:
-        losses = [evaluate(client.model(p), client.eval_train_batches()).loss for p in msg["models"]]
-        best = int(np.argmin(losses))
+        best = int(np.argmin(mean_losses(client, msg["models"])))
     stats = evaluate(client.model(msg["models"][best]), client.test_batches())
     return {
         "correct": stats.correct,

@@ -166,11 +166,11 @@ def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, 
     msg = {"models": state.models, "u": {c: u[c] for c in trainers}, "lam": hp.lam, "round": rnd}
     replies = fed.map(personal_update, trainers, msg)
     models = list(state.models)
+    v = None if hp.selection_size else aggregation_weights({c: u[c] for c in trainers}, n)
     for k in range(hp.num_clusters):
         if hp.selection_size:
             members, weights = chosen[k], [1.0] * len(chosen[k])
         else:
-            v = aggregation_weights({c: u[c] for c in trainers}, n)
             members, weights = trainers, [float(v[c][k]) for c in trainers]
         if members and sum(weights) > 0:
             models[k] = weighted_average([replies[c]["params"] for c in members], weights)

@@ -24,11 +24,11 @@ import numpy as np
 
 from fedray.algorithms import ifca
 from fedray.client import Client
-from fedray.clustering import purity
+from fedray.evaluation import mean_losses
 from fedray.federation import Federation
 from fedray.params import Params
-from fedray.records import Record, assign, rec
-from fedray.rounds import kept_optimizer_update, train_records
+from fedray.records import Record
+from fedray.rounds import kept_optimizer_update
 
 Hparams = ifca.Hparams
 State = ifca.State
@@ -55,7 +55,7 @@ def fesem_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
         tried = [
             kept_optimizer_update(client, m, rnd, buffers.get(j), keep, last) for j, m in enumerate(models)
         ]
-        losses = [ifca.mean_losses(client, [r["params"]])[0] for r, _ in tried]
+        losses = [mean_losses(client, [r["params"]])[0] for r, _ in tried]
         new = int(np.argmin(losses))
         for j, (_, kept) in enumerate(tried):
             if kept is not None:
@@ -77,10 +77,4 @@ def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, 
     for c in cids:
         by_center.setdefault(state.assigned.get(c), []).append(c)
     replies = fed.map_groups(fesem_update, [(m, {**common, "assigned": k}) for k, m in by_center.items()])
-    chosen = {c: r["cluster"] for c, r in replies.items()}
-    models, records = ifca.aggregate(state.models, replies, chosen)
-    assigned = {**state.assigned, **chosen}
-    records += train_records(replies) + [assign(c, k) for c, k in chosen.items()]
-    if fed.groups is not None:
-        records.append(rec("purity", purity(assigned, fed.groups)))
-    return State(models, assigned), records
+    return ifca.close_round(state, fed, replies)

@@ -21,17 +21,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
 from fedray.algorithms.fedem import init_models
 from fedray.client import Client
 from fedray.clustering import purity
-from fedray.evaluation import hard_cluster_records
+from fedray.evaluation import hard_cluster_records, mean_losses
 from fedray.federation import Federation
 from fedray.params import Params
 from fedray.records import Record, assign, rec
 from fedray.rounds import fedavg_aggregate, kept_optimizer_update, train_records
-from fedray.train import evaluate as eval_model
 
 
 @dataclass
@@ -54,12 +52,6 @@ class State:
 def init(fed: Federation, hp: Hparams) -> State:
     models = init_models(fed, hp.num_clusters)
     return State([models[k] for k in range(hp.num_clusters)])
-
-
-@torch.no_grad()
-def mean_losses(client: Client, models: list[Params]) -> list[float]:
-    """Each model's mean cross-entropy on the client's training split (eval mode)."""
-    return [eval_model(client.model(p), client.eval_train_batches()).loss for p in models]
 
 
 def ifca_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
@@ -94,7 +86,12 @@ def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, 
     cids = fed.sample(fed.task.participation, fed.task.rng("sample", rnd=rnd))
     msg = {"models": state.models, "round": rnd, "persistent_optimizer": hp.persistent_optimizer,
            "drop_last": hp.drop_last}  # fmt: skip
-    replies = fed.map(ifca_update, cids, msg)
+    return close_round(state, fed, fed.map(ifca_update, cids, msg))
+
+
+def close_round(state: State, fed: Federation, replies: dict[int, dict]) -> tuple[State, list[Record]]:
+    """The server's end of a hard-clustering round (IFCA, FeSEM): each reply names its cluster;
+    per-cluster averages, the latest assignments, their rows and purity."""
     chosen = {c: r["cluster"] for c, r in replies.items()}
     models, records = aggregate(state.models, replies, chosen)
     assigned = {**state.assigned, **chosen}
