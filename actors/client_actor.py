@@ -65,3 +65,9 @@ class ClientActor:
 
     def run_test(self, fn: ClientFn, start: int, stop: int, msg: Any) -> Any:
         return self.host.run_test(fn, start, stop, msg)
+
+    def get_state(self, cid: int) -> Any:
+        return self.host.get_state(cid)
+
+    def set_state(self, cid: int, state: Any) -> None:
+        self.host.set_state(cid, state)

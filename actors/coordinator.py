@@ -17,8 +17,16 @@ if TYPE_CHECKING:
 # CPU for it would take a whole client actor's slot on small machines.
 @ray.remote(num_cpus=0, max_restarts=0)
 class Coordinator:
-    def run(self, config: dict[str, Any], group: ActorGroup) -> Iterator[Event]:
-        """Run the experiment on ``group``, the client actors the driver started (and will free)."""
+    def run(
+        self,
+        config: dict[str, Any],
+        group: ActorGroup,
+        restart: bool = False,
+        reason: str = "",
+        failures_left: int = 0,
+    ) -> Iterator[Event]:
+        """Run the experiment on ``group``, the client actors the driver started (and will free);
+        the arguments after it are `fedray.experiment.execute`'s."""
         # Imported here, not at module level: the actors already import torch while we do.
         from actors.federation import make_ray_federation
         from fedray.config import from_dict
@@ -27,4 +35,4 @@ class Coordinator:
 
         cfg = from_dict(config)
         set_torch_threads(cfg.num_cpus_per_actor)
-        yield from execute(cfg, partial(make_ray_federation, group=group))
+        yield from execute(cfg, partial(make_ray_federation, group=group), restart, reason, failures_left)

@@ -15,7 +15,10 @@ from actors.coordinator import Coordinator
 from actors.federation import unwrap
 from actors.launch import ActorGroup, launch_actors
 from fedray.config import Config
-from fedray.experiment import Event
+from fedray.experiment import Event, Recovered, RoundDone, Started
+from fedray.federation import WorkerLost
+from fedray.placement import PlacementError, actor_slots
+from fedray.results import mark_ended, record_failure
 
 
 def connect(address: str | None = None) -> bool:
@@ -47,43 +50,102 @@ class RunHandle:
 
     coordinator: Any = None
     group: ActorGroup | None = None
+    cancelled: bool = False
 
     def cancel(self) -> None:
+        self.cancelled = True
         if self.coordinator is not None:
             ray.kill(self.coordinator)  # its generator then fails in the thread that streams it
 
+    def free(self) -> None:
+        """Coordinator first (see `kill_and_wait`), then the client actors and placement group."""
+        if self.coordinator is not None:
+            kill_and_wait(self.coordinator)
+            self.coordinator = None
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+
+
+STOPPED = "stopped from outside (Ctrl-C, SIGTERM, ray job stop)"
+
 
 def stream_run(
-    cfg: Config, num_actors: int | None = None, handle: RunHandle | None = None
+    cfg: Config, num_actors: int | None = None, handle: RunHandle | None = None, restart: bool = False
 ) -> Iterator[Event]:
     """Run ``cfg`` on the connected Ray and yield its events; frees its actors when it ends.
 
-    ``num_actors`` overrides the config's (a sweep's share of the cluster).
+    ``num_actors`` overrides the config's (a sweep's share of the cluster). When client actors are
+    lost (a node gone, out of memory) the run starts again on new actors, on what is left of the
+    cluster, from its latest checkpoint: up to ``max_failures`` times, each announced by a
+    `Recovered` event. Stopped from outside, the run is recorded as ``interrupted``.
     """
     handle = handle or RunHandle()
+    run_id, failures, reason, rounds_done, ended = cfg.run_id(), 0, "", 0, False
     try:
-        # Client actors start now, so their imports overlap with the coordinator's start-up.
-        handle.group = launch_actors(cfg.to_dict(), num_actors)
-        # Pin the coordinator to this node: it writes the results, and `--output` is a path here.
-        here = ray.get_runtime_context().get_node_id()
-        pin = NodeAffinitySchedulingStrategy(node_id=here, soft=False)
-        handle.coordinator = Coordinator.options(scheduling_strategy=pin).remote()
-        for ref in handle.coordinator.run.remote(cfg.to_dict(), handle.group):
-            yield ray.get(ref)
-    except ray.exceptions.RayTaskError as e:
-        raise unwrap(e) from None
+        while True:
+            try:
+                # Client actors start now, so their imports overlap with the coordinator's start-up.
+                handle.group = launch_actors(cfg.to_dict(), num_actors)
+                # Pin the coordinator to this node: it writes the results, and `--output` is a path here.
+                here = ray.get_runtime_context().get_node_id()
+                pin = NodeAffinitySchedulingStrategy(node_id=here, soft=False)
+                handle.coordinator = Coordinator.options(scheduling_strategy=pin).remote()
+                left = cfg.max_failures - failures
+                for ref in handle.coordinator.run.remote(cfg.to_dict(), handle.group, restart, reason, left):
+                    ev = ray.get(ref)
+                    if isinstance(ev, RoundDone):
+                        rounds_done = ev.round
+                    elif isinstance(ev, Started):
+                        rounds_done = ev.resumed_from
+                    yield ev
+                ended = True
+                return
+            except PlacementError as e:
+                ended = True
+                record_failure(cfg.output, run_id, cfg.to_dict(), f"PlacementError: {e}")
+                raise
+            except ray.exceptions.RayTaskError as e:
+                error = unwrap(e)
+                if not isinstance(error, WorkerLost) or failures >= cfg.max_failures:
+                    ended = True
+                    raise error from None
+            except ray.exceptions.RayActorError as e:  # the coordinator itself died
+                if handle.cancelled:
+                    raise
+                error = WorkerLost(f"the coordinator died: {e}")
+                if failures >= cfg.max_failures:
+                    handle.free()
+                    mark_ended(cfg.output, run_id, "failed", rounds_done, f"WorkerLost: {error}")
+                    ended = True
+                    raise error from None
+            failures += 1
+            restart, reason = False, f"recovery {failures} of {cfg.max_failures} after: {error}"
+            actors = len(handle.group.actors) if handle.group is not None else 0
+            handle.free()
+            num_actors = _actors_that_fit(cfg, actors)
+            yield Recovered(run_id, failures, cfg.max_failures, str(error), num_actors)
     finally:
-        if handle.coordinator is not None:
-            kill_and_wait(handle.coordinator)
-        if handle.group is not None:
-            handle.group.close()
+        handle.free()
+        if not ended:  # Ctrl-C, SIGTERM, a cancelled sweep: the coordinator was killed, not asked
+            mark_ended(cfg.output, run_id, "interrupted", rounds_done, STOPPED)
 
 
-def run_on_ray(cfg: Config, address: str | None = None) -> Iterator[Event]:
+def _actors_that_fit(cfg: Config, before: int) -> int:
+    """Actors for a run starting again after a loss: as many as before, fewer if the cluster that is
+    left cannot hold them (the numbers are the same with any actor count)."""
+    res = ray.cluster_resources()
+    slots = actor_slots(
+        cfg.num_cpus_per_actor, cfg.num_gpus_per_actor, res.get("CPU", 0.0), res.get("GPU", 0.0)
+    )
+    return max(1, min(before, slots)) if before else max(1, slots)
+
+
+def run_on_ray(cfg: Config, address: str | None = None, restart: bool = False) -> Iterator[Event]:
     """`fedray run` on Ray: connect (or start a private Ray), run, and stop what we started."""
     started = connect(address)
     try:
-        yield from stream_run(cfg)
+        yield from stream_run(cfg, restart=restart)
     finally:
         if started:
             ray.shutdown()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import ray
@@ -18,11 +18,17 @@ from fedray.federation import (
     ClientFn,
     ClientHost,
     FoldFn,
+    WorkerLost,
     check_groups,
     test_shards,
 )
 from fedray.params import payload_nbytes
 from fedray.placement import assign_clients
+
+# What a lost client actor (or its node) looks like to the caller: the run can go on from its last
+# checkpoint on new actors. ObjectLostError covers values that lived in a lost node's object store.
+LOST = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError, ray.exceptions.NodeDiedError)
+_STATE_WINDOW = 4  # client states in flight at once when a checkpoint is saved or restored
 
 
 def unwrap(error: BaseException) -> BaseException:
@@ -65,8 +71,8 @@ class RayFederation(ClientCatalog):
             if isinstance(inner, ClientError):
                 raise ClientError(inner.cid, inner.message, inner.remote_traceback) from None
             raise
-        except ray.exceptions.RayActorError as e:
-            raise RuntimeError(f"a client actor died (node lost or out of memory?): {e}") from None
+        except LOST as e:
+            raise WorkerLost(f"a client actor died (node lost, out of memory or killed): {e}") from None
 
     def placement(self) -> dict[str, Any]:
         return {
@@ -164,6 +170,30 @@ class RayFederation(ClientCatalog):
             a.run_test.remote(fn, lo, hi, msg_ref) for a, (lo, hi) in zip(self.actors, shards, strict=False)
         ]
         return [r for part in self._get(refs) for r in part]
+
+    def client_states(self) -> Iterator[tuple[int, Any]]:
+        # A few at a time, in client order: a checkpoint never holds every client's state at once.
+        cids = sorted(self._actor_of)
+        refs = {c: self._actor_of[c].get_state.remote(c) for c in cids[:_STATE_WINDOW]}
+        for i, cid in enumerate(cids):
+            if i + _STATE_WINDOW < len(cids):
+                nxt = cids[i + _STATE_WINDOW]
+                refs[nxt] = self._actor_of[nxt].get_state.remote(nxt)
+            yield cid, self._get(refs.pop(cid))
+
+    def restore_client_states(self, states: Iterable[tuple[int, Any]]) -> None:
+        pending: list[Any] = []
+        for cid, state in states:
+            pending.append(self._actor_of[cid].set_state.remote(cid, state))
+            if len(pending) >= _STATE_WINDOW:
+                self._get(pending.pop(0))
+        self._get(pending)
+
+    def peek_baton(self, baton: Baton) -> Any:
+        return self._get(self._batons.peek(baton)[0])
+
+    def restore_baton(self, key: int, value: Any) -> Baton:
+        return self._batons.restore(key, ray.put(value), payload_nbytes(value))
 
     def close(self) -> None:
         self._group.close()

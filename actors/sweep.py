@@ -52,7 +52,7 @@ class RayLauncher:
         with self._lock:
             self._handles[run.index] = handle
         try:
-            yield from stream_run(run.config, actors, handle)
+            yield from stream_run(run.config, actors, handle, run.restart)
         finally:
             with self._lock:
                 self._handles.pop(run.index, None)

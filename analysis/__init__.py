@@ -1,6 +1,7 @@
 """pandas over fedray's Parquet output (reads files only; no fedray or Ray imports needed)."""
 
-from analysis.load import layer_gaps, load_assignments, load_clients, load_metrics, load_runs
+from analysis.load import layer_gaps, load_assignments, load_clients, load_events, load_metrics, load_runs
+from analysis.models import load_model, load_models, model_index
 from analysis.plots import accuracy_curves, write_plots
 from analysis.report import ReportError, format_table, pivot, run_values, wide_tables
 
@@ -8,10 +9,14 @@ __all__ = [
     "ReportError",
     "accuracy_curves",
     "format_table",
+    "model_index",
     "layer_gaps",
     "load_assignments",
     "load_clients",
+    "load_events",
     "load_metrics",
+    "load_model",
+    "load_models",
     "load_runs",
     "pivot",
     "run_values",

@@ -52,6 +52,19 @@ def load_runs(out_dir: str | Path) -> pd.DataFrame:
     return df.sort_values("run_id").reset_index(drop=True)
 
 
+def load_events(out_dir: str | Path) -> pd.DataFrame:
+    """What happened to each run besides its rounds, one row per event: resumed (from a checkpoint),
+    worker_lost (client actors lost; the run went on from its checkpoint), interrupted, failed.
+    Columns: run_id, event, round (rounds done at the time), time, detail."""
+    runs = load_runs(out_dir)
+    rows = [
+        {"run_id": r, **e}
+        for r, s in zip(runs["run_id"], runs["summary"], strict=True)
+        for e in s.get("events", [])
+    ]
+    return pd.DataFrame(rows, columns=["run_id", "event", "round", "time", "detail"])
+
+
 def load_clients(out_dir: str | Path) -> pd.DataFrame:
     """Every run's clients: run_id, client, role (train | test), num_train, num_test, group, and
     with FedRC's shift its concept, corruption and severity (a groupby key for per-client metrics)."""

@@ -84,7 +84,17 @@ class Config:
     placement_timeout_s: float = 300.0  # give up (loudly) if the actors cannot be placed within this time
 
     # --- output (DESIGN §6) -------------------------------------------------------------------------
-    output: str = "out"  # results folder: metrics/, runs/, configs/
+    output: str = "out"  # results folder: metrics/, runs/, configs/, checkpoints/, models/
+    save_models: bool = True  # write the trained models to DIR/models/RUN_ID/ when the run finishes
+
+    # --- surviving failures (none of these changes a number, so none is in the run id) ---------------
+    # Checkpoint every this many rounds, and after the last; an unfinished run started again goes on
+    # from its latest checkpoint (--restart starts over). 0 = no checkpoints.
+    checkpoint_every: int = 10
+    keep_checkpoints: int = 1  # how many of the latest checkpoints DIR/checkpoints/RUN_ID/ keeps
+    # Times a run goes on after losing client actors (a node lost, out of memory): new actors on what
+    # is left of the cluster, from the latest checkpoint. Ray runs only; 0 = fail at the first loss.
+    max_failures: int = 3
 
     # ------------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -113,7 +123,9 @@ class Config:
 
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Config)}
-NOT_IN_RUN_ID = ("output", "num_actors", "placement_timeout_s")
+NOT_IN_RUN_ID = (
+    "output", "num_actors", "placement_timeout_s", "save_models", "checkpoint_every", "keep_checkpoints", "max_failures"
+)  # fmt: skip
 # Keys added after results existed, with the value that means "as before": at that value they stay
 # out of the run id, so every earlier run keeps its id (and a re-submitted sweep skips it).
 ADDED_LATER = {"shift": "none"}
@@ -271,6 +283,11 @@ def validate(cfg: Config) -> None:
     )
     _check(cfg.num_actors >= 0, "num_actors", f"must be >= 0 (0 = from resources), got {cfg.num_actors}")
     _check(cfg.placement_timeout_s > 0, "placement_timeout_s", f"must be > 0, got {cfg.placement_timeout_s}")
+    _check(
+        cfg.checkpoint_every >= 0, "checkpoint_every", f"must be >= 0 (0 = never), got {cfg.checkpoint_every}"
+    )
+    _check(cfg.keep_checkpoints >= 1, "keep_checkpoints", f"must be >= 1, got {cfg.keep_checkpoints}")
+    _check(cfg.max_failures >= 0, "max_failures", f"must be >= 0, got {cfg.max_failures}")
     _check(
         0 <= cfg.client_test_fraction < 1,
         "client_test_fraction",

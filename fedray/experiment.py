@@ -7,19 +7,22 @@ runs the algorithm's rounds, evaluates every ``eval_every`` rounds and streams e
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from fedray.algorithms import ALGORITHMS
+from fedray.checkpoint import Checkpoint, CheckpointError, Checkpoints
 from fedray.config import Config
 from fedray.data import FederatedData, build_federated_data
-from fedray.federation import Federation
+from fedray.export import save_models
+from fedray.federation import Federation, WorkerLost
 from fedray.records import Record, rec
-from fedray.results import ResultsWriter
+from fedray.results import ResultsWriter, versions
 
 
 @dataclass
@@ -27,6 +30,7 @@ class Started:
     run_id: str
     num_clients: int
     placement: dict[str, Any]
+    resumed_from: int = 0  # rounds already done: the checkpoint the run goes on from (0: from the start)
 
 
 @dataclass
@@ -39,13 +43,32 @@ class RoundDone:
 
 
 @dataclass
+class Checkpointed:
+    round: int
+    seconds: float
+    bytes: int
+
+
+@dataclass
+class Recovered:
+    """Client actors were lost; the run starts again on new ones from its latest checkpoint."""
+
+    run_id: str
+    failures: int  # recoveries so far, this one included
+    max_failures: int
+    error: str
+    actors: int  # the actors it goes on with
+
+
+@dataclass
 class Finished:
     run_id: str
     summary: dict[str, Any]
 
 
-Event = Started | RoundDone | Finished
+Event = Started | RoundDone | Checkpointed | Recovered | Finished
 FederationFactory = Callable[[Config, FederatedData], tuple[Federation, dict[str, Any]]]
+Saver = Callable[[int, Any], Checkpointed]
 
 
 def _global(records: list[Record]) -> dict[str, float]:
@@ -53,12 +76,20 @@ def _global(records: list[Record]) -> dict[str, float]:
     return {r["metric"]: r["value"] for r in records if r.get("scope") == "global"}
 
 
-def run_rounds(cfg: Config, fed: Federation, writer: ResultsWriter) -> Iterator[RoundDone]:
+def checkpoint_due(cfg: Config, rounds_done: int) -> bool:
+    every = cfg.checkpoint_every
+    return every > 0 and (rounds_done % every == 0 or rounds_done == cfg.rounds)
+
+
+def run_rounds(
+    cfg: Config, fed: Federation, writer: ResultsWriter, state: Any, start: int = 0, save: Saver | None = None
+) -> Generator[RoundDone | Checkpointed, None, Any]:
+    """Rounds ``start`` .. ``cfg.rounds - 1`` from ``state``; returns the final State.
+    ``save(rounds_done, state)`` checkpoints, after the round's rows are on disk (so a checkpoint
+    never runs ahead of the metrics)."""
     alg = ALGORITHMS[cfg.algorithm]
     hp = alg.make_hparams(cfg.hp)
-    state = alg.init(fed, hp)
-    fed.take_traffic()
-    for rnd in range(cfg.rounds):
+    for rnd in range(start, cfg.rounds):
         # A multi-stage algorithm keeps its stage in State (DESIGN §2); the round's own rows carry
         # the stage the round ran in, so `fedray report --stage S --round R` can count its rounds.
         stage = getattr(state, "stage", "")
@@ -84,6 +115,10 @@ def run_rounds(cfg: Config, fed: Federation, writer: ResultsWriter) -> Iterator[
             records.append(rec("eval_seconds", time.perf_counter() - t1, stage=stage))
         writer.add(rnd + 1, records)
         yield RoundDone(rnd + 1, cfg.rounds, seconds, _global(records), stage)
+        if save is not None and checkpoint_due(cfg, rnd + 1):
+            writer.flush()
+            yield save(rnd + 1, state)
+    return state
 
 
 def client_rows(data: FederatedData) -> list[dict[str, Any]]:
@@ -120,38 +155,110 @@ def summarize(history: list[RoundDone], total_seconds: float, placement: dict[st
     return out
 
 
-def execute(cfg: Config, make_federation: FederationFactory) -> Iterator[Event]:
-    """Run one experiment end to end; the results writer records success or the failure."""
+def execute(
+    cfg: Config,
+    make_federation: FederationFactory,
+    restart: bool = False,
+    reason: str = "",
+    failures_left: int = 0,
+) -> Iterator[Event]:
+    """Run one experiment end to end; the results writer records success or the failure.
+
+    An unfinished run with a checkpoint goes on from it (``restart``: from the start; ``reason`` is
+    noted with the resume). A lost worker (`WorkerLost`) with ``failures_left`` > 0 leaves the run
+    ``running`` for the caller to start again on new workers; otherwise it fails the run.
+    """
     run_id = cfg.run_id()
     writer = ResultsWriter(cfg.output, run_id, cfg.to_dict())
-    writer.start()
-    t0 = time.perf_counter()
+    ckpts = Checkpoints(cfg.output, run_id, cfg.keep_checkpoints)
     fed = None
     history: list[RoundDone] = []
     placement: dict[str, Any] = {}
+    writer.acquire()  # before reading or removing anything of an earlier attempt
     try:
+        if restart:
+            ckpts.clear()
+        latest = ckpts.latest()  # its files verified before any data is read
         data = build_federated_data(cfg)
-        writer.write_clients(client_rows(data))
         fed, placement = make_federation(cfg, data)
-        yield Started(run_id, len(data.clients) - len(data.test_clients), placement)  # training clients
-        for ev in run_rounds(cfg, fed, writer):
-            if not all(math.isfinite(v) for v in ev.metrics.values()):
-                bad = {k: v for k, v in ev.metrics.items() if not math.isfinite(v)}
-                raise FloatingPointError(f"round {ev.round}: non-finite metrics {bad} (diverged? lower lr)")
-            history.append(ev)
+        alg = ALGORITHMS[cfg.algorithm]
+        hp = alg.make_hparams(cfg.hp)
+        if latest is None:
+            state, start = alg.init(fed, hp), 0
+        else:
+            state, start = restore(latest, fed), latest.round
+            history = [RoundDone(**h) for h in latest.extra["history"]]
+        # Only now, with the checkpoint read, are the earlier attempt's rows of later rounds removed.
+        writer.start(keep_through=None if latest is None else start)
+        writer.write_clients(client_rows(data))
+        if latest is not None:
+            writer.set_elapsed(latest.extra["elapsed"])
+            writer.event("resumed", start, reason or "started again")
+            writer.write_progress(summarize(history, writer.elapsed(), placement))
+        fed.take_traffic()
+        yield Started(
+            run_id, len(data.clients) - len(data.test_clients), placement, start
+        )  # training clients
+
+        def save(rounds_done: int, state: Any) -> Checkpointed:
+            extra = {"history": [dataclasses.asdict(h) for h in history], "elapsed": writer.elapsed()}
+            st = ckpts.save(rounds_done, state, fed.client_states(), fed.peek_baton, extra, versions())
+            return Checkpointed(st.round, st.seconds, st.bytes)
+
+        rounds = run_rounds(cfg, fed, writer, state, start, save if cfg.checkpoint_every > 0 else None)
+        while True:
+            try:
+                ev = next(rounds)
+            except StopIteration as stop:
+                state = stop.value
+                break
+            if isinstance(ev, RoundDone):
+                if not all(math.isfinite(v) for v in ev.metrics.values()):
+                    bad = {k: v for k, v in ev.metrics.items() if not math.isfinite(v)}
+                    raise FloatingPointError(
+                        f"round {ev.round}: non-finite metrics {bad} (diverged? lower lr)"
+                    )
+                history.append(ev)
             yield ev
-        summary = summarize(history, time.perf_counter() - t0, placement)
-        summary["hparams"] = ALGORITHMS[cfg.algorithm].full_hparams(cfg.hp)
+        summary = summarize(history, writer.elapsed(), placement)
+        summary["hparams"] = alg.full_hparams(cfg.hp)
+        if cfg.save_models:
+            summary["models"] = str(save_models(cfg, alg, hp, state, fed))
         writer.finish(summary)
         yield Finished(run_id, summary)
     except BaseException as e:
-        status = "failed"
+        status, done = "failed", len(history) and history[-1].round
         if isinstance(e, (GeneratorExit, KeyboardInterrupt)):  # the consumer stopped: Ctrl-C, job stopped
-            status, error = "interrupted", f"interrupted after {len(history)} of {cfg.rounds} rounds"
+            status, error = "interrupted", f"interrupted after {done} of {cfg.rounds} rounds"
+            writer.event("interrupted", done)
+        elif isinstance(e, WorkerLost) and failures_left > 0:
+            writer.event("worker_lost", done, str(e))
+            writer.write_progress(summarize(history, writer.elapsed(), placement))
+            writer.release()
+            raise
         else:
             error = f"{type(e).__name__}: {e}\n{getattr(e, 'remote_traceback', '') or traceback.format_exc()}"
-        writer.fail(error, summarize(history, time.perf_counter() - t0, placement), status)
+            writer.event("failed", done, f"{type(e).__name__}: {e}")
+        writer.fail(error, summarize(history, writer.elapsed(), placement), status)
         raise
     finally:
         if fed is not None:
             fed.close()
+
+
+def restore(ckpt: Checkpoint, fed: Federation) -> Any:
+    """The State saved in ``ckpt``, with every client's state given back to ``fed``'s clients."""
+    state = Checkpoints.load_state(ckpt, fed.restore_baton)
+    known = set(fed.client_ids) | set(fed.test_client_ids)
+    states = Checkpoints.client_states(ckpt)
+
+    def checked() -> Iterator[tuple[int, Any]]:
+        for cid, cstate in states:
+            if cid not in known:
+                raise CheckpointError(
+                    f"{ckpt.path}: holds the state of client {cid}, which this run does not have"
+                )
+            yield cid, cstate
+
+    fed.restore_client_states(checked())
+    return state

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, Protocol
 
@@ -38,6 +38,11 @@ class ClientError(RuntimeError):
 
     def __reduce__(self):  # keep the fields when Ray pickles the exception
         return (ClientError, (self.cid, self.message, self.remote_traceback))
+
+
+class WorkerLost(RuntimeError):
+    """A worker hosting clients died (its node was lost, it ran out of memory, it was killed). The
+    run can go on from its last checkpoint on new workers (``max_failures``)."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +123,16 @@ class ClientHost:
 
     def run_many(self, fn: ClientFn, cids: Sequence[int], msg: Any) -> list[tuple[Any, CallMeta]]:
         return [self.run(fn, cid, msg) for cid in cids]
+
+    def get_state(self, cid: int) -> Any:
+        """Client ``cid``'s persistent state (None if it has none): what a checkpoint saves."""
+        return self._state.get(cid)
+
+    def set_state(self, cid: int, state: Any) -> None:
+        """Restore client ``cid``'s persistent state (from a checkpoint)."""
+        if cid not in self._indices:
+            raise ClientError(cid, f"not hosted here (this host has clients {self.client_ids[:10]}...)")
+        self._state[cid] = state
 
     def relay(self, fn: ClientFn, cid: int, carry: Any, common: Any) -> tuple[Any, Any, CallMeta]:
         """One relay hop (see `Federation.relay`): ``fn`` gets ``(carry, common)`` and returns
@@ -230,6 +245,19 @@ class Federation(Protocol):
     def take_traffic(self) -> Traffic:
         """Bytes down, up and received by the caller since the last call, then reset."""
 
+    # --- for the round loop's checkpoints (fedray/checkpoint.py), not for algorithms -------------
+    def client_states(self) -> Iterator[tuple[int, Any]]:
+        """Every hosted client's persistent state (test clients too), in client order, one at a time."""
+
+    def restore_client_states(self, states: Iterable[tuple[int, Any]]) -> None:
+        """Give clients back the states `client_states` produced (in a new federation: a resumed run)."""
+
+    def peek_baton(self, baton: Baton) -> Any:
+        """The value behind ``baton``, which stays usable (a checkpoint of a State holding Batons)."""
+
+    def restore_baton(self, key: int, value: Any) -> Baton:
+        """Put ``value`` back behind a Baton with ``key`` (the State being restored names it)."""
+
     def close(self) -> None:
         """Release workers (actors, placement group); the federation is unusable afterwards."""
 
@@ -319,6 +347,17 @@ class BatonStore:
             raise ValueError(
                 f"{baton} was already used (a Baton is used once) or is not from this federation"
             ) from None
+
+    def peek(self, baton: Baton) -> tuple[Any, int]:
+        try:
+            return self._items[baton.key]
+        except KeyError:
+            raise ValueError(f"{baton} was already used or is not from this federation") from None
+
+    def restore(self, key: int, value: Any, nbytes: int) -> Baton:
+        self._items[key] = (value, nbytes)
+        self._next = max(self._next, key)
+        return Baton(key)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -448,6 +487,20 @@ class LocalFederation(ClientCatalog):
 
     def test_map(self, fn: ClientFn, msg: Any) -> list[Any]:
         return self.host.run_test(fn, 0, self._test_size, msg)
+
+    def client_states(self) -> Iterator[tuple[int, Any]]:
+        for cid in self.host.client_ids:
+            yield cid, self.host.get_state(cid)
+
+    def restore_client_states(self, states: Iterable[tuple[int, Any]]) -> None:
+        for cid, state in states:
+            self.host.set_state(cid, state)
+
+    def peek_baton(self, baton: Baton) -> Any:
+        return self._batons.peek(baton)[0]
+
+    def restore_baton(self, key: int, value: Any) -> Baton:
+        return self._batons.restore(key, value, payload_nbytes(value))
 
     def close(self) -> None:
         """Nothing to release in-process."""

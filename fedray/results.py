@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute
 import pyarrow.parquet as pq
 
 from fedray.records import Record, is_assignment
@@ -82,7 +83,7 @@ RUNS_SCHEMA = pa.schema(
         *_RUN_FIELDS,
         ("num_clients", pa.int64()),
         ("rounds", pa.int64()),
-        ("status", pa.string()),  # running | finished | failed
+        ("status", pa.string()),  # running | finished | failed | interrupted
         ("error", pa.string()),
         ("config", pa.string()),  # resolved config, JSON
         ("summary", pa.string()),  # JSON: final/best accuracy, seconds, placement
@@ -204,6 +205,29 @@ def record_failure(out_dir: str | Path, run_id: str, config: dict[str, Any], err
         ResultsWriter(out_dir, run_id, config)._write_run("failed", error=error)
 
 
+def mark_ended(out_dir: str | Path, run_id: str, status: str, rounds_done: int, detail: str) -> bool:
+    """Record a run as ``interrupted`` (stopped from outside: Ctrl-C, ``ray job stop``) or
+    ``failed``, with the round reached, when its writer died before it could (a Ray coordinator is
+    killed, not asked). Only a ``running`` row that no live process holds is changed; returns
+    whether it was."""
+    path = Path(out_dir) / "runs" / f"{run_id}.parquet"
+    if run_state(out_dir, run_id) != "interrupted" or run_status(out_dir, run_id) != "running":
+        return False
+    row = pq.read_table(path).to_pylist()[0]
+    summary = json.loads(row["summary"] or "{}")
+    ev = {
+        "event": "interrupted",
+        "round": rounds_done,
+        "time": _now().isoformat(timespec="seconds"),
+        "detail": detail,
+    }
+    summary["events"] = [*summary.get("events", []), ev]
+    row.update(status="interrupted", error=f"interrupted after {rounds_done} of {row['rounds']} rounds ({detail})",
+               summary=json.dumps(summary, sort_keys=True), finished=_now())  # fmt: skip
+    write_atomic(pa.Table.from_pylist([row], schema=RUNS_SCHEMA), path)
+    return True
+
+
 class ResultsWriter:
     """The only writer of a run's results. Buffers metric rows and flushes them as part files."""
 
@@ -222,22 +246,83 @@ class ResultsWriter:
         self._started = _now()
         self._const = {k: config[k] for k in RUN_COLUMNS}
         self._lock = RunLock(out_dir, run_id)
+        self.events: list[dict[str, Any]] = []
 
     # --- lifecycle --------------------------------------------------------------------------------
-    def start(self) -> None:
+    def acquire(self) -> None:
+        """Take the run's lock (before anything of an earlier attempt is read or touched), and keep
+        the earlier attempt's start time and events: a run that goes on is the same run."""
+        if self._lock._fd is not None:
+            return
+        self._lock.acquire()
+        path = self.root / "runs" / f"{self.run_id}.parquet"
+        if path.is_file():
+            row = pq.read_table(path).to_pylist()[0]
+            self._started = row["started"] or self._started
+            self.events = list(json.loads(row["summary"] or "{}").get("events", []))
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def start(self, keep_through: int | None = None) -> None:
+        """Begin writing. An earlier attempt's rows are removed, all of them, or with ``keep_through``
+        (a run resumed from its checkpoint after that many rounds) those of later rounds only."""
         for sub in ("metrics", "assignments", "clients", "runs", "configs"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
-        self._lock.acquire()  # before touching anything of an earlier attempt
-        # An earlier attempt of this same run (killed or failed) must not leave rows behind.
-        for table in ("metrics", "assignments", "clients"):
-            for old in (self.root / table).glob(f"{self.run_id}-*.parquet"):
-                old.unlink()
+        self.acquire()
+        if keep_through is None:  # from the start: a new run, whatever an earlier attempt did
+            self._started, self.events = _now(), []
+            for table in ("metrics", "assignments", "clients"):
+                for old in (self.root / table).glob(f"{self.run_id}-*.parquet"):
+                    old.unlink()
+        else:
+            self._seq = max(
+                self._truncate("metrics", keep_through), self._truncate("assignments", keep_through)
+            )
         import yaml
 
         write_text_atomic(
             yaml.safe_dump(self.config, sort_keys=False), self.root / "configs" / f"{self.run_id}.yaml"
         )
         self._write_run("running")
+
+    def _truncate(self, table: str, keep_through: int) -> int:
+        """Drop rows of rounds after ``keep_through`` from this run's part files; returns the next
+        free part number."""
+        seq = 0
+        for path in sorted((self.root / table).glob(f"{self.run_id}-*.parquet")):
+            suffix = path.stem.removeprefix(f"{self.run_id}-")
+            if suffix.isdigit():
+                seq = max(seq, int(suffix) + 1)
+            part = pq.read_table(path)
+            rounds = part.column("round").to_pylist()
+            if not rounds or max(rounds) <= keep_through:
+                continue
+            if min(rounds) > keep_through:
+                path.unlink()
+            else:
+                kept = pa.compute.less_equal(part.column("round"), keep_through)
+                write_atomic(part.filter(kept), path)
+        return seq
+
+    def event(self, kind: str, rounds_done: int, detail: str = "") -> dict[str, Any]:
+        """Note what happened to the run (resumed, worker_lost, interrupted, failed); the events go
+        into the summary of its row in ``runs/`` (`analysis.load.events` reads them)."""
+        ev = {
+            "event": kind,
+            "round": rounds_done,
+            "time": _now().isoformat(timespec="seconds"),
+            "detail": detail,
+        }
+        self.events.append(ev)
+        return ev
+
+    def set_elapsed(self, seconds: float) -> None:
+        """Go on counting ``elapsed`` from ``seconds`` (a resumed run: from its checkpoint's)."""
+        self._t0 = time.monotonic() - seconds
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._t0
 
     def add(self, rnd: int, records: Iterable[Record]) -> None:
         elapsed = time.monotonic() - self._t0
@@ -291,7 +376,14 @@ class ResultsWriter:
                 self._lock.release()
 
     # --- runs/ ------------------------------------------------------------------------------------
+    def write_progress(self, summary: dict[str, Any]) -> None:
+        """Rewrite the row of a run still running (a new event, a checkpoint)."""
+        self._write_run("running", summary=summary)
+
     def _write_run(self, status: str, error: str = "", summary: dict[str, Any] | None = None) -> None:
+        summary = dict(summary or {})
+        if self.events:
+            summary["events"] = self.events
         row = {
             "run_id": self.run_id,
             **self._const,
@@ -300,7 +392,7 @@ class ResultsWriter:
             "status": status,
             "error": error,
             "config": json.dumps(self.config, sort_keys=True),
-            "summary": json.dumps(summary or {}, sort_keys=True),
+            "summary": json.dumps(summary, sort_keys=True),
             "versions": json.dumps(versions(), sort_keys=True),
             "started": self._started,
             "finished": None if status == "running" else _now(),

@@ -73,6 +73,7 @@ class SweepRun:
     index: int  # 1-based position in the expanded sweep; progress lines call the run "#index"
     label: str  # the axis values that make this run, e.g. "partition=labels,partition_k=2 seed=0"
     config: Config
+    restart: bool = False  # start over instead of going on from the run's latest checkpoint
 
     @property
     def run_id(self) -> str:
@@ -362,7 +363,7 @@ class LocalLauncher:
         from fedray.experiment import execute
         from fedray.federation import make_local_federation
 
-        return execute(run.config, make_local_federation)
+        return execute(run.config, make_local_federation, run.restart)
 
     def cancel(self) -> None:
         """Nothing runs elsewhere: the run in flight was stopped by the interrupt itself."""

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 EXIT_USAGE = 2  # bad config, bad data path: the user's input
 EXIT_FAILED = 1  # the run itself failed
@@ -29,6 +31,8 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--force", action="store_true", help="re-run even if this run already finished in the output folder"
     )
+    p.add_argument("--restart", action="store_true",
+                   help="start an unfinished run over instead of going on from its latest checkpoint")  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="print only the summary")
 
 
@@ -66,18 +70,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"run {run_id} already finished in {cfg.output}/ (use --force to run it again)")
         return 0
 
-    from fedray.experiment import Finished, RoundDone, Started
+    from fedray.experiment import Checkpointed, Finished, Recovered, RoundDone, Started
 
     t0 = time.perf_counter()
+    restart = args.restart or state == "finished"  # --force on a finished run: from the start
     if args.local:
         from fedray.experiment import execute
         from fedray.federation import make_local_federation
 
-        events = execute(cfg, make_local_federation)
+        events = execute(cfg, make_local_federation, restart)
     else:
         from actors.driver import run_on_ray
 
-        events = run_on_ray(cfg, args.address)
+        events = run_on_ray(cfg, args.address, restart)
     try:
         for ev in events:
             if isinstance(ev, Started):
@@ -91,14 +96,25 @@ def cmd_run(args: argparse.Namespace) -> int:
                     f"run {ev.run_id}: {cfg.algorithm} on {cfg.dataset} ({cfg.partition}), {ev.num_clients} clients, {where}",
                     flush=True,
                 )
+                if ev.resumed_from:
+                    print(_resumed(ev, cfg), flush=True)
             elif isinstance(ev, RoundDone) and not args.quiet:
                 print(_fmt_round(ev), flush=True)
+            elif isinstance(ev, Checkpointed) and not args.quiet:
+                print(
+                    f"checkpoint after round {ev.round}: {ev.bytes / 1e6:.1f} MB in {ev.seconds:.2f} s",
+                    flush=True,
+                )
+            elif isinstance(ev, Recovered):
+                print(_recovered(ev), file=sys.stderr, flush=True)
             elif isinstance(ev, Finished):
                 s = ev.summary
                 print(f"done: {_outcome(s, 'final accuracy')}; {s['rounds_done']} rounds, {s.get('steady_round_seconds', 0):.2f} s/round, "
                       f"{time.perf_counter() - t0:.1f} s in all; results in {cfg.output}/", flush=True)  # fmt: skip
     except KeyboardInterrupt:
-        print("fedray: interrupted", file=sys.stderr)
+        events.close()  # frees the actors and records the run as interrupted
+        print(f"fedray: interrupted; `fedray run` with the same config goes on from run {run_id}'s latest "
+              f"checkpoint (in {cfg.output}/checkpoints/)", file=sys.stderr)  # fmt: skip
         return 130
     except Exception as e:  # noqa: BLE001 - reported to the user with the real cause
         from fedray.federation import ClientError
@@ -113,6 +129,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"(status and error recorded in {cfg.output}/runs/)", file=sys.stderr)
         return EXIT_FAILED
     return 0
+
+
+def _resumed(ev, cfg) -> str:
+    return (f"resuming from the checkpoint after round {ev.resumed_from} of {cfg.rounds} "
+            f"(--restart starts over)")  # fmt: skip
+
+
+def _recovered(ev) -> str:
+    return (f"fedray: client actors lost ({ev.error.splitlines()[0] if ev.error else '?'}); going on from the "
+            f"latest checkpoint on {ev.actors} new actor(s), recovery {ev.failures} of max_failures={ev.max_failures}")  # fmt: skip
 
 
 def _duration(seconds: float) -> str:
@@ -147,7 +173,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"fedray: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     planned = plan(sweep, force=args.force)
-    todo = [p.run for p in planned if p.action == "run"]
+    # --force runs a finished run from the start; an unfinished one goes on from its checkpoint.
+    todo = [
+        replace(p.run, restart=args.restart or p.state == "finished") for p in planned if p.action == "run"
+    ]
     counts: dict[str, int] = {}
     for p in planned:
         counts[p.state] = counts.get(p.state, 0) + 1
@@ -165,7 +194,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int) -> int:
-    from fedray.experiment import RoundDone, Started
+    from fedray.experiment import Recovered, RoundDone, Started
     from fedray.sweep import LocalLauncher, RunEnded, RunLaunched, RunProgress, Waiting, run_sweep
 
     if args.local:
@@ -199,6 +228,10 @@ def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int) -> int:
             elif isinstance(ev, Waiting):
                 print(f"waiting: {ev.free_cpus:g} CPUs and {ev.free_gpus:g} GPUs are free, too little for the next "
                       "run; other jobs on the cluster hold the rest", flush=True)  # fmt: skip
+            elif isinstance(ev, RunProgress) and isinstance(ev.event, Recovered):
+                print(f"{tag} {_recovered(ev.event)}", flush=True)
+            elif isinstance(ev, RunProgress) and isinstance(ev.event, Started) and ev.event.resumed_from:
+                print(f"{tag} {_resumed(ev.event, ev.run.config)}", flush=True)
             elif isinstance(ev, RunProgress) and args.verbose:
                 if isinstance(ev.event, RoundDone):
                     print(f"{tag} {_fmt_round(ev.event)}", flush=True)
@@ -341,7 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_sw.add_argument(
         "--dry-run", action="store_true", help="list the runs, their state and what would run; run nothing"
     )
-    p_sw.add_argument("--force", action="store_true", help="run finished runs again too")
+    p_sw.add_argument("--force", action="store_true", help="run finished runs again too (from the start)")
+    p_sw.add_argument("--restart", action="store_true",
+                      help="start unfinished runs over instead of going on from their latest checkpoints")  # fmt: skip
     p_sw.add_argument("--max-concurrent-runs", type=int, metavar="N",
                       help="runs at once (default: the file's max_concurrent_runs; 0 = as many as the resources allow)")  # fmt: skip
     p_sw.add_argument("--local", action="store_true", help="run in-process without Ray, one run at a time")
@@ -384,8 +419,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stop_on_sigterm() -> None:
+    """SIGTERM (``ray job stop``, a scheduler's kill) stops a run as Ctrl-C does: recorded as
+    interrupted, its actors freed, its checkpoint kept."""
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    try:
+        signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread (main() called from a test's thread)
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _stop_on_sigterm()
     try:
         return args.func(args)
     except BrokenPipeError:  # `fedray sweep --dry-run | head`: the reader left; no traceback

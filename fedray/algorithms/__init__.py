@@ -45,6 +45,10 @@ class Algorithm:
     # (state, hp, rnd) -> bool: evaluate after this round whatever eval_every says (FedCat: after
     # each aggregation). Optional.
     evaluate_after: Callable[..., bool] | None = None
+    # (state, hp) -> list[SavedModel]: the trained models, saved when the run finishes (fedray/export.py).
+    models: Callable[..., Any] = lambda state, hp: []
+    # (cstate) -> Params | None: a client's personal model, where clients keep one (FedSoft). Optional.
+    personal_model: Callable[..., Any] | None = None
 
     def make_hparams(self, values: Mapping[str, Any]) -> Any:
         return hparams_from_dict(self.Hparams, values, self.name)
@@ -63,6 +67,8 @@ class Algorithm:
             module.evaluate,
             getattr(module, "check_config", None),
             getattr(module, "evaluate_after", None),
+            module.models,
+            getattr(module, "personal_model", None),
         )
 
 

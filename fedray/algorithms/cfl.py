@@ -43,6 +43,7 @@ import numpy as np
 from fedray import clustering, layers
 from fedray.client import Client
 from fedray.evaluation import cluster_model_records, lowest_loss_records
+from fedray.export import SavedModel, cluster_models
 from fedray.federation import Federation
 from fedray.params import Params, get_params, weighted_average
 from fedray.records import Record, assign, rec
@@ -92,6 +93,10 @@ class State:
     layers: dict[str, list[str]]  # the model's layers: module name -> its parameter names
     selected: list[str]  # the parameter names the similarity is computed on (CFL: all)
     history: list[int] = field(default_factory=list)  # rounds at which a split was accepted
+
+
+def models(state: State, hp: Hparams) -> list[SavedModel]:
+    return cluster_models(state.models, dict(enumerate(state.clusters)))
 
 
 def init(fed: Federation, hp: Hparams, spec: str | list[str] = "all") -> State:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedray.evaluation import single_model_records
+from fedray.export import SavedModel, global_model
 from fedray.federation import Federation, participants
 from fedray.params import Params, get_params, weighted_average
 from fedray.records import Record, assign, rec
@@ -59,6 +60,10 @@ class State:
     updates: dict[int, np.ndarray] = field(
         default_factory=dict
     )  # client -> its last update, flattened (Alg. 2)
+
+
+def models(state: State, hp: Hparams) -> list[SavedModel]:
+    return global_model(state.params)
 
 
 def init(fed: Federation, hp: Hparams) -> State:

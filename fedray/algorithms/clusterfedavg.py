@@ -26,6 +26,7 @@ import numpy as np
 from fedray.client import Client
 from fedray.clustering import Clustering, cluster_vectors, label_distributions, laplace_noise
 from fedray.evaluation import cluster_model_records
+from fedray.export import SavedModel, cluster_models, global_model, members_of
 from fedray.federation import Federation
 from fedray.params import Params, get_params
 from fedray.records import Record, assign, rec
@@ -77,6 +78,13 @@ class State:
 
 def init(fed: Federation, hp: Hparams) -> State:
     return State(get_params(fed.task.build_model()))
+
+
+def models(state: State, hp: Any) -> list[SavedModel]:
+    """Each cluster's model (with its member clients); before any grouping, the initial model."""
+    if not state.models:
+        return global_model(state.init)
+    return cluster_models(state.models, members_of(state.assignment))
 
 
 def oracle_groups(fed: Federation, k: int, stage: str = "") -> Clustering:

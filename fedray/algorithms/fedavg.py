@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedray.evaluation import single_model_records
+from fedray.export import SavedModel, global_model
 from fedray.federation import ClientFn, Federation
 from fedray.params import Params, get_params
 from fedray.records import Record
@@ -34,6 +35,11 @@ class State:
 
 def init(fed: Federation, hp: Hparams) -> State:
     return State(get_params(fed.task.build_model()))
+
+
+def models(state: State, hp: Hparams) -> list[SavedModel]:
+    """The trained model, saved when the run finishes (fedray/export.py)."""
+    return global_model(state.params)
 
 
 def server_step(current: Params, average: Params, server_lr: float) -> Params:

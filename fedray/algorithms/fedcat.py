@@ -34,6 +34,7 @@ import numpy as np
 
 from fedray.client import Client
 from fedray.evaluation import single_model_records
+from fedray.export import SavedModel, global_model
 from fedray.federation import Baton, Federation, participants
 from fedray.params import Params, get_params, weighted_average
 from fedray.records import Record, assign, rec
@@ -95,6 +96,10 @@ class State:
     )  # G_1..G_K (client ids), redrawn every lambda cycles
     copies: list[Baton] = field(default_factory=list)  # the K copies in flight (none between cycles)
     sizes: list[int] = field(default_factory=list)  # d_i: data each copy has trained on this cycle
+
+
+def models(state: State, hp: Hparams) -> list[SavedModel]:
+    return global_model(state.params)
 
 
 def init(fed: Federation, hp: Hparams) -> State:

@@ -54,6 +54,7 @@ from fedray.algorithms.clusterfedavg import one_cluster, reported_distributions,
 from fedray.client import Client
 from fedray.clustering import Clustering, cluster_vectors
 from fedray.evaluation import cluster_model_records, single_model_records
+from fedray.export import SavedModel, cluster_models, global_model, members_of
 from fedray.federation import Federation
 from fedray.models import Arch, concat_params, head_from_clusters
 from fedray.params import Params, get_params, weighted_average
@@ -145,6 +146,18 @@ class State:
 
 def init(fed: Federation, hp: Hparams) -> State:
     return State(get_params(fed.task.build_model()))
+
+
+def models(state: State, hp: Hparams) -> list[SavedModel]:
+    """The concatenated model (``global``) once stage 3 has a head, and the K cluster models (the
+    encoders, with their own heads); mid-stage-2, the clustered algorithm's models."""
+    members = members_of(state.assignment)
+    if state.head is not None:
+        concat = global_model(concat_params(state.models, state.head), Arch(len(state.models)))
+        return [*concat, *cluster_models(state.models, members)]
+    if state.inner is not None:
+        return CLUSTERED_STAGES[hp.clustering].models(state.inner, hp)
+    return cluster_models(state.models, members) if state.models else global_model(state.init)
 
 
 def cluster_by_label_distributions(fed: Federation, hp: Hparams) -> Clustering:

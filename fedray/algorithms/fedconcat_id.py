@@ -28,7 +28,7 @@ import torch
 
 from fedray import seeding
 from fedray.algorithms import fedconcat
-from fedray.algorithms.fedconcat import ENCODER, State, check_config, evaluate, init  # noqa: F401 - the record
+from fedray.algorithms.fedconcat import ENCODER, State, check_config, evaluate, init, models  # noqa: F401 - the record
 from fedray.client import Client
 from fedray.clustering import label_distributions
 from fedray.federation import Federation
@@ -77,10 +77,10 @@ def inference_round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tup
     replies = fed.map(train_and_infer, fed.client_ids, msg)  # every client, whatever participation says
     vectors = {c: r["inferred"] for c, r in replies.items()}
     clustering = fedconcat.CLUSTERING_STEPS[hp.clustering](fed, vectors, hp, fed.task.rng("clustering"))
-    models = []
+    cluster_params = []
     for k in range(clustering.k):
         members = {c: r for c, r in replies.items() if clustering.assignment[c] == k}
-        models.append(
+        cluster_params.append(
             fedavg_aggregate(members) if members else dict(state.init)
         )  # an empty cluster keeps the init
     records = train_records(replies, ENCODER) + clustering.records
@@ -94,7 +94,7 @@ def inference_round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tup
         n = sum(1 for c in replies if clustering.assignment[c] == k)
         records.append(rec("participants", n, scope="cluster", entity=k, stage=ENCODER))
     state = replace(
-        state, models=models, assignment=clustering.assignment, stage=fedconcat.next_stage(hp, rnd)
+        state, models=cluster_params, assignment=clustering.assignment, stage=fedconcat.next_stage(hp, rnd)
     )
     return state, records
 

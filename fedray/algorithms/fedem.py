@@ -36,6 +36,7 @@ from fedray import mixture
 from fedray.client import Client
 from fedray.clustering import purity
 from fedray.evaluation import test_client_records
+from fedray.export import SavedModel, cluster_models
 from fedray.federation import Federation
 from fedray.params import Params, WeightedSum, get_params
 from fedray.records import Record, assign, rec
@@ -63,6 +64,11 @@ class State:
     models: dict[int, Params]  # model id -> theta_k (ids stay fixed when FedRC removes a model)
     prior: np.ndarray | None = None  # FedRC: C_{y,k}, K x C over the live models (None: FedEM)
     stats: dict[int, np.ndarray] = field(default_factory=dict)  # FedRC: each client's last reported S, K x C
+
+
+def models(state: State, hp: Hparams) -> list[SavedModel]:
+    """The K component models (ids fixed: a model FedRC removed is missing)."""
+    return cluster_models(state.models)
 
 
 def init_models(fed: Federation, k: int) -> dict[int, Params]:

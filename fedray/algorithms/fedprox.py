@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from fedray.algorithms import fedavg
-from fedray.algorithms.fedavg import State, evaluate, init  # noqa: F401 - FedAvg's, part of the record
+from fedray.algorithms.fedavg import State, evaluate, init, models  # noqa: F401 - FedAvg's, part of the record
 from fedray.client import Client
 from fedray.federation import Federation
 from fedray.records import Record

@@ -29,6 +29,7 @@ import numpy as np
 
 from fedray import mixture
 from fedray.algorithms import fedem
+from fedray.algorithms.fedem import models  # noqa: F401 - FedEM's, part of the record
 from fedray.client import Client
 from fedray.evaluation import test_client_records
 from fedray.federation import Federation

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from fedray.algorithms import fedavg
-from fedray.algorithms.fedavg import State, evaluate, init  # noqa: F401 - FedAvg's, part of the record
+from fedray.algorithms.fedavg import State, evaluate, init, models  # noqa: F401 - FedAvg's, part of the record
 from fedray.federation import Federation
 from fedray.records import Record
 from fedray.rounds import class_count_update

@@ -38,6 +38,7 @@ from fedray.algorithms.fedprox import proximal
 from fedray.client import Client
 from fedray.clustering import purity
 from fedray.evaluation import cluster_global_records, own_data_records
+from fedray.export import SavedModel, cluster_models
 from fedray.federation import Federation
 from fedray.params import Params, weighted_average
 from fedray.records import Record, assign, rec
@@ -70,6 +71,15 @@ class Hparams:
 class State:
     models: list[Params]  # theta_k
     u: dict[int, np.ndarray] = field(default_factory=dict)  # client -> its importance weights (K)
+
+
+def models(state: State, hp: Hparams) -> list[SavedModel]:
+    return cluster_models(state.models)
+
+
+def personal_model(cstate: Any) -> Params | None:
+    """A client's personal model (its state), once it has trained one."""
+    return cstate
 
 
 def init(fed: Federation, hp: Hparams) -> State:

@@ -34,6 +34,7 @@ Hparams = ifca.Hparams
 State = ifca.State
 init = ifca.init
 evaluate = ifca.evaluate
+models = ifca.models
 
 
 def center_distance(local: Params, center: Params) -> float:

@@ -26,6 +26,7 @@ from fedray.algorithms.fedem import init_models
 from fedray.client import Client
 from fedray.clustering import purity
 from fedray.evaluation import hard_cluster_records, mean_losses
+from fedray.export import SavedModel, cluster_models, members_of
 from fedray.federation import Federation
 from fedray.params import Params
 from fedray.records import Record, assign, rec
@@ -47,6 +48,10 @@ class Hparams:
 class State:
     models: list[Params]  # theta_k
     assigned: dict[int, int] = field(default_factory=dict)  # each client's latest choice
+
+
+def models(state: State, hp: Hparams) -> list[SavedModel]:
+    return cluster_models(state.models, members_of(state.assigned))
 
 
 def init(fed: Federation, hp: Hparams) -> State:

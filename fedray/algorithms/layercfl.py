@@ -32,6 +32,7 @@ from fedray.records import Record
 
 State = cfl.State
 evaluate = cfl.evaluate
+models = cfl.models
 
 
 def check_config(cfg: Any, hp: Hparams) -> None:

@@ -26,6 +26,7 @@ from fedray.algorithms import fedavg
 from fedray.algorithms.fedavg import State
 from fedray.client import Client
 from fedray.evaluation import single_model_records
+from fedray.export import SavedModel, global_model
 from fedray.federation import Federation
 from fedray.models import Arch
 from fedray.params import Params, get_params
@@ -60,6 +61,10 @@ def arch(hp: Hparams) -> Arch:
 
 def init(fed: Federation, hp: Hparams) -> State:
     return State(get_params(fed.task.build_model(arch=arch(hp))))
+
+
+def models(state: State, hp: Hparams) -> list[SavedModel]:
+    return global_model(state.params, arch(hp))  # with its projection head, as trained
 
 
 def contrastive(

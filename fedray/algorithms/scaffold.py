@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from fedray.algorithms import fedavg
-from fedray.algorithms.fedavg import evaluate, server_step  # noqa: F401 - FedAvg's evaluation, part of the record
+from fedray.algorithms.fedavg import evaluate, models, server_step  # noqa: F401 - FedAvg's evaluation, part of the record
 from fedray.client import Client
 from fedray.federation import Federation
 from fedray.params import Params, get_params

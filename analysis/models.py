@@ -1,0 +1,32 @@
+"""The trained models of finished runs (``DIR/models/RUN_ID/``) as ready torch modules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+
+def model_index(out_dir: str | Path, run_id: str) -> dict[str, Any]:
+    """What ``DIR/models/RUN_ID/index.json`` lists: each model's kind (global | cluster | personal),
+    cluster or client, members, and the network it is."""
+    from fedray.export import read_index
+
+    return read_index(Path(out_dir) / "models" / run_id)
+
+
+def load_models(
+    out_dir: str | Path, run_id: str, names: list[str] | None = None
+) -> dict[str, torch.nn.Module]:
+    """Every saved model of ``run_id`` (or those named), by name, as torch modules in eval mode:
+    ``global`` (FedConcat: the concatenated model), ``cluster-K``, ``client-CID`` (personal)."""
+    from fedray.export import load_models as load
+
+    return load(Path(out_dir) / "models" / run_id, names)
+
+
+def load_model(out_dir: str | Path, run_id: str, name: str = "global") -> torch.nn.Module:
+    """One saved model of ``run_id`` as a torch module in eval mode (default: the global model)."""
+    return load_models(out_dir, run_id, [name])[name]

@@ -1,0 +1,365 @@
+"""Checkpoints (DESIGN §6): a run's algorithm `State` and every client's persistent state, between rounds.
+
+Layout, under ``DIR/checkpoints/RUN_ID/``::
+
+    round-000020/            one checkpoint: the state after 20 completed rounds
+      manifest.json          run id, round, versions, what the round loop needs to go on (plain JSON),
+                             and the SHA-256 of every file below
+      state.npz              the algorithm's State (and the values behind its Batons)
+      clients/000007.npz     client 7's persistent state (clients without state have no file)
+
+A checkpoint is written under a dot-name and renamed into place once every file is on disk, so a
+killed job leaves either the whole checkpoint or none of it; the last ``keep`` are kept.
+
+Format: each ``.npz`` is a zip (what ``numpy.load`` reads) of ``tree.json``, the object's structure
+as plain JSON, and ``0.npy``, ``1.npy``, ... its arrays, written and read with
+``allow_pickle=False``. Nothing is unpickled: a tampered file can only fail to load, with an error
+naming it. The objects are what DESIGN §8 allows in State: numpy arrays and scalars, Python scalars,
+lists, tuples, dicts and dataclasses defined in fedray (the only classes a file may name).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import json
+import math
+import os
+import shutil
+import time
+import uuid
+import zipfile
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMAT = 1
+_SAFE_MODULES = "fedray."  # a file may only name dataclasses defined under this package
+_CHUNK = 1 << 22
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be written or read; the message names the file and what is wrong."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Plain data <-> JSON tree + arrays
+# ------------------------------------------------------------------------------------------------
+
+
+def encode(obj: Any, arrays: list[np.ndarray], where: str, baton: Callable[[Any], Any] | None = None) -> Any:
+    """``obj`` as a JSON-able tree; its arrays are appended to ``arrays`` and referred to by index.
+
+    ``baton(b)`` gives the value behind a `fedray.federation.Baton` (stored in its place); ``where``
+    names the object in errors (``state.models[2]``).
+    """
+    from fedray.federation import Baton
+
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj
+    if isinstance(obj, int) and not isinstance(obj, np.generic):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else {"__float__": repr(obj)}
+    if isinstance(obj, (np.ndarray, np.generic)):
+        arr = np.asarray(obj)
+        if arr.dtype.hasobject:
+            raise CheckpointError(
+                f"{where}: an array of Python objects cannot be checkpointed (dtype object)"
+            )
+        arrays.append(arr)
+        return {"__array__" if isinstance(obj, np.ndarray) else "__scalar__": len(arrays) - 1}
+    if isinstance(obj, list):
+        return [encode(v, arrays, f"{where}[{i}]", baton) for i, v in enumerate(obj)]
+    if isinstance(obj, tuple):
+        return {"__tuple__": [encode(v, arrays, f"{where}[{i}]", baton) for i, v in enumerate(obj)]}
+    if isinstance(obj, dict):
+        return {
+            "__dict__": [
+                [encode(k, arrays, f"{where} key", baton), encode(v, arrays, f"{where}[{k!r}]", baton)]
+                for k, v in obj.items()
+            ]
+        }
+    if isinstance(obj, Baton):
+        if baton is None:
+            raise CheckpointError(f"{where}: a Baton, but no federation to read its value from")
+        return {"__baton__": obj.key, "value": encode(baton(obj), arrays, f"{where} (its value)", baton)}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        cls = type(obj)
+        if not cls.__module__.startswith(_SAFE_MODULES):
+            raise CheckpointError(f"{where}: {cls.__module__}.{cls.__qualname__} is not a fedray dataclass")
+        fields = {f.name: encode(getattr(obj, f.name), arrays, f"{where}.{f.name}", baton)
+                  for f in dataclasses.fields(obj)}  # fmt: skip
+        return {"__dataclass__": f"{cls.__module__}:{cls.__qualname__}", "fields": fields}
+    raise CheckpointError(
+        f"{where}: a {type(obj).__module__}.{type(obj).__qualname__} cannot be checkpointed (State and "
+        "client state are plain data: numpy arrays, scalars, lists, dicts, dataclasses; DESIGN §8)"
+    )
+
+
+def _dataclass(name: Any) -> type:
+    """The fedray dataclass a file names as ``module:QualName``; anything else is refused."""
+    if not isinstance(name, str) or ":" not in name:
+        raise ValueError(f"bad class name {name!r}")
+    module, qualname = name.split(":", 1)
+    if not module.startswith(_SAFE_MODULES):
+        raise ValueError(f"class {name!r} is not defined in fedray")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    if not (isinstance(obj, type) and dataclasses.is_dataclass(obj)):
+        raise ValueError(f"{name!r} is not a fedray dataclass")
+    return obj
+
+
+def decode(tree: Any, arrays: list[np.ndarray], baton: Callable[[int, Any], Any] | None = None) -> Any:
+    """The inverse of `encode`. ``baton(key, value)`` re-creates a Baton in the federation."""
+    if tree is None or isinstance(tree, (bool, int, float, str)):
+        return tree
+    if isinstance(tree, list):
+        return [decode(v, arrays, baton) for v in tree]
+    if not isinstance(tree, dict) or len(tree) not in (1, 2):
+        raise ValueError(f"unexpected node {str(tree)[:80]!r}")
+    if "__array__" in tree:
+        return arrays[_index(tree["__array__"], arrays)]
+    if "__scalar__" in tree:
+        return arrays[_index(tree["__scalar__"], arrays)][()]
+    if "__float__" in tree:
+        if tree["__float__"] not in ("nan", "inf", "-inf"):
+            raise ValueError(f"bad float {tree['__float__']!r}")
+        return float(tree["__float__"])
+    if "__tuple__" in tree:
+        return tuple(decode(v, arrays, baton) for v in tree["__tuple__"])
+    if "__dict__" in tree:
+        return {_hashable(decode(k, arrays, baton)): decode(v, arrays, baton) for k, v in tree["__dict__"]}
+    if "__baton__" in tree:
+        if baton is None:
+            raise ValueError("a Baton, but no federation to give its value to")
+        return baton(int(tree["__baton__"]), decode(tree["value"], arrays, baton))
+    if "__dataclass__" in tree:
+        cls = _dataclass(tree["__dataclass__"])
+        fields = tree.get("fields")
+        names = {f.name for f in dataclasses.fields(cls) if f.init}
+        if not isinstance(fields, dict) or set(fields) != names:
+            raise ValueError(
+                f"{cls.__qualname__} has fields {sorted(names)}, the file {sorted(fields or {})} "
+                "(written by another fedray version?)"
+            )
+        return cls(**{k: decode(v, arrays, baton) for k, v in fields.items()})
+    raise ValueError(f"unexpected node {str(tree)[:80]!r}")
+
+
+def _index(i: Any, arrays: list[np.ndarray]) -> int:
+    if not isinstance(i, int) or not 0 <= i < len(arrays):
+        raise ValueError(f"array index {i!r} out of range")
+    return i
+
+
+def _hashable(k: Any) -> Any:
+    if isinstance(k, np.ndarray):
+        raise ValueError("an array as a dict key")
+    return k
+
+
+# ------------------------------------------------------------------------------------------------
+# One object <-> one .npz file
+# ------------------------------------------------------------------------------------------------
+
+
+def write_blob(path: Path, obj: Any, where: str, baton: Callable[[Any], Any] | None = None) -> str:
+    """Write ``obj`` to ``path`` (fsynced); returns the file's SHA-256."""
+    arrays: list[np.ndarray] = []
+    tree = encode(obj, arrays, where, baton)
+    with open(path, "wb") as f:
+        with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+            zf.writestr("tree.json", json.dumps({"format": FORMAT, "tree": tree}, allow_nan=False))
+            for i, arr in enumerate(arrays):
+                with zf.open(f"{i}.npy", "w", force_zip64=True) as member:
+                    np.lib.format.write_array(
+                        member, arr if arr.flags.c_contiguous else arr.copy(order="C"), allow_pickle=False
+                    )
+        f.flush()
+        os.fsync(f.fileno())
+    return sha256(path)
+
+
+def read_blob(path: Path, baton: Callable[[int, Any], Any] | None = None) -> Any:
+    try:
+        with zipfile.ZipFile(path) as zf:
+            head = json.loads(zf.read("tree.json"))
+            if not isinstance(head, dict) or head.get("format") != FORMAT:
+                raise ValueError(f"unknown format {head.get('format') if isinstance(head, dict) else head!r}")
+            names = [n for n in zf.namelist() if n != "tree.json"]
+            if sorted(names) != sorted(f"{i}.npy" for i in range(len(names))):
+                raise ValueError(f"unexpected members {sorted(names)[:5]}")
+            arrays = []
+            for i in range(len(names)):
+                with zf.open(f"{i}.npy") as member:
+                    arrays.append(np.lib.format.read_array(member, allow_pickle=False))
+        return decode(head["tree"], arrays, baton)
+    except CheckpointError:
+        raise
+    except Exception as e:  # noqa: BLE001 - whatever is wrong with the file, name it
+        raise CheckpointError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------------------------------------
+# A run's checkpoints
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One complete checkpoint on disk (its manifest read and its files verified)."""
+
+    path: Path
+    round: int
+    extra: dict[str, Any]  # what the round loop keeps besides State (history, elapsed seconds)
+    files: dict[str, str]  # relative path -> SHA-256
+
+
+@dataclass(frozen=True)
+class SaveStats:
+    round: int
+    seconds: float
+    bytes: int
+    files: int
+
+
+class Checkpoints:
+    """The checkpoints of one run: save, find the latest, load, prune."""
+
+    def __init__(self, out_dir: str | Path, run_id: str, keep: int = 1) -> None:
+        self.root = Path(out_dir) / "checkpoints" / run_id
+        self.run_id = run_id
+        self.keep = keep
+
+    def _complete(self) -> list[Path]:
+        if not self.root.is_dir():
+            return []
+        found = [p for p in self.root.glob("round-*") if (p / "manifest.json").is_file()]
+        return sorted(found, key=lambda p: p.name)
+
+    def save(
+        self,
+        rnd: int,
+        state: Any,
+        client_states: Iterable[tuple[int, Any]],
+        baton: Callable[[Any], Any] | None,
+        extra: dict[str, Any],
+        versions: dict[str, str],
+    ) -> SaveStats:
+        """Write the checkpoint of round ``rnd`` atomically, then keep only the last ``keep``."""
+        t0 = time.perf_counter()
+        self.root.mkdir(parents=True, exist_ok=True)
+        final = self.root / f"round-{rnd:06d}"
+        tmp = self.root / f".round-{rnd:06d}.{uuid.uuid4().hex[:8]}.tmp"
+        (tmp / "clients").mkdir(parents=True)
+        try:
+            files = {"state.npz": write_blob(tmp / "state.npz", state, "state", baton)}
+            for cid, cstate in client_states:
+                if cstate is not None:
+                    name = f"clients/{cid:06d}.npz"
+                    files[name] = write_blob(tmp / name, cstate, f"client {cid} state")
+            manifest = {
+                "format": FORMAT,
+                "run_id": self.run_id,
+                "round": rnd,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "versions": versions,
+                "extra": extra,
+                "files": files,
+            }
+            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, allow_nan=False))
+            _fsync_dir(tmp / "clients")
+            _fsync_dir(tmp)
+            if final.exists():  # the same round again (a resumed run that redid it): replace it
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            _fsync_dir(self.root)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self.prune()
+        size = sum((final / name).stat().st_size for name in files)
+        return SaveStats(rnd, time.perf_counter() - t0, size, len(files))
+
+    def prune(self) -> None:
+        """Keep the last ``keep`` complete checkpoints; remove leftovers of interrupted writes."""
+        for old in self._complete()[: -self.keep] if self.keep > 0 else []:
+            shutil.rmtree(old, ignore_errors=True)
+        for junk in self.root.glob(".round-*.tmp"):
+            shutil.rmtree(junk, ignore_errors=True)
+
+    def clear(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def latest(self) -> Checkpoint | None:
+        """The newest complete checkpoint, its files verified; None if there is none.
+
+        Raises `CheckpointError` (naming the file) if it is damaged or edited, or is another run's.
+        """
+        found = self._complete()
+        if not found:
+            return None
+        path = found[-1]
+        where = path / "manifest.json"
+        hint = "; delete that folder to use an earlier checkpoint, or start over with --restart"
+        try:
+            m = json.loads(where.read_text())
+            rnd, files, extra = m["round"], m["files"], m["extra"]
+            ok = (m.get("format") == FORMAT and isinstance(rnd, int) and isinstance(files, dict)
+                  and isinstance(extra, dict) and "state.npz" in files)  # fmt: skip
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(f"{where}: unreadable ({type(e).__name__}: {e}){hint}") from None
+        if not ok:
+            raise CheckpointError(f"{where}: not a fedray checkpoint of format {FORMAT}{hint}")
+        if m.get("run_id") != self.run_id:
+            raise CheckpointError(
+                f"{where}: a checkpoint of run {m.get('run_id')!r}, not {self.run_id}{hint}"
+            )
+        for name, digest in files.items():
+            file = (path / name).resolve()
+            if file.parent not in (path.resolve(), (path / "clients").resolve()):
+                raise CheckpointError(f"{where}: lists a file outside its folder ({name!r}){hint}")
+            if not file.is_file():
+                raise CheckpointError(f"{path / name}: missing (the checkpoint is incomplete){hint}")
+            if sha256(file) != digest:
+                raise CheckpointError(
+                    f"{path / name}: its contents do not match the checksum in manifest.json (damaged "
+                    f"or edited){hint}"
+                )
+        return Checkpoint(path, rnd, extra, files)
+
+    @staticmethod
+    def load_state(ckpt: Checkpoint, baton: Callable[[int, Any], Any] | None = None) -> Any:
+        return read_blob(ckpt.path / "state.npz", baton)
+
+    @staticmethod
+    def client_states(ckpt: Checkpoint) -> Iterator[tuple[int, Any]]:
+        """Every client's saved state, in client order, read one file at a time."""
+        for name in sorted(n for n in ckpt.files if n.startswith("clients/")):
+            stem = name.removeprefix("clients/").removesuffix(".npz")
+            if not stem.isdigit():
+                raise CheckpointError(f"{ckpt.path / name}: not a client state file")
+            yield int(stem), read_blob(ckpt.path / name)

@@ -1,0 +1,158 @@
+"""The trained models of a finished run, on disk (DESIGN §6): ``DIR/models/RUN_ID/``.
+
+::
+
+    models/RUN_ID/
+      config.yaml            the resolved config of the run
+      index.json             every model: its file, kind (global | cluster | personal), cluster or
+                             client, the network it is (Arch), and the task (model name, input shape,
+                             number of classes) to build it
+      global.npz             parameters: one array per state-dict entry (numpy.load, allow_pickle=False)
+      cluster-0.npz ...      clustered algorithms: one per cluster model
+      client-000007.npz ...  personal models (FedSoft), where the algorithm keeps them
+
+An algorithm says which models it has with ``models(state, hp) -> list[SavedModel]`` and, if its
+clients keep personal models, ``personal_model(cstate) -> Params | None``. `load_models` (and
+`analysis.load_model`) build ready torch modules from the folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fedray.models import TASK, Arch, Params
+
+if TYPE_CHECKING:
+    import torch
+
+    from fedray.config import Config
+    from fedray.federation import Federation
+
+FORMAT = 1
+
+
+@dataclass
+class SavedModel:
+    name: str  # file stem: global, cluster-K, client-CID
+    params: Params
+    kind: str = "global"  # global | cluster | personal
+    entity: int = -1  # the cluster (kind cluster) or client (kind personal); -1 for global
+    arch: Arch = TASK
+    info: dict[str, Any] = field(default_factory=dict)  # e.g. a cluster's member clients
+
+
+def global_model(params: Params, arch: Arch = TASK) -> list[SavedModel]:
+    return [SavedModel("global", params, arch=arch)]
+
+
+def cluster_models(models: Any, members: dict[int, list[int]] | None = None) -> list[SavedModel]:
+    """One model per cluster; ``models`` is a list (cluster = position) or a dict by cluster id."""
+    items = models.items() if isinstance(models, dict) else enumerate(models)
+    return [
+        SavedModel(
+            f"cluster-{k}",
+            p,
+            "cluster",
+            int(k),
+            info={"members": members[k]} if members and k in members else {},
+        )
+        for k, p in items
+    ]
+
+
+def members_of(assignment: dict[int, int]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for cid, k in sorted(assignment.items()):
+        out.setdefault(int(k), []).append(int(cid))
+    return out
+
+
+def save_models(cfg: Config, alg: Any, hp: Any, state: Any, fed: Federation) -> Path:
+    """Write the run's models to ``DIR/models/RUN_ID/`` (atomically: aside, then renamed)."""
+    import yaml
+
+    from fedray.results import write_text_atomic
+
+    run_id = cfg.run_id()
+    root = Path(cfg.output) / "models"
+    final, tmp = root / run_id, root / f".{run_id}.{uuid.uuid4().hex[:8]}.tmp"
+    tmp.mkdir(parents=True)
+    try:
+        models = list(alg.models(state, hp))
+        if alg.personal_model is not None:
+            for cid, cstate in fed.client_states():
+                params = alg.personal_model(cstate)
+                if params is not None:
+                    models.append(SavedModel(f"client-{cid:06d}", params, "personal", cid))
+        index = {
+            "format": FORMAT,
+            "run_id": run_id,
+            "algorithm": cfg.algorithm,
+            "model": cfg.model,
+            "input_shape": list(fed.task.spec.input_shape),
+            "num_classes": fed.task.spec.num_classes,
+            "models": {},
+        }
+        for m in models:
+            with open(tmp / f"{m.name}.npz", "wb") as f:
+                np.savez(f, **{k: np.asarray(v) for k, v in m.params.items()})
+            index["models"][m.name] = {
+                "file": f"{m.name}.npz", "kind": m.kind, "entity": m.entity,
+                "arch": dataclasses.asdict(m.arch), **m.info,
+            }  # fmt: skip
+        (tmp / "index.json").write_text(json.dumps(index, indent=1))
+        write_text_atomic(yaml.safe_dump(cfg.to_dict(), sort_keys=False), tmp / "config.yaml")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+class ModelsMissing(FileNotFoundError):
+    pass
+
+
+def read_index(folder: str | Path) -> dict[str, Any]:
+    path = Path(folder) / "index.json"
+    if not path.is_file():
+        raise ModelsMissing(f"{path}: no saved models (did the run finish, with save_models: true?)")
+    index = json.loads(path.read_text())
+    if index.get("format") != FORMAT:
+        raise ValueError(f"{path}: unknown format {index.get('format')!r}")
+    return index
+
+
+def load_models(folder: str | Path, names: list[str] | None = None) -> dict[str, torch.nn.Module]:
+    """Torch modules (in eval mode) for the models saved in ``folder``, by name (all by default)."""
+    from functools import partial
+
+    from fedray.models import build_arch, build_model
+    from fedray.params import set_params
+
+    folder = Path(folder)
+    index = read_index(folder)
+    available = index["models"]
+    unknown = [n for n in names or [] if n not in available]
+    if unknown:
+        raise KeyError(f"{folder}: no model {unknown[0]!r}; it has {', '.join(sorted(available))}")
+    task_model = partial(build_model, index["model"], tuple(index["input_shape"]), index["num_classes"])
+    out = {}
+    for name in names or sorted(available):
+        entry = available[name]
+        module = build_arch(Arch(**entry["arch"]), task_model, index["num_classes"])
+        with np.load(folder / entry["file"], allow_pickle=False) as npz:
+            set_params(module, {k: npz[k] for k in npz.files})
+        out[name] = module.eval()
+    return out

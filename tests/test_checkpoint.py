@@ -1,0 +1,350 @@
+"""Checkpoints, resume and saved models, in-process: every algorithm resumes bit-identically, rows are
+never duplicated, damaged or hostile checkpoints fail with an error naming the file, and a saved
+model reproduces the run's final accuracy."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from analysis import (
+    load_assignments,
+    load_events,
+    load_metrics,
+    load_model,
+    load_models,
+    load_runs,
+    model_index,
+)
+from fedray.checkpoint import CheckpointError, decode, encode, read_blob, write_blob
+from fedray.client import iterate
+from fedray.data import build_federated_data
+from fedray.experiment import Checkpointed, RoundDone, Started, execute
+from fedray.federation import Baton, make_local_federation
+from fedray.results import run_state
+from tests.conftest import ROOT, small_config
+from tests.test_ray import ALGORITHM_HP, CONFIG_OVER
+
+TIMING = {"seconds", "eval_seconds"}
+KEYS = ["run_id", "round", "stage", "metric", "scope", "entity"]
+
+
+def metrics(out) -> object:
+    df = load_metrics(out)
+    df = df[~df["metric"].isin(TIMING)]
+    return df.sort_values(KEYS)[[*KEYS, "value"]].reset_index(drop=True)
+
+
+def assignments(out) -> object:
+    return load_assignments(out)[["round", "stage", "client", "cluster", "weight"]]
+
+
+# --- the format -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Inner:
+    w: np.ndarray
+    note: str = ""
+
+
+def test_encode_decode_round_trips_plain_data_exactly(tmp_path, monkeypatch):
+    import fedray.checkpoint as ck
+
+    monkeypatch.setattr(ck, "_SAFE_MODULES", ("fedray.", __name__))  # this test's dataclass
+    obj = {
+        3: [np.arange(4, dtype=np.int64), np.float32(0.25), (1, "a", None, True)],
+        "f": [float("nan"), float("inf"), -0.0, 1e-310, 0.1 + 0.2],
+        (1, 2): Inner(np.array([[1.5, -2.0]], dtype=np.float16), "x"),
+        "empty": np.zeros((0, 3)),
+    }
+    path = tmp_path / "x.npz"
+    write_blob(path, obj, "obj")
+    back = read_blob(path)
+    assert set(back) == {3, "f", (1, 2), "empty"}
+    assert back[3][0].dtype == np.int64 and back[3][0].tolist() == [0, 1, 2, 3]
+    assert type(back[3][1]) is np.float32 and back[3][1] == np.float32(0.25)
+    assert back[3][2] == (1, "a", None, True)
+    f = back["f"]
+    assert (
+        np.isnan(f[0])
+        and f[1] == float("inf")
+        and str(f[2]) == "-0.0"
+        and f[3] == 1e-310
+        and f[4] == 0.1 + 0.2
+    )
+    assert isinstance(back[(1, 2)], Inner) and back[(1, 2)].w.dtype == np.float16 and back[(1, 2)].note == "x"
+    assert back["empty"].shape == (0, 3)
+    # numpy reads it too (a researcher inspecting a checkpoint): arrays by index, the tree as JSON
+    with np.load(path, allow_pickle=False) as npz:
+        assert npz["0"].tolist() == [0, 1, 2, 3]
+
+
+def test_what_is_not_plain_data_is_refused_naming_where_it_is():
+    with pytest.raises(
+        CheckpointError, match=r"state\['models'\]\[1\]: a torch.Tensor cannot be checkpointed"
+    ):
+        encode({"models": [np.zeros(2), torch.zeros(2)]}, [], "state")
+    with pytest.raises(CheckpointError, match=r"client 4 state\['opt'\]: an array of Python objects"):
+        encode({"opt": np.array([object()], dtype=object)}, [], "client 4 state")
+    with pytest.raises(CheckpointError, match="not a fedray dataclass"):
+        encode(Inner(np.zeros(1)), [], "state")  # defined outside fedray: a file could not name it safely
+
+
+def test_a_baton_is_stored_with_its_value_and_given_back():
+    arrays: list = []
+    tree = encode([Baton(7), 1], arrays, "state", baton=lambda b: {"w": np.full(2, b.key)})
+    given = {}
+
+    def give_back(key, value):
+        given[key] = value
+        return Baton(key)
+
+    back = decode(json.loads(json.dumps(tree)), arrays, baton=give_back)
+    assert back == [Baton(7), 1] and given[7]["w"].tolist() == [7, 7]
+
+
+# --- resume: every algorithm, bit-identical -------------------------------------------------------
+
+
+def _config(tmp_path, algorithm, **over):
+    base = dict(algorithm=algorithm, hp=ALGORITHM_HP.get(algorithm, {}), rounds=4, participation=0.5,
+                client_test_fraction=0.2, seed=3, checkpoint_every=2)  # fmt: skip
+    base.update(CONFIG_OVER.get(algorithm, {}))
+    base.update(over)
+    return small_config(tmp_path, **base)
+
+
+def _stop_after(cfg, rounds_done, restart=False):
+    """Run until ``rounds_done`` rounds are recorded, then stop it as Ctrl-C would."""
+    events = execute(cfg, make_local_federation, restart)
+    for ev in events:
+        if isinstance(ev, RoundDone) and ev.round == rounds_done:
+            break
+    events.close()
+    return ev
+
+
+# (algorithm, checkpoint_every, stopped after round, resumes after round). Stopped as its round's
+# rows are written, before that round's checkpoint. FedCat's checkpoint after round 1 is mid-cycle:
+# its two copies are Batons in flight.
+CASES = [(a, 2, 3, 2) for a in ["fedavg", *sorted(ALGORITHM_HP)]] + [("fedcat", 1, 2, 1)]
+
+
+@pytest.mark.parametrize(
+    "algorithm, every, stop, resumed", CASES, ids=[f"{c[0]}-every{c[1]}-stop{c[2]}" for c in CASES]
+)
+def test_a_stopped_run_resumes_bit_identically_for_every_algorithm(tmp_path, algorithm, every, stop, resumed):
+    ref = _config(tmp_path / "ref", algorithm, checkpoint_every=every)
+    list(execute(ref, make_local_federation))
+    cfg = _config(tmp_path / "cut", algorithm, checkpoint_every=every)
+    _stop_after(cfg, stop)
+    assert run_state(cfg.output, cfg.run_id()) == "interrupted"
+    assert metrics(cfg.output)["round"].max() == stop  # rows of the round after the checkpoint exist
+    events = list(execute(cfg, make_local_federation))
+    assert isinstance(events[0], Started) and events[0].resumed_from == resumed
+    assert [e.round for e in events if isinstance(e, RoundDone)] == list(range(resumed + 1, 5))
+    got, want = metrics(cfg.output), metrics(ref.output)
+    assert not got.duplicated(KEYS).any()
+    assert got.equals(want), got.compare(want)
+    assert assignments(cfg.output).equals(assignments(ref.output))
+    # and the saved models are the uninterrupted run's, bit for bit
+    a, b = (load_models(c.output, c.run_id()) for c in (cfg, ref))
+    assert a.keys() == b.keys() and a
+    for name in a:
+        for (k, x), (_, y) in zip(a[name].state_dict().items(), b[name].state_dict().items(), strict=True):
+            assert torch.equal(x, y), (name, k)
+    ev = load_events(cfg.output)
+    assert ev["event"].tolist() == ["interrupted", "resumed"] and ev["round"].tolist() == [stop, resumed]
+
+
+def test_checkpoints_are_kept_as_asked_and_restart_starts_over(tmp_path):
+    cfg = small_config(tmp_path, rounds=5, checkpoint_every=2, keep_checkpoints=2)
+    got = [e for e in execute(cfg, make_local_federation) if isinstance(e, Checkpointed)]
+    assert [e.round for e in got] == [2, 4, 5]  # and after the last round
+    root = Path(cfg.output) / "checkpoints" / cfg.run_id()
+    assert sorted(p.name for p in root.iterdir()) == ["round-000004", "round-000005"]
+    manifest = json.loads((root / "round-000005" / "manifest.json").read_text())
+    assert manifest["round"] == 5 and set(manifest["files"]) == {"state.npz"}  # FedAvg clients keep nothing
+    ref = metrics(cfg.output)
+    _stop_after(cfg, 3, restart=True)  # --restart: the old checkpoints go, the run starts at round 1
+    assert sorted(p.name for p in root.iterdir()) == ["round-000002"]
+    assert metrics(cfg.output)["round"].max() == 3
+    list(execute(cfg, make_local_federation))
+    assert metrics(cfg.output).equals(ref)
+
+
+def test_no_checkpoints_when_checkpoint_every_is_0_and_then_a_stopped_run_starts_over(tmp_path):
+    cfg = small_config(tmp_path, rounds=4, checkpoint_every=0)
+    _stop_after(cfg, 3)
+    assert not (Path(cfg.output) / "checkpoints").exists()
+    events = list(execute(cfg, make_local_federation))
+    assert events[0].resumed_from == 0 and len([e for e in events if isinstance(e, RoundDone)]) == 4
+    assert not metrics(cfg.output).duplicated(KEYS).any()
+
+
+# --- damaged and hostile checkpoints ----------------------------------------------------------------
+
+
+def _checkpointed_run(tmp_path):
+    cfg = small_config(tmp_path, rounds=4, checkpoint_every=2, algorithm="scaffold")  # clients keep c_i
+    _stop_after(cfg, 3)
+    ckpt = Path(cfg.output) / "checkpoints" / cfg.run_id() / "round-000002"
+    return cfg, ckpt
+
+
+def _resume_fails(cfg, match):
+    before = metrics(cfg.output)
+    with pytest.raises(CheckpointError, match=match):
+        list(execute(cfg, make_local_federation))
+    assert metrics(cfg.output).equals(before)  # nothing written is lost
+    runs = load_runs(cfg.output)
+    assert runs["status"][0] == "failed" and "CheckpointError" in runs["error"][0]
+
+
+def _fix_checksum(ckpt: Path, name: str) -> None:
+    from fedray.checkpoint import sha256
+
+    m = json.loads((ckpt / "manifest.json").read_text())
+    m["files"][name] = sha256(ckpt / name)
+    (ckpt / "manifest.json").write_text(json.dumps(m))
+
+
+def test_an_edited_checkpoint_file_fails_naming_it(tmp_path):
+    cfg, ckpt = _checkpointed_run(tmp_path)
+    path = ckpt / "clients" / "000001.npz"
+    data = bytearray(path.read_bytes())
+    data[-200] ^= 0xFF
+    path.write_bytes(bytes(data))
+    _resume_fails(cfg, r"clients/000001\.npz: its contents do not match the checksum.*--restart")
+
+
+class Boom:
+    def __reduce__(self):
+        return (os.system, (f"touch {MARKER}",))
+
+
+MARKER = Path("/tmp/fedray-pwned-marker")
+
+
+def test_a_hostile_checkpoint_never_runs_code(tmp_path):
+    """An attacker who rewrites a file and its checksum: a pickled object array, or a tree naming a
+    function outside fedray. Both fail to load with an error naming the file, and nothing runs."""
+    import pickle
+
+    MARKER.unlink(missing_ok=True)
+    cfg, ckpt = _checkpointed_run(tmp_path)
+    state = ckpt / "state.npz"
+    with zipfile.ZipFile(state, "w") as zf:  # the State as an object array: a pickle in its .npy
+        zf.writestr("tree.json", json.dumps({"format": 1, "tree": {"__array__": 0}}))
+        zf.writestr(
+            "0.npy", b"\x93NUMPY\x01\x00" + _npy_header("|O", (1,)) + pickle.dumps(np.array([Boom()]))
+        )
+    _fix_checksum(ckpt, "state.npz")
+    _resume_fails(cfg, r"state\.npz: unreadable.*allow_pickle")
+    with zipfile.ZipFile(state, "w") as zf:  # a tree naming os.system as its "dataclass"
+        zf.writestr(
+            "tree.json", json.dumps({"format": 1, "tree": {"__dataclass__": "os:system", "fields": {}}})
+        )
+    _fix_checksum(ckpt, "state.npz")
+    _resume_fails(cfg, r"state\.npz: unreadable.*'os:system' is not defined in fedray")
+    assert not MARKER.exists()
+
+
+def _npy_header(descr: str, shape: tuple) -> bytes:
+    h = repr({"descr": descr, "fortran_order": False, "shape": shape}).encode()
+    h += b" " * (63 - (10 + len(h)) % 64) + b"\n"
+    return len(h).to_bytes(2, "little") + h
+
+
+def test_a_checkpoint_of_another_run_is_refused(tmp_path):
+    cfg, ckpt = _checkpointed_run(tmp_path)
+    m = json.loads((ckpt / "manifest.json").read_text())
+    m["run_id"] = "fedavg-digits-s0-0000000000"
+    (ckpt / "manifest.json").write_text(json.dumps(m))
+    _resume_fails(cfg, r"a checkpoint of run 'fedavg-digits-s0-0000000000', not scaffold")
+
+
+# --- saved models -------------------------------------------------------------------------------------
+
+
+def _accuracy(module, cfg) -> float:
+    data = build_federated_data(cfg)
+    test = data.dataset.test
+    correct = 0
+    with torch.no_grad():
+        for x, y in iterate(test, np.arange(len(test)), data.dataset.spec, 256, torch.device("cpu")):
+            correct += int((module(x).argmax(1) == y).sum())
+    return correct / len(test)
+
+
+def test_the_saved_model_reloads_and_reproduces_the_final_accuracy(tmp_path):
+    cfg = small_config(tmp_path, rounds=3)
+    list(execute(cfg, make_local_federation))
+    df = load_metrics(cfg.output, scope="global")
+    final = df[(df["metric"] == "accuracy") & (df["round"] == 3)]["value"].item()
+    model = load_model(cfg.output, cfg.run_id())
+    assert not model.training
+    assert _accuracy(model, cfg) == final
+    assert (Path(cfg.output) / "models" / cfg.run_id() / "config.yaml").is_file()
+    runs = load_runs(cfg.output)
+    assert runs["summary"][0]["models"].endswith(f"models/{cfg.run_id()}")
+
+
+def test_clustered_and_concatenated_models_are_saved_by_name(tmp_path):
+    cfg = _config(tmp_path / "c", "fedconcat", rounds=4)
+    list(execute(cfg, make_local_federation))
+    index = model_index(cfg.output, cfg.run_id())
+    assert set(index["models"]) == {"global", "cluster-0", "cluster-1"}
+    assert index["models"]["global"]["arch"]["concat"] == 2
+    members = index["models"]["cluster-0"]["members"] + index["models"]["cluster-1"]["members"]
+    assert sorted(members) == list(range(6))
+    df = load_metrics(cfg.output, scope="global")
+    final = df[(df["metric"] == "accuracy") & (df["round"] == 4)]["value"].item()
+    assert _accuracy(load_model(cfg.output, cfg.run_id()), cfg) == final
+    soft = _config(tmp_path / "s", "fedsoft", rounds=3)
+    list(execute(soft, make_local_federation))
+    names = set(model_index(soft.output, soft.run_id())["models"])
+    assert {"cluster-0", "cluster-1"} <= names and any(n.startswith("client-") for n in names)
+    with pytest.raises(KeyError, match="no model 'global'; it has client-000000"):
+        load_model(soft.output, soft.run_id())
+
+
+# --- the command line: SIGKILL, then the same command -------------------------------------------------
+
+
+def test_a_run_killed_with_sigkill_goes_on_from_its_checkpoint_with_the_same_command(tmp_path):
+    args = ["--set", "dataset=synthetic", "--set", "synthetic_size=600", "--set", "num_clients=6",
+            "--set", "rounds=30", "--set", "local_epochs=5", "--set", "checkpoint_every=3", "--set", "algorithm=scaffold",
+            "--local"]  # fmt: skip
+    ref = [sys.executable, "-m", "jobs.cli", "run", *args, "--output", str(tmp_path / "ref"), "--quiet"]
+    subprocess.run(ref, cwd=ROOT, check=True, capture_output=True)
+    out = tmp_path / "cut"
+    cmd = [sys.executable, "-m", "jobs.cli", "run", *args, "--output", str(out)]
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    for line in p.stdout:  # kill it after the checkpoint of round 6, some rounds later
+        if re.match(r"round +8/", line) or time.monotonic() > deadline:
+            break
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=30)
+    assert run_state(out, load_runs(out)["run_id"][0]) == "interrupted"  # its lock died with it
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    resumed = re.search(r"resuming from the checkpoint after round (\d+) of 30", done.stdout)
+    assert resumed and 6 <= int(resumed[1]) < 30 and int(resumed[1]) % 3 == 0, done.stdout
+    got, want = metrics(out), metrics(tmp_path / "ref")
+    assert not got.duplicated(KEYS).any()
+    assert got.equals(want), got.compare(want)
