@@ -205,13 +205,23 @@ def record_failure(out_dir: str | Path, run_id: str, config: dict[str, Any], err
         ResultsWriter(out_dir, run_id, config)._write_run("failed", error=error)
 
 
-def mark_ended(out_dir: str | Path, run_id: str, status: str, rounds_done: int, detail: str) -> bool:
+def mark_ended(
+    out_dir: str | Path, run_id: str, status: str, rounds_done: int, detail: str, wait_s: float = 10.0
+) -> bool:
     """Record a run as ``interrupted`` (stopped from outside: Ctrl-C, ``ray job stop``) or
     ``failed``, with the round reached, when its writer died before it could (a Ray coordinator is
     killed, not asked). Only a ``running`` row that no live process holds is changed; returns
     whether it was."""
     path = Path(out_dir) / "runs" / f"{run_id}.parquet"
-    if run_state(out_dir, run_id) != "interrupted" or run_status(out_dir, run_id) != "running":
+    if run_status(out_dir, run_id) != "running":
+        return False
+    # A killed writer's lock goes with its process, which may take a moment to exit.
+    lock, deadline = RunLock(out_dir, run_id), time.monotonic() + wait_s
+    while lock.held_elsewhere():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    if run_status(out_dir, run_id) != "running":
         return False
     row = pq.read_table(path).to_pylist()[0]
     summary = json.loads(row["summary"] or "{}")

@@ -1,0 +1,172 @@
+"""Runs that survive failure on Ray: a killed client actor or a lost node costs only the rounds since
+the last checkpoint and changes no number; Ctrl-C records the run as interrupted and the same command
+goes on from its checkpoint; a placement failure is recorded."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from analysis import load_events, load_runs
+from fedray.experiment import Recovered, RoundDone, Started, execute
+from fedray.federation import make_local_federation
+from fedray.placement import PlacementError
+from fedray.results import run_state
+from tests.conftest import ROOT, small_config
+from tests.test_checkpoint import KEYS, metrics
+
+pytestmark = pytest.mark.ray
+
+# Slow enough per round (about 0.1 s) that a kill lands mid-run, small enough for the suite.
+SLOW = dict(synthetic_size=3000, local_epochs=4, rounds=12, checkpoint_every=3, algorithm="scaffold", seed=5)
+
+
+def test_a_killed_client_actor_costs_rounds_not_numbers(ray_session, tmp_path):
+    import ray
+
+    from actors.driver import RunHandle, stream_run
+
+    ref = small_config(tmp_path / "ref", **SLOW)
+    list(execute(ref, make_local_federation))
+    cfg = small_config(tmp_path / "ray", num_actors=3, **SLOW)
+    handle, events, killed = RunHandle(), [], False
+    for ev in stream_run(cfg, handle=handle):
+        events.append(ev)
+        if isinstance(ev, RoundDone) and ev.round == 4 and not killed:
+            ray.kill(handle.group.actors[1])  # mid-run, after the checkpoint of round 3
+            killed = True
+    recovered = [e for e in events if isinstance(e, Recovered)]
+    assert len(recovered) == 1 and recovered[0].failures == 1 and "client actor died" in recovered[0].error
+    restarts = [e for e in events if isinstance(e, Started)]
+    assert len(restarts) == 2 and restarts[1].resumed_from in (3, 6)  # the coordinator may run ahead
+    got, want = metrics(cfg.output), metrics(ref.output)
+    assert not got.duplicated(KEYS).any()
+    assert got.equals(want), got.compare(want)
+    ev = load_events(cfg.output)
+    assert ev["event"].tolist() == ["worker_lost", "resumed"]
+    assert load_runs(cfg.output)["status"][0] == "finished"
+
+
+def test_more_losses_than_max_failures_fail_the_run(ray_session, tmp_path):
+    import ray
+
+    from actors.driver import RunHandle, stream_run
+
+    cfg = small_config(tmp_path, num_actors=2, max_failures=0, **SLOW)
+    handle = RunHandle()
+    with pytest.raises(Exception, match="client actor died") as err:
+        for ev in stream_run(cfg, handle=handle):
+            if isinstance(ev, RoundDone) and ev.round == 2:
+                ray.kill(handle.group.actors[0])
+    assert type(err.value).__name__ == "WorkerLost"
+    runs = load_runs(cfg.output)
+    assert runs["status"][0] == "failed" and "WorkerLost" in runs["error"][0]
+
+
+def test_a_placement_error_in_the_driver_is_recorded_as_failed(ray_session, tmp_path):
+    from actors.driver import run_on_ray
+
+    cfg = small_config(tmp_path, num_gpus_per_actor=4)  # the session has 2 logical GPUs
+    with pytest.raises(PlacementError):
+        list(run_on_ray(cfg))
+    runs = load_runs(cfg.output)
+    assert runs["status"][0] == "failed" and "PlacementError" in runs["error"][0]
+
+
+def test_ctrl_c_records_interrupted_exits_130_and_the_same_command_goes_on(ray_session, tmp_path):
+    out = tmp_path / "out"
+    sets = [f"{k}={v}" for k, v in {**SLOW, "rounds": 40, "dataset": "synthetic", "num_clients": 6}.items()]
+    cmd = [
+        sys.executable,
+        "-m",
+        "jobs.cli",
+        "run",
+        "--output",
+        str(out),
+        *[a for s in sets for a in ("--set", s)],
+    ]
+    env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
+    sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731 - see test_sweep_ray
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=sigint)  # fmt: skip
+    deadline = time.monotonic() + 120
+    for line in p.stdout:  # after the checkpoint of round 3
+        if re.match(r"round +5/", line) or time.monotonic() > deadline:
+            break
+    p.send_signal(signal.SIGINT)
+    try:
+        _, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        pytest.fail("fedray run did not stop within 60 s of Ctrl-C")
+    assert p.returncode == 130, err
+    runs = load_runs(out)
+    run_id = runs["run_id"][0]
+    assert runs["status"][0] == "interrupted" and re.search(
+        r"interrupted after \d+ of 40 rounds", runs["error"][0]
+    )
+    assert run_state(out, run_id) == "interrupted"
+    for _ in range(50):  # actors and placement group freed
+        if ray_session.available_resources().get("CPU") == 4:
+            break
+        time.sleep(0.2)
+    assert ray_session.available_resources().get("CPU") == 4
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"resuming from the checkpoint after round \d+ of 40", done.stdout)
+    assert load_runs(out)["status"][0] == "finished"
+    assert not metrics(out).duplicated(KEYS).any()
+    assert sorted(set(metrics(out)["round"])) == list(range(1, 41))
+
+
+NODE_LOSS = r"""
+import json, sys, time
+import ray
+from ray.cluster_utils import Cluster
+from fedray.config import from_dict
+from fedray.experiment import Recovered, RoundDone, Started
+from actors.driver import RunHandle, stream_run
+
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+workers = [cluster.add_node(num_cpus=2) for _ in range(2)]
+ray.init(address=cluster.address, log_to_driver=False)
+cfg = from_dict(json.loads(sys.argv[1]))
+handle, seen, removed = RunHandle(), [], None
+for ev in stream_run(cfg, handle=handle):
+    seen.append(type(ev).__name__)
+    if isinstance(ev, RoundDone) and ev.round == 4 and removed is None:
+        node = ray.get(handle.group.actors[0].info.remote())["node_id"]
+        removed = next(w for w in workers if w.node_id == node)
+        cluster.remove_node(removed)
+    if isinstance(ev, Started):
+        seen[-1] = f"Started:{ev.placement['actors']}:{ev.placement['nodes']}:{ev.resumed_from}"
+print("RESULT " + json.dumps(seen))
+ray.shutdown()
+cluster.shutdown()
+"""
+
+
+def test_losing_a_node_mid_run_the_run_goes_on_on_the_nodes_left(ray_session, tmp_path):
+    cfg = small_config(tmp_path / "ray", num_actors=0, **SLOW)
+    ref = small_config(tmp_path / "ref", **SLOW)
+    list(execute(ref, make_local_federation))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run([sys.executable, "-c", NODE_LOSS, json.dumps(cfg.to_dict())], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=400)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    seen = json.loads(done.stdout.split("RESULT ", 1)[1])
+    starts = [s for s in seen if s.startswith("Started")]
+    assert starts[0] == "Started:4:2:0", seen  # 4 actors on the two worker nodes
+    assert "Recovered" in seen and len(starts) == 2
+    _, actors, nodes, resumed = starts[1].split(":")
+    assert (actors, nodes) == ("2", "1") and int(resumed) in (3, 6), seen  # on the node left
+    got, want = metrics(cfg.output), metrics(ref.output)
+    assert got.equals(want), got.compare(want)
+    assert load_runs(cfg.output)["status"][0] == "finished"
