@@ -101,10 +101,11 @@ def stream_run(
                     yield ev
                 ended = True
                 return
-            except PlacementError as e:
+            except PlacementError as e:  # the driver's own, or the coordinator's wrapped in a RayTaskError
                 ended = True
-                record_failure(cfg.output, run_id, cfg.to_dict(), f"PlacementError: {e}")
-                raise
+                error = unwrap(e)
+                record_failure(cfg.output, run_id, cfg.to_dict(), f"PlacementError: {error}")
+                raise error from None
             except ray.exceptions.RayTaskError as e:
                 error = unwrap(e)
                 if not isinstance(error, WorkerLost) or failures >= cfg.max_failures:

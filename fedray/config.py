@@ -88,13 +88,12 @@ class Config:
     save_models: bool = True  # write the trained models to DIR/models/RUN_ID/ when the run finishes
 
     # --- surviving failures (none of these changes a number, so none is in the run id) ---------------
-    # Checkpoint every this many rounds, and after the last; an unfinished run started again goes on
-    # from its latest checkpoint (--restart starts over). 0 = no checkpoints.
-    checkpoint_every: int = 10
+    # An unfinished run started again goes on from its latest checkpoint (--restart starts over).
+    checkpoint_every: int = 10  # checkpoint every this many rounds, and after the last; 0 = never
     keep_checkpoints: int = 1  # how many of the latest checkpoints DIR/checkpoints/RUN_ID/ keeps
-    # Times a run goes on after losing client actors (a node lost, out of memory): new actors on what
-    # is left of the cluster, from the latest checkpoint. Ray runs only; 0 = fail at the first loss.
-    max_failures: int = 3
+    # Ray runs only: after losing client actors (a node lost, out of memory), new actors on what is
+    # left of the cluster go on from the latest checkpoint.
+    max_failures: int = 3  # times a run goes on after such a loss; 0 = fail at the first
 
     # ------------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
