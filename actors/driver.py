@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,11 +28,19 @@ def connect(address: str | None = None) -> bool:
     if ray.is_initialized():
         return False
     address = address or os.environ.get("RAY_ADDRESS") or None
-    if address:
-        ray.init(address=address, logging_level=logging.WARNING)
-        return False
-    ray.init(include_dashboard=False, logging_level=logging.WARNING)
-    return True
+    # ray.init replaces the driver's SIGTERM handler with one that exits at once (status 15, no
+    # cleanup); keep the caller's (the CLI's stops the run as Ctrl-C does).
+    main = threading.current_thread() is threading.main_thread()
+    sigterm = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        if address:
+            ray.init(address=address, logging_level=logging.WARNING)
+            return False
+        ray.init(include_dashboard=False, logging_level=logging.WARNING)
+        return True
+    finally:
+        if sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
 
 
 def kill_and_wait(actor: Any, timeout_s: float = 30.0) -> None:

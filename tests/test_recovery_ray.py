@@ -80,7 +80,10 @@ def test_a_placement_error_in_the_driver_is_recorded_as_failed(ray_session, tmp_
     assert runs["status"][0] == "failed" and "PlacementError" in runs["error"][0]
 
 
-def test_ctrl_c_records_interrupted_exits_130_and_the_same_command_goes_on(ray_session, tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_records_interrupted_exits_130_and_the_same_command_goes_on(
+    ray_session, tmp_path, stop
+):
     out = tmp_path / "out"
     sets = [f"{k}={v}" for k, v in {**SLOW, "rounds": 40, "dataset": "synthetic", "num_clients": 6}.items()]
     cmd = [
@@ -100,12 +103,12 @@ def test_ctrl_c_records_interrupted_exits_130_and_the_same_command_goes_on(ray_s
     for line in p.stdout:  # after the checkpoint of round 3
         if re.match(r"round +5/", line) or time.monotonic() > deadline:
             break
-    p.send_signal(signal.SIGINT)
+    p.send_signal(stop)  # SIGTERM: what `ray job stop` sends
     try:
         _, err = p.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         p.kill()
-        pytest.fail("fedray run did not stop within 60 s of Ctrl-C")
+        pytest.fail(f"fedray run did not stop within 60 s of {stop.name}")
     assert p.returncode == 130, err
     runs = load_runs(out)
     run_id = runs["run_id"][0]
