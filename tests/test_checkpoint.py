@@ -186,6 +186,30 @@ def test_checkpoints_are_kept_as_asked_and_restart_starts_over(tmp_path):
     assert metrics(cfg.output).equals(ref)
 
 
+def test_a_run_stopped_after_its_last_checkpoint_finishes_without_redoing_a_round(tmp_path):
+    """Stopped between the final checkpoint and the saved models: the same command runs no round,
+    writes the models, and the run is finished with the uninterrupted run's numbers."""
+    ref = _config(tmp_path / "ref", "fedsoft", rounds=3)  # personal models come from client state
+    list(execute(ref, make_local_federation))
+    cfg = _config(tmp_path / "cut", "fedsoft", rounds=3)
+    events = execute(cfg, make_local_federation)
+    for ev in events:
+        if isinstance(ev, Checkpointed) and ev.round == 3:
+            break
+    events.close()
+    assert run_state(cfg.output, cfg.run_id()) == "interrupted"
+    assert not (Path(cfg.output) / "models" / cfg.run_id()).exists()
+    again = list(execute(cfg, make_local_federation))
+    assert again[0].resumed_from == 3 and not [e for e in again if isinstance(e, RoundDone)]
+    assert run_state(cfg.output, cfg.run_id()) == "finished"
+    assert metrics(cfg.output).equals(metrics(ref.output))
+    a, b = (load_models(c.output, c.run_id()) for c in (cfg, ref))
+    assert a.keys() == b.keys() and any(n.startswith("client-") for n in a)
+    for name in a:
+        for x, y in zip(a[name].state_dict().values(), b[name].state_dict().values(), strict=True):
+            assert torch.equal(x, y), name
+
+
 def test_no_checkpoints_when_checkpoint_every_is_0_and_then_a_stopped_run_starts_over(tmp_path):
     cfg = small_config(tmp_path, rounds=4, checkpoint_every=0)
     _stop_after(cfg, 3)
