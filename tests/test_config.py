@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 import yaml
@@ -145,11 +144,10 @@ CHECK_NO_RAY = (
     ],
 )
 def test_cli_rejects_bad_input_fast_without_starting_ray(args, message, tmp_path):
-    t0 = time.monotonic()
+    # "Fast" is structural (Ray is never imported, nothing is written), not a timed assertion.
     p = subprocess.run(
         [sys.executable, "-c", CHECK_NO_RAY, *args], cwd=tmp_path, capture_output=True, text=True, timeout=60
     )
-    assert time.monotonic() - t0 < 10
     assert p.returncode == 2, p.stderr
     assert message in p.stderr
     assert not (tmp_path / "out").exists()  # nothing written

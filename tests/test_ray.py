@@ -185,9 +185,7 @@ def test_every_registered_algorithm_is_in_the_identity_test():
 
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHM_HP))
-def test_every_algorithm_gives_identical_metrics_in_process_and_on_1_and_3_actors(
-    ray_session, tmp_path, algorithm
-):
+def test_every_algorithm_gives_identical_metrics_in_process_and_on_3_actors(ray_session, tmp_path, algorithm):
     from actors.federation import make_ray_federation
     from analysis import load_assignments
 
@@ -197,9 +195,12 @@ def test_every_algorithm_gives_identical_metrics_in_process_and_on_1_and_3_actor
     local = small_config(tmp_path / "local", **over)
     _run(local, make_local_federation)
     ref, ref_assign = _metrics(local.output), load_assignments(local.output)[["round", "client", "cluster"]]
-    for n in (1, 3):
-        cfg = small_config(tmp_path / f"ray{n}", num_actors=n, **over)
-        _run(cfg, make_ray_federation)
-        got = _metrics(cfg.output)
-        assert got.equals(ref), f"{algorithm}, {n} actors differ from --local:\n{got.compare(ref)}"
-        assert load_assignments(cfg.output)[["round", "client", "cluster"]].equals(ref_assign)
+    # 3 actors: clients spread over actors, every message serialized. One actor holding every client
+    # (in-process host, Ray's serialization) is tested for FedAvg above and for SCAFFOLD's client state
+    # in test_baselines; it is not run again for every algorithm (CI time).
+    n = 3
+    cfg = small_config(tmp_path / f"ray{n}", num_actors=n, **over)
+    _run(cfg, make_ray_federation)
+    got = _metrics(cfg.output)
+    assert got.equals(ref), f"{algorithm}, {n} actors differ from --local:\n{got.compare(ref)}"
+    assert load_assignments(cfg.output)[["round", "client", "cluster"]].equals(ref_assign)
