@@ -127,14 +127,25 @@ def _config(tmp_path, algorithm, **over):
     return small_config(tmp_path, **base)
 
 
-def _stop_after(cfg, rounds_done, restart=False):
-    """Run until ``rounds_done`` rounds are recorded, then stop it as Ctrl-C would."""
+def _stop_after(cfg, rounds_done, restart=False, at=RoundDone):
+    """Run until the ``at`` event (rows recorded, or checkpoint written) of round ``rounds_done``,
+    then stop it as Ctrl-C would."""
     events = execute(cfg, make_local_federation, restart)
     for ev in events:
-        if isinstance(ev, RoundDone) and ev.round == rounds_done:
+        if isinstance(ev, at) and ev.round == rounds_done:
             break
     events.close()
     return ev
+
+
+def _assert_same_models(cfg, ref):
+    """Every saved model of ``cfg``'s run equals ``ref``'s, bit for bit; returns their names."""
+    a, b = (load_models(c.output, c.run_id()) for c in (cfg, ref))
+    assert a.keys() == b.keys() and a
+    for name in a:
+        for (k, x), (_, y) in zip(a[name].state_dict().items(), b[name].state_dict().items(), strict=True):
+            assert torch.equal(x, y), (name, k)
+    return set(a)
 
 
 # (algorithm, checkpoint_every, stopped after round, resumes after round). Stopped as its round's
@@ -160,12 +171,7 @@ def test_a_stopped_run_resumes_bit_identically_for_every_algorithm(tmp_path, alg
     assert not got.duplicated(KEYS).any()
     assert got.equals(want), got.compare(want)
     assert assignments(cfg.output).equals(assignments(ref.output))
-    # and the saved models are the uninterrupted run's, bit for bit
-    a, b = (load_models(c.output, c.run_id()) for c in (cfg, ref))
-    assert a.keys() == b.keys() and a
-    for name in a:
-        for (k, x), (_, y) in zip(a[name].state_dict().items(), b[name].state_dict().items(), strict=True):
-            assert torch.equal(x, y), (name, k)
+    _assert_same_models(cfg, ref)  # the saved models are the uninterrupted run's, bit for bit
     ev = load_events(cfg.output)
     assert ev["event"].tolist() == ["interrupted", "resumed"] and ev["round"].tolist() == [stop, resumed]
 
@@ -192,22 +198,14 @@ def test_a_run_stopped_after_its_last_checkpoint_finishes_without_redoing_a_roun
     ref = _config(tmp_path / "ref", "fedsoft", rounds=3)  # personal models come from client state
     list(execute(ref, make_local_federation))
     cfg = _config(tmp_path / "cut", "fedsoft", rounds=3)
-    events = execute(cfg, make_local_federation)
-    for ev in events:
-        if isinstance(ev, Checkpointed) and ev.round == 3:
-            break
-    events.close()
+    _stop_after(cfg, 3, at=Checkpointed)
     assert run_state(cfg.output, cfg.run_id()) == "interrupted"
     assert not (Path(cfg.output) / "models" / cfg.run_id()).exists()
     again = list(execute(cfg, make_local_federation))
     assert again[0].resumed_from == 3 and not [e for e in again if isinstance(e, RoundDone)]
     assert run_state(cfg.output, cfg.run_id()) == "finished"
     assert metrics(cfg.output).equals(metrics(ref.output))
-    a, b = (load_models(c.output, c.run_id()) for c in (cfg, ref))
-    assert a.keys() == b.keys() and any(n.startswith("client-") for n in a)
-    for name in a:
-        for x, y in zip(a[name].state_dict().values(), b[name].state_dict().values(), strict=True):
-            assert torch.equal(x, y), name
+    assert any(n.startswith("client-") for n in _assert_same_models(cfg, ref))
 
 
 def test_no_checkpoints_when_checkpoint_every_is_0_and_then_a_stopped_run_starts_over(tmp_path):

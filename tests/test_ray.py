@@ -198,9 +198,8 @@ def test_every_algorithm_gives_identical_metrics_in_process_and_on_3_actors(ray_
     # 3 actors: clients spread over actors, every message serialized. One actor holding every client
     # (in-process host, Ray's serialization) is tested for FedAvg above and for SCAFFOLD's client state
     # in test_baselines; it is not run again for every algorithm (CI time).
-    n = 3
-    cfg = small_config(tmp_path / f"ray{n}", num_actors=n, **over)
+    cfg = small_config(tmp_path / "ray3", num_actors=3, **over)
     _run(cfg, make_ray_federation)
     got = _metrics(cfg.output)
-    assert got.equals(ref), f"{algorithm}, {n} actors differ from --local:\n{got.compare(ref)}"
+    assert got.equals(ref), f"{algorithm}, 3 actors differ from --local:\n{got.compare(ref)}"
     assert load_assignments(cfg.output)[["round", "client", "cluster"]].equals(ref_assign)

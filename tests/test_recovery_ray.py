@@ -84,8 +84,10 @@ def test_a_placement_error_in_the_driver_is_recorded_as_failed(ray_session, tmp_
 def test_ctrl_c_or_sigterm_records_interrupted_exits_130_and_the_same_command_goes_on(
     ray_session, tmp_path, stop
 ):
-    out = tmp_path / "out"
-    sets = [f"{k}={v}" for k, v in {**SLOW, "rounds": 20, "dataset": "synthetic", "num_clients": 6}.items()]
+    out, rounds = tmp_path / "out", 20
+    sets = [
+        f"{k}={v}" for k, v in {**SLOW, "rounds": rounds, "dataset": "synthetic", "num_clients": 6}.items()
+    ]
     cmd = [
         sys.executable,
         "-m",
@@ -113,7 +115,7 @@ def test_ctrl_c_or_sigterm_records_interrupted_exits_130_and_the_same_command_go
     runs = load_runs(out)
     run_id = runs["run_id"][0]
     assert runs["status"][0] == "interrupted" and re.search(
-        r"interrupted after \d+ of 20 rounds", runs["error"][0]
+        rf"interrupted after \d+ of {rounds} rounds", runs["error"][0]
     )
     assert run_state(out, run_id) == "interrupted"
     for _ in range(50):  # actors and placement group freed
@@ -123,10 +125,10 @@ def test_ctrl_c_or_sigterm_records_interrupted_exits_130_and_the_same_command_go
     assert ray_session.available_resources().get("CPU") == 4
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert re.search(r"resuming from the checkpoint after round \d+ of 20", done.stdout)
+    assert re.search(rf"resuming from the checkpoint after round \d+ of {rounds}", done.stdout)
     assert load_runs(out)["status"][0] == "finished"
     assert not metrics(out).duplicated(KEYS).any()
-    assert sorted(set(metrics(out)["round"])) == list(range(1, 21))
+    assert sorted(set(metrics(out)["round"])) == list(range(1, rounds + 1))
 
 
 NODE_LOSS = r"""
