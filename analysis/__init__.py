@@ -1,6 +1,14 @@
 """pandas over fedray's Parquet output (reads files only; no fedray or Ray imports needed)."""
 
-from analysis.load import layer_gaps, load_assignments, load_clients, load_events, load_metrics, load_runs
+from analysis.load import (
+    layer_gaps,
+    load_assignments,
+    load_clients,
+    load_events,
+    load_metrics,
+    load_partitions,
+    load_runs,
+)
 from analysis.models import load_model, load_models, model_index
 from analysis.plots import accuracy_curves, write_plots
 from analysis.report import ReportError, format_table, pivot, run_values, wide_tables
@@ -13,6 +21,7 @@ __all__ = [
     "layer_gaps",
     "load_assignments",
     "load_clients",
+    "load_partitions",
     "load_events",
     "load_metrics",
     "load_model",

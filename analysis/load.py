@@ -8,7 +8,17 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.dataset as ds
 
-from fedray.results import run_state
+from fedray.results import (
+    ASSIGNMENTS_SCHEMA,
+    CLIENTS_SCHEMA,
+    METRICS_SCHEMA,
+    PARTITION_SCHEMA,
+    RUNS_SCHEMA,
+    run_state,
+)
+
+_SCHEMAS = {"metrics": METRICS_SCHEMA, "runs": RUNS_SCHEMA, "clients": CLIENTS_SCHEMA,
+            "assignments": ASSIGNMENTS_SCHEMA, "partitions": PARTITION_SCHEMA}  # fmt: skip
 
 
 def _read_dir(path: Path, where: ds.Expression | None = None) -> pd.DataFrame | None:
@@ -17,7 +27,12 @@ def _read_dir(path: Path, where: ds.Expression | None = None) -> pd.DataFrame | 
     ):
         return None
     # pyarrow's discovery skips names starting with "." or "_", i.e. files still being written.
-    return ds.dataset(str(path), format="parquet").to_table(filter=where).to_pandas()
+    # The table's schema is given, so a file written before a column existed reads it as null.
+    schema = _SCHEMAS.get(path.name)
+    df = ds.dataset(str(path), format="parquet", schema=schema).to_table(filter=where).to_pandas()
+    if "source" in df:
+        df["source"] = df["source"].fillna("fedray")
+    return df
 
 
 def load_metrics(out_dir: str | Path, scope: str | None = None) -> pd.DataFrame:
@@ -31,8 +46,8 @@ def load_metrics(out_dir: str | Path, scope: str | None = None) -> pd.DataFrame:
         raise FileNotFoundError(f"results folder {str(root)!r} does not exist")
     df = _read_dir(root / "metrics", None if scope is None else ds.field("scope") == scope)
     if df is None:
-        return pd.DataFrame(columns=["run_id", "experiment", "algorithm", "dataset", "partition", "model", "seed", "round",
-                                     "stage", "scope", "entity", "metric", "value", "elapsed"])  # fmt: skip
+        return pd.DataFrame(columns=["run_id", "experiment", "algorithm", "dataset", "partition", "model", "seed", "source",
+                                     "round", "stage", "scope", "entity", "metric", "value", "elapsed"])  # fmt: skip
     return df.sort_values(["run_id", "round", "metric", "scope", "entity"], kind="stable").reset_index(
         drop=True
     )
@@ -73,6 +88,16 @@ def load_clients(out_dir: str | Path) -> pd.DataFrame:
         return pd.DataFrame(columns=["run_id", "client", "role", "num_train", "num_test", "group", "concept",
                                      "corruption", "severity"])  # fmt: skip
     return df.sort_values(["run_id", "client"], kind="stable").reset_index(drop=True)
+
+
+def load_partitions(out_dir: str | Path) -> pd.DataFrame:
+    """Every run's partition: run_id, client, split (train | test), index (into the dataset's
+    training set, or its test set where source is test), source, group. `partition: file` reads
+    one run's file (``DIR/partitions/RUN_ID.parquet``) back."""
+    df = _read_dir(Path(out_dir) / "partitions")
+    if df is None:
+        return pd.DataFrame(columns=["run_id", "client", "split", "index", "source", "group"])
+    return df.reset_index(drop=True)
 
 
 def load_assignments(out_dir: str | Path) -> pd.DataFrame:

@@ -25,7 +25,14 @@ from analysis.load import load_metrics, load_runs
 # Keys that tell replicates of one setting apart or cannot change a number (fedray.config.NOT_IN_RUN_ID).
 _PER_RUN_KEYS = ("seed", "output", "num_actors", "placement_timeout_s")
 # The config keys the paper-style partition label stands for.
-_PARTITION_KEYS = ("partition", "partition_k", "partition_beta", "partition_clusters")
+_PARTITION_KEYS = (
+    "partition",
+    "partition_k",
+    "partition_beta",
+    "partition_clusters",
+    "partition_file",
+    "partition_name",
+)
 AT = ("final", "best-train", "best")
 FORMATS = ("text", "markdown", "csv", "latex")
 
@@ -43,6 +50,8 @@ def partition_label(c: dict) -> str:
         return f"{p}({c['partition_beta']:g})"
     if p == "dominant":
         return f"dominant({c['partition_beta']:g},K={c['partition_clusters']})"
+    if p == "file":
+        return c.get("partition_name") or Path(c.get("partition_file", "file")).stem
     return p
 
 
@@ -63,6 +72,8 @@ def field_label(config: dict, name: str) -> str:
     style), or `hp` (all of it)."""
     if name == "partition":
         return partition_label(config)
+    if name == "source":  # who ran it: fedray, or a reference implementation whose results were imported
+        return config.get("source", "fedray")
     if name == "hp":
         return ",".join(f"{k}={_text(v)}" for k, v in sorted((config.get("hp") or {}).items())) or "-"
     flat = _flat(config)

@@ -25,7 +25,7 @@ __all__ = ["Config", "ConfigError", "from_dict", "load_config", "parse_sets", "v
 
 DEFAULT_FMNIST_ROOT = "/usr/share/datasets/fashion-mnist"
 # Names people write unquoted (experiment: 2024, output: 1): a number there means its text.
-_NAME_KEYS = ("experiment", "output", "data_root")
+_NAME_KEYS = ("experiment", "output", "data_root", "partition_file", "partition_name")
 
 
 @dataclass
@@ -49,8 +49,12 @@ class Config:
 
     # --- partition across clients (ALGORITHMS.md §7) -------------------------------------------
     num_clients: int = 10  # N
-    # iid | labels (#C=k) | dirichlet | quantity | dominant | clientwise_dirichlet | rotation
+    # iid | labels (#C=k) | dirichlet | quantity | dominant | clientwise_dirichlet | rotation | file
     partition: str = "dirichlet"  # how training samples are split across clients
+    # file: a partition another tool drew (format: fedray/data/partition_file.py; a run's own is in
+    # DIR/partitions/RUN_ID.parquet). "{seed}" in the path is replaced by the run's seed.
+    partition_file: str = ""  # JSON or Parquet; its content, not its path, goes into the run id
+    partition_name: str = ""  # file: how reports name the partition (e.g. "#C=2"); "" = the file's name
     partition_k: int = 2  # labels: classes per client (#C=k)
     partition_beta: float = 0.5  # Dirichlet concentration; for dominant: the dominant-class fraction
     partition_clusters: int = 4  # dominant / rotation: groups i mod K (own dominant class / c*360/K degrees)
@@ -109,11 +113,20 @@ class Config:
         d = self.to_dict()
         for key in NOT_IN_RUN_ID:
             d.pop(key)
+        if self.partition_file:  # the clients the file holds, wherever it lies
+            from fedray.data.partition_file import digest
+
+            d["partition_file"] = "sha256:" + digest(self.resolved_partition_file())
         for key, default in ADDED_LATER.items():
             if d[key] == default:
                 d.pop(key)
         digest = hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
         return f"{self.algorithm}-{self.dataset}-s{self.seed}-{digest}"
+
+    def resolved_partition_file(self) -> str:
+        from fedray.data.partition_file import resolve
+
+        return resolve(self.partition_file, self.seed)
 
     def resolved_data_root(self) -> str:
         if self.data_root:
@@ -123,11 +136,12 @@ class Config:
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Config)}
 NOT_IN_RUN_ID = (
-    "output", "num_actors", "placement_timeout_s", "save_models", "checkpoint_every", "keep_checkpoints", "max_failures"
+    "output", "num_actors", "placement_timeout_s", "save_models", "checkpoint_every", "keep_checkpoints", "max_failures",
+    "partition_name",
 )  # fmt: skip
 # Keys added after results existed, with the value that means "as before": at that value they stay
 # out of the run id, so every earlier run keeps its id (and a re-submitted sweep skips it).
-ADDED_LATER = {"shift": "none"}
+ADDED_LATER = {"shift": "none", "partition_file": ""}
 # Keys of a sweep file that are not config keys (fedray/sweep.py expands them into runs).
 SWEEP_KEYS = ("grid", "seeds", "cases", "max_concurrent_runs")
 
@@ -255,7 +269,7 @@ def validate(cfg: Config) -> None:
 
     _choice("algorithm", cfg.algorithm, ALGORITHMS)
     _choice("dataset", cfg.dataset, DATASETS)
-    _choice("partition", cfg.partition, PARTITIONS)
+    _choice("partition", cfg.partition, [*PARTITIONS, "file"])
     _choice("model", cfg.model, MODELS)
     _choice("shift", cfg.shift, SHIFTS)
     _choice(
@@ -306,6 +320,14 @@ def validate(cfg: Config) -> None:
     _check(bool(cfg.output), "output", "must name a folder")
 
     info = dataset_info(cfg)
+    if cfg.partition == "file":
+        _check_partition_file(cfg, info.train_size)
+    else:
+        _check(
+            not cfg.partition_file,
+            "partition_file",
+            f"is read only with partition: file (partition is {cfg.partition!r})",
+        )
     if cfg.partition == "labels":
         _check(
             1 <= cfg.partition_k <= info.num_classes,
@@ -356,6 +378,47 @@ def validate(cfg: Config) -> None:
     # and the report's settings agree; the full hp is in the run's summary.
     defaults = alg.Hparams()
     cfg.hp = {k: getattr(hp, k) for k in sorted(cfg.hp) if getattr(hp, k) != getattr(defaults, k)}
+
+
+def _check_partition_file(cfg: Config, train_size: int | None) -> None:
+    """The file exists and is a valid partition of this dataset for this many clients (it is small
+    next to the data, and reading it now keeps a bad file from failing after Ray has started)."""
+    from fedray.data.partition_file import PartitionFileError, read
+
+    _check(bool(cfg.partition_file), "partition_file", "partition: file needs partition_file: PATH")
+    try:
+        fp = read(cfg.resolved_partition_file(), shift=cfg.shift != "none")
+    except PartitionFileError as e:
+        raise ConfigError(f"config key 'partition_file': {e}") from None
+    path = cfg.resolved_partition_file()
+    _check(
+        len(fp.train) == cfg.num_clients,
+        "num_clients",
+        f"partition file {path!r} holds {len(fp.train)} clients; set num_clients: {len(fp.train)}",
+    )
+    if train_size is not None:
+        _check(
+            fp.train_size == train_size,
+            "partition_file",
+            f"{path!r} partitions a training set of {fp.train_size} samples, but {cfg.dataset} has {train_size}",
+        )
+    if fp.dataset is not None:
+        _check(
+            fp.dataset == cfg.dataset,
+            "partition_file",
+            f"{path!r} partitions dataset {fp.dataset!r}, but dataset is {cfg.dataset!r}",
+        )
+    if fp.test is not None:
+        _check(
+            cfg.client_test_fraction == 0,
+            "client_test_fraction",
+            f"partition file {path!r} gives each client's test split; set client_test_fraction: 0",
+        )
+        _check(
+            cfg.shift == "none",
+            "shift",
+            f"{cfg.shift} keeps its own test splits (client_test_fraction); partition file {path!r} gives them",
+        )
 
 
 def dump_yaml(cfg: Config) -> str:

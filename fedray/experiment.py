@@ -191,6 +191,8 @@ def execute(
         # Only now, with the checkpoint read, are the earlier attempt's rows of later rounds removed.
         writer.start(keep_through=None if latest is None else start)
         writer.write_clients(client_rows(data))
+        train_size = data.origin_train_size if data.origin is not None else len(data.dataset.train)
+        writer.write_partition(data.partition_rows(), train_size, cfg.dataset)
         if latest is not None:
             writer.set_elapsed(latest.extra["elapsed"])
             writer.event("resumed", start, reason or "started again")

@@ -38,6 +38,9 @@ _RUN_FIELDS = [
     ("partition", pa.string()),
     ("model", pa.string()),
     ("seed", pa.int64()),
+    # who ran it: "fedray", or the reference implementation whose results were imported next to
+    # fedray's (jobs/reference/, e.g. "sjtudyq/FedConcat"); files written before it existed read as fedray
+    ("source", pa.string()),
 ]
 
 METRICS_SCHEMA = pa.schema(
@@ -75,6 +78,19 @@ CLIENTS_SCHEMA = pa.schema(
         ("concept", pa.string()),  # the shift's label map (y, C-1-y, (y+1) mod C), "" without shift
         ("corruption", pa.string()),  # the shift's corruption, "" for a clean client
         ("severity", pa.int64()),  # 1..5, 0 for a clean client
+    ]
+)
+
+# DIR/partitions/RUN_ID.parquet: which samples each client holds (fedray/data/partition_file.py
+# reads it back as `partition: file`).
+PARTITION_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("client", pa.int64()),
+        ("split", pa.string()),  # train | test (the client's own test split)
+        ("index", pa.int64()),  # into the dataset's training set (source train) or test set (source test)
+        ("source", pa.string()),  # train | test: FedRC's test clients hold the test set
+        ("group", pa.int64()),  # ground-truth group where the partition has one, else -1
     ]
 )
 
@@ -254,7 +270,8 @@ class ResultsWriter:
         self._last_flush = time.monotonic()
         self._t0 = time.monotonic()
         self._started = _now()
-        self._const = {k: config[k] for k in RUN_COLUMNS}
+        self._const = {k: config[k] for k in RUN_COLUMNS if k != "source"}
+        self._const["source"] = config.get("source", "fedray")
         self._lock = RunLock(out_dir, run_id)
         self.events: list[dict[str, Any]] = []
 
@@ -354,6 +371,20 @@ class ResultsWriter:
             pa.Table.from_pylist(table, schema=CLIENTS_SCHEMA),
             self.root / "clients" / f"{self.run_id}-clients.parquet",
         )
+
+    def write_partition(self, rows: dict[str, Any], train_size: int, dataset: str) -> None:
+        """The run's partition (``DIR/partitions/RUN_ID.parquet``): one row per client, split and
+        sample index, in each client's order; another run reads it with ``partition: file``."""
+        from fedray.data.partition_file import DATASET_KEY, TRAIN_SIZE_KEY
+
+        n = len(rows["index"])
+        cols = {"run_id": [self.run_id] * n, **{k: rows[k] for k in ("client", "split", "index", "source")},
+                "group": rows.get("group", [-1] * n)}  # fmt: skip
+        table = pa.table(cols, schema=PARTITION_SCHEMA).replace_schema_metadata(
+            {TRAIN_SIZE_KEY: str(train_size).encode(), DATASET_KEY: dataset.encode()}
+        )
+        (self.root / "partitions").mkdir(parents=True, exist_ok=True)
+        write_atomic(table, self.root / "partitions" / f"{self.run_id}.parquet")
 
     def flush(self) -> None:
         self._last_flush = time.monotonic()

@@ -19,6 +19,7 @@ from fedray.data.datasets import (
     dataset_info,
     load_dataset,
 )
+from fedray.data.partition_file import PartitionFileError
 from fedray.data.partitions import (
     GROUPED_PARTITIONS,
     PARTITIONS,
@@ -46,6 +47,7 @@ __all__ = [
     "FederatedData",
     "Partition",
     "PartitionError",
+    "PartitionFileError",
     "PartitionParams",
     "build_federated_data",
     "check_available",
@@ -68,9 +70,46 @@ class FederatedData:
     groups: np.ndarray | None  # ground-truth client groups, when the partition (or the shift) has them
     test_clients: list[int] = field(default_factory=list)  # non-participating test clients (FedRC's shift)
     shifts: list[ClientShift] | None = None  # each client's concept and corruption, test clients last
+    # Where the rows of rebuilt arrays (rotation, shift: each client's samples copied and changed)
+    # come from: origin[row] indexes the dataset's training set, or, from `origin_train_size` on,
+    # its test set (FedRC's test clients). None: the rows are the dataset's training set itself.
+    origin: np.ndarray | None = None
+    origin_train_size: int = 0
+
+    def partition_rows(self) -> dict[str, np.ndarray]:
+        """Every client's samples as the dataset indexes them, one row per (client, split, index):
+        what ``DIR/partitions/`` holds, and what ``partition: file`` reads back. ``source`` says
+        which of the dataset's sets the index is into (train, or test for FedRC's test clients)."""
+        client, split, index = [], [], []
+        for cid, ix in sorted(self.clients.items()):
+            for name, rows in (("train", ix.train), ("test", ix.test)):
+                client.append(np.full(len(rows), cid, dtype=np.int64))
+                split.append(np.full(len(rows), name, dtype=object))
+                index.append(np.asarray(rows, dtype=np.int64))
+        out = {
+            "client": np.concatenate(client),
+            "split": np.concatenate(split),
+            "index": np.concatenate(index),
+        }
+        source = np.full(len(out["index"]), "train", dtype=object)
+        if self.origin is not None:
+            out["index"] = self.origin[out["index"]]
+            from_test = out["index"] >= self.origin_train_size
+            source[from_test] = "test"
+            out["index"] = np.where(from_test, out["index"] - self.origin_train_size, out["index"])
+        out["source"] = source
+        if self.groups is not None:
+            g = np.asarray(self.groups, dtype=np.int64)
+            out["group"] = np.where(out["client"] < len(g), g[np.minimum(out["client"], len(g) - 1)], -1)
+        return out
 
 
 def partition_for(cfg: Config, labels: np.ndarray, num_classes: int) -> Partition:
+    if cfg.partition == "file":  # checked when the config was validated; read again here
+        from fedray.data import partition_file
+
+        fp = partition_file.read(cfg.resolved_partition_file(), shift=cfg.shift != "none")
+        return Partition(fp.train, fp.groups, fp.test)
     params = PartitionParams(
         num_clients=cfg.num_clients,
         num_classes=num_classes,
@@ -98,8 +137,23 @@ def build_federated_data(cfg: Config) -> FederatedData:
             ds.train.x, ds.train.y, part.clients, part.groups, cfg.partition_clusters
         )
         clients = {cid: _split(cfg, cid, r, cfg.client_test_fraction) for cid, r in enumerate(ranges)}
-        return FederatedData(replace(ds, train=ArrayDataset(x, y)), clients, part.groups)
-    clients = {cid: _split(cfg, cid, idx, cfg.client_test_fraction) for cid, idx in enumerate(part.clients)}
+        origin = np.concatenate(part.clients)
+        return FederatedData(
+            replace(ds, train=ArrayDataset(x, y)),
+            clients,
+            part.groups,
+            origin=origin,
+            origin_train_size=len(ds.train),
+        )
+    if part.tests is not None:  # the file gives each client's test split
+        clients = {
+            cid: ClientIndices(tr, te)
+            for cid, (tr, te) in enumerate(zip(part.clients, part.tests, strict=True))
+        }
+    else:
+        clients = {
+            cid: _split(cfg, cid, idx, cfg.client_test_fraction) for cid, idx in enumerate(part.clients)
+        }
     return FederatedData(ds, clients, part.groups)
 
 
@@ -123,4 +177,6 @@ def _shifted(cfg: Config, ds: Dataset, parts: list[np.ndarray]) -> FederatedData
     test_clients = list(range(n, n + TEST_CLIENTS))
     clients.update({cid: _split(cfg, cid, ranges[cid], 0.1) for cid in test_clients})
     shifted = replace(ds, train=ArrayDataset(sx, sy))
-    return FederatedData(shifted, clients, np.array([s.concept for s in shifts]), test_clients, all_shifts)
+    groups = np.array([s.concept for s in shifts])
+    origin = np.concatenate(all_parts)
+    return FederatedData(shifted, clients, groups, test_clients, all_shifts, origin, len(ds.train))

@@ -35,6 +35,7 @@ class PartitionParams:
 class Partition:
     clients: list[np.ndarray]  # client -> int64 indices into the training set
     groups: np.ndarray | None = None  # client -> ground-truth group, when the partition defines one
+    tests: list[np.ndarray] | None = None  # client -> its own test split, when a partition file gives one
 
 
 def _pack(parts: list[list[np.ndarray]] | list[np.ndarray]) -> list[np.ndarray]:
