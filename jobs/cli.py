@@ -344,6 +344,26 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fidelity(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import yaml
+
+    from analysis.fidelity import FidelityError, render
+
+    try:
+        spec = yaml.safe_load(Path(args.spec).read_text())
+        out = Path(args.output or spec.get("output", "docs/fidelity.md"))
+        text = render(spec, args.root, out.parent)
+    except (OSError, yaml.YAMLError, FidelityError) as e:
+        print(f"fedray: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(f"wrote {out}")
+    return 0
+
+
 def _fields(text: str) -> list[str]:
     return [f.strip() for f in text.split(",") if f.strip()]
 
@@ -416,6 +436,18 @@ def build_parser() -> argparse.ArgumentParser:
     p_bench = sub.add_parser("bench", help="time fedray against plain PyTorch loops (see jobs/bench.py)")
     p_bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     p_bench.set_defaults(func=cmd_bench)
+    p_fid = sub.add_parser(
+        "fidelity", help="write docs/fidelity.md: fedray next to the authors' code, from results"
+    )
+    p_fid.add_argument("spec", help="the page's spec (jobs/configs/fidelity.yaml)")
+    p_fid.add_argument(
+        "--root", help="folder the spec's relative results folders are in (default: its root:)"
+    )
+    p_fid.add_argument("-o", "--output", help="the page (default: the spec's output:, else docs/fidelity.md)")
+    p_fid.set_defaults(func=cmd_fidelity)
+    from jobs.reference.cli import add_parser as add_reference
+
+    add_reference(sub)
     return parser
 
 

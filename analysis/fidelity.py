@@ -1,0 +1,215 @@
+"""docs/fidelity.md from results folders: fedray next to the authors' code, cell by cell.
+
+A spec (YAML, ``jobs/configs/fidelity.yaml``) names the sections; each reads one results folder
+(both sides, the reference's runs marked by their ``source``) and lays out, per setting and
+algorithm: fedray's mean ± std over seeds, the reference's, their difference, whether they agree,
+both wall times per run, and the paper's number where the budget is the paper's. Two means agree
+when |mean(fedray) - mean(reference)| <= max(1.0 point, 2 x the standard error of the difference).
+Everything but the spec's prose is computed from the Parquet files, so the page is regenerated,
+never typed: ``fedray fidelity jobs/configs/fidelity.yaml``.
+
+Spec::
+
+    title: ...
+    intro: |                       # markdown, as is
+    root: /work/runs               # where relative `results` folders are (--root overrides)
+    sections:
+      - title: ...
+        results: fidelity-fedconcat
+        text: |                    # markdown before the table (the setting, the budget, the commands)
+        read: {stage: classifier, round: 57}   # how each run is read (as `fedray report`); default final
+        paper: {"#C=2": {fedavg: 79.0, fedconcat: 84.4}}   # the paper's means, where the budget is its own
+        notes: |                   # markdown after the table (causes found, what changed)
+        curves: fidelity-fedconcat-curves.png   # optional: accuracy curves, written next to the page
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from analysis.load import load_runs
+from analysis.report import ReportError, field_label, run_values
+
+FEDRAY = "fedray"
+AGREE_POINTS = 1.0  # percentage points
+
+
+class FidelityError(ValueError):
+    """The spec is malformed or names a folder that does not exist."""
+
+
+def agreement(a: pd.Series, b: pd.Series) -> dict[str, float | bool]:
+    """Means, stds, difference, standard error of the difference and the agreement rule for two
+    samples of per-seed values (fractions; the rule is in percentage points)."""
+    a, b = a.dropna() * 100, b.dropna() * 100
+    out: dict[str, float | bool] = {
+        "mean_a": a.mean(), "std_a": a.std(ddof=1) if len(a) > 1 else math.nan, "n_a": len(a),
+        "mean_b": b.mean(), "std_b": b.std(ddof=1) if len(b) > 1 else math.nan, "n_b": len(b),
+    }  # fmt: skip
+    out["diff"] = out["mean_a"] - out["mean_b"]
+    var = (a.var(ddof=1) / len(a) if len(a) > 1 else 0.0) + (b.var(ddof=1) / len(b) if len(b) > 1 else 0.0)
+    out["se"] = math.sqrt(var)
+    out["tolerance"] = max(AGREE_POINTS, 2 * out["se"])
+    out["agree"] = bool(len(a) and len(b) and abs(out["diff"]) <= out["tolerance"])
+    return out
+
+
+def cells(results: str | Path, read: Mapping[str, Any] | None = None) -> pd.DataFrame:
+    """One row per (partition, algorithm, source) with the per-seed values and wall times."""
+    read = dict(read or {})
+    try:
+        values = run_values(results, read.get("metric", "accuracy"), read.get("at", "final"), read.get("round"),
+                            read.get("stage"))  # fmt: skip
+    except ReportError as e:
+        raise FidelityError(f"{results}: {e}") from None
+    if values.empty:
+        return pd.DataFrame(columns=["partition", "algorithm", "source", "values", "seconds", "rounds"])
+    runs = load_runs(results).set_index("run_id")
+    values["partition"] = values["config"].map(lambda c: field_label(c, "partition"))
+    values["algorithm"] = values["config"].map(lambda c: field_label(c, "algorithm"))
+    values["source"] = values["config"].map(lambda c: field_label(c, "source"))
+    values["seconds"] = [runs.loc[r, "summary"].get("total_seconds", math.nan) for r in values["run_id"]]
+    g = values.groupby(["partition", "algorithm", "source"], sort=False)
+    return g.agg(values=("value", list), seconds=("seconds", list), rounds=("round", list)).reset_index()
+
+
+def _pm(mean: float, std: float, n: int) -> str:
+    if n == 0 or math.isnan(mean):
+        return "-"
+    return f"{mean:.1f} ± {std:.1f} ({n})" if n > 1 and not math.isnan(std) else f"{mean:.1f} ({n})"
+
+
+def _secs(values: list[float]) -> str:
+    v = [x for x in values if not math.isnan(x)]
+    if not v:
+        return "-"
+    m = sum(v) / len(v)
+    return f"{m / 60:.1f} min" if m >= 60 else f"{m:.0f} s"
+
+
+def section_table(c: pd.DataFrame, paper: Mapping[str, Mapping[str, float]] | None = None) -> pd.DataFrame:
+    """The comparison table of one section: fedray vs every reference source, per cell."""
+    paper = paper or {}
+    rows = []
+    for (part, alg), cell in c.groupby(["partition", "algorithm"], sort=False):
+        by_source = {s: r for s, r in zip(cell["source"], cell.itertuples(), strict=True)}
+        mine = by_source.get(FEDRAY)
+        refs = [s for s in by_source if s != FEDRAY] or [None]
+        for src in refs:
+            ref = by_source.get(src) if src else None
+            a = pd.Series(mine.values if mine is not None else [], dtype=float)
+            b = pd.Series(ref.values if ref is not None else [], dtype=float)
+            s = agreement(a, b)
+            row = {
+                "partition": part, "algorithm": alg, "fedray": _pm(s["mean_a"], s["std_a"], s["n_a"]),
+                "reference": _pm(s["mean_b"], s["std_b"], s["n_b"]) + (f" [{src}]" if src else ""),
+            }  # fmt: skip
+            if mine is not None and ref is not None:
+                row["difference"] = f"{s['diff']:+.1f}"
+                row["agree (tolerance)"] = f"{'yes' if s['agree'] else 'NO'} (±{s['tolerance']:.1f})"
+            else:
+                row["difference"] = row["agree (tolerance)"] = "-"
+            row["fedray time/run"] = _secs(mine.seconds) if mine is not None else "-"
+            row["reference time/run"] = _secs(ref.seconds) if ref is not None else "-"
+            p = paper.get(part, {}).get(alg)
+            if p is not None:
+                row["paper"] = p if isinstance(p, str) else f"{p:.1f}"
+            rows.append(row)
+    table = pd.DataFrame(rows)
+    if "paper" in table:
+        table["paper"] = table["paper"].fillna("-")
+    return table
+
+
+def render(spec: Mapping[str, Any], root: str | Path | None = None, out_dir: Path | None = None) -> str:
+    """The page, as markdown. ``out_dir``: where curve images are written (next to the page)."""
+    root = Path(root or spec.get("root", "."))
+    parts = [f"# {spec.get('title', 'Fidelity')}", "", str(spec.get("intro", "")).strip(), ""]
+    for sec in spec.get("sections", []):
+        if "title" not in sec or "results" not in sec:
+            raise FidelityError("every section needs a title and a results folder")
+        folder = Path(sec["results"])
+        folder = folder if folder.is_absolute() else root / folder
+        if not folder.is_dir():
+            raise FidelityError(f"section {sec['title']!r}: results folder {str(folder)!r} does not exist")
+        parts += [f"## {sec['title']}", ""]
+        if sec.get("text"):
+            parts += [str(sec["text"]).strip(), ""]
+        c = cells(folder, sec.get("read"))
+        if c.empty:
+            parts += ["(no finished runs yet)", ""]
+        else:
+            parts += [section_table(c, sec.get("paper")).to_markdown(index=False), ""]
+            parts += [f"Results: `{folder}`; read: {_read_text(sec.get('read'))}.", ""]
+        if sec.get("curves") and out_dir is not None:
+            image = _curves(folder, out_dir / sec["curves"], sec.get("read"))
+            if image:
+                parts += [f"![accuracy curves]({image.name})", ""]
+        if sec.get("notes"):
+            parts += [str(sec["notes"]).strip(), ""]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def _read_text(read: Mapping[str, Any] | None) -> str:
+    read = dict(read or {})
+    what = read.get("metric", "accuracy")
+    if read.get("round") is not None:
+        where = f"round {read['round']}" + (
+            f" of stage {read['stage']} (other runs: their final round)" if read.get("stage") else ""
+        )
+    else:
+        where = {
+            "final": "the final round",
+            "best-train": "the round of best train_accuracy",
+            "best": "the best round",
+        }[read.get("at", "final")]
+    return f"{what} at {where}, in percent; mean ± std over seeds (number of seeds)"
+
+
+def _curves(folder: Path, path: Path, read: Mapping[str, Any] | None) -> Path | None:
+    """Mean accuracy per round, one line per (partition, algorithm, source)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    from analysis.load import load_metrics
+
+    m = load_metrics(folder, scope="global")
+    m = m[m["metric"] == (dict(read or {}).get("metric", "accuracy"))]
+    runs = load_runs(folder)
+    runs = runs[runs["status"] == "finished"]
+    labels = {
+        r: (field_label(c, "partition"), field_label(c, "algorithm"), field_label(c, "source"))
+        for r, c in zip(runs["run_id"], runs["config"], strict=True)
+    }
+    m = m[m["run_id"].isin(labels)]
+    if m.empty:
+        return None
+    m = m.assign(key=m["run_id"].map(labels))
+    parts = sorted({k[0] for k in labels.values()})
+    fig, axes = plt.subplots(1, len(parts), figsize=(5 * len(parts), 3.6), squeeze=False)
+    for ax, part in zip(axes[0], parts, strict=True):
+        sub = m[m["key"].map(lambda k, p=part: k[0] == p)]
+        for key, g in sub.groupby("key", sort=True):
+            curve = g.groupby("round")["value"].mean() * 100
+            ax.plot(
+                curve.index, curve.values, "--" if key[2] != FEDRAY else "-", label=f"{key[1]} ({key[2]})"
+            )
+        ax.set_title(part)
+        ax.set_xlabel("round")
+        ax.set_ylabel("accuracy (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

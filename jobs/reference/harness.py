@@ -1,0 +1,331 @@
+"""The generic half of a reference harness: plan a sweep's runs on a reference, run them (a
+subprocess each, several at once), keep the reference's partitions, import its numbers into a fedray
+results folder, and write the fedray side of the comparison as a sweep on those partitions.
+
+Layout under the results folder DIR::
+
+    DIR/reference/partitions/DATASET-PARTITION-nN-sSEED.json   the reference's clients (partition: file)
+    DIR/reference/results/RUN_ID.json                          what the wrapper recorded, per reference run
+    DIR/reference/logs/RUN_ID/                                 the reference script's own logs
+    DIR/reference/NAME-fedray.yaml                             the fedray side: the sweep on those partitions
+    DIR/metrics, runs, ...                                     both sides, the reference's with source = its repository
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedray.config import Config, ConfigError
+from fedray.data import partition_file
+from fedray.records import rec
+from fedray.results import ResultsWriter, run_status
+
+
+class ReferenceError(ConfigError):
+    """A run the reference cannot run as configured, or a checkout that is not the reference."""
+
+
+@dataclass(frozen=True)
+class Reference:
+    name: str  # the harness's name on the command line
+    repo: str  # owner/name on GitHub: the runs' `source`
+    commit: str  # the commit the harness was checked against
+    script: str  # the script in the checkout the wrapper runs
+    wrapper: str  # the module that runs it (python -m ...)
+    algorithms: frozenset[str]
+    # (cfg, datadir, logdir) -> the script's arguments; raises ReferenceError for what it cannot run
+    args: Callable[[Config, Path, Path], list[str]]
+    # (cfg) -> (round, stage) of the reference's k-th per-round evaluation, k = 0, 1, ...
+    eval_round: Callable[[Config, int], tuple[int, str]]
+    # (output folder) -> the data folder the script reads (prepared once: files it expects)
+    prepare_data: Callable[[Path], Path]
+
+
+def partition_label(cfg: Config) -> str:
+    """The partition as papers write it (#C=2, Dir(0.1)), for reports of file partitions."""
+    if cfg.partition == "labels":
+        return f"#C={cfg.partition_k}"
+    if cfg.partition == "dirichlet":
+        return f"Dir({cfg.partition_beta:g})"
+    if cfg.partition == "quantity":
+        return f"quantity({cfg.partition_beta:g})"
+    return cfg.partition
+
+
+def partition_template(out: Path, cfg: Config) -> str:
+    """Where the reference's partition of this run's setting lies, with {seed} for the seed."""
+    slug = partition_label(cfg).replace("#C=", "labels").replace("(", "").replace(")", "").replace("=", "")
+    return str(out / "reference" / "partitions" / f"{cfg.dataset}-{slug}-n{cfg.num_clients}-s{{seed}}.json")
+
+
+def on_reference_partition(cfg: Config, out: Path) -> Config:
+    """The fedray side of a comparison: the run on the reference's partition (same seed)."""
+    return replace(
+        cfg,
+        partition="file",
+        partition_file=partition_template(out, cfg),
+        partition_name=partition_label(cfg),
+    )
+
+
+def reference_config(cfg: Config, ref: Reference, out: Path) -> dict[str, Any]:
+    """The imported run's config: the fedray side's, with the reference as its source (so the
+    report puts both in one row and tells them apart by `source`)."""
+    side = on_reference_partition(cfg, out).to_dict()
+    side["source"] = ref.repo
+    return side
+
+
+def reference_run_id(cfg: Config, ref: Reference) -> str:
+    """Stable id of the reference's run of ``cfg``: its setting (the original, not the file path,
+    which names the output folder) and the reference."""
+    d = cfg.to_dict()
+    for key in ("output", "num_actors", "placement_timeout_s", "save_models", "checkpoint_every",
+                "keep_checkpoints", "max_failures", "eval_every", "eval_batch_size",
+                "num_cpus_per_actor", "num_gpus_per_actor"):  # fmt: skip
+        d.pop(key, None)
+    digest = hashlib.sha256(json.dumps([ref.repo, d], sort_keys=True).encode()).hexdigest()[:10]
+    return f"{cfg.algorithm}-{cfg.dataset}-s{cfg.seed}-ref-{digest}"
+
+
+def check_checkout(ref: Reference, checkout: Path) -> str:
+    """The checkout's commit; a checkout without the script, or of another commit, is an error
+    (``FEDRAY_REFERENCE_ANY_COMMIT=1`` accepts another commit, recorded with the runs)."""
+    if not (checkout / ref.script).is_file():
+        raise ReferenceError(
+            f"--checkout {str(checkout)!r}: no {ref.script} there; expected a checkout of {ref.repo}"
+        )
+    try:
+        head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        head = "unknown"
+    if not head.startswith(ref.commit) and os.environ.get("FEDRAY_REFERENCE_ANY_COMMIT") != "1":
+        raise ReferenceError(
+            f"--checkout {str(checkout)!r} is at commit {head[:12]}, not {ref.commit} (the commit this harness was "
+            f"checked against: git -C {checkout} checkout {ref.commit}); FEDRAY_REFERENCE_ANY_COMMIT=1 runs it anyway"
+        )
+    return head
+
+
+@dataclass
+class Job:
+    cfg: Config  # the run as the sweep gives it (fedray's partition keys, which the reference draws)
+    run_id: str
+    argv: list[str]
+    result: Path
+
+
+def plan_jobs(ref: Reference, runs: Iterable[Config], out: Path, datadir: Path) -> list[Job]:
+    """One reference job per distinct run; every run the reference cannot run is reported at once."""
+    jobs, problems, seen = [], [], set()
+    for cfg in runs:
+        if cfg.algorithm not in ref.algorithms:
+            problems.append(
+                f"{cfg.algorithm}: {ref.repo} has no such algorithm (it has {', '.join(sorted(ref.algorithms))})"
+            )
+            continue
+        run_id = reference_run_id(cfg, ref)
+        if run_id in seen:
+            continue
+        seen.add(run_id)
+        logdir = out / "reference" / "logs" / run_id
+        try:
+            argv = ref.args(cfg, datadir, logdir)
+        except ReferenceError as e:
+            problems.append(f"{cfg.algorithm} seed {cfg.seed}: {e}")
+            continue
+        jobs.append(Job(cfg, run_id, argv, out / "reference" / "results" / f"{run_id}.json"))
+    if problems:
+        raise ReferenceError("\n  ".join(["cannot run these on the reference:", *sorted(set(problems))]))
+    return jobs
+
+
+def wrapper_command(
+    ref: Reference, checkout: Path, job: Job, threads: int, extra: Iterable[str] = ()
+) -> list[str]:
+    return [sys.executable, "-m", ref.wrapper, "--checkout", str(checkout), "--result", str(job.result),
+            "--workdir", str(job.result.parent.parent / "logs" / job.run_id), "--threads", str(threads),
+            *extra, "--", ref.script, *job.argv]  # fmt: skip
+
+
+def run_job(
+    ref: Reference, checkout: Path, job: Job, threads: int, extra: Iterable[str] = ()
+) -> dict[str, Any]:
+    """Run the reference once (a subprocess); returns the wrapper's record. Its output goes to
+    DIR/reference/logs/RUN_ID/stdout.txt; a failure raises with the end of it."""
+    job.result.parent.mkdir(parents=True, exist_ok=True)
+    logs = job.result.parent.parent / "logs" / job.run_id
+    logs.mkdir(parents=True, exist_ok=True)
+    root = Path(__file__).resolve().parents[2]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    }
+    with open(logs / "stdout.txt", "w") as f:
+        p = subprocess.run(wrapper_command(ref, checkout, job, threads, extra), stdout=f, stderr=subprocess.STDOUT,
+                           env=env, cwd=str(root))  # fmt: skip
+    if p.returncode != 0:
+        tail = (logs / "stdout.txt").read_text().splitlines()[-15:]
+        raise RuntimeError(f"{ref.repo} run {job.run_id} failed (exit {p.returncode}):\n" + "\n".join(tail))
+    return json.loads(job.result.read_text())
+
+
+def save_partition(cfg: Config, out: Path, record: dict[str, Any]) -> Path:
+    """The reference's partition as a partition file (JSON); the same setting and seed must give
+    the same clients every time (else the reference is not reproducible and the comparison void)."""
+    path = Path(partition_file.resolve(partition_template(out, cfg), cfg.seed))
+    clients = record["partition"]
+    train = [clients[str(c)] for c in range(len(clients))]
+    if path.is_file():
+        held = partition_file.read(path)
+        if [list(map(int, t)) for t in held.train] != [list(map(int, t)) for t in train]:
+            raise ReferenceError(
+                f"{path}: the reference drew other clients for the same setting and seed this time"
+            )
+        return path
+    import numpy as np
+
+    partition_file.write_json(path, [np.asarray(t) for t in train], record["train_size"], dataset=cfg.dataset)
+    return path
+
+
+def import_run(ref: Reference, cfg: Config, job: Job, record: dict[str, Any], commit: str, out: Path) -> str:
+    """Write the reference's run into ``out`` as a fedray run: one accuracy row per evaluated round
+    (with the wall time since the previous one), and a runs row with its total wall time."""
+    config = reference_config(cfg, ref, out)
+    writer = ResultsWriter(out, job.run_id, config)
+    writer.start()
+    evals = record["evals"]
+    history = []
+    for k, e in enumerate(evals):
+        rnd, stage = ref.eval_round(cfg, k)
+        writer.add(
+            rnd, [rec("accuracy", e["accuracy"], stage=stage), rec("seconds", e["seconds"], stage=stage)]
+        )
+        history.append((rnd, e["accuracy"]))
+    rows = {"client": [], "split": [], "index": [], "source": []}
+    for cid, idx in sorted(record["partition"].items(), key=lambda kv: int(kv[0])):
+        rows["client"] += [int(cid)] * len(idx)
+        rows["split"] += ["train"] * len(idx)
+        rows["index"] += list(idx)
+        rows["source"] += ["train"] * len(idx)
+    writer.write_partition(rows, record["train_size"], cfg.dataset)
+    summary: dict[str, Any] = {
+        "rounds_done": cfg.rounds,
+        "total_seconds": record["total_seconds"],
+        "reference": {
+            "repo": ref.repo, "commit": commit, "script": ref.script, "args": record["args"],
+            "skipped_logging_evals": record["skipped_logging_evals"], "state_dict": record["state_dict"],
+            "kmeans_n_init": record["kmeans_n_init"], "fast_data": record.get("fast_data", False),
+            "threads": record.get("threads", 0), "model_sha256": [e["model_sha256"] for e in evals],
+        },
+    }  # fmt: skip
+    if history:
+        summary["final_accuracy"] = history[-1][1]
+        best = max(history, key=lambda h: h[1])
+        summary["best_accuracy"], summary["best_round"] = best[1], best[0]
+        summary["mean_round_seconds"] = record["total_seconds"] / cfg.rounds
+    writer.finish(summary)
+    return job.run_id
+
+
+def write_fedray_side(name: str, runs: Iterable[Config], out: Path, source: str) -> Path:
+    """The fedray side as a sweep file: every run on the reference's partition (one case per
+    setting, the seeds as the seed axis), so `fedray sweep FILE` runs, skips and resumes it."""
+    cases, seeds = [], []
+    for cfg in runs:
+        side = on_reference_partition(cfg, out).to_dict()
+        seeds.append(side.pop("seed"))
+        side.pop("output")
+        if side not in cases:
+            cases.append(side)
+    doc = {
+        "experiment": cases[0]["experiment"] if cases else "reference",
+        "cases": cases,
+        "seeds": sorted(set(seeds)),
+        "output": str(out),
+    }
+    path = out / "reference" / f"{name}-fedray.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = (
+        f"# fedray's side of the comparison with {source}: the runs of {name}, each on the reference's own\n"
+        f"# partition of its setting and seed (written by `fedray reference {name}`).\n"
+        f"#   fedray sweep {path} \n"
+    )
+    path.write_text(header + yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def run_reference(
+    ref: Reference,
+    runs: list[Config],
+    checkout: Path,
+    out: Path,
+    jobs: int = 1,
+    threads: int = 0,
+    extra: Iterable[str] = (),
+    force: bool = False,
+    partitions_only: bool = False,
+    log: Callable[[str], None] = print,
+) -> tuple[int, int]:
+    """Run every not-yet-imported run on the reference (``jobs`` at once) and import it. Returns
+    (imported now, failed); a failure is reported and the others go on. ``partitions_only``:
+    draw each setting's partition once (those not drawn yet), import nothing."""
+    commit = check_checkout(ref, checkout)
+    datadir = ref.prepare_data(out)
+    planned = plan_jobs(ref, runs, out, datadir)
+    if partitions_only:
+        by_file: dict[str, Job] = {}
+        for j in planned:
+            path = partition_file.resolve(partition_template(out, j.cfg), j.cfg.seed)
+            if not Path(path).is_file():
+                by_file.setdefault(path, replace(j, result=j.result.with_name(f"{j.run_id}-partition.json")))
+        todo = list(by_file.values())
+        log(f"{ref.repo} @ {commit[:7]}: {len(todo)} partitions to draw")
+    else:
+        todo = [j for j in planned if force or run_status(out, j.run_id) != "finished"]
+        log(f"{ref.repo} @ {commit[:7]}: {len(planned)} runs, {len(planned) - len(todo)} already imported, "
+            f"{len(todo)} to run ({jobs} at once)")  # fmt: skip
+    done = failed = 0
+    t0 = time.perf_counter()
+
+    def one(job: Job) -> str:
+        record = run_job(ref, checkout, job, threads, extra)
+        path = save_partition(job.cfg, out, record)
+        if partitions_only:
+            return f"partition in {path}"
+        import_run(ref, job.cfg, job, record, commit, out)
+        return (
+            f"{record['evals'][-1]['accuracy']:.4f} final accuracy, {record['total_seconds']:.0f} s"
+            if record["evals"]
+            else "no evaluation"
+        )
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {pool.submit(one, j): j for j in todo}
+        for fut in as_completed(futures):
+            j = futures[fut]
+            label = f"{j.cfg.algorithm} {partition_label(j.cfg)} seed {j.cfg.seed}"
+            try:
+                what = fut.result()
+                done += 1
+                log(
+                    f"[{done + failed}/{len(todo)}] {label}: {what} ({j.run_id}; {time.perf_counter() - t0:.0f} s so far)"
+                )
+            except Exception as e:  # noqa: BLE001 - reported, the other runs go on
+                failed += 1
+                log(f"[{done + failed}/{len(todo)}] {label}: FAILED {type(e).__name__}: {e}")
+    return done, failed

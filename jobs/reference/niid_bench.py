@@ -1,0 +1,176 @@
+"""NIID-Bench-family references: sjtudyq/FedConcat's and Xtra-Computing/NIID-Bench's experiments.py.
+
+A fedray config becomes the script's arguments: the same dataset, partition setting (the script
+draws it, from its own seed; fedray then runs on the script's clients), model, local training,
+participation, rounds and seed. What the script cannot express is an error before anything runs.
+
+Settings that differ between the two (ALGORITHMS.md §8), and which way each cell runs:
+- FedNova: FedConcat's copy weights clients by their number of batches, NIID-Bench's by samples;
+  fedray by samples (the paper's).
+- SCAFFOLD: both scripts update the server's control variate by the participants' mean (fedray's
+  ``hp.server_update: code``); at full participation the paper's rule is the same.
+- MOON (NIID-Bench only): SGD momentum 0.9 whatever ``momentum`` says; batches of one sample
+  skipped.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from fedray.config import Config
+from fedray.data.datasets import FMNIST_FILES, _find_idx
+from jobs.reference.harness import Reference, ReferenceError
+
+_PARTITIONS = {"labels", "dirichlet", "iid", "quantity"}
+_DATASETS = {"fmnist": "FashionMNIST"}
+
+
+def _partition_args(cfg: Config) -> list[str]:
+    if cfg.partition not in _PARTITIONS:
+        raise ReferenceError(
+            f"partition {cfg.partition!r}: the script draws only {', '.join(sorted(_PARTITIONS))}"
+        )
+    if cfg.client_test_fraction or cfg.shift != "none":
+        raise ReferenceError("the script has no client test splits or shifts (client_test_fraction, shift)")
+    if cfg.partition == "labels":
+        return ["--partition", f"noniid-#label{cfg.partition_k}"]
+    if cfg.partition == "dirichlet":
+        if cfg.partition_min_size != 10:
+            raise ReferenceError(
+                "the script's Dirichlet redraws until every client has 10 samples (partition_min_size: 10)"
+            )
+        return ["--partition", "noniid-labeldir", "--beta", f"{cfg.partition_beta:g}"]
+    if cfg.partition == "quantity":
+        return ["--partition", "iid-diff-quantity", "--beta", f"{cfg.partition_beta:g}"]
+    return ["--partition", "homo"]
+
+
+def _server_lr_one(cfg: Config) -> None:
+    if cfg.hp.get("server_lr", 1.0) != 1.0:
+        raise ReferenceError("the script averages with server learning rate 1 (hp.server_lr: 1)")
+
+
+def _algorithm_args(cfg: Config, fedconcat: bool) -> list[str]:
+    from fedray.algorithms import ALGORITHMS
+
+    alg = cfg.algorithm
+    if alg not in ALGORITHMS:
+        raise ReferenceError(f"algorithm {alg!r} is not in this script")
+    hp = ALGORITHMS[alg].full_hparams(cfg.hp)  # every value, defaults included
+    if alg in ("fedavg", "fedprox", "scaffold", "fednova", "moon"):
+        _server_lr_one(cfg)
+    if alg == "fedavg":
+        return ["--alg", "fedavg", "--comm_round", str(cfg.rounds)]
+    if alg == "fedprox":
+        return ["--alg", "fedprox", "--comm_round", str(cfg.rounds), "--mu", f"{hp.get('mu', 0.001):g}"]
+    if alg == "scaffold":
+        if cfg.participation < 1 and hp.get("server_update", "paper") != "code":
+            raise ReferenceError("the script updates c by the participants' mean: set hp.server_update: code")
+        return ["--alg", "scaffold", "--comm_round", str(cfg.rounds)]
+    if alg == "fednova":
+        return ["--alg", "fednova", "--comm_round", str(cfg.rounds)]
+    if alg == "moon":
+        if cfg.momentum != 0.9:
+            raise ReferenceError(
+                "NIID-Bench's MOON trains with momentum 0.9 whatever is asked (momentum: 0.9)"
+            )
+        out_dim = hp.get("out_dim", 256)
+        head = (
+            ["--use_projection_head", "1", "--out_dim", str(out_dim)]
+            if out_dim
+            else ["--use_projection_head", "0"]
+        )
+        return ["--alg", "moon", "--comm_round", str(cfg.rounds), "--mu", f"{hp.get('mu', 1.0):g}",
+                "--temperature", f"{hp.get('temperature', 0.5):g}", "--loss", "contrastive", *head]  # fmt: skip
+    if alg == "fedconcat" and fedconcat:
+        # The script's FedConcat: K-means on the exact label distributions, 3 classifier steps, a
+        # random classifier init (cache_features changes no number for the simple CNN).
+        fixed = {"classifier_steps": 3, "balanced": False, "init_from_clusters": False, "elbow_range": [],
+                 "clustering": "kmeans"}  # fmt: skip
+        unsupported = sorted(k for k, v in fixed.items() if hp[k] != v)
+        if unsupported:
+            raise ReferenceError(
+                "the script runs FedConcat with K-means on the label distributions, 3 classifier steps and a "
+                f"random classifier; it cannot set hp.{', hp.'.join(unsupported)}"
+            )
+        te = hp.get("encoder_rounds", 31)
+        return ["--alg", "fedconcat", "--n_clusters", str(hp.get("num_clusters", 5)), "--encoder_round", str(te),
+                "--classifier_round", str(cfg.rounds - te), "--eps", f"{hp.get('eps', 0.0):g}"]  # fmt: skip
+    raise ReferenceError(f"algorithm {alg!r} is not in this script")
+
+
+def script_args(cfg: Config, datadir: Path, logdir: Path, fedconcat: bool) -> list[str]:
+    if cfg.dataset not in _DATASETS:
+        raise ReferenceError(f"dataset {cfg.dataset!r}: the harness prepares {', '.join(_DATASETS)} only")
+    if cfg.model != "simple_cnn":
+        raise ReferenceError(
+            f"model {cfg.model!r}: the script's FMNIST model is the simple CNN (model: simple_cnn)"
+        )
+    return [
+        "--dataset", cfg.dataset, "--datadir", str(datadir), "--model", "simple-cnn", *_partition_args(cfg),
+        "--n_parties", str(cfg.num_clients), "--epochs", str(cfg.local_epochs), "--batch-size", str(cfg.batch_size),
+        "--lr", f"{cfg.lr:g}", "--rho", f"{cfg.momentum:g}", "--reg", f"{cfg.weight_decay:g}",
+        "--sample", f"{cfg.participation:g}", "--init_seed", str(cfg.seed), *_algorithm_args(cfg, fedconcat),
+        "--device", "cpu", "--logdir", str(logdir), "--log_file_name", "log",
+    ]  # fmt: skip
+
+
+def eval_round(cfg: Config, k: int) -> tuple[int, str]:
+    """The script evaluates after every round; FedConcat after every classifier round only."""
+    if cfg.algorithm == "fedconcat":
+        return cfg.hp.get("encoder_rounds", 31) + k + 1, "classifier"
+    return k + 1, ""
+
+
+def prepare_fmnist(out: Path) -> Path:
+    """DATADIR/FashionMNIST/raw/ with the four IDX files unzipped, as torchvision's FashionMNIST
+    (which the script uses, with download=True) finds them without downloading."""
+    import gzip
+
+    from fedray.config import DEFAULT_FMNIST_ROOT
+
+    datadir = out / "reference" / "data"
+    raw = datadir / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for stem in FMNIST_FILES.values():
+        target = raw / stem
+        if target.is_file():
+            continue
+        src = _find_idx(Path(DEFAULT_FMNIST_ROOT), stem)
+        if src is None:
+            raise ReferenceError(
+                f"Fashion-MNIST's {stem} is not in {DEFAULT_FMNIST_ROOT} (apt-get install dataset-fashion-mnist)"
+            )
+        tmp = target.with_name(f".{stem}.tmp")
+        with gzip.open(src, "rb") if src.suffix == ".gz" else open(src, "rb") as f, open(tmp, "wb") as g:
+            shutil.copyfileobj(f, g)
+        tmp.replace(target)
+    return datadir
+
+
+FEDCONCAT = Reference(
+    name="fedconcat",
+    repo="sjtudyq/FedConcat",
+    commit="6123be7",
+    script="experiments.py",
+    wrapper="jobs.reference.niid_wrapper",
+    algorithms=frozenset({"fedavg", "fedprox", "scaffold", "fednova", "fedconcat"}),
+    args=lambda cfg, datadir, logdir: script_args(cfg, datadir, logdir, fedconcat=True),
+    eval_round=eval_round,
+    prepare_data=prepare_fmnist,
+)
+
+NIID_BENCH = Reference(
+    name="niid-bench",
+    repo="Xtra-Computing/NIID-Bench",
+    commit="61b901a",
+    script="experiments.py",
+    wrapper="jobs.reference.niid_wrapper",
+    algorithms=frozenset({"fedavg", "fedprox", "scaffold", "fednova", "moon"}),
+    args=lambda cfg, datadir, logdir: script_args(cfg, datadir, logdir, fedconcat=False),
+    eval_round=eval_round,
+    prepare_data=prepare_fmnist,
+)
+
+REFERENCES = {r.name: r for r in (FEDCONCAT, NIID_BENCH)}
