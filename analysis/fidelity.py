@@ -43,10 +43,10 @@ class FidelityError(ValueError):
     """The spec is malformed or names a folder that does not exist."""
 
 
-def agreement(a: pd.Series, b: pd.Series) -> dict[str, float | bool]:
+def agreement(a: Any, b: Any) -> dict[str, float | bool]:
     """Means, stds, difference, standard error of the difference and the agreement rule for two
     samples of per-seed values (fractions; the rule is in percentage points)."""
-    a, b = a.dropna() * 100, b.dropna() * 100
+    a, b = pd.Series(a, dtype=float).dropna() * 100, pd.Series(b, dtype=float).dropna() * 100
     out: dict[str, float | bool] = {
         "mean_a": a.mean(), "std_a": a.std(ddof=1) if len(a) > 1 else math.nan, "n_a": len(a),
         "mean_b": b.mean(), "std_b": b.std(ddof=1) if len(b) > 1 else math.nan, "n_b": len(b),

@@ -244,7 +244,8 @@ def import_run(ref: Reference, cfg: Config, job: Job, record: dict[str, Any], co
 
 def write_fedray_side(name: str, runs: Iterable[Config], out: Path, source: str) -> Path:
     """The fedray side as a sweep file: every run on the reference's partition (one case per
-    setting, the seeds as the seed axis), so `fedray sweep FILE` runs, skips and resumes it."""
+    setting, the keys they share written once, the seeds as the seed axis), so `fedray sweep FILE`
+    runs, skips and resumes it."""
     cases, seeds = [], []
     for cfg in runs:
         side = on_reference_partition(cfg, out).to_dict()
@@ -252,18 +253,17 @@ def write_fedray_side(name: str, runs: Iterable[Config], out: Path, source: str)
         side.pop("output")
         if side not in cases:
             cases.append(side)
-    doc = {
-        "experiment": cases[0]["experiment"] if cases else "reference",
-        "cases": cases,
-        "seeds": sorted(set(seeds)),
-        "output": str(out),
-    }
+    shared = {k: v for k, v in cases[0].items() if all(c.get(k) == v for c in cases)} if cases else {}
+    doc = {**shared, "output": str(out), "cases": [{k: v for k, v in c.items() if k not in shared} for c in cases],
+           "seeds": sorted(set(seeds))}  # fmt: skip
+    if not any(doc["cases"]):
+        del doc["cases"]
     path = out / "reference" / f"{name}-fedray.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     header = (
-        f"# fedray's side of the comparison with {source}: the runs of {name}, each on the reference's own\n"
+        f"# fedray's side of the comparison with {source}: the runs, each on the reference's own\n"
         f"# partition of its setting and seed (written by `fedray reference {name}`).\n"
-        f"#   fedray sweep {path} \n"
+        f"#   fedray sweep {path}\n"
     )
     path.write_text(header + yaml.safe_dump(doc, sort_keys=False))
     return path
