@@ -1,12 +1,12 @@
 """docs/fidelity.md from results folders: fedray next to the authors' code, cell by cell.
 
-A spec (YAML, ``jobs/configs/fidelity.yaml``) names the sections; each reads one results folder
+A spec (YAML, ``docs/fidelity.yaml``) names the sections; each reads one results folder
 (both sides, the reference's runs marked by their ``source``) and lays out, per setting and
 algorithm: fedray's mean ± std over seeds, the reference's, their difference, whether they agree,
 both wall times per run, and the paper's number where the budget is the paper's. Two means agree
 when |mean(fedray) - mean(reference)| <= max(1.0 point, 2 x the standard error of the difference).
 Everything but the spec's prose is computed from the Parquet files, so the page is regenerated,
-never typed: ``fedray fidelity jobs/configs/fidelity.yaml``.
+never typed: ``fedray fidelity docs/fidelity.yaml``.
 
 Spec::
 

@@ -62,7 +62,8 @@ class Config:
     partition_min_size: int = 10  # dirichlet/quantity: redraw until every client has this many samples
     client_test_fraction: float = 0.0  # share of each client's samples kept as its test split (FedRC: 0.1)
     # FedRC's shift benchmark on top of the partition (fedray/data/shift.py): corruptions and label
-    # maps per client, plus 3 non-participating test clients.
+    # maps per client, plus 3 non-participating test clients. A preset keeps 10% of each client's data
+    # as its test split (client_test_fraction: 0.1, FedRC's protocol) unless client_test_fraction is set.
     shift: str = "none"  # none | fedrc_paper | fedrc_code
 
     # --- model and local training (ALGORITHMS.md §0.2) ------------------------------------------------
@@ -237,9 +238,33 @@ def from_dict(raw: Mapping[str, Any]) -> Config:
         if key not in FIELDS:
             raise ConfigError(f"unknown config key '{key}'{suggest(key, FIELDS)}")
         values[key] = coerce(key, value, _field_type(key), str_from_number=key in _NAME_KEYS)
+    _derive_unset(values)
     cfg = Config(**values)
     validate(cfg)
     return cfg
+
+
+SHIFT_TEST_FRACTION = 0.1  # FedRC keeps 10% of each client's data as its test split
+
+
+def _derive_unset(values: dict[str, Any]) -> None:
+    """Keys the user left unset that other keys determine (in place): a shift preset's test split,
+    and the rounds of an algorithm whose hyperparameters fix them (FedConcat's encoder + classifier
+    rounds). A value the user set is never changed; a clash is then `validate`'s error."""
+    if values.get("shift", "none") != "none" and "client_test_fraction" not in values:
+        values["client_test_fraction"] = SHIFT_TEST_FRACTION
+    if "rounds" not in values:
+        from fedray.algorithms import ALGORITHMS
+
+        alg = ALGORITHMS.get(values.get("algorithm", Config.algorithm))
+        if alg is not None and alg.rounds_from_hp is not None:
+            try:
+                hp = alg.make_hparams(values.get("hp") or {})
+            except (ValueError, ConfigError):
+                return  # validate names the bad hp key
+            rounds = alg.rounds_from_hp(hp)
+            if rounds is not None:
+                values["rounds"] = rounds
 
 
 def _field_type(name: str) -> Any:

@@ -83,10 +83,30 @@ def lowest_loss_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]
 
 def cluster_global_records(fed: Federation, models: Sequence[Params], stage: str = "") -> list[Record]:
     """K models' global accuracy: with the shift preset's test clients, theirs with their lowest-loss
-    model (`lowest_loss_records`); otherwise each model on the global test set (scope cluster)."""
+    model (`lowest_loss_records`); otherwise each model on the global test set (scope cluster) and
+    the lowest-loss one's as the global ``accuracy`` (`lowest_loss_global`)."""
     if fed.test_client_ids:
         return lowest_loss_records(fed, models, stage)
-    return [r for k, m in enumerate(models) for r in model_global_records(fed, m, k, stage)]
+    return lowest_loss_global(
+        [r for k, m in enumerate(models) for r in model_global_records(fed, m, k, stage)], stage
+    )
+
+
+def lowest_loss_global(records: list[Record], stage: str = "") -> list[Record]:
+    """``records`` plus the global ``accuracy`` and ``loss`` of a clustered algorithm on the global test
+    set: those of the cluster model with the lowest loss on it (first on ties), and which model that
+    is (``global_model``). The global test set is treated as one test client under FedRC's rule for
+    hard-clustering methods (ALGORITHMS.md §4: a test client takes the model with the lowest loss on
+    its labelled data): a choice made on the test set, as that rule makes it."""
+    per = {}
+    for r in records:
+        if r["scope"] == "cluster" and r["metric"] in ("accuracy", "loss"):
+            per.setdefault(r["entity"], {})[r["metric"]] = r["value"]
+    if not per:
+        return records
+    best = min(sorted(per), key=lambda k: per[k]["loss"])
+    return [*records, rec("accuracy", per[best]["accuracy"], stage=stage), rec("loss", per[best]["loss"], stage=stage),
+            rec("global_model", best, stage=stage)]  # fmt: skip
 
 
 def hard_cluster_records(

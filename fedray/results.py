@@ -145,6 +145,19 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
+def check_writable(out_dir: str | Path) -> None:
+    """Raise `OSError` naming the folder if results cannot be written there (checked before anything
+    starts: a run that cannot record itself should not run)."""
+    p = Path(out_dir)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        probe = p / f".write-probe-{uuid.uuid4().hex[:8]}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise OSError(f"config key 'output': cannot write results to {str(p)!r}: {e.strerror or e}") from None
+
+
 def run_status(out_dir: str | Path, run_id: str) -> str | None:
     """The recorded status of ``run_id`` in ``out_dir``, or None if it never started there."""
     path = Path(out_dir) / "runs" / f"{run_id}.parquet"

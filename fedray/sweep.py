@@ -261,6 +261,9 @@ def load_sweep(
         )
     if problems:
         raise SweepError(_report(source, problems, total))
+    _check_partitions(valid, problems)
+    if problems:
+        raise SweepError(_report(source, problems, total))
 
     runs: list[SweepRun] = []
     seen: set[str] = set()
@@ -281,6 +284,41 @@ def load_sweep(
                 f"{source}: no run has {', '.join(f'{k}={_fmt(v)}' for k, v in wanted.items())} (--only)"
             )
     return Sweep(source, runs, max_concurrent, collapsed)
+
+
+_PARTITION_KEYS = ("dataset", "data_root", "emnist_split", "synthetic_size", "synthetic_shape", "num_clients",
+                   "partition", "partition_k", "partition_beta", "partition_clusters", "partition_size",
+                   "partition_min_size", "partition_file", "seed")  # fmt: skip
+
+
+def _check_partitions(valid: list[tuple[str, Config]], problems: dict[str, list[str]]) -> None:
+    """Every distinct partition of the sweep drawn now (labels read once per dataset), so one that
+    cannot be drawn fails before anything starts, not hours into the sweep."""
+    from dataclasses import replace
+
+    from fedray.data import DatasetMissing, PartitionError, check_available, draw_partition, train_labels
+
+    labels: dict[tuple, tuple | None] = {}
+    drawn: dict[tuple, str | None] = {}
+    for label, cfg in valid:
+        key = tuple(json.dumps(getattr(cfg, k)) for k in _PARTITION_KEYS)
+        source = key[:5]
+        if source not in labels:
+            try:  # data that is not here yet (download: true) is drawn when the run has it
+                check_available(replace(cfg, download=False))
+                labels[source] = train_labels(cfg)
+            except DatasetMissing:
+                labels[source] = None
+        if labels[source] is None:
+            continue
+        if key not in drawn:
+            try:
+                draw_partition(cfg, *labels[source])
+                drawn[key] = None
+            except PartitionError as e:
+                drawn[key] = str(e)
+        if drawn[key] is not None:
+            problems.setdefault(drawn[key], []).append(label)
 
 
 def _resolved(cfg: Config) -> dict[str, Any]:

@@ -49,13 +49,15 @@ def _fmt_round(ev) -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from fedray.config import ConfigError, load_config
-    from fedray.data import DatasetMissing, check_available
-    from fedray.results import run_state
+    from fedray.data import DatasetMissing, PartitionError, check_available, check_partition
+    from fedray.results import check_writable, run_state
 
     try:
         cfg = load_config(args.config, args.sets, output=args.output)
         check_available(cfg)
-    except (ConfigError, DatasetMissing) as e:
+        check_writable(cfg.output)
+        check_partition(cfg)  # before Ray: a partition that cannot be drawn fails in seconds
+    except (ConfigError, DatasetMissing, PartitionError, OSError) as e:
         print(f"fedray: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     run_id = cfg.run_id()
@@ -126,7 +128,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         if isinstance(e, ClientError) and e.remote_traceback:
             print(e.remote_traceback.rstrip(), file=sys.stderr)
         print(f"fedray: run {run_id} failed: {type(e).__name__}: {e}", file=sys.stderr)
-        print(f"(status and error recorded in {cfg.output}/runs/)", file=sys.stderr)
+        if run_state(cfg.output, run_id) in ("failed", "interrupted"):
+            print(f"(status and error recorded in {cfg.output}/runs/)", file=sys.stderr)
+        else:
+            print(f"(the failure could not be recorded in {cfg.output}/runs/)", file=sys.stderr)
         return EXIT_FAILED
     return 0
 
@@ -160,6 +165,7 @@ def _outcome(summary: dict, label: str = "acc") -> str:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from fedray.data import DatasetMissing
+    from fedray.results import check_writable
     from fedray.sweep import load_sweep, plan
     from fedray.typed import ConfigError
 
@@ -169,7 +175,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 f"--max-concurrent-runs must be >= 0 (0 = from resources), got {args.max_concurrent_runs}"
             )
         sweep = load_sweep(args.config, args.sets, output=args.output, only=args.only)
-    except (ConfigError, DatasetMissing) as e:
+        check_writable(sweep.output)
+    except (ConfigError, DatasetMissing, OSError) as e:
         print(f"fedray: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     planned = plan(sweep, force=args.force)
@@ -439,7 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_fid = sub.add_parser(
         "fidelity", help="write docs/fidelity.md: fedray next to the authors' code, from results"
     )
-    p_fid.add_argument("spec", help="the page's spec (jobs/configs/fidelity.yaml)")
+    p_fid.add_argument("spec", help="the page's spec (docs/fidelity.yaml)")
     p_fid.add_argument(
         "--root", help="folder the spec's relative results folders are in (default: its root:)"
     )

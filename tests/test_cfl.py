@@ -85,18 +85,34 @@ def test_layer_selection_of_the_simple_cnn_and_vgg16():
     ]
     with pytest.raises(ValueError, match=r"'hp.layers'.*'conv9'.*matches no parameter"):
         layers.select(cnn, ["conv9"])
-    with pytest.raises(ValueError, match=r"'hp.layers'.*'conv'.*no such layer"):
-        layers.select(MODELS["mlp"].build((64,), 10), "conv")
+    mlp = MODELS["mlp"].build((64,), 10)
+    with pytest.raises(ValueError, match=r"'hp.layers'.*'conv'.*no such layer") as e:
+        layers.select(mlp, "conv")
+    assert "0 convolution(s) and 3 fully connected layer(s)" in str(
+        e.value
+    ) and "set hp.layers to fc, fc:1 .. fc:3" in str(e.value)
+    # One layer by its place, and auto: the convolutions where there are any, else the first FC layer.
+    assert layers.select(cnn, "conv:2") == conv[2:] and layers.select(cnn, "fc:2") == [
+        "encoder.fc2.weight",
+        "encoder.fc2.bias",
+    ]
+    assert layers.select(cnn, "auto") == conv and layers.select(mlp, "auto") == layers.select(mlp, "fc")
+    with pytest.raises(ValueError, match=r"'conv:3' finds no such layer.*2 convolution"):
+        layers.select(cnn, "conv:3")
     for channels in (1, 3):
         vgg = MODELS["vgg16"].build((channels, 32, 32), 10)
         convs = layers.select(vgg, "conv")
         assert len(convs) == 26 and convs[:2] == ["encoder.features.0.weight", "encoder.features.0.bias"]
         assert vgg.state_dict()["encoder.features.0.weight"].shape[1] == channels
         # the paper's 4th layer (the 4th convolution: features.7) and the first FC layer
-        assert layers.select(vgg, [r"features\.7\."]) == [
-            "encoder.features.7.weight",
-            "encoder.features.7.bias",
-        ]
+        assert (
+            layers.select(vgg, [r"features\.7\."])
+            == [
+                "encoder.features.7.weight",
+                "encoder.features.7.bias",
+            ]
+            == layers.select(vgg, "conv:4")
+        )
         assert layers.select(vgg, "fc") == ["encoder.classifier.0.weight", "encoder.classifier.0.bias"]
         assert vgg(np_batch(channels)).shape == (2, 10)
 
@@ -179,7 +195,9 @@ def test_cfl_needs_every_client_every_round(tmp_path):
     with pytest.raises(
         ConfigError, match=r"'hp.layers'.*'conv'.*no such layer"
     ):  # at config time, before Ray
-        small_config(tmp_path, algorithm="layercfl", participation=1.0)  # the MLP has no convolution
+        small_config(
+            tmp_path, algorithm="layercfl", participation=1.0, hp={"layers": "conv"}
+        )  # the MLP has none
     with pytest.raises(ConfigError, match=r"'hp.distance'"):
         small_config(tmp_path, algorithm="layercfl", participation=1.0, hp={"distance": "cosine"})
 

@@ -31,13 +31,13 @@ def test_one_cluster_is_fedavg_exactly(tmp_path):
     b = small_config(tmp_path / "b", algorithm="clusterfedavg", hp={"num_clusters": 1}, **over)
     list(execute(a, make_local_federation))
     list(execute(b, make_local_federation))
-    fa, fb = metrics(a.output), metrics(b.output, drop={"num_clusters", "cluster_size"})
-    # FedAvg's global accuracy and loss are the single cluster's; training rows and bytes are identical
-    fb.loc[(fb.metric.isin(["accuracy", "loss"])) & (fb.scope == "cluster"), ["scope", "entity"]] = [
-        "global",
-        -1,
-    ]
-    fb = fb[~((fb.metric == "participants") & (fb.scope == "cluster"))]
+    fa, fb = metrics(a.output), metrics(b.output, drop={"num_clusters", "cluster_size", "global_model"})
+    # FedAvg's global accuracy and loss are the single cluster's (its cluster rows, and its global rows
+    # by the lowest-loss rule); training rows and bytes are identical
+    single = fb[(fb.metric.isin(["accuracy", "loss"])) & (fb.scope == "cluster")]
+    glob = fb[(fb.metric.isin(["accuracy", "loss"])) & (fb.scope == "global")]
+    assert single["value"].tolist() == glob["value"].tolist() and len(glob) == 2 * 3
+    fb = fb[fb.scope != "cluster"]
     pd_sorted = [
         f.sort_values(["round", "metric", "scope", "entity"]).reset_index(drop=True) for f in (fa, fb)
     ]

@@ -274,3 +274,49 @@ def test_fedconcat_ifca_with_one_cluster_trains_fedconcats_encoder(tmp_path):
         assert a[a["metric"] == name]["value"].tolist() == b[b["metric"] == name]["value"].tolist()
     pick = lambda d: d[(d["metric"] == "accuracy") & (d["scope"] == "cluster")]["value"].tolist()  # noqa: E731
     assert pick(a) == pick(b) and len(pick(a)) == 2
+
+
+def test_the_classifier_trains_on_the_features_of_the_encoders_stage_2_trained(tmp_path):
+    # One client, one cluster, one encoder round, then one classifier step over the client's whole
+    # split (one batch), fresh SGD (momentum's first step is the gradient), no weight decay: the head
+    # moves by -lr * grad, grad worked out by hand from the trained encoder's features h:
+    #   W' = W - lr * (softmax(W h + b) - onehot(y))^T h / B,   b' = b - lr * mean(softmax(.) - onehot(y)).
+    import torch
+
+    from fedray.models import Arch
+
+    hp = {"num_clusters": 1, "encoder_rounds": 1, "classifier_rounds": 1, "classifier_steps": 1}
+    cfg = small_config(tmp_path, num_clients=1, algorithm="fedconcat", rounds=2, batch_size=1000, lr=0.5, weight_decay=0.0,
+                       hp=hp)  # fmt: skip
+    data = build_federated_data(cfg)
+    fed, _ = make_local_federation(cfg, data)
+    alg = ALGORITHMS["fedconcat"]
+    h = alg.make_hparams(cfg.hp)
+    state = alg.init(fed, h)
+    state, _ = alg.round(state, fed, h, 0)
+    trained = state.models[0]
+    assert any(not np.array_equal(trained[k], state.init[k]) for k in trained)  # stage 2 moved the encoder
+    head0 = get_params(fed.task.build_model("classifier_init", Arch(1, head_only=True)))
+    idx = data.clients[0].train
+    x = data.dataset.spec.to_tensor(data.dataset.train.x[idx])
+    y = data.dataset.train.y[idx]
+
+    def by_hand(encoder_params):
+        net = fed.task.build_model()
+        net.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in encoder_params.items()})
+        with torch.no_grad():
+            feats = net.encoder(x).double().numpy()
+        w, b = head0["weight"].astype(np.float64), head0["bias"].astype(np.float64)
+        z = feats @ w.T + b
+        p = np.exp(z - z.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        g = (p - np.eye(10)[y]) / len(y)
+        return w - cfg.lr * g.T @ feats, b - cfg.lr * g.sum(0)
+
+    state, _ = alg.round(state, fed, h, 1)
+    w1, b1 = by_hand(trained)
+    np.testing.assert_allclose(state.head["weight"], w1, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(state.head["bias"], b1, rtol=1e-4, atol=1e-6)
+    # ... which the untrained encoders' features would not give.
+    w0, _ = by_hand(state.init)
+    assert np.abs(w0 - w1).max() > 100 * np.abs(state.head["weight"] - w1).max()

@@ -49,6 +49,9 @@ class Algorithm:
     models: Callable[..., Any] = lambda state, hp: []
     # (cstate) -> Params | None: a client's personal model, where clients keep one (FedSoft). Optional.
     personal_model: Callable[..., Any] | None = None
+    # (hp) -> int | None: the rounds the hyperparameters fix (FedConcat: encoder + classifier rounds),
+    # used when the config leaves `rounds` unset. Optional.
+    rounds_from_hp: Callable[..., int | None] | None = None
 
     def make_hparams(self, values: Mapping[str, Any]) -> Any:
         return hparams_from_dict(self.Hparams, values, self.name)
@@ -69,6 +72,7 @@ class Algorithm:
             getattr(module, "evaluate_after", None),
             module.models,
             getattr(module, "personal_model", None),
+            getattr(module, "rounds_from_hp", None),
         )
 
 

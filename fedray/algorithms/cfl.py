@@ -42,7 +42,7 @@ import numpy as np
 
 from fedray import clustering, layers
 from fedray.client import Client
-from fedray.evaluation import cluster_model_records, lowest_loss_records
+from fedray.evaluation import cluster_model_records, lowest_loss_global, lowest_loss_records
 from fedray.export import SavedModel, cluster_models
 from fedray.federation import Federation
 from fedray.params import Params, get_params, weighted_average
@@ -270,5 +270,5 @@ def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Recor
     assignment = {c: k for k, m in enumerate(state.clusters) for c in m}
     records = cluster_model_records(fed, state.models, assignment)
     if fed.test_client_ids:
-        records += lowest_loss_records(fed, state.models)
-    return records
+        return records + lowest_loss_records(fed, state.models)
+    return lowest_loss_global(records)

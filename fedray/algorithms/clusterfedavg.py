@@ -25,7 +25,7 @@ import numpy as np
 
 from fedray.client import Client
 from fedray.clustering import Clustering, cluster_vectors, label_distributions, laplace_noise
-from fedray.evaluation import cluster_model_records
+from fedray.evaluation import cluster_model_records, lowest_loss_global
 from fedray.export import SavedModel, cluster_models, global_model, members_of
 from fedray.federation import Federation
 from fedray.params import Params, get_params
@@ -152,4 +152,6 @@ def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, 
 
 
 def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Record]:
-    return cluster_model_records(fed, state.models, state.assignment)
+    # Global accuracy: the cluster model with the lowest loss on the global test set (the rule of
+    # the other clustered algorithms, `lowest_loss_global`).
+    return lowest_loss_global(cluster_model_records(fed, state.models, state.assignment))

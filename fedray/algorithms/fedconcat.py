@@ -112,6 +112,12 @@ class Hparams:
             )
 
 
+def rounds_from_hp(hp: Hparams) -> int | None:
+    """With both stages' rounds given, the run's rounds are their sum (a config that leaves
+    ``rounds`` unset gets it)."""
+    return None if hp.classifier_rounds is None else hp.encoder_rounds + hp.classifier_rounds
+
+
 def check_config(cfg, hp: Hparams) -> None:
     name = cfg.algorithm
     if hp.classifier_rounds is None:

@@ -28,7 +28,7 @@ import torch
 
 from fedray import seeding
 from fedray.algorithms import fedconcat
-from fedray.algorithms.fedconcat import ENCODER, State, check_config, evaluate, init, models  # noqa: F401 - the record
+from fedray.algorithms.fedconcat import ENCODER, State, check_config, evaluate, init, models, rounds_from_hp  # noqa: F401 - the record
 from fedray.client import Client
 from fedray.clustering import label_distributions
 from fedray.federation import Federation

@@ -3,8 +3,10 @@
 
 The layers are chosen in advance for the environment (``layers``): ``conv`` (the convolutions) for
 feature skew such as rotated clients, ``fc`` (the first fully connected layer) for label skew,
-``all`` for CFL's behaviour, or a list of regular expressions on parameter names (VGG-16's 4th
-layer, the paper's choice for rotations: ``["features\\\\.7\\\\."]``). A layer is one module's weight and
+``conv:I`` / ``fc:I`` one layer by its place (the paper names one: VGG-16's 4th layer is ``conv:4``),
+``auto`` (the default: ``conv`` where the model has convolutions, else ``fc``, so every model runs),
+``all`` for CFL's behaviour, or a list of regular expressions on parameter names
+(``["features\\\\.7\\\\."]``). A layer is one module's weight and
 bias (§6.2(d)). The split condition is CFL's: the cluster's mean update over all parameters below
 ``eps1`` (eq. 27) and the largest member update on the selected layers above ``eps2`` (eq. 28). The
 distance (eqs. 23-26) is ``delta_cos`` (LayerCFL's own, eq. 26) by default, or ``delta_l2``, ``cos`` or
@@ -27,7 +29,7 @@ from typing import Any
 
 from fedray.algorithms import cfl
 from fedray.federation import Federation
-from fedray.layers import PRESETS, select
+from fedray.layers import PRESETS, is_preset, select
 from fedray.records import Record
 
 State = cfl.State
@@ -47,9 +49,8 @@ def check_config(cfg: Any, hp: Hparams) -> None:
 
 @dataclass
 class Hparams(cfl.Hparams):
-    layers: str | list[str] = field(
-        default="conv"
-    )  # conv | fc | all | regular expressions on parameter names
+    # auto | conv | fc | conv:I | fc:I | all | regular expressions on parameter names
+    layers: str | list[str] = field(default="auto")
     distance: str = "delta_cos"  # delta_cos (eq. 26) | delta_l2 (eq. 24) | cos (eq. 25) | l2 (eq. 23)
     check_split: bool = True  # keep a split only if Theorem 1 vouches for it, else roll back
     gamma_max: float = (
@@ -64,9 +65,10 @@ class Hparams(cfl.Hparams):
             )
         if not 0.0 <= self.gamma_max < 1.0:
             raise ValueError(f"config key 'hp.gamma_max': must be in [0, 1), got {self.gamma_max}")
-        if isinstance(self.layers, str) and self.layers not in PRESETS:
+        if isinstance(self.layers, str) and not is_preset(self.layers):
             raise ValueError(
-                f"config key 'hp.layers': one of {', '.join(PRESETS)} or a list of patterns, got {self.layers!r}"
+                f"config key 'hp.layers': one of {', '.join(PRESETS)}, conv:I, fc:I or a list of patterns, "
+                f"got {self.layers!r}"
             )
 
 

@@ -18,6 +18,7 @@ from fedray.data.datasets import (
     check_available,
     dataset_info,
     load_dataset,
+    train_labels,
 )
 from fedray.data.partition_file import PartitionFileError
 from fedray.data.partitions import (
@@ -50,6 +51,7 @@ __all__ = [
     "PartitionFileError",
     "PartitionParams",
     "build_federated_data",
+    "check_partition",
     "check_available",
     "dataset_info",
     "load_dataset",
@@ -122,14 +124,28 @@ def partition_for(cfg: Config, labels: np.ndarray, num_classes: int) -> Partitio
     return PARTITIONS[cfg.partition](labels, params, seeding.rng(cfg.seed, "partition"))
 
 
-def build_federated_data(cfg: Config) -> FederatedData:
-    ds = load_dataset(cfg)
-    part = partition_for(cfg, ds.train.y, ds.spec.num_classes)
+def draw_partition(cfg: Config, labels: np.ndarray, num_classes: int) -> Partition:
+    """The run's partition; `PartitionError` (naming the config key) if it cannot be drawn."""
+    part = partition_for(cfg, labels, num_classes)
     for cid, idx in enumerate(part.clients):
         if len(idx) == 0:
             raise PartitionError(
                 f"config key 'partition': client {cid} received no samples ({cfg.partition}); use fewer clients"
             )
+    return part
+
+
+def check_partition(cfg: Config) -> None:
+    """Draw the run's partition now, from the training labels alone where the dataset allows (the
+    draw is a pure function of the labels and the seed, so the run draws the same one later): a
+    partition that cannot be drawn fails before Ray or any actor starts."""
+    labels, num_classes = train_labels(cfg)
+    draw_partition(cfg, labels, num_classes)
+
+
+def build_federated_data(cfg: Config) -> FederatedData:
+    ds = load_dataset(cfg)
+    part = draw_partition(cfg, ds.train.y, ds.spec.num_classes)
     if cfg.shift != "none":
         return _shifted(cfg, ds, part.clients)
     if cfg.partition == "rotation":  # each group's copies rotated; local test splits rotated with them

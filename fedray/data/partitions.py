@@ -81,22 +81,30 @@ def by_labels(labels: np.ndarray, p: PartitionParams, rng: np.random.Generator) 
 
 
 def dirichlet(labels: np.ndarray, p: PartitionParams, rng: np.random.Generator) -> Partition:
-    """§7.3 class-wise Dir(beta) with NIID-Bench's balance step; redraw until every client has min_size."""
+    """§7.3 class-wise Dir(beta) with NIID-Bench's balance step; redraw until every client has min_size.
+
+    An attempt only counts each client's samples (the draws are the procedure's, in its order); the
+    index lists are put together once an attempt succeeds, so the redraws of a setting that cannot
+    succeed (too many clients for the data) end in seconds.
+    """
     n, n_clients = len(labels), p.num_clients
     class_idx = [np.flatnonzero(labels == c) for c in range(p.num_classes)]
     for _ in range(MAX_ATTEMPTS):
-        parts: list[list[int]] = [[] for _ in range(n_clients)]
+        sizes = np.zeros(n_clients, dtype=np.int64)
+        drawn = []
         for idx_c in class_idx:
             idx_c = rng.permutation(idx_c)
             props = rng.dirichlet(np.full(n_clients, p.beta))
             # Balance step: a client that already holds its fair share n/N gets nothing more.
-            props = props * np.array([len(pj) < n / n_clients for pj in parts])
+            props = props * (sizes < n / n_clients)
             props = props / props.sum()
             cuts = (np.cumsum(props) * len(idx_c)).astype(int)[:-1]
-            for j, chunk in enumerate(np.split(idx_c, cuts)):
-                parts[j].extend(chunk.tolist())
-        if min(len(pj) for pj in parts) >= p.min_size:
-            return Partition([rng.permutation(np.asarray(pj, dtype=np.int64)) for pj in parts])
+            sizes += np.diff(np.concatenate([[0], cuts, [len(idx_c)]]))
+            drawn.append((idx_c, cuts))
+        if sizes.min() >= p.min_size:
+            chunks = [np.split(idx_c, cuts) for idx_c, cuts in drawn]
+            parts = [np.concatenate([c[j] for c in chunks]).astype(np.int64) for j in range(n_clients)]
+            return Partition([rng.permutation(pj) for pj in parts])
     raise PartitionError(
         f"config key 'partition_beta': Dir({p.beta}) over {n_clients} clients gave a client with fewer than "
         f"partition_min_size={p.min_size} samples in {MAX_ATTEMPTS} draws ({n} samples in all); use fewer clients, "

@@ -1,0 +1,101 @@
+"""What a new user meets first (issue 22): bad input fails in seconds, before Ray, naming the key;
+defaults that run; every algorithm a table can show."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from fedray.config import ConfigError, from_dict
+from fedray.experiment import execute
+from fedray.federation import make_local_federation
+from tests.conftest import ROOT, small_config
+
+# The CLI in a fresh interpreter; fails if Ray was imported on the way to the answer.
+NO_RAY = (
+    "import sys; from jobs.cli import main; rc = main(sys.argv[1:]); "
+    "assert 'ray' not in sys.modules, 'ray was imported'; sys.exit(rc)"
+)
+
+
+def cli(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", NO_RAY, *args], cwd=ROOT, capture_output=True, text=True, timeout=180
+    )
+
+
+@pytest.mark.parametrize("command", ["run", "sweep"])
+def test_an_output_folder_that_cannot_be_written_is_refused_before_anything_starts(tmp_path, command):
+    target = ["jobs/configs/digits_sweep.yaml"] if command == "sweep" else []
+    p = cli(tmp_path, command, *target, "--output", "/proc/fedray-cannot-write-here")
+    assert p.returncode == 2, p.stderr
+    assert "config key 'output': cannot write results to '/proc/fedray-cannot-write-here'" in p.stderr
+    assert "recorded" not in p.stderr  # nothing claims a record that was not written
+
+
+def test_a_partition_that_cannot_be_drawn_fails_before_ray(tmp_path):
+    # Dir(0.5) over 100 clients of 600 samples: some client always ends below 10 samples.
+    p = cli(tmp_path, "run", "--set", "dataset=synthetic", "--set", "synthetic_size=600", "--set", "num_clients=100",
+            "--output", str(tmp_path / "out"))  # fmt: skip
+    assert p.returncode == 2, p.stderr
+    assert "config key 'partition_beta': Dir(0.5) over 100 clients gave a client with fewer than" in p.stderr
+    assert not (tmp_path / "out" / "runs").exists()
+
+
+def run(cfg) -> list:
+    return [ev for ev in execute(cfg, make_local_federation)]
+
+
+def test_layercfl_runs_on_every_model_by_default(tmp_path):
+    cfg = small_config(tmp_path, algorithm="layercfl", rounds=2)  # an MLP: no convolutions
+    assert cfg.hp == {}  # the default, auto: the first FC layer here, the convolutions on a CNN
+    assert run(cfg)[-1].summary["rounds_done"] == 2
+    with pytest.raises(ConfigError, match=r"'conv' finds no such layer in EncoderHead.*set hp.layers to fc"):
+        small_config(tmp_path, algorithm="layercfl", hp={"layers": "conv"})
+
+
+@pytest.mark.parametrize("algorithm", ["clusterfedavg", "ifca", "cfl", "fesem", "fedsoft"])
+def test_clustered_algorithms_record_a_global_accuracy_by_the_lowest_loss_rule(tmp_path, algorithm):
+    hp = {"groups": "kmeans", "num_clusters": 2} if algorithm == "clusterfedavg" else {}
+    if algorithm in ("ifca", "fesem", "fedsoft"):
+        hp = {"num_clusters": 2}
+    events = run(small_config(tmp_path, algorithm=algorithm, rounds=2, hp=hp))
+    assert "final_accuracy" in events[-1].summary
+    from analysis import load_metrics
+
+    m = load_metrics(tmp_path / "out")
+    last = m[m["round"] == 2]
+    cl = last[last["scope"] == "cluster"].pivot_table(index="entity", columns="metric", values="value")
+    best = cl["loss"].idxmin()
+    glob = last[last["scope"] == "global"].set_index("metric")["value"]
+    assert glob["accuracy"] == cl.loc[best, "accuracy"] and glob["loss"] == cl.loc[best, "loss"]
+    assert glob["global_model"] == best
+
+
+def test_a_shift_preset_keeps_fedrcs_test_split_unless_the_user_sets_one():
+    base = {"dataset": "fmnist", "model": "fedrc_cnn", "num_clients": 300, "partition": "clientwise_dirichlet",
+            "partition_beta": 1.0}  # fmt: skip
+    assert from_dict({**base, "shift": "fedrc_code"}).client_test_fraction == 0.1
+    assert from_dict({**base, "shift": "fedrc_code", "client_test_fraction": 0.2}).client_test_fraction == 0.2
+    assert from_dict({**base, "shift": "fedrc_code", "client_test_fraction": 0}).client_test_fraction == 0.0
+    assert from_dict(base).client_test_fraction == 0.0
+
+
+def test_fedconcat_rounds_follow_its_stages_unless_set():
+    cfg = from_dict({"algorithm": "fedconcat", "hp": {"encoder_rounds": 12, "classifier_rounds": 57}})
+    assert cfg.rounds == 69
+    assert (
+        from_dict({"algorithm": "fedconcat_id", "hp": {"encoder_rounds": 2, "classifier_rounds": 3}}).rounds
+        == 5
+    )
+    assert from_dict({"algorithm": "fedconcat", "hp": {"encoder_rounds": 12, "classifier_rounds": 57},
+                      "rounds": 69}).rounds == 69  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match="hp.encoder_rounds \\+ hp.classifier_rounds = 12 \\+ 57 = 69 rounds, but rounds is 70",
+    ):
+        from_dict(
+            {"algorithm": "fedconcat", "hp": {"encoder_rounds": 12, "classifier_rounds": 57}, "rounds": 70}
+        )
