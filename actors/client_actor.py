@@ -25,6 +25,11 @@ class ClientActor:
     def __init__(self, num_cpus: float) -> None:
         import torch
 
+        # The whole library now, while the coordinator starts: the algorithms' client functions
+        # arrive pickled by reference, and unpickling the first one would otherwise import it all
+        # in the first round (seconds of every run's first round).
+        import fedray.algorithms  # noqa: F401
+        import fedray.evaluation  # noqa: F401
         from fedray.federation import set_torch_threads
 
         self.threads = set_torch_threads(num_cpus)

@@ -34,14 +34,27 @@ class Task:
     weight_decay: float
     participation: float
     eval_batch_size: int
+    channels_last: bool = False  # images and convolution weights in channels-last memory format
 
     @classmethod
     def from_config(cls, cfg, spec: DataSpec) -> Task:
         return cls(
             seed=cfg.seed, model=cfg.model, spec=spec, local_epochs=cfg.local_epochs, batch_size=cfg.batch_size,
             lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, participation=cfg.participation,
-            eval_batch_size=cfg.eval_batch_size,
+            eval_batch_size=cfg.eval_batch_size, channels_last=cfg.channels_last,
         )  # fmt: skip
+
+    def layout(self, x: torch.Tensor) -> torch.Tensor:
+        """A batch in the task's memory format (channels-last for images, when asked)."""
+        if self.channels_last and x.dim() == 4:
+            return x.contiguous(memory_format=torch.channels_last)
+        return x
+
+    def placed(self, model: nn.Module, device: torch.device) -> nn.Module:
+        """``model`` on ``device`` in the task's memory format (it changes only 4-D weights)."""
+        if self.channels_last:
+            return model.to(device, memory_format=torch.channels_last)
+        return model.to(device)
 
     def build_model(self, purpose: str = "init", arch: Arch = TASK) -> nn.Module:
         """A freshly initialised model (the task's, or ``arch``); the init draws come from the
@@ -99,10 +112,12 @@ class Client:
         global and local model) asks for two slots. Without ``params``: a fresh initialisation.
         """
         if params is None:
-            return self.task.build_model(arch=arch).to(self.device)
+            return self.task.placed(self.task.build_model(arch=arch), self.device)
         m = self._model_cache.get((slot, arch))
         if m is None:
-            m = self._model_cache[(slot, arch)] = self.task.build_model(arch=arch).to(self.device)
+            m = self._model_cache[(slot, arch)] = self.task.placed(
+                self.task.build_model(arch=arch), self.device
+            )
         set_params(m, params)
         m.train()
         return m
@@ -126,7 +141,7 @@ class Client:
         for start in range(0, stop, bs):
             pos = positions[start : start + bs]
             idx = self.train_idx[pos]
-            x = self.task.spec.to_tensor(self._data.x[idx], augment=True, generator=aug)
+            x = self.task.layout(self.task.spec.to_tensor(self._data.x[idx], augment=True, generator=aug))
             yield (
                 x.to(self.device, non_blocking=True),
                 torch.from_numpy(self._data.y[idx]).to(self.device, non_blocking=True),
@@ -144,17 +159,17 @@ class Client:
 
     def eval_train_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The training split in order, without augmentation (a model evaluated on its own data)."""
-        yield from iterate(self._data, self.train_idx, self.task.spec, self.task.eval_batch_size, self.device)
+        yield from iterate(self._data, self.train_idx, self.task, self.device)
 
     def test_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        yield from iterate(self._data, self.test_idx, self.task.spec, self.task.eval_batch_size, self.device)
+        yield from iterate(self._data, self.test_idx, self.task, self.device)
 
 
 def iterate(
-    data: ArrayDataset, idx: np.ndarray, spec: DataSpec, batch_size: int, device: torch.device
+    data: ArrayDataset, idx: np.ndarray, task: Task, device: torch.device
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Batches of ``data[idx]`` in order, without augmentation (evaluation)."""
-    for start in range(0, len(idx), batch_size):
-        sel = idx[start : start + batch_size]
-        x = spec.to_tensor(data.x[sel])
+    for start in range(0, len(idx), task.eval_batch_size):
+        sel = idx[start : start + task.eval_batch_size]
+        x = task.layout(task.spec.to_tensor(data.x[sel]))
         yield x.to(device, non_blocking=True), torch.from_numpy(data.y[sel]).to(device, non_blocking=True)

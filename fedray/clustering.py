@@ -14,8 +14,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from sklearn.cluster import AgglomerativeClustering, KMeans
-from sklearn.exceptions import ConvergenceWarning
 
 from fedray.records import Record, rec
 
@@ -44,6 +42,9 @@ def kmeans(x: np.ndarray, k: int, rng: np.random.Generator) -> tuple[np.ndarray,
     algorithms keep an empty cluster's model as it is).
     """
     with warnings.catch_warnings():
+        from sklearn.cluster import KMeans  # here, not at the top: scikit-learn takes 2 s to import
+        from sklearn.exceptions import ConvergenceWarning
+
         warnings.simplefilter("ignore", ConvergenceWarning)
         km = KMeans(n_clusters=k, n_init=10, random_state=_seed(rng)).fit(x)
     return km.labels_.astype(np.int64), km.cluster_centers_, float(km.inertia_)
@@ -172,6 +173,8 @@ def euclidean_distances(x: np.ndarray) -> np.ndarray:
 def bipartition(distance: np.ndarray) -> np.ndarray:
     """CFL's split: agglomerative clustering of a precomputed distance matrix into 2 clusters with
     complete linkage (scikit-learn). Labels 0/1, 0 for the half that holds the first row."""
+    from sklearn.cluster import AgglomerativeClustering
+
     labels = (
         AgglomerativeClustering(n_clusters=2, metric="precomputed", linkage="complete")
         .fit(np.asarray(distance, dtype=np.float64))

@@ -31,6 +31,9 @@ class Started:
     num_clients: int
     placement: dict[str, Any]
     resumed_from: int = 0  # rounds already done: the checkpoint the run goes on from (0: from the start)
+    # Where the start went (jobs/bench.py): "begun" (wall clock when execute began), and seconds for
+    # "data" (load + partition) and "federation" (workers ready, data and clients handed out).
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -174,13 +177,17 @@ def execute(
     fed = None
     history: list[RoundDone] = []
     placement: dict[str, Any] = {}
+    timings = {"begun": time.time()}
     writer.acquire()  # before reading or removing anything of an earlier attempt
     try:
         if restart:
             ckpts.clear()
         latest = ckpts.latest()  # its files verified before any data is read
+        t0 = time.perf_counter()
         data = build_federated_data(cfg)
+        t1 = time.perf_counter()
         fed, placement = make_federation(cfg, data)
+        timings.update(data=t1 - t0, federation=time.perf_counter() - t1)
         alg = ALGORITHMS[cfg.algorithm]
         hp = alg.make_hparams(cfg.hp)
         if latest is None:
@@ -198,9 +205,7 @@ def execute(
             writer.event("resumed", start, reason or "started again")
             writer.write_progress(summarize(history, writer.elapsed(), placement))
         fed.take_traffic()
-        yield Started(
-            run_id, len(data.clients) - len(data.test_clients), placement, start
-        )  # training clients
+        yield Started(run_id, len(data.clients) - len(data.test_clients), placement, start, timings)
 
         def save(rounds_done: int, state: Any) -> Checkpointed:
             extra = {"history": [dataclasses.asdict(h) for h in history], "elapsed": writer.elapsed()}

@@ -15,8 +15,6 @@ import warnings
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.cluster.hierarchy import fcluster, linkage
-from scipy.spatial.distance import cdist
 
 # ------------------------------------------------------------------------------------------------
 # FedCat (ALGORITHMS.md §5)
@@ -111,6 +109,8 @@ def update_distances(updates: np.ndarray, measure: str, chunk: int = 1 << 16) ->
     n = g.shape[0]
     if measure not in ("arccos", "L2", "L1"):
         raise ValueError(f"unknown distance {measure!r}: arccos, L2 or L1")
+    from scipy.spatial.distance import cdist  # scipy is imported where it is used (start-up time)
+
     acc = np.zeros((n, n))
     for start in range(0, max(g.shape[1], 1), chunk):
         part = g[:, start : start + chunk].astype(np.float64)
@@ -151,6 +151,8 @@ def similarity_strata(
         return np.ones((m, 1))
     with warnings.catch_warnings():  # the rows are the observations on purpose (reference code)
         warnings.filterwarnings("ignore", message=".*uncondensed distance matrix")
+        from scipy.cluster.hierarchy import fcluster, linkage
+
         z = linkage(np.asarray(distances, dtype=np.float64), "ward")
     weights = list(units)
     for row in z:  # row i merges clusters z[i,0] and z[i,1] into cluster N + i

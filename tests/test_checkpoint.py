@@ -29,7 +29,7 @@ from analysis import (
     model_index,
 )
 from fedray.checkpoint import CheckpointError, decode, encode, read_blob, write_blob
-from fedray.client import iterate
+from fedray.client import Task, iterate
 from fedray.data import build_federated_data
 from fedray.experiment import Checkpointed, RoundDone, Started, execute
 from fedray.federation import Baton, make_local_federation
@@ -307,7 +307,8 @@ def _accuracy(module, cfg) -> float:
     test = data.dataset.test
     correct = 0
     with torch.no_grad():
-        for x, y in iterate(test, np.arange(len(test)), data.dataset.spec, 256, torch.device("cpu")):
+        task = Task.from_config(cfg, data.dataset.spec)
+        for x, y in iterate(test, np.arange(len(test)), task, torch.device("cpu")):
             correct += int((module(x).argmax(1) == y).sum())
     return correct / len(test)
 

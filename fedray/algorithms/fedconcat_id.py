@@ -59,7 +59,7 @@ def inferred_distribution(client: Client, model: torch.nn.Module, n: int) -> np.
     model.eval()
     total = torch.zeros(client.task.spec.num_classes, dtype=torch.float64)
     for start in range(0, n, BATCH):
-        x = client.task.spec.random_inputs(min(BATCH, n - start), gen).to(client.device)
+        x = client.task.layout(client.task.spec.random_inputs(min(BATCH, n - start), gen)).to(client.device)
         total += torch.softmax(model(x), dim=1).sum(dim=0).double().cpu()
     return (total / n).numpy()
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from scipy import ndimage
 from skimage import color, draw, feature, filters, transform, util
 
 Corruption = Callable[[np.ndarray, int, np.random.Generator], np.ndarray]
@@ -163,6 +162,8 @@ def _motion_blur(batch: np.ndarray, severity: int, rng: np.random.Generator) -> 
     radius, sigma = _MOTION[severity - 1]
     angles = [rng.uniform(-45.0, 45.0) for _ in range(len(batch))]
     x, out = _unit(batch), np.empty(batch.shape)
+    from scipy import ndimage  # imported where used (start-up time)
+
     for k, angle in enumerate(angles):
         kernel, origin = _motion_kernel(radius, sigma, angle)
         out[k] = ndimage.correlate(x[k], kernel, mode="nearest", origin=origin)

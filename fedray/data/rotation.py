@@ -7,7 +7,6 @@ read ``local_accuracy`` for rotated groups."""
 from __future__ import annotations
 
 import numpy as np
-from scipy import ndimage
 
 
 def group_angle(group: int, groups: int) -> float:
@@ -19,6 +18,8 @@ def rotate(x: np.ndarray, degrees: float) -> np.ndarray:
     quarter, rest = divmod(float(degrees), 90.0)
     if rest == 0.0:
         return np.ascontiguousarray(np.rot90(x, k=int(quarter) % 4, axes=(-2, -1)))
+    from scipy import ndimage  # imported where used (start-up time)
+
     out = ndimage.rotate(
         x.astype(np.float32), degrees, axes=(-1, -2), reshape=False, order=1, mode="constant"
     )
