@@ -75,18 +75,28 @@ def test_client_state_keeps_gamma_and_omega_and_drops_removed_models():
     assert kept.ids == [0, 2] and sorted(kept.opt) == [0]
 
 
-def test_removal_drops_a_model_everywhere(tmp_path):
-    cfg = small_config(tmp_path, algorithm="fedrc", hp={"num_clusters": 3, "delta": 0.34}, **OVER)
+def test_removal_waits_for_converged_shares_then_drops_a_model_everywhere(tmp_path):
+    # App. F: removal once gamma has converged. Round 0 has no previous shares, so nothing goes; with
+    # removal_tol 1 any later round counts as converged, with a tiny one none does.
+    cfg = small_config(
+        tmp_path, algorithm="fedrc", hp={"num_clusters": 3, "delta": 0.34, "removal_tol": 1.0}, **OVER
+    )
     fed, _ = make_local_federation(cfg, build_federated_data(cfg))
     hp = ALGORITHMS["fedrc"].make_hparams(cfg.hp)
     s = fedrc.init(fed, hp)
     s1, records = fedrc.round(s, fed, hp, 0)
+    assert not [r for r in records if r.get("metric") == "removed"] and len(s1.models) == 3
+    assert s1.shares.sum() == pytest.approx(1.0) and len(s1.shares) == 3
+    strict = ALGORITHMS["fedrc"].make_hparams({**cfg.hp, "removal_tol": 1e-12})
+    _, records = fedrc.round(s1, fed, strict, 1)
+    assert not [r for r in records if r.get("metric") == "removed"]  # the shares still move
+    s2, records = fedrc.round(s1, fed, hp, 1)
     removed = [r["entity"] for r in records if r.get("metric") == "removed"]
-    assert removed and len(s1.models) == 3 - len(removed) and s1.prior.shape[0] == len(s1.models)
-    assert all(st.shape[0] == len(s1.models) for st in s1.stats.values())
-    s2, _ = fedrc.round(s1, fed, hp, 1)  # clients drop the removed rows on the next message
-    omegas = fed.map(fedem.report_omega, fed.client_ids, {"ids": sorted(s2.models)})
-    assert all(len(o) == len(s2.models) and o.sum() == pytest.approx(1.0) for o in omegas.values())
+    assert removed and len(s2.models) == 3 - len(removed) and s2.prior.shape[0] == len(s2.models)
+    assert all(st.shape[0] == len(s2.models) for st in s2.stats.values()) and s2.shares is None
+    s3, _ = fedrc.round(s2, fed, hp, 2)  # clients drop the removed rows on the next message
+    omegas = fed.map(fedem.report_omega, fed.client_ids, {"ids": sorted(s3.models)})
+    assert all(len(o) == len(s3.models) and o.sum() == pytest.approx(1.0) for o in omegas.values())
 
 
 def test_omega_of_every_participant_is_written_each_round(tmp_path):
@@ -107,3 +117,18 @@ def test_omega_of_every_participant_is_written_each_round(tmp_path):
 def test_bad_fedrc_settings_name_the_key(tmp_path, hp, match):
     with pytest.raises(ConfigError, match=match):
         small_config(tmp_path, algorithm="fedrc", hp=hp)
+
+
+def test_every_sampled_client_enters_each_models_average_a_skipper_with_what_it_received():
+    # Algorithm 1, line 11 (and the FedRC code): theta_k = sum_i n_i theta_ik / sum_i n_i over the
+    # sampled clients; client A (n = 1) skipped model 1 (omega = 0), so it brings the received model.
+    received = {0: {"w": np.array([0.0, 0.0])}, 1: {"w": np.array([10.0, 10.0])}}
+    agg = fedem.MixtureAverage(received)
+    agg.add([{"w": np.array([1.0, 2.0])}, None], 1)  # client A
+    agg.add([{"w": np.array([3.0, 6.0])}, {"w": np.array([2.0, 6.0])}], 3)  # client B
+    out = agg.result()
+    np.testing.assert_allclose(out[0]["w"], [(1 * 1 + 3 * 3) / 4, (1 * 2 + 3 * 6) / 4])  # [2.5, 5]
+    np.testing.assert_allclose(
+        out[1]["w"], [(1 * 10 + 3 * 2) / 4, (1 * 10 + 3 * 6) / 4]
+    )  # [4, 7], not B's [2, 6]
+    assert agg.trained == {0: 2, 1: 1}

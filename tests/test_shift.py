@@ -133,3 +133,22 @@ def test_fedrc_on_the_shift_benchmark_is_the_same_in_process_and_on_1_and_3_acto
         list(execute(cfg, make_ray_federation))
         got = _metrics(cfg.output)
         assert got.equals(ref), f"{n} actors differ from --local:\n{got.compare(ref)}"
+
+
+def test_fedrc_global_accuracy_at_a_round_does_not_depend_on_eval_every(tmp_path):
+    # The test clients' E-step runs after every round (the FedRC code at log_freq 1), not at each
+    # evaluation: evaluated every round or only at the end, round 4 reads the same.
+    got = {}
+    for every in (1, 2, 4):
+        cfg = shift_config(tmp_path, data=tmp_path / "data", algorithm="fedrc", rounds=4, eval_every=every,
+                           hp={"num_clusters": 2}, output=str(tmp_path / f"out{every}"))  # fmt: skip
+        list(execute(cfg, make_local_federation))
+        m = load_metrics(cfg.output, scope="global")
+        got[every] = m[(m["round"] == 4) & m["metric"].isin(["accuracy", "loss", "local_accuracy", "train_accuracy"])
+                       ].set_index("metric")["value"].to_dict()  # fmt: skip
+    assert got[1] == got[2] == got[4] and set(got[1]) == {
+        "accuracy",
+        "loss",
+        "local_accuracy",
+        "train_accuracy",
+    }

@@ -11,15 +11,22 @@ K global models. Each participant, per round (client state: gamma K x n, omega K
    the received weights (drop_last batches, as the code's loaders);
 3. reports per-class gamma sums S[k, y] (FedRC's label prior; FedEM ignores them).
 
-The server averages each model over the participants that trained it (weights n_i, participants
-only: the FedRC code; FedEM's own code weighs over all clients, the same at full participation).
+The server averages each model over every sampled client (weights n_i over the participants, the
+paper's Algorithm 1 and the FedRC code): a participant that skipped model k (omega_k = 0) counts
+with the model it received, so a model few clients train moves little (FedEM's own code weighs over
+all clients, the same at full participation).
 Model k starts from its own init (seed + k, as the code). Replies are folded into the per-model
 averages one at a time (`Federation.map_fold`), so the coordinator never holds every client's K
 models. Prediction is the omega-weighted softmax
 ensemble (``hard_predict``: the argmax model's). ``accuracy`` is that ensemble on the global test
-set with the population's omega (the size-weighted mean of the clients' omega; FedRC-style test
-clients come with the shift preset); ``local_accuracy`` each client's ensemble on its test split, ``train_accuracy`` on its training split
-(pooled; FedRC reads its numbers at the round of best train accuracy: ``fedray report --at best-train``).
+set with the population's omega (the size-weighted mean of the clients' omega). With the shift
+preset's test clients it is their mean accuracy: after every round (as the FedRC code does at its
+default log_freq of 1, whatever the evaluation interval) each test client takes the new models, runs
+one E-step (FedEM's form: test clients never get the label prior) on its 90% and keeps its omega;
+an evaluation reads its ensemble on its 10%, so the number at a round does not depend on
+``eval_every``. ``local_accuracy`` is each client's ensemble on its test split, ``train_accuracy``
+on its training split (pooled; FedRC reads its numbers at the round of best train accuracy:
+``fedray report --at best-train``).
 Per round, every participant's omega goes to ``assignments/`` (one row per model, weight omega_k).
 """
 
@@ -64,6 +71,7 @@ class State:
     models: dict[int, Params]  # model id -> theta_k (ids stay fixed when FedRC removes a model)
     prior: np.ndarray | None = None  # FedRC: C_{y,k}, K x C over the live models (None: FedEM)
     stats: dict[int, np.ndarray] = field(default_factory=dict)  # FedRC: each client's last reported S, K x C
+    shares: np.ndarray | None = None  # FedRC: each live model's share of all responsibilities, last round
 
 
 def models(state: State, hp: Hparams) -> list[SavedModel]:
@@ -232,13 +240,27 @@ def global_ensemble_eval(client: Client, cstate: Any, msg: dict) -> tuple[list, 
     return [ensemble_eval(client, state, msg["models"], msg["hard"], client.test_batches)], cstate
 
 
-def test_client_step(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
-    """Client function for a FedRC test client: one E-step (FedEM's form: test clients never get the
-    label prior) and omega update on its 90% part, kept for the next evaluation, then the ensemble's
-    accuracy on its 10% part (ALGORITHMS.md §3(a), evaluation protocol)."""
+def test_client_e_step(client: Client, cstate: Any, msg: dict) -> tuple[None, Any]:
+    """Client function for a FedRC test client, after every round: one E-step (FedEM's form: test
+    clients never get the label prior) and omega update on its 90% part with the round's models,
+    kept (ALGORITHMS.md §3(a), evaluation protocol)."""
+    return None, e_step(client, aligned(cstate, msg["ids"], client.num_examples), msg["models"], {})
+
+
+def test_client_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+    """Client function for a FedRC test client: its ensemble (the omega of its latest E-step) on its
+    10% part. State unchanged."""
     state = aligned(cstate, msg["ids"], client.num_examples)
-    state = e_step(client, state, msg["models"], {})
-    return ensemble_eval(client, state, msg["models"], msg["hard"], client.test_batches), state
+    return ensemble_eval(client, state, msg["models"], msg["hard"], client.test_batches), cstate
+
+
+def update_test_clients(fed: Federation, state: State) -> None:
+    """The shift preset's test clients take the round's models and run their E-step."""
+    if fed.test_client_ids:
+        ids = sorted(state.models)
+        fed.map(
+            test_client_e_step, fed.test_client_ids, {"ids": ids, "models": [state.models[i] for i in ids]}
+        )
 
 
 def report_omega(client: Client, cstate: Any, msg: dict) -> tuple[np.ndarray, Any]:
@@ -247,6 +269,26 @@ def report_omega(client: Client, cstate: Any, msg: dict) -> tuple[np.ndarray, An
 
 
 # ---- server side --------------------------------------------------------------------------------
+
+
+class MixtureAverage:
+    """Per-model FedAvg over every sampled client (the paper's Algorithm 1, line 11, and the FedRC
+    code's aggregator): theta_k = sum_i n_i theta_ik / sum_i n_i, where a client that skipped model
+    k (omega_ik = 0) brings the model it received. Fed one reply at a time."""
+
+    def __init__(self, received: dict[int, Params]) -> None:
+        self.received = received
+        self.sums = {mid: WeightedSum() for mid in received}
+        self.trained = dict.fromkeys(received, 0)  # clients that trained each model
+
+    def add(self, trained: list[Params | None], n: float) -> None:
+        for mid, params in zip(self.sums, trained, strict=True):
+            if params is not None:
+                self.trained[mid] += 1
+            self.sums[mid].add(self.received[mid] if params is None else params, n)
+
+    def result(self) -> dict[int, Params]:
+        return {mid: s.result() for mid, s in self.sums.items() if s.count}
 
 
 def mixture_round(
@@ -260,22 +302,18 @@ def mixture_round(
            "persistent_optimizer": hp.persistent_optimizer, "drop_last": hp.drop_last, **extra}  # fmt: skip
     # Each reply is folded into the per-model sums as it arrives (3 models x 300 clients would be
     # gigabytes held at once); what is left of it (omega, statistics, counts) is small.
-    sums = {mid: WeightedSum() for mid in ids}
+    agg = MixtureAverage({mid: state.models[mid] for mid in ids})
 
     def fold(replies: dict, cid: int, reply: dict) -> dict:
-        for mid, params in zip(ids, reply.pop("models"), strict=True):
-            if params is not None:
-                sums[mid].add(params, reply["num_examples"])
+        agg.add(reply.pop("models"), reply["num_examples"])
         replies[cid] = copy.deepcopy(reply)  # owned copies: Ray's arrays are views that pin the whole reply
         return replies
 
     replies = fed.map_fold(mixture_update, cids, msg, fold, {})
-    models = dict(state.models)
-    records: list[Record] = []
-    for mid in ids:
-        if sums[mid].count:  # a model nobody trained keeps its weights
-            models[mid] = sums[mid].result()
-        records.append(rec("participants", sums[mid].count, scope="cluster", entity=mid))
+    models = {**state.models, **agg.result()}
+    records: list[Record] = [
+        rec("participants", agg.trained[mid], scope="cluster", entity=mid) for mid in ids
+    ]
     samples = sum(r["train_samples"] for r in replies.values())
     if samples:  # train_accuracy comes from evaluation: the ensembles on the clients' training splits
         records.append(rec("train_loss", sum(r["train_loss_sum"] for r in replies.values()) / samples))
@@ -286,6 +324,7 @@ def mixture_round(
 
 def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
     new, records, _ = mixture_round(state, fed, hp, rnd, {})
+    update_test_clients(fed, new)
     return new, records
 
 
@@ -295,7 +334,7 @@ def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Recor
     omega = fed.map(report_omega, fed.client_ids, {"ids": ids})
     if fed.test_client_ids:
         msg = {"ids": ids, "models": models, "hard": hp.hard_predict}
-        records = test_client_records(fed.map(test_client_step, fed.test_client_ids, msg))
+        records = test_client_records(fed.map(test_client_eval, fed.test_client_ids, msg))
     else:
         n = fed.num_examples()
         population = sum(n[c] * omega[c] for c in omega) / sum(n.values())

@@ -10,7 +10,8 @@ is FedEM's round exactly.
 
 Options: ``adam`` (FedRC-Adam, gamma moved by an Adam step towards the E-step result: ``paper``
 constants b1 0.9, b2 0.99, or the ``code``'s 0.5, 0.5; register row 12); ``delta`` > 0 (adaptive
-removal, App. F: after a round, a model whose share of all responsibilities is below delta is
+removal, App. F: once the responsibilities have converged, i.e. no model's share of all of them
+moved by more than ``removal_tol`` since the previous round, a model whose share is below delta is
 dropped by the server and by every client, which renormalises its gamma; the code has it disabled,
 row 13); ``xi`` > 0 (each client adds N(0, xi^2) noise to the sums it reports; the paper suggests
 25, the code uses 100; row 15); ``finetune`` (FedRC-FT: before evaluation each client fine-tunes
@@ -46,6 +47,8 @@ class Hparams(fedem.Hparams):
     delta: float = (
         0.0  # adaptive removal threshold on a model's share of all gamma (0 = no removal; paper 0.05)
     )
+    # removal waits until no model's share of all responsibilities moved by more than this in a round
+    removal_tol: float = 0.01
     xi: float = 0.0  # std of the Gaussian noise on the reported per-class gamma sums (0 = off; paper 25)
     finetune: bool = False  # FedRC-FT: one gamma-weighted epoch on copies before evaluation
     label_prior: bool = True  # False: no C_{y,k} (FedEM)
@@ -58,6 +61,8 @@ class Hparams(fedem.Hparams):
             raise ValueError(f"config key 'hp.delta': a share in [0, 1), got {self.delta}")
         if self.xi < 0:
             raise ValueError(f"config key 'hp.xi': a standard deviation >= 0, got {self.xi}")
+        if self.removal_tol <= 0:
+            raise ValueError(f"config key 'hp.removal_tol': a share > 0, got {self.removal_tol}")
 
 
 State = fedem.State
@@ -82,7 +87,14 @@ def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, 
     stats = {**state.stats, **{c: r["stats"] for c, r in replies.items()}}
     ids = sorted(new.models)
     total = summed_stats(replace(new, stats=stats), fed, ids)
-    if hp.delta > 0:
+    share = total.sum(axis=1) / total.sum()
+    converged = (
+        state.shares is not None
+        and len(state.shares) == len(share)
+        and (np.abs(share - state.shares).max() <= hp.removal_tol)
+    )
+    new = replace(new, shares=share)
+    if hp.delta > 0 and converged:
         keep = mixture.models_to_keep(total.sum(axis=1), hp.delta)
         if not keep.all():
             gone = [i for i, k in zip(ids, keep, strict=True) if not k]
@@ -91,7 +103,10 @@ def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, 
             new = replace(new, models={i: new.models[i] for i in ids})
             stats = {c: s[keep] for c, s in stats.items()}
             total = total[keep]
-    return replace(new, stats=stats, prior=mixture.label_prior(total)), records
+            new = replace(new, shares=None)  # the shares of the models left start converging anew
+    new = replace(new, stats=stats, prior=mixture.label_prior(total))
+    fedem.update_test_clients(fed, new)
+    return new, records
 
 
 def finetuned_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
