@@ -34,6 +34,9 @@ _PARTITION_KEYS = (
     "partition_name",
 )
 AT = ("final", "best-train", "best")
+# Besides the hp.* keys, what `--tuned` picks the best of: the local learning rate (the FedRC paper
+# tunes every algorithm's from {0.01, 0.03, 0.06, 0.1}).
+TUNED_KEYS = ("lr",)
 FORMATS = ("text", "markdown", "csv", "latex")
 
 
@@ -222,7 +225,7 @@ def label_runs(
 
     hps = df["hparams"] if "hparams" in df else [{}] * len(df)
 
-    tunable = {k for k in extra if k.startswith("hp.")} if tuned else set()
+    tunable = {k for k in extra if k.startswith("hp.") or k in TUNED_KEYS} if tuned else set()
     if extra - tunable:
         df["col"] = [
             f"{col} {suffix(c, h, extra - tunable)}".strip()
@@ -241,7 +244,7 @@ def pivot(
     """Long table of cells: experiment, row fields..., col, mean, std, n (seeds with a value), runs,
     setting.
 
-    With ``tuned``, runs that differ in hyperparameters (``hp.*``) share a cell, and the cell shows
+    With ``tuned``, runs that differ in hyperparameters (``hp.*``, and ``lr``) share a cell, and the cell shows
     the setting with the best mean over its seeds (the first seen on a tie), as papers report tuned
     baselines; ``setting`` names it ("" where there was nothing to choose). The choice is made per
     cell, on the value read, so it is only as fair as that value (a test-set choice, as in the papers).

@@ -1,4 +1,12 @@
-"""Evaluation of models: the global test set spread over the workers, local test splits on the clients."""
+"""Evaluation of models: the global test set spread over the workers, local test splits on the clients,
+and every algorithm's ``train_accuracy``.
+
+``train_accuracy`` (and ``train_loss``) means one thing for every algorithm, the FedRC code's train
+accuracy: after the round, each training client's predictor (the global model; its cluster's
+model; its personal model; its mixture ensemble) on the client's own training split, without
+augmentation, pooled over the clients' samples. ``fedray report --at best-train`` picks a run's round
+by it. The running loss and accuracy of the round's local SGD steps are ``sgd_loss`` and
+``sgd_accuracy``."""
 
 from __future__ import annotations
 
@@ -72,13 +80,27 @@ def lowest_loss_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]
     best = msg.get("assigned", {}).get(client.cid)
     if best is None:
         best = int(np.argmin(mean_losses(client, msg["models"])))
-    stats = evaluate(client.model(msg["models"][best]), client.test_batches())
+    batches = client.eval_train_batches() if msg.get("on") == "train" else client.test_batches()
+    stats = evaluate(client.model(msg["models"][best]), batches)
     return {
         "correct": stats.correct,
         "samples": stats.samples,
         "loss_sum": stats.loss_sum,
         "model": best,
     }, cstate
+
+
+def train_split_records(
+    fed: Federation, groups: Sequence[tuple[Sequence[int], dict]], fn: ClientFn | None = None, stage: str = ""
+) -> list[Record]:
+    """``train_accuracy`` and ``train_loss``: each group's clients evaluate the group's message with
+    ``fn`` (default: the received model on the client's training split), pooled over the samples."""
+    replies = fed.map_groups(fn or member_eval, [g for g in groups if g[0]])
+    samples = sum(r["samples"] for r in replies.values())
+    if not samples:
+        return []
+    return [rec("train_accuracy", sum(r["correct"] for r in replies.values()) / samples, stage=stage),
+            rec("train_loss", sum(r["loss_sum"] for r in replies.values()) / samples, stage=stage)]  # fmt: skip
 
 
 def cluster_global_records(fed: Federation, models: Sequence[Params], stage: str = "") -> list[Record]:
@@ -121,7 +143,12 @@ def hard_cluster_records(
     if with_test:
         msg = {"models": list(models), "assigned": {c: assigned[c] for c in with_test if c in assigned}}
         records += own_data_records(fed, [(with_test, msg)], lowest_loss_eval, "local_accuracy", stage)
-    return records
+    msg = {
+        "models": list(models),
+        "assigned": {c: assigned[c] for c in fed.client_ids if c in assigned},
+        "on": "train",
+    }
+    return records + train_split_records(fed, [(fed.client_ids, msg)], lowest_loss_eval, stage)
 
 
 def lowest_loss_records(fed: Federation, models: Sequence[Params], stage: str = "") -> list[Record]:
@@ -148,7 +175,7 @@ def single_model_records(fed: Federation, params: Params, stage: str = "", arch:
         records += own_data_records(
             fed, [(with_test, model_msg(params, arch))], local_eval, "local_accuracy", stage
         )
-    return records
+    return records + train_split_records(fed, [(fed.client_ids, model_msg(params, arch))], stage=stage)
 
 
 def own_data_records(
@@ -215,4 +242,4 @@ def cluster_model_records(
         records += own_data_records(
             fed, groups(fed.client_ids), member_eval, "member_accuracy", stage, per_group=True
         )
-    return records
+    return records + train_split_records(fed, groups(fed.client_ids), stage=stage)

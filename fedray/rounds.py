@@ -93,15 +93,16 @@ def fedavg_aggregate(replies: Mapping[int, Mapping[str, Any]]) -> Params:
 
 
 def train_records(replies: Mapping[int, Mapping[str, Any]], stage: str = "") -> list[Record]:
-    """Sample-weighted training loss and accuracy of this round's local training."""
+    """Sample-weighted loss and accuracy of this round's local SGD steps, as they ran (``sgd_loss``,
+    ``sgd_accuracy``; ``train_accuracy`` is the evaluation's: `evaluation.train_split_records`)."""
     samples = sum(r["train_samples"] for r in replies.values())
     if samples == 0:
         return []
     loss = sum(r["train_loss_sum"] for r in replies.values()) / samples
     acc = sum(r["train_correct"] for r in replies.values()) / samples
     return [
-        rec("train_loss", loss, stage=stage),
-        rec("train_accuracy", acc, stage=stage),
+        rec("sgd_loss", loss, stage=stage),
+        rec("sgd_accuracy", acc, stage=stage),
         rec("participants", len(replies), stage=stage),
     ]
 

@@ -17,7 +17,7 @@ class Step:
     """What an objective computes for one batch."""
 
     logits: torch.Tensor  # the model's predictions: train accuracy is counted on these
-    ce: torch.Tensor  # the batch's mean cross-entropy, reported as train_loss
+    ce: torch.Tensor  # the batch's mean cross-entropy, reported as sgd_loss
     loss: torch.Tensor  # what the optimizer minimises
 
 

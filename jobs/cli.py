@@ -40,7 +40,7 @@ def _fmt_round(ev) -> str:
     m = ev.metrics
     parts = [f"round {ev.round:>{len(str(ev.rounds))}}/{ev.rounds}" + (f" {ev.stage}" if ev.stage else "")]
     for key, label, fmt in (("accuracy", "acc", "{:.4f}"), ("loss", "loss", "{:.4f}"), ("local_accuracy", "local_acc", "{:.4f}"),
-                            ("train_accuracy", "train_acc", "{:.4f}"), ("train_loss", "train_loss", "{:.4f}")):  # fmt: skip
+                            ("train_accuracy", "train_acc", "{:.4f}"), ("sgd_loss", "sgd_loss", "{:.4f}")):  # fmt: skip
         if key in m:
             parts.append(f"{label} {fmt.format(m[key])}")
     parts.append(f"{ev.seconds:.2f}s")
@@ -326,7 +326,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             print(f"(runs without stage {args.stage!r}, here {', '.join(algs)}: read at their final round)")
         chosen = cells[cells["setting"] != ""]
         if args.tuned:
-            print("tuned: each cell is its column's best hp setting (best mean over seeds), here:" if len(chosen)
+            print("tuned: each cell is its column's best hp (and lr) setting (best mean over seeds), here:" if len(chosen)
                   else "tuned: no cell had hp settings to choose from")  # fmt: skip
             for _, c in chosen.iterrows():
                 where = " ".join(str(c[f]) for f in rows)
@@ -436,7 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_rep.add_argument("--cols", default="algorithm", help="fields for columns (default algorithm)")
     p_rep.add_argument("--format", choices=("text", "markdown", "csv", "latex"), default="text")
     p_rep.add_argument("--tuned", action="store_true",
-                       help="runs that differ only in hp share a cell, which shows the best setting (listed below the table)")  # fmt: skip
+                       help="runs that differ only in hp (or lr) share a cell, which shows the best setting (listed below the table)")  # fmt: skip
     p_rep.add_argument("--all", action="store_true", help="include failed and unfinished runs")
     p_rep.add_argument("--no-plots", action="store_true", help="only print the table")
     p_rep.set_defaults(func=cmd_report)

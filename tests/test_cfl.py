@@ -154,7 +154,8 @@ def test_cfl_that_never_splits_is_fedavg(tmp_path):
     got = metrics(small_config(tmp_path / "cfl", algorithm="cfl", hp={"eps1": 0.0, "persistent_optimizer": False},
                                **OVER))  # fmt: skip
     for name, scope in [("accuracy", "cluster"), ("loss", "cluster"), ("local_accuracy", "global"),
-                        ("train_loss", "global"), ("train_accuracy", "global")]:  # fmt: skip
+                        ("train_loss", "global"), ("train_accuracy", "global"), ("sgd_loss", "global"),
+                        ("sgd_accuracy", "global")]:  # fmt: skip
         a = ref[(ref["metric"] == name) & (ref["scope"] == "global")]["value"].tolist()
         b = got[(got["metric"] == name) & (got["scope"] == scope)]["value"].tolist()
         assert len(a) == 3 and a == b, name

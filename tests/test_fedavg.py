@@ -89,7 +89,7 @@ def test_one_full_batch_step_equals_one_centralised_gradient_step():
         np.testing.assert_allclose(new.params[k], expected[k], rtol=1e-5, atol=1e-6)
     recorded = {r["metric"]: r["value"] for r in records}
     assert recorded["participants"] == 2
-    assert recorded["train_loss"] == pytest.approx(
+    assert recorded["sgd_loss"] == pytest.approx(
         float(loss.detach()), rel=1e-5
     )  # the same loss, sample-weighted
 

@@ -136,7 +136,16 @@ def test_a_cycle_is_the_hand_off_of_copies_and_eq_3(tmp_path):
 def test_chains_of_length_1_with_random_devices_are_fedavg_exactly(tmp_path):
     # w/ DC (FedAvg's sampling) and w/ GC (aggregate every round): FedAvg, value for value
     over = dict(rounds=3, participation=0.5, client_test_fraction=0.2, seed=5)
-    keep = ["accuracy", "loss", "local_accuracy", "train_loss", "train_accuracy", "participants"]
+    keep = [
+        "accuracy",
+        "loss",
+        "local_accuracy",
+        "train_loss",
+        "train_accuracy",
+        "sgd_loss",
+        "sgd_accuracy",
+        "participants",
+    ]
     ref = metrics(small_config(tmp_path / "fedavg", **over))
     got = metrics(small_config(tmp_path / "fedcat", algorithm="fedcat",
                                hp={"grouping": False, "concatenation": False}, **over))  # fmt: skip

@@ -270,7 +270,7 @@ def test_fedconcat_ifca_with_one_cluster_trains_fedconcats_encoder(tmp_path):
     hp = {"num_clusters": 1, "encoder_rounds": 2, "classifier_rounds": 0}
     a = run(small_config(tmp_path / "a", algorithm="fedconcat", hp=hp, **over))
     b = run(small_config(tmp_path / "b", algorithm="fedconcat", hp={**hp, "clustering": "ifca"}, **over))
-    for name in ("train_loss", "train_accuracy"):
+    for name in ("train_loss", "train_accuracy", "sgd_loss", "sgd_accuracy"):
         assert a[a["metric"] == name]["value"].tolist() == b[b["metric"] == name]["value"].tolist()
     pick = lambda d: d[(d["metric"] == "accuracy") & (d["scope"] == "cluster")]["value"].tolist()  # noqa: E731
     assert pick(a) == pick(b) and len(pick(a)) == 2

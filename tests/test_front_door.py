@@ -99,3 +99,44 @@ def test_fedconcat_rounds_follow_its_stages_unless_set():
         from_dict(
             {"algorithm": "fedconcat", "hp": {"encoder_rounds": 12, "classifier_rounds": 57}, "rounds": 70}
         )
+
+
+def _pooled_train_accuracy(cfg, model_of) -> float:
+    """Worked out apart from the algorithm: every training client's predictor (``model_of(cid)``) on
+    its own training split, pooled over the samples."""
+    import torch
+
+    from fedray.data import build_federated_data
+
+    data = build_federated_data(cfg)
+    correct = total = 0
+    for cid, ix in data.clients.items():
+        x = data.dataset.spec.to_tensor(data.dataset.train.x[ix.train])
+        with torch.no_grad():
+            pred = model_of(cid)(x).argmax(1).numpy()
+        correct += int((pred == data.dataset.train.y[ix.train]).sum())
+        total += len(ix.train)
+    return correct / total
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "ifca"])
+def test_train_accuracy_is_each_clients_predictor_on_its_training_split(tmp_path, algorithm):
+    # One definition for every algorithm (the FedRC code's, which `--at best-train` reads): after the
+    # round, the model each client predicts with, on its own training split, pooled. Not the running
+    # accuracy of local SGD (sgd_accuracy), which differs.
+    from analysis import load_assignments, load_metrics, load_models
+
+    hp = {"num_clusters": 2} if algorithm == "ifca" else {}
+    cfg = small_config(tmp_path, algorithm=algorithm, rounds=2, hp=hp)
+    run(cfg)
+    m = load_metrics(cfg.output, scope="global")
+    last = m[m["round"] == 2].set_index("metric")["value"]
+    models = load_models(cfg.output, cfg.run_id())
+    if algorithm == "fedavg":
+        expected = _pooled_train_accuracy(cfg, lambda cid: models["global"])
+    else:
+        a = load_assignments(cfg.output)
+        final = a[a["round"] == a["round"].max()].set_index("client")["cluster"]
+        expected = _pooled_train_accuracy(cfg, lambda cid: models[f"cluster-{final[cid]}"])
+    assert last["train_accuracy"] == pytest.approx(expected, abs=1e-12)
+    assert "sgd_accuracy" in last  # the running accuracy of the round's SGD steps, under its own name

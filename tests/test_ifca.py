@@ -21,7 +21,8 @@ def test_one_cluster_is_fedavg(tmp_path, algorithm):
     ref = metrics(small_config(tmp_path / "fedavg", **OVER))
     got = metrics(small_config(tmp_path / algorithm, algorithm=algorithm, hp={"num_clusters": 1}, **OVER))
     for name, scope in [("accuracy", "cluster"), ("loss", "cluster"), ("local_accuracy", "global"),
-                        ("train_loss", "global"), ("train_accuracy", "global")]:  # fmt: skip
+                        ("train_loss", "global"), ("train_accuracy", "global"), ("sgd_loss", "global"),
+                        ("sgd_accuracy", "global")]:  # fmt: skip
         a = ref[(ref["metric"] == name) & (ref["scope"] == "global")]["value"].tolist()
         b = got[(got["metric"] == name) & (got["scope"] == scope)]["value"].tolist()
         assert len(a) == 3 and a == b, name

@@ -20,7 +20,7 @@ def write_run(
 ) -> str:
     """One run with the given records per round; ``cfg`` is a full config dict (edited freely)."""
     run_id = f"{cfg['algorithm']}-{cfg['experiment']}-{cfg['partition']}{cfg['partition_k']}{cfg['partition_beta']}" \
-             f"-{sorted(cfg['hp'].items())}-s{cfg['seed']}"  # fmt: skip
+             f"-{sorted(cfg['hp'].items())}-lr{cfg['lr']}-s{cfg['seed']}"  # fmt: skip
     w = ResultsWriter(out, run_id, cfg, flush_every_s=0)
     w.start()
     for r, records in rounds.items():
@@ -115,7 +115,7 @@ def test_tuned_shows_each_cells_best_hp_setting_and_names_it(results):
     assert chosen == [["table", "#C=2", "fedprox", "hp.mu=0.001"]]
     p = run([sys.executable, "-m", "jobs.cli", "report", str(results), "--tuned", "--no-plots"], cwd=ROOT)
     assert p.returncode == 0, p.stderr
-    assert "tuned: each cell is its column's best hp setting" in p.stdout
+    assert "tuned: each cell is its column's best hp (and lr) setting" in p.stdout
     assert "\n  table: synthetic #C=2 fedprox: hp.mu=0.001\n" in p.stdout
 
 
@@ -217,3 +217,22 @@ def test_fedray_report_command(results):
     assert bad.returncode == 2 and "stage 'nope' was not recorded" in bad.stderr
     plots = run([sys.executable, "-m", "jobs.cli", "report", str(results), "--stage", "classifier"], cwd=ROOT)
     assert plots.returncode == 0 and (results / "plots" / "staged-accuracy-classifier.png").is_file()
+
+
+def test_tuned_picks_each_algorithms_best_learning_rate(tmp_path):
+    # The FedRC paper tunes every algorithm's lr over {0.01, 0.03, 0.06, 0.1}: runs that differ only
+    # in lr share a cell, which shows the lr with the best mean over seeds, per algorithm.
+    out = tmp_path / "out"
+    base = {**small_config(tmp_path).to_dict(), "experiment": "lr", "hp": {}}
+    for alg, by_lr in (
+        ("fedavg", {0.01: [0.70, 0.72], 0.1: [0.80, 0.78]}),
+        ("fedem", {0.01: [0.90, 0.88], 0.1: [0.60, 0.62]}),
+    ):
+        for lr, accs in by_lr.items():
+            for seed, acc in enumerate(accs):
+                write_run(out, {**base, "algorithm": alg, "lr": lr, "seed": seed}, final(acc))
+    cells = pivot(run_values(out), rows=("dataset",), tuned=True).set_index("col")
+    assert cells.loc["fedavg", "setting"] == "lr=0.1" and cells.loc["fedavg", "mean"] == pytest.approx(0.79)
+    assert cells.loc["fedem", "setting"] == "lr=0.01" and cells.loc["fedem", "mean"] == pytest.approx(0.89)
+    untuned = pivot(run_values(out), rows=("dataset",))
+    assert sorted(untuned["col"]) == ["fedavg lr=0.01", "fedavg lr=0.1", "fedem lr=0.01", "fedem lr=0.1"]

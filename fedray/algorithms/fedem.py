@@ -315,8 +315,8 @@ def mixture_round(
         rec("participants", agg.trained[mid], scope="cluster", entity=mid) for mid in ids
     ]
     samples = sum(r["train_samples"] for r in replies.values())
-    if samples:  # train_accuracy comes from evaluation: the ensembles on the clients' training splits
-        records.append(rec("train_loss", sum(r["train_loss_sum"] for r in replies.values()) / samples))
+    if samples:  # train_accuracy / train_loss come from evaluation: the ensembles on the training splits
+        records.append(rec("sgd_loss", sum(r["train_loss_sum"] for r in replies.values()) / samples))
     records.append(rec("participants", len(cids)))
     records += [assign(c, mid, float(replies[c]["omega"][row])) for c in cids for row, mid in enumerate(ids)]
     return replace(state, models=models), records, replies
@@ -345,6 +345,8 @@ def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Recor
                    rec("loss", sum(p["loss_sum"] for p in parts) / samples)]  # fmt: skip
     own = fed.map(own_ensemble_eval, fed.client_ids, {"ids": ids, "models": models, "hard": hp.hard_predict})
     records.append(rec("train_accuracy", pooled(own, "train")))  # FedRC's, to pick the reported round
+    records.append(rec("train_loss", sum(r["train"]["loss_sum"] for r in own.values())
+                       / max(1, sum(r["train"]["samples"] for r in own.values()))))  # fmt: skip
     if any("test" in r for r in own.values()):
         records += [rec("local_accuracy", r["test"]["correct"] / r["test"]["samples"], scope="client", entity=c)
                     for c, r in own.items() if "test" in r]  # fmt: skip

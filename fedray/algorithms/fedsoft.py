@@ -37,7 +37,7 @@ from fedray.algorithms.fedem import init_models, sample_losses
 from fedray.algorithms.fedprox import proximal
 from fedray.client import Client
 from fedray.clustering import purity
-from fedray.evaluation import cluster_global_records, own_data_records
+from fedray.evaluation import cluster_global_records, own_data_records, train_split_records
 from fedray.export import SavedModel, cluster_models
 from fedray.federation import Federation
 from fedray.params import Params, weighted_average
@@ -138,9 +138,11 @@ def personal_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
 
 @torch.no_grad()
 def personal_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
-    """Client function: the personal model (theta_bar if none yet) on the client's test split."""
+    """Client function: the personal model (theta_bar if none yet) on the client's test split (or,
+    with ``on: train``, its training split)."""
     params = cstate if cstate is not None else anchor(msg["models"], np.asarray(msg["u"][client.cid]))
-    stats = eval_model(client.model(params), client.test_batches())
+    batches = client.eval_train_batches() if msg.get("on") == "train" else client.test_batches()
+    stats = eval_model(client.model(params), batches)
     return {"correct": stats.correct, "samples": stats.samples, "loss_sum": stats.loss_sum}, cstate
 
 
@@ -196,4 +198,9 @@ def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Recor
     if with_test:
         msg = {"models": state.models, "u": {c: state.u[c] for c in with_test if c in state.u}}
         records += own_data_records(fed, [(with_test, msg)], personal_eval, "local_accuracy", "")
-    return records
+    msg = {
+        "models": state.models,
+        "u": {c: state.u[c] for c in fed.client_ids if c in state.u},
+        "on": "train",
+    }
+    return records + train_split_records(fed, [(fed.client_ids, msg)], personal_eval)
