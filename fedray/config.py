@@ -39,7 +39,11 @@ class Config:
     seed: int = 0  # master seed; every random stream derives from (seed, purpose, client, round)
 
     # --- data ------------------------------------------------------------------------------------
-    dataset: str = "digits"  # digits | fmnist | mnist | emnist | cifar10 | cifar100 | svhn | synthetic
+    # client_files: one file per client in data_root (fedray/data/client_files.py); the files are the
+    # clients, so the partition keys are not used and num_clients must match them
+    dataset: str = (
+        "digits"  # digits | fmnist | mnist | emnist | cifar10 | cifar100 | svhn | synthetic | client_files
+    )
     # "" = the dataset's default: fmnist -> /usr/share/datasets/fashion-mnist (Debian), others -> ./data
     data_root: str = ""  # folder with the dataset files
     download: bool = False  # let torchvision download a missing dataset into data_root (needs internet)
@@ -348,7 +352,12 @@ def validate(cfg: Config) -> None:
     )
     _check(bool(cfg.output), "output", "must name a folder")
 
-    info = dataset_info(cfg)
+    try:
+        info = dataset_info(cfg)
+    except ValueError as e:  # client_files: a missing or bad meta.json
+        raise ConfigError(f"config key 'data_root': {e}") from None
+    if cfg.dataset == "client_files":
+        _check_client_files(cfg)
     if cfg.partition == "file":
         _check_partition_file(cfg, info.train_size)
     else:
@@ -407,6 +416,31 @@ def validate(cfg: Config) -> None:
     # and the report's settings agree; the full hp is in the run's summary.
     defaults = alg.Hparams()
     cfg.hp = {k: getattr(hp, k) for k in sorted(cfg.hp) if getattr(hp, k) != getattr(defaults, k)}
+
+
+def _check_client_files(cfg: Config) -> None:
+    """The clients are the files: their count is num_clients; nothing else draws or splits them."""
+    from fedray.data.client_files import ClientFilesError, client_paths
+
+    try:
+        train, _ = client_paths(cfg.resolved_data_root())
+    except (ClientFilesError, OSError) as e:
+        raise ConfigError(f"config key 'data_root': {e}") from None
+    _check(
+        cfg.num_clients == len(train),
+        "num_clients",
+        f"data_root {cfg.resolved_data_root()!r} holds {len(train)} client files; set num_clients: {len(train)}",
+    )
+    _check(
+        cfg.partition != "file",
+        "partition",
+        "client_files are their own partition; partition: file cannot apply",
+    )
+    _check(
+        cfg.shift == "none",
+        "shift",
+        "a shift preset builds its own clients; it does not apply to client_files",
+    )
 
 
 def _check_partition_file(cfg: Config, train_size: int | None) -> None:

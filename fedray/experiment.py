@@ -132,7 +132,11 @@ def client_rows(data: FederatedData) -> list[dict[str, Any]]:
     for cid, ix in sorted(data.clients.items()):
         s = data.shifts[cid] if data.shifts else None
         test = cid in data.test_clients
-        group = s.concept if s else (int(data.groups[cid]) if data.groups is not None else -1)
+        group = (
+            s.concept
+            if s
+            else (int(data.groups[cid]) if data.groups is not None and cid < len(data.groups) else -1)
+        )
         rows.append({"client": cid, "role": "test" if test else "train", "num_train": len(ix.train),
                      "num_test": len(ix.test), "group": group, "concept": CONCEPTS[s.concept] if s else "",
                      "corruption": s.corruption if s else "", "severity": s.severity if s else 0})  # fmt: skip

@@ -296,12 +296,30 @@ def _check_partitions(valid: list[tuple[str, Config]], problems: dict[str, list[
     cannot be drawn fails before anything starts, not hours into the sweep."""
     from dataclasses import replace
 
-    from fedray.data import DatasetMissing, PartitionError, check_available, draw_partition, train_labels
+    from fedray.data import (
+        DatasetMissing,
+        PartitionError,
+        check_available,
+        check_partition,
+        draw_partition,
+        train_labels,
+    )
+    from fedray.data.client_files import ClientFilesError
 
     labels: dict[tuple, tuple | None] = {}
     drawn: dict[tuple, str | None] = {}
     for label, cfg in valid:
         key = tuple(json.dumps(getattr(cfg, k)) for k in _PARTITION_KEYS)
+        if cfg.dataset == "client_files":  # the files are the clients: read and checked once
+            if key not in drawn:
+                try:
+                    check_partition(cfg)
+                    drawn[key] = None
+                except ClientFilesError as e:
+                    drawn[key] = str(e)
+            if drawn[key] is not None:
+                problems.setdefault(drawn[key], []).append(label)
+            continue
         source = key[:5]
         if source not in labels:
             try:  # data that is not here yet (download: true) is drawn when the run has it

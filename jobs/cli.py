@@ -50,6 +50,7 @@ def _fmt_round(ev) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     from fedray.config import ConfigError, load_config
     from fedray.data import DatasetMissing, PartitionError, check_available, check_partition
+    from fedray.data.client_files import ClientFilesError
     from fedray.results import check_writable, run_state
 
     try:
@@ -57,7 +58,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         check_available(cfg)
         check_writable(cfg.output)
         check_partition(cfg)  # before Ray: a partition that cannot be drawn fails in seconds
-    except (ConfigError, DatasetMissing, PartitionError, OSError) as e:
+    except (ConfigError, DatasetMissing, PartitionError, ClientFilesError, OSError) as e:
         print(f"fedray: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     run_id = cfg.run_id()

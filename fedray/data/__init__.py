@@ -138,12 +138,18 @@ def draw_partition(cfg: Config, labels: np.ndarray, num_classes: int) -> Partiti
 def check_partition(cfg: Config) -> None:
     """Draw the run's partition now, from the training labels alone where the dataset allows (the
     draw is a pure function of the labels and the seed, so the run draws the same one later): a
-    partition that cannot be drawn fails before Ray or any actor starts."""
+    partition that cannot be drawn fails before Ray or any actor starts. Client files are read and
+    checked instead (their clients are the partition)."""
+    if cfg.dataset == "client_files":
+        _client_files(cfg)
+        return
     labels, num_classes = train_labels(cfg)
     draw_partition(cfg, labels, num_classes)
 
 
 def build_federated_data(cfg: Config) -> FederatedData:
+    if cfg.dataset == "client_files":
+        return _client_files(cfg)
     ds = load_dataset(cfg)
     part = draw_partition(cfg, ds.train.y, ds.spec.num_classes)
     if cfg.shift != "none":
@@ -196,3 +202,67 @@ def _shifted(cfg: Config, ds: Dataset, parts: list[np.ndarray]) -> FederatedData
     groups = np.array([s.concept for s in shifts])
     origin = np.concatenate(all_parts)
     return FederatedData(shifted, clients, groups, test_clients, all_shifts, origin, len(ds.train))
+
+
+def _client_files(cfg: Config) -> FederatedData:
+    """A dataset given as one file per client (`fedray.data.client_files`): every client's arrays
+    laid out one after another (training split, then its test split), test clients last."""
+    from pathlib import Path
+
+    from fedray.data.client_files import (
+        ClientFilesError,
+        client_paths,
+        read_client,
+        read_global_test,
+        read_meta,
+    )
+
+    root = Path(cfg.resolved_data_root())
+    meta = read_meta(root)
+    train_paths, test_paths = client_paths(root)
+    arrays = [read_client(p, meta, False) for p in train_paths] + [
+        read_client(p, meta, True) for p in test_paths
+    ]
+    dtypes = {a.x_train.dtype for a in arrays}
+    if len(dtypes) > 1:
+        raise ClientFilesError(
+            f"dataset client_files: the clients' images mix dtypes {sorted(map(str, dtypes))} in {str(root)!r}"
+        )
+    global_test = read_global_test(root, meta)
+    if global_test is None and not test_paths:
+        raise ClientFilesError(
+            f"dataset client_files: {str(root)!r} has neither global_test.npz nor test clients, so nothing measures accuracy"
+        )
+    xs, ys, clients, start = [], [], {}, 0
+    for cid, a in enumerate(arrays):
+        n_tr, n_te = len(a.y_train), len(a.y_test)
+        xs += [a.x_train, a.x_test]
+        ys += [a.y_train, a.y_test]
+        train = np.arange(start, start + n_tr, dtype=np.int64)
+        test = np.arange(start + n_tr, start + n_tr + n_te, dtype=np.int64)
+        if n_te == 0 and cfg.client_test_fraction > 0 and cid < len(train_paths):
+            train, test = split_train_test(
+                train, cfg.client_test_fraction, seeding.rng(cfg.seed, "client_test_split", cid)
+            )
+        clients[cid] = ClientIndices(train, test)
+        start += n_tr + n_te
+    groups = [a.group for a in arrays[: len(train_paths)]]
+    if any(g >= 0 for g in groups) and not all(g >= 0 for g in groups):
+        raise ClientFilesError(
+            f"dataset client_files: 'group' is in some client files of {str(root)!r} but not in all"
+        )
+    spec = DataSpec(meta.input_shape, meta.num_classes, meta.scale, meta.mean, meta.std)
+    dtype = next(iter(dtypes))
+    gx, gy = (
+        global_test
+        if global_test is not None
+        else (np.zeros((0, *meta.input_shape), dtype=dtype), np.zeros(0, np.int64))
+    )
+    ds = Dataset(
+        "client_files",
+        ArrayDataset(np.concatenate(xs), np.concatenate(ys)),
+        ArrayDataset(gx.astype(dtype), gy),
+        spec,
+    )
+    test_clients = list(range(len(train_paths), len(arrays)))
+    return FederatedData(ds, clients, np.array(groups) if groups and groups[0] >= 0 else None, test_clients)

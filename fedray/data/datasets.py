@@ -327,7 +327,12 @@ def _torchvision_missing_message(name: str, root: str, detail: str = "") -> str:
     )
 
 
+def _client_files(cfg: Config) -> Dataset:
+    raise RuntimeError("dataset client_files is read with its clients by fedray.data.build_federated_data")
+
+
 LOADERS: dict[str, Callable[[Config], Dataset]] = {
+    "client_files": _client_files,
     "digits": _digits,
     "synthetic": _synthetic,
     "fmnist": _fmnist,
@@ -344,6 +349,11 @@ def dataset_info(cfg: Config) -> DatasetInfo:
         return DatasetInfo(tuple(cfg.synthetic_shape), 10, cfg.synthetic_size)
     if cfg.dataset == "fmnist":
         return DatasetInfo((1, 28, 28), 10, 60000)
+    if cfg.dataset == "client_files":
+        from fedray.data.client_files import read_meta
+
+        meta = read_meta(cfg.resolved_data_root())
+        return DatasetInfo(meta.input_shape, meta.num_classes, None)
     return TORCHVISION[cfg.dataset].info(cfg)
 
 
@@ -352,6 +362,14 @@ def check_available(cfg: Config) -> None:
     if cfg.download or cfg.dataset in ("digits", "synthetic"):
         return
     root = Path(cfg.resolved_data_root())
+    if cfg.dataset == "client_files":
+        from fedray.data.client_files import ClientFilesError, client_paths
+
+        try:
+            client_paths(root)
+        except (ClientFilesError, OSError) as e:
+            raise DatasetMissing(str(e)) from None
+        return
     if cfg.dataset == "fmnist":
         if any(_find_idx(root, stem) is None for stem in FMNIST_FILES.values()):
             raise DatasetMissing(_fmnist_missing_message(root))
