@@ -195,3 +195,33 @@ def test_the_coordinator_receives_the_copies_only_when_it_aggregates(tmp_path):
 def test_bad_fedcat_settings_name_the_key(tmp_path, over, match):
     with pytest.raises(ConfigError, match=match):
         fedcat_config(tmp_path, **over)
+
+
+def test_groups_are_redrawn_every_lambda_cycles_and_kept_in_between(tmp_path):
+    # lambda = 2, K = 3: groups drawn at rounds 1 and 7 (the starts of cycles 1 and 3), the same
+    # groups used through cycle 2 (rounds 4-6): each round's K devices come one from each group.
+    cfg = fedcat_config(tmp_path, rounds=9, hp={"regroup_cycles": 2})
+    list(execute(cfg, make_local_federation))
+    m = load_metrics(cfg.output)
+    groups = m[m["metric"] == "group"]
+    assert sorted(groups["round"].unique()) == [1, 7]
+    first = dict(
+        zip(groups[groups["round"] == 1]["entity"], groups[groups["round"] == 1]["value"], strict=True)
+    )
+    a = load_assignments(cfg.output)
+    for rnd in range(1, 7):  # cycles 1 and 2 both draw from the groups of round 1
+        assert sorted(int(first[c]) for c in a[a["round"] == rnd]["client"]) == [0, 1, 2]
+
+
+def test_mid_cycle_rounds_are_not_evaluated(tmp_path):
+    # Between aggregations m_glb is the last aggregated model; evaluated mid-cycle it would look like
+    # the current one. eval_every 1 still evaluates FedCat only where a cycle ends (rounds 3 and 6);
+    # the w/ GC ablation aggregates every round, so every round is evaluated.
+    cfg = fedcat_config(tmp_path / "cat", eval_every=1)
+    list(execute(cfg, make_local_federation))
+    m = load_metrics(cfg.output, scope="global")
+    assert sorted(m[m["metric"] == "accuracy"]["round"]) == [3, 6]
+    gc = fedcat_config(tmp_path / "gc", eval_every=1, hp={"regroup_cycles": 1, "concatenation": False})
+    list(execute(gc, make_local_federation))
+    m = load_metrics(gc.output, scope="global")
+    assert sorted(m[m["metric"] == "accuracy"]["round"]) == [1, 2, 3, 4, 5, 6]

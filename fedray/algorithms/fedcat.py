@@ -18,7 +18,10 @@ coordinator only at aggregation. The assignments table records, per round, which
 trained which copy (cluster); scope-client ``group`` rows record the groups when they are drawn.
 
 Decisions (register row 20, §5(c)-(d)): epsilon 0.1 and lambda 5 (the paper gives neither); a
-device never chosen at position o has priority (zero-count rule); argmax ties are broken at random;
+device never chosen at position o has priority (zero-count rule); argmax ties are broken at random.
+The authors' framework for their later methods (HMHelloWorld/FedMR: same baselines, CNNs, class-wise
+Dirichlet split, evaluation every 10 rounds) has no device selection to compare these with: its
+methods pick m = frac * N devices uniformly at random each round; so the three stay as decided;
 the device's trained model replaces the copy (the paper's m_i + Delta, without its round-off); a
 fresh optimizer per local training. Ablations (Table 3): ``grouping: false`` is FedCat w/ DC (K
 devices uniformly at random, FedAvg's sampling, no groups or counts); ``concatenation: false`` is
@@ -172,5 +175,9 @@ def evaluate_after(state: State, hp: Hparams, rnd: int) -> bool:
 
 
 def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Record]:
-    """m_glb on the global test set (between aggregations: the last aggregated model)."""
+    """m_glb on the global test set, at cycle ends only: between aggregations m_glb is the last
+    aggregated model, and a mid-cycle row (eval_every not a multiple of K) would show it as if it
+    were the current one, so curves would be misread. (w/ GC aggregates every round.)"""
+    if hp.concatenation and (rnd + 1) % state.counts.shape[1] != 0:
+        return []
     return single_model_records(fed, state.params)
