@@ -39,11 +39,10 @@ class Config:
     seed: int = 0  # master seed; every random stream derives from (seed, purpose, client, round)
 
     # --- data ------------------------------------------------------------------------------------
-    # client_files: one file per client in data_root (fedray/data/client_files.py); the files are the
-    # clients, so the partition keys are not used and num_clients must match them
-    dataset: str = (
-        "digits"  # digits | fmnist | mnist | emnist | cifar10 | cifar100 | svhn | synthetic | client_files
-    )
+    # digits | fmnist | mnist | emnist | cifar10 | cifar100 | svhn | synthetic | client_files (one file
+    # per client in data_root, fedray/data/client_files.py: the files are the clients, so the
+    # partition keys are not used and num_clients must match them)
+    dataset: str = "digits"  # the dataset
     # "" = the dataset's default: fmnist -> /usr/share/datasets/fashion-mnist (Debian), others -> ./data
     data_root: str = ""  # folder with the dataset files
     download: bool = False  # let torchvision download a missing dataset into data_root (needs internet)
