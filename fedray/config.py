@@ -87,7 +87,7 @@ class Config:
     # Images (and convolution weights) in channels-last memory format: 1.35-1.56x faster CNN steps on
     # a CPU thread (jobs/bench.py --memory-format). It changes the float sums, so runs differ in the
     # last bits from false, which is how runs were computed before this key existed.
-    channels_last: bool = True
+    channels_last: bool = True  # channels-last memory format for images and convolution weights
 
     # --- placement (DESIGN §3) -----------------------------------------------------------------------
     num_cpus_per_actor: float = 1.0  # CPUs reserved per client actor; torch threads = max(1, floor(this))
