@@ -161,7 +161,7 @@ def run_values(
             f"metric {metric!r} was not recorded (global metrics: {', '.join(sorted(set(m['metric'])))})"
         )
     staged: set[str] = set()
-    if stage is not None:
+    if stage is not None and not m.empty:
         stages = sorted(set(m["stage"]))
         if stage not in stages:
             raise ReportError(

@@ -167,6 +167,14 @@ def test_round_is_counted_within_a_stage(results):
         run_values(results, stage="clasifier")
 
 
+def test_a_folder_with_no_finished_run_reads_empty_whatever_the_stage(tmp_path):
+    """A batch that has not finished a run yet (docs/fidelity.md's sections while they run) is
+    empty, not a 'stage was not recorded' error."""
+    c = {**small_config(tmp_path).to_dict(), "experiment": "t", "hp": {}}
+    write_run(tmp_path / "out", c, final(0.5), status="failed")
+    assert run_values(tmp_path / "out", stage="classifier", round=2).empty
+
+
 def test_at_best_train_reads_the_round_of_best_training_accuracy(results):
     def protocol(at):
         return table(results, at=at)["protocol"].set_index("partition").loc["#C=2", "fedrc"]
