@@ -210,3 +210,36 @@ def test_theorem_1_check_by_hand():
     assert cfl.split_is_safe(S, halves, 0.7)[0] is False
     # a wrong split {0, 2, 4} | {1, 3} has clients 0 and 1 across at 0.9: sqrt(0.05) = 0.224 < 0.5
     assert cfl.split_is_safe(S, np.array([0, 1, 0, 1, 0]), 0.5) == (False, pytest.approx(0.9))
+
+
+def test_relative_thresholds_by_hand(tmp_path):
+    relative = cfl.Hparams(eps1=0.1, eps2=0.3, eps_rule="relative")
+    assert cfl.thresholds(relative, 2.0) == (pytest.approx(0.2), pytest.approx(0.6))
+    assert cfl.thresholds(cfl.Hparams(eps1=0.4, eps2=1.6), 2.0) == (0.4, 1.6)  # absolute: the norms
+    with pytest.raises(ConfigError, match=r"'hp.eps_rule'.*absolute, relative.*'tenth'"):
+        small_config(tmp_path, algorithm="cfl", participation=1.0, hp={"eps_rule": "tenth"})
+
+
+def test_relative_rule_splits_when_the_mean_update_falls_below_its_fraction_of_the_peak(tmp_path):
+    """eps1 is 0.99 x the largest mean update norm so far (all clusters, all rounds), eps2 0: each
+    round's eps1 row, and where the splits fall, follow from the norm rows by that rule (here the
+    mean norm rises for 5 rounds and falls in the 6th: the first split)."""
+    over = dict(OVER, partition="dominant", partition_clusters=2, num_clients=8, lr=0.1, rounds=6)
+    cfg = small_config(tmp_path, algorithm="layercfl", hp={"eps1": 0.99, "eps2": 0.0, "eps_rule": "relative",
+                                                           "layers": "fc", "check_split": False}, **over)  # fmt: skip
+    m = metrics(cfg)
+    a = load_assignments(cfg.output)
+    peak, expected = 0.0, []
+    for r in range(1, 7):
+        norms = m[(m["round"] == r) & (m["metric"] == "mean_update_norm")].set_index("entity")["value"]
+        peak = max(peak, norms.max())
+        eps1 = m[(m["round"] == r) & (m["metric"] == "eps1")]["value"].item()
+        assert eps1 == pytest.approx(0.99 * peak)
+        assert m[(m["round"] == r) & (m["metric"] == "eps2")]["value"].item() == 0.0
+        # the clusters this round trained: the previous round's assignment (round 1: one of all 8)
+        sizes = a[a["round"] == r - 1].groupby("cluster").size().to_dict() if r > 1 else {0: 8}
+        want = [int(k) for k, v in norms.items() if v < eps1 and sizes[int(k)] > 2]
+        got = m[(m["round"] == r) & (m["metric"] == "split")]["entity"].astype(int).tolist()
+        assert got == want, r
+        expected += want
+    assert expected, "the rule never let a cluster split: the test shows nothing"

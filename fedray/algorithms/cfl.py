@@ -13,6 +13,10 @@ average of its members' (the FedRC code's rule; a cluster that never splits is F
 Deviations and options, said openly:
 - ``max_norm: coordinate`` is the FedRC code's rule (the largest absolute coordinate of any member's
   update, register row 17) instead of the largest update norm;
+- ``eps_rule: relative`` reads ``eps1`` and ``eps2`` as fractions of the largest mean update norm
+  any cluster has had so far in the run (LayerCFL §6.2(a)4, after CFL: eps1 about a tenth of
+  it, eps2 in [eps1, 10 eps1]), so one setting serves any model and data scale; each round then
+  records the ``eps1`` and ``eps2`` it used. ``absolute`` (the default) takes them as norms;
 - ``warmup_rounds``: no split before that many rounds (Sattler's notebook: 20; the FedRC code: 0);
 - ``max_clusters``: no split once there are that many clusters (the FedRC tables' "CFL (3)": 3;
   0 = no cap, the code's 100 in practice);
@@ -50,6 +54,7 @@ from fedray.records import Record, assign, rec
 from fedray.rounds import kept_optimizer_update, train_records
 
 MAX_NORMS = ("norm", "coordinate")
+EPS_RULES = ("absolute", "relative")
 DISTANCES = ("delta_cos", "delta_l2", "cos", "l2")
 
 
@@ -57,6 +62,7 @@ DISTANCES = ("delta_cos", "delta_l2", "cos", "l2")
 class Hparams:
     eps1: float = 0.4  # split only when ||mean update|| of the cluster is below this (Sattler: 0.4)
     eps2: float = 1.6  # ... and its largest member update is above this (Sattler: 1.6; FedRC code: 0.6)
+    eps_rule: str = "absolute"  # absolute: eps1, eps2 are norms | relative: fractions of the peak mean update norm
     max_norm: str = "norm"  # norm (the paper) | coordinate (the FedRC code's max |coordinate|, row 17)
     warmup_rounds: int = 0  # no split before this many rounds (Sattler's notebook: 20)
     max_clusters: int = 0  # no split once there are this many clusters (0 = no cap; "CFL (3)": 3)
@@ -66,6 +72,10 @@ class Hparams:
     def check(self) -> None:
         if self.eps1 < 0 or self.eps2 < 0:
             raise ValueError(f"config key 'hp.eps1'/'hp.eps2': must be >= 0, got {self.eps1}, {self.eps2}")
+        if self.eps_rule not in EPS_RULES:
+            raise ValueError(
+                f"config key 'hp.eps_rule': one of {', '.join(EPS_RULES)}, got {self.eps_rule!r}"
+            )
         if self.max_norm not in MAX_NORMS:
             raise ValueError(
                 f"config key 'hp.max_norm': one of {', '.join(MAX_NORMS)}, got {self.max_norm!r}"
@@ -93,6 +103,7 @@ class State:
     layers: dict[str, list[str]]  # the model's layers: module name -> its parameter names
     selected: list[str]  # the parameter names the similarity is computed on (CFL: all)
     history: list[int] = field(default_factory=list)  # rounds at which a split was accepted
+    peak_mean_norm: float = 0.0  # the largest ||mean update|| of any cluster so far (eps_rule: relative)
 
 
 def models(state: State, hp: Hparams) -> list[SavedModel]:
@@ -155,6 +166,14 @@ def split_norms(updates: np.ndarray, rule: str) -> tuple[float, float]:
     return mean_norm, float(biggest)
 
 
+def thresholds(hp: Hparams, peak_mean_norm: float) -> tuple[float, float]:
+    """The (eps1, eps2) a round compares with: ``hp``'s own, or with ``eps_rule: relative`` those
+    fractions of the largest mean update norm so far."""
+    if hp.eps_rule == "relative":
+        return hp.eps1 * peak_mean_norm, hp.eps2 * peak_mean_norm
+    return hp.eps1, hp.eps2
+
+
 def stacked(cids: list[int], row: Callable[[int], np.ndarray]) -> np.ndarray:
     """``row(c)`` for each client, filled into one float64 matrix in place: not a list of rows plus
     its stack (300 clients x 2.2M parameters are 5 GB each)."""
@@ -200,6 +219,7 @@ def cfl_round(
     records = train_records(replies)
     clusters = [list(m) for m in state.clusters]
     history = list(state.history)
+    norms = []
     for k, members in enumerate(state.clusters):
         full = stacked(members, lambda c: update(c, trainable))
         mean_norm, max_norm = split_norms(full, hp.max_norm)
@@ -207,15 +227,23 @@ def cfl_round(
             _, max_norm = split_norms(stacked(members, lambda c: update(c, state.selected)), hp.max_norm)
         records += [rec("mean_update_norm", mean_norm, scope="cluster", entity=k),
                     rec("max_update_norm", max_norm, scope="cluster", entity=k)]  # fmt: skip
+        norms.append((mean_norm, max_norm))
+        del full  # rebuilt below for a cluster that splits: a cluster's update rows can be gigabytes
+    peak = max([state.peak_mean_norm] + [n[0] for n in norms])
+    eps1, eps2 = thresholds(hp, peak)
+    if hp.eps_rule == "relative":
+        records += [rec("eps1", eps1), rec("eps2", eps2)]
+    for k, (members, (mean_norm, max_norm)) in enumerate(zip(state.clusters, norms, strict=True)):
         room = hp.max_clusters == 0 or len(clusters) < hp.max_clusters
         if not (
             rnd >= hp.warmup_rounds
             and room
             and len(members) > 2
-            and mean_norm < hp.eps1
-            and max_norm > hp.eps2
+            and mean_norm < eps1
+            and max_norm > eps2
         ):
             continue
+        full = stacked(members, lambda c: update(c, trainable))
         d = distances(compared(members, full), sel.distance)
         halves = clustering.bipartition(d)
         if sel.gamma_max is not None:
@@ -237,7 +265,7 @@ def cfl_round(
     records += [rec("num_clusters", len(clusters)), rec("similarity_dims", sum(
         int(np.asarray(state.models[0][n]).size) for n in state.selected))]  # fmt: skip
     records += [assign(c, k) for k, m in enumerate(clusters) for c in m]
-    new = replace(state, clusters=clusters, models=models, history=history)
+    new = replace(state, clusters=clusters, models=models, history=history, peak_mean_norm=peak)
     if fed.groups is not None:
         records += truth_records(fed, new, update)
     return new, records
