@@ -372,6 +372,32 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_docs(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from jobs.docs import PAGE, DocsError, render_page
+
+    path = Path(args.output) if args.output else PAGE
+    try:
+        current = path.read_text()
+        text = render_page(current)
+    except (OSError, DocsError) as e:
+        print(f"fedray: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.check:
+        if text != current:
+            print(f"fedray: {path} is stale: run `fedray docs`", file=sys.stderr)
+            return EXIT_FAILED
+        print(f"{path} is up to date")
+        return 0
+    if text == current:
+        print(f"{path} is up to date")
+        return 0
+    path.write_text(text)
+    print(f"wrote {path}")
+    return 0
+
+
 def _fields(text: str) -> list[str]:
     return [f.strip() for f in text.split(",") if f.strip()]
 
@@ -453,6 +479,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_fid.add_argument("-o", "--output", help="the page (default: the spec's output:, else docs/fidelity.md)")
     p_fid.set_defaults(func=cmd_fidelity)
+    p_docs = sub.add_parser(
+        "docs", help="write docs/algorithms.md's tables from the algorithm registry (jobs/docs.py)"
+    )
+    p_docs.add_argument("--check", action="store_true", help="write nothing; exit 1 if the page is stale")
+    p_docs.add_argument("-o", "--output", help="the page (default: docs/algorithms.md)")
+    p_docs.set_defaults(func=cmd_docs)
     from jobs.reference.cli import add_parser as add_reference
 
     add_reference(sub)
