@@ -1,0 +1,122 @@
+"""The docs: docs/algorithms.md is what `fedray docs` writes now, every relative link in README.md
+and docs/ finds its file in the repository, and the dependency rule docs/architecture.md states holds."""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+
+import pytest
+
+from jobs.cli import main
+from jobs.docs import END, PAGE, algorithm_docs, hp_keys, render_page
+from tests.conftest import ROOT
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^(```|~~~).*?^\1", re.DOTALL | re.MULTILINE)
+INLINE_LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+CODE_PATH = re.compile(r"`(\.\./[^`\s]*)`")
+REFERENCE_LINK = re.compile(r"^\s*\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+\"[^\"]*\")?\s*$", re.MULTILINE)
+
+
+def test_algorithms_page_is_what_fedray_docs_writes():
+    committed = PAGE.read_text()
+    assert render_page(committed) == committed, "docs/algorithms.md is stale: run `fedray docs`"
+
+
+def test_fedray_docs_check_and_rewrite(tmp_path, capsys):
+    page = tmp_path / "algorithms.md"
+    committed = PAGE.read_text()
+    page.write_text(committed.replace("| `server_lr` |", "| `server_lr_old` |", 1))
+    assert main(["docs", "--check", "-o", str(page)]) == 1
+    assert "run `fedray docs`" in capsys.readouterr().err
+    assert main(["docs", "-o", str(page)]) == 0 and page.read_text() == committed
+    assert main(["docs", "--check", "-o", str(page)]) == 0
+    page.write_text("# no markers\n")
+    assert main(["docs", "-o", str(page)]) == 2 and END in capsys.readouterr().err
+
+
+def test_every_hp_key_of_every_algorithm_has_a_meaning():
+    missing = [f"{d.name}: hp.{k.name}" for d in algorithm_docs() for k in d.keys if not k.meaning]
+    assert not missing, f"give these fields a comment (or metadata doc), then run `fedray docs`: {missing}"
+
+
+@dataclass
+class _Base:
+    a: int = 1  # the a
+    # the b, above
+    # on two lines
+    b: float = 0.5
+
+
+@dataclass
+class _Sub(_Base):
+    c: str = (
+        "x"  # wrapped by a formatter, as a comment too long for the line is: the default sits in parentheses
+    )
+    d: list[int] = field(default_factory=list, metadata={"doc": "from the metadata"})  # not this
+    e: bool = False
+
+
+def test_a_fields_meaning_comes_from_metadata_else_its_comments():
+    keys = {k.name: k for k in hp_keys(_Sub)}
+    assert [k.name for k in keys.values()] == ["a", "b", "c", "d", "e"]
+    assert keys["a"].meaning == "the a" and keys["a"].defined_in == "test_docs"
+    assert keys["b"].meaning == "the b, above on two lines"
+    assert keys["c"].meaning.startswith("wrapped by a formatter,") and keys["c"].default == "x"
+    assert keys["d"].meaning == "from the metadata" and keys["d"].default == []
+    assert keys["e"].meaning == "" and keys["e"].type == "bool"
+
+
+def _links(text: str) -> list[str]:
+    """Link targets, and paths written as code that climb out of the page's folder (`../x`)."""
+    text = FENCE.sub("", text)  # a link inside a code block is not a link
+    return INLINE_LINK.findall(text) + REFERENCE_LINK.findall(text) + CODE_PATH.findall(text)
+
+
+def test_link_finder():
+    text = "[a](x.md) ![b](img/p.png) [c](https://e.org) [d](#top)\n```\n[e](nope.md)\n```\n[f]: y.md\n`../z.md`\n"
+    assert _links(text) == ["x.md", "img/p.png", "https://e.org", "#top", "y.md", "../z.md"]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_relative_link_finds_a_file_in_the_repository(page):
+    bad = []
+    for target in _links(page.read_text()):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+            continue  # a URL or an anchor on the page itself
+        path = (page.parent / target.split("#")[0]).resolve()
+        if not path.is_relative_to(ROOT):
+            bad.append(f"{target} (outside the repository)")
+        elif not path.exists():
+            bad.append(f"{target} (no such file)")
+    assert not bad, f"{page.relative_to(ROOT)}: {bad}"
+
+
+# --- the dependency rule (docs/architecture.md) -------------------------------------------------
+
+FORBIDDEN = {
+    "fedray": {"ray", "actors", "jobs", "analysis"},  # the library: no Ray, nothing above it
+    "actors": {"jobs", "analysis"},  # the Ray layer: fedray and ray only
+    "analysis": {"ray", "actors", "jobs"},  # results: reads fedray's files, no Ray
+}
+
+
+def _imports(tree: ast.AST) -> set[str]:
+    out = set()
+    for node in ast.walk(tree):  # function-level imports too
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def test_the_dependency_rule():
+    bad = []
+    for package, forbidden in FORBIDDEN.items():
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for name in sorted(_imports(ast.parse(path.read_text())) & forbidden):
+                bad.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not bad, bad
