@@ -18,6 +18,7 @@ Spec::
         results: fidelity-fedconcat
         text: |                    # markdown before the table (the setting, the budget, the commands)
         read: {stage: classifier, round: 57}   # how each run is read (as `fedray report`); default final
+        by: [momentum, lr]         # optional: more config fields that tell cells apart (columns of the table)
         paper: {"#C=2": {fedavg: 79.0, fedconcat: 84.4}}   # the paper's means, where the budget is its own
         notes: |                   # markdown after the table (causes found, what changed)
         curves: fidelity-fedconcat-curves.png   # optional: accuracy curves, written next to the page
@@ -59,22 +60,30 @@ def agreement(a: Any, b: Any) -> dict[str, float | bool]:
     return out
 
 
-def cells(results: str | Path, read: Mapping[str, Any] | None = None) -> pd.DataFrame:
-    """One row per (partition, algorithm, source) with the per-seed values and wall times."""
-    read = dict(read or {})
+def cells(
+    results: str | Path, read: Mapping[str, Any] | None = None, by: list[str] | tuple[str, ...] = ()
+) -> pd.DataFrame:
+    """One row per (partition, algorithm, the ``by`` fields, source) with the per-seed values and
+    wall times."""
+    read, by = dict(read or {}), list(by)
     try:
         values = run_values(results, read.get("metric", "accuracy"), read.get("at", "final"), read.get("round"),
                             read.get("stage"))  # fmt: skip
     except ReportError as e:
         raise FidelityError(f"{results}: {e}") from None
     if values.empty:
-        return pd.DataFrame(columns=["partition", "algorithm", "source", "values", "seconds", "rounds"])
+        return pd.DataFrame(columns=["partition", "algorithm", *by, "source", "values", "seconds", "rounds"])
     runs = load_runs(results).set_index("run_id")
     values["partition"] = values["config"].map(lambda c: field_label(c, "partition"))
     values["algorithm"] = values["config"].map(lambda c: field_label(c, "algorithm"))
+    try:
+        for name in by:
+            values[name] = values["config"].map(lambda c, n=name: field_label(c, n))
+    except ReportError as e:
+        raise FidelityError(f"{results}: by: {e}") from None
     values["source"] = values["config"].map(lambda c: field_label(c, "source"))
     values["seconds"] = [runs.loc[r, "summary"].get("total_seconds", math.nan) for r in values["run_id"]]
-    g = values.groupby(["partition", "algorithm", "source"], sort=False)
+    g = values.groupby(["partition", "algorithm", *by, "source"], sort=False)
     return g.agg(values=("value", list), seconds=("seconds", list), rounds=("round", list)).reset_index()
 
 
@@ -92,11 +101,16 @@ def _secs(values: list[float]) -> str:
     return f"{m / 60:.1f} min" if m >= 60 else f"{m:.0f} s"
 
 
-def section_table(c: pd.DataFrame, paper: Mapping[str, Mapping[str, float]] | None = None) -> pd.DataFrame:
+def section_table(
+    c: pd.DataFrame,
+    paper: Mapping[str, Mapping[str, float]] | None = None,
+    by: list[str] | tuple[str, ...] = (),
+) -> pd.DataFrame:
     """The comparison table of one section: fedray vs every reference source, per cell."""
-    paper = paper or {}
+    paper, by = paper or {}, list(by)
     rows = []
-    for (part, alg), cell in c.groupby(["partition", "algorithm"], sort=False):
+    for key, cell in c.groupby(["partition", "algorithm", *by], sort=False):
+        part, alg, extra = key[0], key[1], dict(zip(by, key[2:], strict=True))
         by_source = {s: r for s, r in zip(cell["source"], cell.itertuples(), strict=True)}
         mine = by_source.get(FEDRAY)
         refs = [s for s in by_source if s != FEDRAY] or [None]
@@ -106,7 +120,7 @@ def section_table(c: pd.DataFrame, paper: Mapping[str, Mapping[str, float]] | No
             b = pd.Series(ref.values if ref is not None else [], dtype=float)
             s = agreement(a, b)
             row = {
-                "partition": part, "algorithm": alg, "fedray": _pm(s["mean_a"], s["std_a"], s["n_a"]),
+                "partition": part, "algorithm": alg, **extra, "fedray": _pm(s["mean_a"], s["std_a"], s["n_a"]),
                 "reference": _pm(s["mean_b"], s["std_b"], s["n_b"]) + (f" [{src}]" if src else ""),
             }  # fmt: skip
             if mine is not None and ref is not None:
@@ -140,11 +154,12 @@ def render(spec: Mapping[str, Any], root: str | Path | None = None, out_dir: Pat
         parts += [f"## {sec['title']}", ""]
         if sec.get("text"):
             parts += [str(sec["text"]).strip(), ""]
-        c = cells(folder, sec.get("read"))
+        by = list(sec.get("by") or [])
+        c = cells(folder, sec.get("read"), by)
         if c.empty:
             parts += ["(no finished runs yet)", ""]
         else:
-            parts += [section_table(c, sec.get("paper")).to_markdown(index=False), ""]
+            parts += [section_table(c, sec.get("paper"), by).to_markdown(index=False), ""]
             parts += [f"Results: `{folder}`; read: {_read_text(sec.get('read'))}.", ""]
         if sec.get("curves") and out_dir is not None:
             image = _curves(folder, out_dir / sec["curves"], sec.get("read"))

@@ -244,3 +244,17 @@ def test_tuned_picks_each_algorithms_best_learning_rate(tmp_path):
     assert cells.loc["fedem", "setting"] == "lr=0.01" and cells.loc["fedem", "mean"] == pytest.approx(0.89)
     untuned = pivot(run_values(out), rows=("dataset",))
     assert sorted(untuned["col"]) == ["fedavg lr=0.01", "fedavg lr=0.1", "fedem lr=0.01", "fedem lr=0.1"]
+
+
+def test_fidelity_cells_told_apart_by_more_fields(tmp_path):
+    """A fidelity section's ``by: [lr]``: runs that differ only there are separate cells, each with
+    its own mean over seeds, and the field is a column of the table."""
+    from analysis.fidelity import cells, section_table
+
+    base = {**small_config(tmp_path).to_dict(), "experiment": "t", "hp": {}}
+    for lr, accs in ((0.01, [0.40, 0.60]), (0.1, [0.70, 0.72])):
+        for seed, acc in enumerate(accs):
+            write_run(tmp_path / "out", {**base, "lr": lr, "seed": seed}, final(acc))
+    table = section_table(cells(tmp_path / "out", by=["lr"]), by=["lr"]).set_index("lr")
+    assert table.loc["0.01", "fedray"] == "50.0 ± 14.1 (2)" and table.loc["0.1", "fedray"] == "71.0 ± 1.4 (2)"
+    assert len(cells(tmp_path / "out")) == 1  # without it: one cell of all four runs
