@@ -72,7 +72,7 @@ class Config:
     # --- model and local training (ALGORITHMS.md §0.2) ------------------------------------------------
     # The defaults are the embedded default run (digits, MLP; about 96% in 30 rounds). Paper
     # settings (NIID-Bench/FedConcat: lr 0.01, batch 64, momentum 0.9, 10 epochs) are in jobs/configs/.
-    model: str = "mlp"  # a name from fedray.models.MODELS (simple_cnn, mcmahan_cnn, fedrc_cnn, resnet18, mobilenet_v2, mlp)
+    model: str = "mlp"  # a name from fedray.models.MODELS (mlp, simple_cnn, mcmahan_cnn, fedrc_cnn, resnet18, mobilenet_v2, vgg16)
     rounds: int = 30  # communication rounds
     local_epochs: int = 5  # full passes over the local data per round
     batch_size: int = 32  # local mini-batch size (last partial batch kept, as in NIID-Bench)

@@ -1,4 +1,5 @@
-"""The `fedray` command: run, sweep, report, bench (DESIGN §5).
+"""The `fedray` command: run, sweep, report, bench, fidelity (docs/fidelity.md), docs
+(docs/algorithms.md) and reference (the authors' code side by side; jobs/reference/).
 
 Config errors and missing data sets are reported before Ray is imported or started.
 """

@@ -62,7 +62,8 @@ DISTANCES = ("delta_cos", "delta_l2", "cos", "l2")
 class Hparams:
     eps1: float = 0.4  # split only when ||mean update|| of the cluster is below this (Sattler: 0.4)
     eps2: float = 1.6  # ... and its largest member update is above this (Sattler: 1.6; FedRC code: 0.6)
-    eps_rule: str = "absolute"  # absolute: eps1, eps2 are norms | relative: fractions of the peak mean update norm
+    # absolute: eps1 and eps2 are norms | relative: fractions of the largest mean update norm so far
+    eps_rule: str = "absolute"
     max_norm: str = "norm"  # norm (the paper) | coordinate (the FedRC code's max |coordinate|, row 17)
     warmup_rounds: int = 0  # no split before this many rounds (Sattler's notebook: 20)
     max_clusters: int = 0  # no split once there are this many clusters (0 = no cap; "CFL (3)": 3)
@@ -236,11 +237,7 @@ def cfl_round(
     for k, (members, (mean_norm, max_norm)) in enumerate(zip(state.clusters, norms, strict=True)):
         room = hp.max_clusters == 0 or len(clusters) < hp.max_clusters
         if not (
-            rnd >= hp.warmup_rounds
-            and room
-            and len(members) > 2
-            and mean_norm < eps1
-            and max_norm > eps2
+            rnd >= hp.warmup_rounds and room and len(members) > 2 and mean_norm < eps1 and max_norm > eps2
         ):
             continue
         full = stacked(members, lambda c: update(c, trainable))
