@@ -1,12 +1,11 @@
 """Typed values from YAML: checking a value against a dataclass field's annotation.
 
 Shared by the experiment config (`fedray.config`) and the algorithms' ``Hparams`` (built by
-`hparams_from_dict`), so neither has to import the other.
+`fedray.hparams.hparams_from_dict`), so neither has to import the other.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import re
 import types
@@ -76,25 +75,3 @@ def coerce(key: str, value: Any, typ: Any, str_from_number: bool = False) -> Any
     if typ is Any:
         return value
     raise TypeError(f"unsupported config annotation {typ!r} for {key}")  # a bug in Config, not user input
-
-
-def hparams_from_dict(cls: type, values: Mapping[str, Any], algorithm: str) -> Any:
-    """Build an algorithm's Hparams dataclass from ``hp.*`` values, with the same checks as Config."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
-    kwargs = {}
-    for k, v in values.items():
-        if k not in fields:
-            known = ", ".join(sorted(fields)) or "none"
-            raise ConfigError(
-                f"unknown config key 'hp.{k}' for algorithm {algorithm}{suggest(k, fields)} (its hp keys: {known})"
-            )
-        kwargs[k] = coerce(f"hp.{k}", v, hints[k])
-    hp = cls(**kwargs)
-    check = getattr(hp, "check", None)
-    if check is not None:
-        try:
-            check()
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-    return hp

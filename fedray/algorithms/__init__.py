@@ -29,7 +29,7 @@ from fedray.algorithms import (
     moon,
     scaffold,
 )
-from fedray.typed import hparams_from_dict
+from fedray.hparams import hparams_from_dict
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ from fedray.client import Client
 from fedray.evaluation import cluster_model_records, lowest_loss_global, lowest_loss_records
 from fedray.export import SavedModel, cluster_models
 from fedray.federation import Federation
+from fedray.hparams import bound, one_of
 from fedray.params import Params, get_params, weighted_average
 from fedray.records import Record, assign, rec
 from fedray.rounds import kept_optimizer_update, train_records
@@ -60,33 +61,20 @@ DISTANCES = ("delta_cos", "delta_l2", "cos", "l2")
 
 @dataclass
 class Hparams:
-    eps1: float = 0.4  # split only when ||mean update|| of the cluster is below this (Sattler: 0.4)
-    eps2: float = 1.6  # ... and its largest member update is above this (Sattler: 1.6; FedRC code: 0.6)
+    # split only when ||mean update|| of the cluster is below this (Sattler: 0.4)
+    eps1: float = field(default=0.4, metadata=bound(ge=0))
+    # ... and its largest member update is above this (Sattler: 1.6; FedRC code: 0.6)
+    eps2: float = field(default=1.6, metadata=bound(ge=0))
     # absolute: eps1 and eps2 are norms | relative: fractions of the largest mean update norm so far
-    eps_rule: str = "absolute"
-    max_norm: str = "norm"  # norm (the paper) | coordinate (the FedRC code's max |coordinate|, row 17)
-    warmup_rounds: int = 0  # no split before this many rounds (Sattler's notebook: 20)
-    max_clusters: int = 0  # no split once there are this many clusters (0 = no cap; "CFL (3)": 3)
+    eps_rule: str = field(default="absolute", metadata=one_of(*EPS_RULES))
+    # norm (the paper) | coordinate (the FedRC code's max |coordinate|, row 17)
+    max_norm: str = field(default="norm", metadata=one_of(*MAX_NORMS))
+    # no split before this many rounds (Sattler's notebook: 20)
+    warmup_rounds: int = field(default=0, metadata=bound(ge=0))
+    # no split once there are this many clusters (0 = no cap; "CFL (3)": 3)
+    max_clusters: int = field(default=0, metadata=bound(ge=0))
     persistent_optimizer: bool = True  # each client keeps its SGD buffers across rounds (the reference)
     drop_last: bool = False  # drop each epoch's last partial batch (the FedRC code's loaders)
-
-    def check(self) -> None:
-        if self.eps1 < 0 or self.eps2 < 0:
-            raise ValueError(f"config key 'hp.eps1'/'hp.eps2': must be >= 0, got {self.eps1}, {self.eps2}")
-        if self.eps_rule not in EPS_RULES:
-            raise ValueError(
-                f"config key 'hp.eps_rule': one of {', '.join(EPS_RULES)}, got {self.eps_rule!r}"
-            )
-        if self.max_norm not in MAX_NORMS:
-            raise ValueError(
-                f"config key 'hp.max_norm': one of {', '.join(MAX_NORMS)}, got {self.max_norm!r}"
-            )
-        if self.warmup_rounds < 0:
-            raise ValueError(f"config key 'hp.warmup_rounds': must be >= 0, got {self.warmup_rounds}")
-        if self.max_clusters < 0:
-            raise ValueError(
-                f"config key 'hp.max_clusters': must be >= 0 (0 = no cap), got {self.max_clusters}"
-            )
 
 
 def check_config(cfg: Any, hp: Any) -> None:

@@ -28,6 +28,7 @@ import numpy as np
 from fedray.evaluation import single_model_records
 from fedray.export import SavedModel, global_model
 from fedray.federation import Federation, participants
+from fedray.hparams import bound, one_of
 from fedray.params import Params, get_params, weighted_average
 from fedray.records import Record, assign, rec
 from fedray.rounds import local_update, train_records
@@ -38,20 +39,10 @@ SIMILARITIES = ("arccos", "L2", "L1", "none")
 
 @dataclass
 class Hparams:
-    num_strata: int = 0  # m: strata = clients drawn per round; 0 = floor(N * participation)
-    similarity: str = (
-        "arccos"  # Algorithm 2's distance between last updates (arccos | L2 | L1); none = Algorithm 1
-    )
-
-    def check(self) -> None:
-        if self.num_strata < 0:
-            raise ValueError(
-                f"config key 'hp.num_strata': must be >= 0 (0 = from participation), got {self.num_strata}"
-            )
-        if self.similarity not in SIMILARITIES:
-            raise ValueError(
-                f"config key 'hp.similarity': must be one of {', '.join(SIMILARITIES)}, got {self.similarity!r}"
-            )
+    # m: strata = clients drawn per round; 0 = floor(N * participation)
+    num_strata: int = field(default=0, metadata=bound(ge=0))
+    # Algorithm 2's distance between last updates (arccos | L2 | L1); none = Algorithm 1
+    similarity: str = field(default="arccos", metadata=one_of(*SIMILARITIES))
 
 
 @dataclass

@@ -28,6 +28,7 @@ from fedray.clustering import Clustering, cluster_vectors, label_distributions, 
 from fedray.evaluation import cluster_model_records, lowest_loss_global
 from fedray.export import SavedModel, cluster_models, global_model, members_of
 from fedray.federation import Federation
+from fedray.hparams import bound, one_of
 from fedray.params import Params, get_params
 from fedray.records import Record, assign, rec
 from fedray.rounds import clustered_fedavg_round
@@ -37,16 +38,10 @@ GROUPS = ("kmeans", "oracle")
 
 @dataclass
 class Hparams:
-    num_clusters: int = 5  # K: number of client groups (oracle: must equal partition_clusters)
-    groups: str = "kmeans"  # kmeans (on label distributions) | oracle (the partition's ground truth)
-
-    def check(self) -> None:
-        if self.num_clusters < 1:
-            raise ValueError(f"config key 'hp.num_clusters': must be >= 1, got {self.num_clusters}")
-        if self.groups not in GROUPS:
-            raise ValueError(
-                f"config key 'hp.groups': must be one of {', '.join(GROUPS)}, got {self.groups!r}"
-            )
+    # K: number of client groups (oracle: must equal partition_clusters)
+    num_clusters: int = field(default=5, metadata=bound(ge=1))
+    # kmeans (on label distributions) | oracle (the partition's ground truth)
+    groups: str = field(default="kmeans", metadata=one_of(*GROUPS))
 
 
 def check_config(cfg, hp: Hparams) -> None:

@@ -9,11 +9,12 @@ server step w + eta_g (avg - w) (FedAvgM-style without momentum); 1 is the paper
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fedray.evaluation import single_model_records
 from fedray.export import SavedModel, global_model
 from fedray.federation import ClientFn, Federation
+from fedray.hparams import bound
 from fedray.params import Params, get_params
 from fedray.records import Record
 from fedray.rounds import fedavg_aggregate, local_update, train_records
@@ -21,11 +22,8 @@ from fedray.rounds import fedavg_aggregate, local_update, train_records
 
 @dataclass
 class Hparams:
-    server_lr: float = 1.0  # eta_g: global step size on (average - current); 1 = plain FedAvg average
-
-    def check(self) -> None:
-        if self.server_lr <= 0:
-            raise ValueError(f"config key 'hp.server_lr': must be > 0, got {self.server_lr}")
+    # eta_g: global step size on (average - current); 1 = plain FedAvg average
+    server_lr: float = field(default=1.0, metadata=bound(gt=0))
 
 
 @dataclass

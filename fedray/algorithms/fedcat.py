@@ -39,6 +39,7 @@ from fedray.client import Client
 from fedray.evaluation import single_model_records
 from fedray.export import SavedModel, global_model
 from fedray.federation import Baton, Federation, participants
+from fedray.hparams import bound
 from fedray.params import Params, get_params, weighted_average
 from fedray.records import Record, assign, rec
 from fedray.rounds import local_sgd_reply, train_records
@@ -47,23 +48,14 @@ from fedray.selection import dev_select, equal_groups, latin_square
 
 @dataclass
 class Hparams:
-    num_groups: int = (
-        0  # K: groups = devices per round = model copies = cycle length; 0 = floor(N * participation)
-    )
-    epsilon: float = 0.1  # probability of the greedy choice in DevSelect (Alg. 3); else eq. 5 sampling
-    regroup_cycles: int = 5  # lambda: devices are regrouped every lambda cycles (lambda * K rounds)
+    # K: groups = devices per round = model copies = cycle length; 0 = floor(N * participation)
+    num_groups: int = field(default=0, metadata=bound(ge=0))
+    # probability of the greedy choice in DevSelect (Alg. 3); else eq. 5 sampling
+    epsilon: float = field(default=0.1, metadata=bound(ge=0, le=1))
+    # lambda: devices are regrouped every lambda cycles (lambda * K rounds)
+    regroup_cycles: int = field(default=5, metadata=bound(ge=1))
     grouping: bool = True  # False: FedCat w/ DC, K devices uniformly at random (no groups, no counts)
     concatenation: bool = True  # False: FedCat w/ GC, aggregation every round (no hand-offs)
-
-    def check(self) -> None:
-        if self.num_groups < 0:
-            raise ValueError(
-                f"config key 'hp.num_groups': must be >= 0 (0 = from participation), got {self.num_groups}"
-            )
-        if not 0.0 <= self.epsilon <= 1.0:
-            raise ValueError(f"config key 'hp.epsilon': a probability in [0, 1], got {self.epsilon}")
-        if self.regroup_cycles < 1:
-            raise ValueError(f"config key 'hp.regroup_cycles': must be >= 1, got {self.regroup_cycles}")
 
 
 def num_groups(hp: Hparams, num_clients: int, participation: float) -> int:

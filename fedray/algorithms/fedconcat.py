@@ -56,6 +56,7 @@ from fedray.clustering import Clustering, cluster_vectors
 from fedray.evaluation import cluster_model_records, single_model_records
 from fedray.export import SavedModel, cluster_models, global_model, members_of
 from fedray.federation import Federation
+from fedray.hparams import bound, one_of
 from fedray.models import Arch, concat_params, head_from_clusters
 from fedray.params import Params, get_params, weighted_average
 from fedray.records import Record
@@ -81,35 +82,27 @@ CLUSTERED_STAGES: dict[str, ModuleType] = {"ifca": ifca, "fesem": fesem, "fedsof
 
 @dataclass
 class Hparams:
-    num_clusters: int = 5  # K: clusters, hence encoders concatenated (paper: 5)
-    encoder_rounds: int = 31  # T_e: rounds of cluster-wise FedAvg (paper Table 1: 31; code default 50)
+    # K: clusters, hence encoders concatenated (paper: 5)
+    num_clusters: int = field(default=5, metadata=bound(ge=1))
+    # T_e: rounds of cluster-wise FedAvg (paper Table 1: 31; code default 50)
+    encoder_rounds: int = field(default=31, metadata=bound(ge=1))
     # T_c: rounds of global classifier training; None = rounds - encoder_rounds (paper: 200)
-    classifier_rounds: int | None = None
-    classifier_steps: int = 3  # mini-batch steps per participant per classifier round
-    eps: float = 0.0  # DP: Laplace(0, 1/eps) on every entry of the label distributions (F3); 0 = off
+    classifier_rounds: int | None = field(default=None, metadata=bound(ge=0))
+    # mini-batch steps per participant per classifier round
+    classifier_steps: int = field(default=3, metadata=bound(ge=1))
+    # DP: Laplace(0, 1/eps) on every entry of the label distributions (F3); 0 = off
+    eps: float = field(default=0.0, metadata=bound(ge=0))
     balanced: bool = False  # balanced K-means, no cluster above floor(1.2 N / K) clients (F4)
     init_from_clusters: bool = False  # classifier starts as the cluster heads side by side (F5)
     cache_features: bool = True  # features computed once per client (paper); false: every step (code)
     elbow_range: list[int] = field(default_factory=list)  # [lo, hi]: K by the elbow over lo..hi
-    clustering: str = "kmeans"  # the clustering step (CLUSTERING_STEPS)
+    # the clustering step (CLUSTERING_STEPS)
+    clustering: str = field(default="kmeans", metadata=one_of(*CLUSTERING_STEPS, *CLUSTERED_STAGES))
 
     def check(self) -> None:
-        for key, value, low in (("num_clusters", self.num_clusters, 1), ("encoder_rounds", self.encoder_rounds, 1),
-                                ("classifier_steps", self.classifier_steps, 1)):  # fmt: skip
-            if value < low:
-                raise ValueError(f"config key 'hp.{key}': must be >= {low}, got {value}")
-        if self.classifier_rounds is not None and self.classifier_rounds < 0:
-            raise ValueError(f"config key 'hp.classifier_rounds': must be >= 0, got {self.classifier_rounds}")
-        if self.eps < 0:
-            raise ValueError(f"config key 'hp.eps': must be >= 0 (0 = no noise), got {self.eps}")
         r = self.elbow_range
         if r and not (len(r) == 2 and 1 <= r[0] <= r[1]):
             raise ValueError(f"config key 'hp.elbow_range': must be [lo, hi] with 1 <= lo <= hi, got {r}")
-        if self.clustering not in {**CLUSTERING_STEPS, **CLUSTERED_STAGES}:
-            raise ValueError(
-                f"config key 'hp.clustering': must be one of {', '.join([*CLUSTERING_STEPS, *CLUSTERED_STAGES])}, "
-                f"got {self.clustering!r}"
-            )
 
 
 def rounds_from_hp(hp: Hparams) -> int | None:

@@ -20,7 +20,7 @@ client's reply, so the server learns nothing of the labels and no byte is counte
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,7 @@ from fedray.algorithms.fedconcat import ENCODER, State, check_config, evaluate, 
 from fedray.client import Client
 from fedray.clustering import label_distributions
 from fedray.federation import Federation
+from fedray.hparams import bound
 from fedray.records import Record, assign, rec
 from fedray.rounds import fedavg_aggregate, local_sgd_reply, train_records
 
@@ -40,12 +41,11 @@ BATCH = 100  # random inputs per forward pass (the code's 100 x 100)
 
 @dataclass
 class Hparams(fedconcat.Hparams):
-    random_inputs: int = 10_000  # r: random inputs per client for the inferred distribution (eq. F2)
+    # r: random inputs per client for the inferred distribution (eq. F2)
+    random_inputs: int = field(default=10_000, metadata=bound(ge=1))
 
     def check(self) -> None:
         super().check()
-        if self.random_inputs < 1:
-            raise ValueError(f"config key 'hp.random_inputs': must be >= 1, got {self.random_inputs}")
         if self.eps > 0:
             raise ValueError(
                 "config key 'hp.eps': FedConcat-ID sends no label distributions to protect; use algorithm fedconcat for DP"

@@ -45,6 +45,7 @@ from fedray.clustering import purity
 from fedray.evaluation import test_client_records
 from fedray.export import SavedModel, cluster_models
 from fedray.federation import Federation
+from fedray.hparams import bound
 from fedray.params import Params, WeightedSum, get_params
 from fedray.records import Record, assign, rec
 from fedray.train import TrainStats, load_optimizer_state, local_train, optimizer_state, sgd
@@ -52,18 +53,12 @@ from fedray.train import TrainStats, load_optimizer_state, local_train, optimize
 
 @dataclass
 class Hparams:
-    num_clusters: int = 3  # K: mixture components (global models)
-    hard_predict: bool = (
-        False  # predict with the client's argmax-omega model instead of the omega-weighted ensemble
-    )
-    persistent_optimizer: bool = (
-        True  # each client keeps its SGD buffers per model across rounds (the code does)
-    )
+    num_clusters: int = field(default=3, metadata=bound(ge=1))  # K: mixture components (global models)
+    # predict with the client's argmax-omega model instead of the omega-weighted ensemble
+    hard_predict: bool = False
+    # each client keeps its SGD buffers per model across rounds (the code does)
+    persistent_optimizer: bool = True
     drop_last: bool = True  # drop each epoch's last partial batch (the code's loaders)
-
-    def check(self) -> None:
-        if self.num_clusters < 1:
-            raise ValueError(f"config key 'hp.num_clusters': must be >= 1, got {self.num_clusters}")
 
 
 @dataclass

@@ -10,7 +10,7 @@ logits. tau = 0 is FedAvg exactly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
@@ -19,6 +19,7 @@ import torch
 from fedray.algorithms import fedavg
 from fedray.algorithms.fedavg import State, evaluate, init, models  # noqa: F401 - FedAvg's, part of the record
 from fedray.federation import Federation
+from fedray.hparams import bound
 from fedray.records import Record
 from fedray.rounds import class_count_update
 from fedray.train import Objective, Step
@@ -28,12 +29,8 @@ FLOOR = 1e-8  # the floor on class counts (FL-bench)
 
 @dataclass
 class Hparams(fedavg.Hparams):
-    tau: float = 1.0  # calibration strength (FedConcat tunes {0.1, 1, 5})
-
-    def check(self) -> None:
-        super().check()
-        if self.tau < 0:
-            raise ValueError(f"config key 'hp.tau': must be >= 0, got {self.tau}")
+    # calibration strength (FedConcat tunes {0.1, 1, 5})
+    tau: float = field(default=1.0, metadata=bound(ge=0))
 
 
 def calibration(counts: np.ndarray, tau: float) -> np.ndarray:

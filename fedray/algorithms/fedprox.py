@@ -9,7 +9,7 @@ weight decay applies on top, as in NIID-Bench. mu = 0 is FedAvg exactly.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -19,6 +19,7 @@ from fedray.algorithms import fedavg
 from fedray.algorithms.fedavg import State, evaluate, init, models  # noqa: F401 - FedAvg's, part of the record
 from fedray.client import Client
 from fedray.federation import Federation
+from fedray.hparams import bound
 from fedray.records import Record
 from fedray.rounds import local_sgd_reply
 from fedray.train import Objective, Step, cross_entropy
@@ -26,12 +27,8 @@ from fedray.train import Objective, Step, cross_entropy
 
 @dataclass
 class Hparams(fedavg.Hparams):
-    mu: float = 0.001  # proximal weight (NIID-Bench default; FedConcat tunes {0.001, 0.01}, FedCat up to 1)
-
-    def check(self) -> None:
-        super().check()
-        if self.mu < 0:
-            raise ValueError(f"config key 'hp.mu': must be >= 0, got {self.mu}")
+    # proximal weight (NIID-Bench default; FedConcat tunes {0.001, 0.01}, FedCat up to 1)
+    mu: float = field(default=0.001, metadata=bound(ge=0))
 
 
 def proximal(mu: float, anchor: Mapping[str, torch.Tensor]) -> Objective:

@@ -23,7 +23,7 @@ E-step, on their held-out parts, ``accuracy_ft`` and ``loss_ft``, as the code's
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,7 @@ from fedray.algorithms.fedem import models  # noqa: F401 - FedEM's, part of the 
 from fedray.client import Client
 from fedray.evaluation import test_client_records
 from fedray.federation import Federation
+from fedray.hparams import bound, one_of
 from fedray.params import get_params
 from fedray.records import Record, rec
 from fedray.train import local_train
@@ -43,26 +44,16 @@ ADAM = {"off": None, "paper": mixture.PAPER_ADAM, "code": mixture.CODE_ADAM}
 
 @dataclass
 class Hparams(fedem.Hparams):
-    adam: str = "off"  # FedRC-Adam: off | paper (b1 0.9, b2 0.99) | code (b1 = b2 = 0.5)
-    delta: float = (
-        0.0  # adaptive removal threshold on a model's share of all gamma (0 = no removal; paper 0.05)
-    )
+    # FedRC-Adam: off | paper (b1 0.9, b2 0.99) | code (b1 = b2 = 0.5)
+    adam: str = field(default="off", metadata=one_of(*ADAM))
+    # adaptive removal threshold on a model's share of all gamma (0 = no removal; paper 0.05)
+    delta: float = field(default=0.0, metadata=bound(ge=0, lt=1))
     # removal waits until no model's share of all responsibilities moved by more than this in a round
-    removal_tol: float = 0.01
-    xi: float = 0.0  # std of the Gaussian noise on the reported per-class gamma sums (0 = off; paper 25)
+    removal_tol: float = field(default=0.01, metadata=bound(gt=0))
+    # std of the Gaussian noise on the reported per-class gamma sums (0 = off; paper 25)
+    xi: float = field(default=0.0, metadata=bound(ge=0))
     finetune: bool = False  # FedRC-FT: one gamma-weighted epoch on copies before evaluation
     label_prior: bool = True  # False: no C_{y,k} (FedEM)
-
-    def check(self) -> None:
-        super().check()
-        if self.adam not in ADAM:
-            raise ValueError(f"config key 'hp.adam': must be one of {', '.join(ADAM)}, got {self.adam!r}")
-        if not 0.0 <= self.delta < 1.0:
-            raise ValueError(f"config key 'hp.delta': a share in [0, 1), got {self.delta}")
-        if self.xi < 0:
-            raise ValueError(f"config key 'hp.xi': a standard deviation >= 0, got {self.xi}")
-        if self.removal_tol <= 0:
-            raise ValueError(f"config key 'hp.removal_tol': a share > 0, got {self.removal_tol}")
 
 
 State = fedem.State

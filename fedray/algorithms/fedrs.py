@@ -11,7 +11,7 @@ at norm 100 (its own experiments' setting, not FedRS's).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
@@ -20,6 +20,7 @@ import torch
 from fedray.algorithms import fedavg
 from fedray.algorithms.fedavg import State, evaluate, init, models  # noqa: F401 - FedAvg's, part of the record
 from fedray.federation import Federation
+from fedray.hparams import bound
 from fedray.records import Record
 from fedray.rounds import class_count_update
 from fedray.train import Objective, Step
@@ -27,12 +28,8 @@ from fedray.train import Objective, Step
 
 @dataclass
 class Hparams(fedavg.Hparams):
-    alpha: float = 0.5  # scale of the logits of classes the client lacks (FedConcat App. D.1: 0.5)
-
-    def check(self) -> None:
-        super().check()
-        if not 0 <= self.alpha <= 1:
-            raise ValueError(f"config key 'hp.alpha': must be in [0, 1], got {self.alpha}")
+    # scale of the logits of classes the client lacks (FedConcat App. D.1: 0.5)
+    alpha: float = field(default=0.5, metadata=bound(ge=0, le=1))
 
 
 def class_scales(counts: np.ndarray, alpha: float) -> np.ndarray:

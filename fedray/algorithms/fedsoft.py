@@ -40,6 +40,7 @@ from fedray.clustering import purity
 from fedray.evaluation import cluster_global_records, own_data_records, train_split_records
 from fedray.export import SavedModel, cluster_models
 from fedray.federation import Federation
+from fedray.hparams import bound
 from fedray.params import Params, weighted_average
 from fedray.records import Record, assign, rec
 from fedray.rounds import local_sgd_reply, train_records
@@ -48,23 +49,15 @@ from fedray.train import evaluate as eval_model
 
 @dataclass
 class Hparams:
-    num_clusters: int = 3  # K: cluster models
-    tau: int = 2  # importance weights re-estimated every tau rounds (estimation_interval; FS: 2)
-    lam: float = 0.1  # lambda: weight of the proximal pull towards the cluster models (reg_weight)
-    sigma: float = 1e-4  # a zero count becomes sigma * n_c (count_smoother)
-    selection_size: int = 0  # clients sampled per cluster by v_k (FS: 15); 0 = FedAvg's participants
-
-    def check(self) -> None:
-        if self.num_clusters < 1:
-            raise ValueError(f"config key 'hp.num_clusters': must be >= 1, got {self.num_clusters}")
-        if self.tau < 1:
-            raise ValueError(f"config key 'hp.tau': must be >= 1, got {self.tau}")
-        if self.lam < 0:
-            raise ValueError(f"config key 'hp.lam': must be >= 0, got {self.lam}")
-        if not 0 < self.sigma <= 1:
-            raise ValueError(f"config key 'hp.sigma': must be in (0, 1], got {self.sigma}")
-        if self.selection_size < 0:
-            raise ValueError(f"config key 'hp.selection_size': must be >= 0, got {self.selection_size}")
+    num_clusters: int = field(default=3, metadata=bound(ge=1))  # K: cluster models
+    # importance weights re-estimated every tau rounds (estimation_interval; FS: 2)
+    tau: int = field(default=2, metadata=bound(ge=1))
+    # lambda: weight of the proximal pull towards the cluster models (reg_weight)
+    lam: float = field(default=0.1, metadata=bound(ge=0))
+    # a zero count becomes sigma * n_c (count_smoother)
+    sigma: float = field(default=1e-4, metadata=bound(gt=0, le=1))
+    # clients sampled per cluster by v_k (FS: 15); 0 = FedAvg's participants
+    selection_size: int = field(default=0, metadata=bound(ge=0))
 
 
 @dataclass

@@ -28,6 +28,7 @@ from fedray.clustering import purity
 from fedray.evaluation import hard_cluster_records, mean_losses
 from fedray.export import SavedModel, cluster_models, members_of
 from fedray.federation import Federation
+from fedray.hparams import bound
 from fedray.params import Params
 from fedray.records import Record, assign, rec
 from fedray.rounds import fedavg_aggregate, kept_optimizer_update, train_records
@@ -35,13 +36,9 @@ from fedray.rounds import fedavg_aggregate, kept_optimizer_update, train_records
 
 @dataclass
 class Hparams:
-    num_clusters: int = 3  # K: cluster models
+    num_clusters: int = field(default=3, metadata=bound(ge=1))  # K: cluster models
     persistent_optimizer: bool = False  # each client keeps its SGD buffers per model (the FedRC code)
     drop_last: bool = False  # drop each epoch's last partial batch (the FedRC code's loaders)
-
-    def check(self) -> None:
-        if self.num_clusters < 1:
-            raise ValueError(f"config key 'hp.num_clusters': must be >= 1, got {self.num_clusters}")
 
 
 @dataclass

@@ -29,6 +29,7 @@ from typing import Any
 
 from fedray.algorithms import cfl
 from fedray.federation import Federation
+from fedray.hparams import bound, one_of
 from fedray.layers import PRESETS, is_preset, select
 from fedray.records import Record
 
@@ -51,20 +52,13 @@ def check_config(cfg: Any, hp: Hparams) -> None:
 class Hparams(cfl.Hparams):
     # auto | conv | fc | conv:I | fc:I | all | regular expressions on parameter names
     layers: str | list[str] = field(default="auto")
-    distance: str = "delta_cos"  # delta_cos (eq. 26) | delta_l2 (eq. 24) | cos (eq. 25) | l2 (eq. 23)
+    # delta_cos (eq. 26) | delta_l2 (eq. 24) | cos (eq. 25) | l2 (eq. 23)
+    distance: str = field(default="delta_cos", metadata=one_of(*cfl.DISTANCES))
     check_split: bool = True  # keep a split only if Theorem 1 vouches for it, else roll back
-    gamma_max: float = (
-        0.5  # Theorem 1's bound on the relative gradient noise: split iff alpha_cross_max < 1 - 2 gamma_max^2
-    )
+    # Theorem 1's bound on the relative gradient noise: split iff alpha_cross_max < 1 - 2 gamma_max^2
+    gamma_max: float = field(default=0.5, metadata=bound(ge=0, lt=1))
 
     def check(self) -> None:
-        super().check()
-        if self.distance not in cfl.DISTANCES:
-            raise ValueError(
-                f"config key 'hp.distance': one of {', '.join(cfl.DISTANCES)}, got {self.distance!r}"
-            )
-        if not 0.0 <= self.gamma_max < 1.0:
-            raise ValueError(f"config key 'hp.gamma_max': must be in [0, 1), got {self.gamma_max}")
         if isinstance(self.layers, str) and not is_preset(self.layers):
             raise ValueError(
                 f"config key 'hp.layers': one of {', '.join(PRESETS)}, conv:I, fc:I or a list of patterns, "

@@ -17,7 +17,7 @@ exactly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
@@ -28,6 +28,7 @@ from fedray.client import Client
 from fedray.evaluation import single_model_records
 from fedray.export import SavedModel, global_model
 from fedray.federation import Federation
+from fedray.hparams import bound
 from fedray.models import Arch
 from fedray.params import Params, get_params
 from fedray.records import Record
@@ -37,22 +38,11 @@ from fedray.train import Objective, Step
 
 @dataclass
 class Hparams(fedavg.Hparams):
-    mu: float = (
-        1.0  # weight of the contrastive term (MOON: 1, tuned {1, 5}; FedConcat's FMNIST: {0.001, 0.01, 0.1})
-    )
-    temperature: float = 0.5  # T
-    out_dim: int = 256  # projection head output size; 0 = no projection head
-
-    def check(self) -> None:
-        super().check()
-        if self.mu < 0:
-            raise ValueError(f"config key 'hp.mu': must be >= 0, got {self.mu}")
-        if self.temperature <= 0:
-            raise ValueError(f"config key 'hp.temperature': must be > 0, got {self.temperature}")
-        if self.out_dim < 0:
-            raise ValueError(
-                f"config key 'hp.out_dim': must be >= 0 (0 = no projection head), got {self.out_dim}"
-            )
+    # weight of the contrastive term (MOON: 1, tuned {1, 5}; FedConcat's FMNIST: {0.001, 0.01, 0.1})
+    mu: float = field(default=1.0, metadata=bound(ge=0))
+    temperature: float = field(default=0.5, metadata=bound(gt=0))  # T
+    # projection head output size; 0 = no projection head
+    out_dim: int = field(default=256, metadata=bound(ge=0))
 
 
 def arch(hp: Hparams) -> Arch:

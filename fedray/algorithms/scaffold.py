@@ -14,7 +14,7 @@ count in bytes_down / bytes_up. Control variates cover every floating-point stat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -23,6 +23,7 @@ from fedray.algorithms import fedavg
 from fedray.algorithms.fedavg import evaluate, models, server_step  # noqa: F401 - FedAvg's evaluation, part of the record
 from fedray.client import Client
 from fedray.federation import Federation
+from fedray.hparams import one_of
 from fedray.params import Params, get_params
 from fedray.records import Record
 from fedray.rounds import fedavg_aggregate, local_sgd_reply, train_records
@@ -32,14 +33,8 @@ SERVER_UPDATES = ("paper", "code")
 
 @dataclass
 class Hparams(fedavg.Hparams):
-    server_update: str = "paper"  # paper: c += (1/N) sum of deltas; code: c += their mean over participants
-
-    def check(self) -> None:
-        super().check()
-        if self.server_update not in SERVER_UPDATES:
-            raise ValueError(
-                f"config key 'hp.server_update': must be one of paper, code, got {self.server_update!r}"
-            )
+    # paper: c += (1/N) sum of deltas; code: c += their mean over participants
+    server_update: str = field(default="paper", metadata=one_of(*SERVER_UPDATES))
 
 
 @dataclass

@@ -1,0 +1,150 @@
+"""An algorithm's hyperparameters (``hp.*``): bounds declared where a field is defined, one checker
+for every field, and building an algorithm's ``Hparams`` dataclass from a config's ``hp`` values.
+
+A field states what values it takes in its own declaration::
+
+    mu: float = field(default=0.001, metadata=bound(ge=0))  # proximal weight
+    gamma_max: float = field(default=0.5, metadata=bound(ge=0, lt=1))
+    server_update: str = field(default="paper", metadata=one_of("paper", "code"))
+
+and `check_fields` checks every declared field, with one message for every algorithm, naming the
+key: ``config key 'hp.mu': must be >= 0, got -1.0``, ``config key 'hp.gamma_max': must be in [0, 1),
+got 1.0``, ``config key 'hp.server_update': must be one of paper, code, got 'x'``. An ``Hparams``
+writes a ``check()`` method only for what a declaration cannot say (fields tied together, a
+list-or-string field); an algorithm's ``check_config`` ties its hyperparameters to the rest of the
+config. `hparams_from_dict` runs them in that order: types, declared bounds, ``check()``.
+
+Config layer: imports nothing from fedray but `fedray.typed`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fedray.typed import ConfigError, coerce, suggest
+
+__all__ = ["Bound", "OneOf", "bound", "check_fields", "declared", "hparams_from_dict", "one_of"]
+
+RULE = "fedray.rule"  # the field-metadata key holding a field's Bound or OneOf
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A numeric interval: at most one lower end (``ge`` or ``gt``) and one upper (``le`` or ``lt``).
+    ``None`` passes (an optional field left unset)."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.ge is not None and self.gt is not None or self.le is not None and self.lt is not None:
+            raise TypeError("bound: give at most one of ge, gt and one of le, lt")
+        if all(v is None for v in (self.ge, self.gt, self.le, self.lt)):
+            raise TypeError("bound: give ge, gt, le or lt")
+
+    def holds(self, value: Any) -> bool:
+        return (
+            value is None
+            or (self.ge is None or value >= self.ge)
+            and (self.gt is None or value > self.gt)
+            and (self.le is None or value <= self.le)
+            and (self.lt is None or value < self.lt)
+        )
+
+    def describe(self) -> str:
+        """``>= 0``, ``> 0``, ``<= 1``, ``in [0, 1)``: what follows "must be"."""
+        low = ("[", self.ge) if self.ge is not None else ("(", self.gt) if self.gt is not None else None
+        high = ("]", self.le) if self.le is not None else (")", self.lt) if self.lt is not None else None
+        if low and high:
+            return f"in {low[0]}{_num(low[1])}, {_num(high[1])}{high[0]}"
+        if low:
+            return f"{'>=' if low[0] == '[' else '>'} {_num(low[1])}"
+        assert high is not None
+        return f"{'<=' if high[0] == ']' else '<'} {_num(high[1])}"
+
+    def problem(self, value: Any) -> str | None:
+        return None if self.holds(value) else f"must be {self.describe()}, got {value}"
+
+
+@dataclass(frozen=True)
+class OneOf:
+    """A value from a fixed list of names."""
+
+    choices: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if not self.choices:
+            raise TypeError("one_of: give at least one choice")
+
+    def holds(self, value: Any) -> bool:
+        return value in self.choices
+
+    def describe(self) -> str:
+        return f"one of {', '.join(self.choices)}"
+
+    def problem(self, value: Any) -> str | None:
+        if self.holds(value):
+            return None
+        close = suggest(value, self.choices) if isinstance(value, str) else ""
+        return f"must be {self.describe()}, got {value!r}{close}"
+
+
+def bound(
+    *, ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None
+) -> dict[str, Any]:
+    """Field metadata: the value lies in the interval (``ge``: >=, ``gt``: >, ``le``: <=, ``lt``: <).
+    A dict, so it merges with other metadata: ``bound(ge=0) | {"doc": "..."}``."""
+    return {RULE: Bound(ge=ge, gt=gt, le=le, lt=lt)}
+
+
+def one_of(*choices: str) -> dict[str, Any]:
+    """Field metadata: the value is one of ``choices`` (pass a registry's keys as ``*REGISTRY``)."""
+    return {RULE: OneOf(tuple(choices))}
+
+
+def declared(cls_or_obj: Any) -> dict[str, Bound | OneOf]:
+    """The declared rule of each field that has one, by field name (inherited fields included)."""
+    return {f.name: f.metadata[RULE] for f in dataclasses.fields(cls_or_obj) if RULE in f.metadata}
+
+
+def check_fields(obj: Any, prefix: str = "hp.") -> None:
+    """Check every declared field of the dataclass instance ``obj``; the first that fails raises
+    ValueError naming the key (``prefix`` + the field's name)."""
+    for name, rule in declared(obj).items():
+        problem = rule.problem(getattr(obj, name))
+        if problem is not None:
+            raise ValueError(f"config key '{prefix}{name}': {problem}")
+
+
+def hparams_from_dict(cls: type, values: Mapping[str, Any], algorithm: str) -> Any:
+    """Build an algorithm's Hparams dataclass from ``hp.*`` values, with the same checks as Config:
+    known keys, types, the declared bounds (`check_fields`), then the dataclass's own ``check()``."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for k, v in values.items():
+        if k not in fields:
+            known = ", ".join(sorted(fields)) or "none"
+            raise ConfigError(
+                f"unknown config key 'hp.{k}' for algorithm {algorithm}{suggest(k, fields)} (its hp keys: {known})"
+            )
+        kwargs[k] = coerce(f"hp.{k}", v, hints[k])
+    hp = cls(**kwargs)
+    try:
+        check_fields(hp)
+        check = getattr(hp, "check", None)
+        if check is not None:
+            check()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return hp
