@@ -64,27 +64,49 @@ def cells(
     results: str | Path, read: Mapping[str, Any] | None = None, by: list[str] | tuple[str, ...] = ()
 ) -> pd.DataFrame:
     """One row per (partition, algorithm, the ``by`` fields, source) with the per-seed values and
-    wall times."""
+    wall times of the finished runs that did not diverge, and how many runs diverged (fedray stops
+    such a run on non-finite metrics; the reference trains on through NaN weights, its summary's
+    ``diverged_round``, and is left out of the values the same way): a cell whose every run diverged
+    is still a row."""
     read, by = dict(read or {}), list(by)
+    keys = ["partition", "algorithm", *by, "source"]
     try:
         values = run_values(results, read.get("metric", "accuracy"), read.get("at", "final"), read.get("round"),
                             read.get("stage"))  # fmt: skip
     except ReportError as e:
         raise FidelityError(f"{results}: {e}") from None
-    if values.empty:
-        return pd.DataFrame(columns=["partition", "algorithm", *by, "source", "values", "seconds", "rounds"])
-    runs = load_runs(results).set_index("run_id")
-    values["partition"] = values["config"].map(lambda c: field_label(c, "partition"))
-    values["algorithm"] = values["config"].map(lambda c: field_label(c, "algorithm"))
+    runs = load_runs(results)
+    if runs.empty:
+        return pd.DataFrame(columns=[*keys, "values", "seconds", "rounds", "diverged"])
+    runs["diverged"] = [_diverged(r) for r in runs.itertuples()]
+    runs = runs[runs["diverged"] | (runs["status"] == "finished")]
+    if runs.empty:
+        return pd.DataFrame(columns=[*keys, "values", "seconds", "rounds", "diverged"])
     try:
-        for name in by:
-            values[name] = values["config"].map(lambda c, n=name: field_label(c, n))
+        for name in keys:
+            runs[name] = runs["config"].map(lambda c, n=name: field_label(c, n))
     except ReportError as e:
         raise FidelityError(f"{results}: by: {e}") from None
-    values["source"] = values["config"].map(lambda c: field_label(c, "source"))
-    values["seconds"] = [runs.loc[r, "summary"].get("total_seconds", math.nan) for r in values["run_id"]]
-    g = values.groupby(["partition", "algorithm", *by, "source"], sort=False)
-    return g.agg(values=("value", list), seconds=("seconds", list), rounds=("round", list)).reset_index()
+    read_at = values.set_index("run_id")
+    rows = []
+    for key, g in runs.groupby(keys, sort=False):
+        ok = [r for r, d in zip(g["run_id"], g["diverged"], strict=True) if r in read_at.index and not d]
+        rows.append({
+            **dict(zip(keys, key, strict=True)),
+            "values": [read_at.loc[r, "value"] for r in ok],
+            "seconds": [g.set_index("run_id").loc[r, "summary"].get("total_seconds", math.nan) for r in ok],
+            "rounds": [read_at.loc[r, "round"] for r in ok],
+            "diverged": int(g["diverged"].sum()),
+        })  # fmt: skip
+    return pd.DataFrame(rows, columns=[*keys, "values", "seconds", "rounds", "diverged"])
+
+
+def _diverged(run: Any) -> bool:
+    summary = run.summary if isinstance(run.summary, dict) else {}
+    error = run.error if isinstance(run.error, str) else ""
+    return summary.get("diverged_round") is not None or (
+        run.status == "failed" and error.startswith("FloatingPointError")
+    )
 
 
 def _pm(mean: float, std: float, n: int) -> str:
@@ -123,11 +145,15 @@ def section_table(
                 "partition": part, "algorithm": alg, **extra, "fedray": _pm(s["mean_a"], s["std_a"], s["n_a"]),
                 "reference": _pm(s["mean_b"], s["std_b"], s["n_b"]) + (f" [{src}]" if src else ""),
             }  # fmt: skip
-            if mine is not None and ref is not None:
+            if s["n_a"] and s["n_b"]:
                 row["difference"] = f"{s['diff']:+.1f}"
                 row["agree (tolerance)"] = f"{'yes' if s['agree'] else 'NO'} (±{s['tolerance']:.1f})"
             else:
                 row["difference"] = row["agree (tolerance)"] = "-"
+            if c["diverged"].any():
+                row["diverged (fedray, reference)"] = (
+                    f"{mine.diverged if mine is not None else 0}, {ref.diverged if ref is not None else 0}"
+                )
             row["fedray time/run"] = _secs(mine.seconds) if mine is not None else "-"
             row["reference time/run"] = _secs(ref.seconds) if ref is not None else "-"
             p = paper.get(part, {}).get(alg)
@@ -135,6 +161,8 @@ def section_table(
                 row["paper"] = p if isinstance(p, str) else f"{p:.1f}"
             rows.append(row)
     table = pd.DataFrame(rows)
+    if (table["reference"] == "-").all():  # a fedray-only section: no reference columns
+        table = table.drop(columns=["reference", "difference", "agree (tolerance)", "reference time/run"])
     if "paper" in table:
         table["paper"] = table["paper"].fillna("-")
     return table

@@ -290,3 +290,32 @@ def test_fidelity_table_from_a_results_folder(tmp_path):
     assert table.loc[0, "reference"].startswith("79.0 ± 1.0 (3)") and table.loc[0, "paper"] == "79.0"
     assert table.loc[0, "reference time/run"] == "12 s" and table.loc[0, "fedray"] == "-"
     assert isinstance(table, pd.DataFrame)
+
+
+def test_a_reference_run_that_went_nan_is_imported_as_diverged(tmp_path):
+    """The script trains on through NaN weights; the wrapper records each evaluated model's
+    finiteness and the import marks the first non-finite round, which docs/fidelity.md counts."""
+    import torch
+
+    from jobs.reference.niid_wrapper import weights_finite
+
+    model = torch.nn.Linear(3, 2)
+    assert weights_finite(model)
+    with torch.no_grad():
+        model.weight[0, 0] = float("nan")
+    assert not weights_finite(model)
+
+    out = tmp_path / "out"
+    ref = Reference("fake", "someone/fake", "abc", "experiments.py", "w", frozenset({"fedavg"}),
+                    lambda c, d, lg: [], lambda c, k: (k + 1, ""), lambda o: o)  # fmt: skip
+    part = {str(c): list(range(c * 1500, (c + 1) * 1500)) for c in range(40)}
+    c = cfg(out, seed=0, rounds=3)
+    record = fake_record(part, [0.6, 0.1, 0.1])
+    for e, finite in zip(record["evals"], (True, False, False), strict=True):
+        e["finite"] = finite
+    harness.import_run(ref, c, Job(c, harness.reference_run_id(c, ref), [], out / "x"), record, "abc", out)
+    from analysis import load_runs
+
+    assert load_runs(out)["summary"].iloc[0]["diverged_round"] == 2
+    cell = fidelity_cells(out).iloc[0]
+    assert cell["diverged"] == 1 and cell["values"] == []

@@ -258,3 +258,30 @@ def test_fidelity_cells_told_apart_by_more_fields(tmp_path):
     table = section_table(cells(tmp_path / "out", by=["lr"]), by=["lr"]).set_index("lr")
     assert table.loc["0.01", "fedray"] == "50.0 ± 14.1 (2)" and table.loc["0.1", "fedray"] == "71.0 ± 1.4 (2)"
     assert len(cells(tmp_path / "out")) == 1  # without it: one cell of all four runs
+
+
+def test_fidelity_cells_count_runs_that_diverged(tmp_path):
+    """fedray stops a run on non-finite metrics (failed, FloatingPointError); the reference trains on
+    through NaN weights (summary diverged_round). Both are counted and left out of the values; a
+    cell whose every run diverged is still a row; other failures are not divergence."""
+    from analysis.fidelity import cells, section_table
+
+    base = {**small_config(tmp_path).to_dict(), "experiment": "t", "hp": {}}
+    out = tmp_path / "out"
+    write_run(out, {**base, "seed": 0}, final(0.70))
+    write_run(out, {**base, "seed": 1}, final(0.10), summary={"diverged_round": 2})  # the reference's NaN
+    w = ResultsWriter(out, "fedavg-nan-s2", {**base, "seed": 2}, flush_every_s=0)
+    w.start()
+    w.fail("FloatingPointError: round 2: non-finite metrics {'loss': nan} (diverged? lower lr)")
+    write_run(out, {**base, "seed": 3}, final(0.5), status="failed")  # RuntimeError: not divergence
+    c = cells(out).iloc[0]
+    assert c["values"] == [0.70] and c["diverged"] == 2
+    only_nan = tmp_path / "nan"
+    w = ResultsWriter(only_nan, "fedavg-nan-s0", {**base, "seed": 0}, flush_every_s=0)
+    w.start()
+    w.fail("FloatingPointError: round 1: non-finite metrics")
+    c = cells(only_nan)
+    assert len(c) == 1 and c.iloc[0]["values"] == [] and c.iloc[0]["diverged"] == 1
+    table = section_table(c)
+    assert table.loc[0, "fedray"] == "-" and table.loc[0, "diverged (fedray, reference)"] == "1, 0"
+    assert "reference" not in table  # no reference runs: no reference columns

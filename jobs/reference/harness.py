@@ -204,7 +204,9 @@ def save_partition(cfg: Config, out: Path, record: dict[str, Any]) -> Path:
 
 def import_run(ref: Reference, cfg: Config, job: Job, record: dict[str, Any], commit: str, out: Path) -> str:
     """Write the reference's run into ``out`` as a fedray run: one accuracy row per evaluated round
-    (with the wall time since the previous one), and a runs row with its total wall time."""
+    (with the wall time since the previous one), and a runs row with its total wall time. The script
+    trains on through NaN weights (fedray stops such a run: diverged); the first evaluated round whose
+    weights were not all finite is the summary's ``diverged_round``."""
     config = reference_config(cfg, ref, out)
     writer = ResultsWriter(out, job.run_id, config)
     writer.start()
@@ -233,6 +235,9 @@ def import_run(ref: Reference, cfg: Config, job: Job, record: dict[str, Any], co
             "threads": record.get("threads", 0), "model_sha256": [e["model_sha256"] for e in evals],
         },
     }  # fmt: skip
+    diverged = [ref.eval_round(cfg, k)[0] for k, e in enumerate(evals) if e.get("finite") is False]
+    if diverged:
+        summary["diverged_round"] = diverged[0]
     if history:
         summary["final_accuracy"] = history[-1][1]
         best = max(history, key=lambda h: h[1])

@@ -62,6 +62,11 @@ class Recorder:
         self.last = self.t0
 
 
+def weights_finite(model: Any) -> bool:
+    """Whether every floating-point entry of the model's state is finite (a run that diverged is not)."""
+    return all(bool(v.isfinite().all()) for v in model.state_dict().values() if v.is_floating_point())
+
+
 def model_sha256(model: Any) -> str:
     h = hashlib.sha256()
     for key, value in model.state_dict().items():
@@ -157,7 +162,7 @@ def patch(checkout: Path, rec: Recorder, state_dict: str, kmeans_n_init: int, fa
             now = time.perf_counter()
             acc = out[0] if get_confusion_matrix else out
             rec.evals.append({"accuracy": float(acc), "seconds": now - rec.last, "elapsed": now - rec.t0,
-                              "model_sha256": model_sha256(model)})  # fmt: skip
+                              "model_sha256": model_sha256(model), "finite": weights_finite(model)})  # fmt: skip
             rec.last = now
             return out
         if rec.keep:
