@@ -163,6 +163,11 @@ def section_table(
     table = pd.DataFrame(rows)
     if (table["reference"] == "-").all():  # a fedray-only section: no reference columns
         table = table.drop(columns=["reference", "difference", "agree (tolerance)", "reference time/run"])
+        if "diverged (fedray, reference)" in table:
+            table["diverged (fedray, reference)"] = (
+                table["diverged (fedray, reference)"].str.split(",").str[0]
+            )
+            table = table.rename(columns={"diverged (fedray, reference)": "diverged"})
     if "paper" in table:
         table["paper"] = table["paper"].fillna("-")
     return table
@@ -187,7 +192,8 @@ def render(spec: Mapping[str, Any], root: str | Path | None = None, out_dir: Pat
         if c.empty:
             parts += ["(no finished runs yet)", ""]
         else:
-            parts += [section_table(c, sec.get("paper"), by).to_markdown(index=False), ""]
+            table = section_table(c, sec.get("paper"), by)
+            parts += [table.to_markdown(index=False, disable_numparse=True), ""]
             parts += [f"Results: `{folder}`; read: {_read_text(sec.get('read'))}.", ""]
         if sec.get("curves") and out_dir is not None:
             image = _curves(folder, out_dir / sec["curves"], sec.get("read"))
