@@ -13,7 +13,7 @@ from analysis import load_metrics
 from fedray.algorithms import ALGORITHMS, fedlc, fednova, fedrs, moon, scaffold
 from fedray.data import build_federated_data
 from fedray.experiment import execute
-from fedray.federation import make_local_federation
+from fedray.local import make_local_federation
 from fedray.models import EncoderHead
 from fedray.params import get_params, set_params
 from tests.conftest import small_config
@@ -282,13 +282,17 @@ def test_scaffold_server_control_variate_by_hand_at_half_participation(tmp_path,
                                    rtol=0, atol=2e-6)  # fmt: skip
 
 
-def test_fednova_round_with_momentum_and_unequal_steps_by_hand(tmp_path):
+@pytest.mark.parametrize("weights", ["samples", "batches"])
+def test_fednova_round_with_momentum_and_unequal_steps_by_hand(tmp_path, weights):
     # Dirichlet sizes give unequal step counts; rho = 0.5: the round must use a_i(tau_i, rho) and
-    # p_i = n_i / n over the participants, then w - (sum p a) sum p (w - w_i) / a_i.
+    # p_i = n_i / n over the participants, then w - (sum p a) sum p (w - w_i) / a_i; n_i is the
+    # client's samples (the paper) or its batches per epoch, ceil(samples / 16) (NIID-Bench's code).
+    import math
+
     from fedray.rounds import local_update
 
     cfg = small_config(tmp_path, algorithm="fednova", partition="dirichlet", partition_beta=0.5, momentum=0.5,
-                       batch_size=16, local_epochs=1, seed=4)  # fmt: skip
+                       batch_size=16, local_epochs=1, seed=4, hp={"weights": weights})  # fmt: skip
     fed, _ = make_local_federation(cfg, build_federated_data(cfg))
     hp = ALGORITHMS["fednova"].make_hparams(cfg.hp)
     w = get_params(fed.task.build_model())
@@ -296,6 +300,9 @@ def test_fednova_round_with_momentum_and_unequal_steps_by_hand(tmp_path):
     steps = {c: r["steps"] for c, r in replies.items()}
     assert len(set(steps.values())) > 1
     n = {c: r["num_examples"] for c, r in replies.items()}
+    if weights == "batches":
+        n = {c: math.ceil(v / 16) for c, v in n.items()}
+        assert n != {c: r["num_examples"] for c, r in replies.items()}
     p = {c: n[c] / sum(n.values()) for c in n}
     a = {c: (steps[c] - 0.5 * (1 - 0.5 ** steps[c]) / 0.5) / 0.5 for c in n}
     a_eff = sum(p[c] * a[c] for c in n)

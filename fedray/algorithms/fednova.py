@@ -5,28 +5,36 @@ train_net_fednova, branch fednova).
 Clients train as in FedAvg (tau_i local SGD steps with momentum rho = the config's momentum) and
 report their model and tau_i (FedAvg's reply); the server computes
 a_i = [tau_i - rho (1 - rho^tau_i) / (1 - rho)] / (1 - rho) (tau_i when rho = 0), which the
-reference code has the client send: the same value, and nothing more travels than in FedAvg. With p_i = n_i / sum_j n_j over the participants (samples, not batches: register row 8),
-the server sets w <- w - (sum_i p_i a_i) sum_i p_i (w - w_i) / a_i. Computed as the p-weighted
+reference code has the client send: the same value, and nothing more travels than in FedAvg. With p_i = n_i / sum_j n_j over the participants (``weights: samples``, the paper's data
+sizes; ``weights: batches`` is NIID-Bench's code, whose n_i is ``len(train_dl_local)``, the client's
+batches per epoch: register row 8), the server sets w <- w - (sum_i p_i a_i) sum_i p_i (w - w_i) / a_i. Computed as the p-weighted
 average of w + r_i (w_i - w), r_i = (sum_j p_j a_j) / a_i, in float64: the same update, and with
 equal a_i (equal steps) exactly FedAvg's average. Integer buffers are rounded back to integers.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from fedray.algorithms.fedavg import State, evaluate, init, models  # noqa: F401 - FedAvg's, part of the record
 from fedray.federation import Federation
+from fedray.hparams import one_of
 from fedray.params import Params, weighted_average
 from fedray.records import Record
 from fedray.rounds import local_update, train_records
 
 
+WEIGHTS = ("samples", "batches")
+
+
 @dataclass
 class Hparams:
-    """FedNova has no hyperparameters of its own: rho is the config's momentum."""
+    """rho is the config's momentum."""
+
+    # p_i by the client's samples (the paper) or its batches per epoch (NIID-Bench's code)
+    weights: str = field(default="samples", metadata=one_of(*WEIGHTS))
 
 
 def normalizer(steps: int, rho: float) -> float:
@@ -56,7 +64,7 @@ def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, 
     params = nova_average(
         state.params,
         [replies[c]["params"] for c in order],
-        [replies[c]["num_examples"] for c in order],
+        [replies[c]["num_examples" if hp.weights == "samples" else "steps"] for c in order],
         [normalizer(replies[c]["steps"], fed.task.momentum) for c in order],
     )
     return State(params), train_records(replies)
