@@ -25,7 +25,6 @@ from fedray.params import Params, weighted_average
 from fedray.records import Record
 from fedray.rounds import local_update, train_records
 
-
 WEIGHTS = ("samples", "batches")
 
 
