@@ -91,10 +91,11 @@ def cells(
     rows = []
     for key, g in runs.groupby(keys, sort=False):
         ok = [r for r, d in zip(g["run_id"], g["diverged"], strict=True) if r in read_at.index and not d]
+        summary = g.set_index("run_id")["summary"]
         rows.append({
             **dict(zip(keys, key, strict=True)),
             "values": [read_at.loc[r, "value"] for r in ok],
-            "seconds": [g.set_index("run_id").loc[r, "summary"].get("total_seconds", math.nan) for r in ok],
+            "seconds": [summary[r].get("total_seconds", math.nan) for r in ok],
             "rounds": [read_at.loc[r, "round"] for r in ok],
             "diverged": int(g["diverged"].sum()),
         })  # fmt: skip
@@ -130,6 +131,7 @@ def section_table(
 ) -> pd.DataFrame:
     """The comparison table of one section: fedray vs every reference source, per cell."""
     paper, by = paper or {}, list(by)
+    with_reference = bool((c["source"] != FEDRAY).any())  # a fedray-only section has no reference columns
     rows = []
     for key, cell in c.groupby(["partition", "algorithm", *by], sort=False):
         part, alg, extra = key[0], key[1], dict(zip(by, key[2:], strict=True))
@@ -142,32 +144,31 @@ def section_table(
             b = pd.Series(ref.values if ref is not None else [], dtype=float)
             s = agreement(a, b)
             row = {
-                "partition": part, "algorithm": alg, **extra, "fedray": _pm(s["mean_a"], s["std_a"], s["n_a"]),
-                "reference": _pm(s["mean_b"], s["std_b"], s["n_b"]) + (f" [{src}]" if src else ""),
-            }  # fmt: skip
-            if s["n_a"] and s["n_b"]:
-                row["difference"] = f"{s['diff']:+.1f}"
-                row["agree (tolerance)"] = f"{'yes' if s['agree'] else 'NO'} (±{s['tolerance']:.1f})"
-            else:
-                row["difference"] = row["agree (tolerance)"] = "-"
-            if c["diverged"].any():
-                row["diverged (fedray, reference)"] = (
-                    f"{mine.diverged if mine is not None else 0}, {ref.diverged if ref is not None else 0}"
-                )
+                "partition": part,
+                "algorithm": alg,
+                **extra,
+                "fedray": _pm(s["mean_a"], s["std_a"], s["n_a"]),
+            }
+            if with_reference:
+                row["reference"] = _pm(s["mean_b"], s["std_b"], s["n_b"]) + (f" [{src}]" if src else "")
+                if s["n_a"] and s["n_b"]:
+                    row["difference"] = f"{s['diff']:+.1f}"
+                    row["agree (tolerance)"] = f"{'yes' if s['agree'] else 'NO'} (±{s['tolerance']:.1f})"
+                else:
+                    row["difference"] = row["agree (tolerance)"] = "-"
+            diverged = (mine.diverged if mine is not None else 0, ref.diverged if ref is not None else 0)
+            if c["diverged"].any() and with_reference:
+                row["diverged (fedray, reference)"] = f"{diverged[0]}, {diverged[1]}"
+            elif c["diverged"].any():
+                row["diverged"] = str(diverged[0])
             row["fedray time/run"] = _secs(mine.seconds) if mine is not None else "-"
-            row["reference time/run"] = _secs(ref.seconds) if ref is not None else "-"
+            if with_reference:
+                row["reference time/run"] = _secs(ref.seconds) if ref is not None else "-"
             p = paper.get(part, {}).get(alg)
             if p is not None:
                 row["paper"] = p if isinstance(p, str) else f"{p:.1f}"
             rows.append(row)
     table = pd.DataFrame(rows)
-    if (table["reference"] == "-").all():  # a fedray-only section: no reference columns
-        table = table.drop(columns=["reference", "difference", "agree (tolerance)", "reference time/run"])
-        if "diverged (fedray, reference)" in table:
-            table["diverged (fedray, reference)"] = (
-                table["diverged (fedray, reference)"].str.split(",").str[0]
-            )
-            table = table.rename(columns={"diverged (fedray, reference)": "diverged"})
     if "paper" in table:
         table["paper"] = table["paper"].fillna("-")
     return table
