@@ -94,7 +94,10 @@ def train_split_records(
     fed: Federation, groups: Sequence[tuple[Sequence[int], dict]], fn: ClientFn | None = None, stage: str = ""
 ) -> list[Record]:
     """``train_accuracy`` and ``train_loss``: each group's clients evaluate the group's message with
-    ``fn`` (default: the received model on the client's training split), pooled over the samples."""
+    ``fn`` (default: the received model on the client's training split), pooled over the samples;
+    none with ``eval_train: false``."""
+    if not fed.task.eval_train:
+        return []
     replies = fed.map_groups(fn or member_eval, [g for g in groups if g[0]])
     samples = sum(r["samples"] for r in replies.values())
     if not samples:

@@ -140,3 +140,23 @@ def test_train_accuracy_is_each_clients_predictor_on_its_training_split(tmp_path
         expected = _pooled_train_accuracy(cfg, lambda cid: models[f"cluster-{final[cid]}"])
     assert last["train_accuracy"] == pytest.approx(expected, abs=1e-12)
     assert "sgd_accuracy" in last  # the running accuracy of the round's SGD steps, under its own name
+
+
+def test_eval_train_false_skips_only_the_training_split_evaluation(tmp_path):
+    # eval_train: false drops train_accuracy/train_loss (a pass over the whole training set each
+    # evaluation) and nothing else: the same run's other numbers are bit-identical, and a config that
+    # leaves the key at its default keeps the run id it had before the key existed.
+    from analysis import load_metrics
+
+    on = small_config(tmp_path / "on", rounds=2)
+    off = small_config(tmp_path / "off", rounds=2, eval_train=False)
+    run(on)
+    run(off)
+    a, b = (load_metrics(c.output, scope="global").set_index(["round", "metric"])["value"] for c in (on, off))
+    assert {"train_accuracy", "train_loss"} <= set(a.index.get_level_values("metric"))
+    assert not {"train_accuracy", "train_loss"} & set(b.index.get_level_values("metric"))
+    timing = {"seconds", "eval_seconds"}
+    keep = [k for k in a.index if k[1] not in timing | {"train_accuracy", "train_loss"}]
+    assert a[keep].equals(b[keep])
+    assert on.run_id() != off.run_id()
+    assert on.run_id() == "fedavg-synthetic-s0-70e32ccd87"  # the id this config had before eval_train existed
