@@ -22,6 +22,16 @@ Spec::
         paper: {"#C=2": {fedavg: 79.0, fedconcat: 84.4}}   # the paper's means, where the budget is its own
         notes: |                   # markdown after the table (causes found, what changed)
         curves: fidelity-fedconcat-curves.png   # optional: accuracy curves, written next to the page
+        names: {fedcat: FedCat, "fedcat concatenation=false": "FedCat w/ GC"}   # optional: an algorithm
+                                   # with its non-default hp ("ALG k=v,...") under a name of its own
+        claims:                    # optional: a paper's orderings, checked per partition on fedray's runs
+          - {claim: "Table 1: FedCat above every baseline", above: [FedCat], below: [FedAvg, FedProx]}
+        study: layercfl            # optional: a study's own tables and figures (analysis.layer_study)
+        study_options: {round: 10, size: 500, prefix: fidelity-layercfl}
+
+A section whose results folder is gone (results live on the machine that ran them) can be kept as
+it was last generated: ``render(..., previous=the current page)`` (``fedray fidelity --keep-missing``)
+copies it from there, marked as such; without it a missing folder is an error.
 """
 
 from __future__ import annotations
@@ -60,14 +70,27 @@ def agreement(a: Any, b: Any) -> dict[str, float | bool]:
     return out
 
 
+def algorithm_label(config: Mapping[str, Any], names: Mapping[str, str] | None) -> str:
+    """The algorithm as a section names it: with ``names``, the algorithm and its non-default hp
+    (``fedcat concatenation=false``) looked up there (itself when absent); else the algorithm."""
+    if names is None:
+        return field_label(dict(config), "algorithm")
+    hp = field_label(dict(config), "hp")
+    key = config["algorithm"] if hp == "-" else f"{config['algorithm']} {hp.replace(',', ' ')}"
+    return str(names.get(key, key))
+
+
 def cells(
-    results: str | Path, read: Mapping[str, Any] | None = None, by: list[str] | tuple[str, ...] = ()
+    results: str | Path,
+    read: Mapping[str, Any] | None = None,
+    by: list[str] | tuple[str, ...] = (),
+    names: Mapping[str, str] | None = None,
 ) -> pd.DataFrame:
     """One row per (partition, algorithm, the ``by`` fields, source) with the per-seed values and
     wall times of the finished runs that did not diverge, and how many runs diverged (fedray stops
     such a run on non-finite metrics; the reference trains on through NaN weights, its summary's
     ``diverged_round``, and is left out of the values the same way): a cell whose every run diverged
-    is still a row."""
+    is still a row. ``names``: see `algorithm_label`."""
     read, by = dict(read or {}), list(by)
     keys = ["partition", "algorithm", *by, "source"]
     try:
@@ -85,6 +108,7 @@ def cells(
     try:
         for name in keys:
             runs[name] = runs["config"].map(lambda c, n=name: field_label(c, n))
+        runs["algorithm"] = runs["config"].map(lambda c: algorithm_label(c, names))
     except ReportError as e:
         raise FidelityError(f"{results}: by: {e}") from None
     read_at = values.set_index("run_id")
@@ -174,35 +198,131 @@ def section_table(
     return table
 
 
-def render(spec: Mapping[str, Any], root: str | Path | None = None, out_dir: Path | None = None) -> str:
-    """The page, as markdown. ``out_dir``: where curve images are written (next to the page)."""
+def claim_table(c: pd.DataFrame, claims: list[Mapping[str, Any]]) -> pd.DataFrame:
+    """A paper's orderings on fedray's cells, per partition: ``above`` every one of ``below`` in the
+    mean. Each pair's difference with twice its standard error; the verdict: ``holds`` (every pair
+    above by more than 2 SE), ``holds in the means`` (above, some within 2 SE), ``does not hold``
+    (some pair below in the mean; named), ``not run`` (a cell has no finished run)."""
+    mine = c[c["source"] == FEDRAY]
+    rows = []
+    for claim in claims:
+        above, below = _names(claim.get("above")), _names(claim.get("below"))
+        if not above or not below:
+            raise FidelityError(f"claim {claim.get('claim')!r}: needs above: and below: (algorithm names)")
+        for part, cell in mine.groupby("partition", sort=False):
+            values = dict(zip(cell["algorithm"], cell["values"], strict=True))
+            pairs, verdicts = [], []
+            for a in above:
+                for b in below:
+                    if not values.get(a) or not values.get(b):
+                        pairs.append(f"{a} − {b}: not run")
+                        verdicts.append("not run")
+                        continue
+                    s = agreement(values[a], values[b])
+                    pairs.append(f"{a} − {b}: {s['diff']:+.1f} (2 SE {2 * s['se']:.1f})")
+                    verdicts.append(_pair_verdict(s["diff"], s["se"], a, b))
+            lost = [v for v in verdicts if v.startswith("below")]
+            verdict = ("not run" if "not run" in verdicts else f"does not hold ({'; '.join(v[7:] for v in lost)})" if lost
+                       else "holds" if all(v == "clear" for v in verdicts) else "holds in the means")  # fmt: skip
+            rows.append({"claim": claim.get("claim", ""), "partition": part, "differences (points)": "; ".join(pairs),
+                         "verdict": verdict})  # fmt: skip
+    return pd.DataFrame(rows, columns=["claim", "partition", "differences (points)", "verdict"])
+
+
+def _pair_verdict(diff: float, se: float, a: str, b: str) -> str:
+    if diff > 2 * se:
+        return "clear"
+    return "mean" if diff > 0 else f"below: {a} < {b}"
+
+
+def _names(v: Any) -> list[str]:
+    return [str(x) for x in ([v] if isinstance(v, str) else list(v or []))]
+
+
+def render(
+    spec: Mapping[str, Any],
+    root: str | Path | None = None,
+    out_dir: Path | None = None,
+    previous: str | None = None,
+) -> str:
+    """The page, as markdown. ``out_dir``: where images are written (next to the page). ``previous``:
+    the page as it is; a section whose results folder is missing is copied from it (marked), where
+    without it that is an error."""
     root = Path(root or spec.get("root", "."))
     parts = [f"# {spec.get('title', 'Fidelity')}", "", str(spec.get("intro", "")).strip(), ""]
+    old = _sections(previous) if previous is not None else {}
     for sec in spec.get("sections", []):
         if "title" not in sec or "results" not in sec:
             raise FidelityError("every section needs a title and a results folder")
         folder = Path(sec["results"])
         folder = folder if folder.is_absolute() else root / folder
         if not folder.is_dir():
-            raise FidelityError(f"section {sec['title']!r}: results folder {str(folder)!r} does not exist")
+            if sec["title"] not in old:
+                raise FidelityError(
+                    f"section {sec['title']!r}: results folder {str(folder)!r} does not exist"
+                )
+            parts += [f"## {sec['title']}", "", _kept(old[sec["title"]], folder), ""]
+            continue
         parts += [f"## {sec['title']}", ""]
         if sec.get("text"):
             parts += [str(sec["text"]).strip(), ""]
-        by = list(sec.get("by") or [])
-        c = cells(folder, sec.get("read"), by)
+        by, names = list(sec.get("by") or []), sec.get("names")
+        c = cells(folder, sec.get("read"), by, names)
         if c.empty:
             parts += ["(no finished runs yet)", ""]
         else:
             table = section_table(c, sec.get("paper"), by)
             parts += [table.to_markdown(index=False, disable_numparse=True), ""]
-            parts += [f"Results: `{folder}`; read: {_read_text(sec.get('read'))}.", ""]
+            parts += [f"Results: `{_shown(folder)}`; read: {_read_text(sec.get('read'))}.", ""]
+            if sec.get("claims"):
+                claims = claim_table(c, list(sec["claims"]))
+                parts += ["The paper's orderings on these runs:", "", claims.to_markdown(index=False), ""]
         if sec.get("curves") and out_dir is not None:
-            image = _curves(folder, out_dir / sec["curves"], sec.get("read"))
+            image = _curves(folder, out_dir / sec["curves"], sec.get("read"), names)
             if image:
                 parts += [f"![accuracy curves]({image.name})", ""]
+        if sec.get("study"):
+            parts += _study(sec["study"])(folder, out_dir, dict(sec.get("study_options") or {}))
         if sec.get("notes"):
             parts += [str(sec["notes"]).strip(), ""]
     return "\n".join(parts).rstrip() + "\n"
+
+
+KEPT = "_(This section's results folder, `{folder}`, is not on the machine that generated this page; the section is as it was last generated from it.)_"
+
+
+def _kept(body: str, folder: Path) -> str:
+    note = KEPT.format(folder=_shown(folder))
+    return body if note in body else f"{note}\n\n{body}"
+
+
+def _sections(page: str) -> dict[str, str]:
+    """The bodies of a generated page's ``## `` sections, by title."""
+    out: dict[str, str] = {}
+    title = None
+    for line in page.splitlines():
+        if line.startswith("## "):
+            title = line[3:].strip()
+            out[title] = ""
+        elif title is not None:
+            out[title] += line + "\n"
+    return {t: body.strip() for t, body in out.items()}
+
+
+def _shown(folder: Path) -> str:
+    """A results folder as the page names it: relative to the working directory when inside it."""
+    try:
+        return str(folder.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(folder)
+
+
+def _study(name: str) -> Any:
+    if name == "layercfl":
+        from analysis.layer_study import section
+
+        return section
+    raise FidelityError(f"unknown study {name!r} (studies: layercfl)")
 
 
 def _read_text(read: Mapping[str, Any] | None) -> str:
@@ -221,7 +341,9 @@ def _read_text(read: Mapping[str, Any] | None) -> str:
     return f"{what} at {where}, in percent; mean ± std over seeds (number of seeds)"
 
 
-def _curves(folder: Path, path: Path, read: Mapping[str, Any] | None) -> Path | None:
+def _curves(
+    folder: Path, path: Path, read: Mapping[str, Any] | None, names: Mapping[str, str] | None = None
+) -> Path | None:
     """Mean accuracy per round, one line per (partition, algorithm, source)."""
     try:
         import matplotlib
@@ -237,7 +359,7 @@ def _curves(folder: Path, path: Path, read: Mapping[str, Any] | None) -> Path | 
     runs = load_runs(folder)
     runs = runs[runs["status"] == "finished"]
     labels = {
-        r: (field_label(c, "partition"), field_label(c, "algorithm"), field_label(c, "source"))
+        r: (field_label(c, "partition"), algorithm_label(c, names), field_label(c, "source"))
         for r, c in zip(runs["run_id"], runs["config"], strict=True)
     }
     m = m[m["run_id"].isin(labels)]
@@ -260,6 +382,6 @@ def _curves(folder: Path, path: Path, read: Mapping[str, Any] | None) -> Path | 
         ax.legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, metadata={"Software": None})
     plt.close(fig)
     return path

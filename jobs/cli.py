@@ -363,7 +363,8 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     try:
         spec = yaml.safe_load(Path(args.spec).read_text())
         out = Path(args.output or spec.get("output", "docs/fidelity.md"))
-        text = render(spec, args.root, out.parent)
+        previous = out.read_text() if args.keep_missing and out.exists() else None
+        text = render(spec, args.root, out.parent, previous)
     except (OSError, yaml.YAMLError, FidelityError) as e:
         print(f"fedray: error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -479,6 +480,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--root", help="folder the spec's relative results folders are in (default: its root:)"
     )
     p_fid.add_argument("-o", "--output", help="the page (default: the spec's output:, else docs/fidelity.md)")
+    p_fid.add_argument("--keep-missing", action="store_true",
+                       help="a section whose results folder is not here is kept as the page has it (marked so), "
+                            "instead of an error")  # fmt: skip
     p_fid.set_defaults(func=cmd_fidelity)
     p_docs = sub.add_parser(
         "docs", help="write docs/algorithms.md's tables from the algorithm registry (jobs/docs.py)"

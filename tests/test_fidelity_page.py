@@ -1,0 +1,134 @@
+"""docs/fidelity.md's machinery beyond the side-by-side cells: algorithms named with their hp, a
+paper's orderings checked, LayerCFL's layer study read from the runs' gap and purity records, and a
+section whose results folder is gone kept as it was."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from analysis.fidelity import KEPT, FidelityError, algorithm_label, cells, claim_table, render
+from fedray.records import rec
+from fedray.results import ResultsWriter
+from tests.conftest import small_config
+from tests.test_report import final, write_run
+
+NAMES = {"fedcat": "FedCat", "fedcat concatenation=false": "FedCat w/ GC", "fedavg": "FedAvg"}
+
+
+@pytest.fixture
+def base(tmp_path):
+    return {**small_config(tmp_path).to_dict(), "experiment": "t", "hp": {}}
+
+
+def test_an_algorithm_with_hp_is_named_by_the_section(base):
+    assert algorithm_label({**base, "algorithm": "fedcat"}, NAMES) == "FedCat"
+    assert (
+        algorithm_label({**base, "algorithm": "fedcat", "hp": {"concatenation": False}}, NAMES)
+        == "FedCat w/ GC"
+    )
+    # not in names: the algorithm and its hp, so two settings never share a cell
+    assert algorithm_label({**base, "algorithm": "fedprox", "hp": {"mu": 0.1}}, NAMES) == "fedprox mu=0.1"
+    assert algorithm_label({**base, "algorithm": "fedcat", "hp": {"concatenation": False}}, None) == "fedcat"
+
+
+def test_a_papers_orderings_checked_per_partition(tmp_path, base):
+    out = tmp_path / "out"
+    runs = {("fedcat", ()): [0.80, 0.82], ("fedcat", (("concatenation", False),)): [0.78, 0.82],
+            ("fedavg", ()): [0.60, 0.62]}  # fmt: skip
+    for (alg, hp), accs in runs.items():
+        for seed, acc in enumerate(accs):
+            write_run(out, {**base, "algorithm": alg, "hp": dict(hp), "seed": seed}, final(acc))
+    c = cells(out, names=NAMES)
+    assert sorted(c["algorithm"]) == ["FedAvg", "FedCat", "FedCat w/ GC"]
+    claims = [
+        {"claim": "above the baseline", "above": "FedCat", "below": ["FedAvg"]},
+        {"claim": "above the ablation", "above": ["FedCat"], "below": ["FedCat w/ GC"]},
+        {"claim": "ablation above", "above": ["FedCat w/ GC"], "below": ["FedCat", "FedAvg"]},
+        {"claim": "not run", "above": ["FedCat"], "below": ["SCAFFOLD"]},
+    ]
+    t = claim_table(c, claims).set_index("claim")
+    # By hand, in points: FedCat 81 (var 2), FedAvg 61 (var 2): +20, SE sqrt(2/2 + 2/2) = 1.41.
+    assert t.loc["above the baseline", "differences (points)"] == "FedCat − FedAvg: +20.0 (2 SE 2.8)"
+    assert t.loc["above the baseline", "verdict"] == "holds"
+    # FedCat w/ GC 80 (var 8): +1.0, SE sqrt(1 + 4) = 2.24: above only in the mean
+    assert t.loc["above the ablation", "differences (points)"] == "FedCat − FedCat w/ GC: +1.0 (2 SE 4.5)"
+    assert t.loc["above the ablation", "verdict"] == "holds in the means"
+    assert t.loc["ablation above", "verdict"] == "does not hold (FedCat w/ GC < FedCat)"
+    assert t.loc["not run", "verdict"] == "not run"
+    with pytest.raises(FidelityError, match="needs above: and below:"):
+        claim_table(c, [{"claim": "x", "above": "FedCat"}])
+
+
+def test_a_missing_results_folder_is_an_error_or_the_section_as_last_generated(tmp_path, base):
+    write_run(tmp_path / "here", {**base, "seed": 0}, final(0.7))
+    spec = {
+        "title": "T",
+        "sections": [{"title": "Here", "results": "here"}, {"title": "Gone", "results": "gone"}],
+    }
+    with pytest.raises(FidelityError, match="'Gone': results folder .*gone.* does not exist"):
+        render(spec, tmp_path)
+    previous = (
+        "# T\n\n## Here\n\nstale text\n\n## Gone\n\n| a |\n|---|\n| 70.0 (1) |\n\nnotes of the gone section\n"
+    )
+    page = render(spec, tmp_path, previous=previous)
+    gone = page.split("## Gone\n", 1)[1]
+    assert gone.strip().startswith("_(This section's results folder")
+    assert "| 70.0 (1) |" in gone and "notes of the gone section" in gone
+    assert "stale text" not in page.split("## Gone")[0]  # a section whose folder is here is regenerated
+    again = render(spec, tmp_path, previous=page)
+    assert again == page  # kept twice: marked once
+    assert KEPT.split("{")[0] in page
+
+
+def _layer_run(out, base, seed, size, eps1, gaps, extra=None, groups=(0, 0, 1, 1)):
+    cfg = {**base, "algorithm": "cfl", "partition": "rotation", "partition_size": size, "seed": seed,
+           "hp": {"eps1": eps1}, "rounds": len(gaps)}  # fmt: skip
+    run_id = f"cfl-{size}-{eps1}-s{seed}"
+    w = ResultsWriter(out, run_id, cfg, flush_every_s=0)
+    w.start()
+    w.write_clients([{"client": c, "role": "train", "num_train": size, "num_test": 0, "group": g, "concept": "",
+                      "corruption": "", "severity": 0} for c, g in enumerate(groups)])  # fmt: skip
+    for r, (g_all, g_conv) in enumerate(gaps, start=1):
+        w.add(r, [rec("gap", g_all), rec("gap_l2", g_all / 2), rec("gap/conv1", g_conv), rec("gap_l2/conv1", g_conv),
+                  rec("accuracy", 0.5), *(extra or {}).get(r, [])])  # fmt: skip
+    w.finish({})
+    return run_id
+
+
+def test_layer_study_reads_rounds_until_separation_layer_gaps_and_the_true_clustering(tmp_path, base):
+    from analysis import layer_study as L
+
+    out = tmp_path / "out"
+    # never-splitting runs: all layers separate at round 2 (seed 0) and 3 (seed 1); conv1 never
+    _layer_run(out, base, 0, 100, 0.0, [(-0.1, -1.0), (0.2, -1.0), (0.3, -0.5)])
+    _layer_run(out, base, 1, 100, 0.0, [(-0.1, -1.0), (-0.2, -1.0), (0.1, -0.5)])
+    # more data: separate at round 1
+    _layer_run(out, base, 0, 500, 0.0, [(0.4, 0.1), (0.5, 0.2), (0.6, 0.3)])
+    # a splitting run: one cluster, a wrong split, then the truth (2 clusters, purity 1) at round 3
+    per_round = {1: [rec("purity", 1.0), rec("num_clusters", 1)],
+                 2: [rec("purity", 0.5), rec("num_clusters", 2), rec("split", 1, scope="cluster", entity=0)],
+                 3: [rec("purity", 1.0), rec("num_clusters", 2)]}  # fmt: skip
+    _layer_run(out, base, 0, 100, 0.4, [(0.0, 0.0)] * 3, per_round)
+    onset = L.gap_onset(out).set_index(["size", "distance", "layers", "seed"])["onset"]
+    assert onset[(100, "Delta-cos", L.ALL, 0)] == 2 and onset[(100, "Delta-cos", L.ALL, 1)] == 3
+    assert math.isnan(onset[(100, "Delta-cos", "conv1", 0)])
+    assert onset[(100, "L2", L.ALL, 0)] == 2 and onset[(500, "Delta-cos", L.ALL, 0)] == 1
+    assert len(L.gap_onset(out)) == 3 * 4  # the splitting run is not in the layer study
+    t = L.onset_table(L.gap_onset(out)).set_index(["distance", "layers"])
+    assert list(t.columns[-2:]) == ["100 samples/client", "500 samples/client"]  # by size, not by appearance
+    assert t.loc[("Delta-cos", L.ALL), "100 samples/client"] == "2.5 ± 0.7 (2)"
+    assert t.loc[("Delta-cos", "conv1"), "100 samples/client"] == "never (≤ 3) (2)"
+    gaps = L.gaps_at(out, 3, 100).set_index(["distance", "layers"])
+    assert gaps.loc[("Delta-cos", L.ALL), "mean"] == pytest.approx(0.2)
+    assert gaps.loc[("L2", "conv1"), "mean"] == pytest.approx(-0.5)
+    p = L.purity_onset(out).iloc[0]
+    assert (p["onset"], p["purity"], p["clusters"], p["groups"], p["splits"]) == (3.0, 1.0, 2, 2, [2])
+    parts = L.section(out, tmp_path / "docs", {"round": 3, "size": 100, "prefix": "study"})
+    text = "\n".join(parts)
+    assert "Rounds until gap > 0" in text and "Gap per layer at round 3" in text and "| CFL " in text
+    pytest.importorskip("matplotlib")
+    assert {"study-onset.png", "study-layers.png", "study-purity.png"} <= {
+        p.name for p in (tmp_path / "docs").iterdir()
+    }
