@@ -108,6 +108,41 @@ def load_assignments(out_dir: str | Path) -> pd.DataFrame:
     return df.sort_values(["run_id", "round", "client", "cluster"], kind="stable").reset_index(drop=True)
 
 
+ARCHIVED = ("runs", "metrics", "clients", "assignments")
+
+
+def archive(src: str | Path, dst: str | Path) -> list[str]:
+    """Copy what the analysis reads of ``src``'s finished runs (their rows of the runs, metrics,
+    clients and assignments tables, one Parquet file per table, and their configs) into ``dst``,
+    replacing what ``dst`` held: a results folder small enough to keep beside the page it backs
+    (no checkpoints, models or partitions). Returns the run ids copied."""
+    import shutil
+
+    import pyarrow as pa
+
+    from fedray.results import write_atomic
+
+    src, dst = Path(src), Path(dst)
+    if not (src / "runs").is_dir():
+        raise FileNotFoundError(f"{str(src)!r} is not a results folder (no runs/)")
+    runs = _read_dir(src / "runs")
+    finished = sorted(runs.loc[runs["status"] == "finished", "run_id"]) if runs is not None else []
+    for name in (*ARCHIVED, "configs"):
+        shutil.rmtree(dst / name, ignore_errors=True)
+    for name in ARCHIVED:
+        df = _read_dir(src / name, ds.field("run_id").isin(finished))
+        if df is None or df.empty:
+            continue
+        (dst / name).mkdir(parents=True, exist_ok=True)
+        table = pa.Table.from_pandas(df.reset_index(drop=True), schema=_SCHEMAS[name], preserve_index=False)
+        write_atomic(table, dst / name / "archive.parquet")
+    (dst / "configs").mkdir(parents=True, exist_ok=True)
+    for run_id in finished:
+        if (src / "configs" / f"{run_id}.yaml").exists():
+            shutil.copyfile(src / "configs" / f"{run_id}.yaml", dst / "configs" / f"{run_id}.yaml")
+    return finished
+
+
 def layer_gaps(out_dir: str | Path) -> pd.DataFrame:
     """The per-layer gaps of CFL and LayerCFL (metrics ``gap/LAYER`` and ``gap_l2/LAYER``) as a table:
     the metric rows with ``layer`` and ``distance`` (cos | l2) columns, so LayerCFL's layer study

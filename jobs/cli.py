@@ -359,10 +359,14 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     import yaml
 
     from analysis.fidelity import FidelityError, render
+    from analysis.load import archive
 
     try:
         spec = yaml.safe_load(Path(args.spec).read_text())
         out = Path(args.output or spec.get("output", "docs/fidelity.md"))
+        for src in args.archive:
+            dst = Path(args.root or spec.get("root", ".")) / Path(src).name
+            print(f"archived {len(archive(src, dst))} finished runs of {src} in {dst}")
         previous = out.read_text() if args.keep_missing and out.exists() else None
         text = render(spec, args.root, out.parent, previous)
     except (OSError, yaml.YAMLError, FidelityError) as e:
@@ -480,6 +484,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--root", help="folder the spec's relative results folders are in (default: its root:)"
     )
     p_fid.add_argument("-o", "--output", help="the page (default: the spec's output:, else docs/fidelity.md)")
+    p_fid.add_argument("--archive", action="append", default=[], metavar="DIR",
+                       help="first copy results folder DIR's finished runs (tables and configs, no checkpoints) "
+                            "into ROOT/NAME, NAME being DIR's name; repeatable")  # fmt: skip
     p_fid.add_argument("--keep-missing", action="store_true",
                        help="a section whose results folder is not here is kept as the page has it (marked so), "
                             "instead of an error")  # fmt: skip

@@ -132,3 +132,34 @@ def test_layer_study_reads_rounds_until_separation_layer_gaps_and_the_true_clust
     assert {"study-onset.png", "study-layers.png", "study-purity.png"} <= {
         p.name for p in (tmp_path / "docs").iterdir()
     }
+
+
+def test_archive_keeps_the_finished_runs_tables_beside_the_page(tmp_path, base):
+    # Results live on the machine that ran them; `fedray fidelity --archive DIR` copies what the page
+    # reads of DIR's finished runs into ROOT/NAME (one file per table, no checkpoints), replacing it.
+    import yaml
+
+    from analysis import load_metrics, load_runs
+    from tests.conftest import ROOT
+    from tests.test_cli import FEDRAY, run
+
+    src = tmp_path / "batch"
+    done = write_run(src, {**base, "seed": 0}, final(0.7))
+    write_run(src, {**base, "seed": 1}, final(0.2), status="failed")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        yaml.safe_dump({"root": str(tmp_path / "kept"), "sections": [{"title": "S", "results": "batch"}]})
+    )
+    stale = tmp_path / "kept" / "batch" / "metrics"
+    stale.mkdir(parents=True)
+    (stale / "old.parquet").write_bytes((next((src / "metrics").iterdir())).read_bytes())
+    p = run(
+        [*FEDRAY, "fidelity", str(spec), "--archive", str(src), "-o", str(tmp_path / "page.md")], cwd=ROOT
+    )
+    assert p.returncode == 0, p.stderr
+    kept = tmp_path / "kept" / "batch"
+    assert list(load_runs(kept)["run_id"]) == [done]
+    assert [f.name for f in (kept / "metrics").iterdir()] == ["archive.parquet"]  # the stale file is gone
+    original = load_metrics(src)
+    assert load_metrics(kept).equals(original[original["run_id"] == done].reset_index(drop=True))
+    assert "70.0 (1)" in (tmp_path / "page.md").read_text()
