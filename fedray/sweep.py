@@ -243,11 +243,31 @@ def load_sweep(
             _apply(tree, over)
             valid.append((label, from_dict(tree)))
         except ConfigError as e:
-            problems.setdefault(str(e), []).append(label)
+            if not _left_out(tree, wanted):  # a run --only leaves out is not in the way
+                problems.setdefault(str(e), []).append(label)
 
+    runs: list[SweepRun] = []
+    seen: set[str] = set()
+    for label, cfg in valid:
+        if cfg.run_id() not in seen:
+            seen.add(cfg.run_id())
+            runs.append(SweepRun(len(runs) + 1, label, cfg))
+    collapsed = len(valid) - len(runs)
+    if wanted:  # before the data and partition checks, which are then done only for the runs wanted
+        resolved = {r.index: _resolved(r.config) for r in runs}
+        keys = {k for d in resolved.values() for k in d}
+        for k in wanted:
+            if keys and k not in keys:
+                raise SweepError(f"--only {k}: unknown config key{suggest(k, keys)}")
+        runs = [r for r in runs if all(resolved[r.index].get(k, object()) == v for k, v in wanted.items())]
+        if not runs and not problems:
+            raise SweepError(
+                f"{source}: no run has {', '.join(f'{k}={_fmt(v)}' for k, v in wanted.items())} (--only)"
+            )
+    chosen = [(r.label, r.config) for r in runs]
     # Data sets are checked once per distinct source, for every run that reads it.
     by_source: dict[tuple, list[tuple[str, Config]]] = {}
-    for label, cfg in valid:
+    for label, cfg in chosen:
         key = (cfg.dataset, cfg.resolved_data_root(), cfg.download, cfg.emnist_split)
         by_source.setdefault(key, []).append((label, cfg))
     for group in by_source.values():
@@ -261,29 +281,16 @@ def load_sweep(
         )
     if problems:
         raise SweepError(_report(source, problems, total))
-    _check_partitions(valid, problems)
+    _check_partitions(chosen, problems)
     if problems:
         raise SweepError(_report(source, problems, total))
-
-    runs: list[SweepRun] = []
-    seen: set[str] = set()
-    for label, cfg in valid:
-        if cfg.run_id() not in seen:
-            seen.add(cfg.run_id())
-            runs.append(SweepRun(len(runs) + 1, label, cfg))
-    collapsed = len(valid) - len(runs)
-    if wanted:
-        resolved = {r.index: _resolved(r.config) for r in runs}
-        keys = {k for d in resolved.values() for k in d}
-        for k in wanted:
-            if k not in keys:
-                raise SweepError(f"--only {k}: unknown config key{suggest(k, keys)}")
-        runs = [r for r in runs if all(resolved[r.index].get(k, object()) == v for k, v in wanted.items())]
-        if not runs:
-            raise SweepError(
-                f"{source}: no run has {', '.join(f'{k}={_fmt(v)}' for k, v in wanted.items())} (--only)"
-            )
     return Sweep(source, runs, max_concurrent, collapsed)
+
+
+def _left_out(tree: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
+    """Whether a run that does not resolve (a bad config) sets a key ``--only`` asks for to another value."""
+    flat = flatten(dict(tree))
+    return any(k in flat and flat[k] != v for k, v in wanted.items())
 
 
 _PARTITION_KEYS = ("dataset", "data_root", "emnist_split", "synthetic_size", "synthetic_shape", "num_clients",

@@ -289,3 +289,15 @@ def test_only_matches_an_hp_value_the_config_leaves_at_its_default(tmp_path):
     assert [r.index for r in load_sweep(path, only=["hp.tau=5"]).runs] == [3]  # 5 == 5.0
     with pytest.raises(SweepError, match=r"--only hp.tauu: unknown config key; did you mean 'hp.tau'\?"):
         load_sweep(path, only=["hp.tauu=1"])
+
+
+def test_only_is_not_blocked_by_a_run_it_leaves_out(tmp_path):
+    # A sweep with some invalid runs runs the valid ones --only asks for (the user is told of
+    # the others when they ask for them); partitions and data are checked for the chosen runs only.
+    path = sweep_file(tmp_path, "grid:\n  local_epochs: [1, 0]\nseeds: [0]\n")
+    with pytest.raises(SweepError, match=r"(?s)1 of 2 runs are invalid.*'local_epochs'"):
+        load_sweep(path)
+    only = load_sweep(path, only=["local_epochs=1"])
+    assert [r.label for r in only.runs] == ["local_epochs=1 seed=0"] and only.runs[0].index == 1
+    with pytest.raises(SweepError, match=r"'local_epochs'"):
+        load_sweep(path, only=["local_epochs=0"])

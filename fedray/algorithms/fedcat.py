@@ -75,10 +75,11 @@ def check_config(cfg, hp: Hparams) -> None:
             "or leave hp.num_groups at 0 (derived from participation)"
         )
     if hp.concatenation and cfg.rounds % k:
+        up, down = (cfg.rounds // k + 1) * k, cfg.rounds // k * k
         raise ValueError(
             f"config key 'rounds': FedCat aggregates at the end of each cycle of K = {k} rounds; rounds={cfg.rounds} "
-            f"would leave {cfg.rounds % k} rounds of training unaggregated. Set rounds: "
-            f"{(cfg.rounds // k + 1) * k} (or {max(k, cfg.rounds // k * k)})"
+            f"would leave {cfg.rounds % k} rounds of training unaggregated. Set rounds: {up}"
+            + (f" (or {down})" if down else "")
         )
 
 
