@@ -17,7 +17,7 @@ from torch import nn
 from fedray import seeding
 from fedray.data import ArrayDataset, DataSpec
 from fedray.models import TASK, Arch, build_arch, build_model
-from fedray.params import Params, set_params
+from fedray.params import Params, get_params, set_params
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,11 @@ class Task:
         if self.channels_last:
             return model.to(device, memory_format=torch.channels_last)
         return model.to(device)
+
+    def init_models(self, k: int) -> dict[int, Params]:
+        """K models, model i from its own seeded init (the FedEM/FedRC code: torch seed + i), so the
+        components of a mixture or the clusters of IFCA/FedSoft differ; model 0 is FedAvg's init."""
+        return {i: get_params(self.build_model(purpose="init" if i == 0 else f"init/{i}")) for i in range(k)}
 
     def build_model(self, purpose: str = "init", arch: Arch = TASK) -> nn.Module:
         """A freshly initialised model (the task's, or ``arch``); the init draws come from the

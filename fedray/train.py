@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from fedray.client import Client
+from fedray.params import Params
 
 
 @dataclass
@@ -202,3 +203,21 @@ def total(parts: Iterable[EvalStats]) -> EvalStats:
 
 def evaluate(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> EvalStats:
     return total(evaluate_batches(model, batches))
+
+
+@torch.no_grad()
+def sample_losses(client: Client, models: list[Params], batches) -> np.ndarray:
+    """K x n cross-entropies of each model on the given batches, in order (eval mode)."""
+    out = []
+    for params in models:
+        model = client.model(params)
+        model.eval()
+        out.append(
+            np.concatenate(
+                [
+                    torch.nn.functional.cross_entropy(model(x), y, reduction="none").cpu().numpy()
+                    for x, y in batches()
+                ]
+            )
+        )
+    return np.stack(out).astype(np.float64)

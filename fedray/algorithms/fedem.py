@@ -48,7 +48,7 @@ from fedray.federation import Federation
 from fedray.hparams import bound
 from fedray.params import Params, WeightedSum, get_params
 from fedray.records import Record, assign, rec
-from fedray.train import TrainStats, load_optimizer_state, local_train, optimizer_state, sgd
+from fedray.train import TrainStats, load_optimizer_state, local_train, optimizer_state, sample_losses, sgd
 
 
 @dataclass
@@ -74,14 +74,8 @@ def models(state: State, hp: Hparams) -> list[SavedModel]:
     return cluster_models(state.models)
 
 
-def init_models(fed: Federation, k: int) -> dict[int, Params]:
-    """Model k from its own seeded init (the code: torch seed + k), so the components differ; model
-    0 is FedAvg's init."""
-    return {i: get_params(fed.task.build_model(purpose="init" if i == 0 else f"init/{i}")) for i in range(k)}
-
-
 def init(fed: Federation, hp: Hparams) -> State:
-    return State(init_models(fed, hp.num_clusters))
+    return State(fed.task.init_models(hp.num_clusters))
 
 
 # ---- client side --------------------------------------------------------------------------------
@@ -116,24 +110,6 @@ def aligned(cstate: ClientMixture | None, ids: list[int], n: int) -> ClientMixtu
     nu = None if cstate.nu is None else cstate.nu[keep]
     a = None if cstate.a is None else cstate.a[keep]
     return ClientMixture(list(ids), gamma, omega, nu, a, {i: s for i, s in cstate.opt.items() if i in ids})
-
-
-@torch.no_grad()
-def sample_losses(client: Client, models: list[Params], batches) -> np.ndarray:
-    """K x n cross-entropies of each model on the given batches, in order (eval mode)."""
-    out = []
-    for params in models:
-        model = client.model(params)
-        model.eval()
-        out.append(
-            np.concatenate(
-                [
-                    torch.nn.functional.cross_entropy(model(x), y, reduction="none").cpu().numpy()
-                    for x, y in batches()
-                ]
-            )
-        )
-    return np.stack(out).astype(np.float64)
 
 
 def e_step(client: Client, state: ClientMixture, models: list[Params], msg: dict) -> ClientMixture:

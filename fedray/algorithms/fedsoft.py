@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedray.algorithms.fedem import init_models, sample_losses
 from fedray.algorithms.fedprox import proximal
 from fedray.client import Client
 from fedray.clustering import purity
@@ -45,6 +44,7 @@ from fedray.params import Params, weighted_average
 from fedray.records import Record, assign, rec
 from fedray.rounds import local_sgd_reply, train_records
 from fedray.train import evaluate as eval_model
+from fedray.train import sample_losses
 
 
 @dataclass
@@ -76,7 +76,7 @@ def personal_model(cstate: Any) -> Params | None:
 
 
 def init(fed: Federation, hp: Hparams) -> State:
-    models = init_models(fed, hp.num_clusters)
+    models = fed.task.init_models(hp.num_clusters)
     return State([models[k] for k in range(hp.num_clusters)])
 
 

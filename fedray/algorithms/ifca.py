@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from fedray.algorithms.fedem import init_models
 from fedray.client import Client
 from fedray.clustering import purity
 from fedray.evaluation import hard_cluster_records, mean_losses
@@ -52,7 +51,7 @@ def models(state: State, hp: Hparams) -> list[SavedModel]:
 
 
 def init(fed: Federation, hp: Hparams) -> State:
-    models = init_models(fed, hp.num_clusters)
+    models = fed.task.init_models(hp.num_clusters)
     return State([models[k] for k in range(hp.num_clusters)])
 
 
