@@ -38,7 +38,7 @@ similarity is computed on.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -145,14 +145,18 @@ def distances(vectors: np.ndarray, distance: str) -> np.ndarray:
     return clustering.euclidean_distances(vectors)
 
 
-def split_norms(updates: np.ndarray, rule: str) -> tuple[float, float]:
-    """(||mean update||, the largest member update by ``rule``) of one cluster's update rows."""
-    mean_norm = float(np.linalg.norm(updates.mean(axis=0)))
-    if rule == "coordinate":  # max |x| without an abs copy of the matrix
-        biggest = max(updates.max(), -updates.min())
-    else:
-        biggest = max(float(np.linalg.norm(row)) for row in updates)
-    return mean_norm, float(biggest)
+def split_norms(updates: Iterable[np.ndarray], rule: str) -> tuple[float, float]:
+    """(||mean update||, the largest member update by ``rule``) of one cluster's update rows, taken
+    one row at a time: the cluster's matrix is built only if it splits."""
+    total, biggest, n = None, 0.0, 0
+    for row in updates:
+        total = row.astype(np.float64, copy=True) if total is None else np.add(total, row, out=total)
+        if rule == "coordinate":  # max |x| without an abs copy of the row
+            biggest = max(biggest, float(row.max()), float(-row.min()))
+        else:
+            biggest = max(biggest, float(np.linalg.norm(row)))
+        n += 1
+    return float(np.linalg.norm(total / n)), biggest
 
 
 def thresholds(hp: Hparams, peak_mean_norm: float) -> tuple[float, float]:
@@ -200,24 +204,17 @@ def cfl_round(
 
     everything = state.selected == trainable  # CFL: the selected rows are the full rows
 
-    def compared(cids: list[int], full: np.ndarray) -> np.ndarray:  # rows the distance is taken on
-        if sel.distance.startswith("delta"):
-            return full if everything else stacked(cids, lambda c: update(c, state.selected))
-        return stacked(cids, lambda c: layers.flatten(replies[c]["params"], state.selected))
-
     records = train_records(replies)
     clusters = [list(m) for m in state.clusters]
     history = list(state.history)
     norms = []
     for k, members in enumerate(state.clusters):
-        full = stacked(members, lambda c: update(c, trainable))
-        mean_norm, max_norm = split_norms(full, hp.max_norm)
+        mean_norm, max_norm = split_norms((update(c, trainable) for c in members), hp.max_norm)
         if not everything:
-            _, max_norm = split_norms(stacked(members, lambda c: update(c, state.selected)), hp.max_norm)
+            _, max_norm = split_norms((update(c, state.selected) for c in members), hp.max_norm)
         records += [rec("mean_update_norm", mean_norm, scope="cluster", entity=k),
                     rec("max_update_norm", max_norm, scope="cluster", entity=k)]  # fmt: skip
         norms.append((mean_norm, max_norm))
-        del full  # rebuilt below for a cluster that splits: a cluster's update rows can be gigabytes
     peak = max([state.peak_mean_norm] + [n[0] for n in norms])
     eps1, eps2 = thresholds(hp, peak)
     if hp.eps_rule == "relative":
@@ -228,13 +225,17 @@ def cfl_round(
             rnd >= hp.warmup_rounds and room and len(members) > 2 and mean_norm < eps1 and max_norm > eps2
         ):
             continue
-        full = stacked(members, lambda c: update(c, trainable))
-        d = distances(compared(members, full), sel.distance)
+        # the one matrix a split needs (two when the distance is on the weights, not the updates)
+        moved = stacked(members, lambda c: update(c, state.selected))
+        if sel.distance.startswith("delta"):
+            d = distances(moved, sel.distance)
+        else:
+            d = distances(
+                stacked(members, lambda c: layers.flatten(replies[c]["params"], state.selected)), sel.distance
+            )
         halves = clustering.bipartition(d)
         if sel.gamma_max is not None:
-            sel_rows = full if everything else stacked(members, lambda c: update(c, state.selected))
-            cos = clustering.cosine_similarity(sel_rows)
-            safe, cross_max = split_is_safe(cos, halves, sel.gamma_max)
+            safe, cross_max = split_is_safe(clustering.cosine_similarity(moved), halves, sel.gamma_max)
             records.append(rec("alpha_cross_max", cross_max, scope="cluster", entity=k))
             if not safe:  # the theorem does not vouch for this split: roll back, train on unsplit
                 records.append(rec("split_rejected", 1, scope="cluster", entity=k))
