@@ -76,7 +76,8 @@ def kmeans_step(
 # The clustering step: the clients' (label) distribution vectors in, an assignment out.
 CLUSTERING_STEPS: dict[str, Callable[..., Clustering]] = {"kmeans": kmeans_step}
 # Or a clustered-FL algorithm runs stage 2 itself, clustering as it trains (FedConcat-IFCA, -FeSEM,
-# -FedSoft: the FedConcat paper's Table 10); its K cluster models become the encoders.
+# -FedSoft: the FedConcat paper's Table 10); its K cluster models become the encoders, each client in
+# the cluster its `assignment(state)` hook names (a clustered algorithm offers the hook).
 CLUSTERED_STAGES: dict[str, ModuleType] = {"ifca": ifca, "fesem": fesem, "fedsoft": fedsoft}
 
 
@@ -177,17 +178,17 @@ def staged(records: list[Record], stage: str) -> list[Record]:
 
 def clustered_stage(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:
     """Stage 2 as one round of the clustered algorithm ``hp.clustering`` (its defaults, K clusters);
-    the encoders are its cluster models, each client in its latest (FedSoft: most important) one."""
+    the encoders are its cluster models, each client in the cluster the algorithm's ``assignment``
+    hook names (IFCA, FeSEM: its latest choice; FedSoft: its most important)."""
     alg = CLUSTERED_STAGES[hp.clustering]
     inner_hp = alg.Hparams(num_clusters=hp.num_clusters)
     inner, records = alg.round(state.inner or alg.init(fed, inner_hp), fed, inner_hp, rnd)
-    assigned = (
-        {c: int(np.argmax(u)) for c, u in inner.u.items()}
-        if hp.clustering == "fedsoft"
-        else dict(inner.assigned)
-    )
     new = replace(
-        state, inner=inner, models=list(inner.models), assignment=assigned, stage=next_stage(hp, rnd)
+        state,
+        inner=inner,
+        models=list(inner.models),
+        assignment=alg.assignment(inner),
+        stage=next_stage(hp, rnd),
     )
     return new, staged(records, ENCODER)
 

@@ -70,6 +70,12 @@ def models(state: State, hp: Hparams) -> list[SavedModel]:
     return cluster_models(state.models)
 
 
+def assignment(state: State) -> dict[int, int]:
+    """Each client's cluster (the clustered-algorithm hook FedConcat's stage 2 reads): its most
+    important one, argmax u."""
+    return {c: int(np.argmax(u)) for c, u in state.u.items()}
+
+
 def personal_model(cstate: Any) -> Params | None:
     """A client's personal model (its state), once it has trained one."""
     return cstate

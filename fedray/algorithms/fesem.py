@@ -35,6 +35,7 @@ State = ifca.State
 init = ifca.init
 evaluate = ifca.evaluate
 models = ifca.models
+assignment = ifca.assignment
 
 
 def center_distance(local: Params, center: Params) -> float:

@@ -50,6 +50,11 @@ def models(state: State, hp: Hparams) -> list[SavedModel]:
     return cluster_models(state.models, members_of(state.assigned))
 
 
+def assignment(state: State) -> dict[int, int]:
+    """Each client's cluster (the clustered-algorithm hook FedConcat's stage 2 reads): its latest choice."""
+    return dict(state.assigned)
+
+
 def init(fed: Federation, hp: Hparams) -> State:
     models = fed.task.init_models(hp.num_clusters)
     return State([models[k] for k in range(hp.num_clusters)])
