@@ -27,7 +27,7 @@ Spec::
         claims:                    # optional: a paper's orderings, checked per partition on fedray's runs
           - {claim: "Table 1: FedCat above every baseline", above: [FedCat], below: [FedAvg, FedProx]}
         study: layercfl            # optional: a study's own tables and figures (analysis.layer_study)
-        study_options: {round: 10, size: 500, prefix: fidelity-layercfl}
+        study_options: {rounds: [1, 10, 30], size: 500, prefix: fidelity-layercfl}
 
 A section whose results folder is gone (results live on the machine that ran them) can be kept as
 it was last generated: ``render(..., previous=the current page)`` (``fedray fidelity --keep-missing``)

@@ -88,16 +88,19 @@ def gap_onset(folder: str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
-def gaps_at(folder: str | Path, round_: int, size: int | None = None) -> pd.DataFrame:
-    """Mean and std over seeds of every gap at round ``round_`` in the never-splitting runs (of
-    ``size`` samples per client; default: every size), per (partition, size, distance, layers)."""
+def gaps_at(folder: str | Path, rounds: int | list[int], size: int | None = None) -> pd.DataFrame:
+    """Mean and std over seeds of every gap at each of ``rounds`` in the never-splitting runs (of
+    ``size`` samples per client; default: every size), per (partition, size, distance, layers, round)."""
+    rounds = [rounds] if isinstance(rounds, int) else list(rounds)
     runs = _finished(folder)
     runs = runs[runs["never_splits"] & ((runs["size"] == size) if size is not None else True)]
     g = _gaps(folder, runs) if not runs.empty else pd.DataFrame()
     if g.empty:
-        return pd.DataFrame(columns=["partition", "size", "distance", "layers", "mean", "std", "seeds"])
-    g = g[g["round"] == round_]
-    out = g.groupby(["partition", "size", "distance", "layers"], sort=False)["value"]
+        return pd.DataFrame(
+            columns=["partition", "size", "distance", "layers", "round", "mean", "std", "seeds"]
+        )
+    g = g[g["round"].isin(rounds)]
+    out = g.groupby(["partition", "size", "distance", "layers", "round"], sort=False)["value"]
     return out.agg(mean="mean", std="std", seeds="count").reset_index()
 
 
@@ -180,9 +183,11 @@ def purity_table(p: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def write_figures(folder: str | Path, out_dir: str | Path, prefix: str, round_: int, size: int) -> list[Path]:
+def write_figures(
+    folder: str | Path, out_dir: str | Path, prefix: str, rounds: list[int], size: int
+) -> list[Path]:
     """``PREFIX-onset.png`` (rounds until gap > 0 against samples per client), ``PREFIX-layers.png``
-    (each layer's gap at ``round_`` at ``size`` samples per client) and ``PREFIX-purity.png``
+    (each layer's gap at ``rounds`` at ``size`` samples per client) and ``PREFIX-purity.png``
     (purity and cluster count per round of the splitting runs). Needs matplotlib; [] without it."""
     try:
         import matplotlib
@@ -215,19 +220,25 @@ def write_figures(folder: str | Path, out_dir: str | Path, prefix: str, round_: 
         axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
         fig.tight_layout()
         written.append(_save(fig, out_dir / f"{prefix}-onset.png", plt))
-    gaps = gaps_at(folder, round_, size)
+    gaps = gaps_at(folder, rounds, size)
     if not gaps.empty:
         parts = list(dict.fromkeys(gaps["partition"]))
         fig, axes = plt.subplots(2, len(parts), figsize=(5.5 * len(parts), 6), squeeze=False)
+        width = 0.8 / len(rounds)
         for j, part in enumerate(parts):
             for i, dist in enumerate(["Delta-cos", "L2"]):
-                x = gaps[(gaps["partition"] == part) & (gaps["distance"] == dist)]
                 ax = axes[i][j]
-                ax.bar(range(len(x)), x["mean"], yerr=x["std"].fillna(0), color="tab:blue", alpha=0.8)
-                ax.set_xticks(range(len(x)), [n.replace("encoder.", "") for n in x["layers"]], fontsize=8)
+                x = gaps[(gaps["partition"] == part) & (gaps["distance"] == dist)]
+                names = list(dict.fromkeys(x["layers"]))
+                for b, r in enumerate(rounds):
+                    y = x[x["round"] == r].set_index("layers").reindex(names)
+                    ax.bar([n + (b - (len(rounds) - 1) / 2) * width for n in range(len(names))], y["mean"],
+                           width, yerr=y["std"].fillna(0), label=f"round {r}")  # fmt: skip
+                ax.set_xticks(range(len(names)), [n.replace("encoder.", "") for n in names], fontsize=8)
                 ax.axhline(0, color="black", linewidth=0.8)
-                ax.set_title(f"{part}: {dist} gap at round {round_}")
+                ax.set_title(f"{part}: {dist} gap ({size} samples/client)")
                 ax.grid(alpha=0.3, axis="y")
+            axes[0][j].legend(fontsize=7)
         fig.tight_layout()
         written.append(_save(fig, out_dir / f"{prefix}-layers.png", plt))
     runs = _finished(folder)
@@ -267,29 +278,32 @@ def _save(fig: Any, path: Path, plt: Any) -> Path:
 
 def section(folder: str | Path, out_dir: Path | None, options: Mapping[str, Any]) -> list[str]:
     """docs/fidelity.md's blocks for a LayerCFL section: the two tables and the figures."""
-    round_, size = int(options.get("round", 10)), int(options.get("size", 500))
+    rounds = options.get("rounds", [10])
+    rounds, size = (
+        ([int(rounds)] if isinstance(rounds, int) else [int(r) for r in rounds]),
+        int(options.get("size", 500)),
+    )
     prefix = str(options.get("prefix", "fidelity-layercfl"))
     parts = []
     onset = onset_table(gap_onset(folder))
     if not onset.empty:
-        parts += ["**Rounds until gap > 0** (never-splitting runs; mean ± std over seeds, the number of seeds; "
-                  "never = not within the run's rounds):", "",
+        parts += ["**Rounds until gap > 0** (never-splitting runs; the first round whose gap is positive, mean ± std "
+                  "over seeds, the number of seeds; never = not within the run's rounds):", "",
                   onset.to_markdown(index=False, disable_numparse=True), ""]  # fmt: skip
-    gaps = gaps_at(folder, round_, size)
+    gaps = gaps_at(folder, rounds, size)
     if not gaps.empty:
         t = gaps.assign(cell=[f"{m:+.3f} ± {s:.3f}" if not math.isnan(s) else f"{m:+.3f}"
                               for m, s in zip(gaps["mean"], gaps["std"], strict=True)])  # fmt: skip
-        t = t.pivot_table(
-            index=["partition", "distance"], columns="layers", values="cell", aggfunc="first", sort=False
-        )
-        parts += [f"**Gap per layer at round {round_}** ({size} samples per client, never-splitting runs, "
-                  "mean ± std over seeds; positive: the layer's updates separate the groups):", "",
+        t = t.pivot_table(index=["partition", "distance", "round"], columns="layers", values="cell", aggfunc="first",
+                          sort=False)  # fmt: skip
+        parts += [f"**Gap per layer** at rounds {', '.join(map(str, rounds))} ({size} samples per client, "
+                  "never-splitting runs, mean ± std over seeds; positive: the layer's updates separate the groups):", "",
                   t.reset_index().to_markdown(index=False, disable_numparse=True), ""]  # fmt: skip
     purity = purity_table(purity_onset(folder))
     if not purity.empty:
         parts += ["**Clustering** (splitting runs; the true clustering: as many clusters as groups, purity 1):", "",
                   purity.to_markdown(index=False, disable_numparse=True), ""]  # fmt: skip
     if out_dir is not None:
-        for path in write_figures(folder, out_dir, prefix, round_, size):
+        for path in write_figures(folder, out_dir, prefix, rounds, size):
             parts += [f"![{path.stem}]({path.name})", ""]
     return parts

@@ -120,14 +120,15 @@ def test_layer_study_reads_rounds_until_separation_layer_gaps_and_the_true_clust
     assert list(t.columns[-2:]) == ["100 samples/client", "500 samples/client"]  # by size, not by appearance
     assert t.loc[("Delta-cos", L.ALL), "100 samples/client"] == "2.5 ± 0.7 (2)"
     assert t.loc[("Delta-cos", "conv1"), "100 samples/client"] == "never (≤ 3) (2)"
-    gaps = L.gaps_at(out, 3, 100).set_index(["distance", "layers"])
-    assert gaps.loc[("Delta-cos", L.ALL), "mean"] == pytest.approx(0.2)
-    assert gaps.loc[("L2", "conv1"), "mean"] == pytest.approx(-0.5)
+    gaps = L.gaps_at(out, [1, 3], 100).set_index(["distance", "layers", "round"])
+    assert gaps.loc[("Delta-cos", L.ALL, 3), "mean"] == pytest.approx(0.2)  # (0.3 + 0.1) / 2
+    assert gaps.loc[("Delta-cos", L.ALL, 1), "mean"] == pytest.approx(-0.1)
+    assert gaps.loc[("L2", "conv1", 3), "mean"] == pytest.approx(-0.5)
     p = L.purity_onset(out).iloc[0]
     assert (p["onset"], p["purity"], p["clusters"], p["groups"], p["splits"]) == (3.0, 1.0, 2, 2, [2])
-    parts = L.section(out, tmp_path / "docs", {"round": 3, "size": 100, "prefix": "study"})
+    parts = L.section(out, tmp_path / "docs", {"rounds": [1, 3], "size": 100, "prefix": "study"})
     text = "\n".join(parts)
-    assert "Rounds until gap > 0" in text and "Gap per layer at round 3" in text and "| CFL " in text
+    assert "Rounds until gap > 0" in text and "Gap per layer** at rounds 1, 3" in text and "| CFL " in text
     pytest.importorskip("matplotlib")
     assert {"study-onset.png", "study-layers.png", "study-purity.png"} <= {
         p.name for p in (tmp_path / "docs").iterdir()
