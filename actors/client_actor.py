@@ -15,7 +15,8 @@ import ray
 if TYPE_CHECKING:
     from fedray.client import Task
     from fedray.data import ArrayDataset, ClientIndices
-    from fedray.federation import CallMeta, ClientFn
+    from fedray.federation import ClientFn
+    from fedray.host import CallMeta
 
 
 @ray.remote(max_restarts=0)
@@ -30,7 +31,7 @@ class ClientActor:
         # in the first round (seconds of every run's first round).
         import fedray.algorithms  # noqa: F401
         import fedray.evaluation  # noqa: F401
-        from fedray.federation import set_torch_threads
+        from fedray.host import set_torch_threads
 
         self.threads = set_torch_threads(num_cpus)
         # The GPU Ray assigned us is cuda:0 after Ray sets CUDA_VISIBLE_DEVICES; else the CPU.
@@ -40,7 +41,7 @@ class ClientActor:
     def setup(
         self, task: Task, train: ArrayDataset, test: ArrayDataset, clients: Mapping[int, ClientIndices]
     ) -> dict[str, Any]:
-        from fedray.federation import ClientHost
+        from fedray.host import ClientHost
 
         self.host = ClientHost(task, train, clients, self.device, test=test)
         return self.info()

@@ -31,7 +31,7 @@ class Coordinator:
         from actors.federation import make_ray_federation
         from fedray.config import from_dict
         from fedray.experiment import execute
-        from fedray.federation import set_torch_threads
+        from fedray.host import set_torch_threads
 
         cfg = from_dict(config)
         set_torch_threads(cfg.num_cpus_per_actor)

@@ -11,17 +11,9 @@ from actors.launch import ActorGroup, launch_actors
 from fedray.client import Task
 from fedray.config import Config
 from fedray.data import FederatedData
-from fedray.federation import (
-    Baton,
-    ClientCatalog,
-    ClientError,
-    ClientFn,
-    ClientHost,
-    FoldFn,
-    WorkerLost,
-    check_groups,
-    test_shards,
-)
+from fedray.federation import Baton, ClientError, ClientFn, FoldFn, WorkerLost
+from fedray.host import ClientHost, test_shards
+from fedray.local import ClientCatalog, check_groups
 from fedray.params import payload_nbytes
 from fedray.placement import assign_clients
 
@@ -119,20 +111,6 @@ class RayFederation(ClientCatalog):
             acc = fold(acc, cid, reply)
             del reply
         return acc
-
-    def chain(self, fn: ClientFn, chains: Sequence[Sequence[int]], first_msg: Any) -> list[Any]:
-        msg_ref = ray.put(first_msg)
-        finals, metas = [], []
-        for chain in chains:
-            ref = msg_ref
-            for c in chain:
-                # The reply ref goes straight to the next client's actor; the coordinator never touches it.
-                ref, meta = self._actor_of[c].run.options(num_returns=2).remote(fn, c, ref)
-                metas.append(meta)
-            finals.append(ref)
-        out = self._get(finals + metas)
-        self._traffic.chains(first_msg, chains, out[len(finals) :])
-        return out[: len(finals)]
 
     def relay(self, fn: ClientFn, hops: Sequence[tuple[int, Any]], common: Any) -> list[tuple[Baton, Any]]:
         common_ref = ray.put(common)

@@ -424,7 +424,7 @@ class LocalLauncher:
 
     def launch(self, run: SweepRun, actors: int) -> Iterator[Event]:
         from fedray.experiment import execute
-        from fedray.federation import make_local_federation
+        from fedray.local import make_local_federation
 
         return execute(run.config, make_local_federation, run.restart)
 

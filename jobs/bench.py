@@ -96,7 +96,7 @@ def bench_ray(cfg: Config) -> dict[str, Any]:
 def bench_local(cfg: Config) -> dict[str, Any]:
     t0 = time.perf_counter()
     from fedray.experiment import execute
-    from fedray.federation import make_local_federation
+    from fedray.local import make_local_federation
 
     return _fedray(cfg, execute(cfg, make_local_federation), t0)
 

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     default_every = args.default_every or from_dict({}).checkpoint_every
     if args.local:
         from fedray.experiment import execute
-        from fedray.federation import make_local_federation
+        from fedray.local import make_local_federation
 
         events = execute(cfg, make_local_federation, restart=True)
     else:

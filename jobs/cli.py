@@ -80,7 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     restart = args.restart or state == "finished"  # --force on a finished run: from the start
     if args.local:
         from fedray.experiment import execute
-        from fedray.federation import make_local_federation
+        from fedray.local import make_local_federation
 
         events = execute(cfg, make_local_federation, restart)
     else:

@@ -13,7 +13,7 @@ from analysis import load_metrics
 from fedray.algorithms import ALGORITHMS, fedlc, fednova, fedrs, moon, scaffold
 from fedray.data import build_federated_data
 from fedray.experiment import execute
-from fedray.federation import make_local_federation
+from fedray.local import make_local_federation
 from fedray.models import EncoderHead
 from fedray.params import get_params, set_params
 from tests.conftest import small_config

@@ -32,7 +32,8 @@ from fedray.checkpoint import CheckpointError, decode, encode, read_blob, write_
 from fedray.client import Task, iterate
 from fedray.data import build_federated_data
 from fedray.experiment import Checkpointed, RoundDone, Started, execute
-from fedray.federation import Baton, make_local_federation
+from fedray.federation import Baton
+from fedray.local import make_local_federation
 from fedray.results import run_state
 from tests.conftest import ROOT, small_config
 from tests.test_ray import ALGORITHM_HP, CONFIG_OVER

@@ -14,7 +14,7 @@ from fedray.config import ConfigError, from_dict
 from fedray.data import build_federated_data
 from fedray.data import client_files as cf
 from fedray.experiment import execute
-from fedray.federation import make_local_federation
+from fedray.local import make_local_federation
 from tests.conftest import ROOT
 
 META = {"num_classes": 3, "input_shape": [1, 6, 6], "scale": 1 / 255}

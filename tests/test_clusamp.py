@@ -11,7 +11,7 @@ import pytest
 from fedray.algorithms import ALGORITHMS, clusamp
 from fedray.config import ConfigError
 from fedray.data import build_federated_data
-from fedray.federation import make_local_federation
+from fedray.local import make_local_federation
 from fedray.selection import draw_from_strata, sample_size_strata, similarity_strata, update_distances
 from tests.conftest import small_config
 from tests.test_baselines import metrics

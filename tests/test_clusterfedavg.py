@@ -11,7 +11,7 @@ from fedray.client import Task
 from fedray.config import ConfigError
 from fedray.data import build_federated_data
 from fedray.experiment import execute
-from fedray.federation import LocalFederation, make_local_federation
+from fedray.local import LocalFederation, make_local_federation
 from tests.conftest import small_config
 
 TIMING = {"seconds", "eval_seconds"}

@@ -9,7 +9,7 @@ import torch
 from fedray.algorithms import fedavg
 from fedray.client import Task
 from fedray.data import ArrayDataset, ClientIndices, DataSpec
-from fedray.federation import LocalFederation
+from fedray.local import LocalFederation
 from fedray.params import WeightedSum, get_params, set_params, weighted_average
 from fedray.rounds import fedavg_aggregate
 

@@ -11,7 +11,7 @@ from fedray.algorithms import ALGORITHMS, fedcat
 from fedray.config import ConfigError
 from fedray.data import build_federated_data
 from fedray.experiment import execute
-from fedray.federation import make_local_federation
+from fedray.local import make_local_federation
 from fedray.params import weighted_average
 from fedray.selection import dev_select, equal_groups, latin_square, selection_probabilities
 from tests.conftest import small_config

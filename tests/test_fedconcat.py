@@ -11,7 +11,7 @@ from fedray.algorithms import ALGORITHMS, fedconcat_id
 from fedray.config import ConfigError
 from fedray.data import build_federated_data
 from fedray.experiment import execute
-from fedray.federation import make_local_federation
+from fedray.local import make_local_federation
 from fedray.models import encoder_params
 from fedray.params import get_params, num_parameters
 from tests.conftest import small_config

@@ -1,4 +1,4 @@
-"""Client state round-trips, chains hand off in order, and client errors carry the client id."""
+"""Client state round-trips, relays hand off in order, and client errors carry the client id."""
 
 from __future__ import annotations
 
@@ -6,17 +6,14 @@ import numpy as np
 import pytest
 
 from fedray.data import build_federated_data
-from fedray.federation import ClientError, LocalFederation, make_local_federation
+from fedray.federation import ClientError
+from fedray.local import LocalFederation, make_local_federation
 from tests.conftest import small_config
 
 
 def count_calls(client, cstate, msg):
     n = (cstate or 0) + 1
     return {"cid": client.cid, "calls": n, "msg": msg}, n
-
-
-def append_self(client, cstate, msg):
-    return [*msg, client.cid], cstate
 
 
 def stamp_big(client, cstate, msg):
@@ -62,10 +59,6 @@ def test_map_fold_folds_each_reply_in_client_order_and_counts_traffic_like_map(f
         fed.map_fold(fail_on_three, [1, 3], None, lambda acc, c, r: acc, None)
 
 
-def test_chain_hands_replies_along_each_chain(fed):
-    assert fed.chain(append_self, [[2, 0, 5], [1], []], []) == [[2, 0, 5], [1], []]
-
-
 def test_client_error_names_the_client_and_keeps_the_traceback(fed):
     with pytest.raises(ClientError, match=r"client 3: ValueError: bad batch") as info:
         fed.map(fail_on_three, [1, 3, 5], None)
@@ -80,20 +73,8 @@ def test_metadata(fed):
     assert isinstance(counts[1], np.ndarray)
 
 
-def test_chain_traffic_counts_every_hand_off(fed):
-    from fedray.params import payload_nbytes
-
-    fed.take_traffic()
-    fed.chain(append_self, [[2, 0, 5], [1]], [])
-    down, up, _ = fed.take_traffic()
-    size = payload_nbytes
-    # downloads: [] to clients 2 and 1, then [2] to 0 and [2, 0] to 5; uploads: every reply
-    assert down == 2 * size([]) + size([2]) + size([2, 0])
-    assert up == size([2]) + size([2, 0]) + size([2, 0, 5]) + size([1])
-
-
 def test_test_shards_are_whole_batches_covering_the_test_set():
-    from fedray.federation import test_shards
+    from fedray.host import test_shards
 
     assert test_shards(1000, 300, 2) == [(0, 600), (600, 1000)]
     assert test_shards(1000, 300, 10) == [(0, 300), (300, 600), (600, 900), (900, 1000)]

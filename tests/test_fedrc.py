@@ -11,7 +11,7 @@ from analysis import load_assignments
 from fedray.algorithms import ALGORITHMS, fedem, fedrc
 from fedray.config import ConfigError
 from fedray.data import build_federated_data
-from fedray.federation import make_local_federation
+from fedray.local import make_local_federation
 from tests.conftest import small_config
 from tests.test_baselines import metrics as all_metrics
 

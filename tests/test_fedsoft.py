@@ -9,7 +9,7 @@ import pytest
 from analysis import load_assignments
 from fedray.algorithms import ALGORITHMS, fedsoft
 from fedray.data import build_federated_data
-from fedray.federation import make_local_federation
+from fedray.local import make_local_federation
 from fedray.train import local_train
 from tests.conftest import small_config
 from tests.test_baselines import metrics

@@ -10,7 +10,7 @@ import pytest
 
 from fedray.config import ConfigError, from_dict
 from fedray.experiment import execute
-from fedray.federation import make_local_federation
+from fedray.local import make_local_federation
 from tests.conftest import ROOT, small_config
 
 # The CLI in a fresh interpreter; fails if Ray was imported on the way to the answer.

@@ -15,7 +15,7 @@ from fedray.config import ConfigError
 from fedray.data import build_federated_data
 from fedray.data import partition_file as pf
 from fedray.experiment import execute
-from fedray.federation import make_local_federation
+from fedray.local import make_local_federation
 from tests.conftest import small_config
 
 TRAIN = 600  # small_config's synthetic training set

@@ -1,4 +1,4 @@
-"""The same numbers on Ray as in-process, fractional-GPU placement, chains and errors through actors."""
+"""The same numbers on Ray as in-process, fractional-GPU placement, relays and errors through actors."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import pytest
 from analysis import load_metrics
 from fedray.data import build_federated_data
 from fedray.experiment import execute
-from fedray.federation import ClientError, make_local_federation
+from fedray.federation import ClientError
+from fedray.local import make_local_federation
 from fedray.placement import PlacementError
 from tests.conftest import small_config
-from tests.test_federation import append_self, count_calls, fail_on_three, stamp_big
+from tests.test_federation import count_calls, fail_on_three, stamp_big
 
 pytestmark = pytest.mark.ray
 
@@ -69,13 +70,12 @@ def test_fractional_gpus_put_two_actors_on_each_logical_gpu(ray_session, tmp_pat
         fed.close()
 
 
-def test_ray_chain_state_and_client_errors(ray_session, tmp_path):
+def test_ray_relay_state_and_client_errors(ray_session, tmp_path):
     from actors.federation import RayFederation
 
     cfg = small_config(tmp_path, num_actors=3)
     fed = RayFederation(cfg, build_federated_data(cfg))
     try:
-        assert fed.chain(append_self, [[2, 0, 5], [1, 4]], []) == [[2, 0, 5], [1, 4]]
         # Relay: 1 MB carries go actor to actor for three rounds; the coordinator gets them once.
         fed.take_traffic()
         hops = fed.relay(stamp_big, [(0, np.zeros(125_000)), (1, np.zeros(125_000))], None)

@@ -16,7 +16,7 @@ import pytest
 
 from analysis import load_events, load_runs
 from fedray.experiment import Recovered, RoundDone, Started, execute
-from fedray.federation import make_local_federation
+from fedray.local import make_local_federation
 from fedray.placement import PlacementError
 from fedray.results import run_state
 from tests.conftest import ROOT, small_config

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 
 from analysis import load_metrics, load_runs
 from fedray.experiment import execute
-from fedray.federation import make_local_federation
+from fedray.local import make_local_federation
 from fedray.records import rec
 from fedray.results import ResultsWriter, run_status
 from tests.conftest import ROOT, small_config

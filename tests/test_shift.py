@@ -13,7 +13,7 @@ from fedray.data import build_federated_data, partition_for
 from fedray.data.corruptions import corrupt
 from fedray.data.shift import assign_shifts, label_map, roles
 from fedray.experiment import execute
-from fedray.federation import make_local_federation
+from fedray.local import make_local_federation
 from tests.test_data import FMNIST_NAMES, mnist_like
 
 

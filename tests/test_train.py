@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from fedray.data import build_federated_data
-from fedray.federation import make_local_federation
+from fedray.local import make_local_federation
 from fedray.params import get_params
 from fedray.train import feature_batches, local_train, sgd
 from tests.conftest import small_config

@@ -1,0 +1,146 @@
+"""`ClientHost`: some clients' data and persistent state, and the client functions run on them.
+
+`fedray.local.LocalFederation` wraps one host with every client; each Ray client actor (actors/)
+wraps one host with its share of the clients: the same client code runs either way.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedray.client import Client, Task
+from fedray.data import ArrayDataset, ClientIndices
+from fedray.federation import TEST_SHARD, ClientError, ClientFn
+from fedray.params import payload_nbytes
+
+
+@dataclass(frozen=True)
+class CallMeta:
+    """Accounting for one client call: serialized size of the reply it sent, and wall time.
+
+    Sizes are measured by the sender (the federation for what it broadcasts, the client for its
+    reply), so they do not depend on how the receiver holds the object (Ray hands actors
+    read-only arrays, which pickle one byte longer).
+    """
+
+    cid: int
+    bytes_out: int
+    seconds: float
+    carry_bytes: int = 0  # relay calls: the size of the carry the client left behind (part of bytes_out)
+
+
+def set_torch_threads(num_cpus: float) -> int:
+    """Torch intra-op threads = the CPUs reserved for this process (at least 1)."""
+    n = max(1, int(math.floor(num_cpus)))
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+    return n
+
+
+def test_shards(num_samples: int, batch_size: int, workers: int) -> list[tuple[int, int]]:
+    """Split [0, num_samples) into at most ``workers`` contiguous ranges of whole batches."""
+    batches = -(-num_samples // batch_size)
+    parts = [p for p in np.array_split(np.arange(batches), min(workers, batches)) if len(p)]
+    return [(int(p[0]) * batch_size, min(int(p[-1] + 1) * batch_size, num_samples)) for p in parts]
+
+
+class ClientHost:
+    def __init__(
+        self,
+        task: Task,
+        data: ArrayDataset,
+        clients: Mapping[int, ClientIndices],
+        device: torch.device | str = "cpu",
+        test: ArrayDataset | None = None,
+    ) -> None:
+        self.task = task
+        self.device = torch.device(device)
+        self._data = data
+        self._test = test
+        self._indices = dict(clients)
+        self._state: dict[int, Any] = {}
+        self._model_cache: dict = {}
+
+    @property
+    def client_ids(self) -> list[int]:
+        return sorted(self._indices)
+
+    def client(self, cid: int) -> Client:
+        ix = self._indices[cid]
+        return Client(cid, self.task, self._data, ix.train, ix.test, self.device, self._model_cache)
+
+    def run(self, fn: ClientFn, cid: int, msg: Any) -> tuple[Any, CallMeta]:
+        if cid not in self._indices:
+            raise ClientError(cid, f"not hosted here (this host has clients {self.client_ids[:10]}...)")
+        t0 = time.perf_counter()
+        try:
+            reply, new_state = fn(self.client(cid), self._state.get(cid), msg)
+        except Exception as e:  # noqa: BLE001 - re-raised with the client id attached
+            raise ClientError(cid, f"{type(e).__name__}: {e}", traceback.format_exc()) from e
+        self._state[cid] = new_state
+        meta = CallMeta(cid, payload_nbytes(reply), time.perf_counter() - t0)
+        return reply, meta
+
+    def run_many(self, fn: ClientFn, cids: Sequence[int], msg: Any) -> list[tuple[Any, CallMeta]]:
+        return [self.run(fn, cid, msg) for cid in cids]
+
+    def get_state(self, cid: int) -> Any:
+        """Client ``cid``'s persistent state (None if it has none): what a checkpoint saves."""
+        return self._state.get(cid)
+
+    def set_state(self, cid: int, state: Any) -> None:
+        """Restore client ``cid``'s persistent state (from a checkpoint)."""
+        if cid not in self._indices:
+            raise ClientError(cid, f"not hosted here (this host has clients {self.client_ids[:10]}...)")
+        self._state[cid] = state
+
+    def relay(self, fn: ClientFn, cid: int, carry: Any, common: Any) -> tuple[Any, Any, CallMeta]:
+        """One relay hop (see `Federation.relay`): ``fn`` gets ``(carry, common)`` and returns
+        ``(carry_out, info)``; the three results travel separately, so a caller can leave
+        ``carry_out`` where it is and take only ``info`` and the meta."""
+        reply, meta = self.run(fn, cid, (carry, common))
+        if not (isinstance(reply, tuple) and len(reply) == 2):
+            raise ClientError(
+                cid, f"a relay client function returns (carry, info), got {type(reply).__name__}"
+            )
+        out, info = reply
+        return out, info, replace(meta, carry_bytes=payload_nbytes(out))
+
+    def run_test(self, fn: ClientFn, start: int, stop: int, msg: Any) -> Any:
+        """Run ``fn`` on test-set samples [start, stop) posing as client TEST_SHARD's own test split."""
+        if self._test is None:
+            raise RuntimeError("this host holds no global test set")
+        shard = Client(
+            TEST_SHARD,
+            self.task,
+            self._test,
+            np.zeros(0, np.int64),
+            np.arange(start, stop),
+            self.device,
+            self._model_cache,
+        )
+        try:
+            return fn(shard, None, msg)[0]
+        except Exception as e:  # noqa: BLE001 - re-raised with the shard named
+            raise ClientError(
+                TEST_SHARD,
+                f"global test samples [{start}, {stop}): {type(e).__name__}: {e}",
+                traceback.format_exc(),
+            ) from e
+
+    def num_examples(self) -> dict[int, int]:
+        return {cid: len(ix.train) for cid, ix in self._indices.items()}
+
+    def num_test_examples(self) -> dict[int, int]:
+        return {cid: len(ix.test) for cid, ix in self._indices.items()}
+
+    def label_counts(self) -> dict[int, np.ndarray]:
+        return {cid: self.client(cid).label_counts() for cid in self._indices}

@@ -1,0 +1,165 @@
+"""`ClientCatalog` (what every federation knows of its clients without running them) and
+`LocalFederation`, the in-process Federation (``fedray run --local``, tests)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedray.batons import BatonStore
+from fedray.client import Task
+from fedray.data import ArrayDataset, ClientIndices
+from fedray.federation import Baton, ClientFn, FoldFn, Traffic, sample_clients
+from fedray.host import ClientHost, set_torch_threads
+from fedray.params import payload_nbytes
+from fedray.traffic import TrafficMeter
+
+
+def _select(d: Mapping[int, Any], cids: Sequence[int] | None) -> dict[int, Any]:
+    return {c: d[c] for c in (sorted(d) if cids is None else cids)}
+
+
+def check_groups(groups: Sequence[tuple[Sequence[int], Any]]) -> None:
+    """Each client in one group at most, once (a caller's bug otherwise: it would train twice)."""
+    seen: set[int] = set()
+    for cids, _ in groups:
+        for c in cids:
+            if c in seen:
+                raise ValueError(f"map_groups: client {c} is sent more than one message")
+            seen.add(c)
+
+
+class ClientCatalog:
+    """What a federation knows about its clients without running them, the same in every federation:
+    ids, sizes, label counts, ground-truth groups, sampling and the traffic meter. Reads a
+    `ClientHost`'s indices only."""
+
+    def __init__(
+        self, catalog: ClientHost, groups: np.ndarray | None = None, test_clients: Sequence[int] = ()
+    ) -> None:
+        self._catalog = catalog
+        self.test_client_ids = sorted(test_clients)
+        testing = set(test_clients)
+        self.client_ids = [c for c in catalog.client_ids if c not in testing]
+        self.groups = None if groups is None else {c: int(groups[c]) for c in self.client_ids}
+        # Sizes of the training clients; the test clients' are apart (they never train or get sampled).
+        self._all_examples = catalog.num_examples()
+        self._num_examples = {c: self._all_examples[c] for c in self.client_ids}
+        self._num_test = {c: n for c, n in catalog.num_test_examples().items() if c not in testing}
+        self._traffic = TrafficMeter()
+        self._batons = BatonStore()
+
+    def num_examples(self, cids: Sequence[int] | None = None) -> dict[int, int]:
+        return _select(self._num_examples, cids)
+
+    def num_test_examples(self, cids: Sequence[int] | None = None) -> dict[int, int]:
+        return _select(self._num_test, cids)
+
+    def label_counts(self, cids: Sequence[int] | None = None) -> dict[int, np.ndarray]:
+        counts = self._catalog.label_counts()
+        return _select({c: counts[c] for c in self.client_ids} if cids is None else counts, cids)
+
+    def sample(self, fraction: float, rng: np.random.Generator) -> list[int]:
+        return sample_clients(self.client_ids, fraction, rng)
+
+    def take_traffic(self) -> Traffic:
+        return self._traffic.take()
+
+
+class LocalFederation(ClientCatalog):
+    """In-process, sequential federation for tests and debugging (``fedray run --local``)."""
+
+    def __init__(
+        self,
+        task: Task,
+        train: ArrayDataset,
+        test: ArrayDataset,
+        clients: Mapping[int, ClientIndices],
+        num_threads: float = 1.0,
+        groups: np.ndarray | None = None,
+        test_clients: Sequence[int] = (),
+    ):
+        set_torch_threads(num_threads)  # same thread count as one actor: same floating-point path
+        self.task = task
+        self.host = ClientHost(task, train, clients, test=test)
+        self._test_size = len(test)
+        super().__init__(self.host, groups, test_clients)
+
+    def map(self, fn: ClientFn, cids: Sequence[int], msg: Any) -> dict[int, Any]:
+        return self.map_groups(fn, [(cids, msg)])
+
+    def map_groups(self, fn: ClientFn, groups: Sequence[tuple[Sequence[int], Any]]) -> dict[int, Any]:
+        check_groups(groups)
+        out: dict[int, Any] = {}
+        for cids, msg in groups:
+            results = self.host.run_many(fn, sorted(cids), msg)
+            self._traffic.broadcast(msg, len(results))
+            self._traffic.replies([m for _, m in results])
+            out.update({m.cid: r for r, m in results})
+        return dict(sorted(out.items()))
+
+    def map_fold(self, fn: ClientFn, cids: Sequence[int], msg: Any, fold: FoldFn, acc: Any) -> Any:
+        cids = sorted(cids)
+        self._traffic.broadcast(msg, len(cids))
+        for cid in cids:
+            reply, meta = self.host.run(fn, cid, msg)
+            self._traffic.replies([meta])
+            acc = fold(acc, cid, reply)
+        return acc
+
+    def relay(self, fn: ClientFn, hops: Sequence[tuple[int, Any]], common: Any) -> list[tuple[Baton, Any]]:
+        out, sizes, infos, metas = [], [], [], []
+        for cid, carry in hops:
+            carry, size = (
+                self._batons.take(carry) if isinstance(carry, Baton) else (carry, payload_nbytes(carry))
+            )
+            value, info, meta = self.host.relay(fn, cid, carry, common)
+            out.append((self._batons.park(value, meta.carry_bytes), info))
+            sizes.append(size)
+            infos.append(info)
+            metas.append(meta)
+        self._traffic.relay_hops(sizes, common, infos, metas)
+        return out
+
+    def fetch(self, batons: Sequence[Baton]) -> list[Any]:
+        taken = [self._batons.take(b) for b in batons]
+        self._traffic.fetched([n for _, n in taken])
+        return [v for v, _ in taken]
+
+    def test_map(self, fn: ClientFn, msg: Any) -> list[Any]:
+        return self.host.run_test(fn, 0, self._test_size, msg)
+
+    def client_states(self) -> Iterator[tuple[int, Any]]:
+        for cid in self.host.client_ids:
+            yield cid, self.host.get_state(cid)
+
+    def restore_client_states(self, states: Iterable[tuple[int, Any]]) -> None:
+        for cid, state in states:
+            self.host.set_state(cid, state)
+
+    def peek_baton(self, baton: Baton) -> Any:
+        return self._batons.peek(baton)[0]
+
+    def restore_baton(self, key: int, value: Any) -> Baton:
+        return self._batons.restore(key, value, payload_nbytes(value))
+
+    def close(self) -> None:
+        """Nothing to release in-process."""
+
+
+def make_local_federation(cfg: Any, data: Any) -> tuple[LocalFederation, dict[str, Any]]:
+    """The `execute` factory for ``--local``: every client in this process, one at a time."""
+    task = Task.from_config(cfg, data.dataset.spec)
+    fed = LocalFederation(
+        task,
+        data.dataset.train,
+        data.dataset.test,
+        data.clients,
+        num_threads=cfg.num_cpus_per_actor,
+        groups=data.groups,
+        test_clients=data.test_clients,
+    )
+    return fed, {"mode": "local", "actors": 0, "torch_threads": torch.get_num_threads()}
