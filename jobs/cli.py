@@ -204,7 +204,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int) -> int:
     from fedray.experiment import Recovered, RoundDone, Started
-    from fedray.sweep import LocalLauncher, RunEnded, RunLaunched, RunProgress, Waiting, run_sweep
+    from fedray.scheduler import LocalLauncher, RunEnded, RunLaunched, RunProgress, Waiting, run_sweep
 
     if args.local:
         launcher = LocalLauncher()

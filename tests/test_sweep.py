@@ -13,7 +13,8 @@ import pytest
 from analysis import load_runs
 from fedray.config import ConfigError
 from fedray.results import ResultsWriter, RunLock, run_state
-from fedray.sweep import LocalLauncher, RunEnded, RunLaunched, SweepError, load_sweep, plan, run_sweep
+from fedray.scheduler import LocalLauncher, RunEnded, RunLaunched, run_sweep
+from fedray.sweep import SweepError, load_sweep, plan
 from tests.conftest import ROOT
 
 BASE = """\

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from analysis import load_runs
-from fedray.sweep import RunEnded, RunLaunched, RunProgress, load_sweep, run_sweep
+from fedray.scheduler import RunEnded, RunLaunched, RunProgress, run_sweep
+from fedray.sweep import load_sweep
 from tests.conftest import ROOT
 from tests.test_cli import run
 from tests.test_sweep import sweep_file
@@ -131,7 +132,7 @@ def test_a_second_sweep_waits_for_the_first_instead_of_failing_placement(ray_ses
     import threading
 
     from actors.sweep import RayLauncher
-    from fedray.sweep import Waiting
+    from fedray.scheduler import Waiting
 
     first = load_sweep(sweep_file(tmp_path / "a", "num_actors: 4\nrounds: 25\ncases: [{lr: 0.05}]\n"))
     second = load_sweep(

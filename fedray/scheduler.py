@@ -1,0 +1,202 @@
+"""The sweep scheduler: `run_sweep` starts a sweep's runs through a `Launcher` (Ray's in
+actors/sweep.py, or `LocalLauncher`, in-process one at a time) while resources allow, each
+streamed by its own thread, and turns what they report into `SweepEvent`s. No Ray here.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from fedray.config import Config
+from fedray.experiment import Event, Finished
+from fedray.placement import Need, plan_launches
+from fedray.results import record_failure
+from fedray.sweep import SweepRun
+
+
+class Launcher(Protocol):
+    """Where the runs of a sweep execute (Ray, or in-process one at a time)."""
+
+    def resources(self) -> dict[str, float]:
+        """Total CPUs/GPUs of the cluster (read again at every scheduling step: nodes may join)."""
+
+    def free(self, running: Mapping[int, tuple[float, float]]) -> tuple[float, float]:
+        """(CPUs, GPUs) free for new runs now, given what this sweep's runs in flight hold
+        (run index -> (CPUs, GPUs)); other jobs on the cluster count too."""
+
+    def need(self, cfg: Config) -> Need:
+        """What one run asks for."""
+
+    def launch(self, run: SweepRun, actors: int) -> Iterator[Event]:
+        """Run it with ``actors`` client actors and yield its events (called in a worker thread)."""
+
+    def cancel(self) -> None:
+        """Stop every run in flight (Ctrl-C)."""
+
+
+class LocalLauncher:
+    """In-process, one run at a time, in the calling thread (``fedray sweep --local``; debugging, tests).
+
+    ``inline``: Ctrl-C then lands inside the run, which records itself as interrupted, as with
+    ``fedray run --local`` (a worker thread would be killed inside torch at exit).
+    """
+
+    inline = True
+
+    def resources(self) -> dict[str, float]:
+        return {"CPU": 1.0}
+
+    def free(self, running: Mapping[int, tuple[float, float]]) -> tuple[float, float]:
+        return 1.0 - sum(c for c, _ in running.values()), 0.0
+
+    def need(self, cfg: Config) -> Need:
+        return Need(cpus=1.0, gpus=0.0, num_actors=1, num_clients=cfg.num_clients)
+
+    def launch(self, run: SweepRun, actors: int) -> Iterator[Event]:
+        from fedray.experiment import execute
+        from fedray.local import make_local_federation
+
+        return execute(run.config, make_local_federation, run.restart)
+
+    def cancel(self) -> None:
+        """Nothing runs elsewhere: the run in flight was stopped by the interrupt itself."""
+
+
+@dataclass
+class RunLaunched:
+    run: SweepRun
+    actors: int
+
+
+@dataclass
+class Waiting:
+    """No pending run fits what is free, though one would fit the idle cluster: other jobs hold it."""
+
+    free_cpus: float
+    free_gpus: float
+
+
+@dataclass
+class RunProgress:
+    run: SweepRun
+    event: Event  # Started / RoundDone from the run's round loop
+
+
+@dataclass
+class RunEnded:
+    run: SweepRun
+    seconds: float
+    summary: dict[str, Any] = field(default_factory=dict)
+    error: BaseException | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+SweepEvent = RunLaunched | RunProgress | RunEnded | Waiting
+
+
+def _run_events(launcher: Launcher, run: SweepRun, actors: int) -> Iterator[SweepEvent]:
+    """One run's events; its end (with the error, if it failed) comes last. An interrupt propagates."""
+    t0 = time.perf_counter()
+    summary: dict[str, Any] = {}
+    try:
+        for ev in launcher.launch(run, actors):
+            if isinstance(ev, Finished):
+                summary = ev.summary
+            yield RunProgress(run, ev)
+    except Exception as e:  # noqa: BLE001 - reported by the scheduler; the other runs go on
+        yield RunEnded(run, time.perf_counter() - t0, summary, e)
+        return
+    yield RunEnded(run, time.perf_counter() - t0, summary)
+
+
+def _forward(events: Iterator[SweepEvent], out: queue.Queue) -> None:
+    for ev in events:  # a worker thread's loop; it ends with the run's RunEnded
+        out.put(ev)
+
+
+def run_sweep(
+    runs: Sequence[SweepRun], launcher: Launcher, max_concurrent_runs: int = 0, poll_s: float = 5.0
+) -> Iterator[SweepEvent]:
+    """Run ``runs`` through ``launcher``, as many at once as resources and ``max_concurrent_runs`` allow.
+
+    A failed run does not stop the others. Runs start when they fit what is free, other jobs on the
+    cluster included (while only those are in the way the sweep waits, saying so once). A run that
+    does not fit even the idle cluster is started alone, and Ray's placement decides (an
+    autoscaler may add nodes; else ``placement_timeout_s``).
+    Each run is streamed by a worker thread, except with an ``inline`` launcher (in-process runs go
+    one at a time in this thread). Leaving the generator early (Ctrl-C) cancels the runs in flight.
+    """
+    events: queue.Queue[SweepEvent] = queue.Queue()
+    pending = list(runs)
+    running: dict[int, tuple[float, float]] = {}  # run index -> (CPUs, GPUs) it holds
+    threads: list[threading.Thread] = []
+    inline = getattr(launcher, "inline", False)
+    waiting = False
+
+    def settle(ev: SweepEvent) -> SweepEvent:
+        if isinstance(ev, RunEnded):
+            running.pop(ev.run.index, None)
+            if not ev.ok:
+                cfg = ev.run.config
+                record_failure(cfg.output, ev.run.run_id, cfg.to_dict(), _error_text(ev.error))
+        return ev
+
+    try:
+        while pending or running:
+            if pending:
+                free_cpus, free_gpus = launcher.free(running)
+                needs = [launcher.need(r.config) for r in pending]
+                launches = plan_launches(needs, free_cpus, free_gpus, len(running), max_concurrent_runs)
+                if not launches and not running:
+                    total = launcher.resources()
+                    if plan_launches(
+                        needs, total.get("CPU", 0.0), total.get("GPU", 0.0), 0, max_concurrent_runs
+                    ):
+                        if not waiting:  # other jobs hold what these runs need: wait for them
+                            waiting = True
+                            yield Waiting(free_cpus, free_gpus)
+                    else:  # too big for the whole cluster: alone, and Ray's placement decides
+                        launches = [(0, min(max(1, needs[0].num_actors), needs[0].num_clients))]
+                if launches:
+                    waiting = False
+                if inline:
+                    launches = launches[:1]
+                started = {i for i, _ in launches}
+                for i, actors in launches:
+                    run = pending[i]
+                    running[run.index] = needs[i].resources(actors)
+                    yield RunLaunched(run, actors)
+                    if inline:
+                        for ev in _run_events(launcher, run, actors):
+                            yield settle(ev)
+                    else:
+                        t = threading.Thread(
+                            target=_forward, args=(_run_events(launcher, run, actors), events), daemon=True
+                        )
+                        t.start()
+                        threads.append(t)
+                pending = [r for i, r in enumerate(pending) if i not in started]
+            if running or waiting:
+                try:
+                    ev = events.get(timeout=poll_s)
+                except queue.Empty:
+                    continue  # look again: nodes may have joined, other jobs may have ended
+                yield settle(ev)
+    except BaseException:
+        if running:
+            launcher.cancel()
+            for t in threads:
+                t.join(timeout=30)  # their runs were cancelled: they end at once
+        raise
+
+
+def _error_text(error: BaseException | None) -> str:
+    return f"{type(error).__name__}: {error}" if error is not None else ""
