@@ -229,10 +229,28 @@ def claim_table(c: pd.DataFrame, claims: list[Mapping[str, Any]]) -> pd.DataFram
     return pd.DataFrame(rows, columns=["claim", "partition", "differences (points)", "verdict"])
 
 
+def _ordered(c: pd.DataFrame, names: Mapping[str, str] | None, by: list[str]) -> pd.DataFrame:
+    """Cells by partition, then algorithm (in the order ``names`` lists them, else by name), then
+    the ``by`` fields (numbers as numbers)."""
+    if c.empty:
+        return c
+    order = {n: i for i, n in enumerate(dict.fromkeys((names or {}).values()))}
+
+    def number(v: Any) -> Any:
+        try:
+            return float(v)
+        except (TypeError, ValueError):
+            return v
+
+    key = [(p, order.get(a, len(order)), a, *(number(v) for v in rest))
+           for p, a, *rest in c[["partition", "algorithm", *by]].itertuples(index=False)]  # fmt: skip
+    return c.iloc[sorted(range(len(c)), key=lambda i: key[i])].reset_index(drop=True)
+
+
 def _pair_verdict(diff: float, se: float, a: str, b: str) -> str:
     if diff > 2 * se:
         return "clear"
-    return "mean" if diff > 0 else f"below: {a} < {b}"
+    return "mean" if diff > 0 else f"below: {a} not above {b}"
 
 
 def _names(v: Any) -> list[str]:
@@ -267,7 +285,7 @@ def render(
         if sec.get("text"):
             parts += [str(sec["text"]).strip(), ""]
         by, names = list(sec.get("by") or []), sec.get("names")
-        c = cells(folder, sec.get("read"), by, names)
+        c = _ordered(cells(folder, sec.get("read"), by, names), names, by)
         if c.empty:
             parts += ["(no finished runs yet)", ""]
         else:

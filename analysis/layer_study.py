@@ -71,10 +71,11 @@ def _gaps(folder: str | Path, runs: pd.DataFrame) -> pd.DataFrame:
 
 def gap_onset(folder: str | Path) -> pd.DataFrame:
     """One row per (never-splitting run, distance, layers): ``onset``, the first round whose gap is
-    positive (NaN if none within the run's ``rounds``), with the run's partition, size and seed."""
+    positive (NaN if none within the run's ``rounds``), and ``positive``, how many rounds had a
+    positive gap, with the run's partition, size and seed."""
     runs = _finished(folder)
     runs = runs[runs["never_splits"]]
-    cols = ["partition", "size", "distance", "layers", "seed", "run_id", "rounds", "onset"]
+    cols = ["partition", "size", "distance", "layers", "seed", "run_id", "rounds", "onset", "positive"]
     if runs.empty:
         return pd.DataFrame(columns=cols)
     g = _gaps(folder, runs)
@@ -84,7 +85,8 @@ def gap_onset(folder: str | Path) -> pd.DataFrame:
         first = x.iloc[0]
         rows.append({"partition": first["partition"], "size": int(first["size"]), "distance": dist,
                      "layers": layers, "seed": int(first["seed"]), "run_id": rid, "rounds": int(first["rounds"]),
-                     "onset": float(positive.min()) if len(positive) else math.nan})  # fmt: skip
+                     "onset": float(positive.min()) if len(positive) else math.nan,
+                     "positive": int(len(positive))})  # fmt: skip
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -156,13 +158,14 @@ def _mean_cell(values: pd.Series, cap: int | None = None) -> str:
     return text + (f", never {never}" if never else "")
 
 
-def onset_table(onset: pd.DataFrame) -> pd.DataFrame:
-    """Rows (partition, distance, layers), one column per samples-per-client: rounds until gap > 0."""
+def onset_table(onset: pd.DataFrame, what: str = "onset") -> pd.DataFrame:
+    """Rows (partition, distance, layers), one column per samples-per-client: rounds until gap > 0
+    (``what="onset"``), or how many rounds had a positive gap (``what="positive"``)."""
     if onset.empty:
         return pd.DataFrame()
     cap = int(onset["rounds"].max())
-    t = onset.groupby(["partition", "distance", "layers", "size"], sort=False)["onset"].apply(
-        lambda s: _mean_cell(s, cap)
+    t = onset.groupby(["partition", "distance", "layers", "size"], sort=False)[what].apply(
+        lambda s: _mean_cell(s, cap) if what == "onset" else _mean_cell(s.astype(float))
     )
     t = t.unstack("size").sort_index(axis=1)
     t.columns = [f"{c} samples/client" for c in t.columns]
@@ -290,6 +293,9 @@ def section(folder: str | Path, out_dir: Path | None, options: Mapping[str, Any]
         parts += ["**Rounds until gap > 0** (never-splitting runs; the first round whose gap is positive, mean ± std "
                   "over seeds, the number of seeds; never = not within the run's rounds):", "",
                   onset.to_markdown(index=False, disable_numparse=True), ""]  # fmt: skip
+        positive = onset_table(gap_onset(folder), "positive")
+        parts += ["**Rounds with gap > 0** (of the run's rounds: whether a separation, once there, lasts):", "",
+                  positive.to_markdown(index=False, disable_numparse=True), ""]  # fmt: skip
     gaps = gaps_at(folder, rounds, size)
     if not gaps.empty:
         t = gaps.assign(cell=[f"{m:+.3f} ± {s:.3f}" if not math.isnan(s) else f"{m:+.3f}"

@@ -55,7 +55,7 @@ def test_a_papers_orderings_checked_per_partition(tmp_path, base):
     # FedCat w/ GC 80 (var 8): +1.0, SE sqrt(1 + 4) = 2.24: above only in the mean
     assert t.loc["above the ablation", "differences (points)"] == "FedCat − FedCat w/ GC: +1.0 (2 SE 4.5)"
     assert t.loc["above the ablation", "verdict"] == "holds in the means"
-    assert t.loc["ablation above", "verdict"] == "does not hold (FedCat w/ GC < FedCat)"
+    assert t.loc["ablation above", "verdict"] == "does not hold (FedCat w/ GC not above FedCat)"
     assert t.loc["not run", "verdict"] == "not run"
     with pytest.raises(FidelityError, match="needs above: and below:"):
         claim_table(c, [{"claim": "x", "above": "FedCat"}])
@@ -120,6 +120,9 @@ def test_layer_study_reads_rounds_until_separation_layer_gaps_and_the_true_clust
     assert list(t.columns[-2:]) == ["100 samples/client", "500 samples/client"]  # by size, not by appearance
     assert t.loc[("Delta-cos", L.ALL), "100 samples/client"] == "2.5 ± 0.7 (2)"
     assert t.loc[("Delta-cos", "conv1"), "100 samples/client"] == "never (≤ 3) (2)"
+    # and how many rounds the separation lasted: 2 (seed 0) and 1 (seed 1)
+    kept = L.onset_table(L.gap_onset(out), "positive").set_index(["distance", "layers"])
+    assert kept.loc[("Delta-cos", L.ALL), "100 samples/client"] == "1.5 ± 0.7 (2)"
     gaps = L.gaps_at(out, [1, 3], 100).set_index(["distance", "layers", "round"])
     assert gaps.loc[("Delta-cos", L.ALL, 3), "mean"] == pytest.approx(0.2)  # (0.3 + 0.1) / 2
     assert gaps.loc[("Delta-cos", L.ALL, 1), "mean"] == pytest.approx(-0.1)
