@@ -391,7 +391,12 @@ def _curves(
         for key, g in sub.groupby("key", sort=True):
             curve = g.groupby("round")["value"].mean() * 100
             ax.plot(
-                curve.index, curve.values, "--" if key[2] != FEDRAY else "-", label=f"{key[1]} ({key[2]})"
+                curve.index,
+                curve.values,
+                "--" if key[2] != FEDRAY else "-",
+                marker="o",
+                markersize=3,
+                label=f"{key[1]} ({key[2]})",
             )
         ax.set_title(part)
         ax.set_xlabel("round")

@@ -261,7 +261,10 @@ def write_figures(
                 for alg, y in x.groupby("algorithm", sort=False):
                     curve = y.groupby("round")["value"].mean()
                     ax.plot(curve.index, curve.values, label=alg)
-                ax.set_title(f"{part}: {metric} (mean over seeds)")
+                ax.set_title(
+                    f"{part}: {metric} (mean over seeds)"
+                    + (" (one cluster: 1)" if metric == "purity" else "")
+                )
                 ax.set_xlabel("round")
                 ax.grid(alpha=0.3)
             axes[0][j].legend(fontsize=7)
