@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from fedray.hparams import bound, check_fields
 from fedray.typed import ConfigError, coerce, suggest
 
 __all__ = ["Config", "ConfigError", "from_dict", "load_config", "parse_sets", "validate"]
@@ -28,6 +29,7 @@ DEFAULT_FMNIST_ROOT = "/usr/share/datasets/fashion-mnist"
 _NAME_KEYS = ("experiment", "output", "data_root", "partition_file", "partition_name")
 
 
+# fmt: off
 @dataclass
 class Config:
     # --- what to run -------------------------------------------------------------------------
@@ -36,7 +38,7 @@ class Config:
     # Algorithm hyperparameters, `hp.<name>`; checked against the chosen algorithm's Hparams. The
     # resolved config keeps those that differ from the algorithm's defaults (the run summary has all).
     hp: dict[str, Any] = field(default_factory=dict)  # e.g. {server_lr: 0.5} for fedavg
-    seed: int = 0  # master seed; every random stream derives from (seed, purpose, client, round)
+    seed: int = field(default=0, metadata=bound(ge=0))  # master seed; every random stream derives from (seed, purpose, client, round)
 
     # --- data ------------------------------------------------------------------------------------
     # digits | fmnist | mnist | emnist | cifar10 | cifar100 | svhn | synthetic | client_files (one file
@@ -47,11 +49,11 @@ class Config:
     data_root: str = ""  # folder with the dataset files
     download: bool = False  # let torchvision download a missing dataset into data_root (needs internet)
     emnist_split: str = "byclass"  # EMNIST split: byclass | bymerge | balanced | letters | digits | mnist
-    synthetic_size: int = 2000  # synthetic only: number of training samples (test set is a quarter of it)
+    synthetic_size: int = field(default=2000, metadata=bound(ge=10))  # synthetic only: number of training samples (test set is a quarter of it)
     synthetic_shape: list[int] = field(default_factory=lambda: [1, 8, 8])  # synthetic only: [C, H, W] or [D]
 
     # --- partition across clients (ALGORITHMS.md §7) -------------------------------------------
-    num_clients: int = 10  # N
+    num_clients: int = field(default=10, metadata=bound(ge=1))  # N
     # iid | labels (#C=k) | dirichlet | quantity | dominant | clientwise_dirichlet | rotation | file
     partition: str = "dirichlet"  # how training samples are split across clients
     # file: a partition another tool drew (format: fedray/data/partition_file.py; a run's own is in
@@ -59,11 +61,11 @@ class Config:
     partition_file: str = ""  # JSON or Parquet; its content, not its path, goes into the run id
     partition_name: str = ""  # file: how reports name the partition (e.g. "#C=2"); "" = the file's name
     partition_k: int = 2  # labels: classes per client (#C=k)
-    partition_beta: float = 0.5  # Dirichlet concentration; for dominant: the dominant-class fraction
+    partition_beta: float = field(default=0.5, metadata=bound(gt=0))  # Dirichlet concentration; for dominant: the dominant-class fraction
     partition_clusters: int = 4  # dominant / rotation: groups i mod K (own dominant class / c*360/K degrees)
-    partition_size: int = 0  # dominant / rotation: samples per client (0 = the most the pools allow, <= n/N)
-    partition_min_size: int = 10  # dirichlet/quantity: redraw until every client has this many samples
-    client_test_fraction: float = 0.0  # share of each client's samples kept as its test split (FedRC: 0.1)
+    partition_size: int = field(default=0, metadata=bound(ge=0, note="0 = automatic"))  # dominant / rotation: samples per client (0 = the most the pools allow, <= n/N)
+    partition_min_size: int = field(default=10, metadata=bound(ge=1))  # dirichlet/quantity: redraw until every client has this many samples
+    client_test_fraction: float = field(default=0.0, metadata=bound(ge=0, lt=1))  # share of each client's samples kept as its test split (FedRC: 0.1)
     # FedRC's shift benchmark on top of the partition (fedray/data/shift.py): corruptions and label
     # maps per client, plus 3 non-participating test clients. A preset keeps 10% of each client's data
     # as its test split (client_test_fraction: 0.1, FedRC's protocol) unless client_test_fraction is set.
@@ -73,31 +75,31 @@ class Config:
     # The defaults are the embedded default run (digits, MLP; about 96% in 30 rounds). Paper
     # settings (NIID-Bench/FedConcat: lr 0.01, batch 64, momentum 0.9, 10 epochs) are in jobs/configs/.
     model: str = "mlp"  # a name from fedray.models.MODELS (mlp, simple_cnn, mcmahan_cnn, fedrc_cnn, resnet18, mobilenet_v2, vgg16)
-    rounds: int = 30  # communication rounds
-    local_epochs: int = 5  # full passes over the local data per round
-    batch_size: int = 32  # local mini-batch size (last partial batch kept, as in NIID-Bench)
-    lr: float = 0.05  # local SGD learning rate
-    momentum: float = 0.9  # local SGD momentum (optimizer re-created every round)
-    weight_decay: float = 1e-5  # local SGD weight decay
-    participation: float = 1.0  # fraction of clients sampled per round (first floor(N * p) of a permutation)
+    rounds: int = field(default=30, metadata=bound(ge=1))  # communication rounds
+    local_epochs: int = field(default=5, metadata=bound(ge=1))  # full passes over the local data per round
+    batch_size: int = field(default=32, metadata=bound(ge=1))  # local mini-batch size (last partial batch kept, as in NIID-Bench)
+    lr: float = field(default=0.05, metadata=bound(gt=0))  # local SGD learning rate
+    momentum: float = field(default=0.9, metadata=bound(ge=0, lt=1))  # local SGD momentum (optimizer re-created every round)
+    weight_decay: float = field(default=1e-5, metadata=bound(ge=0))  # local SGD weight decay
+    participation: float = field(default=1.0, metadata=bound(gt=0, le=1))  # fraction of clients sampled per round (first floor(N * p) of a permutation)
 
     # --- evaluation --------------------------------------------------------------------------------
-    eval_every: int = 1  # evaluate every this many rounds (the last round, and each stage's last, always)
-    eval_batch_size: int = 512  # batch size for evaluation (does not change the numbers)
+    eval_every: int = field(default=1, metadata=bound(ge=1))  # evaluate every this many rounds (the last round, and each stage's last, always)
+    eval_batch_size: int = field(default=512, metadata=bound(ge=1))  # batch size for evaluation (does not change the numbers)
     # train_accuracy and train_loss at each evaluation: every training client's predictor on its own
     # training split, as many samples as the training set (on 100 FMNIST clients 60,000, three times
     # the global test set). false skips them: `fedray report --at best-train` then has nothing to read.
-    eval_train: bool = True
+    eval_train: bool = True  # train_accuracy / train_loss at each evaluation (see above)
     # Images (and convolution weights) in channels-last memory format: 1.35-1.56x faster CNN steps on
     # a CPU thread (jobs/bench.py --memory-format). It changes the float sums, so runs differ in the
     # last bits from false, which is how runs were computed before this key existed.
     channels_last: bool = True  # channels-last memory format for images and convolution weights
 
     # --- placement (DESIGN §3) -----------------------------------------------------------------------
-    num_cpus_per_actor: float = 1.0  # CPUs reserved per client actor; torch threads = max(1, floor(this))
-    num_gpus_per_actor: float = 0.0  # GPUs per client actor, fractional (e.g. 0.25 puts 4 actors on a GPU)
-    num_actors: int = 0  # client actors to start; 0 = as many as the cluster's resources allow (at most N)
-    placement_timeout_s: float = 300.0  # give up (loudly) if the actors cannot be placed within this time
+    num_cpus_per_actor: float = field(default=1.0, metadata=bound(gt=0))  # CPUs reserved per client actor; torch threads = max(1, floor(this))
+    num_gpus_per_actor: float = field(default=0.0, metadata=bound(ge=0))  # GPUs per client actor, fractional (e.g. 0.25 puts 4 actors on a GPU)
+    num_actors: int = field(default=0, metadata=bound(ge=0, note="0 = from resources"))  # client actors to start; 0 = as many as the cluster's resources allow (at most N)
+    placement_timeout_s: float = field(default=300.0, metadata=bound(gt=0))  # give up (loudly) if the actors cannot be placed within this time
 
     # --- output (DESIGN §6) -------------------------------------------------------------------------
     output: str = "out"  # results folder: metrics/, runs/, configs/, checkpoints/, models/
@@ -105,13 +107,15 @@ class Config:
 
     # --- surviving failures (none of these changes a number, so none is in the run id) ---------------
     # An unfinished run started again goes on from its latest checkpoint (--restart starts over).
-    checkpoint_every: int = 10  # checkpoint every this many rounds, and after the last; 0 = never
-    keep_checkpoints: int = 1  # how many of the latest checkpoints DIR/checkpoints/RUN_ID/ keeps
+    checkpoint_every: int = field(default=10, metadata=bound(ge=0, note="0 = never"))  # checkpoint every this many rounds, and after the last; 0 = never
+    keep_checkpoints: int = field(default=1, metadata=bound(ge=1))  # how many of the latest checkpoints DIR/checkpoints/RUN_ID/ keeps
     # Ray runs only: after losing client actors (a node lost, out of memory), new actors on what is
     # left of the cluster go on from the latest checkpoint.
-    max_failures: int = 3  # times a run goes on after such a loss; 0 = fail at the first
+    max_failures: int = field(default=3, metadata=bound(ge=0))  # times a run goes on after such a loss; 0 = fail at the first
 
     # ------------------------------------------------------------------------------------------------
+    # fmt: on
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -311,43 +315,16 @@ def validate(cfg: Config) -> None:
     _choice(
         "emnist_split", cfg.emnist_split, ("byclass", "bymerge", "balanced", "letters", "digits", "mnist")
     )
+    try:  # every key's declared bound (field metadata, fedray/hparams.py): one message for all
+        check_fields(cfg, prefix="")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
-    _check(cfg.num_clients >= 1, "num_clients", f"must be >= 1, got {cfg.num_clients}")
-    _check(cfg.rounds >= 1, "rounds", f"must be >= 1, got {cfg.rounds}")
-    _check(cfg.local_epochs >= 1, "local_epochs", f"must be >= 1, got {cfg.local_epochs}")
-    _check(cfg.batch_size >= 1, "batch_size", f"must be >= 1, got {cfg.batch_size}")
-    _check(cfg.eval_batch_size >= 1, "eval_batch_size", f"must be >= 1, got {cfg.eval_batch_size}")
-    _check(cfg.lr > 0, "lr", f"must be > 0, got {cfg.lr}")
-    _check(0 <= cfg.momentum < 1, "momentum", f"must be in [0, 1), got {cfg.momentum}")
-    _check(cfg.weight_decay >= 0, "weight_decay", f"must be >= 0, got {cfg.weight_decay}")
-    _check(0 < cfg.participation <= 1, "participation", f"must be in (0, 1], got {cfg.participation}")
-    _check(cfg.eval_every >= 1, "eval_every", f"must be >= 1, got {cfg.eval_every}")
-    _check(cfg.seed >= 0, "seed", f"must be >= 0, got {cfg.seed}")
-    _check(cfg.num_cpus_per_actor > 0, "num_cpus_per_actor", f"must be > 0, got {cfg.num_cpus_per_actor}")
-    _check(cfg.num_gpus_per_actor >= 0, "num_gpus_per_actor", f"must be >= 0, got {cfg.num_gpus_per_actor}")
     _check(
         cfg.num_gpus_per_actor <= 1 or float(cfg.num_gpus_per_actor).is_integer(),
         "num_gpus_per_actor",
         f"above 1 it must be a whole number of GPUs (Ray's rule), got {cfg.num_gpus_per_actor}",
     )
-    _check(cfg.num_actors >= 0, "num_actors", f"must be >= 0 (0 = from resources), got {cfg.num_actors}")
-    _check(cfg.placement_timeout_s > 0, "placement_timeout_s", f"must be > 0, got {cfg.placement_timeout_s}")
-    _check(
-        cfg.checkpoint_every >= 0, "checkpoint_every", f"must be >= 0 (0 = never), got {cfg.checkpoint_every}"
-    )
-    _check(cfg.keep_checkpoints >= 1, "keep_checkpoints", f"must be >= 1, got {cfg.keep_checkpoints}")
-    _check(cfg.max_failures >= 0, "max_failures", f"must be >= 0, got {cfg.max_failures}")
-    _check(
-        0 <= cfg.client_test_fraction < 1,
-        "client_test_fraction",
-        f"must be in [0, 1), got {cfg.client_test_fraction}",
-    )
-    _check(cfg.partition_beta > 0, "partition_beta", f"must be > 0, got {cfg.partition_beta}")
-    _check(cfg.partition_min_size >= 1, "partition_min_size", f"must be >= 1, got {cfg.partition_min_size}")
-    _check(
-        cfg.partition_size >= 0, "partition_size", f"must be >= 0 (0 = automatic), got {cfg.partition_size}"
-    )
-    _check(cfg.synthetic_size >= 10, "synthetic_size", f"must be >= 10, got {cfg.synthetic_size}")
     _check(
         len(cfg.synthetic_shape) in (1, 3) and all(s >= 1 for s in cfg.synthetic_shape),
         "synthetic_shape",

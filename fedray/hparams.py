@@ -14,6 +14,8 @@ writes a ``check()`` method only for what a declaration cannot say (fields tied 
 list-or-string field); an algorithm's ``check_config`` ties its hyperparameters to the rest of the
 config. `hparams_from_dict` runs them in that order: types, declared bounds, ``check()``.
 
+The experiment config's own keys declare their bounds the same way (`fedray.config.Config`).
+
 Config layer: imports nothing from fedray but `fedray.typed`.
 """
 
@@ -45,6 +47,7 @@ class Bound:
     gt: float | None = None
     le: float | None = None
     lt: float | None = None
+    note: str = ""  # what a special value means, said after the bound: ">= 0 (0 = never)"
 
     def __post_init__(self) -> None:
         if self.ge is not None and self.gt is not None or self.le is not None and self.lt is not None:
@@ -73,7 +76,8 @@ class Bound:
         return f"{'<=' if high[0] == ']' else '<'} {_num(high[1])}"
 
     def problem(self, value: Any) -> str | None:
-        return None if self.holds(value) else f"must be {self.describe()}, got {value}"
+        note = f" ({self.note})" if self.note else ""
+        return None if self.holds(value) else f"must be {self.describe()}{note}, got {value}"
 
 
 @dataclass(frozen=True)
@@ -100,11 +104,17 @@ class OneOf:
 
 
 def bound(
-    *, ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    note: str = "",
 ) -> dict[str, Any]:
-    """Field metadata: the value lies in the interval (``ge``: >=, ``gt``: >, ``le``: <=, ``lt``: <).
-    A dict, so it merges with other metadata: ``bound(ge=0) | {"doc": "..."}``."""
-    return {RULE: Bound(ge=ge, gt=gt, le=le, lt=lt)}
+    """Field metadata: the value lies in the interval (``ge``: >=, ``gt``: >, ``le``: <=, ``lt``: <);
+    ``note`` says what a special value means (``bound(ge=0, note="0 = never")``). A dict, so it
+    merges with other metadata: ``bound(ge=0) | {"doc": "..."}``."""
+    return {RULE: Bound(ge=ge, gt=gt, le=le, lt=lt, note=note)}
 
 
 def one_of(*choices: str) -> dict[str, Any]:

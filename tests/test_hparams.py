@@ -5,6 +5,7 @@ declared bound is refused by the config, naming 'hp.NAME', before anything runs.
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from fedray.algorithms import ALGORITHMS
+from fedray.config import Config
 from fedray.hparams import Bound, OneOf, bound, check_fields, declared, hparams_from_dict, one_of
 from fedray.typed import ConfigError
 from tests.conftest import small_config
@@ -159,3 +161,26 @@ def test_a_value_outside_a_declared_bound_is_refused_before_anything_runs(tmp_pa
     assert str(e.value).startswith(f"config key 'hp.{key}': must be "), str(e.value)
     assert str(e.value).endswith(f"got {value!r}") or f"got {value!r};" in str(e.value)
     assert not (tmp_path / "out").exists()
+
+
+def _just_outside(rule: Bound) -> float:
+    if rule.ge is not None:
+        return rule.ge - 1
+    if rule.gt is not None:
+        return rule.gt
+    return rule.le + 1 if rule.le is not None else rule.lt
+
+
+@pytest.mark.parametrize("key", sorted(declared(Config)))
+def test_every_config_key_bound_is_declared_and_refused_with_the_one_message(tmp_path, key):
+    # The experiment config's keys declare their bounds like hp fields (one checker, one message);
+    # validate keeps only the checks that tie keys together or read the data set.
+    rule = declared(Config)[key]
+    assert rule.holds(getattr(Config(), key))  # the default is inside
+    bad = _just_outside(rule)
+    note = f" ({rule.note})" if rule.note else ""
+    with pytest.raises(
+        ConfigError,
+        match=rf"^config key '{key}': must be {re.escape(rule.describe() + note)}, got ",
+    ):
+        small_config(tmp_path, **{key: type(getattr(Config(), key))(bad)})
