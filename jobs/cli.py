@@ -14,6 +14,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
+from jobs import progress
+
 EXIT_USAGE = 2  # bad config, bad data path: the user's input
 EXIT_FAILED = 1  # the run itself failed
 
@@ -35,17 +37,6 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--restart", action="store_true",
                    help="start an unfinished run over instead of going on from its latest checkpoint")  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="print only the summary")
-
-
-def _fmt_round(ev) -> str:
-    m = ev.metrics
-    parts = [f"round {ev.round:>{len(str(ev.rounds))}}/{ev.rounds}" + (f" {ev.stage}" if ev.stage else "")]
-    for key, label, fmt in (("accuracy", "acc", "{:.4f}"), ("loss", "loss", "{:.4f}"), ("local_accuracy", "local_acc", "{:.4f}"),
-                            ("train_accuracy", "train_acc", "{:.4f}"), ("sgd_loss", "sgd_loss", "{:.4f}")):  # fmt: skip
-        if key in m:
-            parts.append(f"{label} {fmt.format(m[key])}")
-    parts.append(f"{ev.seconds:.2f}s")
-    return "  ".join(parts)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -101,19 +92,19 @@ def cmd_run(args: argparse.Namespace) -> int:
                     flush=True,
                 )
                 if ev.resumed_from:
-                    print(_resumed(ev, cfg), flush=True)
+                    print(progress.resumed_line(ev, cfg), flush=True)
             elif isinstance(ev, RoundDone) and not args.quiet:
-                print(_fmt_round(ev), flush=True)
+                print(progress.round_line(ev), flush=True)
             elif isinstance(ev, Checkpointed) and not args.quiet:
                 print(
                     f"checkpoint after round {ev.round}: {ev.bytes / 1e6:.1f} MB in {ev.seconds:.2f} s",
                     flush=True,
                 )
             elif isinstance(ev, Recovered):
-                print(_recovered(ev), file=sys.stderr, flush=True)
+                print(progress.recovered_line(ev), file=sys.stderr, flush=True)
             elif isinstance(ev, Finished):
                 s = ev.summary
-                print(f"done: {_outcome(s, 'final accuracy')}; {s['rounds_done']} rounds, {s.get('steady_round_seconds', 0):.2f} s/round, "
+                print(f"done: {progress.outcome(s, 'final accuracy')}; {s['rounds_done']} rounds, {s.get('steady_round_seconds', 0):.2f} s/round, "
                       f"{time.perf_counter() - t0:.1f} s in all; results in {cfg.output}/", flush=True)  # fmt: skip
     except KeyboardInterrupt:
         events.close()  # frees the actors and records the run as interrupted
@@ -136,33 +127,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"(the failure could not be recorded in {cfg.output}/runs/)", file=sys.stderr)
         return EXIT_FAILED
     return 0
-
-
-def _resumed(ev, cfg) -> str:
-    return (f"resuming from the checkpoint after round {ev.resumed_from} of {cfg.rounds} "
-            f"(--restart starts over)")  # fmt: skip
-
-
-def _recovered(ev) -> str:
-    return (f"fedray: client actors lost ({ev.error.splitlines()[0] if ev.error else '?'}); going on from the "
-            f"latest checkpoint on {ev.actors} new actor(s), recovery {ev.failures} of max_failures={ev.max_failures}")  # fmt: skip
-
-
-def _duration(seconds: float) -> str:
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
-
-
-def _outcome(summary: dict, label: str = "acc") -> str:
-    """The accuracy line of a run's summary: final value, and the best with its round."""
-    if "final_accuracy" not in summary:
-        return "no accuracy recorded"
-    s = summary
-    return f"{label} {s['final_accuracy']:.4f} (best {s['best_accuracy']:.4f} at round {s['best_round']})"
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -238,12 +202,12 @@ def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int) -> int:
                 print(f"waiting: {ev.free_cpus:g} CPUs and {ev.free_gpus:g} GPUs are free, too little for the next "
                       "run; other jobs on the cluster hold the rest", flush=True)  # fmt: skip
             elif isinstance(ev, RunProgress) and isinstance(ev.event, Recovered):
-                print(f"{tag} {_recovered(ev.event)}", flush=True)
+                print(f"{tag} {progress.recovered_line(ev.event)}", flush=True)
             elif isinstance(ev, RunProgress) and isinstance(ev.event, Started) and ev.event.resumed_from:
-                print(f"{tag} {_resumed(ev.event, ev.run.config)}", flush=True)
+                print(f"{tag} {progress.resumed_line(ev.event, ev.run.config)}", flush=True)
             elif isinstance(ev, RunProgress) and args.verbose:
                 if isinstance(ev.event, RoundDone):
-                    print(f"{tag} {_fmt_round(ev.event)}", flush=True)
+                    print(f"{tag} {progress.round_line(ev.event)}", flush=True)
                 elif isinstance(ev.event, Started) and not args.local:
                     pl = ev.event.placement
                     print(
@@ -255,10 +219,14 @@ def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int) -> int:
                 ended.append(ev)
                 done = len(ended)
                 elapsed = time.perf_counter() - t0
-                eta = f"; ETA {_duration(elapsed / done * (len(todo) - done))}" if done < len(todo) else ""
+                eta = (
+                    f"; ETA {progress.duration(elapsed / done * (len(todo) - done))}"
+                    if done < len(todo)
+                    else ""
+                )
                 if ev.ok:
                     print(
-                        f"{tag} done   [{done}/{len(todo)}] {_outcome(ev.summary)}, {_duration(ev.seconds)}{eta}",
+                        f"{tag} done   [{done}/{len(todo)}] {progress.outcome(ev.summary)}, {progress.duration(ev.seconds)}{eta}",
                         flush=True,
                     )
                 else:
@@ -277,7 +245,7 @@ def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int) -> int:
         if close is not None:
             close()
     failed = [e for e in ended if not e.ok]
-    print(f"sweep done in {_duration(time.perf_counter() - t0)}: {len(ended) - len(failed)} finished, "
+    print(f"sweep done in {progress.duration(time.perf_counter() - t0)}: {len(ended) - len(failed)} finished, "
           f"{len(failed)} failed, {skipped} skipped")  # fmt: skip
     for e in failed:
         print(f"  FAILED #{e.run.index} {e.run.label} ({e.run.run_id}): {type(e.error).__name__}: {e.error}")
