@@ -176,7 +176,7 @@ def purity_table(p: pd.DataFrame) -> pd.DataFrame:
     if p.empty:
         return pd.DataFrame()
     rows = []
-    for (part, alg), x in p.groupby(["partition", "algorithm"], sort=False):
+    for (part, alg), x in p.groupby(["partition", "algorithm"], sort=True):
         rows.append({"partition": part, "algorithm": alg,
                      "rounds until the true clustering": _mean_cell(x["onset"]),
                      "final purity": f"{x['purity'].mean():.2f}",
