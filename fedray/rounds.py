@@ -68,7 +68,7 @@ def train_reply(client: Client, params: Params, stats: TrainStats) -> dict[str, 
 
 
 def kept_optimizer_update(
-    client: Client, params: Params, rnd: int, buffers: dict | None, keep: bool, drop_last: bool = False
+    client: Client, params: Params, rnd: int, buffers: dict | None, *, keep: bool, drop_last: bool = False
 ) -> tuple[dict[str, Any], dict | None]:
     """Train ``params`` for the local epochs with SGD whose buffers (momentum) continue from
     ``buffers`` when ``keep`` (the client's own optimizer across rounds: CFL, IFCA as the FedRC code

@@ -113,7 +113,12 @@ def persistent_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any
     """Client function: train the received ``params`` for the local epochs; with
     ``persistent_optimizer`` the client's SGD buffers carry over from its last round (client state)."""
     return kept_optimizer_update(
-        client, msg["params"], msg["round"], cstate, msg["persistent_optimizer"], msg["drop_last"]
+        client,
+        msg["params"],
+        msg["round"],
+        cstate,
+        keep=msg["persistent_optimizer"],
+        drop_last=msg["drop_last"],
     )
 
 

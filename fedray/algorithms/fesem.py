@@ -55,7 +55,8 @@ def fesem_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
     keep, rnd, last = msg["persistent_optimizer"], msg["round"], msg["drop_last"]
     if k is None:  # first participation: a trained copy of every centre, keep the lowest-loss one
         tried = [
-            kept_optimizer_update(client, m, rnd, buffers.get(j), keep, last) for j, m in enumerate(models)
+            kept_optimizer_update(client, m, rnd, buffers.get(j), keep=keep, drop_last=last)
+            for j, m in enumerate(models)
         ]
         losses = [mean_losses(client, [r["params"]])[0] for r, _ in tried]
         new = int(np.argmin(losses))
@@ -64,7 +65,7 @@ def fesem_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
                 buffers[j] = kept
         reply = tried[new][0]
     else:
-        reply, kept = kept_optimizer_update(client, models[k], rnd, buffers.get(k), keep, last)
+        reply, kept = kept_optimizer_update(client, models[k], rnd, buffers.get(k), keep=keep, drop_last=last)
         if kept is not None:
             buffers[k] = kept
         new = int(np.argmin([center_distance(reply["params"], m) for m in models]))

@@ -66,7 +66,12 @@ def ifca_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
     k = int(np.argmin(losses))
     buffers = dict(cstate or {})
     reply, kept = kept_optimizer_update(
-        client, msg["models"][k], msg["round"], buffers.get(k), msg["persistent_optimizer"], msg["drop_last"]
+        client,
+        msg["models"][k],
+        msg["round"],
+        buffers.get(k),
+        keep=msg["persistent_optimizer"],
+        drop_last=msg["drop_last"],
     )
     if kept is not None:
         buffers[k] = kept
