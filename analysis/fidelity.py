@@ -44,7 +44,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.load import load_runs
-from analysis.report import ReportError, field_label, run_values
+from analysis.report import ReportError, field_label, hp_pairs, run_values
 
 FEDRAY = "fedray"
 AGREE_POINTS = 1.0  # percentage points
@@ -75,8 +75,7 @@ def algorithm_label(config: Mapping[str, Any], names: Mapping[str, str] | None) 
     (``fedcat concatenation=false``) looked up there (itself when absent); else the algorithm."""
     if names is None:
         return field_label(dict(config), "algorithm")
-    hp = field_label(dict(config), "hp")
-    key = config["algorithm"] if hp == "-" else f"{config['algorithm']} {hp.replace(',', ' ')}"
+    key = " ".join([config["algorithm"], *hp_pairs(config)])
     return str(names.get(key, key))
 
 
@@ -106,9 +105,9 @@ def cells(
     if runs.empty:
         return pd.DataFrame(columns=[*keys, "values", "seconds", "rounds", "diverged"])
     try:
-        for name in keys:
-            runs[name] = runs["config"].map(lambda c, n=name: field_label(c, n))
         runs["algorithm"] = runs["config"].map(lambda c: algorithm_label(c, names))
+        for name in (k for k in keys if k != "algorithm"):
+            runs[name] = runs["config"].map(lambda c, n=name: field_label(c, n))
     except ReportError as e:
         raise FidelityError(f"{results}: by: {e}") from None
     read_at = values.set_index("run_id")
@@ -363,14 +362,12 @@ def _curves(
     folder: Path, path: Path, read: Mapping[str, Any] | None, names: Mapping[str, str] | None = None
 ) -> Path | None:
     """Mean accuracy per round, one line per (partition, algorithm, source)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
     from analysis.load import load_metrics
+    from analysis.plots import pyplot, save_figure
+
+    plt = pyplot()
+    if plt is None:
+        return None
 
     m = load_metrics(folder, scope="global")
     m = m[m["metric"] == (dict(read or {}).get("metric", "accuracy"))]
@@ -404,7 +401,4 @@ def _curves(
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -26,6 +26,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.load import load_clients, load_metrics, load_runs
+from analysis.plots import pyplot, save_figure
 from analysis.report import field_label
 
 ALL = "all layers"
@@ -187,21 +188,24 @@ def purity_table(p: pd.DataFrame) -> pd.DataFrame:
 
 
 def write_figures(
-    folder: str | Path, out_dir: str | Path, prefix: str, rounds: list[int], size: int
+    folder: str | Path,
+    out_dir: str | Path,
+    prefix: str,
+    rounds: list[int],
+    size: int,
+    onset: pd.DataFrame | None = None,
+    gaps: pd.DataFrame | None = None,
 ) -> list[Path]:
     """``PREFIX-onset.png`` (rounds until gap > 0 against samples per client), ``PREFIX-layers.png``
     (each layer's gap at ``rounds`` at ``size`` samples per client) and ``PREFIX-purity.png``
-    (purity and cluster count per round of the splitting runs). Needs matplotlib; [] without it."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    (purity and cluster count per round of the splitting runs). ``onset`` and ``gaps``: `gap_onset`
+    and `gaps_at` of the folder where the caller has them. Needs matplotlib; [] without it."""
+    plt = pyplot()
+    if plt is None:
         return []
     out_dir = Path(out_dir)
     written = []
-    onset = gap_onset(folder)
+    onset = gap_onset(folder) if onset is None else onset
     if not onset.empty:
         cap = int(onset["rounds"].max())
         parts = list(dict.fromkeys(onset["partition"]))
@@ -222,8 +226,8 @@ def write_figures(
             ax.grid(alpha=0.3)
         axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
         fig.tight_layout()
-        written.append(_save(fig, out_dir / f"{prefix}-onset.png", plt))
-    gaps = gaps_at(folder, rounds, size)
+        written.append(save_figure(fig, out_dir / f"{prefix}-onset.png"))
+    gaps = gaps_at(folder, rounds, size) if gaps is None else gaps
     if not gaps.empty:
         parts = list(dict.fromkeys(gaps["partition"]))
         fig, axes = plt.subplots(2, len(parts), figsize=(5.5 * len(parts), 6), squeeze=False)
@@ -243,7 +247,7 @@ def write_figures(
                 ax.grid(alpha=0.3, axis="y")
             axes[0][j].legend(fontsize=7)
         fig.tight_layout()
-        written.append(_save(fig, out_dir / f"{prefix}-layers.png", plt))
+        written.append(save_figure(fig, out_dir / f"{prefix}-layers.png"))
     runs = _finished(folder)
     runs = runs[~runs["never_splits"]]
     if not runs.empty:
@@ -269,17 +273,8 @@ def write_figures(
                 ax.grid(alpha=0.3)
             axes[0][j].legend(fontsize=7)
         fig.tight_layout()
-        written.append(_save(fig, out_dir / f"{prefix}-purity.png", plt))
+        written.append(save_figure(fig, out_dir / f"{prefix}-purity.png"))
     return written
-
-
-def _save(fig: Any, path: Path, plt: Any) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(
-        path, dpi=110, metadata={"Software": None}
-    )  # no version stamp: the same results, the same bytes
-    plt.close(fig)
-    return path
 
 
 def section(folder: str | Path, out_dir: Path | None, options: Mapping[str, Any]) -> list[str]:
@@ -291,12 +286,13 @@ def section(folder: str | Path, out_dir: Path | None, options: Mapping[str, Any]
     )
     prefix = str(options.get("prefix", "fidelity-layercfl"))
     parts = []
-    onset = onset_table(gap_onset(folder))
+    onsets = gap_onset(folder)
+    onset = onset_table(onsets)
     if not onset.empty:
         parts += ["**Rounds until gap > 0** (never-splitting runs; the first round whose gap is positive, mean ± std "
                   "over seeds, the number of seeds; never = not within the run's rounds):", "",
                   onset.to_markdown(index=False, disable_numparse=True), ""]  # fmt: skip
-        positive = onset_table(gap_onset(folder), "positive")
+        positive = onset_table(onsets, "positive")
         parts += ["**Rounds with gap > 0** (of the run's rounds: whether a separation, once there, lasts):", "",
                   positive.to_markdown(index=False, disable_numparse=True), ""]  # fmt: skip
     gaps = gaps_at(folder, rounds, size)
@@ -313,6 +309,6 @@ def section(folder: str | Path, out_dir: Path | None, options: Mapping[str, Any]
         parts += ["**Clustering** (splitting runs; the true clustering: as many clusters as groups, purity 1):", "",
                   purity.to_markdown(index=False, disable_numparse=True), ""]  # fmt: skip
     if out_dir is not None:
-        for path in write_figures(folder, out_dir, prefix, rounds, size):
+        for path in write_figures(folder, out_dir, prefix, rounds, size, onsets, gaps):
             parts += [f"![{path.stem}]({path.name})", ""]
     return parts

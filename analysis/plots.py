@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -52,6 +53,29 @@ def accuracy_curves(
     return g.agg(mean="mean", std="std", seeds="count").reset_index().fillna({"std": 0.0})[out_cols]
 
 
+def pyplot() -> Any:
+    """matplotlib's pyplot on the file-only Agg backend, or None when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def save_figure(fig: Any, path: Path) -> Path:
+    """Write ``fig`` to ``path`` (its folder made) and close it. No version stamp in the PNG: the
+    same results give the same bytes, whatever matplotlib wrote them."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
 def write_plots(
     out_dir: str | Path,
     metric: str = "accuracy",
@@ -61,14 +85,11 @@ def write_plots(
     include_unfinished: bool = False,
 ) -> list[Path]:
     """One PNG per experiment under ``out_dir/plots/``; returns the files written."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        import matplotlib.ticker
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return []
+    import matplotlib.ticker
+
     curves = accuracy_curves(out_dir, metric, rows, cols, stage, include_unfinished)
     scale = 100.0 if "accuracy" in metric else 1.0
     written = []
@@ -96,10 +117,6 @@ def write_plots(
             ax.set_visible(False)
         fig.suptitle(str(exp))
         fig.tight_layout()
-        folder.mkdir(exist_ok=True)
         suffix = f"-{stage}" if stage else ""
-        path = folder / f"{exp}-{metric}{suffix}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        written.append(save_figure(fig, folder / f"{exp}-{metric}{suffix}.png"))
     return written

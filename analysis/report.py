@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,11 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
+def hp_pairs(config: Mapping[str, Any]) -> list[str]:
+    """The config's hp as ``key=value`` texts, sorted by key (what differs from the algorithm's defaults)."""
+    return [f"{k}={_text(v)}" for k, v in sorted((config.get("hp") or {}).items())]
+
+
 def field_label(config: dict, name: str) -> str:
     """How run ``config`` reads under field ``name``: a config key (hp.x too), `partition` (paper
     style), or `hp` (all of it)."""
@@ -78,7 +83,7 @@ def field_label(config: dict, name: str) -> str:
     if name == "source":  # who ran it: fedray, or a reference implementation whose results were imported
         return config.get("source", "fedray")
     if name == "hp":
-        return ",".join(f"{k}={_text(v)}" for k, v in sorted((config.get("hp") or {}).items())) or "-"
+        return ",".join(hp_pairs(config)) or "-"
     flat = _flat(config)
     if name not in flat:
         raise ReportError(f"unknown field {name!r} for --rows/--cols (fields: partition, hp, and the config keys: "
