@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 
 from analysis import load_assignments
-from fedray.algorithms import ALGORITHMS, fedem, fedrc
+from fedray.algorithms import ALGORITHMS, fedrc
 from fedray.config import ConfigError
 from fedray.data import build_federated_data
 from fedray.local import make_local_federation
+from fedray.mixture import client as mixture_client
+from fedray.mixture.server import MixtureAverage
 from tests.conftest import small_config
 from tests.test_baselines import metrics as all_metrics
 
@@ -62,13 +64,13 @@ def test_the_label_prior_is_built_from_every_clients_last_statistics(tmp_path):
 
 
 def test_client_state_keeps_gamma_and_omega_and_drops_removed_models():
-    st = fedem.fresh([0, 1, 2], 4)
+    st = mixture_client.fresh([0, 1, 2], 4)
     np.testing.assert_allclose(st.omega, 1 / 3)
     st.gamma = np.array([[0.5, 0.2, 0.1, 0.4], [0.3, 0.0, 0.1, 0.2], [0.2, 0.8, 0.8, 0.4]])
     st.opt = {0: {"x": np.zeros(1)}, 1: {"x": np.ones(1)}}
-    same = fedem.aligned(st, [0, 1, 2], 4)
+    same = mixture_client.aligned(st, [0, 1, 2], 4)
     assert same is st
-    kept = fedem.aligned(st, [0, 2], 4)  # model 1 removed by the server
+    kept = mixture_client.aligned(st, [0, 2], 4)  # model 1 removed by the server
     np.testing.assert_allclose(kept.gamma.sum(axis=0), 1.0)
     np.testing.assert_allclose(kept.gamma[:, 0], [0.5 / 0.7, 0.2 / 0.7])
     np.testing.assert_allclose(kept.omega, kept.gamma.mean(axis=1))
@@ -95,7 +97,7 @@ def test_removal_waits_for_converged_shares_then_drops_a_model_everywhere(tmp_pa
     assert removed and len(s2.models) == 3 - len(removed) and s2.prior.shape[0] == len(s2.models)
     assert all(st.shape[0] == len(s2.models) for st in s2.stats.values()) and s2.shares is None
     s3, _ = fedrc.round(s2, fed, hp, 2)  # clients drop the removed rows on the next message
-    omegas = fed.map(fedem.report_omega, fed.client_ids, {"ids": sorted(s3.models)})
+    omegas = fed.map(mixture_client.report_omega, fed.client_ids, {"ids": sorted(s3.models)})
     assert all(len(o) == len(s3.models) and o.sum() == pytest.approx(1.0) for o in omegas.values())
 
 
@@ -123,7 +125,7 @@ def test_every_sampled_client_enters_each_models_average_a_skipper_with_what_it_
     # Algorithm 1, line 11 (and the FedRC code): theta_k = sum_i n_i theta_ik / sum_i n_i over the
     # sampled clients; client A (n = 1) skipped model 1 (omega = 0), so it brings the received model.
     received = {0: {"w": np.array([0.0, 0.0])}, 1: {"w": np.array([10.0, 10.0])}}
-    agg = fedem.MixtureAverage(received)
+    agg = MixtureAverage(received)
     agg.add([{"w": np.array([1.0, 2.0])}, None], 1)  # client A
     agg.add([{"w": np.array([3.0, 6.0])}, {"w": np.array([2.0, 6.0])}], 3)  # client B
     out = agg.result()

@@ -1,7 +1,7 @@
 """FedRC: Guo, Tang, Lin, "FedRC: Tackling Diverse Distribution Shifts Challenge in Federated
 Learning by Robust Clustering", ICML 2024 (ALGORITHMS.md §3; register rows 10-16).
 
-FedEM's mixture round (`fedem.py`) with FedRC's label prior: the E-step divides by C_{y,k}, so a
+FedEM's mixture round (`fedray.mixture`, as `fedem.py` runs it) with FedRC's label prior: the E-step divides by C_{y,k}, so a
 sample is pushed towards the models that have seen its label least (concept shifts separate,
 label skew does not). After each round the server sums every client's last reported per-class
 gamma sums S_i (non-participants: their last report, or the initial 1/C), floors each sum at 1e-8
@@ -29,12 +29,20 @@ from typing import Any
 import numpy as np
 
 from fedray import mixture
-from fedray.algorithms import fedem
-from fedray.algorithms.fedem import models  # noqa: F401 - FedEM's, part of the record
 from fedray.client import Client
 from fedray.evaluation import test_client_records
 from fedray.federation import Federation
 from fedray.hparams import bound, one_of
+from fedray.mixture import ensemble
+from fedray.mixture.client import aligned
+from fedray.mixture.server import (
+    MixtureHparams,
+    MixtureState,
+    init,
+    mixture_round,
+    models,
+    update_test_clients,
+)
 from fedray.params import get_params
 from fedray.records import Record, rec
 from fedray.train import local_train
@@ -43,7 +51,7 @@ ADAM = {"off": None, "paper": mixture.PAPER_ADAM, "code": mixture.CODE_ADAM}
 
 
 @dataclass
-class Hparams(fedem.Hparams):
+class Hparams(MixtureHparams):
     # FedRC-Adam: off | paper (b1 0.9, b2 0.99) | code (b1 = b2 = 0.5)
     adam: str = field(default="off", metadata=one_of(*ADAM))
     # adaptive removal threshold on a model's share of all gamma (0 = no removal; paper 0.05)
@@ -56,11 +64,9 @@ class Hparams(fedem.Hparams):
     label_prior: bool = True  # False: no C_{y,k} (FedEM)
 
 
-State = fedem.State
+State = MixtureState  # the K models and the label prior: prior, stats, shares
 
-
-def init(fed: Federation, hp: Hparams) -> State:
-    return fedem.init(fed, hp)
+__all__ = ["Hparams", "State", "init", "models", "round", "evaluate"]
 
 
 def summed_stats(state: State, fed: Federation, ids: list[int]) -> np.ndarray:
@@ -74,7 +80,7 @@ def summed_stats(state: State, fed: Federation, ids: list[int]) -> np.ndarray:
 
 def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
     extra = {"prior": state.prior if hp.label_prior else None, "adam": ADAM[hp.adam], "xi": hp.xi}
-    new, records, replies = fedem.mixture_round(state, fed, hp, rnd, extra)
+    new, records, replies = mixture_round(state, fed, hp, rnd, extra)
     stats = {**state.stats, **{c: r["stats"] for c, r in replies.items()}}
     ids = sorted(new.models)
     total = summed_stats(replace(new, stats=stats), fed, ids)
@@ -96,14 +102,14 @@ def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, 
             total = total[keep]
             new = replace(new, shares=None)  # the shares of the models left start converging anew
     new = replace(new, stats=stats, prior=mixture.label_prior(total))
-    fedem.update_test_clients(fed, new)
+    update_test_clients(fed, new)
     return new, records
 
 
 def finetuned_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
     """Client function (FedRC-FT): copies of the live models fine-tuned for one epoch on the client's
     gamma-weighted loss, then its ensemble on its test split. The client's state is unchanged."""
-    state = fedem.aligned(cstate, msg["ids"], client.num_examples)
+    state = aligned(cstate, msg["ids"], client.num_examples)
     tuned = []
     for row, params in enumerate(msg["models"]):
         model = client.model(params)
@@ -112,12 +118,12 @@ def finetuned_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
                 model, client, msg["round"], epochs=1, weights=state.gamma[row], drop_last=msg["drop_last"]
             )
         tuned.append(get_params(model))
-    return fedem.ensemble_eval(client, state, tuned, msg["hard"], client.test_batches), cstate
+    return ensemble.ensemble_eval(client, state, tuned, msg["hard"], client.test_batches), cstate
 
 
 def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Record]:
-    records = fedem.evaluate(state, fed, hp, rnd)
-    if hp.finetune:  # after fedem.evaluate: test clients fine-tune with the gamma of its E-step
+    records = ensemble.evaluate(fed, state.models, hp.hard_predict)
+    if hp.finetune:  # after FedEM's evaluation: test clients fine-tune with the gamma of its E-step
         ids = sorted(state.models)
         with_test = [c for c, k in fed.num_test_examples().items() if k > 0]
         msg = {"ids": ids, "models": [state.models[i] for i in ids], "hard": hp.hard_predict, "round": rnd,

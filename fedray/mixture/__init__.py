@@ -1,4 +1,13 @@
-"""The E/M pieces of FedEM and FedRC (ALGORITHMS.md §3(a)-(b), §4.1): pure numpy, no federation.
+"""A mixture of K global models, as FedEM and FedRC train it (ALGORITHMS.md §3(a)-(b), §4.1).
+
+This module holds the E/M pieces: pure numpy, no federation. The rest of the family, which FedEM
+(`fedray.algorithms.fedem`) and FedRC (`fedray.algorithms.fedrc`) share:
+
+- `fedray.mixture.client`: a client's mixture state (gamma, omega, SGD buffers per model) and its
+  update (E-step, then each model trained on its gamma-weighted loss);
+- `fedray.mixture.server`: the server's state, the per-model average and the round;
+- `fedray.mixture.ensemble`: the omega-weighted ensemble evaluated on the clients' splits, the
+  global test set and the shift preset's test clients.
 
 Shapes: K models, n samples of one client, C classes. ``losses[k, j]`` is model k's cross-entropy
 on sample j; ``gamma[k, j]`` the sample's responsibility of model k; ``omega[k]`` the client's
