@@ -143,6 +143,9 @@ def decode(tree: Any, arrays: list[np.ndarray], baton: Callable[[int, Any], Any]
     if "__dataclass__" in tree:
         cls = _dataclass(tree["__dataclass__"])
         fields = tree.get("fields")
+        renames = getattr(cls, "checkpoint_renames", {})  # a field's old name -> its name now
+        if isinstance(fields, dict) and renames:
+            fields = {renames.get(k, k): v for k, v in fields.items()}
         names = {f.name for f in dataclasses.fields(cls) if f.init}
         if not isinstance(fields, dict) or set(fields) != names:
             raise ValueError(

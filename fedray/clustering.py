@@ -1,5 +1,5 @@
 """Clustering clients by vectors that describe them (ALGORITHMS.md §1: F1, F3, F4, the elbow), CFL's
-bipartition (§6.1), and how well a clustering matches the ground truth (purity, the gap of §6.1).
+bipartition and split rule (§6.1, §6.2), and how well a clustering matches the ground truth (purity, the gap of §6.1).
 
 Pure numpy / scikit-learn; no federation. `cluster_vectors` is the "kmeans" clustering step of
 FedConcat and of clustered FedAvg: label distributions (true, noised or inferred) in, a cluster per
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -219,3 +219,50 @@ def purity(assignment: Mapping[int, int], truth: Mapping[int, int]) -> float:
         if tops:
             good += max(tops.count(t) for t in set(tops))
     return good / max(1, sum(1 for c in truth if c in assignment))
+
+
+# ---- CFL's split rule ----------------------------------------------------------------------------
+
+DISTANCES = ("delta_cos", "delta_l2", "cos", "l2")  # of updates (delta_) or of weights; cosine or L2
+
+
+def pairwise_distances(vectors: np.ndarray, distance: str) -> np.ndarray:
+    """Pairwise distances of rows by one of `DISTANCES`: 1 - cosine similarity, or Euclidean (the
+    caller passes updates or weights, as the name says)."""
+    if distance.endswith("cos"):
+        return 1.0 - cosine_similarity(vectors)
+    return euclidean_distances(vectors)
+
+
+def split_norms(updates: Iterable[np.ndarray], rule: str) -> tuple[float, float]:
+    """(||mean update||, the largest member update) of one cluster's update rows, taken one row at a
+    time so the cluster's matrix is built only if it splits. ``rule``: ``norm`` (the largest L2 norm,
+    CFL's paper) or ``coordinate`` (the largest absolute coordinate, the FedRC code's)."""
+    total, biggest, n = None, 0.0, 0
+    for row in updates:
+        total = row.astype(np.float64, copy=True) if total is None else np.add(total, row, out=total)
+        if rule == "coordinate":  # max |x| without an abs copy of the row
+            biggest = max(biggest, float(row.max()), float(-row.min()))
+        else:
+            biggest = max(biggest, float(np.linalg.norm(row)))
+        n += 1
+    return float(np.linalg.norm(total / n)), biggest
+
+
+def split_is_safe(similarity: np.ndarray, halves: np.ndarray, gamma_max: float) -> tuple[bool, float]:
+    """CFL's separation theorem as LayerCFL checks it (eq. 20): a bipartition is correct when
+    gamma_max < sqrt((1 - alpha_cross_max) / 2), alpha_cross_max the largest cosine similarity of
+    updates across the two halves. Returns (safe, alpha_cross_max)."""
+    _, cross_max = separation(similarity, halves)
+    return bool(np.sqrt(max(0.0, 1.0 - cross_max) / 2.0) > gamma_max), cross_max
+
+
+def stacked_rows(keys: Sequence[int], row: Callable[[int], np.ndarray]) -> np.ndarray:
+    """``row(k)`` for each key, filled into one float64 matrix in place: not a list of rows plus its
+    stack (300 clients x 2.2M parameters are 5 GB each)."""
+    first = row(keys[0])
+    out = np.empty((len(keys), first.size), dtype=np.float64)
+    out[0] = first
+    for i, k in enumerate(keys[1:], 1):
+        out[i] = row(k)
+    return out

@@ -27,7 +27,7 @@ def is_preset(spec: str) -> bool:
     return spec in PRESETS or (kind in _KINDS and index.isdigit() and int(index) >= 1)
 
 
-def layers(model: nn.Module) -> dict[str, list[str]]:
+def layer_params(model: nn.Module) -> dict[str, list[str]]:
     """Module name -> the full names of its own parameters, in the model's order (modules without
     parameters of their own left out; buffers never included)."""
     out: dict[str, list[str]] = {}
@@ -46,7 +46,7 @@ def _of_type(model: nn.Module, kinds: tuple[type, ...]) -> list[str]:
 
 def select(model: nn.Module, spec: str | Sequence[str]) -> list[str]:
     """The parameter names a selection picks, in the model's order; an error names what matched nothing."""
-    by_layer = layers(model)
+    by_layer = layer_params(model)
     every = [p for ps in by_layer.values() for p in ps]
     if isinstance(spec, str):
         if spec == "all":

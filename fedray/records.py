@@ -1,6 +1,6 @@
 """Tidy records (DESIGN §2): one dict per value; the coordinator adds the run columns.
 
-`rec` makes a metric row (``DIR/metrics/``); `assign` a cluster-assignment row (``DIR/assignments/``:
+`rec` makes a metric row (``DIR/metrics/``); `assignment_rec` a cluster-assignment row (``DIR/assignments/``:
 which cluster a client is in, with a weight, 1 for a hard assignment).
 """
 
@@ -21,7 +21,7 @@ def rec(
     return {"metric": metric, "value": float(value), "scope": scope, "entity": int(entity), "stage": stage}
 
 
-def assign(client: int, cluster: int, weight: float = 1.0, stage: str = "") -> Record:
+def assignment_rec(client: int, cluster: int, weight: float = 1.0, stage: str = "") -> Record:
     """Client ``client`` is in cluster ``cluster`` (soft assignments: one row per cluster, with its weight)."""
     return {
         "kind": "assignment",

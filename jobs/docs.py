@@ -42,7 +42,7 @@ class HpKey:
     type: str
     default: Any
     meaning: str
-    defined_in: str  # the algorithm module whose Hparams declares the field (fedavg for FedProx's server_lr)
+    defined_in: str  # the algorithm whose Hparams declares the field (fedavg for FedProx's server_lr), or a shared module
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +96,10 @@ def _class_note(cls: type) -> str:
 
 
 def _algorithm_module(cls: type) -> str:
-    return cls.__module__.rsplit(".", 1)[-1]
+    """The algorithm whose module declares ``cls`` (``fedavg``), or a shared module's dotted name."""
+    if cls.__module__.startswith("fedray.algorithms."):
+        return cls.__module__.rsplit(".", 1)[-1]
+    return cls.__module__
 
 
 def hp_keys(hparams: type) -> list[HpKey]:
@@ -224,7 +227,12 @@ def render_tables(docs: list[AlgorithmDoc]) -> str:
         if d.keys:
             out += ["| `hp.` key | type | default | meaning |", "|---|---|---|---|"]
             for k in d.keys:
-                meaning = k.meaning + (f" (`{k.defined_in}`'s key)" if k.defined_in != d.name else "")
+                if k.defined_in == d.name:
+                    meaning = k.meaning
+                elif "." in k.defined_in:  # declared by a module several algorithms share
+                    meaning = f"{k.meaning} (declared in `{k.defined_in}`)"
+                else:
+                    meaning = f"{k.meaning} (`{k.defined_in}`'s key)"
                 out.append(
                     f"| `{k.name}` | `{_cell(k.type)}` | {_cell(format_default(k.default))} | {_cell(meaning)} |"
                 )

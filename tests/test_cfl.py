@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from analysis import layer_gaps, load_assignments
-from fedray import clustering, layers
+from fedray import clustering, layers, splitting
 from fedray.algorithms import cfl
 from fedray.config import ConfigError
 from fedray.data import build_federated_data
@@ -62,11 +62,11 @@ def test_purity_by_hand():
 
 def test_split_norms_by_hand():
     u = np.array([[3.0, 4.0], [-3.0, -4.0], [0.0, 0.5]])
-    mean_norm, max_norm = cfl.split_norms(u, "norm")
+    mean_norm, max_norm = clustering.split_norms(u, "norm")
     assert mean_norm == pytest.approx(0.5 / 3) and max_norm == pytest.approx(
         5.0
     )  # ||(0, 0.5/3)||, ||(3, 4)||
-    assert cfl.split_norms(u, "coordinate")[1] == 4.0  # the FedRC code's largest |coordinate|
+    assert clustering.split_norms(u, "coordinate")[1] == 4.0  # the FedRC code's largest |coordinate|
 
 
 def test_layer_selection_of_the_simple_cnn_and_vgg16():
@@ -76,7 +76,7 @@ def test_layer_selection_of_the_simple_cnn_and_vgg16():
     assert layers.select(cnn, "fc") == ["encoder.fc1.weight", "encoder.fc1.bias"]
     assert layers.select(cnn, "all") == [n for n, _ in cnn.named_parameters()]
     assert layers.select(cnn, [r"fc2\."]) == ["encoder.fc2.weight", "encoder.fc2.bias"]
-    assert list(layers.layers(cnn)) == [
+    assert list(layers.layer_params(cnn)) == [
         "encoder.conv1",
         "encoder.conv2",
         "encoder.fc1",
@@ -206,16 +206,16 @@ def test_cfl_needs_every_client_every_round(tmp_path):
 def test_theorem_1_check_by_hand():
     halves = np.array([0, 0, 0, 1, 1])
     # alpha_cross_max of S's true split is 0.1: sqrt((1 - 0.1) / 2) = 0.671
-    assert cfl.split_is_safe(S, halves, 0.5) == (True, pytest.approx(0.1))
-    assert cfl.split_is_safe(S, halves, 0.7)[0] is False
+    assert clustering.split_is_safe(S, halves, 0.5) == (True, pytest.approx(0.1))
+    assert clustering.split_is_safe(S, halves, 0.7)[0] is False
     # a wrong split {0, 2, 4} | {1, 3} has clients 0 and 1 across at 0.9: sqrt(0.05) = 0.224 < 0.5
-    assert cfl.split_is_safe(S, np.array([0, 1, 0, 1, 0]), 0.5) == (False, pytest.approx(0.9))
+    assert clustering.split_is_safe(S, np.array([0, 1, 0, 1, 0]), 0.5) == (False, pytest.approx(0.9))
 
 
 def test_relative_thresholds_by_hand(tmp_path):
     relative = cfl.Hparams(eps1=0.1, eps2=0.3, eps_rule="relative")
-    assert cfl.thresholds(relative, 2.0) == (pytest.approx(0.2), pytest.approx(0.6))
-    assert cfl.thresholds(cfl.Hparams(eps1=0.4, eps2=1.6), 2.0) == (0.4, 1.6)  # absolute: the norms
+    assert splitting.thresholds(relative, 2.0) == (pytest.approx(0.2), pytest.approx(0.6))
+    assert splitting.thresholds(cfl.Hparams(eps1=0.4, eps2=1.6), 2.0) == (0.4, 1.6)  # absolute: the norms
     with pytest.raises(ConfigError, match=r"'hp.eps_rule'.*absolute, relative.*'tenth'"):
         small_config(tmp_path, algorithm="cfl", participation=1.0, hp={"eps_rule": "tenth"})
 

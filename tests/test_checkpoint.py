@@ -104,6 +104,31 @@ def test_what_is_not_plain_data_is_refused_naming_where_it_is():
         encode(Inner(np.zeros(1)), [], "state")  # defined outside fedray: a file could not name it safely
 
 
+def test_a_checkpoint_written_before_a_class_moved_or_a_field_was_renamed_reads_back():
+    """Checkpoints of format 1 name FedEM's and CFL's states as they were (fedray.algorithms.fedem:State,
+    :ClientMixture; cfl:State with its field ``layers``): they read back as the classes that hold them now."""
+    from fedray.mixture.client import ClientMixture
+    from fedray.mixture.server import MixtureState
+    from fedray.splitting import SplitState
+
+    arrays = [np.ones(2), np.full((1, 2), 0.5), np.ones(1)]
+    old = {"__dataclass__": "fedray.algorithms.fedem:State", "fields": {
+        "models": {"__dict__": [[0, {"__dict__": [["w", {"__array__": 0}]]}]]},
+        "prior": None, "stats": {"__dict__": []}, "shares": None}}  # fmt: skip
+    state = decode(old, arrays)
+    assert type(state) is MixtureState and state.models[0]["w"].tolist() == [1.0, 1.0] and state.prior is None
+    client = decode({"__dataclass__": "fedray.algorithms.fedem:ClientMixture", "fields": {
+        "ids": [0], "gamma": {"__array__": 1}, "omega": {"__array__": 2}, "nu": None, "a": None,
+        "opt": {"__dict__": []}}}, arrays)  # fmt: skip
+    assert type(client) is ClientMixture and client.gamma.shape == (1, 2)
+    cfl = decode({"__dataclass__": "fedray.algorithms.cfl:State", "fields": {
+        "clusters": [[0, 1]], "models": [], "layers": {"__dict__": [["fc", ["fc.weight"]]]},
+        "selected": ["fc.weight"], "history": [], "peak_mean_norm": 0.0}}, arrays)  # fmt: skip
+    assert type(cfl) is SplitState and cfl.layer_params == {"fc": ["fc.weight"]}
+    with pytest.raises(ValueError, match=r"SplitState has fields .* \(written by another fedray version\?\)"):
+        decode({"__dataclass__": "fedray.splitting:SplitState", "fields": {"clusters": []}}, arrays)
+
+
 def test_a_baton_is_stored_with_its_value_and_given_back():
     arrays: list = []
     tree = encode([Baton(7), 1], arrays, "state", baton=lambda b: {"w": np.full(2, b.key)})

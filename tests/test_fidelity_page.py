@@ -32,7 +32,10 @@ def test_an_algorithm_with_hp_is_named_by_the_section(base):
     assert algorithm_label({**base, "algorithm": "fedprox", "hp": {"mu": 0.1}}, NAMES) == "fedprox mu=0.1"
     # several keys, sorted, and a list value whose commas are its own
     hp = {"layers": ["conv1", "fc1"], "eps1": 0.5}
-    assert algorithm_label({**base, "algorithm": "layercfl", "hp": hp}, {}) == 'layercfl eps1=0.5 layers=["conv1", "fc1"]'
+    assert (
+        algorithm_label({**base, "algorithm": "layercfl", "hp": hp}, {})
+        == 'layercfl eps1=0.5 layers=["conv1", "fc1"]'
+    )
     assert algorithm_label({**base, "algorithm": "fedcat", "hp": {"concatenation": False}}, None) == "fedcat"
 
 

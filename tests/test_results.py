@@ -152,14 +152,17 @@ def test_a_run_stopped_midway_is_recorded_as_interrupted(tmp_path):
 
 def test_assignment_rows_go_to_their_own_table_and_a_rerun_leaves_no_duplicates(tmp_path):
     from analysis import load_assignments
-    from fedray.records import assign
+    from fedray.records import assignment_rec
 
     cfg = small_config(tmp_path).to_dict()
     for _ in range(2):  # the second attempt of the same run id replaces the first
         w = ResultsWriter(tmp_path, "r1", cfg, flush_every_s=0)
         w.start()
-        w.add(0, [assign(0, 1), assign(1, 0), rec("accuracy", 0.5)])
-        w.add(3, [assign(0, 0, weight=0.25, stage="enc"), assign(0, 1, weight=0.75, stage="enc")])
+        w.add(0, [assignment_rec(0, 1), assignment_rec(1, 0), rec("accuracy", 0.5)])
+        w.add(
+            3,
+            [assignment_rec(0, 0, weight=0.25, stage="enc"), assignment_rec(0, 1, weight=0.75, stage="enc")],
+        )
         w.finish({})
     a = load_assignments(tmp_path)
     assert a[["round", "client", "cluster", "weight", "stage"]].values.tolist() == [

@@ -30,7 +30,7 @@ from fedray.export import SavedModel, global_model
 from fedray.federation import Federation, participants
 from fedray.hparams import bound, one_of
 from fedray.params import Params, get_params, weighted_average
-from fedray.records import Record, assign, rec
+from fedray.records import Record, assignment_rec, rec
 from fedray.rounds import local_update, train_records
 from fedray.selection import draw_from_strata, sample_size_strata, similarity_strata, update_distances
 
@@ -104,7 +104,7 @@ def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, 
     if hp.similarity != "none":
         updates = {**updates, **{c: flat_update(replies[c]["params"], state.params) for c in clients}}
     records = train_records(replies)
-    records += [rec("draws", len(draws)), *(assign(c, k) for k, c in enumerate(draws))]
+    records += [rec("draws", len(draws)), *(assignment_rec(c, k) for k, c in enumerate(draws))]
     return State(params, updates), records
 
 

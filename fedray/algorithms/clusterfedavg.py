@@ -30,7 +30,7 @@ from fedray.export import SavedModel, cluster_models, global_model, members_of
 from fedray.federation import Federation
 from fedray.hparams import bound, one_of
 from fedray.params import Params, get_params
-from fedray.records import Record, assign, rec
+from fedray.records import Record, assignment_rec, rec
 from fedray.rounds import clustered_fedavg_round
 
 GROUPS = ("kmeans", "oracle")
@@ -130,7 +130,7 @@ def start_clusters(
     """K identical copies of the shared init, and the records of the clustering with its assignment."""
     models = [dict(state_init) for _ in range(clustering.k)]  # arrays are never changed in place
     records = clustering.records + [
-        assign(c, k, stage=stage) for c, k in sorted(clustering.assignment.items())
+        assignment_rec(c, k, stage=stage) for c, k in sorted(clustering.assignment.items())
     ]
     return models, records
 

@@ -41,7 +41,7 @@ from fedray.export import SavedModel, global_model
 from fedray.federation import Baton, Federation, participants
 from fedray.hparams import bound
 from fedray.params import Params, get_params, weighted_average
-from fedray.records import Record, assign, rec
+from fedray.records import Record, assignment_rec, rec
 from fedray.rounds import local_sgd_reply, train_records
 from fedray.selection import dev_select, equal_groups, latin_square
 
@@ -154,7 +154,7 @@ def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, 
     copies = [b for b, _ in hops]
     sizes = [d + info["num_examples"] for d, (_, info) in zip(sizes, hops, strict=True)]
     records += train_records({c: info for c, (_, info) in zip(route, hops, strict=True)})
-    records += [assign(c, i) for i, c in enumerate(route)]
+    records += [assignment_rec(c, i) for i, c in enumerate(route)]
     params = state.params
     if not hp.concatenation or offset == k - 1:  # eq. 3, once per cycle
         params = weighted_average(fed.fetch(copies), sizes)

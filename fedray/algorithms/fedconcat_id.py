@@ -33,7 +33,7 @@ from fedray.client import Client
 from fedray.clustering import label_distributions
 from fedray.federation import Federation
 from fedray.hparams import bound
-from fedray.records import Record, assign, rec
+from fedray.records import Record, assignment_rec, rec
 from fedray.rounds import fedavg_aggregate, local_sgd_reply, train_records
 
 BATCH = 100  # random inputs per forward pass (the code's 100 x 100)
@@ -84,7 +84,7 @@ def inference_round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tup
             fedavg_aggregate(members) if members else dict(state.init)
         )  # an empty cluster keeps the init
     records = train_records(replies, ENCODER) + clustering.records
-    records += [assign(c, k, stage=ENCODER) for c, k in sorted(clustering.assignment.items())]
+    records += [assignment_rec(c, k, stage=ENCODER) for c, k in sorted(clustering.assignment.items())]
     counts = fed.label_counts()  # the simulator's knowledge, for the diagnostic only
     truth = dict(zip(sorted(counts), label_distributions(counts), strict=True))
     l1 = {c: float(np.abs(vectors[c] - truth[c]).sum()) for c in sorted(vectors)}

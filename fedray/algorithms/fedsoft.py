@@ -41,7 +41,7 @@ from fedray.export import SavedModel, cluster_models
 from fedray.federation import Federation
 from fedray.hparams import bound
 from fedray.params import Params, weighted_average
-from fedray.records import Record, assign, rec
+from fedray.records import Record, assignment_rec, rec
 from fedray.rounds import local_sgd_reply, train_records
 from fedray.train import evaluate as eval_model
 from fedray.train import sample_losses
@@ -165,7 +165,7 @@ def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, 
     if rnd % hp.tau == 0 or not u:
         got = fed.map(estimate, fed.client_ids, {"models": state.models, "sigma": hp.sigma})
         u = {c: np.array(w) for c, w in got.items()}  # owned, writable copies (Ray's are read-only views)
-        records += [assign(c, k, float(w)) for c in sorted(u) for k, w in enumerate(u[c])]
+        records += [assignment_rec(c, k, float(w)) for c in sorted(u) for k, w in enumerate(u[c])]
     n = fed.num_examples()
     if hp.selection_size:
         chosen = select(aggregation_weights(u, n), hp.selection_size, fed.task.rng("fedsoft/select", rnd=rnd))

@@ -29,7 +29,7 @@ from fedray.export import SavedModel, cluster_models, members_of
 from fedray.federation import Federation
 from fedray.hparams import bound
 from fedray.params import Params
-from fedray.records import Record, assign, rec
+from fedray.records import Record, assignment_rec, rec
 from fedray.rounds import fedavg_aggregate, kept_optimizer_update, train_records
 
 
@@ -106,7 +106,7 @@ def close_round(state: State, fed: Federation, replies: dict[int, dict]) -> tupl
     chosen = {c: r["cluster"] for c, r in replies.items()}
     models, records = aggregate(state.models, replies, chosen)
     assigned = {**state.assigned, **chosen}
-    records += train_records(replies) + [assign(c, k) for c, k in chosen.items()]
+    records += train_records(replies) + [assignment_rec(c, k) for c, k in chosen.items()]
     if fed.groups is not None:
         records.append(rec("purity", purity(assigned, fed.groups)))
     return State(models, assigned), records

@@ -1,5 +1,5 @@
 """LayerCFL (2023; no public code; ALGORITHMS.md §6.2, register row 21): CFL's recursive bipartition
-(`cfl.py`) with the clients compared on the updates of selected layers only.
+(`cfl.py`, `fedray.splitting`) with the clients compared on the updates of selected layers only.
 
 The layers are chosen in advance for the environment (``layers``): ``conv`` (the convolutions) for
 feature skew such as rotated clients, ``fc`` (the first fully connected layer) for label skew,
@@ -27,15 +27,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedray.algorithms import cfl
+from fedray.clustering import DISTANCES
 from fedray.federation import Federation
 from fedray.hparams import bound, one_of
 from fedray.layers import PRESETS, is_preset, select
 from fedray.records import Record
+from fedray.splitting import (  # noqa: F401 - CFL's evaluation and saved models
+    Similarity,
+    SplitHparams,
+    SplitState,
+    check_participation,
+    evaluate,
+    init_state,
+    models,
+    split_round,
+)
 
-State = cfl.State
-evaluate = cfl.evaluate
-models = cfl.models
+State = SplitState  # CFL's: the clusters, their models, the layers, the split history
 
 
 def check_config(cfg: Any, hp: Hparams) -> None:
@@ -43,17 +51,17 @@ def check_config(cfg: Any, hp: Hparams) -> None:
     from fedray.data import dataset_info
     from fedray.models import MODELS
 
-    cfl.check_config(cfg, hp)
+    check_participation(cfg)
     info = dataset_info(cfg)
     select(MODELS[cfg.model].build(tuple(info.input_shape), info.num_classes), hp.layers)
 
 
 @dataclass
-class Hparams(cfl.Hparams):
+class Hparams(SplitHparams):
     # auto | conv | fc | conv:I | fc:I | all | regular expressions on parameter names
     layers: str | list[str] = field(default="auto")
     # delta_cos (eq. 26) | delta_l2 (eq. 24) | cos (eq. 25) | l2 (eq. 23)
-    distance: str = field(default="delta_cos", metadata=one_of(*cfl.DISTANCES))
+    distance: str = field(default="delta_cos", metadata=one_of(*DISTANCES))
     check_split: bool = True  # keep a split only if Theorem 1 vouches for it, else roll back
     # Theorem 1's bound on the relative gradient noise: split iff alpha_cross_max < 1 - 2 gamma_max^2
     gamma_max: float = field(default=0.5, metadata=bound(ge=0, lt=1))
@@ -67,10 +75,8 @@ class Hparams(cfl.Hparams):
 
 
 def init(fed: Federation, hp: Hparams) -> State:
-    return cfl.init(fed, hp, hp.layers)
+    return init_state(fed, hp.layers)
 
 
 def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
-    return cfl.cfl_round(
-        state, fed, hp, rnd, cfl.Selection(hp.distance, hp.gamma_max if hp.check_split else None)
-    )
+    return split_round(state, fed, hp, rnd, Similarity(hp.distance, hp.gamma_max if hp.check_split else None))
