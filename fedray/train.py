@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +33,18 @@ def cross_entropy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Step:
     out = model(x)
     ce = nn.functional.cross_entropy(out, y)
     return Step(out, ce, ce)
+
+
+def proximal(mu: float, anchor: Mapping[str, torch.Tensor]) -> Objective:
+    """Cross-entropy plus (mu/2) ||w - anchor||^2 over the parameters (FedProx; FedSoft with its
+    importance-weighted anchor)."""
+
+    def objective(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Step:
+        step = cross_entropy(model, x, y)
+        prox = sum(((p - anchor[name]) ** 2).sum() for name, p in model.named_parameters())
+        return Step(step.logits, step.ce, step.loss + mu / 2 * prox)
+
+    return objective
 
 
 def weighted_cross_entropy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> Step:

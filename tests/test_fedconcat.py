@@ -7,16 +7,15 @@ import pandas as pd
 import pytest
 
 from analysis import load_assignments, load_metrics
+from fedray import concat
 from fedray.algorithms import ALGORITHMS, fedconcat_id
 from fedray.config import ConfigError
 from fedray.data import build_federated_data
 from fedray.experiment import execute
 from fedray.local import make_local_federation
-from fedray.models import encoder_params
-from fedray.params import get_params, num_parameters
+from fedray.params import get_params
 from tests.conftest import small_config
-
-TIMING = {"seconds", "eval_seconds"}
+from tests.helpers import TIMING, encoder_params, num_parameters
 
 
 def run(cfg):
@@ -211,7 +210,7 @@ def test_the_classifier_is_the_unweighted_mean_of_the_participants_heads(tmp_pat
     start = get_params(fed.task.build_model("classifier_init", fedconcat.Arch(2, head_only=True)))
     assert before is None
     msg = {"head": start, "round": 1, "k": 2, "steps": 3}
-    heads = fed.map(fedconcat.classifier_update, fed.client_ids, msg)
+    heads = fed.map(concat.classifier_update, fed.client_ids, msg)
     for name in ("weight", "bias"):
         by_hand = np.mean([heads[c]["params"][name].astype(np.float64) for c in sorted(heads)], axis=0)
         np.testing.assert_allclose(state.head[name], by_hand.astype(np.float32), rtol=0, atol=1e-7)
@@ -225,7 +224,7 @@ def test_the_classifier_is_the_unweighted_mean_of_the_participants_heads(tmp_pat
 
 
 def test_dp_noise_is_added_by_each_client_so_the_server_sees_only_noised_distributions(tmp_path):
-    from fedray.algorithms.clusterfedavg import reported_distributions
+    from fedray.clustered import reported_distributions
     from fedray.clustering import label_distributions
 
     cfg = small_config(tmp_path, algorithm="fedconcat", rounds=2, hp={"num_clusters": 2, "encoder_rounds": 1})

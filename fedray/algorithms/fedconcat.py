@@ -41,41 +41,30 @@ its stage, so per-stage bytes (F6) are a groupby. Read the paper's FMNIST number
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any
 
 import numpy as np
-import torch
 
+from fedray import concat
 from fedray.algorithms import fedsoft, fesem, ifca
-from fedray.algorithms.clusterfedavg import one_cluster, reported_distributions, start_clusters
-from fedray.client import Client
+from fedray.clustered import one_cluster, reported_distributions, start_clusters
 from fedray.clustering import Clustering, cluster_vectors
+from fedray.concat import first_head
 from fedray.evaluation import cluster_model_records, single_model_records
 from fedray.export import SavedModel, cluster_models, global_model, members_of
 from fedray.federation import Federation
 from fedray.hparams import bound, one_of
-from fedray.models import Arch, concat_params, head_from_clusters
-from fedray.params import Params, get_params, weighted_average
+from fedray.models import Arch, concat_params
+from fedray.params import Params, get_params
 from fedray.records import Record
-from fedray.rounds import clustered_fedavg_round, train_records, train_reply
-from fedray.train import feature_batches, local_train, sgd
+from fedray.rounds import clustered_fedavg_round
 
 ENCODER, CLASSIFIER = "encoder", "classifier"
 
 
-def kmeans_step(
-    fed: Federation, vectors: dict[int, np.ndarray], hp: Hparams, rng: np.random.Generator
-) -> Clustering:
-    """K-means (balanced, or K by the elbow, as asked) on the clients' distribution vectors."""
-    return cluster_vectors(vectors, hp.num_clusters, rng, hp.balanced, hp.elbow_range, stage=ENCODER)
-
-
-# The clustering step: the clients' (label) distribution vectors in, an assignment out.
-CLUSTERING_STEPS: dict[str, Callable[..., Clustering]] = {"kmeans": kmeans_step}
-# Or a clustered-FL algorithm runs stage 2 itself, clustering as it trains (FedConcat-IFCA, -FeSEM,
+# Stage 1 is K-means on the clients' label distributions (``clustering: kmeans``). Or a clustered-FL algorithm runs stage 2 itself, clustering as it trains (FedConcat-IFCA, -FeSEM,
 # -FedSoft: the FedConcat paper's Table 10); its K cluster models become the encoders, each client in
 # the cluster its `assignment(state)` hook names (a clustered algorithm offers the hook).
 CLUSTERED_STAGES: dict[str, ModuleType] = {"ifca": ifca, "fesem": fesem, "fedsoft": fedsoft}
@@ -97,8 +86,8 @@ class Hparams:
     init_from_clusters: bool = False  # classifier starts as the cluster heads side by side (F5)
     cache_features: bool = True  # features computed once per client (paper); false: every step (code)
     elbow_range: list[int] = field(default_factory=list)  # [lo, hi]: K by the elbow over lo..hi
-    # the clustering step (CLUSTERING_STEPS)
-    clustering: str = field(default="kmeans", metadata=one_of(*CLUSTERING_STEPS, *CLUSTERED_STAGES))
+    # kmeans (stages 1 and 2 of the paper) | ifca | fesem | fedsoft (stage 2 by that algorithm, Table 10)
+    clustering: str = field(default="kmeans", metadata=one_of("kmeans", *CLUSTERED_STAGES))
 
     def check(self) -> None:
         r = self.elbow_range
@@ -164,8 +153,12 @@ def cluster_by_label_distributions(fed: Federation, hp: Hparams) -> Clustering:
     """Stage 1-A: every client sends its label distribution (noised for DP if asked); K-means."""
     if hp.num_clusters == 1 and not hp.elbow_range:
         return one_cluster(fed.client_ids, ENCODER)  # nothing to send: FedAvg's messages exactly
-    vectors = reported_distributions(fed, hp.eps)
-    return CLUSTERING_STEPS[hp.clustering](fed, vectors, hp, fed.task.rng("clustering"))
+    return kmeans(reported_distributions(fed, hp.eps), hp, fed.task.rng("clustering"))
+
+
+def kmeans(vectors: dict[int, np.ndarray], hp: Hparams, rng: np.random.Generator) -> Clustering:
+    """K-means (balanced, or K by the elbow, as asked) on the clients' distribution vectors."""
+    return cluster_vectors(vectors, hp.num_clusters, rng, hp.balanced, hp.elbow_range, stage=ENCODER)
 
 
 def next_stage(hp: Hparams, rnd: int) -> str:
@@ -207,56 +200,14 @@ def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, 
     return replace(state, models=models, stage=next_stage(hp, rnd)), records + train
 
 
-# ------------------------------------------------------------------------------------------------
-# Stage 3: a global classifier over the concatenated, frozen encoders
-# ------------------------------------------------------------------------------------------------
-
-
-def receive_encoders(client: Client, cstate: Any, msg: dict) -> tuple[None, Any]:
-    """Client function, once: the K cluster models arrive. Keep the features of the training split
-    (computed once, no augmentation, eval mode), or the models themselves to recompute them."""
-    models = msg["models"]
-    if not msg["cache"]:
-        return None, {"models": models}
-    net = client.model(
-        concat_params(models, head_from_clusters(models)), slot="features", arch=Arch(len(models))
-    )
-    net.eval()
-    with torch.no_grad():
-        feats = [net.encoder(x).cpu().numpy() for x, _ in client.eval_train_batches()]
-    return None, {"features": np.concatenate(feats)}
-
-
-def classifier_update(client: Client, cstate: dict, msg: dict) -> tuple[dict, dict]:
-    """Client function: ``steps`` mini-batch steps of fresh SGD on the global classifier only."""
-    k, rnd = msg["k"], msg["round"]
-    if "features" in cstate:
-        net = client.model(msg["head"], slot="head", arch=Arch(k, head_only=True))
-        head, batches = net, feature_batches(client, cstate["features"], rnd)
-    else:  # the reference code: frozen encoders run on every (augmented) batch, in train mode
-        net = client.model(concat_params(cstate["models"], msg["head"]), slot="concat", arch=Arch(k))
-        net.encoder.requires_grad_(False)
-        head, batches = net.head, None
-    stats = local_train(net, client, rnd, epochs=1, optimizer=sgd(head.parameters(), client), batches=batches,
-                        max_steps=msg["steps"])  # fmt: skip
-    return train_reply(client, get_params(head), stats), cstate
-
-
 def classifier_round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:
-    k = len(state.models)
+    """Stage 3 (`fedray.concat`): a global classifier over the K frozen, concatenated encoders."""
     if state.head is None:  # the first classifier round: every client receives the encoders once
-        fed.map(receive_encoders, fed.client_ids, {"models": state.models, "cache": hp.cache_features})
-        if hp.init_from_clusters:
-            head = head_from_clusters(state.models)
-        else:
-            head = get_params(fed.task.build_model("classifier_init", Arch(k, head_only=True)))
-        state = replace(state, head=head)
-    cids = fed.sample(fed.task.participation, fed.task.rng("sample", rnd=rnd))
-    msg = {"head": state.head, "round": rnd, "k": k, "steps": hp.classifier_steps}
-    replies = fed.map(classifier_update, cids, msg)
-    # Unweighted: every participant took the same number of steps (register row 2).
-    head = weighted_average([replies[c]["params"] for c in sorted(replies)], [1.0] * len(replies))
-    return replace(state, head=head, stage=CLASSIFIER), train_records(replies, CLASSIFIER)
+        state = replace(state, head=first_head(fed, state.models, hp.cache_features, hp.init_from_clusters))
+    head, records = concat.classifier_round(
+        fed, len(state.models), state.head, rnd, hp.classifier_steps, CLASSIFIER
+    )
+    return replace(state, head=head, stage=CLASSIFIER), records
 
 
 def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Record]:

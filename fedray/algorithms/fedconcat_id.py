@@ -76,7 +76,7 @@ def inference_round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tup
     msg = {"params": state.init, "round": rnd, "random_inputs": hp.random_inputs}
     replies = fed.map(train_and_infer, fed.client_ids, msg)  # every client, whatever participation says
     vectors = {c: r["inferred"] for c, r in replies.items()}
-    clustering = fedconcat.CLUSTERING_STEPS[hp.clustering](fed, vectors, hp, fed.task.rng("clustering"))
+    clustering = fedconcat.kmeans(vectors, hp, fed.task.rng("clustering"))
     cluster_params = []
     for k in range(clustering.k):
         members = {c: r for c, r in replies.items() if clustering.assignment[c] == k}

@@ -8,12 +8,9 @@ weight decay applies on top, as in NIID-Bench. mu = 0 is FedAvg exactly.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
-
-import torch
 
 from fedray.algorithms import fedavg
 from fedray.algorithms.fedavg import State, evaluate, init, models  # noqa: F401 - FedAvg's, part of the record
@@ -22,24 +19,13 @@ from fedray.federation import Federation
 from fedray.hparams import bound
 from fedray.records import Record
 from fedray.rounds import local_sgd_reply
-from fedray.train import Objective, Step, cross_entropy
+from fedray.train import proximal
 
 
 @dataclass
 class Hparams(fedavg.Hparams):
     # proximal weight (NIID-Bench default; FedConcat tunes {0.001, 0.01}, FedCat up to 1)
     mu: float = field(default=0.001, metadata=bound(ge=0))
-
-
-def proximal(mu: float, anchor: Mapping[str, torch.Tensor]) -> Objective:
-    """Cross-entropy plus (mu/2) ||w - anchor||^2 over the parameters."""
-
-    def objective(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Step:
-        step = cross_entropy(model, x, y)
-        prox = sum(((p - anchor[name]) ** 2).sum() for name, p in model.named_parameters())
-        return Step(step.logits, step.ce, step.loss + mu / 2 * prox)
-
-    return objective
 
 
 def prox_update(client: Client, cstate: Any, msg: dict, mu: float) -> tuple[dict, Any]:

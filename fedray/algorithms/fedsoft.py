@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedray.algorithms.fedprox import proximal
 from fedray.client import Client
 from fedray.clustering import purity
 from fedray.evaluation import cluster_global_records, own_data_records, train_split_records
@@ -44,7 +43,7 @@ from fedray.params import Params, weighted_average
 from fedray.records import Record, assignment_rec, rec
 from fedray.rounds import local_sgd_reply, train_records
 from fedray.train import evaluate as eval_model
-from fedray.train import sample_losses
+from fedray.train import proximal, sample_losses
 
 
 @dataclass
