@@ -29,9 +29,9 @@ class Coordinator:
         the arguments after it are `fedray.experiment.execute`'s."""
         # Imported here, not at module level: the actors already import torch while we do.
         from actors.federation import make_ray_federation
-        from fedray.config import from_dict
         from fedray.experiment import execute
         from fedray.host import set_torch_threads
+        from fedray.validation import from_dict
 
         cfg = from_dict(config)
         set_torch_threads(cfg.num_cpus_per_actor)

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedray.models import TASK, Arch, Params
+from fedray.models import TASK, Arch
+from fedray.params import Params
 
 if TYPE_CHECKING:
     import torch

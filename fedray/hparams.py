@@ -16,7 +16,7 @@ config. `hparams_from_dict` runs them in that order: types, declared bounds, ``c
 
 The experiment config's own keys declare their bounds the same way (`fedray.config.Config`).
 
-Config layer: imports nothing from fedray but `fedray.typed`.
+Config layer: imports nothing from fedray but `fedray.coercion`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fedray.typed import ConfigError, coerce, suggest
+from fedray.coercion import ConfigError, coerce, suggest
 
 __all__ = ["Bound", "OneOf", "bound", "check_fields", "declared", "hparams_from_dict", "one_of"]
 

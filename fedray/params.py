@@ -118,7 +118,3 @@ def payload_nbytes(obj: object) -> int:
     pickler.fast = True
     pickler.dump(obj)
     return out.getbuffer().nbytes + sum(b.raw().nbytes for b in buffers)
-
-
-def num_parameters(params: Mapping[str, np.ndarray]) -> int:
-    return int(sum(np.asarray(v).size for v in params.values()))

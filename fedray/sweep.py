@@ -34,18 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from fedray.algorithms import ALGORITHMS
-from fedray.config import (
-    SWEEP_KEYS,
-    Config,
-    ConfigError,
-    flatten,
-    from_dict,
-    parse_sets,
-    read_yaml,
-    set_dotted,
-)
+from fedray.coercion import suggest
+from fedray.config import SWEEP_KEYS, Config, ConfigError, flatten, parse_sets, read_yaml, set_dotted
 from fedray.results import run_state
-from fedray.typed import suggest
+from fedray.validation import from_dict
 
 _LISTED = 8  # runs named under one error before "... and N more"
 

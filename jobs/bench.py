@@ -32,8 +32,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedray.config import Config, from_dict
+from fedray.config import Config
 from fedray.data import build_federated_data, check_available
+from fedray.validation import from_dict
 
 WORKLOAD = dict(
     experiment="bench", dataset="fmnist", model="simple_cnn", num_clients=40, partition="dirichlet", partition_beta=0.5,

@@ -38,9 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from fedray.checkpoint import Checkpoints, read_blob
-    from fedray.config import from_dict
     from fedray.experiment import Checkpointed, RoundDone, Started
     from fedray.sweep import load_sweep
+    from fedray.validation import from_dict
 
     out = Path(args.output or tempfile.mkdtemp(prefix="fedray-ckpt-"))
     sets = [*args.sets, f"rounds={args.rounds}", f"checkpoint_every={args.every}", "keep_checkpoints=1",

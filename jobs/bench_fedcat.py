@@ -32,10 +32,10 @@ def measure(algorithm: str, cycles: int, epochs: int, actors: int, out: str) -> 
     import pandas as pd
 
     from actors.driver import run_on_ray
-    from fedray.config import from_dict
     from fedray.data import dataset_info
     from fedray.models import build_model
     from fedray.params import get_params, payload_nbytes
+    from fedray.validation import from_dict
 
     k = int(WORKLOAD["num_clients"] * WORKLOAD["participation"])
     cfg = from_dict({**WORKLOAD, "algorithm": algorithm, "rounds": cycles * k, "local_epochs": epochs,
@@ -66,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
     from actors.driver import connect
-    from fedray.config import from_dict
     from fedray.data import check_available
+    from fedray.validation import from_dict
 
     check_available(from_dict({k: v for k, v in WORKLOAD.items() if k in ("dataset", "model")}))
     connect()

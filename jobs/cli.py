@@ -40,10 +40,11 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from fedray.config import ConfigError, load_config
+    from fedray.config import ConfigError
     from fedray.data import DatasetMissing, PartitionError, check_available, check_partition
     from fedray.data.client_files import ClientFilesError
     from fedray.results import check_writable, run_state
+    from fedray.validation import load_config
 
     try:
         cfg = load_config(args.config, args.sets, output=args.output)
@@ -130,10 +131,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from fedray.coercion import ConfigError
     from fedray.data import DatasetMissing
     from fedray.results import check_writable
     from fedray.sweep import load_sweep, plan
-    from fedray.typed import ConfigError
 
     try:
         if args.max_concurrent_runs is not None and args.max_concurrent_runs < 0:
@@ -467,7 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_docs.set_defaults(func=cmd_docs)
     from jobs.reference.cli import add_parser as add_reference
 
-    add_reference(sub)
+    add_reference(sub, run_sweep=lambda path: main(["sweep", str(path)]))
     return parser
 
 

@@ -28,7 +28,6 @@ two clients (or in a client's training and test split). A client's indices keep 
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -52,25 +51,6 @@ class FilePartition:
     groups: np.ndarray | None  # client -> ground-truth group, when the file gives every client one
     train_size: int
     dataset: str | None = None
-
-
-def resolve(path_template: str, seed: int) -> str:
-    """The file a run reads: ``{seed}`` in the configured path replaced by the run's seed."""
-    return path_template.replace("{seed}", str(seed))
-
-
-_DIGESTS: dict[tuple[str, int, int], str] = {}
-
-
-def digest(path: str | Path) -> str:
-    """SHA-256 of the file's bytes (cached by path, size and mtime): what names the partition in a
-    run id, so the same clients give the same run wherever the file lies."""
-    p = Path(path)
-    st = p.stat()
-    key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
-    if key not in _DIGESTS:
-        _DIGESTS[key] = hashlib.sha256(p.read_bytes()).hexdigest()
-    return _DIGESTS[key]
 
 
 def read(path: str | Path, shift: bool = False) -> FilePartition:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
+
+from fedray.params import Params
 
 
 class EncoderHead(nn.Module):
@@ -243,14 +245,6 @@ def build_arch(arch: Arch, build: Callable[[], EncoderHead], num_classes: int) -
     if arch.head_only:
         return nn.Linear(arch.concat * build().feature_dim, num_classes)
     return concatenated(build, arch.concat, num_classes)
-
-
-Params = Mapping[str, np.ndarray]
-
-
-def encoder_params(params: Params) -> dict[str, np.ndarray]:
-    """The encoder's entries of a task model's parameters (names keep their ``encoder.`` prefix)."""
-    return {k: v for k, v in params.items() if k.startswith("encoder.")}
 
 
 def concat_params(encoders: Sequence[Params], head: Params) -> dict[str, np.ndarray]:

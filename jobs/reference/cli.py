@@ -18,12 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 EXIT_USAGE, EXIT_FAILED = 2, 1
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction, run_sweep: Callable[[Path], int]) -> None:
+    """The ``reference`` command; ``run_sweep(path)`` runs a sweep file as `fedray sweep` does (the
+    CLI hands its own, so this module does not import the CLI back)."""
     p = sub.add_parser(
         "reference", help="run a sweep on the authors' code and in fedray, on the same clients"
     )
@@ -55,7 +58,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="copies: GPU semantics for the script's initial cluster models (default); views: the CPU's")  # fmt: skip
     p.add_argument("--check", action="store_true",
                    help="show on a tiny run that the wrapper's shortcuts change no weight; then exit")  # fmt: skip
-    p.set_defaults(func=cmd_reference)
+    p.set_defaults(func=cmd_reference, run_sweep=run_sweep)
 
 
 def _wrapper_flags(args: argparse.Namespace) -> list[str]:
@@ -113,9 +116,7 @@ def cmd_reference(args: argparse.Namespace) -> int:
     if args.reference_only or args.partitions_only:
         print(f"run it with: fedray sweep {side}")
         return EXIT_FAILED if failed else 0
-    from jobs.cli import main
-
-    rc = main(["sweep", str(side)])
+    rc = args.run_sweep(side)
     print(f"side by side: fedray report {out} --cols source,algorithm")
     return rc or (EXIT_FAILED if failed else 0)
 

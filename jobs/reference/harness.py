@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from fedray.config import Config, ConfigError
+from fedray.config import Config, ConfigError, partition_file_for
 from fedray.data import partition_file
 from fedray.records import rec
 from fedray.results import ResultsWriter, run_status
@@ -186,7 +186,7 @@ def run_job(
 def save_partition(cfg: Config, out: Path, record: dict[str, Any]) -> Path:
     """The reference's partition as a partition file (JSON); the same setting and seed must give
     the same clients every time (else the reference is not reproducible and the comparison void)."""
-    path = Path(partition_file.resolve(partition_template(out, cfg), cfg.seed))
+    path = Path(partition_file_for(partition_template(out, cfg), cfg.seed))
     clients = record["partition"]
     train = [clients[str(c)] for c in range(len(clients))]
     if path.is_file():
@@ -295,7 +295,7 @@ def run_reference(
     if partitions_only:
         by_file: dict[str, Job] = {}
         for j in planned:
-            path = partition_file.resolve(partition_template(out, j.cfg), j.cfg.seed)
+            path = partition_file_for(partition_template(out, j.cfg), j.cfg.seed)
             if not Path(path).is_file():
                 by_file.setdefault(path, replace(j, result=j.result.with_name(f"{j.run_id}-partition.json")))
         todo = list(by_file.values())
