@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from fedray.config import Config, from_dict
+from fedray.config import Config
+from fedray.validation import from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 

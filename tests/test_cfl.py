@@ -15,7 +15,7 @@ from fedray.data import build_federated_data
 from fedray.data.rotation import rotate
 from fedray.models import MODELS
 from tests.conftest import small_config
-from tests.test_baselines import metrics
+from tests.helpers import run_metrics
 
 # Two clear groups {0, 1, 2} and {3, 4}: similar inside (0.8-0.9), dissimilar across (at most 0.1).
 S = np.array(
@@ -150,8 +150,8 @@ OVER = dict(rounds=3, participation=1.0, client_test_fraction=0.2, seed=4)
 
 
 def test_cfl_that_never_splits_is_fedavg(tmp_path):
-    ref = metrics(small_config(tmp_path / "fedavg", **OVER))
-    got = metrics(small_config(tmp_path / "cfl", algorithm="cfl", hp={"eps1": 0.0, "persistent_optimizer": False},
+    ref = run_metrics(small_config(tmp_path / "fedavg", **OVER))
+    got = run_metrics(small_config(tmp_path / "cfl", algorithm="cfl", hp={"eps1": 0.0, "persistent_optimizer": False},
                                **OVER))  # fmt: skip
     for name, scope in [("accuracy", "cluster"), ("loss", "cluster"), ("local_accuracy", "global"),
                         ("train_loss", "global"), ("train_accuracy", "global"), ("sgd_loss", "global"),
@@ -165,8 +165,8 @@ def test_cfl_that_never_splits_is_fedavg(tmp_path):
 def test_layercfl_on_all_layers_without_its_check_is_cfl(tmp_path):
     over = dict(OVER, partition="dominant", partition_clusters=2, num_clients=8, lr=0.1)
     hp = {"eps1": 10.0, "eps2": 0.0}  # split whenever there are more than two members
-    ref = metrics(small_config(tmp_path / "cfl", algorithm="cfl", hp=hp, **over))
-    got = metrics(small_config(tmp_path / "layercfl", algorithm="layercfl",
+    ref = run_metrics(small_config(tmp_path / "cfl", algorithm="cfl", hp=hp, **over))
+    got = run_metrics(small_config(tmp_path / "layercfl", algorithm="layercfl",
                                hp={**hp, "layers": "all", "check_split": False}, **over))  # fmt: skip
     assert got.equals(ref), got.compare(ref)
     assert ref[ref["metric"] == "num_clusters"]["value"].max() > 1
@@ -175,7 +175,7 @@ def test_layercfl_on_all_layers_without_its_check_is_cfl(tmp_path):
 def test_splits_assignments_gap_and_purity_on_dominant_clusters(tmp_path):
     cfg = small_config(tmp_path, algorithm="layercfl", hp={"eps1": 10.0, "eps2": 0.0, "layers": "fc", "max_clusters": 2},
                        partition="dominant", partition_clusters=2, num_clients=8, lr=0.1, **{**OVER, "rounds": 2})  # fmt: skip
-    m = metrics(cfg)
+    m = run_metrics(cfg)
     g = m[m["scope"] == "global"].set_index(["round", "metric"])["value"]
     assert g[(1, "num_clusters")] == 2 and g[(2, "num_clusters")] == 2  # capped at max_clusters
     assert g[(1, "similarity_dims")] == 64 * 200 + 200  # the MLP's first FC layer (8x8 inputs, 200 units)
@@ -227,7 +227,7 @@ def test_relative_rule_splits_when_the_mean_update_falls_below_its_fraction_of_t
     over = dict(OVER, partition="dominant", partition_clusters=2, num_clients=8, lr=0.1, rounds=6)
     cfg = small_config(tmp_path, algorithm="layercfl", hp={"eps1": 0.99, "eps2": 0.0, "eps_rule": "relative",
                                                            "layers": "fc", "check_split": False}, **over)  # fmt: skip
-    m = metrics(cfg)
+    m = run_metrics(cfg)
     a = load_assignments(cfg.output)
     peak, expected = 0.0, []
     for r in range(1, 7):

@@ -36,16 +36,7 @@ from fedray.federation import Baton
 from fedray.local import make_local_federation
 from fedray.results import run_state
 from tests.conftest import ROOT, small_config
-from tests.test_ray import ALGORITHM_HP, CONFIG_OVER
-
-TIMING = {"seconds", "eval_seconds"}
-KEYS = ["run_id", "round", "stage", "metric", "scope", "entity"]
-
-
-def metrics(out) -> object:
-    df = load_metrics(out)
-    df = df[~df["metric"].isin(TIMING)]
-    return df.sort_values(KEYS)[[*KEYS, "value"]].reset_index(drop=True)
+from tests.helpers import ALGORITHM_HP, CONFIG_OVER, METRIC_KEYS, stored_metrics
 
 
 def assignments(out) -> object:
@@ -189,12 +180,12 @@ def test_a_stopped_run_resumes_bit_identically_for_every_algorithm(tmp_path, alg
     cfg = _config(tmp_path / "cut", algorithm, checkpoint_every=every)
     _stop_after(cfg, stop)
     assert run_state(cfg.output, cfg.run_id()) == "interrupted"
-    assert metrics(cfg.output)["round"].max() == stop  # rows of the round after the checkpoint exist
+    assert stored_metrics(cfg.output)["round"].max() == stop  # rows of the round after the checkpoint exist
     events = list(execute(cfg, make_local_federation))
     assert isinstance(events[0], Started) and events[0].resumed_from == resumed
     assert [e.round for e in events if isinstance(e, RoundDone)] == list(range(resumed + 1, 5))
-    got, want = metrics(cfg.output), metrics(ref.output)
-    assert not got.duplicated(KEYS).any()
+    got, want = stored_metrics(cfg.output), stored_metrics(ref.output)
+    assert not got.duplicated(METRIC_KEYS).any()
     assert got.equals(want), got.compare(want)
     assert assignments(cfg.output).equals(assignments(ref.output))
     _assert_same_models(cfg, ref)  # the saved models are the uninterrupted run's, bit for bit
@@ -210,12 +201,12 @@ def test_checkpoints_are_kept_as_asked_and_restart_starts_over(tmp_path):
     assert sorted(p.name for p in root.iterdir()) == ["round-000004", "round-000005"]
     manifest = json.loads((root / "round-000005" / "manifest.json").read_text())
     assert manifest["round"] == 5 and set(manifest["files"]) == {"state.npz"}  # FedAvg clients keep nothing
-    ref = metrics(cfg.output)
+    ref = stored_metrics(cfg.output)
     _stop_after(cfg, 3, restart=True)  # --restart: the old checkpoints go, the run starts at round 1
     assert sorted(p.name for p in root.iterdir()) == ["round-000002"]
-    assert metrics(cfg.output)["round"].max() == 3
+    assert stored_metrics(cfg.output)["round"].max() == 3
     list(execute(cfg, make_local_federation))
-    assert metrics(cfg.output).equals(ref)
+    assert stored_metrics(cfg.output).equals(ref)
 
 
 def test_a_run_stopped_after_its_last_checkpoint_finishes_without_redoing_a_round(tmp_path):
@@ -230,7 +221,7 @@ def test_a_run_stopped_after_its_last_checkpoint_finishes_without_redoing_a_roun
     again = list(execute(cfg, make_local_federation))
     assert again[0].resumed_from == 3 and not [e for e in again if isinstance(e, RoundDone)]
     assert run_state(cfg.output, cfg.run_id()) == "finished"
-    assert metrics(cfg.output).equals(metrics(ref.output))
+    assert stored_metrics(cfg.output).equals(stored_metrics(ref.output))
     assert any(n.startswith("client-") for n in _assert_same_models(cfg, ref))
 
 
@@ -240,7 +231,7 @@ def test_no_checkpoints_when_checkpoint_every_is_0_and_then_a_stopped_run_starts
     assert not (Path(cfg.output) / "checkpoints").exists()
     events = list(execute(cfg, make_local_federation))
     assert events[0].resumed_from == 0 and len([e for e in events if isinstance(e, RoundDone)]) == 4
-    assert not metrics(cfg.output).duplicated(KEYS).any()
+    assert not stored_metrics(cfg.output).duplicated(METRIC_KEYS).any()
 
 
 # --- damaged and hostile checkpoints ----------------------------------------------------------------
@@ -254,10 +245,10 @@ def _checkpointed_run(tmp_path):
 
 
 def _resume_fails(cfg, match):
-    before = metrics(cfg.output)
+    before = stored_metrics(cfg.output)
     with pytest.raises(CheckpointError, match=match):
         list(execute(cfg, make_local_federation))
-    assert metrics(cfg.output).equals(before)  # nothing written is lost
+    assert stored_metrics(cfg.output).equals(before)  # nothing written is lost
     runs = load_runs(cfg.output)
     assert runs["status"][0] == "failed" and "CheckpointError" in runs["error"][0]
 
@@ -394,6 +385,6 @@ def test_a_run_killed_with_sigkill_goes_on_from_its_checkpoint_with_the_same_com
     assert done.returncode == 0, done.stdout + done.stderr
     resumed = re.search(r"resuming from the checkpoint after round (\d+) of 30", done.stdout)
     assert resumed and 6 <= int(resumed[1]) < 30 and int(resumed[1]) % 3 == 0, done.stdout
-    got, want = metrics(out), metrics(tmp_path / "ref")
-    assert not got.duplicated(KEYS).any()
+    got, want = stored_metrics(out), stored_metrics(tmp_path / "ref")
+    assert not got.duplicated(METRIC_KEYS).any()
     assert got.equals(want), got.compare(want)

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 
 import pandas as pd
 import pytest
 
 from tests.conftest import ROOT
-
-FEDRAY = [sys.executable, "-m", "jobs.cli"]
+from tests.helpers import FEDRAY, run
 
 
 def readme_commands() -> list[str]:
@@ -28,12 +25,6 @@ def test_readme_opens_with_setup_and_run_and_setup_and_test_commands():
     assert test in ci.splitlines(), ".ci/run must call the README's test command"
     setup = (ROOT / "scripts" / "setup.sh").read_text()
     assert '"torch==2.14.1" "torchvision==0.29.1"' in setup and '-e ".[test]"' in setup
-
-
-def run(args, cwd, env=None, timeout=300):
-    return subprocess.run(
-        args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
-    )
 
 
 def test_fedray_run_local_then_skip_then_report(tmp_path):

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from analysis import load_metrics
-from fedray.config import ConfigError, from_dict
+from fedray.config import ConfigError
 from fedray.data import build_federated_data
 from fedray.data import client_files as cf
 from fedray.experiment import execute
 from fedray.local import make_local_federation
+from fedray.validation import from_dict
 from tests.conftest import ROOT
 
 META = {"num_classes": 3, "input_shape": [1, 6, 6], "scale": 1 / 255}

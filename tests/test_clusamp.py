@@ -14,7 +14,7 @@ from fedray.data import build_federated_data
 from fedray.local import make_local_federation
 from fedray.selection import draw_from_strata, sample_size_strata, similarity_strata, update_distances
 from tests.conftest import small_config
-from tests.test_baselines import metrics
+from tests.helpers import run_metrics
 
 
 def test_algorithm_1_pours_clients_by_size_into_strata_of_mass_1_over_m():
@@ -60,8 +60,8 @@ def test_one_stratum_per_client_is_fedavg_with_full_participation(tmp_path):
     # iid: 6 clients of 100 samples; m = N strata of one client each, every client drawn once,
     # each weighted 1/m = n_i / n
     over = dict(partition="iid", rounds=3, participation=1.0, client_test_fraction=0.2, seed=2)
-    ref = metrics(small_config(tmp_path / "fedavg", **over))
-    got = metrics(small_config(tmp_path / "clusamp", algorithm="clusamp",
+    ref = run_metrics(small_config(tmp_path / "fedavg", **over))
+    got = run_metrics(small_config(tmp_path / "clusamp", algorithm="clusamp",
                                hp={"similarity": "none", "num_strata": 6}, **over))  # fmt: skip
     got = got[got["metric"] != "draws"].reset_index(drop=True)
     assert got.equals(ref), got.compare(ref)

@@ -13,8 +13,7 @@ from fedray.data import build_federated_data
 from fedray.experiment import execute
 from fedray.local import LocalFederation, make_local_federation
 from tests.conftest import small_config
-
-TIMING = {"seconds", "eval_seconds"}
+from tests.helpers import TIMING
 
 
 def metrics(out, drop=()):

@@ -8,8 +8,10 @@ import sys
 import pytest
 import yaml
 
-from fedray.config import Config, ConfigError, from_dict, load_config, parse_sets
+from fedray.config import Config, ConfigError, parse_sets
+from fedray.validation import from_dict, load_config
 from tests.conftest import ROOT
+from tests.helpers import CHECK_NO_RAY
 
 
 def test_embedded_default_is_valid_and_every_field_is_commented():
@@ -103,12 +105,6 @@ def test_run_id_is_stable_and_ignores_output_and_actor_count():
     # What can change a number changes the id: threads per actor, devices, evaluation batches.
     for key, value in (("num_cpus_per_actor", 2.0), ("num_gpus_per_actor", 0.5), ("eval_batch_size", 64)):
         assert from_dict({"seed": 1, key: value}).run_id() != a.run_id(), key
-
-
-CHECK_NO_RAY = (
-    "import sys; from jobs.cli import main; rc = main(sys.argv[1:]); "
-    "assert 'ray' not in sys.modules, 'ray was imported'; sys.exit(rc)"
-)
 
 
 @pytest.mark.parametrize(

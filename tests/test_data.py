@@ -2,44 +2,17 @@
 
 from __future__ import annotations
 
-import gzip
 import pickle
-import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from fedray.config import from_dict
 from fedray.data import DatasetMissing, build_federated_data, check_available, dataset_info, load_dataset
 from fedray.data.datasets import crop_flip
-
-G = np.random.default_rng(0)
-
-
-def write_idx(path: Path, arr: np.ndarray, gz: bool = False) -> None:
-    header = struct.pack(">HBB", 0, 0x08, arr.ndim) + struct.pack(f">{arr.ndim}I", *arr.shape)
-    data = header + arr.astype(np.uint8).tobytes()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if gz:
-        with gzip.open(str(path) + ".gz", "wb") as f:
-            f.write(data)
-    else:
-        path.write_bytes(data)
-
-
-def mnist_like(root: Path, names: dict[str, str], n_train=50, n_test=20, classes=10, gz=False):
-    xs = {"train": G.integers(0, 256, (n_train, 28, 28)), "test": G.integers(0, 256, (n_test, 28, 28))}
-    ys = {"train": np.arange(n_train) % classes, "test": np.arange(n_test) % classes}
-    for split in ("train", "test"):
-        write_idx(root / names[f"{split}_x"], xs[split], gz)
-        write_idx(root / names[f"{split}_y"], ys[split], gz)
-    return xs, ys
-
-
-FMNIST_NAMES = {"train_x": "train-images-idx3-ubyte", "train_y": "train-labels-idx1-ubyte",
-                "test_x": "t10k-images-idx3-ubyte", "test_y": "t10k-labels-idx1-ubyte"}  # fmt: skip
+from fedray.validation import from_dict
+from tests.helpers import FMNIST_NAMES, G, mnist_like
 
 
 @pytest.mark.parametrize("gz", [True, False])

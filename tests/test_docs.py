@@ -122,12 +122,76 @@ def test_the_dependency_rule():
     assert not bad, bad
 
 
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports, function-level imports included (``from pkg import
+    sub`` counts as an import of the submodule, not of the package's ``__init__``)."""
+    mods = {}
+    for package in ("fedray", "actors", "jobs", "analysis"):
+        for path in (ROOT / package).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in mods.items():
+        out = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                out |= {a.name for a in node.names if a.name in mods}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in mods:
+                out |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in mods else node.module
+                        for a in node.names}  # fmt: skip
+        graph[name] = out - {name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while comp[-1:] != [v]:
+                comp.append(stack.pop())
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_cycle_finder():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_imports_itself_back_even_inside_a_function():
+    """No import cycle among the project's modules, function-level imports counted: fedray.config
+    is a leaf (the registry checks are fedray.validation's), and the CLI hands the reference
+    harness its sweep runner instead of being imported back."""
+    graph = _module_graph()
+    assert graph["fedray.config"] <= {"fedray.hparams", "fedray.coercion"}, graph["fedray.config"]
+    assert not _cycles(graph)
+
+
 def test_fidelity_page_is_what_fedray_fidelity_writes_from_the_kept_results(tmp_path):
     # docs/fidelity.md is regenerated, never typed: from the results kept in docs/results/ the command
     # writes the page as committed (sections whose results were on an earlier machine kept as they are).
     import shutil
 
-    from tests.test_cli import FEDRAY, run
+    from tests.helpers import FEDRAY, run
 
     page = tmp_path / "fidelity.md"
     shutil.copyfile(ROOT / "docs" / "fidelity.md", page)

@@ -55,10 +55,14 @@ def test_server_lr_step_by_hand():
     assert fedavg.server_step(cur, avg, 1.0) is avg
 
 
-def _two_client_federation(local_epochs: int, batch_size: int, momentum: float = 0.0) -> LocalFederation:
+def _two_client_data() -> tuple[np.ndarray, np.ndarray]:
+    """30 samples: client 0 holds the first 10, client 1 the other 20."""
     g = np.random.default_rng(0)
-    x = g.normal(size=(30, 4)).astype(np.float32)
-    y = g.integers(0, 3, size=30).astype(np.int64)
+    return g.normal(size=(30, 4)).astype(np.float32), g.integers(0, 3, size=30).astype(np.int64)
+
+
+def _two_client_federation(local_epochs: int, batch_size: int, momentum: float = 0.0) -> LocalFederation:
+    x, y = _two_client_data()
     task = Task(seed=0, model="mlp", spec=DataSpec((4,), 3, scale=1.0), local_epochs=local_epochs, batch_size=batch_size,
                 lr=0.1, momentum=momentum, weight_decay=0.0, participation=1.0, eval_batch_size=64)  # fmt: skip
     clients = {
@@ -77,8 +81,7 @@ def test_one_full_batch_step_equals_one_centralised_gradient_step():
 
     model = fed.task.build_model()
     set_params(model, state.params)
-    x = torch.from_numpy(fed.host._data.x)
-    y = torch.from_numpy(fed.host._data.y)
+    x, y = (torch.from_numpy(a) for a in _two_client_data())
     loss = torch.nn.functional.cross_entropy(model(x), y)
     loss.backward()
     with torch.no_grad():

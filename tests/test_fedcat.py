@@ -15,7 +15,7 @@ from fedray.local import make_local_federation
 from fedray.params import weighted_average
 from fedray.selection import dev_select, equal_groups, latin_square, selection_probabilities
 from tests.conftest import small_config
-from tests.test_baselines import metrics
+from tests.helpers import run_metrics
 
 # ------------------------------------------------------------------------------------------------
 # DevSelect (Alg. 3, eqs. 4-5, §5(d)) on a 2-group example worked by hand
@@ -146,8 +146,8 @@ def test_chains_of_length_1_with_random_devices_are_fedavg_exactly(tmp_path):
         "sgd_accuracy",
         "participants",
     ]
-    ref = metrics(small_config(tmp_path / "fedavg", **over))
-    got = metrics(small_config(tmp_path / "fedcat", algorithm="fedcat",
+    ref = run_metrics(small_config(tmp_path / "fedavg", **over))
+    got = run_metrics(small_config(tmp_path / "fedcat", algorithm="fedcat",
                                hp={"grouping": False, "concatenation": False}, **over))  # fmt: skip
     ref, got = (df[df["metric"].isin(keep)].reset_index(drop=True) for df in (ref, got))
     assert len(ref) and got.equals(ref), got.compare(ref)

@@ -9,25 +9,7 @@ from fedray.data import build_federated_data
 from fedray.federation import ClientError
 from fedray.local import LocalFederation, make_local_federation
 from tests.conftest import small_config
-
-
-def count_calls(client, cstate, msg):
-    n = (cstate or 0) + 1
-    return {"cid": client.cid, "calls": n, "msg": msg}, n
-
-
-def stamp_big(client, cstate, msg):
-    """Relay client function: a carry of 1 MB stamped with the client's id; a small info."""
-    carry, _ = msg
-    out = np.array(carry, copy=True)
-    out[client.cid] += 1
-    return (out, int(out.sum())), cstate
-
-
-def fail_on_three(client, cstate, msg):
-    if client.cid == 3:
-        raise ValueError("bad batch")
-    return None, cstate
+from tests.helpers import count_calls, fail_on_three
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from fedray.local import make_local_federation
 from fedray.mixture import client as mixture_client
 from fedray.mixture.server import MixtureAverage
 from tests.conftest import small_config
-from tests.test_baselines import metrics as all_metrics
+from tests.helpers import run_metrics as all_metrics
 
 
 def metrics(cfg):

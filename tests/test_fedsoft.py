@@ -12,7 +12,7 @@ from fedray.data import build_federated_data
 from fedray.local import make_local_federation
 from fedray.train import local_train
 from tests.conftest import small_config
-from tests.test_baselines import metrics
+from tests.helpers import run_metrics
 
 
 def test_importance_by_hand():
@@ -56,7 +56,7 @@ def test_no_pull_and_one_cluster_is_local_training(tmp_path):
     model = client.model(start)
     for rnd in range(3):
         local_train(model, client, rnd)
-    personal = fed.host._state[cid]
+    personal = fed.host.get_state(cid)
     for name, p in model.state_dict().items():
         np.testing.assert_array_equal(personal[name], p.numpy(), err_msg=name)
 
@@ -65,7 +65,7 @@ def test_fedsoft_records_soft_assignments_and_personal_accuracy(tmp_path):
     cfg = small_config(
         tmp_path, algorithm="fedsoft", hp={"num_clusters": 2, "tau": 2}, rounds=3, client_test_fraction=0.2
     )
-    m = metrics(cfg)
+    m = run_metrics(cfg)
     a = load_assignments(cfg.output)
     assert sorted(a["round"].unique()) == [1, 3]  # estimated at rounds 0 and 2 (tau = 2)
     assert a.groupby(["round", "client"])["weight"].sum().ge(1.0).all()  # u sums to 1 (plus sigma)

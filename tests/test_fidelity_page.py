@@ -12,7 +12,7 @@ from analysis.fidelity import KEPT, FidelityError, algorithm_label, cells, claim
 from fedray.records import rec
 from fedray.results import ResultsWriter
 from tests.conftest import small_config
-from tests.test_report import final, write_run
+from tests.helpers import final, write_run
 
 NAMES = {"fedcat": "FedCat", "fedcat concatenation=false": "FedCat w/ GC", "fedavg": "FedAvg"}
 
@@ -151,7 +151,7 @@ def test_archive_keeps_the_finished_runs_tables_beside_the_page(tmp_path, base):
 
     from analysis import load_metrics, load_runs
     from tests.conftest import ROOT
-    from tests.test_cli import FEDRAY, run
+    from tests.helpers import FEDRAY, run
 
     src = tmp_path / "batch"
     done = write_run(src, {**base, "seed": 0}, final(0.7))

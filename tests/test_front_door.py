@@ -8,9 +8,10 @@ import sys
 
 import pytest
 
-from fedray.config import ConfigError, from_dict
+from fedray.config import ConfigError
 from fedray.experiment import execute
 from fedray.local import make_local_federation
+from fedray.validation import from_dict
 from tests.conftest import ROOT, small_config
 
 # The CLI in a fresh interpreter; fails if Ray was imported on the way to the answer.

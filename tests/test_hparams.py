@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from fedray.algorithms import ALGORITHMS
+from fedray.coercion import ConfigError
 from fedray.config import Config
 from fedray.hparams import Bound, OneOf, bound, check_fields, declared, hparams_from_dict, one_of
-from fedray.typed import ConfigError
 from tests.conftest import small_config
 
 

@@ -11,15 +11,15 @@ from fedray.algorithms import ALGORITHMS, fesem, ifca
 from fedray.data import build_federated_data
 from fedray.local import make_local_federation
 from tests.conftest import small_config
-from tests.test_baselines import metrics
+from tests.helpers import run_metrics
 
 OVER = dict(rounds=3, participation=0.5, client_test_fraction=0.2, seed=6)
 
 
 @pytest.mark.parametrize("algorithm", ["ifca", "fesem"])
 def test_one_cluster_is_fedavg(tmp_path, algorithm):
-    ref = metrics(small_config(tmp_path / "fedavg", **OVER))
-    got = metrics(small_config(tmp_path / algorithm, algorithm=algorithm, hp={"num_clusters": 1}, **OVER))
+    ref = run_metrics(small_config(tmp_path / "fedavg", **OVER))
+    got = run_metrics(small_config(tmp_path / algorithm, algorithm=algorithm, hp={"num_clusters": 1}, **OVER))
     for name, scope in [("accuracy", "cluster"), ("loss", "cluster"), ("local_accuracy", "global"),
                         ("train_loss", "global"), ("train_accuracy", "global"), ("sgd_loss", "global"),
                         ("sgd_accuracy", "global")]:  # fmt: skip
@@ -53,7 +53,7 @@ def test_a_model_nobody_picks_keeps_its_weights(tmp_path):
 def test_ifca_records_each_participants_choice(tmp_path):
     cfg = small_config(tmp_path, algorithm="ifca", hp={"num_clusters": 2}, partition="dominant",
                        partition_clusters=2, **OVER)  # fmt: skip
-    m = metrics(cfg)
+    m = run_metrics(cfg)
     a = load_assignments(cfg.output)
     assert (a.groupby("round").size() == 3).all() and set(a["weight"]) == {1.0}
     assert len(m[m["metric"] == "purity"]) == 3

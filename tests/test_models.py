@@ -71,8 +71,9 @@ def test_incompatible_shapes_are_explained():
 
 
 def test_concatenated_model_from_cluster_models_and_the_f5_head_init():
-    from fedray.models import Arch, concat_params, concatenated, encoder_params, head_from_clusters
+    from fedray.models import Arch, concat_params, concatenated, head_from_clusters
     from fedray.params import get_params, set_params
+    from tests.helpers import encoder_params
 
     torch.manual_seed(0)
     clusters = [build_model("simple_cnn", (1, 28, 28), 10) for _ in range(3)]

@@ -20,7 +20,7 @@ from ray.cluster_utils import Cluster
 from tests.conftest import small_config
 from fedray.data import build_federated_data
 from actors.federation import RayFederation
-from tests.test_federation import count_calls
+from tests.helpers import count_calls
 
 cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})  # the head hosts only the coordinator
 workers = [cluster.add_node(num_cpus=1, num_gpus=1) for _ in range(3)]

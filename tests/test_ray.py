@@ -5,26 +5,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis import load_metrics
 from fedray.data import build_federated_data
 from fedray.experiment import execute
 from fedray.federation import ClientError
 from fedray.local import make_local_federation
 from fedray.placement import PlacementError
 from tests.conftest import small_config
-from tests.test_federation import count_calls, fail_on_three, stamp_big
+from tests.helpers import (
+    ALGORITHM_HP,
+    CONFIG_OVER,
+    count_calls,
+    fail_on_three,
+    round_metrics,
+    stamp_big,
+)
 
 pytestmark = pytest.mark.ray
-
-TIMING = {"seconds", "eval_seconds"}
-
-
-def _metrics(out):
-    df = load_metrics(out)
-    df = df[~df["metric"].isin(TIMING)]
-    return df.sort_values(["round", "metric", "scope", "entity"])[
-        ["round", "metric", "scope", "entity", "value"]
-    ].reset_index(drop=True)
 
 
 def _run(cfg, factory):
@@ -37,7 +33,7 @@ def test_local_and_ray_with_1_and_3_actors_give_identical_metrics(ray_session, t
     over = dict(participation=0.5, client_test_fraction=0.2, rounds=3, seed=7)
     local = small_config(tmp_path / "local", **over)
     _run(local, make_local_federation)
-    ref = _metrics(local.output)
+    ref = round_metrics(local.output)
     assert {"accuracy", "loss", "local_accuracy", "train_accuracy", "bytes_down", "bytes_up"} <= set(
         ref["metric"]
     )
@@ -45,7 +41,7 @@ def test_local_and_ray_with_1_and_3_actors_give_identical_metrics(ray_session, t
         cfg = small_config(tmp_path / f"ray{n}", num_actors=n, **over)
         events = _run(cfg, make_ray_federation)
         assert events[0].placement["actors"] == n
-        got = _metrics(cfg.output)
+        got = round_metrics(cfg.output)
         # Bit-identical: exact equality of every value, bytes counted included.
         assert got.equals(ref), f"{n} actors differ from --local:\n{got.compare(ref)}"
 
@@ -149,35 +145,6 @@ def test_run_that_fits_no_actor_names_the_keys(ray_session, tmp_path):
     assert ray_session.is_initialized()  # we attached to the session; it is not ours to stop
 
 
-# Every algorithm but FedAvg (tested above), with small settings that exercise its state.
-ALGORITHM_HP = {
-    "clusterfedavg": {"num_clusters": 2},
-    "fedconcat": {"num_clusters": 2, "encoder_rounds": 2},
-    "fedconcat_id": {"num_clusters": 2, "encoder_rounds": 2, "random_inputs": 300},
-    "fedprox": {"mu": 0.01},
-    "scaffold": {},
-    "fednova": {},
-    "moon": {"mu": 1.0, "out_dim": 16},
-    "fedrs": {"alpha": 0.5},
-    "fedlc": {"tau": 1.0},
-    "fedcat": {"regroup_cycles": 1},
-    "clusamp": {"similarity": "arccos"},
-    "fedem": {"num_clusters": 2},
-    "fedrc": {"num_clusters": 3, "adam": "paper", "delta": 0.2, "xi": 1.0, "finetune": True},
-    "cfl": {"eps1": 10.0, "eps2": 0.0},  # splits whenever a cluster has more than two members
-    "layercfl": {"eps1": 10.0, "eps2": 0.0, "layers": "fc", "distance": "delta_l2"},
-    "ifca": {"num_clusters": 3, "persistent_optimizer": True},
-    "fesem": {"num_clusters": 2, "persistent_optimizer": True},
-    "fedsoft": {"num_clusters": 2, "tau": 2, "selection_size": 2},
-}
-# Config keys an algorithm needs changed from the test's (FedCat: K = 2 copies, 4 rounds = 2 cycles).
-CONFIG_OVER = {
-    "fedcat": {"participation": 0.34},
-    "cfl": {"participation": 1.0},
-    "layercfl": {"participation": 1.0},
-}
-
-
 def test_every_registered_algorithm_is_in_the_identity_test():
     from fedray.algorithms import ALGORITHMS
 
@@ -194,12 +161,15 @@ def test_every_algorithm_gives_identical_metrics_in_process_and_on_3_actors(ray_
     over.update(CONFIG_OVER.get(algorithm, {}))
     local = small_config(tmp_path / "local", **over)
     _run(local, make_local_federation)
-    ref, ref_assign = _metrics(local.output), load_assignments(local.output)[["round", "client", "cluster"]]
+    ref, ref_assign = (
+        round_metrics(local.output),
+        load_assignments(local.output)[["round", "client", "cluster"]],
+    )
     # 3 actors: clients spread over actors, every message serialized. One actor holding every client
     # (in-process host, Ray's serialization) is tested for FedAvg above and for SCAFFOLD's client state
     # in test_baselines; it is not run again for every algorithm (CI time).
     cfg = small_config(tmp_path / "ray3", num_actors=3, **over)
     _run(cfg, make_ray_federation)
-    got = _metrics(cfg.output)
+    got = round_metrics(cfg.output)
     assert got.equals(ref), f"{algorithm}, 3 actors differ from --local:\n{got.compare(ref)}"
     assert load_assignments(cfg.output)[["round", "client", "cluster"]].equals(ref_assign)

@@ -20,7 +20,7 @@ from fedray.local import make_local_federation
 from fedray.placement import PlacementError
 from fedray.results import run_state
 from tests.conftest import ROOT, small_config
-from tests.test_checkpoint import KEYS, metrics
+from tests.helpers import METRIC_KEYS, stored_metrics
 
 pytestmark = pytest.mark.ray
 
@@ -46,8 +46,8 @@ def test_a_killed_client_actor_costs_rounds_not_numbers(ray_session, tmp_path):
     assert len(recovered) == 1 and recovered[0].failures == 1 and "client actor died" in recovered[0].error
     restarts = [e for e in events if isinstance(e, Started)]
     assert len(restarts) == 2 and restarts[1].resumed_from in (3, 6)  # the coordinator may run ahead
-    got, want = metrics(cfg.output), metrics(ref.output)
-    assert not got.duplicated(KEYS).any()
+    got, want = stored_metrics(cfg.output), stored_metrics(ref.output)
+    assert not got.duplicated(METRIC_KEYS).any()
     assert got.equals(want), got.compare(want)
     ev = load_events(cfg.output)
     assert ev["event"].tolist() == ["worker_lost", "resumed"]
@@ -127,15 +127,15 @@ def test_ctrl_c_or_sigterm_records_interrupted_exits_130_and_the_same_command_go
     assert done.returncode == 0, done.stdout + done.stderr
     assert re.search(rf"resuming from the checkpoint after round \d+ of {rounds}", done.stdout)
     assert load_runs(out)["status"][0] == "finished"
-    assert not metrics(out).duplicated(KEYS).any()
-    assert sorted(set(metrics(out)["round"])) == list(range(1, rounds + 1))
+    assert not stored_metrics(out).duplicated(METRIC_KEYS).any()
+    assert sorted(set(stored_metrics(out)["round"])) == list(range(1, rounds + 1))
 
 
 NODE_LOSS = r"""
 import json, sys, time
 import ray
 from ray.cluster_utils import Cluster
-from fedray.config import from_dict
+from fedray.validation import from_dict
 from fedray.experiment import Recovered, RoundDone, Started
 from actors.driver import RunHandle, stream_run
 
@@ -172,6 +172,6 @@ def test_losing_a_node_mid_run_the_run_goes_on_on_the_nodes_left(ray_session, tm
     assert "Recovered" in seen and len(starts) == 2
     _, actors, nodes, resumed = starts[1].split(":")
     assert (actors, nodes) == ("2", "1") and int(resumed) in (3, 6), seen  # on the node left
-    got, want = metrics(cfg.output), metrics(ref.output)
+    got, want = stored_metrics(cfg.output), stored_metrics(ref.output)
     assert got.equals(want), got.compare(want)
     assert load_runs(cfg.output)["status"][0] == "finished"

@@ -12,29 +12,7 @@ from analysis import ReportError, format_table, pivot, run_values, wide_tables
 from fedray.records import rec
 from fedray.results import ResultsWriter
 from tests.conftest import ROOT, small_config
-from tests.test_cli import run
-
-
-def write_run(
-    out, cfg: dict, rounds: dict[int, list], status: str = "finished", summary: dict | None = None
-) -> str:
-    """One run with the given records per round; ``cfg`` is a full config dict (edited freely)."""
-    run_id = f"{cfg['algorithm']}-{cfg['experiment']}-{cfg['partition']}{cfg['partition_k']}{cfg['partition_beta']}" \
-             f"-{sorted(cfg['hp'].items())}-lr{cfg['lr']}-s{cfg['seed']}"  # fmt: skip
-    w = ResultsWriter(out, run_id, cfg, flush_every_s=0)
-    w.start()
-    for r, records in rounds.items():
-        w.add(r, records)
-    w.finish(summary or {}) if status == "finished" else w.fail("RuntimeError: boom")
-    return run_id
-
-
-def final(acc: float, rounds: int = 2) -> dict[int, list]:
-    """A plain run: accuracy 0.1 at every round but the last, ``acc`` at the last."""
-    return {
-        r: [rec("accuracy", acc if r == rounds else 0.1), rec("train_accuracy", 0.5)]
-        for r in range(1, rounds + 1)
-    }
+from tests.helpers import final, run, write_run
 
 
 @pytest.fixture

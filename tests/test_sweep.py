@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -16,25 +15,7 @@ from fedray.results import ResultsWriter, RunLock, run_state
 from fedray.scheduler import LocalLauncher, RunEnded, RunLaunched, run_sweep
 from fedray.sweep import SweepError, load_sweep, plan
 from tests.conftest import ROOT
-
-BASE = """\
-experiment: sw
-dataset: synthetic
-synthetic_size: 600
-model: mlp
-num_clients: 6
-rounds: 2
-local_epochs: 1
-batch_size: 32
-lr: 0.05
-"""
-
-
-def sweep_file(tmp_path: Path, body: str, name: str = "sweep.yaml") -> Path:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    p = tmp_path / name
-    p.write_text(BASE + f"output: {tmp_path / 'out'}\n" + textwrap.dedent(body))
-    return p
+from tests.helpers import sweep_file
 
 
 def settings(sweep, *keys):
@@ -178,7 +159,7 @@ def test_every_invalid_run_is_listed_at_once_naming_the_run_and_the_key(tmp_path
 
 
 def test_the_cli_rejects_an_invalid_sweep_before_importing_ray_and_writes_nothing(tmp_path):
-    from tests.test_config import CHECK_NO_RAY
+    from tests.helpers import CHECK_NO_RAY
 
     path = sweep_file(tmp_path, BAD)
     p = subprocess.run(

@@ -11,8 +11,7 @@ from analysis import load_runs
 from fedray.scheduler import RunEnded, RunLaunched, RunProgress, run_sweep
 from fedray.sweep import load_sweep
 from tests.conftest import ROOT
-from tests.test_cli import run
-from tests.test_sweep import sweep_file
+from tests.helpers import run, sweep_file
 
 pytestmark = pytest.mark.ray
 
