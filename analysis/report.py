@@ -91,6 +91,14 @@ def field_label(config: dict, name: str) -> str:
     return _text(flat[name])
 
 
+def column_label(config: dict, fields: Sequence[str]) -> str:
+    """A column's label: its fields' labels joined by spaces. A run at its algorithm's default hp
+    says so only when hp is the whole label (``fedavg``, not ``fedavg -``)."""
+    labels = [field_label(config, f) for f in fields]
+    shown = [lab for f, lab in zip(fields, labels, strict=True) if not (f == "hp" and lab == "-")]
+    return " ".join(shown or labels)
+
+
 def _covered(fields: Sequence[str]) -> set[str]:
     out = set(fields)
     if "partition" in fields:
@@ -211,7 +219,7 @@ def label_runs(
     df = runs.copy()
     df["experiment"] = df["config"].map(lambda c: c["experiment"])
     df["row"] = df["config"].map(lambda c: tuple(field_label(c, f) for f in rows))
-    df["col"] = df["config"].map(lambda c: " ".join(field_label(c, f) for f in cols))
+    df["col"] = df["config"].map(lambda c: column_label(c, cols))
     covered = _covered([*rows, *cols]) | set(_PER_RUN_KEYS) | {"experiment"}
     if "hp" in cols or "hp" in rows:
         covered |= {k for c in df["config"] for k in _flat(c) if k.startswith("hp.")}

@@ -57,6 +57,12 @@ grid:
     - {algorithm: ifca, hp: {num_clusters: 2}}
     - {algorithm: fesem, hp: {num_clusters: 2}}
     - {algorithm: fedsoft, hp: {num_clusters: 2}}
+    # the paths the plain runs above leave out: ground-truth groups (purity, the layers' gaps),
+    # FedConcat's stage 2 by a clustered algorithm, every FedRC option
+    - {algorithm: cfl, partition: dominant, partition_clusters: 2, hp: {eps1: 10.0, eps2: 0.0}}
+    - {algorithm: layercfl, partition: dominant, partition_clusters: 2, hp: {eps1: 10.0, eps2: 0.0, distance: delta_l2}}
+    - {algorithm: fedconcat, hp: {num_clusters: 2, encoder_rounds: 2, clustering: ifca}}
+    - {algorithm: fedrc, client_test_fraction: 0.2, hp: {num_clusters: 3, adam: paper, delta: 0.2, xi: 1.0, finetune: true}}
 seeds: [0]
 """
 
@@ -75,8 +81,8 @@ def metrics(out: Path):
     from analysis import load_metrics, load_runs
 
     runs = load_runs(out / "runs").set_index("run_id")["algorithm"]
-    m = load_metrics(out / "runs")
-    m["algorithm"] = m["run_id"].map(runs)
+    m = load_metrics(out / "runs")  # each run by its algorithm and its config's digest (the run id's end)
+    m["algorithm"] = m["run_id"].map({rid: f"{alg} {rid.rsplit('-', 1)[-1]}" for rid, alg in runs.items()})
     keys = ["algorithm", "round", "stage", "metric", "scope", "entity"]
     return m.set_index(keys)["value"].sort_index()
 
@@ -115,7 +121,7 @@ def compare(before, after) -> int:
     for alg in sorted(set(before.index.get_level_values(0)) | set(after.index.get_level_values(0))):
         b, a = before.get(alg), after.get(alg)
         if b is None or a is None:
-            print(f"{alg:14s} only {'after' if b is None else 'before'}")
+            print(f"{alg:25s} only {'after' if b is None else 'before'}")
             differ += 1
             continue
         both = b.to_frame("before").join(a.to_frame("after"), how="outer")
@@ -127,10 +133,10 @@ def compare(before, after) -> int:
             else f" (bytes metrics differ: {sorted(set(bad.index.get_level_values('metric')))})"
         )
         if counted.empty:
-            print(f"{alg:14s} identical: {len(both)} values{note}")
+            print(f"{alg:25s} identical: {len(both)} values{note}")
         else:
             differ += 1
-            print(f"{alg:14s} DIFFERS in {len(counted)} of {len(both)} values:\n{counted.head(10)}")
+            print(f"{alg:25s} DIFFERS in {len(counted)} of {len(both)} values:\n{counted.head(10)}")
     return 1 if differ else 0
 
 
