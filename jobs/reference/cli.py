@@ -31,7 +31,9 @@ def add_parser(sub: argparse._SubParsersAction, run_sweep: Callable[[Path], int]
         "reference", help="run a sweep on the authors' code and in fedray, on the same clients"
     )
     p.add_argument(
-        "name", help="the reference: fedconcat (sjtudyq/FedConcat) or niid-bench (Xtra-Computing/NIID-Bench)"
+        "name",
+        help="the reference: fedconcat (sjtudyq/FedConcat), niid-bench (Xtra-Computing/NIID-Bench), or fedrc "
+        "(LINs-lab/FedRC: its FMNIST-C clients as client_files)",
     )
     p.add_argument("config", nargs="?", help="sweep (or run) YAML, as for `fedray sweep`")
     p.add_argument(
@@ -56,6 +58,10 @@ def add_parser(sub: argparse._SubParsersAction, run_sweep: Callable[[Path], int]
                    help="run the script's logging-only evaluations instead of replaying their random draws")  # fmt: skip
     p.add_argument("--state-dict", choices=("copies", "views"), default="copies",
                    help="copies: GPU semantics for the script's initial cluster models (default); views: the CPU's")  # fmt: skip
+    p.add_argument(
+        "--seed", type=int, default=0, help="fedrc: the seed of the generator's draw and of the 90/10 splits"
+    )
+    p.add_argument("--python", help="fedrc: the Python of an environment with the reference's dependencies")
     p.add_argument("--check", action="store_true",
                    help="show on a tiny run that the wrapper's shortcuts change no weight; then exit")  # fmt: skip
     p.set_defaults(func=cmd_reference, run_sweep=run_sweep)
@@ -75,9 +81,11 @@ def cmd_reference(args: argparse.Namespace) -> int:
     from jobs.reference.harness import ReferenceError, check_checkout, run_reference, write_fedray_side
     from jobs.reference.niid_bench import REFERENCES
 
+    if args.name == "fedrc":  # the reference's clients as client_files; its training is not driven yet
+        return cmd_fedrc_data(args)
     if args.name not in REFERENCES:
         print(
-            f"fedray: error: unknown reference {args.name!r} (known: {', '.join(REFERENCES)})",
+            f"fedray: error: unknown reference {args.name!r} (known: {', '.join([*REFERENCES, 'fedrc'])})",
             file=sys.stderr,
         )
         return EXIT_USAGE
@@ -119,6 +127,21 @@ def cmd_reference(args: argparse.Namespace) -> int:
     rc = args.run_sweep(side)
     print(f"side by side: fedray report {out} --cols source,algorithm")
     return rc or (EXIT_FAILED if failed else 0)
+
+
+def cmd_fedrc_data(args: argparse.Namespace) -> int:
+    """`fedray reference fedrc`: LINs-lab/FedRC's FMNIST-C clients, from its own generator, as a
+    client_files folder (DIR/clients)."""
+    from jobs.reference.fedrc import main as fedrc_data
+    from jobs.reference.harness import ReferenceError
+
+    try:
+        clients = fedrc_data(args.checkout.resolve(), Path(args.output).resolve(), args.seed, args.python)
+    except ReferenceError as e:
+        print(f"fedray: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"clients: {clients} (dataset: client_files, data_root: {clients})")
+    return 0
 
 
 # The tiny runs `--check` compares (FMNIST, #C=2, 10 clients, one round of one epoch; FedConcat

@@ -126,12 +126,18 @@ def eval_round(cfg: Config, k: int) -> tuple[int, str]:
 def prepare_fmnist(out: Path) -> Path:
     """DATADIR/FashionMNIST/raw/ with the four IDX files unzipped, as torchvision's FashionMNIST
     (which the script uses, with download=True) finds them without downloading."""
+    datadir = out / "reference" / "data"
+    write_fmnist_raw(datadir / "FashionMNIST" / "raw")
+    return datadir
+
+
+def write_fmnist_raw(raw: Path) -> None:
+    """The four Fashion-MNIST IDX files, unzipped, in ``raw`` (torchvision's FashionMNIST reads them
+    there without downloading), from the Debian package's folder."""
     import gzip
 
     from fedray.config import DEFAULT_FMNIST_ROOT
 
-    datadir = out / "reference" / "data"
-    raw = datadir / "FashionMNIST" / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     for stem in FMNIST_FILES.values():
         target = raw / stem
@@ -146,7 +152,6 @@ def prepare_fmnist(out: Path) -> Path:
         with gzip.open(src, "rb") if src.suffix == ".gz" else open(src, "rb") as f, open(tmp, "wb") as g:
             shutil.copyfileobj(f, g)
         tmp.replace(target)
-    return datadir
 
 
 FEDCONCAT = Reference(

@@ -1,0 +1,139 @@
+"""`fedray reference fedrc`: LINs-lab/FedRC's FMNIST-C clients, drawn by its generator (run seeded,
+through a wrapper, under any Python) and converted to client_files that fedray trains on. The
+generator here is a stand-in with the real one's outputs and the library calls it needs shimmed; the
+real one needs ImageMagick and takes minutes."""
+
+from __future__ import annotations
+
+import pickle
+import sys
+
+import numpy as np
+import pytest
+
+from fedray.data import build_federated_data
+from fedray.validation import from_dict
+from jobs.reference import fedrc
+from jobs.reference.harness import ReferenceError
+
+
+def generated(folder, n=10, n_test=20, seed=0):
+    """The generator's output: 300 clients of n images (types cycling 0..5) and 3 test clients."""
+    g = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(fedrc.NUM_CLIENTS):
+        c = {"images": g.integers(0, 256, (n, 28, 28)).astype(np.uint8),
+             "labels": (np.arange(n) + i).astype(np.uint8) % 10, "type": i % 6}  # fmt: skip
+        (folder / f"{i}.pkl").write_bytes(pickle.dumps(c))
+    x = g.integers(0, 256, (n_test, 28, 28)).astype(np.uint8)
+    y = np.arange(n_test) % 10
+    for j, labels in enumerate([y, 9 - y, (y + 1) % 10]):
+        (folder / f"test-{j + 1}.pkl").write_bytes(
+            pickle.dumps({"images": x, "labels": labels.astype(np.uint8), "type": j})
+        )
+    return folder
+
+
+def test_the_generated_clients_become_client_files_fedray_trains_on(tmp_path):
+    src = generated(tmp_path / "gen")
+    dst = fedrc.convert(src, tmp_path / "clients", seed=3)
+    cfg = from_dict(
+        {"dataset": "client_files", "data_root": str(dst), "num_clients": 300, "model": "simple_cnn"}
+    )
+    data = build_federated_data(cfg)
+    assert len(data.clients) == 303 and data.test_clients == [300, 301, 302]
+    # every client split as the reference splits: int(0.9 n) samples train, the rest test
+    assert all(len(data.clients[c].train) == 9 and len(data.clients[c].test) == 1 for c in range(300))
+    assert all(len(data.clients[c].train) == 18 and len(data.clients[c].test) == 2 for c in (300, 301, 302))
+    # the concept of each client: types 0, 1 -> 0 (labels as they are); 2, 4 -> 1 (9 - y); 3, 5 -> 2 ((y + 1) mod 10)
+    assert [data.groups[c] for c in range(6)] == [0, 0, 1, 2, 1, 2]
+    assert len(data.groups) == 300  # the training clients' (fedray's purity)
+    for j in range(3):  # test-1, -2, -3 are the three concepts
+        with np.load(dst / f"test_client_{j:04d}.npz") as z:
+            assert int(z["group"]) == j
+    with np.load(dst / "client_0007.npz") as z:
+        raw = pickle.loads((src / "7.pkl").read_bytes())
+        tr, te = fedrc.split(10, 3, 7)
+        assert np.array_equal(z["x_train"], raw["images"][tr]) and np.array_equal(
+            z["y_test"], raw["labels"][te]
+        )
+        assert int(z["reference_type"]) == 1
+    # the reference's scaling: ToTensor (1/255) then Normalize(0.1307, 0.3081)
+    x, _ = data.dataset.train.x[:1], None
+    assert data.dataset.spec.to_tensor(x).flatten()[0].item() == pytest.approx(
+        (x.flat[0] / 255 - 0.1307) / 0.3081, rel=1e-5
+    )
+
+
+def test_the_split_is_fixed_by_the_seed_and_the_client():
+    a, b = fedrc.split(200, 0, 5)
+    assert len(a) == 180 and len(b) == 20 and not set(a) & set(b)
+    assert all(np.array_equal(u, v) for u, v in zip((a, b), fedrc.split(200, 0, 5), strict=True))
+    assert not np.array_equal(a, fedrc.split(200, 0, 6)[0]) and not np.array_equal(
+        a, fedrc.split(200, 1, 5)[0]
+    )
+
+
+class Boom:
+    def __reduce__(self):
+        return (print, ("this ran",))
+
+
+def test_a_pickle_that_is_not_plain_arrays_is_refused_without_running_it(tmp_path, capsys):
+    src = generated(tmp_path / "gen", n=2, n_test=2)
+    (src / "4.pkl").write_bytes(pickle.dumps({"images": Boom(), "labels": np.zeros(2), "type": 0}))
+    with pytest.raises(ReferenceError, match=r"4\.pkl'.*builtins\.print is not allowed"):
+        fedrc.convert(src, tmp_path / "clients", seed=0)
+    assert "this ran" not in capsys.readouterr().out
+    (src / "4.pkl").write_bytes(
+        pickle.dumps({"images": np.zeros((2, 28, 27), np.uint8), "labels": np.zeros(2), "type": 0})
+    )
+    with pytest.raises(ReferenceError, match=r"images must be n x 28 x 28 uint8 .* \[2, 28, 27\]"):
+        fedrc.convert(src, tmp_path / "clients", seed=0)
+    (src / "4.pkl").unlink()
+    with pytest.raises(ReferenceError, match=r"the generator's 4\.pkl is missing \(1 files\)"):
+        fedrc.convert(src, tmp_path / "clients", seed=0)
+
+
+STAND_IN = """
+import random, pickle
+import numpy as np, torch
+from skimage.filters import gaussian
+from torchvision import datasets
+assert datasets  # the real one reads FashionMNIST from ./data/fmnist-c/origin/
+img = gaussian(np.zeros((28, 28, 3)), sigma=1, multichannel=True)  # removed in scikit-image 0.20
+assert img.shape == (28, 28, 3) and np.int is int  # removed in NumPy 1.24
+q = torch.distributions.dirichlet.Dirichlet(torch.tensor([0.5, 0.0])).sample()  # refused since torch 1.8
+assert q[1] < 1e-30  # a class with no images left: (almost) never drawn
+for i in range(300):
+    x = (np.random.randint(0, 256, (4, 28, 28)) + random.randint(0, 5) + int(torch.randint(0, 3, ()))) % 256
+    pickle.dump({"images": x.astype(np.uint8), "labels": np.arange(4, dtype=np.uint8), "type": i % 6},
+                open(f"./data/fmnist-c/{i}.pkl", "wb"))
+for j in (1, 2, 3):
+    pickle.dump({"images": np.zeros((10, 28, 28), np.uint8), "labels": np.arange(10, dtype=np.uint8), "type": j - 1},
+                open(f"./data/fmnist-c/test-{j}.pkl", "wb"))
+"""
+
+
+def test_the_generator_runs_seeded_with_todays_libraries(tmp_path, monkeypatch):
+    checkout = tmp_path / "FedRC"
+    (checkout / "create_c").mkdir(parents=True)
+    (checkout / fedrc.GENERATOR).write_text(STAND_IN)
+    monkeypatch.setattr(fedrc, "write_fmnist_raw", lambda raw: raw.mkdir(parents=True, exist_ok=True))
+    runs = []
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        clients = fedrc.main(checkout, tmp_path / name, seed, sys.executable)
+        with np.load(clients / "client_0000.npz") as z:
+            runs.append(z["x_train"].copy())
+    assert np.array_equal(runs[0], runs[1]) and not np.array_equal(
+        runs[0], runs[2]
+    )  # same seed, same clients
+    (checkout / fedrc.GENERATOR).write_text("raise SystemExit('no ImageMagick')")
+    with pytest.raises(
+        ReferenceError, match=r"(?s)generator failed \(exit 1; .*generator\.log\):\nno ImageMagick"
+    ):
+        fedrc.main(checkout, tmp_path / "d", 0, sys.executable)
+    with pytest.raises(
+        ReferenceError, match="has no create_c/make_fmnist_c.py: not a LINs-lab/FedRC checkout"
+    ):
+        fedrc.main(tmp_path, tmp_path / "e", 0, sys.executable)
