@@ -137,3 +137,133 @@ def test_the_generator_runs_seeded_with_todays_libraries(tmp_path, monkeypatch):
         ReferenceError, match="has no create_c/make_fmnist_c.py: not a LINs-lab/FedRC checkout"
     ):
         fedrc.main(tmp_path, tmp_path / "e", 0, sys.executable)
+
+
+# A stand-in for the reference's training script, with the names the wrapper drives: parse_args,
+# SummaryWriter, get_fmnistC_loaders, run_experiment (n_rounds + 1 rounds, a log before the first
+# and after each), and datasets.SubFEMNISTC. Its "accuracy" is a number worked out from the clients'
+# labels, so the imported values can be checked: the share of label 0 among the test clients'
+# scored samples (test/global) or the training clients' test splits (train/global), plus the round
+# / 100.
+STAND_IN_SCRIPT = """
+import argparse, os
+import numpy as np
+
+class SummaryWriter:
+    def __init__(self, log_dir=None):
+        self.log_dir = log_dir
+    def add_scalar(self, tag, value, step=None):
+        pass
+
+def parse_args(argv):
+    p = argparse.ArgumentParser()
+    p.add_argument("experiment"); p.add_argument("method")
+    for k in ("n_learners", "n_rounds", "bz", "local_steps", "log_freq", "seed", "verbose"):
+        p.add_argument("--" + k, type=int)
+    for k in ("lr", "sampling_rate"):
+        p.add_argument("--" + k, type=float)
+    for k in ("optimizer", "lr_scheduler", "suffix"):
+        p.add_argument("--" + k)
+    return p.parse_args(argv)
+
+def get_fmnistC_loaders(root_path, batch_size, is_validation, test=False):
+    raise AssertionError("the wrapper gives the clients")
+
+def share_of_zero(iterators):
+    ys = np.concatenate([np.asarray(it.dataset.targets[it.dataset.indices]) for it in iterators])
+    return float((ys == 0).mean())
+
+def run_experiment(args):
+    train = get_fmnistC_loaders("./data/fmnist-c/train", args.bz, False)
+    test = get_fmnistC_loaders("./data/fmnist-c/test", args.bz, False, test=True)
+    assert args.method == "fedrc" and args.n_learners == 3 and train[3][:6] == [0, 1, 2, 3, 4, 5]
+    assert len(train[0]) == 300 and len(test[0]) == 3 and len(train[1][0].dataset.indices) == 9
+    loggers = {k: SummaryWriter(os.path.join("logs", "x", k, "global")) for k in ("train", "test")}
+    for r in range(args.n_rounds + 2):  # the log before training, then one after each round
+        for k, its in (("train", train[2]), ("test", test[2])):
+            loggers[k].add_scalar("Test/Metric", share_of_zero(its) + r / 100, r)
+            loggers[k].add_scalar("Test/Loss", 1.0, r)
+            loggers[k].add_scalar("Train/Metric", 0.5, r)
+            loggers[k].add_scalar("Train/Loss", 2.0, r)
+"""
+
+STAND_IN_DATASETS = """
+import numpy as np
+class SubFEMNISTC:
+    def __init__(self, indices, cifar10_data=None, cifar10_targets=None):
+        self.indices = np.asarray(indices, dtype=int)
+        self.data, self.targets = cifar10_data, cifar10_targets
+    def __len__(self):
+        return len(self.indices)
+    def __getitem__(self, i):
+        return self.data[self.indices[i]], int(self.targets[self.indices[i]]), i
+"""
+
+
+def test_reference_runs_on_the_same_clients_land_beside_fedrays(tmp_path, monkeypatch):
+    from analysis import load_metrics, load_runs
+    from fedray.sweep import load_sweep
+
+    checkout = tmp_path / "FedRC"
+    (checkout / "create_c").mkdir(parents=True)
+    (checkout / fedrc.GENERATOR).write_text("raise SystemExit('not run: the clients are there')")
+    (checkout / "run_experiment.py").write_text(STAND_IN_SCRIPT)
+    (checkout / "datasets.py").write_text(STAND_IN_DATASETS)
+    monkeypatch.setenv("FEDRAY_REFERENCE_ANY_COMMIT", "1")
+    out = tmp_path / "out"
+    clients = fedrc.convert(generated(tmp_path / "gen"), out / "clients", seed=0)
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(f"experiment: fc\ndataset: client_files\ndata_root: {clients}\nnum_clients: 300\n"
+                     "model: fedrc_cnn\nrounds: 3\nbatch_size: 4\nlr: 0.06\nmomentum: 0.9\nweight_decay: 5.0e-4\n"
+                     "algorithm: fedrc\nhp: {num_clusters: 3}\n")  # fmt: skip
+    runs = [r.config for r in load_sweep(str(sweep), [], output=str(out)).runs]
+    assert fedrc.script_args(runs[0], "x")[:6] == [
+        "fmnist-c",
+        "fedrc",
+        "--n_learners",
+        "3",
+        "--n_rounds",
+        "2",
+    ]
+    assert fedrc.run_reference(runs, checkout, out, sys.executable, threads=1, log=lambda s: None) == 0
+    m = load_metrics(out).set_index(["round", "metric"])["value"]
+
+    def share_of_zero(pattern, n):  # over the clients' scored samples (y_test), from the files
+        ys = np.concatenate([np.load(clients / pattern.format(i))["y_test"] for i in range(n)])
+        return float((ys == 0).mean())
+
+    test_zero, local_zero = (
+        share_of_zero("test_client_{:04d}.npz", 3),
+        share_of_zero("client_{:04d}.npz", 300),
+    )
+    for r in (1, 2, 3):  # the script's log after round r (the one before training is left out)
+        assert m[(r, "accuracy")] == pytest.approx(test_zero + r / 100)
+        assert m[(r, "local_accuracy")] == pytest.approx(local_zero + r / 100)
+        assert m[(r, "train_accuracy")] == 0.5 and m[(r, "train_loss")] == 2.0
+    assert 0 not in m.index.get_level_values("round")
+    run = load_runs(out).iloc[0]
+    assert run["config"]["source"] == "LINs-lab/FedRC" and run["status"] == "finished"
+    # imported once: a second call runs nothing
+    assert fedrc.run_reference(runs, checkout, out, sys.executable, threads=1, log=lambda s: None) == 0
+
+
+@pytest.mark.parametrize(
+    "over, message",
+    [
+        (
+            {"algorithm": "fedsoft"},
+            "fedsoft: LINs-lab/FedRC is driven for fedavg, fedem, fedrc, ifca, fesem, cfl only",
+        ),
+        ({"momentum": 0.5}, "config key 'momentum': the script's SGD has momentum 0.9, got 0.5"),
+        ({"dataset": "fmnist"}, "config key 'dataset': the reference runs on the client_files"),
+    ],
+)
+def test_what_the_script_cannot_run_is_refused_naming_the_key(over, message):
+    cfg = from_dict(
+        {"dataset": "digits", "model": "mlp", "momentum": 0.9, "weight_decay": 5e-4, "algorithm": "fedrc"}
+    )
+    from dataclasses import replace
+
+    bad = replace(cfg, **({"dataset": "client_files"} | over))
+    with pytest.raises(ReferenceError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        fedrc.script_args(bad, "x")

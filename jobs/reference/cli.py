@@ -81,7 +81,7 @@ def cmd_reference(args: argparse.Namespace) -> int:
     from jobs.reference.harness import ReferenceError, check_checkout, run_reference, write_fedray_side
     from jobs.reference.niid_bench import REFERENCES
 
-    if args.name == "fedrc":  # the reference's clients as client_files; its training is not driven yet
+    if args.name == "fedrc":  # clients from the reference's own generator (client_files)
         return cmd_fedrc_data(args)
     if args.name not in REFERENCES:
         print(
@@ -130,18 +130,45 @@ def cmd_reference(args: argparse.Namespace) -> int:
 
 
 def cmd_fedrc_data(args: argparse.Namespace) -> int:
-    """`fedray reference fedrc`: LINs-lab/FedRC's FMNIST-C clients, from its own generator, as a
-    client_files folder (DIR/clients)."""
-    from jobs.reference.fedrc import main as fedrc_data
-    from jobs.reference.harness import ReferenceError
+    """`fedray reference fedrc [CONFIG]`: LINs-lab/FedRC's FMNIST-C clients, from its own generator,
+    as a client_files folder (DIR/clients); with a sweep CONFIG, its runs on the reference's
+    run_experiment.py and in fedray, both on those clients, into DIR."""
+    import yaml
 
+    from fedray.config import ConfigError
+    from fedray.sweep import load_sweep
+    from jobs.reference import fedrc
+
+    out = Path(args.output).resolve()
+    python = args.python or sys.executable
     try:
-        clients = fedrc_data(args.checkout.resolve(), Path(args.output).resolve(), args.seed, args.python)
-    except ReferenceError as e:
+        if args.config and not args.fedray_only:
+            fedrc.check_checkout(args.checkout.resolve())
+        clients = fedrc.main(args.checkout.resolve(), out, args.seed, python)
+        print(f"clients: {clients} (dataset: client_files, data_root: {clients})", flush=True)
+        if not args.config:
+            return 0
+        sets = [*args.sets, f"data_root={clients}"]
+        runs = [r.config for r in load_sweep(args.config, sets, output=str(out), only=args.only).runs]
+        for cfg in runs:
+            fedrc.script_args(cfg, "")
+    except ConfigError as e:  # ReferenceError is one
         print(f"fedray: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    print(f"clients: {clients} (dataset: client_files, data_root: {clients})")
-    return 0
+    failed = 0
+    if not args.fedray_only:
+        failed = fedrc.run_reference(runs, args.checkout.resolve(), out, python, args.threads)
+    side = out / "reference" / "fedrc-fedray.yaml"
+    doc = yaml.safe_load(Path(args.config).read_text())
+    doc.update({"data_root": str(clients), "output": str(out)})
+    side.write_text(f"# fedray's side of the comparison with {fedrc.REPO} (`fedray reference fedrc`)\n"
+                    + yaml.safe_dump(doc, sort_keys=False))  # fmt: skip
+    if args.reference_only:
+        print(f"fedray side: fedray sweep {side}")
+        return EXIT_FAILED if failed else 0
+    rc = args.run_sweep(side)
+    print(f"side by side: fedray report {out} --cols source,algorithm --metric accuracy --at best-train")
+    return rc or (EXIT_FAILED if failed else 0)
 
 
 # The tiny runs `--check` compares (FMNIST, #C=2, 10 clients, one round of one epoch; FedConcat

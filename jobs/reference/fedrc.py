@@ -25,6 +25,7 @@ Then ``dataset: client_files`` with ``data_root: DIR/clients`` runs the clients 
 from __future__ import annotations
 
 import io
+import json
 import os
 import pickle
 import subprocess
@@ -33,7 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
+from fedray.config import Config
 from fedray.data import client_files
+from fedray.records import rec
+from fedray.results import ResultsWriter, run_status
 from jobs.reference.harness import ReferenceError
 from jobs.reference.niid_bench import write_fmnist_raw
 
@@ -140,5 +144,136 @@ def generate(checkout: Path, out: Path, seed: int, python: str) -> Path:
 
 
 def main(checkout: Path, out: Path, seed: int, python: str | None) -> Path:
+    """The clients as client_files in ``out/clients`` (generated and converted unless there)."""
+    dst = out / "clients"
+    if (dst / "meta.json").is_file() and (dst / f"test_client_{NUM_TEST_CLIENTS - 1:04d}.npz").is_file():
+        return dst
     generated = generate(checkout, out, seed, python or sys.executable)
-    return convert(generated, out / "clients", seed)
+    return convert(generated, dst, seed)
+
+
+# ---- the reference's training on the same clients ---------------------------------------------
+
+# fedray's algorithm -> run_experiment.py's method (utils/constants.py); FedAvg and CFL run one model
+METHODS = {
+    "fedavg": "FedAvg",
+    "fedem": "FedEM",
+    "fedrc": "fedrc",
+    "ifca": "IFCA",
+    "fesem": "FeSEM",
+    "cfl": "clustered",
+}
+ONE_MODEL = {"fedavg", "cfl"}
+# The script's SGD (utils/optim.py): momentum 0.9 and weight decay 5e-4, not settable.
+SCRIPT_SGD = {"momentum": 0.9, "weight_decay": 5e-4}
+
+
+def script_args(cfg: Config, run_id: str) -> list[str]:
+    """run_experiment.py's arguments for fedray run ``cfg``; what the script cannot run as
+    configured is a ReferenceError naming the key."""
+    if cfg.algorithm not in METHODS:
+        raise ReferenceError(f"{cfg.algorithm}: {REPO} is driven for {', '.join(METHODS)} only")
+    if cfg.dataset != "client_files":
+        raise ReferenceError(
+            "config key 'dataset': the reference runs on the client_files this harness writes"
+        )
+    for key, value in SCRIPT_SGD.items():
+        if getattr(cfg, key) != value:
+            raise ReferenceError(
+                f"config key '{key}': the script's SGD has {key} {value}, got {getattr(cfg, key)}"
+            )
+    if cfg.rounds < 1:
+        raise ReferenceError("config key 'rounds': at least 1")
+    k = 1 if cfg.algorithm in ONE_MODEL else int(cfg.hp.get("num_clusters", 3))
+    # the script trains n_rounds + 1 rounds (while current_round <= n_rounds) and logs after each
+    return ["fmnist-c", METHODS[cfg.algorithm], "--n_learners", str(k), "--n_rounds", str(cfg.rounds - 1),
+            "--bz", str(cfg.batch_size), "--lr", f"{cfg.lr:g}", "--local_steps", str(cfg.local_epochs),
+            "--sampling_rate", f"{cfg.participation:g}", "--optimizer", "sgd", "--lr_scheduler", "constant",
+            "--log_freq", "1", "--seed", str(cfg.seed), "--verbose", "1", "--suffix", run_id]  # fmt: skip
+
+
+def run_id_of(cfg: Config) -> str:
+    return f"{cfg.run_id()}-ref"
+
+
+def run_one(cfg: Config, checkout: Path, out: Path, python: str, threads: int) -> dict:
+    """The reference's run of ``cfg`` (a subprocess under ``python``); returns the wrapper's record."""
+    run_id = run_id_of(cfg)
+    work = out / "reference" / "logs" / run_id
+    work.mkdir(parents=True, exist_ok=True)
+    result = out / "reference" / "results" / f"{run_id}.json"
+    root = Path(__file__).resolve().parents[2]
+    cmd = [python, "-m", "jobs.reference.fedrc_wrapper", "--checkout", str(checkout), "--clients",
+           str(Path(cfg.data_root).resolve()), "--result", str(result), "--threads", str(threads), "--",
+           *script_args(cfg, run_id)]  # fmt: skip
+    with open(work / "stdout.txt", "w") as f:
+        p = subprocess.run(cmd, cwd=work, env={**os.environ, "PYTHONPATH": str(root)}, stdout=f,
+                           stderr=subprocess.STDOUT)  # fmt: skip
+    if p.returncode != 0:
+        tail = (work / "stdout.txt").read_text().splitlines()[-15:]
+        raise RuntimeError(f"{REPO} run {run_id} failed (exit {p.returncode}):\n" + "\n".join(tail))
+    return json.loads(result.read_text())
+
+
+def import_run(cfg: Config, record: dict, out: Path, commit: str) -> str:
+    """The reference's run as a fedray run (source: the repository): per round after training
+    (the script's log after round r, r = 1 .. rounds), accuracy and loss (the 3 test clients),
+    local_accuracy (each training client's ensemble on its test split), train_accuracy and
+    train_loss (on the training splits), and the round's wall time."""
+    run_id = run_id_of(cfg)
+    config = {**cfg.to_dict(), "source": REPO}
+    writer = ResultsWriter(out, run_id, config)
+    writer.start()
+    previous = 0.0
+    for r in record["rounds"]:
+        if r["round"] == 0:  # the script's log before any training
+            previous = r["seconds"]
+            continue
+        train, test = r["train"], r["test"]
+        writer.add(r["round"], [
+            rec("accuracy", test["Test/Metric"]), rec("loss", test["Test/Loss"]),
+            rec("local_accuracy", train["Test/Metric"]), rec("train_accuracy", train["Train/Metric"]),
+            rec("train_loss", train["Train/Loss"]), rec("seconds", r["seconds"] - previous)])  # fmt: skip
+        previous = r["seconds"]
+    writer.finish({"rounds_done": cfg.rounds, "total_seconds": record["total_seconds"],
+                   "reference": {"repo": REPO, "commit": commit, "script": "run_experiment.py",
+                                 "args": record["args"], "threads": record["threads"]}})  # fmt: skip
+    return run_id
+
+
+def run_reference(runs: list[Config], checkout: Path, out: Path, python: str, threads: int,
+                  log=print) -> int:  # fmt: skip
+    """Every run not imported yet, one after another (each reads all 300 clients); returns the
+    number that failed (reported, the others go on)."""
+    commit = check_checkout(checkout)
+    for cfg in runs:
+        script_args(cfg, "")  # every run checked before the first starts
+    todo = [c for c in runs if run_status(out, run_id_of(c)) != "finished"]
+    log(
+        f"{REPO} @ {commit[:7]}: {len(runs)} runs, {len(runs) - len(todo)} already imported, {len(todo)} to run"
+    )
+    failed = 0
+    for i, cfg in enumerate(todo, 1):
+        try:
+            record = run_one(cfg, checkout, out, python, threads)
+            import_run(cfg, record, out, commit)
+            final = [r for r in record["rounds"] if r["round"] > 0][-1]["test"]["Test/Metric"]
+            log(f"[{i}/{len(todo)}] {cfg.algorithm} lr {cfg.lr:g} seed {cfg.seed}: {final:.4f} final accuracy, "
+                f"{record['total_seconds']:.0f} s")  # fmt: skip
+        except Exception as e:  # noqa: BLE001 - reported, the others go on
+            failed += 1
+            log(f"[{i}/{len(todo)}] {cfg.algorithm} lr {cfg.lr:g} seed {cfg.seed}: FAILED: {e}")
+    return failed
+
+
+def check_checkout(checkout: Path) -> str:
+    """The checkout's commit; not the reference, or another commit, is an error
+    (``FEDRAY_REFERENCE_ANY_COMMIT=1`` accepts another commit)."""
+    if not (checkout / "run_experiment.py").is_file() or not (checkout / GENERATOR).is_file():
+        raise ReferenceError(f"--checkout {str(checkout)!r}: not a {REPO} checkout (no run_experiment.py)")
+    head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=False).stdout.strip()  # fmt: skip
+    if not head.startswith(COMMIT) and os.environ.get("FEDRAY_REFERENCE_ANY_COMMIT") != "1":
+        raise ReferenceError(f"--checkout {str(checkout)!r} is at {head[:7] or 'no commit'}, the harness was "
+                             f"checked against {COMMIT} (FEDRAY_REFERENCE_ANY_COMMIT=1 runs it anyway)")  # fmt: skip
+    return head
