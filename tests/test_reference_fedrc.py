@@ -174,6 +174,10 @@ def share_of_zero(iterators):
     return float((ys == 0).mean())
 
 def run_experiment(args):
+    from sklearn.cluster import AgglomerativeClustering  # as aggregator.py imports it, after the shim
+    d = np.array([[0.0, 1.0, 9.0], [1.0, 0.0, 9.0], [9.0, 9.0, 0.0]])
+    labels = AgglomerativeClustering(affinity="precomputed", linkage="complete").fit(d).labels_  # CFL's call
+    assert labels[0] == labels[1] != labels[2]
     train = get_fmnistC_loaders("./data/fmnist-c/train", args.bz, False)
     test = get_fmnistC_loaders("./data/fmnist-c/test", args.bz, False, test=True)
     assert args.method == "fedrc" and args.n_learners == 3 and train[3][:6] == [0, 1, 2, 3, 4, 5]

@@ -11,6 +11,8 @@ What this wrapper changes, from outside, and why:
   that ``init_clients`` reads (``args.phi_model``) is the run's arguments, as when the script runs
   as ``__main__``;
 - the device is ``cpu`` (the parser takes a GPU index only);
+- scikit-learn's ``AgglomerativeClustering(affinity=...)`` (renamed ``metric`` in 1.2, removed in
+  1.4; CFL's split calls it) is given its new name;
 - the clients come from the ``client_files`` folder instead of ``./data/fmnist-c/*.pkl``, through
   the script's own dataset class (``SubFEMNISTC``: ToTensor, Normalize(0.1307, 0.3081)) and its
   loaders' settings (batch ``--bz``, shuffled; training batches drop the last partial one; the
@@ -63,6 +65,20 @@ def client_loaders(folder: Path, batch_size: int, test: bool, datasets_module, l
     return out
 
 
+def shim_agglomerative() -> None:
+    """``AgglomerativeClustering(affinity=X)`` as ``metric=X``, for the modules that import it next."""
+    import sklearn.cluster
+
+    agglomerative = sklearn.cluster.AgglomerativeClustering
+
+    def with_affinity(*args, affinity=None, **kwargs):
+        if affinity is not None:
+            kwargs.setdefault("metric", affinity)
+        return agglomerative(*args, **kwargs)
+
+    sklearn.cluster.AgglomerativeClustering = with_affinity
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkout", required=True, type=Path)
@@ -78,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     sys.path.insert(0, str(args.checkout))
     sys.modules["learners.autoencoder"] = types.ModuleType("learners.autoencoder")
+    shim_agglomerative()
     import datasets as ref_datasets
     import run_experiment as rx  # noqa: E402 - the reference's module, importable only now
     from torch.utils.data import DataLoader
