@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import yaml
 
@@ -150,12 +151,22 @@ def test_cli_rejects_bad_input_fast_without_starting_ray(args, message, tmp_path
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "jobs" / "configs").glob("*.yaml")), ids=lambda p: p.name)
-def test_every_shipped_config_validates(path):
+def test_every_shipped_config_validates(path, tmp_path):
     # Every config a user is pointed to resolves (keys, values, hp, cross-key checks) without data
-    # (download=true: the files need not be on this machine).
+    # (download=true: the files need not be on this machine; client_files: a folder of as many
+    # clients as the config says, made here, stands in for the one a harness writes).
+    from fedray.data import client_files
     from fedray.sweep import load_sweep
 
-    if "grid" in yaml.safe_load(path.read_text()):
-        assert len(load_sweep(path, sets=["download=true"]).runs) >= 1
+    raw = yaml.safe_load(path.read_text())
+    sets = ["download=true"]
+    if raw.get("dataset") == "client_files":
+        one = {"x_train": np.zeros((2, 28, 28), np.uint8), "y_train": np.array([0, 1])}
+        meta = {"num_classes": 10, "input_shape": [1, 28, 28]}
+        test = {**one, "x_test": one["x_train"], "y_test": one["y_train"]}
+        client_files.write(tmp_path / "clients", [one] * raw["num_clients"], meta, [test] * 3)
+        sets.append(f"data_root={tmp_path / 'clients'}")
+    if "grid" in raw:
+        assert len(load_sweep(path, sets=sets).runs) >= 1
     else:
-        load_config(path)
+        load_config(path, sets=sets)
