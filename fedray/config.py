@@ -1,9 +1,10 @@
 """The typed experiment config (DESIGN §5): YAML files plus ``--set key=value`` overrides.
 
-Every key, its default and its meaning is in `Config` below. Unknown keys and bad values raise
-`ConfigError` naming the key (and suggesting a close match) before any data is read or Ray is
-started. Algorithm hyperparameters live under ``hp.`` and are checked against the chosen
-algorithm's ``Hparams`` dataclass.
+Every key, its default and its meaning is in `Config` below. Building a Config
+(`fedray.validation.from_dict`, `load_config`) raises `ConfigError` naming the key (and suggesting
+a close match) for an unknown key or a bad value, before any data is read or Ray is started.
+Algorithm hyperparameters live under ``hp.`` and are checked against the chosen algorithm's
+``Hparams`` dataclass.
 
 This module is a leaf: it parses and types keys, and knows no registry. Building a checked Config
 (`fedray.validation.from_dict`, `load_config`) checks the values against the registries of
@@ -26,7 +27,11 @@ import yaml
 from fedray.coercion import ConfigError
 from fedray.hparams import bound
 
-__all__ = ["Config", "ConfigError", "parse_sets"]
+__all__ = [
+    "ADDED_LATER", "Config", "ConfigError", "DEFAULT_FMNIST_ROOT", "FIELDS", "NAME_KEYS", "NOT_IN_RUN_ID",
+    "SWEEP_KEYS", "dump_yaml", "field_type", "file_digest", "flatten", "merge", "parse_sets",
+    "partition_file_for", "read_yaml", "set_dotted",
+]  # fmt: skip
 
 DEFAULT_FMNIST_ROOT = "/usr/share/datasets/fashion-mnist"
 # Names people write unquoted (experiment: 2024, output: 1): a number there means its text.

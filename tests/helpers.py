@@ -59,7 +59,7 @@ def round_metrics(out):
     ].reset_index(drop=True)
 
 
-# Every algorithm but FedAvg (tested above), with small settings that exercise its state.
+# Every algorithm but FedAvg (each test file runs FedAvg on its own terms), with small settings that exercise its state.
 ALGORITHM_HP = {
     "clusterfedavg": {"num_clusters": 2},
     "fedconcat": {"num_clusters": 2, "encoder_rounds": 2},

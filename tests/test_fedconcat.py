@@ -178,6 +178,8 @@ def test_options_balanced_dp_elbow_and_classifier_init_run_and_are_recorded(tmp_
         (dict(rounds=10, hp={"encoder_rounds": 2, "elbow_range": [3, 2]}), r"hp.elbow_range': must be \[lo, hi\]"),
         (dict(rounds=10, hp={"encoder_rounds": 2, "clustering": "cfl"}), r"hp.clustering': must be one of kmeans, ifca, fesem, fedsoft"),
         (dict(rounds=10, algorithm="fedconcat_id", hp={"encoder_rounds": 2, "eps": 1.0}), r"hp.eps': FedConcat-ID sends no"),
+        (dict(rounds=10, algorithm="fedconcat_id", hp={"encoder_rounds": 2, "clustering": "ifca"}),
+         r"hp.clustering': FedConcat-ID clusters the inferred distributions by K-means .* got 'ifca'"),
     ],
 )  # fmt: skip
 def test_config_errors_name_the_keys(tmp_path, over, pattern):

@@ -51,7 +51,6 @@ from fedray import concat
 from fedray.algorithms import fedsoft, fesem, ifca
 from fedray.clustered import one_cluster, reported_distributions, start_clusters
 from fedray.clustering import Clustering, cluster_vectors
-from fedray.concat import first_head
 from fedray.evaluation import cluster_model_records, single_model_records
 from fedray.export import SavedModel, cluster_models, global_model, members_of
 from fedray.federation import Federation
@@ -64,9 +63,10 @@ from fedray.rounds import clustered_fedavg_round
 ENCODER, CLASSIFIER = "encoder", "classifier"
 
 
-# Stage 1 is K-means on the clients' label distributions (``clustering: kmeans``). Or a clustered-FL algorithm runs stage 2 itself, clustering as it trains (FedConcat-IFCA, -FeSEM,
-# -FedSoft: the FedConcat paper's Table 10); its K cluster models become the encoders, each client in
-# the cluster its `assignment(state)` hook names (a clustered algorithm offers the hook).
+# Stage 1 is K-means on the clients' label distributions (``clustering: kmeans``). Or a clustered-FL
+# algorithm runs stage 2 itself, clustering as it trains (FedConcat-IFCA, -FeSEM, -FedSoft: the
+# FedConcat paper's Table 10); its K cluster models become the encoders, each client in the cluster
+# its `assignment(state)` hook names (IFCA, FeSEM and FedSoft offer the hook).
 CLUSTERED_STAGES: dict[str, ModuleType] = {"ifca": ifca, "fesem": fesem, "fedsoft": fedsoft}
 
 
@@ -142,8 +142,8 @@ def models(state: State, hp: Hparams) -> list[SavedModel]:
     encoders, with their own heads); mid-stage-2, the clustered algorithm's models."""
     members = members_of(state.assignment)
     if state.head is not None:
-        concat = global_model(concat_params(state.models, state.head), Arch(len(state.models)))
-        return [*concat, *cluster_models(state.models, members)]
+        whole = global_model(concat_params(state.models, state.head), Arch(len(state.models)))
+        return [*whole, *cluster_models(state.models, members)]
     if state.inner is not None:
         return CLUSTERED_STAGES[hp.clustering].models(state.inner, hp)
     return cluster_models(state.models, members) if state.models else global_model(state.init)
@@ -203,7 +203,9 @@ def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, 
 def classifier_round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:
     """Stage 3 (`fedray.concat`): a global classifier over the K frozen, concatenated encoders."""
     if state.head is None:  # the first classifier round: every client receives the encoders once
-        state = replace(state, head=first_head(fed, state.models, hp.cache_features, hp.init_from_clusters))
+        state = replace(
+            state, head=concat.first_head(fed, state.models, hp.cache_features, hp.init_from_clusters)
+        )
     head, records = concat.classifier_round(
         fed, len(state.models), state.head, rnd, hp.classifier_steps, CLASSIFIER
     )

@@ -50,6 +50,11 @@ class Hparams(fedconcat.Hparams):
             raise ValueError(
                 "config key 'hp.eps': FedConcat-ID sends no label distributions to protect; use algorithm fedconcat for DP"
             )
+        if self.clustering != "kmeans":
+            raise ValueError(
+                f"config key 'hp.clustering': FedConcat-ID clusters the inferred distributions by K-means "
+                f"(its stage 1), got {self.clustering!r}; use algorithm fedconcat for clustered stage-2 variants"
+            )
 
 
 @torch.no_grad()

@@ -65,8 +65,8 @@ def global_ensemble_eval(client: Client, cstate: Any, msg: dict) -> tuple[list, 
 
 
 def test_client_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
-    """Client function for a FedRC test client: its ensemble (the omega of its latest E-step) on its
-    10% part. State unchanged."""
+    """Client function for a test client (FedEM, FedRC): its ensemble (the omega of its latest
+    E-step) on its scored split (the shift preset's 10%, a client file's x_test). State unchanged."""
     state = aligned(cstate, msg["ids"], client.num_examples)
     return ensemble_eval(client, state, msg["models"], msg["hard"], client.test_batches), cstate
 
