@@ -1,0 +1,101 @@
+"""The CUDA path against the CPU: one run on client actors holding a fraction of a GPU, the same run on
+CPU actors, and what a user needs to trust the GPU numbers.
+
+    python -m jobs.bench_cuda jobs/configs/fidelity_fedconcat.yaml --only algorithm=fedconcat \
+        --only partition=labels --set seed=0 --gpus-per-actor 0.25 --cpus-per-actor 2 --actors 4
+
+Prints, for each side, the devices the client actors trained on (from the run's placement: the GPU
+side must say ``cuda:0``, or the command fails), the steady seconds per round by stage, and then,
+round by round, the global metrics of both sides and their difference. Both sides start from the
+same seed; CUDA's kernels sum in another order than the CPU's, so the first round agrees to float
+precision and later rounds drift as far as the algorithm amplifies small differences (an unstable
+one, such as FedAvg on #C=2 at momentum 0.9, by points; a stable one by hundredths). Needs a
+machine with a GPU (Ray must see one); never part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+METRICS = ("accuracy", "loss", "sgd_loss")
+
+
+def run_side(cfg, label: str) -> tuple[list[str], dict[int, dict]]:
+    """One run on Ray; the client actors' devices and each round's stage, seconds and global metrics."""
+    from actors.driver import run_on_ray
+    from fedray.experiment import RoundDone, Started
+
+    devices, rounds = [], {}
+    for ev in run_on_ray(cfg, restart=True):
+        if isinstance(ev, Started):
+            devices = list(ev.placement.get("devices", []))
+            print(f"{label}: {cfg.algorithm} on {cfg.dataset}, {ev.num_clients} clients, "
+                  f"{ev.placement.get('actors')} actors on {devices}", flush=True)  # fmt: skip
+        elif isinstance(ev, RoundDone):
+            rounds[ev.round] = {"stage": ev.stage, "seconds": ev.seconds, **ev.metrics}
+    return devices, rounds
+
+
+def round_times(rounds: dict[int, dict]) -> str:
+    """Median seconds per round for each stage, the first round of a stage left out (warm-up)."""
+    by_stage: dict[str, list[float]] = {}
+    for r in sorted(rounds):
+        by_stage.setdefault(rounds[r]["stage"], []).append(rounds[r]["seconds"])
+    return ", ".join(f"{stage or 'round'} {statistics.median(s[1:] or s):.2f} s" for stage, s in by_stage.items())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m jobs.bench_cuda", description=__doc__.split("\n\n")[0])
+    ap.add_argument("config")
+    ap.add_argument("--set", dest="sets", action="append", default=[])
+    ap.add_argument("--only", action="append", default=[], help="sweep files: KEY=VALUE picking the run")
+    ap.add_argument("--gpus-per-actor", type=float, default=0.25)
+    ap.add_argument("--cpus-per-actor", type=float, default=2.0)
+    ap.add_argument("--actors", type=int, default=4)
+    ap.add_argument("--output", help="results folder (default: a scratch folder, removed at the end)")
+    args = ap.parse_args(argv)
+
+    from fedray.sweep import load_sweep
+
+    out = Path(args.output or tempfile.mkdtemp(prefix="fedray-cuda-"))
+    sets = [*args.sets, f"num_actors={args.actors}", f"num_cpus_per_actor={args.cpus_per_actor}"]
+    runs = load_sweep(args.config, sets, only=args.only).runs
+    if len(runs) != 1:
+        print(f"{args.config} with {args.only} gives {len(runs)} runs; pick one with --only", file=sys.stderr)
+        return 2
+    cfg = runs[0].config
+    try:
+        gpu_dev, gpu = run_side(
+            dataclasses.replace(cfg, num_gpus_per_actor=args.gpus_per_actor, output=str(out / "gpu")), "GPU"
+        )
+        cpu_dev, cpu = run_side(dataclasses.replace(cfg, num_gpus_per_actor=0.0, output=str(out / "cpu")), "CPU")
+        print(f"\nseconds per round (steady): GPU {round_times(gpu)}; CPU {round_times(cpu)}")
+        shown = [m for m in METRICS if any(m in v for v in gpu.values())]
+        print("round  stage       " + "  ".join(f"{m + ' GPU':>13} {m + ' CPU':>13} {'diff':>9}" for m in shown))
+        worst = dict.fromkeys(shown, 0.0)
+        for r in sorted(set(gpu) & set(cpu)):
+            cells = []
+            for m in shown:
+                g, c = gpu[r].get(m, float("nan")), cpu[r].get(m, float("nan"))
+                worst[m] = max(worst[m], abs(g - c))
+                cells.append(f"{g:13.6f} {c:13.6f} {g - c:+9.5f}")
+            print(f"{r:5d}  {gpu[r]['stage'] or '-':10s}  " + "  ".join(cells))
+        print("largest |GPU - CPU|: " + ", ".join(f"{m} {w:.5f}" for m, w in worst.items()))
+        if gpu_dev != ["cuda:0"] or cpu_dev != ["cpu"]:
+            print(f"the GPU side trained on {gpu_dev} and the CPU side on {cpu_dev}: "
+                  "expected ['cuda:0'] and ['cpu'] (does Ray see a GPU? is torch a CUDA build?)", file=sys.stderr)  # fmt: skip
+            return 1
+    finally:
+        if not args.output:
+            shutil.rmtree(out, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
