@@ -81,14 +81,19 @@ STOPPED = "stopped from outside (Ctrl-C, SIGTERM, ray job stop)"
 
 
 def stream_run(
-    cfg: Config, num_actors: int | None = None, handle: RunHandle | None = None, restart: bool = False
+    cfg: Config,
+    num_actors: int | None = None,
+    handle: RunHandle | None = None,
+    restart: bool = False,
+    fixed: bool = False,
 ) -> Iterator[Event]:
     """Run ``cfg`` on the connected Ray and yield its events; frees its actors when it ends.
 
     ``num_actors`` overrides the config's (a sweep's share of the cluster). When client actors are
     lost (a node gone, out of memory) the run starts again on new actors, on what is left of the
     cluster, from its latest checkpoint: up to ``max_failures`` times, each announced by a
-    `Recovered` event. Stopped from outside, the run is recorded as ``interrupted``.
+    `Recovered` event. Stopped from outside, the run is recorded as ``interrupted``. ``fixed``: the
+    cluster cannot grow (`launch_actors`).
     """
     handle = handle or RunHandle()
     run_id, failures, reason, rounds_done, ended = cfg.run_id(), 0, "", 0, False
@@ -96,7 +101,7 @@ def stream_run(
         while True:
             try:
                 # Client actors start now, so their imports overlap with the coordinator's start-up.
-                handle.group = launch_actors(cfg.to_dict(), num_actors)
+                handle.group = launch_actors(cfg.to_dict(), num_actors, fixed)
                 # Pin the coordinator to this node: it writes the results, and `--output` is a path here.
                 here = ray.get_runtime_context().get_node_id()
                 pin = NodeAffinitySchedulingStrategy(node_id=here, soft=False)
@@ -156,7 +161,7 @@ def run_on_ray(cfg: Config, address: str | None = None, restart: bool = False) -
     """`fedray run` on Ray: connect (or start a private Ray), run, and stop what we started."""
     started = connect(address)
     try:
-        yield from stream_run(cfg, restart=restart)
+        yield from stream_run(cfg, restart=restart, fixed=started)
     finally:
         if started:
             ray.shutdown()

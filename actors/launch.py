@@ -10,7 +10,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.client_actor import ClientActor
-from fedray.placement import PlacementError, plan_actor_count
+from fedray.placement import PlacementError, actor_slots, plan_actor_count
 
 
 @dataclass
@@ -44,12 +44,14 @@ class ActorGroup:
         self.pg = None
 
 
-def launch_actors(config: dict[str, Any], num_actors: int | None = None) -> ActorGroup:
+def launch_actors(config: dict[str, Any], num_actors: int | None = None, fixed: bool = False) -> ActorGroup:
     """Plan the actor count from the cluster's resources and start that many bare client actors.
 
     ``num_actors`` (a sweep's share of the cluster) overrides the config's own. Takes the plain
     config dict (already validated by the driver) so it runs before the caller imports torch;
-    returns at once, the actors start in the background.
+    returns at once, the actors start in the background. ``fixed``: the cluster cannot grow (a Ray
+    that fedray started on this machine), so actors beyond its totals are an error now rather than
+    after ``placement_timeout_s`` (a cluster with an autoscaler may add the nodes they wait for).
     """
     res = ray.cluster_resources()
     cpus, gpus = config["num_cpus_per_actor"], config["num_gpus_per_actor"]
@@ -62,6 +64,14 @@ def launch_actors(config: dict[str, Any], num_actors: int | None = None) -> Acto
         res.get("GPU", 0.0),
     )
     bundle = {"CPU": cpus, **({"GPU": gpus} if gpus > 0 else {})}
+    fits = actor_slots(cpus, gpus, res.get("CPU", 0.0), res.get("GPU", 0.0))
+    if fixed and n > fits:
+        raise PlacementError(
+            f"num_actors={n} client actors with {bundle} each do not fit the local Ray fedray started on "
+            f"this machine ({res.get('CPU', 0):g} CPUs, {res.get('GPU', 0):g} GPUs: at most {fits} such actors), "
+            "which cannot grow; lower num_actors (0: as many as fit), num_cpus_per_actor or num_gpus_per_actor, "
+            "or attach to a larger cluster (--address)"
+        )
     pg = placement_group([dict(bundle) for _ in range(n)], strategy="PACK")
     actors = [
         ClientActor.options(

@@ -108,7 +108,7 @@ class Config:
     num_cpus_per_actor: float = field(default=1.0, metadata=bound(gt=0))  # CPUs reserved per client actor; torch threads = max(1, floor(this))
     num_gpus_per_actor: float = field(default=0.0, metadata=bound(ge=0))  # GPUs per client actor, fractional (e.g. 0.25 puts 4 actors on a GPU)
     num_actors: int = field(default=0, metadata=bound(ge=0, note="0 = from resources"))  # client actors to start; 0 = as many as the cluster's resources allow (at most N)
-    placement_timeout_s: float = field(default=300.0, metadata=bound(gt=0))  # give up (loudly) if the actors cannot be placed within this time
+    placement_timeout_s: float = field(default=300.0, metadata=bound(gt=0))  # give up (loudly) if the actors cannot be placed within this time (a local Ray fedray started fails at once)
 
     # --- output (DESIGN §6) -------------------------------------------------------------------------
     output: str = "out"  # results folder: metrics/, runs/, configs/, checkpoints/, models/

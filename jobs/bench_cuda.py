@@ -47,7 +47,9 @@ def round_times(rounds: dict[int, dict]) -> str:
     by_stage: dict[str, list[float]] = {}
     for r in sorted(rounds):
         by_stage.setdefault(rounds[r]["stage"], []).append(rounds[r]["seconds"])
-    return ", ".join(f"{stage or 'round'} {statistics.median(s[1:] or s):.2f} s" for stage, s in by_stage.items())
+    return ", ".join(
+        f"{stage or 'round'} {statistics.median(s[1:] or s):.2f} s" for stage, s in by_stage.items()
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,10 +76,14 @@ def main(argv: list[str] | None = None) -> int:
         gpu_dev, gpu = run_side(
             dataclasses.replace(cfg, num_gpus_per_actor=args.gpus_per_actor, output=str(out / "gpu")), "GPU"
         )
-        cpu_dev, cpu = run_side(dataclasses.replace(cfg, num_gpus_per_actor=0.0, output=str(out / "cpu")), "CPU")
+        cpu_dev, cpu = run_side(
+            dataclasses.replace(cfg, num_gpus_per_actor=0.0, output=str(out / "cpu")), "CPU"
+        )
         print(f"\nseconds per round (steady): GPU {round_times(gpu)}; CPU {round_times(cpu)}")
         shown = [m for m in METRICS if any(m in v for v in gpu.values())]
-        print("round  stage       " + "  ".join(f"{m + ' GPU':>13} {m + ' CPU':>13} {'diff':>9}" for m in shown))
+        print(
+            "round  stage       " + "  ".join(f"{m + ' GPU':>13} {m + ' CPU':>13} {'diff':>9}" for m in shown)
+        )
         worst = dict.fromkeys(shown, 0.0)
         for r in sorted(set(gpu) & set(cpu)):
             cells = []
