@@ -36,6 +36,7 @@ class Task:
     eval_batch_size: int
     channels_last: bool = False  # images and convolution weights in channels-last memory format
     eval_train: bool = True  # train_accuracy / train_loss at each evaluation (config key eval_train)
+    cuda_deterministic: bool = True  # deterministic CUDA kernels when the clients run on a GPU
 
     @classmethod
     def from_config(cls, cfg, spec: DataSpec) -> Task:
@@ -43,6 +44,7 @@ class Task:
             seed=cfg.seed, model=cfg.model, spec=spec, local_epochs=cfg.local_epochs, batch_size=cfg.batch_size,
             lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, participation=cfg.participation,
             eval_batch_size=cfg.eval_batch_size, channels_last=cfg.channels_last, eval_train=cfg.eval_train,
+            cuda_deterministic=cfg.cuda_deterministic,
         )  # fmt: skip
 
     def layout(self, x: torch.Tensor) -> torch.Tensor:

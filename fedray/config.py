@@ -108,6 +108,11 @@ class Config:
     num_cpus_per_actor: float = field(default=1.0, metadata=bound(gt=0))  # CPUs reserved per client actor; torch threads = max(1, floor(this))
     num_gpus_per_actor: float = field(default=0.0, metadata=bound(ge=0))  # GPUs per client actor, fractional (e.g. 0.25 puts 4 actors on a GPU)
     num_actors: int = field(default=0, metadata=bound(ge=0, note="0 = from resources"))  # client actors to start; 0 = as many as the cluster's resources allow (at most N)
+    # On a GPU, CUDA's deterministic kernels (torch.use_deterministic_algorithms, cuDNN without
+    # autotuning): the same config and seed give the same numbers run after run. false: CUDA's
+    # default kernels, some of which sum in a varying order (runs then differ in the last bits, and
+    # an unstable algorithm amplifies that). No effect on the CPU, which is deterministic anyway.
+    cuda_deterministic: bool = True  # deterministic CUDA kernels on a GPU (see above)
     placement_timeout_s: float = field(default=300.0, metadata=bound(gt=0))  # give up (loudly) if the actors cannot be placed within this time (a local Ray fedray started fails at once)
 
     # --- output (DESIGN §6) -------------------------------------------------------------------------
@@ -162,7 +167,7 @@ NOT_IN_RUN_ID = (
 )  # fmt: skip
 # Keys added after results existed, with the value that means "as before": at that value they stay
 # out of the run id, so every earlier run keeps its id (and a re-submitted sweep skips it).
-ADDED_LATER = {"shift": "none", "partition_file": "", "channels_last": False, "eval_train": True}
+ADDED_LATER = {"shift": "none", "partition_file": "", "channels_last": False, "eval_train": True, "cuda_deterministic": True}
 # Keys of a sweep file that are not config keys (fedray/sweep.py expands them into runs).
 SWEEP_KEYS = ("grid", "seeds", "cases", "max_concurrent_runs")
 

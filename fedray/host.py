@@ -7,6 +7,7 @@ wraps one host with its share of the clients: the same client code runs either w
 from __future__ import annotations
 
 import math
+import os
 import time
 import traceback
 from collections.abc import Mapping, Sequence
@@ -45,6 +46,18 @@ def set_torch_threads(num_cpus: float) -> int:
     return n
 
 
+def cuda_determinism(deterministic: bool) -> None:
+    """Deterministic CUDA kernels (or not) for this process, before its first CUDA call: cuBLAS
+    needs a fixed workspace (CUBLAS_WORKSPACE_CONFIG) for reproducible sums, cuDNN must not pick
+    its algorithms by timing them, and torch then chooses deterministic kernels (warning, not
+    failing, for an operation that has none)."""
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = deterministic
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+
+
 def test_shards(num_samples: int, batch_size: int, workers: int) -> list[tuple[int, int]]:
     """Split [0, num_samples) into at most ``workers`` contiguous ranges of whole batches."""
     batches = -(-num_samples // batch_size)
@@ -63,6 +76,8 @@ class ClientHost:
     ) -> None:
         self.task = task
         self.device = torch.device(device)
+        if self.device.type == "cuda":
+            cuda_determinism(task.cuda_deterministic)
         self._data = data
         self._test = test
         self._indices = dict(clients)

@@ -6,7 +6,9 @@ CPU actors, and what a user needs to trust the GPU numbers.
 
 Prints, for each side, the devices the client actors trained on (from the run's placement: the GPU
 side must say ``cuda:0``, or the command fails), the steady seconds per round by stage, and then,
-round by round, the global metrics of both sides and their difference. Both sides start from the
+round by round, the global metrics of both sides and their difference. The GPU side runs twice:
+with ``cuda_deterministic: true`` (the default) the two must give the same numbers bit for bit,
+or the command fails; ``--set cuda_deterministic=false`` shows how far CUDA's default kernels drift. Both sides start from the
 same seed; CUDA's kernels sum in another order than the CPU's, so the first round agrees to float
 precision and later rounds drift as far as the algorithm amplifies small differences (an unstable
 one, such as FedAvg on #C=2 at momentum 0.9, by points; a stable one by hundredths). Needs a
@@ -73,9 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cfg = runs[0].config
     try:
-        gpu_dev, gpu = run_side(
-            dataclasses.replace(cfg, num_gpus_per_actor=args.gpus_per_actor, output=str(out / "gpu")), "GPU"
-        )
+        on_gpu = dataclasses.replace(cfg, num_gpus_per_actor=args.gpus_per_actor)
+        gpu_dev, gpu = run_side(dataclasses.replace(on_gpu, output=str(out / "gpu")), "GPU")
+        _, again = run_side(dataclasses.replace(on_gpu, output=str(out / "gpu-again")), "GPU again")
         cpu_dev, cpu = run_side(
             dataclasses.replace(cfg, num_gpus_per_actor=0.0, output=str(out / "cpu")), "CPU"
         )
@@ -93,9 +95,21 @@ def main(argv: list[str] | None = None) -> int:
                 cells.append(f"{g:13.6f} {c:13.6f} {g - c:+9.5f}")
             print(f"{r:5d}  {gpu[r]['stage'] or '-':10s}  " + "  ".join(cells))
         print("largest |GPU - CPU|: " + ", ".join(f"{m} {w:.5f}" for m, w in worst.items()))
+        same = all(gpu[r].get(m) == again.get(r, {}).get(m) for r in gpu for m in shown) and set(gpu) == set(
+            again
+        )
+        drift = max(
+            (abs(gpu[r][m] - again[r][m]) for r in set(gpu) & set(again) for m in shown if m in gpu[r]),
+            default=0.0,
+        )
+        print(f"GPU run twice (cuda_deterministic={cfg.cuda_deterministic}): "
+              + ("bit-identical" if same else f"differ, by up to {drift:.6f}"))  # fmt: skip
         if gpu_dev != ["cuda:0"] or cpu_dev != ["cpu"]:
             print(f"the GPU side trained on {gpu_dev} and the CPU side on {cpu_dev}: "
                   "expected ['cuda:0'] and ['cpu'] (does Ray see a GPU? is torch a CUDA build?)", file=sys.stderr)  # fmt: skip
+            return 1
+        if cfg.cuda_deterministic and not same:
+            print("cuda_deterministic is on, yet the two GPU runs differ", file=sys.stderr)
             return 1
     finally:
         if not args.output:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from fedray.placement import (
@@ -69,3 +71,38 @@ def test_a_run_with_its_own_actor_count_waits_until_it_fits_and_others_go_first(
     assert plan_launches(pending, 3, 0, running=1, max_concurrent=0) == [(1, 1), (2, 2)]
     assert plan_launches(pending, 8, 0, running=0, max_concurrent=0) == [(0, 4), (1, 2), (2, 2)]
     assert plan_launches([need(num_actors=50, clients=5)], 8, 0, 0, 0) == [(0, 5)]  # capped at clients
+
+
+def test_clients_on_a_gpu_get_deterministic_cuda_kernels_unless_the_config_says_not(tmp_path, monkeypatch):
+    """cuda_deterministic (default true) reaches the client host through the Task; a host on a CUDA
+    device switches torch to deterministic kernels with a fixed cuBLAS workspace; false switches them
+    off. Hosts on the CPU leave torch's settings alone."""
+    import torch
+
+    from fedray.client import Task
+    from fedray.data import build_federated_data
+    from fedray.host import ClientHost
+    from tests.conftest import small_config
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic)
+    cfg = small_config(tmp_path)
+    data = build_federated_data(cfg)
+    try:
+        assert cfg.cuda_deterministic and "cuda_deterministic" not in cfg.run_id()
+        task = Task.from_config(cfg, data.dataset.spec)
+        ClientHost(task, data.dataset.train, {}, device="cpu")
+        assert (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic) == before
+        ClientHost(task, data.dataset.train, {}, device="cuda")  # no CUDA call is made before a client trains
+        assert (
+            torch.are_deterministic_algorithms_enabled()
+            and torch.is_deterministic_algorithms_warn_only_enabled()
+        )
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        off = Task.from_config(small_config(tmp_path, cuda_deterministic=False), data.dataset.spec)
+        ClientHost(off, data.dataset.train, {}, device="cuda")
+        assert not torch.are_deterministic_algorithms_enabled() and not torch.backends.cudnn.deterministic
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        torch.backends.cudnn.deterministic = before[1]
