@@ -66,8 +66,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"run {run_id} already finished in {cfg.output}/ (use --force to run it again)")
         return 0
 
-    from fedray.experiment import Checkpointed, Finished, Recovered, RoundDone, Started
-
     t0 = time.perf_counter()
     restart = args.restart or state == "finished"  # --force on a finished run: from the start
     if args.local:
@@ -81,32 +79,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         events = run_on_ray(cfg, args.address, restart)
     try:
         for ev in events:
-            if isinstance(ev, Started):
-                pl = ev.placement
-                where = (
-                    "in-process"
-                    if pl.get("mode") == "local"
-                    else f"{pl.get('actors')} actors on {pl.get('nodes')} node(s) {pl.get('devices')}"
-                )
-                print(
-                    f"run {ev.run_id}: {cfg.algorithm} on {cfg.dataset} ({cfg.partition}), {ev.num_clients} clients, {where}",
-                    flush=True,
-                )
-                if ev.resumed_from:
-                    print(progress.resumed_line(ev, cfg), flush=True)
-            elif isinstance(ev, RoundDone) and not args.quiet:
-                print(progress.round_line(ev), flush=True)
-            elif isinstance(ev, Checkpointed) and not args.quiet:
-                print(
-                    f"checkpoint after round {ev.round}: {ev.bytes / 1e6:.1f} MB in {ev.seconds:.2f} s",
-                    flush=True,
-                )
-            elif isinstance(ev, Recovered):
-                print(progress.recovered_line(ev), file=sys.stderr, flush=True)
-            elif isinstance(ev, Finished):
-                s = ev.summary
-                print(f"done: {progress.outcome(s, 'final accuracy')}; {s['rounds_done']} rounds, {s.get('steady_round_seconds', 0):.2f} s/round, "
-                      f"{time.perf_counter() - t0:.1f} s in all; results in {cfg.output}/", flush=True)  # fmt: skip
+            for line, to_stderr in progress.run_lines(ev, cfg, args.quiet, t0):
+                print(line, file=sys.stderr if to_stderr else sys.stdout, flush=True)
     except KeyboardInterrupt:
         events.close()  # frees the actors and records the run as interrupted
         print(f"fedray: interrupted; `fedray run` with the same config goes on from run {run_id}'s latest "
@@ -168,8 +142,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int) -> int:
-    from fedray.experiment import Recovered, RoundDone, Started
-    from fedray.scheduler import LocalLauncher, RunEnded, RunLaunched, RunProgress, Waiting, run_sweep
+    from fedray.scheduler import LocalLauncher, run_sweep
 
     if args.local:
         launcher = LocalLauncher()
@@ -183,70 +156,23 @@ def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int) -> int:
         f"Ray with {res.get('CPU', 0):g} CPUs and {res.get('GPU', 0):g} GPUs; "
         + (f"at most {limit} runs at once" if limit else "as many runs at once as fit (max_concurrent_runs=0)"))  # fmt: skip
     print(f"running {len(todo)} runs {where}", flush=True)
-    t0 = time.perf_counter()
-    ended: list[RunEnded] = []
-    in_flight = 0
+    shown = progress.SweepProgress(len(todo), args.local, args.verbose)
     events = run_sweep(todo, launcher, limit)
     try:
         for ev in events:
-            tag = f"#{ev.run.index}" if hasattr(ev, "run") else ""
-            if isinstance(ev, RunLaunched):
-                in_flight += 1
-                actors = (
-                    f"{ev.actors} actor{'s' if ev.actors != 1 else ''}" if not args.local else "in-process"
-                )
-                print(
-                    f"{tag} start  {ev.run.label}  ({ev.run.run_id}, {actors}; {in_flight} running)",
-                    flush=True,
-                )
-            elif isinstance(ev, Waiting):
-                print(f"waiting: {ev.free_cpus:g} CPUs and {ev.free_gpus:g} GPUs are free, too little for the next "
-                      "run; other jobs on the cluster hold the rest", flush=True)  # fmt: skip
-            elif isinstance(ev, RunProgress) and isinstance(ev.event, Recovered):
-                print(f"{tag} {progress.recovered_line(ev.event)}", flush=True)
-            elif isinstance(ev, RunProgress) and isinstance(ev.event, Started) and ev.event.resumed_from:
-                print(f"{tag} {progress.resumed_line(ev.event, ev.run.config)}", flush=True)
-            elif isinstance(ev, RunProgress) and args.verbose:
-                if isinstance(ev.event, RoundDone):
-                    print(f"{tag} {progress.round_line(ev.event)}", flush=True)
-                elif isinstance(ev.event, Started) and not args.local:
-                    pl = ev.event.placement
-                    print(
-                        f"{tag} placed: {pl.get('actors')} actors on {pl.get('nodes')} node(s) {pl.get('devices')}",
-                        flush=True,
-                    )
-            elif isinstance(ev, RunEnded):
-                in_flight -= 1
-                ended.append(ev)
-                done = len(ended)
-                elapsed = time.perf_counter() - t0
-                eta = (
-                    f"; ETA {progress.duration(elapsed / done * (len(todo) - done))}"
-                    if done < len(todo)
-                    else ""
-                )
-                if ev.ok:
-                    print(
-                        f"{tag} done   [{done}/{len(todo)}] {progress.outcome(ev.summary)}, {progress.duration(ev.seconds)}{eta}",
-                        flush=True,
-                    )
-                else:
-                    first = str(ev.error).splitlines()[0] if str(ev.error) else ""
-                    print(
-                        f"{tag} FAILED [{done}/{len(todo)}] {type(ev.error).__name__}: {first}{eta}",
-                        flush=True,
-                    )
+            for line in shown.lines(ev):
+                print(line, flush=True)
     except KeyboardInterrupt:
         events.close()
-        print(f"fedray: sweep interrupted; {in_flight} runs in flight were stopped and run again on the next "
+        print(f"fedray: sweep interrupted; {shown.in_flight} runs in flight were stopped and run again on the next "
               "submission", file=sys.stderr)  # fmt: skip
         return 130
     finally:
         close = getattr(launcher, "close", None)
         if close is not None:
             close()
-    failed = [e for e in ended if not e.ok]
-    print(f"sweep done in {progress.duration(time.perf_counter() - t0)}: {len(ended) - len(failed)} finished, "
+    failed = [e for e in shown.ended if not e.ok]
+    print(f"sweep done in {progress.duration(time.perf_counter() - shown.t0)}: {len(shown.ended) - len(failed)} finished, "
           f"{len(failed)} failed, {skipped} skipped")  # fmt: skip
     for e in failed:
         print(f"  FAILED #{e.run.index} {e.run.label} ({e.run.run_id}): {type(e.error).__name__}: {e.error}")

@@ -3,6 +3,7 @@ run summaries) as lines for the terminal."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 
@@ -43,3 +44,80 @@ def outcome(summary: dict, label: str = "acc") -> str:
         return "no accuracy recorded"
     s = summary
     return f"{label} {s['final_accuracy']:.4f} (best {s['best_accuracy']:.4f} at round {s['best_round']})"
+
+
+def placed(pl: dict) -> str:
+    return f"{pl.get('actors')} actors on {pl.get('nodes')} node(s) {pl.get('devices')}"
+
+
+def run_lines(ev: Any, cfg: Any, quiet: bool, t0: float) -> list[tuple[str, bool]]:
+    """`fedray run`: the lines one event of a run prints, each with whether it goes to stderr."""
+    from fedray.experiment import Checkpointed, Finished, Recovered, RoundDone, Started
+
+    if isinstance(ev, Started):
+        where = "in-process" if ev.placement.get("mode") == "local" else placed(ev.placement)
+        lines = [
+            (
+                f"run {ev.run_id}: {cfg.algorithm} on {cfg.dataset} ({cfg.partition}), {ev.num_clients} clients, {where}",
+                False,
+            )
+        ]
+        return lines + ([(resumed_line(ev, cfg), False)] if ev.resumed_from else [])
+    if isinstance(ev, RoundDone) and not quiet:
+        return [(round_line(ev), False)]
+    if isinstance(ev, Checkpointed) and not quiet:
+        return [(f"checkpoint after round {ev.round}: {ev.bytes / 1e6:.1f} MB in {ev.seconds:.2f} s", False)]
+    if isinstance(ev, Recovered):
+        return [(recovered_line(ev), True)]
+    if isinstance(ev, Finished):
+        s = ev.summary
+        return [(f"done: {outcome(s, 'final accuracy')}; {s['rounds_done']} rounds, {s.get('steady_round_seconds', 0):.2f} s/round, "
+                 f"{time.perf_counter() - t0:.1f} s in all; results in {cfg.output}/", False)]  # fmt: skip
+    return []
+
+
+class SweepProgress:
+    """`fedray sweep`: the lines the scheduler's events print, with the runs in flight, the ended
+    runs and the ETA kept here."""
+
+    def __init__(self, total: int, local: bool, verbose: bool) -> None:
+        self.total, self.local, self.verbose = total, local, verbose
+        self.t0 = time.perf_counter()
+        self.in_flight = 0
+        self.ended: list[Any] = []
+
+    def lines(self, ev: Any) -> list[str]:
+        from fedray.experiment import Recovered, RoundDone, Started
+        from fedray.scheduler import RunEnded, RunLaunched, RunProgress, Waiting
+
+        tag = f"#{ev.run.index}" if hasattr(ev, "run") else ""
+        if isinstance(ev, RunLaunched):
+            self.in_flight += 1
+            actors = "in-process" if self.local else f"{ev.actors} actor{'s' if ev.actors != 1 else ''}"
+            return [f"{tag} start  {ev.run.label}  ({ev.run.run_id}, {actors}; {self.in_flight} running)"]
+        if isinstance(ev, Waiting):
+            return [f"waiting: {ev.free_cpus:g} CPUs and {ev.free_gpus:g} GPUs are free, too little for the next "
+                    "run; other jobs on the cluster hold the rest"]  # fmt: skip
+        if isinstance(ev, RunProgress):
+            inner = ev.event
+            if isinstance(inner, Recovered):
+                return [f"{tag} {recovered_line(inner)}"]
+            if isinstance(inner, Started) and inner.resumed_from:
+                return [f"{tag} {resumed_line(inner, ev.run.config)}"]
+            if self.verbose and isinstance(inner, RoundDone):
+                return [f"{tag} {round_line(inner)}"]
+            if self.verbose and isinstance(inner, Started) and not self.local:
+                return [f"{tag} placed: {placed(inner.placement)}"]
+            return []
+        if isinstance(ev, RunEnded):
+            self.in_flight -= 1
+            self.ended.append(ev)
+            done, elapsed = len(self.ended), time.perf_counter() - self.t0
+            eta = f"; ETA {duration(elapsed / done * (self.total - done))}" if done < self.total else ""
+            if ev.ok:
+                return [
+                    f"{tag} done   [{done}/{self.total}] {outcome(ev.summary)}, {duration(ev.seconds)}{eta}"
+                ]
+            first = str(ev.error).splitlines()[0] if str(ev.error) else ""
+            return [f"{tag} FAILED [{done}/{self.total}] {type(ev.error).__name__}: {first}{eta}"]
+        return []
