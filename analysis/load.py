@@ -112,10 +112,12 @@ ARCHIVED = ("runs", "metrics", "clients", "assignments")
 
 
 def archive(src: str | Path, dst: str | Path) -> list[str]:
-    """Copy what the analysis reads of ``src``'s finished runs (their rows of the runs, metrics,
-    clients and assignments tables, one Parquet file per table, and their configs) into ``dst``,
-    replacing what ``dst`` held: a results folder small enough to keep beside the page it backs
-    (no checkpoints, models or partitions). Returns the run ids copied."""
+    """Copy what the analysis reads of ``src``'s finished runs, and of its runs that diverged (a
+    result: the fidelity tables count them), into ``dst``: their rows of the runs, metrics, clients
+    and assignments tables, one Parquet file per table, and their configs. It replaces what ``dst``
+    held: a results folder small enough to keep beside the page it backs (no checkpoints, models or
+    partitions). A run that failed for another reason, or is unfinished, stays behind. Returns the
+    run ids copied."""
     import shutil
 
     import pyarrow as pa
@@ -126,7 +128,13 @@ def archive(src: str | Path, dst: str | Path) -> list[str]:
     if not (src / "runs").is_dir():
         raise FileNotFoundError(f"{str(src)!r} is not a results folder (no runs/)")
     runs = _read_dir(src / "runs")
-    finished = sorted(runs.loc[runs["status"] == "finished", "run_id"]) if runs is not None else []
+    if runs is None:
+        finished = []
+    else:  # fedray stops a run whose numbers turn non-finite with a FloatingPointError
+        diverged = (runs["status"] == "failed") & runs["error"].fillna("").str.startswith(
+            "FloatingPointError"
+        )
+        finished = sorted(runs.loc[(runs["status"] == "finished") | diverged, "run_id"])
     for name in (*ARCHIVED, "configs"):
         shutil.rmtree(dst / name, ignore_errors=True)
     for name in ARCHIVED:

@@ -261,7 +261,7 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
         out = Path(args.output or spec.get("output", "docs/fidelity.md"))
         for src in args.archive:
             dst = Path(args.root or spec.get("root", ".")) / Path(src).name
-            print(f"archived {len(archive(src, dst))} finished runs of {src} in {dst}")
+            print(f"archived {len(archive(src, dst))} finished or diverged runs of {src} in {dst}")
         previous = out.read_text() if args.keep_missing and out.exists() else None
         text = render(spec, args.root, out.parent, previous)
     except (OSError, yaml.YAMLError, FidelityError) as e:
@@ -380,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_fid.add_argument("-o", "--output", help="the page (default: the spec's output:, else docs/fidelity.md)")
     p_fid.add_argument("--archive", action="append", default=[], metavar="DIR",
-                       help="first copy results folder DIR's finished runs (tables and configs, no checkpoints) "
+                       help="first copy results folder DIR's finished and diverged runs (tables and configs, no checkpoints) "
                             "into ROOT/NAME, NAME being DIR's name; repeatable")  # fmt: skip
     p_fid.add_argument("--keep-missing", action="store_true",
                        help="a section whose results folder is not here is kept as the page has it (marked so), "

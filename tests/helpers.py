@@ -100,7 +100,12 @@ def run(args, cwd, env=None, timeout=300):
 
 
 def write_run(
-    out, cfg: dict, rounds: dict[int, list], status: str = "finished", summary: dict | None = None
+    out,
+    cfg: dict,
+    rounds: dict[int, list],
+    status: str = "finished",
+    summary: dict | None = None,
+    error: str = "RuntimeError: boom",
 ) -> str:
     """One run with the given records per round; ``cfg`` is a full config dict (edited freely)."""
     run_id = f"{cfg['algorithm']}-{cfg['experiment']}-{cfg['partition']}{cfg['partition_k']}{cfg['partition_beta']}" \
@@ -109,7 +114,7 @@ def write_run(
     w.start()
     for r, records in rounds.items():
         w.add(r, records)
-    w.finish(summary or {}) if status == "finished" else w.fail("RuntimeError: boom")
+    w.finish(summary or {}) if status == "finished" else w.fail(error)
     return run_id
 
 

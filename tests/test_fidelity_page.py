@@ -146,7 +146,8 @@ def test_layer_study_reads_rounds_until_separation_layer_gaps_and_the_true_clust
 
 def test_archive_keeps_the_finished_runs_tables_beside_the_page(tmp_path, base):
     # Results live on the machine that ran them; `fedray fidelity --archive DIR` copies what the page
-    # reads of DIR's finished runs into ROOT/NAME (one file per table, no checkpoints), replacing it.
+    # reads of DIR's finished and diverged runs into ROOT/NAME (one file per table, no checkpoints),
+    # replacing it. A run that failed for another reason is not a result and stays behind.
     import yaml
 
     from analysis import load_metrics, load_runs
@@ -156,6 +157,9 @@ def test_archive_keeps_the_finished_runs_tables_beside_the_page(tmp_path, base):
     src = tmp_path / "batch"
     done = write_run(src, {**base, "seed": 0}, final(0.7))
     write_run(src, {**base, "seed": 1}, final(0.2), status="failed")
+    nan = write_run(
+        src, {**base, "seed": 2}, final(0.1), status="failed", error="FloatingPointError: non-finite loss"
+    )
     spec = tmp_path / "spec.yaml"
     spec.write_text(
         yaml.safe_dump({"root": str(tmp_path / "kept"), "sections": [{"title": "S", "results": "batch"}]})
@@ -168,8 +172,11 @@ def test_archive_keeps_the_finished_runs_tables_beside_the_page(tmp_path, base):
     )
     assert p.returncode == 0, p.stderr
     kept = tmp_path / "kept" / "batch"
-    assert list(load_runs(kept)["run_id"]) == [done]
+    assert sorted(load_runs(kept)["run_id"]) == sorted([done, nan])
     assert [f.name for f in (kept / "metrics").iterdir()] == ["archive.parquet"]  # the stale file is gone
     original = load_metrics(src)
-    assert load_metrics(kept).equals(original[original["run_id"] == done].reset_index(drop=True))
-    assert "70.0 (1)" in (tmp_path / "page.md").read_text()
+    kept_metrics = load_metrics(kept).sort_values(["run_id", "round", "metric"]).reset_index(drop=True)
+    expected = original[original["run_id"].isin([done, nan])].sort_values(["run_id", "round", "metric"])
+    assert kept_metrics.equals(expected.reset_index(drop=True))
+    page = (tmp_path / "page.md").read_text()
+    assert "70.0 (1)" in page and "| diverged" in page  # the diverged run is counted, not averaged
