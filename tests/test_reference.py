@@ -207,6 +207,7 @@ def test_a_fedray_config_becomes_the_scripts_arguments(tmp_path):
         ({"algorithm": "fedavg", "hp": {"server_lr": 0.5}}, "hp.server_lr: 1"),
         ({"algorithm": "fedconcat", "rounds": 69, "hp": {"encoder_rounds": 12, "classifier_steps": 5}}, "hp.classifier_steps"),
         ({"algorithm": "scaffold", "participation": 0.5}, "hp.server_update: code"),
+        ({"algorithm": "fednova"}, "by their batches per epoch .*: set hp.weights: batches"),
         ({"partition": "dirichlet", "partition_min_size": 20}, "partition_min_size: 10"),
         ({"algorithm": "ifca"}, "has no such algorithm"),
     ],

@@ -6,7 +6,8 @@ participation, rounds and seed. What the script cannot express is an error befor
 
 Settings that differ between the two (ALGORITHMS.md §8), and which way each cell runs:
 - FedNova: FedConcat's copy weights clients by their number of batches, NIID-Bench's by samples;
-  fedray by samples (the paper's).
+  fedray by samples (the paper's). FedConcat's cells must say ``hp.weights: batches`` (checked),
+  so each reference run is labelled with what it computes and pairs with fedray's same rule.
 - SCAFFOLD: both scripts update the server's control variate by the participants' mean (fedray's
   ``hp.server_update: code``); at full participation the paper's rule is the same.
 - MOON (NIID-Bench only): SGD momentum 0.9 whatever ``momentum`` says; batches of one sample
@@ -69,6 +70,11 @@ def _algorithm_args(cfg: Config, fedconcat: bool) -> list[str]:
             raise ReferenceError("the script updates c by the participants' mean: set hp.server_update: code")
         return ["--alg", "scaffold", "--comm_round", str(cfg.rounds)]
     if alg == "fednova":
+        if fedconcat and hp.get("weights", "samples") != "batches":
+            raise ReferenceError(
+                "FedConcat's experiments.py weights FedNova's clients by their batches per epoch "
+                "(n_i = len(train_dl_local)): set hp.weights: batches"
+            )
         return ["--alg", "fednova", "--comm_round", str(cfg.rounds)]
     if alg == "moon":
         if cfg.momentum != 0.9:
