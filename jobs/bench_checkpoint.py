@@ -18,12 +18,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from jobs import one_run
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m jobs.bench_checkpoint", description=__doc__.split("\n\n")[0])
-    ap.add_argument("config")
-    ap.add_argument("--set", dest="sets", action="append", default=[])
-    ap.add_argument("--only", action="append", default=[], help="sweep files: KEY=VALUE picking the run")
+    one_run.add_args(ap)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--every", type=int, default=2)
     ap.add_argument(
@@ -39,17 +39,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from fedray.checkpoint import Checkpoints, read_blob
     from fedray.experiment import Checkpointed, RoundDone, Started
-    from fedray.sweep import load_sweep
     from fedray.validation import from_dict
 
     out = Path(args.output or tempfile.mkdtemp(prefix="fedray-ckpt-"))
     sets = [*args.sets, f"rounds={args.rounds}", f"checkpoint_every={args.every}", "keep_checkpoints=1",
             "save_models=false", f"output={out}"]  # fmt: skip
-    runs = load_sweep(args.config, sets, only=args.only).runs
-    if len(runs) != 1:
-        print(f"{args.config} with {args.only} gives {len(runs)} runs; pick one with --only", file=sys.stderr)
+    cfg = one_run.picked(args, sets)
+    if cfg is None:
         return 2
-    cfg = runs[0].config
     default_every = args.default_every or from_dict({}).checkpoint_every
     if args.local:
         from fedray.experiment import execute

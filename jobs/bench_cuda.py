@@ -25,6 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from jobs import one_run
+
 METRICS = ("accuracy", "loss", "sgd_loss")
 
 
@@ -56,24 +58,19 @@ def round_times(rounds: dict[int, dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m jobs.bench_cuda", description=__doc__.split("\n\n")[0])
-    ap.add_argument("config")
-    ap.add_argument("--set", dest="sets", action="append", default=[])
-    ap.add_argument("--only", action="append", default=[], help="sweep files: KEY=VALUE picking the run")
+    one_run.add_args(ap)
     ap.add_argument("--gpus-per-actor", type=float, default=0.25)
     ap.add_argument("--cpus-per-actor", type=float, default=2.0)
     ap.add_argument("--actors", type=int, default=4)
     ap.add_argument("--output", help="results folder (default: a scratch folder, removed at the end)")
     args = ap.parse_args(argv)
 
-    from fedray.sweep import load_sweep
-
-    out = Path(args.output or tempfile.mkdtemp(prefix="fedray-cuda-"))
-    sets = [*args.sets, f"num_actors={args.actors}", f"num_cpus_per_actor={args.cpus_per_actor}"]
-    runs = load_sweep(args.config, sets, only=args.only).runs
-    if len(runs) != 1:
-        print(f"{args.config} with {args.only} gives {len(runs)} runs; pick one with --only", file=sys.stderr)
+    cfg = one_run.picked(
+        args, [*args.sets, f"num_actors={args.actors}", f"num_cpus_per_actor={args.cpus_per_actor}"]
+    )
+    if cfg is None:
         return 2
-    cfg = runs[0].config
+    out = Path(args.output or tempfile.mkdtemp(prefix="fedray-cuda-"))
     try:
         on_gpu = dataclasses.replace(cfg, num_gpus_per_actor=args.gpus_per_actor)
         gpu_dev, gpu = run_side(dataclasses.replace(on_gpu, output=str(out / "gpu")), "GPU")

@@ -1,0 +1,27 @@
+"""The config of one run picked from a run or sweep file, for the benchmark scripts that take one:
+``CONFIG [--set KEY=VALUE] [--only KEY=VALUE]`` (jobs/bench_checkpoint.py, jobs/bench_cuda.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+
+def add_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("config")
+    ap.add_argument("--set", dest="sets", action="append", default=[])
+    ap.add_argument("--only", action="append", default=[], help="sweep files: KEY=VALUE picking the run")
+
+
+def picked(args: argparse.Namespace, sets: Sequence[str]) -> Any | None:
+    """The one run ``args.config`` with ``sets`` and ``args.only`` gives, or None (said on stderr)
+    when it gives none or several."""
+    from fedray.sweep import load_sweep
+
+    runs = load_sweep(args.config, sets, only=args.only).runs
+    if len(runs) != 1:
+        print(f"{args.config} with {args.only} gives {len(runs)} runs; pick one with --only", file=sys.stderr)
+        return None
+    return runs[0].config
