@@ -43,7 +43,7 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.load import load_runs
+from analysis.load import diverged, load_runs
 from analysis.report import ReportError, field_label, hp_pairs, run_values
 
 FEDRAY = "fedray"
@@ -100,7 +100,7 @@ def cells(
     runs = load_runs(results)
     if runs.empty:
         return pd.DataFrame(columns=[*keys, "values", "seconds", "rounds", "diverged"])
-    runs["diverged"] = [_diverged(r) for r in runs.itertuples()]
+    runs["diverged"] = [diverged(r) for r in runs.itertuples()]
     runs = runs[runs["diverged"] | (runs["status"] == "finished")]
     if runs.empty:
         return pd.DataFrame(columns=[*keys, "values", "seconds", "rounds", "diverged"])
@@ -123,14 +123,6 @@ def cells(
             "diverged": int(g["diverged"].sum()),
         })  # fmt: skip
     return pd.DataFrame(rows, columns=[*keys, "values", "seconds", "rounds", "diverged"])
-
-
-def _diverged(run: Any) -> bool:
-    summary = run.summary if isinstance(run.summary, dict) else {}
-    error = run.error if isinstance(run.error, str) else ""
-    return summary.get("diverged_round") is not None or (
-        run.status == "failed" and error.startswith("FloatingPointError")
-    )
 
 
 def _pm(mean: float, std: float, n: int) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pyarrow.dataset as ds
@@ -111,6 +112,17 @@ def load_assignments(out_dir: str | Path) -> pd.DataFrame:
 ARCHIVED = ("runs", "metrics", "clients", "assignments")
 
 
+def diverged(run: Any) -> bool:
+    """Whether a run (a row of `load_runs`) diverged: fedray stops a run whose numbers turn
+    non-finite with a FloatingPointError; an imported reference run that trained on through them
+    has a ``diverged_round`` in its summary. A result, not a failure: the fidelity tables count it."""
+    summary = run.summary if isinstance(run.summary, dict) else {}
+    error = run.error if isinstance(run.error, str) else ""
+    return summary.get("diverged_round") is not None or (
+        run.status == "failed" and error.startswith("FloatingPointError")
+    )
+
+
 def archive(src: str | Path, dst: str | Path) -> list[str]:
     """Copy what the analysis reads of ``src``'s finished runs, and of its runs that diverged (a
     result: the fidelity tables count them), into ``dst``: their rows of the runs, metrics, clients
@@ -127,14 +139,7 @@ def archive(src: str | Path, dst: str | Path) -> list[str]:
     src, dst = Path(src), Path(dst)
     if not (src / "runs").is_dir():
         raise FileNotFoundError(f"{str(src)!r} is not a results folder (no runs/)")
-    runs = _read_dir(src / "runs")
-    if runs is None:
-        finished = []
-    else:  # fedray stops a run whose numbers turn non-finite with a FloatingPointError
-        diverged = (runs["status"] == "failed") & runs["error"].fillna("").str.startswith(
-            "FloatingPointError"
-        )
-        finished = sorted(runs.loc[(runs["status"] == "finished") | diverged, "run_id"])
+    finished = [r.run_id for r in load_runs(src).itertuples() if r.status == "finished" or diverged(r)]
     for name in (*ARCHIVED, "configs"):
         shutil.rmtree(dst / name, ignore_errors=True)
     for name in ARCHIVED:
