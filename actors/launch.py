@@ -64,8 +64,7 @@ def launch_actors(config: dict[str, Any], num_actors: int | None = None, fixed: 
         res.get("GPU", 0.0),
     )
     bundle = {"CPU": cpus, **({"GPU": gpus} if gpus > 0 else {})}
-    fits = actor_slots(cpus, gpus, res.get("CPU", 0.0), res.get("GPU", 0.0))
-    if fixed and n > fits:
+    if fixed and n > (fits := actor_slots(cpus, gpus, res.get("CPU", 0.0), res.get("GPU", 0.0))):
         raise PlacementError(
             f"num_actors={n} client actors with {bundle} each do not fit the local Ray fedray started on "
             f"this machine ({res.get('CPU', 0):g} CPUs, {res.get('GPU', 0):g} GPUs: at most {fits} such actors), "

@@ -125,6 +125,8 @@ def test_actors_beyond_a_ray_that_cannot_grow_fail_at_once_naming_the_keys(ray_s
     """A Ray fedray started on this machine has no autoscaler: no waiting placement_timeout_s."""
     import time
 
+    import ray
+
     from actors.launch import launch_actors
 
     cfg = small_config(tmp_path, num_actors=3, num_gpus_per_actor=1, placement_timeout_s=300)
@@ -134,8 +136,6 @@ def test_actors_beyond_a_ray_that_cannot_grow_fail_at_once_naming_the_keys(ray_s
     ):
         launch_actors(cfg.to_dict(), fixed=True)
     assert time.perf_counter() - t0 < 30  # at once, not after the 300 s placement timeout
-    import ray
-
     assert not ray.util.placement_group_table() or all(
         pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values()
     )  # nothing was asked of Ray

@@ -18,7 +18,8 @@ string column ``split`` (``train`` | ``test``), an optional integer column ``gro
 training set's size in the file's metadata under ``fedray.train_size`` (``fedray.dataset``
 optional). This is the layout fedray writes to ``DIR/partitions/RUN_ID.parquet`` for every run
 (with the run id, and a ``source`` column: ``train`` for indices into the training set, ``test``
-for the shift preset's test clients (FedEM, FedRC), which hold the test set and are skipped when the file is read back).
+for the shift preset's test clients (FedEM, FedRC), which hold the test set and are skipped when
+the file is read back).
 
 Rules, each a clear error naming the file and the client: every client 0 .. N-1 present, a
 non-empty training split, indices in [0, train_size), no index twice within a client, no index in
