@@ -17,6 +17,7 @@ import fcntl
 import json
 import os
 import platform
+import re
 import time
 import uuid
 from collections.abc import Iterable
@@ -313,7 +314,7 @@ class ResultsWriter:
         if keep_through is None:  # from the start: a new run, whatever an earlier attempt did
             self._started, self.events = _now(), []
             for table in ("metrics", "assignments", "clients"):
-                for old in (self.root / table).glob(f"{self.run_id}-*.parquet"):
+                for old in self._parts(table):
                     old.unlink()
         else:
             self._seq = max(
@@ -326,11 +327,17 @@ class ResultsWriter:
         )
         self._write_run("running")
 
+    def _parts(self, table: str) -> list[Path]:
+        """This run's files in ``table``: ``RUN_ID-NNNNNN.parquet`` and ``RUN_ID-clients.parquet``,
+        not another run's whose id starts with this one's (``RUN_ID-ref``, a reference's run)."""
+        own = re.compile(re.escape(self.run_id) + r"-(\d+|clients)\.parquet")
+        return sorted(p for p in (self.root / table).glob(f"{self.run_id}-*.parquet") if own.fullmatch(p.name))
+
     def _truncate(self, table: str, keep_through: int) -> int:
         """Drop rows of rounds after ``keep_through`` from this run's part files; returns the next
         free part number."""
         seq = 0
-        for path in sorted((self.root / table).glob(f"{self.run_id}-*.parquet")):
+        for path in self._parts(table):
             suffix = path.stem.removeprefix(f"{self.run_id}-")
             if suffix.isdigit():
                 seq = max(seq, int(suffix) + 1)

@@ -74,6 +74,30 @@ def test_rerun_of_same_run_id_leaves_no_duplicate_rows(tmp_path):
     assert not again.duplicated(cols).any()
 
 
+def test_a_run_started_again_leaves_a_run_whose_id_extends_its_own_alone(tmp_path):
+    # `fedray reference` imports the reference's run as RUN_ID-ref beside fedray's RUN_ID: fedray's
+    # run starting (again) clears its own rows, not the reference's, and a resume truncates only its own
+    def write(run_id, rounds, keep_through=None):
+        config = {"experiment": "e", "algorithm": "fedavg", "dataset": "digits", "partition": "iid", "model": "mlp",
+                  "seed": 0, "num_clients": 1, "rounds": 3}  # fmt: skip
+        w = ResultsWriter(tmp_path, run_id, config)
+        w.start(keep_through)
+        for r in rounds:
+            w.add(r, [rec("accuracy", r / 10)])
+            w.flush()
+        w.write_clients([{"client": 0, "role": "train"}])
+        w.finish({})
+
+    write("r-ref", [1, 2, 3])
+    write("r", [1, 2, 3])
+    write("r", [1, 2])
+    write("r", [3], keep_through=1)
+    m = load_metrics(tmp_path)
+    by_run = {rid: sorted(g["round"]) for rid, g in m[m["metric"] == "accuracy"].groupby("run_id")}
+    assert by_run == {"r": [1, 3], "r-ref": [1, 2, 3]}
+    assert (tmp_path / "clients" / "r-ref-clients.parquet").is_file()
+
+
 def test_failed_run_is_recorded(tmp_path):
     cfg = small_config(tmp_path, rounds=2)
 
