@@ -62,6 +62,10 @@ def add_parser(sub: argparse._SubParsersAction, run_sweep: Callable[[Path], int]
         "--seed", type=int, default=0, help="fedrc: the seed of the generator's draw and of the 90/10 splits"
     )
     p.add_argument("--python", help="fedrc: the Python of an environment with the reference's dependencies")
+    p.add_argument("--clients", type=int, default=300, metavar="N",
+                   help="fedrc: keep N of the generator's 300 clients, each role in proportion (default 300)")  # fmt: skip
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="fedrc: the reference's device (cuda: GPU 0; default cpu)")  # fmt: skip
     p.add_argument("--check", action="store_true",
                    help="show on a tiny run that the wrapper's shortcuts change no weight; then exit")  # fmt: skip
     p.set_defaults(func=cmd_reference, run_sweep=run_sweep)
@@ -133,22 +137,21 @@ def cmd_fedrc_data(args: argparse.Namespace) -> int:
     """`fedray reference fedrc [CONFIG]`: LINs-lab/FedRC's FMNIST-C clients, from its own generator,
     as a client_files folder (DIR/clients); with a sweep CONFIG, its runs on the reference's
     run_experiment.py and in fedray, both on those clients, into DIR."""
-    import yaml
-
     from fedray.config import ConfigError
     from fedray.sweep import load_sweep
     from jobs.reference import fedrc
+    from jobs.reference.harness import write_fedray_side
 
     out = Path(args.output).resolve()
     python = args.python or sys.executable
     try:
         if args.config and not args.fedray_only:
             fedrc.check_checkout(args.checkout.resolve())
-        clients = fedrc.main(args.checkout.resolve(), out, args.seed, python)
+        clients = fedrc.main(args.checkout.resolve(), out, args.seed, python, args.clients)
         print(f"clients: {clients} (dataset: client_files, data_root: {clients})", flush=True)
         if not args.config:
             return 0
-        sets = [*args.sets, f"data_root={clients}"]
+        sets = [*args.sets, f"data_root={clients}", f"num_clients={args.clients}"]
         runs = [r.config for r in load_sweep(args.config, sets, output=str(out), only=args.only).runs]
         for cfg in runs:
             fedrc.script_args(cfg, "")
@@ -157,12 +160,10 @@ def cmd_fedrc_data(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     failed = 0
     if not args.fedray_only:
-        failed = fedrc.run_reference(runs, args.checkout.resolve(), out, python, args.threads)
-    side = out / "reference" / "fedrc-fedray.yaml"
-    doc = yaml.safe_load(Path(args.config).read_text())
-    doc.update({"data_root": str(clients), "output": str(out)})
-    side.write_text(f"# fedray's side of the comparison with {fedrc.REPO} (`fedray reference fedrc`)\n"
-                    + yaml.safe_dump(doc, sort_keys=False))  # fmt: skip
+        failed = fedrc.run_reference(runs, args.checkout.resolve(), out, python, args.threads, jobs=args.jobs,
+                                     device=args.device)  # fmt: skip
+    side = write_fedray_side("fedrc", runs, out, fedrc.REPO, place=lambda cfg, _: cfg,
+                             where=f"each on the clients in {clients}")  # fmt: skip
     if args.reference_only:
         print(f"fedray side: fedray sweep {side}")
         return EXIT_FAILED if failed else 0

@@ -30,6 +30,7 @@ import os
 import pickle
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
@@ -99,8 +100,32 @@ def _client(x: np.ndarray, y: np.ndarray, seed: int, index: int, **extra) -> dic
     return {"x_train": x[tr], "y_train": y[tr], "x_test": x[te], "y_test": y[te], **extra}
 
 
-def convert(generated: Path, dst: Path, seed: int) -> Path:
-    """``generated`` (the generator's ``{i}.pkl`` and ``test-{j}.pkl``) as a client_files folder."""
+def keep(types: list[int], n: int) -> list[int]:
+    """The generated clients a run on ``n`` of the 300 keeps: each role (type) in proportion (the
+    lowest-numbered clients of each type; shares rounded by largest remainder, ties to the lower
+    type), in the generator's order. 300 keeps them all; 60 keeps 12/12/12/12/6/6 of the
+    60/60/60/60/30/30."""
+    if not 1 <= n <= len(types):
+        raise ReferenceError(f"--clients {n}: between 1 and the generator's {len(types)}")
+    kinds = sorted(set(types))
+    counts = {t: types.count(t) for t in kinds}
+    share = {t: counts[t] * n / len(types) for t in kinds}
+    quota = {t: int(share[t]) for t in kinds}
+    for t in sorted(kinds, key=lambda t: (-(share[t] - quota[t]), t))[: n - sum(quota.values())]:
+        quota[t] += 1
+    taken = {t: 0 for t in kinds}
+    out = []
+    for i, t in enumerate(types):
+        if taken[t] < quota[t]:
+            taken[t] += 1
+            out.append(i)
+    return out
+
+
+def convert(generated: Path, dst: Path, seed: int, clients: int = NUM_CLIENTS) -> Path:
+    """``generated`` (the generator's ``{i}.pkl`` and ``test-{j}.pkl``) as a client_files folder;
+    ``clients`` < 300 keeps that many, each role in proportion (`keep`). Each file records the
+    generated client it is (``reference_client``), and its 90/10 split is that client's."""
     missing = [n for n in [*(f"{i}.pkl" for i in range(NUM_CLIENTS)),
                            *(f"test-{j}.pkl" for j in range(1, NUM_TEST_CLIENTS + 1))]
                if not (generated / n).is_file()]  # fmt: skip
@@ -108,17 +133,21 @@ def convert(generated: Path, dst: Path, seed: int) -> Path:
         raise ReferenceError(
             f"{str(generated)!r}: the generator's {missing[0]} is missing ({len(missing)} files)"
         )
-    clients = []
+    read = []
     for i in range(NUM_CLIENTS):
         x, y, t = read_generated(generated / f"{i}.pkl")
         if t not in CONCEPT_OF_TYPE:
             raise ReferenceError(f"{str(generated / f'{i}.pkl')!r}: unknown type {t}")
-        clients.append(_client(x, y, seed, i, group=np.int64(CONCEPT_OF_TYPE[t]), reference_type=np.int64(t)))
+        read.append((x, y, t))
+    chosen = keep([t for _, _, t in read], clients)
+    out = [_client(read[i][0], read[i][1], seed, i, group=np.int64(CONCEPT_OF_TYPE[read[i][2]]),
+                   reference_type=np.int64(read[i][2]), reference_client=np.int64(i))
+           for i in chosen]  # fmt: skip
     tests = []
     for j in range(NUM_TEST_CLIENTS):  # test-1, -2, -3: types 0, 1, 2 are the three concepts
         x, y, t = read_generated(generated / f"test-{j + 1}.pkl")
         tests.append(_client(x, y, seed, NUM_CLIENTS + j, group=np.int64(t)))
-    return client_files.write(dst, clients, META, tests)
+    return client_files.write(dst, out, META, tests)
 
 
 def generate(checkout: Path, out: Path, seed: int, python: str) -> Path:
@@ -143,13 +172,20 @@ def generate(checkout: Path, out: Path, seed: int, python: str) -> Path:
     return data
 
 
-def main(checkout: Path, out: Path, seed: int, python: str | None) -> Path:
-    """The clients as client_files in ``out/clients`` (generated and converted unless there)."""
-    dst = out / "clients"
+def clients_folder(out: Path, clients: int) -> Path:
+    """Where `main` writes the clients: ``out/clients`` (all 300) or ``out/clients-N``."""
+    return out / ("clients" if clients == NUM_CLIENTS else f"clients-{clients}")
+
+
+def main(checkout: Path, out: Path, seed: int, python: str | None, clients: int = NUM_CLIENTS) -> Path:
+    """The clients as client_files in `clients_folder` (generated and converted unless there)."""
+    if not 1 <= clients <= NUM_CLIENTS:
+        raise ReferenceError(f"--clients {clients}: between 1 and the generator's {NUM_CLIENTS}")
+    dst = clients_folder(out, clients)
     if (dst / "meta.json").is_file() and (dst / f"test_client_{NUM_TEST_CLIENTS - 1:04d}.npz").is_file():
         return dst
     generated = generate(checkout, out, seed, python or sys.executable)
-    return convert(generated, dst, seed)
+    return convert(generated, dst, seed, clients)
 
 
 # ---- the reference's training on the same clients ---------------------------------------------
@@ -196,16 +232,23 @@ def run_id_of(cfg: Config) -> str:
     return f"{cfg.run_id()}-ref"
 
 
-def run_one(cfg: Config, checkout: Path, out: Path, python: str, threads: int) -> dict:
-    """The reference's run of ``cfg`` (a subprocess under ``python``); returns the wrapper's record."""
+def run_one(cfg: Config, checkout: Path, out: Path, python: str, threads: int, device: str = "cpu") -> dict:
+    """The reference's run of ``cfg`` (a subprocess under ``python``, on ``device``); returns the
+    wrapper's record. A record already in ``out/reference/results/`` for the same arguments (a run
+    done earlier, or elsewhere: on a GPU machine, with the same wrapper) is returned as it is."""
     run_id = run_id_of(cfg)
+    result = out / "reference" / "results" / f"{run_id}.json"
+    args = script_args(cfg, run_id)
+    if result.is_file():
+        record = json.loads(result.read_text())
+        if record.get("args") == args:
+            return record
     work = out / "reference" / "logs" / run_id
     work.mkdir(parents=True, exist_ok=True)
-    result = out / "reference" / "results" / f"{run_id}.json"
     root = Path(__file__).resolve().parents[2]
     cmd = [python, "-m", "jobs.reference.fedrc_wrapper", "--checkout", str(checkout), "--clients",
-           str(Path(cfg.data_root).resolve()), "--result", str(result), "--threads", str(threads), "--",
-           *script_args(cfg, run_id)]  # fmt: skip
+           str(Path(cfg.data_root).resolve()), "--result", str(result), "--threads", str(threads),
+           "--device", device, "--", *args]  # fmt: skip
     with open(work / "stdout.txt", "w") as f:
         p = subprocess.run(cmd, cwd=work, env={**os.environ, "PYTHONPATH": str(root)}, stdout=f,
                            stderr=subprocess.STDOUT)  # fmt: skip
@@ -242,27 +285,35 @@ def import_run(cfg: Config, record: dict, out: Path, commit: str) -> str:
 
 
 def run_reference(runs: list[Config], checkout: Path, out: Path, python: str, threads: int,
-                  log=print) -> int:  # fmt: skip
-    """Every run not imported yet, one after another (each reads all 300 clients); returns the
-    number that failed (reported, the others go on)."""
+                  log=print, jobs: int = 1, device: str = "cpu") -> int:  # fmt: skip
+    """Every run not imported yet, ``jobs`` at a time (each its own process, on ``device``);
+    returns the number that failed (reported, the others go on)."""
     commit = check_checkout(checkout)
     for cfg in runs:
         script_args(cfg, "")  # every run checked before the first starts
     todo = [c for c in runs if run_status(out, run_id_of(c)) != "finished"]
-    log(
-        f"{REPO} @ {commit[:7]}: {len(runs)} runs, {len(runs) - len(todo)} already imported, {len(todo)} to run"
-    )
-    failed = 0
-    for i, cfg in enumerate(todo, 1):
-        try:
-            record = run_one(cfg, checkout, out, python, threads)
-            import_run(cfg, record, out, commit)
-            final = [r for r in record["rounds"] if r["round"] > 0][-1]["test"]["Test/Metric"]
-            log(f"[{i}/{len(todo)}] {cfg.algorithm} lr {cfg.lr:g} seed {cfg.seed}: {final:.4f} final accuracy, "
-                f"{record['total_seconds']:.0f} s")  # fmt: skip
-        except Exception as e:  # noqa: BLE001 - reported, the others go on
-            failed += 1
-            log(f"[{i}/{len(todo)}] {cfg.algorithm} lr {cfg.lr:g} seed {cfg.seed}: FAILED: {e}")
+    log(f"{REPO} @ {commit[:7]}: {len(runs)} runs, {len(runs) - len(todo)} already imported, {len(todo)} to run "
+        f"({max(1, jobs)} at once, on {device})")  # fmt: skip
+    failed = done = 0
+
+    def one(cfg: Config) -> str:
+        record = run_one(cfg, checkout, out, python, threads, device)
+        import_run(cfg, record, out, commit)
+        final = [r for r in record["rounds"] if r["round"] > 0][-1]["test"]["Test/Metric"]
+        return f"{final:.4f} final accuracy, {record['total_seconds']:.0f} s"
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {pool.submit(one, cfg): cfg for cfg in todo}
+        for fut in as_completed(futures):
+            cfg = futures[fut]
+            label = f"{cfg.algorithm} lr {cfg.lr:g} seed {cfg.seed}"
+            try:
+                what = fut.result()
+                done += 1
+                log(f"[{done + failed}/{len(todo)}] {label}: {what}")
+            except Exception as e:  # noqa: BLE001 - reported, the others go on
+                failed += 1
+                log(f"[{done + failed}/{len(todo)}] {label}: FAILED: {e}")
     return failed
 
 

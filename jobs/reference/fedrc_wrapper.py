@@ -1,7 +1,8 @@
 """Run LINs-lab/FedRC's ``run_experiment.py`` (commit ce79229) unchanged on a ``client_files``
-folder, on the CPU, and record its per-round global numbers. Run by `jobs.reference.fedrc` under the
-reference's own Python (its dependencies: torch, torchvision, scikit-learn, tensorboard, cvxpy,
-networkx), in a working folder of its own (the script writes ``./logs/fmnist-c/`` there).
+folder, on the CPU (or the first GPU: ``--device cuda``), and record its per-round global numbers.
+Run by `jobs.reference.fedrc` under the reference's own Python (its dependencies: torch,
+torchvision, scikit-learn, tensorboard, networkx, optionally cvxpy), in a working folder of its
+own (the script writes ``./logs/fmnist-c/`` there).
 
 What this wrapper changes, from outside, and why:
 
@@ -10,7 +11,12 @@ What this wrapper changes, from outside, and why:
 - ``args.n_gmm`` (read, never defined by the argument parser) is 1, and the module-level ``args``
   that ``init_clients`` reads (``args.phi_model``) is the run's arguments, as when the script runs
   as ``__main__``;
-- the device is ``cpu`` (the parser takes a GPU index only);
+- the device is ``--device``: ``cpu`` (the parser takes a GPU index only), or ``cuda`` for GPU 0,
+  the script's default; cuDNN is set deterministic, without benchmarking, as the script's
+  ``__main__`` sets it;
+- ``cvxpy``, which ``utils/decentralized.py`` imports for the decentralised methods only, may be
+  missing: a module that says so when one of those runs touches it stands in (the solvers it
+  pulls in are over 60 MB; the methods driven here never call it);
 - scikit-learn's ``AgglomerativeClustering(affinity=...)`` (renamed ``metric`` in 1.2, removed in
   1.4; CFL's split calls it) is given its new name;
 - the clients come from the ``client_files`` folder instead of ``./data/fmnist-c/*.pkl``, through
@@ -79,12 +85,24 @@ def shim_agglomerative() -> None:
     sklearn.cluster.AgglomerativeClustering = with_affinity
 
 
+class _Missing(types.ModuleType):
+    """An optional module that is not installed: any use names it."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):  # what introspection asks of any module (inspect, pickle)
+            raise AttributeError(name)
+        raise ImportError(
+            f"{self.__name__} is not installed (needed by the reference's decentralised methods)"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkout", required=True, type=Path)
     p.add_argument("--clients", required=True, type=Path, help="the client_files folder")
     p.add_argument("--result", required=True, type=Path, help="the JSON this writes")
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="-- then run_experiment.py's arguments")
     args = p.parse_args(argv)
     script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
@@ -94,13 +112,18 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     sys.path.insert(0, str(args.checkout))
     sys.modules["learners.autoencoder"] = types.ModuleType("learners.autoencoder")
+    try:
+        import cvxpy  # noqa: F401 - only to see whether it is there
+    except ImportError:
+        sys.modules["cvxpy"] = _Missing("cvxpy")
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     shim_agglomerative()
     import datasets as ref_datasets
     import run_experiment as rx  # noqa: E402 - the reference's module, importable only now
     from torch.utils.data import DataLoader
 
     run = rx.parse_args(script_args)
-    run.device, run.n_gmm = "cpu", 1
+    run.device, run.n_gmm = ("cpu" if args.device == "cpu" else 0), 1
     rx.args = run
     random.seed(run.seed)
     folder = args.clients.resolve()

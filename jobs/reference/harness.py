@@ -247,13 +247,21 @@ def import_run(ref: Reference, cfg: Config, job: Job, record: dict[str, Any], co
     return job.run_id
 
 
-def write_fedray_side(name: str, runs: Iterable[Config], out: Path, source: str) -> Path:
-    """The fedray side as a sweep file: every run on the reference's partition (one case per
-    setting, the keys they share written once, the seeds as the seed axis), so `fedray sweep FILE`
-    runs, skips and resumes it."""
+def write_fedray_side(
+    name: str,
+    runs: Iterable[Config],
+    out: Path,
+    source: str,
+    place: Callable[[Config, Path], Config] | None = None,
+    where: str = "each on the reference's own\n# partition of its setting and seed",
+) -> Path:
+    """The fedray side as a sweep file: every run as ``place`` puts it (default: on the reference's
+    partition; one case per setting, the keys they share written once, the seeds as the seed axis),
+    so `fedray sweep FILE` runs, skips and resumes it."""
+    place = place or on_reference_partition
     cases, seeds = [], []
     for cfg in runs:
-        side = on_reference_partition(cfg, out).to_dict()
+        side = place(cfg, out).to_dict()
         seeds.append(side.pop("seed"))
         side.pop("output")
         if side not in cases:
@@ -266,8 +274,8 @@ def write_fedray_side(name: str, runs: Iterable[Config], out: Path, source: str)
     path = out / "reference" / f"{name}-fedray.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     header = (
-        f"# fedray's side of the comparison with {source}: the runs, each on the reference's own\n"
-        f"# partition of its setting and seed (written by `fedray reference {name}`).\n"
+        f"# fedray's side of the comparison with {source}: the runs, {where}\n"
+        f"# (written by `fedray reference {name}`).\n"
         f"#   fedray sweep {path}\n"
     )
     path.write_text(header + yaml.safe_dump(doc, sort_keys=False))
