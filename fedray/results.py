@@ -331,7 +331,9 @@ class ResultsWriter:
         """This run's files in ``table``: ``RUN_ID-NNNNNN.parquet`` and ``RUN_ID-clients.parquet``,
         not another run's whose id starts with this one's (``RUN_ID-ref``, a reference's run)."""
         own = re.compile(re.escape(self.run_id) + r"-(\d+|clients)\.parquet")
-        return sorted(p for p in (self.root / table).glob(f"{self.run_id}-*.parquet") if own.fullmatch(p.name))
+        return sorted(
+            p for p in (self.root / table).glob(f"{self.run_id}-*.parquet") if own.fullmatch(p.name)
+        )
 
     def _truncate(self, table: str, keep_through: int) -> int:
         """Drop rows of rounds after ``keep_through`` from this run's part files; returns the next
