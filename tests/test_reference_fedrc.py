@@ -65,6 +65,27 @@ def test_the_generated_clients_become_client_files_fedray_trains_on(tmp_path):
     )
 
 
+def test_fewer_clients_keep_every_role_in_proportion(tmp_path):
+    types = [0] * 60 + [1] * 60 + [2] * 60 + [3] * 60 + [4] * 30 + [5] * 30  # the generator's roles
+    kept = fedrc.keep(types, 60)
+    assert [sum(types[i] == t for i in kept) for t in range(6)] == [12, 12, 12, 12, 6, 6]
+    assert kept == sorted(kept) and kept[:12] == list(range(12)) and kept[-6:] == list(range(270, 276))
+    assert fedrc.keep(types, 300) == list(range(300))
+    # 7 of 300: shares 1.4 x 4 and 0.7 x 2 -> 1 each, the 3 left to the largest remainders (0.7, 0.7,
+    # then 0.4 four times: the lowest type)
+    assert [sum(types[i] == t for i in fedrc.keep(types, 7)) for t in range(6)] == [2, 1, 1, 1, 1, 1]
+    with pytest.raises(ReferenceError, match="--clients 0: between 1 and the generator's 300"):
+        fedrc.keep(types, 0)
+    src = generated(tmp_path / "gen")  # types cycle 0..5: 50 of each
+    dst = fedrc.convert(src, tmp_path / "clients-12", seed=3, clients=12)
+    files = sorted(dst.glob("client_*.npz"))
+    assert len(files) == 12 and len(list(dst.glob("test_client_*.npz"))) == 3
+    with np.load(files[7]) as z:  # the 8th kept: type 1's second client, generated client 7
+        assert int(z["reference_client"]) == 7 and int(z["reference_type"]) == 1
+        tr, _ = fedrc.split(10, 3, 7)  # its split is generated client 7's, as in the 300
+        assert np.array_equal(z["x_train"], pickle.loads((src / "7.pkl").read_bytes())["images"][tr])
+
+
 def test_the_split_is_fixed_by_the_seed_and_the_client():
     a, b = fedrc.split(200, 0, 5)
     assert len(a) == 180 and len(b) == 20 and not set(a) & set(b)
@@ -183,12 +204,31 @@ def run_experiment(args):
     assert args.method == "fedrc" and args.n_learners == 3 and train[3][:6] == [0, 1, 2, 3, 4, 5]
     assert len(train[0]) == 300 and len(test[0]) == 3 and len(train[1][0].dataset.indices) == 9
     loggers = {k: SummaryWriter(os.path.join("logs", "x", k, "global")) for k in ("train", "test")}
+    import aggregator
+    agg = aggregator.Aggregator([{0: 0, 1: 0, 2: 1, 3: 2, 4: 1, 5: 2}[t] for t in train[3]])
     for r in range(args.n_rounds + 2):  # the log before training, then one after each round
+        agg.c_round = r
+        agg.write_logs()
         for k, its in (("train", train[2]), ("test", test[2])):
             loggers[k].add_scalar("Test/Metric", share_of_zero(its) + r / 100, r)
             loggers[k].add_scalar("Test/Loss", 1.0, r)
             loggers[k].add_scalar("Train/Metric", 0.5, r)
             loggers[k].add_scalar("Train/Loss", 2.0, r)
+"""
+
+# The aggregator the wrapper reads the clusters from after each log: clients 0-2 all with model 0, the
+# rest by concept (0 -> model 1, 1 -> model 2, 2 -> model 2), so purity is worked out by hand below.
+STAND_IN_AGGREGATOR = """
+class Aggregator:
+    def __init__(self, groups):
+        self.c_round = 0
+        self.clients = []
+        for i, g in enumerate(groups):
+            k = 0 if i < 3 else {0: 1, 1: 2, 2: 2}[g]
+            ensemble = type("E", (), {"learners_weights": [0.8 if j == k else 0.1 for j in range(3)]})()
+            self.clients.append(type("C", (), {"learners_ensemble": ensemble})())
+    def write_logs(self):
+        pass
 """
 
 STAND_IN_DATASETS = """
@@ -205,6 +245,8 @@ class SubFEMNISTC:
 
 
 def test_reference_runs_on_the_same_clients_land_beside_fedrays(tmp_path, monkeypatch):
+    from dataclasses import replace
+
     from analysis import load_metrics, load_runs
     from fedray.sweep import load_sweep
 
@@ -213,6 +255,7 @@ def test_reference_runs_on_the_same_clients_land_beside_fedrays(tmp_path, monkey
     (checkout / fedrc.GENERATOR).write_text("raise SystemExit('not run: the clients are there')")
     (checkout / "run_experiment.py").write_text(STAND_IN_SCRIPT)
     (checkout / "datasets.py").write_text(STAND_IN_DATASETS)
+    (checkout / "aggregator.py").write_text(STAND_IN_AGGREGATOR)
     monkeypatch.setenv("FEDRAY_REFERENCE_ANY_COMMIT", "1")
     out = tmp_path / "out"
     clients = fedrc.convert(generated(tmp_path / "gen"), out / "clients", seed=0)
@@ -245,10 +288,42 @@ def test_reference_runs_on_the_same_clients_land_beside_fedrays(tmp_path, monkey
         assert m[(r, "local_accuracy")] == pytest.approx(local_zero + r / 100)
         assert m[(r, "train_accuracy")] == 0.5 and m[(r, "train_loss")] == 2.0
     assert 0 not in m.index.get_level_values("round")
+    # purity from each client's largest omega: clients 0, 1 (concept 0) and 2 (concept 1) sit with
+    # model 0, the other 98 of concept 0 with model 1, the other 99 of concept 1 and all 100 of
+    # concept 2 with model 2: (98 + 99 + 100) / 300
+    assert m[(3, "purity")] == pytest.approx(297 / 300)
     run = load_runs(out).iloc[0]
     assert run["config"]["source"] == "LINs-lab/FedRC" and run["status"] == "finished"
     # imported once: a second call runs nothing
     assert fedrc.run_reference(runs, checkout, out, sys.executable, threads=1, log=lambda s: None) == 0
+    # a result made elsewhere (a GPU machine) for the same arguments is imported without running;
+    # one for other arguments is not taken
+    (checkout / "run_experiment.py").write_text("raise SystemExit('the script ran')")
+    again = tmp_path / "again"
+    (again / "reference" / "results").mkdir(parents=True)
+    result = f"{fedrc.run_id_of(runs[0])}.json"
+    (again / "reference" / "results" / result).write_bytes(
+        (out / "reference" / "results" / result).read_bytes()
+    )
+    assert fedrc.run_reference(runs, checkout, again, sys.executable, threads=1, log=lambda s: None) == 0
+    assert load_metrics(again).set_index(["round", "metric"])["value"][(3, "accuracy")] == m[(3, "accuracy")]
+    other = [replace(runs[0], lr=0.1)]
+    (again / "reference" / "results" / f"{fedrc.run_id_of(other[0])}.json").write_bytes(
+        (out / "reference" / "results" / result).read_bytes()
+    )
+    logged = []
+    assert fedrc.run_reference(other, checkout, again, sys.executable, threads=1, log=logged.append) == 1
+    assert "the script ran" in logged[-1]
+
+
+def test_the_clustered_methods_clusters_give_purity_as_fedray_counts_it():
+    truth = {0: 0, 1: 1, 2: 1, 3: 1}
+    # CFL's clusters_indices: concept 0 whole in cluster 0 (1), concept 1 split 1 / 2 (2): 3 of 4
+    assert fedrc.cluster_purity({"clusters": [[0, 1], [2, 3]], "omega": [[1.0]] * 4}, truth) == 0.75
+    # without them, each client's largest omega (the same split)
+    omega = [[0.9, 0.1], [0.6, 0.4], [0.2, 0.8], [0.3, 0.7]]
+    assert fedrc.cluster_purity({"clusters": None, "omega": omega}, truth) == 0.75
+    assert fedrc.cluster_purity(None, truth) is None
 
 
 @pytest.mark.parametrize(

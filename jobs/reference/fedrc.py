@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedray.clustering import purity
 from fedray.config import Config
 from fedray.data import client_files
 from fedray.records import rec
@@ -258,12 +259,37 @@ def run_one(cfg: Config, checkout: Path, out: Path, python: str, threads: int, d
     return json.loads(result.read_text())
 
 
+def groups(folder: Path) -> dict[int, int]:
+    """Each training client's ground-truth concept (``group``) in a client_files folder."""
+    out, i = {}, 0
+    while (folder / f"client_{i:04d}.npz").is_file():
+        with np.load(folder / f"client_{i:04d}.npz", allow_pickle=False) as z:
+            out[i] = int(z["group"])
+        i += 1
+    return out
+
+
+def cluster_purity(clusters: dict | None, truth: dict[int, int]) -> float | None:
+    """fedray's purity (`fedray.clustering.purity`) of the reference's clusters at a logged round:
+    the clustered method's ``clusters_indices`` where it has them, else each client's largest
+    omega (``learners_weights``), as fedray assigns FedEM's, FedRC's, IFCA's and FeSEM's clients."""
+    if not clusters:
+        return None
+    if clusters.get("clusters") is not None:
+        assignment = {c: k for k, members in enumerate(clusters["clusters"]) for c in members}
+    else:
+        assignment = {c: int(np.argmax(w)) for c, w in enumerate(clusters["omega"])}
+    return purity(assignment, truth)
+
+
 def import_run(cfg: Config, record: dict, out: Path, commit: str) -> str:
     """The reference's run as a fedray run (source: the repository): per round after training
     (the script's log after round r, r = 1 .. rounds), accuracy and loss (the 3 test clients),
     local_accuracy (each training client's ensemble on its test split), train_accuracy and
-    train_loss (on the training splits), and the round's wall time."""
+    train_loss (on the training splits), the round's wall time, and purity where the run has more
+    than one model and its record the clusters (`cluster_purity`)."""
     run_id = run_id_of(cfg)
+    truth = groups(Path(cfg.data_root)) if cfg.algorithm != "fedavg" else {}
     config = {**cfg.to_dict(), "source": REPO}
     writer = ResultsWriter(out, run_id, config)
     writer.start()
@@ -277,10 +303,14 @@ def import_run(cfg: Config, record: dict, out: Path, commit: str) -> str:
             rec("accuracy", test["Test/Metric"]), rec("loss", test["Test/Loss"]),
             rec("local_accuracy", train["Test/Metric"]), rec("train_accuracy", train["Train/Metric"]),
             rec("train_loss", train["Train/Loss"]), rec("seconds", r["seconds"] - previous)])  # fmt: skip
+        p = cluster_purity(r.get("clusters"), truth) if truth else None
+        if p is not None:
+            writer.add(r["round"], [rec("purity", p)])
         previous = r["seconds"]
     writer.finish({"rounds_done": cfg.rounds, "total_seconds": record["total_seconds"],
                    "reference": {"repo": REPO, "commit": commit, "script": "run_experiment.py",
-                                 "args": record["args"], "threads": record["threads"]}})  # fmt: skip
+                                 "args": record["args"], "threads": record["threads"],
+                                 "device": record.get("device", "cpu")}})  # fmt: skip
     return run_id
 
 

@@ -26,7 +26,10 @@ What this wrapper changes, from outside, and why:
   90/10 split fedray reads (the script's own split is unseeded);
 - the global numbers it logs to TensorBoard (``train/global`` and ``test/global``: Train/Metric,
   Test/Metric, Train/Loss, Test/Loss per logged round) are also kept and written to ``--result`` as
-  JSON, with the wall time of each round.
+  JSON, with the wall time of each round, the device, and at each logged round what the clusters
+  are: every training client's ``learners_weights`` (its omega, in client order) and, for the
+  clustered method, the aggregator's ``clusters_indices`` (read after ``Aggregator.write_logs``,
+  which every aggregator inherits; nothing is changed).
 
 Nothing of fedray is imported: this file runs in the reference's environment.
 """
@@ -150,12 +153,28 @@ def main(argv: list[str] | None = None) -> int:
             return super().add_scalar(tag, value, step, *a, **kw)
 
     rx.SummaryWriter = Recording
+    import aggregator as ref_aggregator
+
+    clusters: dict[int, dict] = {}
+    write_logs = ref_aggregator.Aggregator.write_logs
+
+    def write_logs_and_clusters(self):
+        write_logs(self)
+        clusters[int(self.c_round)] = {
+            "omega": [[float(w) for w in c.learners_ensemble.learners_weights] for c in self.clients],
+            "clusters": [[int(i) for i in c] for c in self.clusters_indices]
+            if hasattr(self, "clusters_indices")
+            else None,
+        }
+
+    ref_aggregator.Aggregator.write_logs = write_logs_and_clusters
     os.makedirs(os.path.join("logs", run.experiment), exist_ok=True)
     rx.run_experiment(run)
     rounds = sorted(set(logged["train"]) | set(logged["test"]))
     record = {
         "args": script_args,
         "threads": torch.get_num_threads(),
+        "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
         "total_seconds": time.perf_counter() - start,
         "rounds": [
             {
@@ -163,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                 "seconds": stamps[r],
                 "train": logged["train"].get(r, {}),
                 "test": logged["test"].get(r, {}),
+                "clusters": clusters.get(r),
             }
             for r in rounds
         ],  # fmt: skip
