@@ -121,3 +121,49 @@ def test_traffic_counts_each_participant_download_and_upload():
     )  # two clients received the model (+ pickle framing)
     assert 2 * model_bytes < up < 2 * model_bytes + 4000
     assert fed.take_traffic() == (0, 0, 0)
+
+
+def _one_client_federation(momentum: float) -> LocalFederation:
+    x, y = _two_client_data()
+    task = Task(seed=0, model="mlp", spec=DataSpec((4,), 3, scale=1.0), local_epochs=1, batch_size=1000, lr=0.1,
+                momentum=momentum, weight_decay=0.0, participation=1.0, eval_batch_size=64)  # fmt: skip
+    return LocalFederation(
+        task, ArrayDataset(x, y), ArrayDataset(x, y), {0: ClientIndices(np.arange(30), np.zeros(0, np.int64))}
+    )
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_the_fedrc_codes_kept_optimizer_carries_momentum_across_rounds(persistent):
+    """One client, one full-batch step a round, momentum 0.9: with the client's optimizer kept (the
+    FedRC code's FedAvg) two rounds are two steps of one SGD, v2 = 0.9 g1 + g2; with a fresh one
+    (the paper, the default) the second round's step is lr * g2 alone."""
+    fed = _one_client_federation(momentum=0.9)
+    hp = fedavg.Hparams(persistent_optimizer=persistent)
+    state = fedavg.init(fed, hp)
+    model = fed.task.build_model()
+    set_params(model, state.params)
+    x, y = (torch.from_numpy(a) for a in _two_client_data())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for rnd in range(2):
+        state, _ = fedavg.round(state, fed, hp, rnd=rnd)
+        if not persistent:
+            opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    expected = get_params(model)
+    for k in expected:
+        np.testing.assert_allclose(state.params[k], expected[k], rtol=1e-5, atol=1e-6)
+
+
+def test_the_fedrc_codes_loaders_drop_the_last_partial_batch():
+    fed = _two_client_federation(local_epochs=1, batch_size=8)  # clients of 10 and 20 samples
+    state = fedavg.init(fed, fedavg.Hparams())
+    steps = {}
+    for drop in (False, True):
+        msg = {"params": state.params, "round": 0, "persistent_optimizer": False, "drop_last": drop}
+        replies = fed.map(fedavg.kept_update, [0, 1], msg)
+        steps[drop] = [replies[c]["steps"] for c in (0, 1)]
+    assert steps == {False: [2, 3], True: [1, 2]}  # 10 = 8 + 2, 20 = 8 + 8 + 4
+    # the default round is NIID-Bench's: no kept buffers, every batch
+    assert fedavg.Hparams().persistent_optimizer is False and fedavg.Hparams().drop_last is False

@@ -335,6 +335,14 @@ def test_the_clustered_methods_clusters_give_purity_as_fedray_counts_it():
         ),
         ({"momentum": 0.5}, "config key 'momentum': the script's SGD has momentum 0.9, got 0.5"),
         ({"dataset": "fmnist"}, "config key 'dataset': the reference runs on the client_files"),
+        (
+            {"algorithm": "fedavg"},
+            "config key 'hp.persistent_optimizer': the script's clients keep their SGD optimizers",
+        ),
+        (
+            {"algorithm": "ifca", "hp": {"persistent_optimizer": True}},
+            "config key 'hp.drop_last': the script's training loaders drop each epoch's last partial batch",
+        ),
     ],
 )
 def test_what_the_script_cannot_run_is_refused_naming_the_key(over, message):
@@ -346,3 +354,9 @@ def test_what_the_script_cannot_run_is_refused_naming_the_key(over, message):
     bad = replace(cfg, **({"dataset": "client_files"} | over))
     with pytest.raises(ReferenceError, match=message.replace("(", r"\(").replace(")", r"\)")):
         fedrc.script_args(bad, "x")
+
+
+def test_a_record_is_the_same_run_whatever_its_log_folders_name():
+    args = ["fmnist-c", "FedAvg", "--n_rounds", "14", "--seed", "0", "--suffix"]
+    assert fedrc.same_args([*args, "a-ref"], [*args, "b-ref"])
+    assert not fedrc.same_args([*args[:3], "15", *args[4:], "a-ref"], [*args, "a-ref"])

@@ -28,7 +28,7 @@ FLOOR = 1e-8  # the floor on class counts (FL-bench)
 
 
 @dataclass
-class Hparams(fedavg.Hparams):
+class Hparams(fedavg.ServerHparams):
     # calibration strength (FedConcat tunes {0.1, 1, 5})
     tau: float = field(default=1.0, metadata=bound(ge=0))
 

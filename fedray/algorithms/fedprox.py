@@ -23,7 +23,7 @@ from fedray.train import proximal
 
 
 @dataclass
-class Hparams(fedavg.Hparams):
+class Hparams(fedavg.ServerHparams):
     # proximal weight (NIID-Bench default; FedConcat tunes {0.001, 0.01}, FedCat up to 1)
     mu: float = field(default=0.001, metadata=bound(ge=0))
 

@@ -27,7 +27,7 @@ from fedray.train import Objective, Step
 
 
 @dataclass
-class Hparams(fedavg.Hparams):
+class Hparams(fedavg.ServerHparams):
     # scale of the logits of classes the client lacks (FedConcat App. D.1: 0.5)
     alpha: float = field(default=0.5, metadata=bound(ge=0, le=1))
 

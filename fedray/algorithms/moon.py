@@ -37,7 +37,7 @@ from fedray.train import Objective, Step
 
 
 @dataclass
-class Hparams(fedavg.Hparams):
+class Hparams(fedavg.ServerHparams):
     # weight of the contrastive term (MOON: 1, tuned {1, 5}; FedConcat's FMNIST: {0.001, 0.01, 0.1})
     mu: float = field(default=1.0, metadata=bound(ge=0))
     temperature: float = field(default=0.5, metadata=bound(gt=0))  # T

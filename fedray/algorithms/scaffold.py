@@ -32,7 +32,7 @@ SERVER_UPDATES = ("paper", "code")
 
 
 @dataclass
-class Hparams(fedavg.Hparams):
+class Hparams(fedavg.ServerHparams):
     # paper: c += (1/N) sum of deltas; code: c += their mean over participants
     server_update: str = field(default="paper", metadata=one_of(*SERVER_UPDATES))
 

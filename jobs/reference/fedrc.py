@@ -24,6 +24,7 @@ Then ``dataset: client_files`` with ``data_root: DIR/clients`` runs the clients 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -35,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedray.algorithms import ALGORITHMS
 from fedray.clustering import purity
 from fedray.config import Config
 from fedray.data import client_files
@@ -203,6 +205,12 @@ METHODS = {
 ONE_MODEL = {"fedavg", "cfl"}
 # The script's SGD (utils/optim.py): momentum 0.9 and weight decay 5e-4, not settable.
 SCRIPT_SGD = {"momentum": 0.9, "weight_decay": 5e-4}
+# Every method's clients keep their learners' optimizers across rounds, and their training loaders
+# drop the last partial batch: fedray's runs must say so to compute what the script computes.
+SCRIPT_CLIENTS = {
+    "persistent_optimizer": (True, "the script's clients keep their SGD optimizers (momentum) across rounds"),
+    "drop_last": (True, "the script's training loaders drop each epoch's last partial batch"),
+}
 
 
 def script_args(cfg: Config, run_id: str) -> list[str]:
@@ -221,6 +229,10 @@ def script_args(cfg: Config, run_id: str) -> list[str]:
             )
     if cfg.rounds < 1:
         raise ReferenceError("config key 'rounds': at least 1")
+    defaults = dataclasses.asdict(ALGORITHMS[cfg.algorithm].Hparams())
+    for key, (value, why) in SCRIPT_CLIENTS.items():
+        if key in defaults and {**defaults, **cfg.hp}[key] != value:
+            raise ReferenceError(f"config key 'hp.{key}': {why}: set it {str(value).lower()}")
     k = 1 if cfg.algorithm in ONE_MODEL else int(cfg.hp.get("num_clusters", 3))
     # the script trains n_rounds + 1 rounds (while current_round <= n_rounds) and logs after each
     return ["fmnist-c", METHODS[cfg.algorithm], "--n_learners", str(k), "--n_rounds", str(cfg.rounds - 1),
@@ -233,6 +245,16 @@ def run_id_of(cfg: Config) -> str:
     return f"{cfg.run_id()}-ref"
 
 
+def same_args(a: list[str], b: list[str]) -> bool:
+    """The same run of the script: the same arguments but for ``--suffix`` (its log folder's name)."""
+
+    def without_suffix(args: list[str]) -> list[str]:
+        i = args.index("--suffix") if "--suffix" in args else len(args)
+        return args[:i] + args[i + 2 :]
+
+    return without_suffix(a) == without_suffix(b)
+
+
 def run_one(cfg: Config, checkout: Path, out: Path, python: str, threads: int, device: str = "cpu") -> dict:
     """The reference's run of ``cfg`` (a subprocess under ``python``, on ``device``); returns the
     wrapper's record. A record already in ``out/reference/results/`` for the same arguments (a run
@@ -242,7 +264,7 @@ def run_one(cfg: Config, checkout: Path, out: Path, python: str, threads: int, d
     args = script_args(cfg, run_id)
     if result.is_file():
         record = json.loads(result.read_text())
-        if record.get("args") == args:
+        if same_args(record.get("args", []), args):
             return record
     work = out / "reference" / "logs" / run_id
     work.mkdir(parents=True, exist_ok=True)
