@@ -45,7 +45,10 @@ class ReportError(ValueError):
 
 
 def partition_label(c: dict) -> str:
-    """The partition as papers write it: #C=2, dirichlet(0.5), ..."""
+    """The partition as papers write it: #C=2, dirichlet(0.5), ...; a federated data set that comes
+    as its clients' files (``dataset: client_files``) is partitioned by them: ``files:FOLDER``."""
+    if c.get("dataset") == "client_files":
+        return f"files:{Path(c.get('data_root') or 'client_files').name}"
     p = c["partition"]
     if p == "labels":
         return f"#C={c['partition_k']}"

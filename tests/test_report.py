@@ -266,3 +266,12 @@ def test_fidelity_cells_count_runs_that_diverged(tmp_path):
     table = section_table(c)
     assert table.loc[0, "fedray"] == "-" and table.loc[0, "diverged"] == "1"
     assert "reference" not in table  # no reference runs: no reference columns
+
+
+def test_the_partition_of_a_data_set_of_client_files_is_its_folder():
+    from analysis.report import partition_label
+
+    base = {"partition": "dirichlet", "partition_beta": 0.5}
+    assert partition_label(base) == "dirichlet(0.5)"
+    # the default partition keys of a client_files run mean nothing: its clients are the files
+    assert partition_label({**base, "dataset": "client_files", "data_root": "/x/clients-60"}) == "files:clients-60"
