@@ -18,7 +18,7 @@ from fedray.data.client_files import ClientFilesError, client_paths
 from fedray.data.partition_file import PartitionFileError, read
 from fedray.data.shift import SHIFTS
 from fedray.hparams import check_fields
-from fedray.models import MODELS
+from fedray.models import MODELS, SELF_NORMALIZING
 
 
 def load_config(path: str | Path | None = None, sets: Iterable[str] = (), **overrides: Any) -> Config:
@@ -114,6 +114,15 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"config key 'data_root': {e}") from None
     if cfg.dataset == "client_files":
         _check_client_files(cfg)
+    if cfg.model in SELF_NORMALIZING:
+        mean, std = SELF_NORMALIZING[cfg.model]
+        _check(
+            not info.normalized,
+            "model",
+            f"{cfg.model} normalises its inputs itself (mean {mean}, std {std}, as its paper's code), and "
+            f"{cfg.dataset} normalises them already (data_root's meta.json has mean and std): they would be "
+            "normalised twice; drop the mean and std from meta.json, or pick another model",
+        )
     if cfg.partition == "file":
         _check_partition_file(cfg, info.train_size)
     else:

@@ -5,12 +5,14 @@ real one needs ImageMagick and takes minutes."""
 
 from __future__ import annotations
 
+import json
 import pickle
 import sys
 
 import numpy as np
 import pytest
 
+from fedray.coercion import ConfigError
 from fedray.data import build_federated_data
 from fedray.validation import from_dict
 from jobs.reference import fedrc
@@ -58,11 +60,27 @@ def test_the_generated_clients_become_client_files_fedray_trains_on(tmp_path):
             z["y_test"], raw["labels"][te]
         )
         assert int(z["reference_type"]) == 1
-    # the reference's scaling: ToTensor (1/255) then Normalize(0.1307, 0.3081)
-    x, _ = data.dataset.train.x[:1], None
-    assert data.dataset.spec.to_tensor(x).flatten()[0].item() == pytest.approx(
+    # the reference's scaling: ToTensor (1/255) then Normalize(0.1307, 0.3081), done once: the data
+    # to [0, 1], the model (fedrc_cnn, which normalises itself) the rest
+    from fedray.models import build_model
+
+    x = data.dataset.train.x[:1]
+    t = data.dataset.spec.to_tensor(x)
+    assert t.flatten()[0].item() == pytest.approx(x.flat[0] / 255, rel=1e-6)
+    model = build_model("fedrc_cnn", (1, 28, 28), 10)
+    assert model.encoder.normalize(t).flatten()[0].item() == pytest.approx(
         (x.flat[0] / 255 - 0.1307) / 0.3081, rel=1e-5
     )
+    # and a folder that normalises too is refused for that model, before anything runs
+    meta = dst / "meta.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "mean": [0.1307], "std": [0.3081]}))
+    with pytest.raises(
+        ConfigError, match=r"config key 'model': fedrc_cnn normalises its inputs itself .* twice"
+    ):
+        from_dict(
+            {"dataset": "client_files", "data_root": str(dst), "num_clients": 300, "model": "fedrc_cnn"}
+        )
+    from_dict({"dataset": "client_files", "data_root": str(dst), "num_clients": 300, "model": "simple_cnn"})
 
 
 def test_fewer_clients_keep_every_role_in_proportion(tmp_path):

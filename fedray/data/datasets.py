@@ -31,6 +31,7 @@ class DatasetInfo:
     input_shape: tuple[int, ...]
     num_classes: int
     train_size: int | None  # None when it depends on files we have not read
+    normalized: bool = False  # the data set normalises its inputs ((x - mean) / std) before any model
 
 
 @dataclass(frozen=True)
@@ -353,7 +354,7 @@ def dataset_info(cfg: Config) -> DatasetInfo:
         from fedray.data.client_files import read_meta
 
         meta = read_meta(cfg.resolved_data_root())
-        return DatasetInfo(meta.input_shape, meta.num_classes, None)
+        return DatasetInfo(meta.input_shape, meta.num_classes, None, meta.mean is not None)
     return TORCHVISION[cfg.dataset].info(cfg)
 
 

@@ -64,6 +64,11 @@ def mcmahan_cnn(input_shape: tuple[int, ...], num_classes: int) -> EncoderHead:
     return EncoderHead(encoder, nn.Linear(512, num_classes), 512)
 
 
+# Models that normalise their own inputs, (x - mean) / std, as their paper's code does: the data set
+# must not normalise them too (config validation refuses it).
+SELF_NORMALIZING = {"fedrc_cnn": (0.1307, 0.3081)}
+
+
 class Normalize(nn.Module):
     """A fixed (x - mean) / std in front of a model (FedRC's FMNIST CNN normalises its own inputs).
     The constants are not parameters and not in the state dict: they never travel or average."""
@@ -86,7 +91,7 @@ def fedrc_cnn(input_shape: tuple[int, ...], num_classes: int) -> EncoderHead:
     flat = 64 * (((h - 4) // 2 - 4) // 2) * (((w - 4) // 2 - 4) // 2)
     encoder = nn.Sequential(
         OrderedDict(
-            normalize=Normalize(0.1307, 0.3081),
+            normalize=Normalize(*SELF_NORMALIZING["fedrc_cnn"]),
             conv1=nn.Conv2d(c, 32, 5), relu1=nn.ReLU(), pool1=nn.MaxPool2d(2),
             conv2=nn.Conv2d(32, 64, 5), relu2=nn.ReLU(), pool2=nn.MaxPool2d(2),
             flatten=nn.Flatten(),

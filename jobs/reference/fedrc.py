@@ -16,7 +16,9 @@ same clients.
    training; the draw is ours and written down, since the reference's is unseeded), with ``group``,
    the client's concept (0: labels as they are, 1: 9 - y, 2: (y + 1) mod 10) and ``reference_type``,
    the generator's own role code (0 clean, 1 corrupted, 2 / 3 the two label maps, 4 / 5 both).
-   ``meta.json`` gives the reference's input scaling (1/255, then mean 0.1307, std 0.3081).
+   ``meta.json`` gives the scaling to [0, 1] (1/255); the model ``fedrc_cnn`` then normalises with
+   the reference's mean 0.1307 and std 0.3081 (a model that normalises itself on data that is
+   normalised already is refused by config validation).
 
 Then ``dataset: client_files`` with ``data_root: DIR/clients`` runs the clients in fedray (see
 ``jobs/configs/fedrc_fmnist_c_reference.yaml``).
@@ -51,7 +53,9 @@ NUM_CLIENTS, NUM_TEST_CLIENTS = 300, 3
 TRAIN_PORTION = 0.9  # the reference's split_train_val_test
 # The generator's role codes -> the concept (label map) each client's labels follow.
 CONCEPT_OF_TYPE = {0: 0, 1: 0, 2: 1, 3: 2, 4: 1, 5: 2}
-META = {"num_classes": 10, "input_shape": [1, 28, 28], "scale": 1 / 255, "mean": [0.1307], "std": [0.3081]}
+# Scaled to [0, 1] only: the model (fedrc_cnn, the reference's FemnistCNN) normalises with the
+# reference's mean 0.1307 and std 0.3081 itself, as the reference's SubFEMNISTC transform does.
+META = {"num_classes": 10, "input_shape": [1, 28, 28], "scale": 1 / 255}
 
 
 class _ArraysOnly(pickle.Unpickler):
