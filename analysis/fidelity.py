@@ -24,7 +24,7 @@ Spec::
         curves: fidelity-fedconcat-curves.png   # optional: accuracy curves, written next to the page
         names: {fedcat: FedCat, "fedcat concatenation=false": "FedCat w/ GC"}   # optional: an algorithm
                                    # with its non-default hp ("ALG k=v,...") under a name of its own
-        claims:                    # optional: a paper's orderings, checked per partition on fedray's runs
+        claims:                    # optional: a paper's orderings, checked per partition on each source's runs
           - {claim: "Table 1: FedCat above every baseline", above: [FedCat], below: [FedAvg, FedProx]}
         study: layercfl            # optional: a study's own tables and figures (analysis.layer_study)
         study_options: {rounds: [1, 10, 30], size: 500, prefix: fidelity-layercfl}
@@ -190,34 +190,36 @@ def section_table(
 
 
 def claim_table(c: pd.DataFrame, claims: list[Mapping[str, Any]]) -> pd.DataFrame:
-    """A paper's orderings on fedray's cells, per partition: ``above`` every one of ``below`` in the
-    mean. Each pair's difference with twice its standard error; the verdict: ``holds`` (every pair
-    above by more than 2 SE), ``holds in the means`` (above, some within 2 SE), ``does not hold``
-    (some pair below in the mean; named), ``not run`` (a cell has no finished run)."""
-    mine = c[c["source"] == FEDRAY]
+    """A paper's orderings, per source (fedray first, then each reference whose runs are there) and
+    partition: ``above`` every one of ``below`` in the mean. Each pair's difference with twice its
+    standard error; the verdict: ``holds`` (every pair above by more than 2 SE), ``holds in the
+    means`` (above, some within 2 SE), ``does not hold`` (some pair below in the mean; named),
+    ``not run`` (a cell has no finished run)."""
+    sources = [FEDRAY, *sorted(set(c["source"]) - {FEDRAY})] if len(c) else []
     rows = []
     for claim in claims:
         above, below = _names(claim.get("above")), _names(claim.get("below"))
         if not above or not below:
             raise FidelityError(f"claim {claim.get('claim')!r}: needs above: and below: (algorithm names)")
-        for part, cell in mine.groupby("partition", sort=False):
-            values = dict(zip(cell["algorithm"], cell["values"], strict=True))
-            pairs, verdicts = [], []
-            for a in above:
-                for b in below:
-                    if not values.get(a) or not values.get(b):
-                        pairs.append(f"{a} − {b}: not run")
-                        verdicts.append("not run")
-                        continue
-                    s = agreement(values[a], values[b])
-                    pairs.append(f"{a} − {b}: {s['diff']:+.1f} (2 SE {2 * s['se']:.1f})")
-                    verdicts.append(_pair_verdict(s["diff"], s["se"], a, b))
-            lost = [v for v in verdicts if v.startswith("below")]
-            verdict = ("not run" if "not run" in verdicts else f"does not hold ({'; '.join(v[7:] for v in lost)})" if lost
-                       else "holds" if all(v == "clear" for v in verdicts) else "holds in the means")  # fmt: skip
-            rows.append({"claim": claim.get("claim", ""), "partition": part, "differences (points)": "; ".join(pairs),
-                         "verdict": verdict})  # fmt: skip
-    return pd.DataFrame(rows, columns=["claim", "partition", "differences (points)", "verdict"])
+        for source in sources:
+            for part, cell in c[c["source"] == source].groupby("partition", sort=False):
+                values = dict(zip(cell["algorithm"], cell["values"], strict=True))
+                pairs, verdicts = [], []
+                for a in above:
+                    for b in below:
+                        if not values.get(a) or not values.get(b):
+                            pairs.append(f"{a} − {b}: not run")
+                            verdicts.append("not run")
+                            continue
+                        s = agreement(values[a], values[b])
+                        pairs.append(f"{a} − {b}: {s['diff']:+.1f} (2 SE {2 * s['se']:.1f})")
+                        verdicts.append(_pair_verdict(s["diff"], s["se"], a, b))
+                lost = [v for v in verdicts if v.startswith("below")]
+                verdict = ("not run" if "not run" in verdicts else f"does not hold ({'; '.join(v[7:] for v in lost)})"
+                           if lost else "holds" if all(v == "clear" for v in verdicts) else "holds in the means")  # fmt: skip
+                rows.append({"claim": claim.get("claim", ""), "source": source, "partition": part,
+                             "differences (points)": "; ".join(pairs), "verdict": verdict})  # fmt: skip
+    return pd.DataFrame(rows, columns=["claim", "source", "partition", "differences (points)", "verdict"])
 
 
 def _ordered(c: pd.DataFrame, names: Mapping[str, str] | None, by: list[str]) -> pd.DataFrame:

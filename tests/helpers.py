@@ -110,6 +110,8 @@ def write_run(
     """One run with the given records per round; ``cfg`` is a full config dict (edited freely)."""
     run_id = f"{cfg['algorithm']}-{cfg['experiment']}-{cfg['partition']}{cfg['partition_k']}{cfg['partition_beta']}" \
              f"-{sorted(cfg['hp'].items())}-lr{cfg['lr']}-s{cfg['seed']}"  # fmt: skip
+    if cfg.get("source", "fedray") != "fedray":  # a reference's run beside fedray's
+        run_id += "-" + cfg["source"].replace("/", "_")
     w = ResultsWriter(out, run_id, cfg, flush_every_s=0)
     w.start()
     for r, records in rounds.items():

@@ -65,6 +65,14 @@ def test_a_papers_orderings_checked_per_partition(tmp_path, base):
     assert t.loc["not run", "verdict"] == "not run"
     with pytest.raises(FidelityError, match="needs above: and below:"):
         claim_table(c, [{"claim": "x", "above": "FedCat"}])
+    # a reference's runs in the folder: the claim is checked on them too, in rows of their own
+    for seed, acc in enumerate([0.50, 0.52]):
+        write_run(out, {**base, "algorithm": "fedcat", "seed": seed, "source": "authors/FedCat"}, final(acc))
+    for seed, acc in enumerate([0.60, 0.62]):
+        write_run(out, {**base, "algorithm": "fedavg", "seed": seed, "source": "authors/FedCat"}, final(acc))
+    t = claim_table(cells(out, names=NAMES), claims[:1])
+    assert t["source"].tolist() == ["fedray", "authors/FedCat"]
+    assert t["verdict"].tolist() == ["holds", "does not hold (FedCat not above FedAvg)"]
 
 
 def test_a_missing_results_folder_is_an_error_or_the_section_as_last_generated(tmp_path, base):

@@ -274,4 +274,7 @@ def test_the_partition_of_a_data_set_of_client_files_is_its_folder():
     base = {"partition": "dirichlet", "partition_beta": 0.5}
     assert partition_label(base) == "dirichlet(0.5)"
     # the default partition keys of a client_files run mean nothing: its clients are the files
-    assert partition_label({**base, "dataset": "client_files", "data_root": "/x/clients-60"}) == "files:clients-60"
+    assert (
+        partition_label({**base, "dataset": "client_files", "data_root": "/x/clients-60"})
+        == "files:clients-60"
+    )
