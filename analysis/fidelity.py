@@ -4,7 +4,8 @@ A spec (YAML, ``docs/fidelity.yaml``) names the sections; each reads one results
 (both sides, the reference's runs marked by their ``source``) and lays out, per setting and
 algorithm: fedray's mean ± std over seeds, the reference's, their difference, whether they agree,
 both wall times per run, and the paper's number where the budget is the paper's. Two means agree
-when |mean(fedray) - mean(reference)| <= max(1.0 point, 2 x the standard error of the difference).
+when |mean(fedray) - mean(reference)| <= max(1.0 point, 2 x the standard error of the difference);
+a side with one seed takes the other side's seed variance for its own.
 Everything but the spec's prose is computed from the Parquet files, so the page is regenerated,
 never typed: ``fedray fidelity docs/fidelity.yaml``.
 
@@ -63,7 +64,11 @@ def agreement(a: Any, b: Any) -> dict[str, float | bool]:
         "mean_b": b.mean(), "std_b": b.std(ddof=1) if len(b) > 1 else math.nan, "n_b": len(b),
     }  # fmt: skip
     out["diff"] = out["mean_a"] - out["mean_b"]
-    var = (a.var(ddof=1) / len(a) if len(a) > 1 else 0.0) + (b.var(ddof=1) / len(b) if len(b) > 1 else 0.0)
+    # a side with one seed has no spread of its own: it borrows the other side's seed variance (the
+    # two systems run the same method, so their seeds scatter alike); with one seed on both, none
+    va = a.var(ddof=1) if len(a) > 1 else (b.var(ddof=1) if len(b) > 1 else 0.0)
+    vb = b.var(ddof=1) if len(b) > 1 else (a.var(ddof=1) if len(a) > 1 else 0.0)
+    var = (va / len(a) if len(a) else 0.0) + (vb / len(b) if len(b) else 0.0)
     out["se"] = math.sqrt(var)
     out["tolerance"] = max(AGREE_POINTS, 2 * out["se"])
     out["agree"] = bool(len(a) and len(b) and abs(out["diff"]) <= out["tolerance"])

@@ -266,6 +266,10 @@ def test_agreement_rule_worked_by_hand():
     # Identical single values: tolerance is the 1-point floor.
     s = agreement([0.80], [0.805])
     assert s["tolerance"] == 1.0 and s["agree"] is True
+    # One reference seed: it takes fedray's seed variance (sd 2): SE = sqrt(4/3 + 4/1) = 2.309,
+    # tolerance 4.619 >= |82 - 78| -> agree (with no variance of its own it would be 2.31 and not)
+    s = agreement([0.80, 0.82, 0.84], [0.78])
+    assert s["se"] == pytest.approx(2.3094, abs=1e-4) and s["agree"] is True
 
 
 def test_fidelity_table_from_a_results_folder(tmp_path):
