@@ -33,7 +33,6 @@ import os
 import pickle
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +43,7 @@ from fedray.config import Config
 from fedray.data import client_files
 from fedray.records import rec
 from fedray.results import ResultsWriter, run_status
-from jobs.reference.harness import ReferenceError
+from jobs.reference.harness import ReferenceError, run_pool
 from jobs.reference.niid_bench import write_fmnist_raw
 
 REPO, COMMIT = "LINs-lab/FedRC", "ce79229"
@@ -107,13 +106,17 @@ def _client(x: np.ndarray, y: np.ndarray, seed: int, index: int, **extra) -> dic
     return {"x_train": x[tr], "y_train": y[tr], "x_test": x[te], "y_test": y[te], **extra}
 
 
+def check_count(n: int, total: int) -> None:
+    if not 1 <= n <= total:
+        raise ReferenceError(f"--clients {n}: between 1 and the generator's {total}")
+
+
 def keep(types: list[int], n: int) -> list[int]:
     """The generated clients a run on ``n`` of the 300 keeps: each role (type) in proportion (the
     lowest-numbered clients of each type; shares rounded by largest remainder, ties to the lower
     type), in the generator's order. 300 keeps them all; 60 keeps 12/12/12/12/6/6 of the
     60/60/60/60/30/30."""
-    if not 1 <= n <= len(types):
-        raise ReferenceError(f"--clients {n}: between 1 and the generator's {len(types)}")
+    check_count(n, len(types))
     kinds = sorted(set(types))
     counts = {t: types.count(t) for t in kinds}
     share = {t: counts[t] * n / len(types) for t in kinds}
@@ -186,8 +189,7 @@ def clients_folder(out: Path, clients: int) -> Path:
 
 def main(checkout: Path, out: Path, seed: int, python: str | None, clients: int = NUM_CLIENTS) -> Path:
     """The clients as client_files in `clients_folder` (generated and converted unless there)."""
-    if not 1 <= clients <= NUM_CLIENTS:
-        raise ReferenceError(f"--clients {clients}: between 1 and the generator's {NUM_CLIENTS}")
+    check_count(clients, NUM_CLIENTS)  # before the generator runs
     dst = clients_folder(out, clients)
     if (dst / "meta.json").is_file() and (dst / f"test_client_{NUM_TEST_CLIENTS - 1:04d}.npz").is_file():
         return dst
@@ -287,11 +289,10 @@ def run_one(cfg: Config, checkout: Path, out: Path, python: str, threads: int, d
 
 def groups(folder: Path) -> dict[int, int]:
     """Each training client's ground-truth concept (``group``) in a client_files folder."""
-    out, i = {}, 0
-    while (folder / f"client_{i:04d}.npz").is_file():
-        with np.load(folder / f"client_{i:04d}.npz", allow_pickle=False) as z:
+    out = {}
+    for i, path in enumerate(client_files.client_paths(folder)[0]):
+        with np.load(path, allow_pickle=False) as z:
             out[i] = int(z["group"])
-        i += 1
     return out
 
 
@@ -350,7 +351,6 @@ def run_reference(runs: list[Config], checkout: Path, out: Path, python: str, th
     todo = [c for c in runs if run_status(out, run_id_of(c)) != "finished"]
     log(f"{REPO} @ {commit[:7]}: {len(runs)} runs, {len(runs) - len(todo)} already imported, {len(todo)} to run "
         f"({max(1, jobs)} at once, on {device})")  # fmt: skip
-    failed = done = 0
 
     def one(cfg: Config) -> str:
         record = run_one(cfg, checkout, out, python, threads, device)
@@ -358,19 +358,7 @@ def run_reference(runs: list[Config], checkout: Path, out: Path, python: str, th
         final = [r for r in record["rounds"] if r["round"] > 0][-1]["test"]["Test/Metric"]
         return f"{final:.4f} final accuracy, {record['total_seconds']:.0f} s"
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(one, cfg): cfg for cfg in todo}
-        for fut in as_completed(futures):
-            cfg = futures[fut]
-            label = f"{cfg.algorithm} lr {cfg.lr:g} seed {cfg.seed}"
-            try:
-                what = fut.result()
-                done += 1
-                log(f"[{done + failed}/{len(todo)}] {label}: {what}")
-            except Exception as e:  # noqa: BLE001 - reported, the others go on
-                failed += 1
-                log(f"[{done + failed}/{len(todo)}] {label}: FAILED: {e}")
-    return failed
+    return run_pool(todo, one, lambda c: f"{c.algorithm} lr {c.lr:g} seed {c.seed}", jobs, log)[1]
 
 
 def check_checkout(checkout: Path) -> str:

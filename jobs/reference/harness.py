@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -31,6 +31,8 @@ from fedray.config import Config, ConfigError, partition_file_for
 from fedray.data import partition_file
 from fedray.records import rec
 from fedray.results import ResultsWriter, run_status
+
+T = TypeVar("T")
 
 
 class ReferenceError(ConfigError):
@@ -312,7 +314,6 @@ def run_reference(
         todo = [j for j in planned if force or run_status(out, j.run_id) != "finished"]
         log(f"{ref.repo} @ {commit[:7]}: {len(planned)} runs, {len(planned) - len(todo)} already imported, "
             f"{len(todo)} to run ({jobs} at once)")  # fmt: skip
-    done = failed = 0
     t0 = time.perf_counter()
 
     def one(job: Job) -> str:
@@ -327,18 +328,31 @@ def run_reference(
             else "no evaluation"
         )
 
+    return run_pool(todo, one, lambda j: f"{j.cfg.algorithm} {partition_label(j.cfg)} seed {j.cfg.seed}", jobs, log,
+                    after=lambda j: f" ({j.run_id}; {time.perf_counter() - t0:.0f} s so far)")  # fmt: skip
+
+
+def run_pool(
+    todo: list[T],
+    one: Callable[[T], str],
+    label: Callable[[T], str],
+    jobs: int,
+    log: Callable[[str], None],
+    after: Callable[[T], str] = lambda _: "",
+) -> tuple[int, int]:
+    """``one`` on every item of ``todo``, ``jobs`` at a time; each outcome logged as it comes
+    (``[k/n] LABEL: what one returned`` and ``after``, or FAILED with the exception: the others go
+    on). Returns (done, failed)."""
+    done = failed = 0
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(one, j): j for j in todo}
+        futures = {pool.submit(one, item): item for item in todo}
         for fut in as_completed(futures):
-            j = futures[fut]
-            label = f"{j.cfg.algorithm} {partition_label(j.cfg)} seed {j.cfg.seed}"
+            item = futures[fut]
             try:
                 what = fut.result()
                 done += 1
-                log(
-                    f"[{done + failed}/{len(todo)}] {label}: {what} ({j.run_id}; {time.perf_counter() - t0:.0f} s so far)"
-                )
+                log(f"[{done + failed}/{len(todo)}] {label(item)}: {what}{after(item)}")
             except Exception as e:  # noqa: BLE001 - reported, the other runs go on
                 failed += 1
-                log(f"[{done + failed}/{len(todo)}] {label}: FAILED {type(e).__name__}: {e}")
+                log(f"[{done + failed}/{len(todo)}] {label(item)}: FAILED {type(e).__name__}: {e}")
     return done, failed
