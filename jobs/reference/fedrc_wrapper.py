@@ -155,7 +155,28 @@ def main(argv: list[str] | None = None) -> int:
     rx.SummaryWriter = Recording
     import aggregator as ref_aggregator
 
+    def record() -> dict:
+        rounds = sorted(set(logged["train"]) | set(logged["test"]))
+        return {
+            "args": script_args,
+            "threads": torch.get_num_threads(),
+            "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
+            "total_seconds": time.perf_counter() - start,
+            "rounds": [
+                {
+                    "round": r,
+                    "seconds": stamps[r],
+                    "train": logged["train"].get(r, {}),
+                    "test": logged["test"].get(r, {}),
+                    "clusters": clusters.get(r),
+                }
+                for r in rounds
+            ],  # fmt: skip
+        }
+
     clusters: dict[int, dict] = {}
+    partial = args.result.with_suffix(".partial.json")
+    partial.parent.mkdir(parents=True, exist_ok=True)
     write_logs = ref_aggregator.Aggregator.write_logs
 
     def write_logs_and_clusters(self):
@@ -166,29 +187,13 @@ def main(argv: list[str] | None = None) -> int:
             if hasattr(self, "clusters_indices")
             else None,
         }
+        partial.write_text(json.dumps(record(), indent=1))  # what a run stopped early leaves
 
     ref_aggregator.Aggregator.write_logs = write_logs_and_clusters
     os.makedirs(os.path.join("logs", run.experiment), exist_ok=True)
     rx.run_experiment(run)
-    rounds = sorted(set(logged["train"]) | set(logged["test"]))
-    record = {
-        "args": script_args,
-        "threads": torch.get_num_threads(),
-        "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
-        "total_seconds": time.perf_counter() - start,
-        "rounds": [
-            {
-                "round": r,
-                "seconds": stamps[r],
-                "train": logged["train"].get(r, {}),
-                "test": logged["test"].get(r, {}),
-                "clusters": clusters.get(r),
-            }
-            for r in rounds
-        ],  # fmt: skip
-    }
-    args.result.parent.mkdir(parents=True, exist_ok=True)
-    args.result.write_text(json.dumps(record, indent=1))
+    args.result.write_text(json.dumps(record(), indent=1))
+    partial.unlink(missing_ok=True)
     return 0
 
 
