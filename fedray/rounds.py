@@ -68,16 +68,24 @@ def train_reply(client: Client, params: Params, stats: TrainStats) -> dict[str, 
 
 
 def kept_optimizer_update(
-    client: Client, params: Params, rnd: int, buffers: dict | None, *, keep: bool, drop_last: bool = False
+    client: Client,
+    params: Params,
+    rnd: int,
+    buffers: dict | None,
+    *,
+    keep: bool,
+    drop_last: bool = False,
+    weights: np.ndarray | None = None,
 ) -> tuple[dict[str, Any], dict | None]:
     """Train ``params`` for the local epochs with SGD whose buffers (momentum) continue from
     ``buffers`` when ``keep`` (the client's own optimizer across rounds: CFL, IFCA as the FedRC code
-    runs them); returns FedAvg's reply and the buffers to keep (None without ``keep``)."""
+    runs them); returns FedAvg's reply and the buffers to keep (None without ``keep``). ``weights``:
+    per-sample loss weights, as `local_train`'s."""
     model = client.model(params)
     opt = sgd(model.parameters(), client)
     if keep and buffers:
         load_optimizer_state(opt, model, buffers)
-    stats = local_train(model, client, rnd, optimizer=opt, drop_last=drop_last)
+    stats = local_train(model, client, rnd, optimizer=opt, drop_last=drop_last, weights=weights)
     return train_reply(client, get_params(model), stats), (optimizer_state(opt, model) if keep else None)
 
 

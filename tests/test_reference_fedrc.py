@@ -361,6 +361,19 @@ def test_the_clustered_methods_clusters_give_purity_as_fedray_counts_it():
             {"algorithm": "ifca", "hp": {"persistent_optimizer": True}},
             "config key 'hp.drop_last': the script's training loaders drop each epoch's last partial batch",
         ),
+        (
+            {"algorithm": "ifca", "hp": {"persistent_optimizer": True, "drop_last": True}},
+            "config key 'hp.empty_cluster': the script overwrites a model no client picked with zeros: set it zero",
+        ),
+        (
+            {"algorithm": "fesem", "hp": {"persistent_optimizer": True, "drop_last": True, "empty_cluster": "zero"}},
+            "config key 'hp.switch': the script's FeSEM client that moves gives its new centre the copy it received",
+        ),
+        (
+            {"algorithm": "fesem",
+             "hp": {"persistent_optimizer": True, "drop_last": True, "empty_cluster": "zero", "switch": "untrained"}},
+            "config key 'hp.first_round': the script's FeSEM clients weigh each model's first loss 1/K",
+        ),
     ],
 )
 def test_what_the_script_cannot_run_is_refused_naming_the_key(over, message):

@@ -9,15 +9,22 @@ assignment yet (its first round) trains a copy of every model and takes the one 
 has the lowest mean training loss. The server sets centre k to the n_i-weighted average of the
 trained models of the participants now assigned to k.
 
-Deviations from the FedRC code, said openly: an empty centre keeps its weights and records an
-``empty_cluster`` row (the code zeroes it, row 18); a client that switches to k' contributes its
-trained model to k' (the paper's M-step; the code contributes its untrained copy of the old centre
-k', §4.3's quirk). ``persistent_optimizer`` and ``drop_last`` as IFCA's. Evaluation as IFCA's, with
-the latest assignments.
+Deviations from the FedRC code, said openly, each with the code's behaviour as an option for
+side-by-side runs:
+- an empty centre keeps its weights and records an ``empty_cluster`` row; the code zeroes it
+  (row 18; ``empty_cluster: zero``, as IFCA's);
+- a client that switches to k' contributes its trained model to k' (the paper's M-step); the code
+  contributes its untrained copy of k', the centre it received (§4.3's quirk; ``switch: untrained``);
+- a first participation trains each centre's copy on the plain loss; the code starts every client
+  with uniform sample weights 1/K, so each copy's loss there is (1/K)(1/|B|) sum_b CE_b
+  (``first_round: split``).
+``persistent_optimizer`` and ``drop_last`` as IFCA's. Evaluation as IFCA's, with the latest
+assignments.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -26,11 +33,18 @@ from fedray.algorithms import ifca
 from fedray.client import Client
 from fedray.evaluation import mean_losses
 from fedray.federation import Federation
+from fedray.hparams import one_of
 from fedray.params import Params
 from fedray.records import Record
 from fedray.rounds import kept_optimizer_update
 
-Hparams = ifca.Hparams
+
+@dataclass
+class Hparams(ifca.Hparams):
+    switch: str = field(default="trained", metadata=one_of("trained", "untrained"))  # what a mover gives k'
+    first_round: str = field(default="full", metadata=one_of("full", "split"))  # each copy's loss, first time
+
+
 State = ifca.State
 init = ifca.init
 evaluate = ifca.evaluate
@@ -54,8 +68,9 @@ def fesem_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
     models, k, buffers = msg["models"], msg["assigned"], dict(cstate or {})
     keep, rnd, last = msg["persistent_optimizer"], msg["round"], msg["drop_last"]
     if k is None:  # first participation: a trained copy of every centre, keep the lowest-loss one
+        split = np.full(client.num_examples, 1.0 / len(models)) if msg["first_round"] == "split" else None
         tried = [
-            kept_optimizer_update(client, m, rnd, buffers.get(j), keep=keep, drop_last=last)
+            kept_optimizer_update(client, m, rnd, buffers.get(j), keep=keep, drop_last=last, weights=split)
             for j, m in enumerate(models)
         ]
         losses = [mean_losses(client, [r["params"]])[0] for r, _ in tried]
@@ -69,15 +84,17 @@ def fesem_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
         if kept is not None:
             buffers[k] = kept
         new = int(np.argmin([center_distance(reply["params"], m) for m in models]))
+        if new != k and msg["switch"] == "untrained":
+            reply = {**reply, "params": models[new]}
     return {**reply, "cluster": new}, (buffers or None)
 
 
 def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
     cids = fed.sample(fed.task.participation, fed.task.rng("sample", rnd=rnd))
     common = {"models": state.models, "round": rnd, "persistent_optimizer": hp.persistent_optimizer,
-              "drop_last": hp.drop_last}  # fmt: skip
+              "drop_last": hp.drop_last, "switch": hp.switch, "first_round": hp.first_round}  # fmt: skip
     by_center: dict[Any, list[int]] = {}
     for c in cids:
         by_center.setdefault(state.assigned.get(c), []).append(c)
     replies = fed.map_groups(fesem_update, [(m, {**common, "assigned": k}) for k, m in by_center.items()])
-    return ifca.close_round(state, fed, replies)
+    return ifca.close_round(state, fed, replies, hp.empty_cluster)

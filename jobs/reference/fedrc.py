@@ -212,10 +212,15 @@ ONE_MODEL = {"fedavg", "cfl"}
 # The script's SGD (utils/optim.py): momentum 0.9 and weight decay 5e-4, not settable.
 SCRIPT_SGD = {"momentum": 0.9, "weight_decay": 5e-4}
 # Every method's clients keep their learners' optimizers across rounds, and their training loaders
-# drop the last partial batch: fedray's runs must say so to compute what the script computes.
+# drop the last partial batch; IFCA's and FeSEM's server zeroes a model nobody picked, and FeSEM's
+# clients move their untrained copy and split their first loss over the K models: fedray's runs must
+# say so to compute what the script computes.
 SCRIPT_CLIENTS = {
     "persistent_optimizer": (True, "the script's clients keep their SGD optimizers (momentum) across rounds"),
     "drop_last": (True, "the script's training loaders drop each epoch's last partial batch"),
+    "empty_cluster": ("zero", "the script overwrites a model no client picked with zeros"),
+    "switch": ("untrained", "the script's FeSEM client that moves gives its new centre the copy it received"),
+    "first_round": ("split", "the script's FeSEM clients weigh each model's first loss 1/K"),
 }
 
 
