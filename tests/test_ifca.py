@@ -15,7 +15,13 @@ from fedray.local import make_local_federation
 from tests.conftest import small_config
 from tests.helpers import run_metrics
 
-MSG = {"round": 1, "persistent_optimizer": False, "drop_last": False, "switch": "trained", "first_round": "full"}
+MSG = {
+    "round": 1,
+    "persistent_optimizer": False,
+    "drop_last": False,
+    "switch": "trained",
+    "first_round": "full",
+}
 OVER = dict(rounds=3, participation=0.5, client_test_fraction=0.2, seed=6)
 
 
@@ -114,7 +120,9 @@ def test_fesem_switch_untrained_gives_the_new_centre_its_own_copy(tmp_path):
 
     trained = reply([m0, m0], "trained")["params"]
     half = {k: ((m0[k] + trained[k]) / 2).astype(m0[k].dtype) for k in m0}
-    assert fesem.center_distance(trained, half) == pytest.approx(fesem.center_distance(trained, m0) / 2, rel=1e-5)
+    assert fesem.center_distance(trained, half) == pytest.approx(
+        fesem.center_distance(trained, m0) / 2, rel=1e-5
+    )
     paper, code = reply([m0, half], "trained"), reply([m0, half], "untrained")
     assert paper["cluster"] == code["cluster"] == 1
     assert all(np.array_equal(paper["params"][k], trained[k]) for k in m0)

@@ -366,12 +366,22 @@ def test_the_clustered_methods_clusters_give_purity_as_fedray_counts_it():
             "config key 'hp.empty_cluster': the script overwrites a model no client picked with zeros: set it zero",
         ),
         (
-            {"algorithm": "fesem", "hp": {"persistent_optimizer": True, "drop_last": True, "empty_cluster": "zero"}},
+            {
+                "algorithm": "fesem",
+                "hp": {"persistent_optimizer": True, "drop_last": True, "empty_cluster": "zero"},
+            },
             "config key 'hp.switch': the script's FeSEM client that moves gives its new centre the copy it received",
         ),
         (
-            {"algorithm": "fesem",
-             "hp": {"persistent_optimizer": True, "drop_last": True, "empty_cluster": "zero", "switch": "untrained"}},
+            {
+                "algorithm": "fesem",
+                "hp": {
+                    "persistent_optimizer": True,
+                    "drop_last": True,
+                    "empty_cluster": "zero",
+                    "switch": "untrained",
+                },
+            },
             "config key 'hp.first_round': the script's FeSEM clients weigh each model's first loss 1/K",
         ),
     ],
