@@ -255,6 +255,15 @@ def test_reference_runs_land_next_to_fedrays_and_report_side_by_side(tmp_path):
     assert [r.config.seed for r in runs] == [0, 1]
     assert all(r.config.partition == "file" and r.config.partition_name == "#C=2" for r in runs)
     assert all(Path(r.config.resolved_partition_file()).is_file() for r in runs)
+    # A later piece (--only) adds its runs to the side file instead of replacing it: seed 2 of the
+    # same case keeps a grid; another case for seed 0 only is written run by run.
+    parts = out / "reference" / "partitions"
+    (parts / "fmnist-labels2-n40-s2.json").write_bytes((parts / "fmnist-labels2-n40-s1.json").read_bytes())
+    harness.write_fedray_side("fake", [cfg(out, seed=2, rounds=2)], out, ref.repo)
+    assert [r.config.seed for r in load_sweep(side).runs] == [0, 1, 2]
+    harness.write_fedray_side("fake", [cfg(out, seed=0, rounds=3), cfg(out, seed=1, rounds=2)], out, ref.repo)
+    runs = load_sweep(side).runs
+    assert [(r.config.rounds, r.config.seed) for r in runs] == [(2, 0), (2, 1), (2, 2), (3, 0)]
 
 
 def test_agreement_rule_worked_by_hand():

@@ -258,22 +258,44 @@ def write_fedray_side(
     where: str = "each on the reference's own\n# partition of its setting and seed",
 ) -> Path:
     """The fedray side as a sweep file: every run as ``place`` puts it (default: on the reference's
-    partition; one case per setting, the keys they share written once, the seeds as the seed axis),
-    so `fedray sweep FILE` runs, skips and resumes it."""
+    partition), so `fedray sweep FILE` runs, skips and resumes it. The runs an earlier invocation
+    wrote there stay (a reference run in pieces with ``--only`` adds each piece). The keys every run
+    shares are written once; runs that form a full grid of cases and seeds are written as one,
+    others each as a case with its seed."""
     place = place or on_reference_partition
-    cases, seeds = [], []
-    for cfg in runs:
-        side = place(cfg, out).to_dict()
-        seeds.append(side.pop("seed"))
+    path = out / "reference" / f"{name}-fedray.yaml"
+    sides = [place(cfg, out).to_dict() for cfg in runs]
+    if path.is_file():
+        from fedray.sweep import load_sweep
+
+        sides = [r.config.to_dict() for r in load_sweep(path).runs] + sides
+    unique: list[dict] = []
+    for side in sides:
         side.pop("output")
-        if side not in cases:
-            cases.append(side)
-    shared = {k: v for k, v in cases[0].items() if all(c.get(k) == v for c in cases)} if cases else {}
-    doc = {**shared, "output": str(out), "cases": [{k: v for k, v in c.items() if k not in shared} for c in cases],
-           "seeds": sorted(set(seeds))}  # fmt: skip
+        if side not in unique:
+            unique.append(side)
+    cases, seeds = [], []
+    for side in unique:
+        case = {k: v for k, v in side.items() if k != "seed"}
+        seeds.append(side["seed"])
+        if case not in cases:
+            cases.append(case)
+    if len(unique) == len(cases) * len(set(seeds)):  # a full grid: the cases times the seeds
+        doc_cases, doc_seeds = cases, sorted(set(seeds))
+    else:
+        doc_cases, doc_seeds = unique, None
+    shared = (
+        {k: v for k, v in doc_cases[0].items() if all(c.get(k) == v for c in doc_cases)} if doc_cases else {}
+    )
+    doc = {
+        **shared,
+        "output": str(out),
+        "cases": [{k: v for k, v in c.items() if k not in shared} for c in doc_cases],
+    }
+    if doc_seeds is not None:
+        doc["seeds"] = doc_seeds
     if not any(doc["cases"]):
         del doc["cases"]
-    path = out / "reference" / f"{name}-fedray.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     header = (
         f"# fedray's side of the comparison with {source}: the runs, {where}\n"
