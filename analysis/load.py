@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 import pyarrow.dataset as ds
 
+from fedray.config import ADDED_LATER
 from fedray.results import (
     ASSIGNMENTS_SCHEMA,
     CLIENTS_SCHEMA,
@@ -55,12 +56,14 @@ def load_metrics(out_dir: str | Path, scope: str | None = None) -> pd.DataFrame:
 
 
 def load_runs(out_dir: str | Path) -> pd.DataFrame:
-    """One row per run with status, parsed config and summary columns."""
+    """One row per run with status, parsed config and summary columns. A config key added after a
+    run was recorded reads as the value that means "as before" (`fedray.config.ADDED_LATER`), so the
+    run groups with later runs of the same setting."""
     root = Path(out_dir)
     df = _read_dir(root / "runs")
     if df is None:
         return pd.DataFrame(columns=["run_id", "status", "config", "summary"])
-    df["config"] = df["config"].map(json.loads)
+    df["config"] = df["config"].map(lambda text: {**ADDED_LATER, **json.loads(text)})
     df["summary"] = df["summary"].map(json.loads)
     # A run recorded as running whose writer is gone (killed, machine rebooted) was interrupted.
     running = df["status"] == "running"

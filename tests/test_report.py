@@ -109,6 +109,19 @@ def test_a_setting_left_at_its_default_is_named_by_its_value(tmp_path):
     assert cells[["col", "setting", "mean"]].values.tolist() == [["fedlc", "hp.tau=1", 0.70]]
 
 
+def test_a_run_recorded_before_a_key_existed_groups_with_later_runs_of_its_setting(tmp_path):
+    # seed 0 was recorded before cuda_deterministic existed (its config lacks the key); seed 1 has
+    # the key at the value that means "as before": one cell of two seeds, no extra label
+    out = tmp_path / "out"
+    base = {**small_config(tmp_path).to_dict(), "experiment": "t"}
+    old = {k: v for k, v in base.items() if k != "cuda_deterministic"}
+    write_run(out, {**old, "seed": 0}, final(0.70))
+    write_run(out, {**base, "seed": 1, "cuda_deterministic": True}, final(0.80))
+    cells = pivot(run_values(out))
+    assert cells[["col", "n"]].values.tolist() == [["fedavg", 2]]
+    assert cells["mean"].iloc[0] == pytest.approx(0.75)
+
+
 def test_rows_and_columns_are_chosen_by_flags(results):
     t = table(results, rows=("algorithm",), cols=("partition", "hp"))["table"]
     # a run at its algorithm's default hp is labelled by the other fields alone
