@@ -41,8 +41,10 @@ from fedray.rounds import kept_optimizer_update
 
 @dataclass
 class Hparams(ifca.Hparams):
-    switch: str = field(default="trained", metadata=one_of("trained", "untrained"))  # what a mover gives k'
-    first_round: str = field(default="full", metadata=one_of("full", "split"))  # each copy's loss, first time
+    # what a client moving to centre k' gives k': its trained model (paper) or the copy it got (FedRC code)
+    switch: str = field(default="trained", metadata=one_of("trained", "untrained"))
+    # a first participation's loss on each centre's copy: plain (paper) or weighed 1/K (FedRC code)
+    first_round: str = field(default="full", metadata=one_of("full", "split"))
 
 
 State = ifca.State
