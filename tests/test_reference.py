@@ -103,6 +103,29 @@ def checkout(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def niid_bench_checkout(checkout, tmp_path_factory) -> Path:
+    """The same script with NIID-Bench's own signature, compute_accuracy(model, dataloader,
+    get_confusion_matrix, moon_model, device), and its main block passing moon_model and device by
+    keyword (FedConcat's copy has no moon_model)."""
+    root = tmp_path_factory.mktemp("niid")
+    for name in ("datasets.py", "x.npy", "xt.npy", "y.npy", "yt.npy"):
+        (root / name).write_bytes((checkout / name).read_bytes())
+    (root / "utils.py").write_text(
+        UTILS.replace(
+            'get_confusion_matrix=False, device="cpu"',
+            'get_confusion_matrix=False, moon_model=False, device="cpu"',
+        )
+    )
+    (root / "experiments.py").write_text(
+        SCRIPT.replace(
+            "compute_accuracy(glob, test_dl, get_confusion_matrix=True)",
+            'compute_accuracy(glob, test_dl, get_confusion_matrix=True, moon_model=False, device="cpu")',
+        )
+    )
+    return root
+
+
 def wrap(checkout: Path, out: Path, *flags: str) -> dict:
     result = out / "r.json"
     cmd = [sys.executable, "-m", "jobs.reference.niid_wrapper", "--checkout", str(checkout), "--result", str(result),
@@ -125,6 +148,14 @@ def test_wrapper_shortcuts_leave_every_trained_weight_as_the_script_makes_it(che
         wrap(checkout, tmp_path / "c", "--slow-data")["evals"][-1]["model_sha256"]
         == as_is["evals"][-1]["model_sha256"]
     )
+
+
+def test_the_wrapper_runs_niid_benchs_signature_with_moon_model(niid_bench_checkout, tmp_path):
+    # the wrapper once passed device positionally, which NIID-Bench reads as moon_model (a TypeError)
+    fast = wrap(niid_bench_checkout, tmp_path / "b")
+    as_is = wrap(niid_bench_checkout, tmp_path / "a", "--keep-logging-evals", "--slow-data")
+    assert len(fast["evals"]) == 3
+    assert [e["model_sha256"] for e in fast["evals"]] == [e["model_sha256"] for e in as_is["evals"]]
 
 
 def test_partition_only_stops_after_the_partition(checkout, tmp_path):

@@ -158,7 +158,7 @@ def patch(checkout: Path, rec: Recorder, state_dict: str, kmeans_n_init: int, fa
         loaders = _loaders(dataloader)
         is_test = all(getattr(d.dataset, "train", True) is False for d in loaders)
         if caller == "<module>" and is_test:  # the script's own per-round evaluation: kept, recorded
-            out = original_accuracy(model, dataloader, get_confusion_matrix, device, **kwargs)
+            out = original_accuracy(model, dataloader, get_confusion_matrix, device=device, **kwargs)
             now = time.perf_counter()
             acc = out[0] if get_confusion_matrix else out
             rec.evals.append({"accuracy": float(acc), "seconds": now - rec.last, "elapsed": now - rec.t0,
@@ -166,7 +166,7 @@ def patch(checkout: Path, rec: Recorder, state_dict: str, kmeans_n_init: int, fa
             rec.last = now
             return out
         if rec.keep:
-            return original_accuracy(model, dataloader, get_confusion_matrix, device, **kwargs)
+            return original_accuracy(model, dataloader, get_confusion_matrix, device=device, **kwargs)
         rec.skipped += 1
         for d in loaders:
             replay_draws(d)
