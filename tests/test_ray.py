@@ -32,14 +32,14 @@ def _run(cfg, factory):
     [
         {},
         # each client's SGD buffers kept across rounds: state that lives in the client's actor
-        {"algorithm": "fedavg", "hp": {"persistent_optimizer": True, "drop_last": True}},
+        {"algorithm": "fedavg", "momentum": 0.9, "hp": {"persistent_optimizer": True, "drop_last": True}},
     ],
     ids=["fedavg", "fedavg-kept-optimizer"],
 )
 def test_local_and_ray_with_1_and_3_actors_give_identical_metrics(ray_session, tmp_path, alg):
     from actors.federation import make_ray_federation
 
-    over = dict(participation=0.5, client_test_fraction=0.2, rounds=3, seed=7, momentum=0.9, **alg)
+    over = dict(participation=0.5, client_test_fraction=0.2, rounds=3, seed=7, **alg)
     local = small_config(tmp_path / "local", **over)
     _run(local, make_local_federation)
     ref = round_metrics(local.output)
