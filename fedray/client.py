@@ -37,6 +37,7 @@ class Task:
     channels_last: bool = False  # images and convolution weights in channels-last memory format
     eval_train: bool = True  # train_accuracy / train_loss at each evaluation (config key eval_train)
     cuda_deterministic: bool = True  # deterministic CUDA kernels when the clients run on a GPU
+    head_bias: bool = True  # the model's last layer has a bias (config key head_bias)
 
     @classmethod
     def from_config(cls, cfg, spec: DataSpec) -> Task:
@@ -44,7 +45,7 @@ class Task:
             seed=cfg.seed, model=cfg.model, spec=spec, local_epochs=cfg.local_epochs, batch_size=cfg.batch_size,
             lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, participation=cfg.participation,
             eval_batch_size=cfg.eval_batch_size, channels_last=cfg.channels_last, eval_train=cfg.eval_train,
-            cuda_deterministic=cfg.cuda_deterministic,
+            cuda_deterministic=cfg.cuda_deterministic, head_bias=cfg.head_bias,
         )  # fmt: skip
 
     def layout(self, x: torch.Tensor) -> torch.Tensor:
@@ -69,7 +70,9 @@ class Task:
         derived stream (seed, purpose)."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seeding.torch_seed(self.seed, purpose))
-            task_model = partial(build_model, self.model, self.spec.input_shape, self.spec.num_classes)
+            task_model = partial(
+                build_model, self.model, self.spec.input_shape, self.spec.num_classes, head_bias=self.head_bias
+            )
             return build_arch(arch, task_model, self.spec.num_classes)
 
     def rng(

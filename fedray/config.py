@@ -84,6 +84,9 @@ class Config:
     # The defaults are the embedded default run (digits, MLP; about 96% in 30 rounds). Paper
     # settings (NIID-Bench/FedConcat: lr 0.01, batch 64, momentum 0.9, 10 epochs) are in jobs/configs/.
     model: str = "mlp"  # a name from fedray.models.MODELS (mlp, simple_cnn, mcmahan_cnn, fedrc_cnn, resnet18, mobilenet_v2, vgg16)
+    # false: the model's last layer (the classifier) has no bias, as FedRepo's models (FedRS's
+    # reference code) have; FedConcat's concatenated heads always keep theirs (refused there).
+    head_bias: bool = True
     rounds: int = field(default=30, metadata=bound(ge=1))  # communication rounds
     local_epochs: int = field(default=5, metadata=bound(ge=1))  # full passes over the local data per round
     batch_size: int = field(default=32, metadata=bound(ge=1))  # local mini-batch size (last partial batch kept, as in NIID-Bench)
@@ -167,7 +170,7 @@ NOT_IN_RUN_ID = (
 )  # fmt: skip
 # Keys added after results existed, with the value that means "as before": at that value they stay
 # out of the run id, so every earlier run keeps its id (and a re-submitted sweep skips it).
-ADDED_LATER = {"shift": "none", "partition_file": "", "channels_last": False, "eval_train": True, "cuda_deterministic": True}
+ADDED_LATER = {"shift": "none", "partition_file": "", "channels_last": False, "eval_train": True, "cuda_deterministic": True, "head_bias": True}
 # Keys of a sweep file that are not config keys (fedray/sweep.py expands them into runs).
 SWEEP_KEYS = ("grid", "seeds", "cases", "max_concurrent_runs")
 

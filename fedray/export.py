@@ -99,6 +99,7 @@ def save_models(cfg: Config, alg: Any, hp: Any, state: Any, fed: Federation) -> 
             "run_id": run_id,
             "algorithm": cfg.algorithm,
             "model": cfg.model,
+            "head_bias": cfg.head_bias,
             "input_shape": list(fed.task.spec.input_shape),
             "num_classes": fed.task.spec.num_classes,
             "models": {},
@@ -148,7 +149,8 @@ def load_models(folder: str | Path, names: list[str] | None = None) -> dict[str,
     unknown = [n for n in names or [] if n not in available]
     if unknown:
         raise KeyError(f"{folder}: no model {unknown[0]!r}; it has {', '.join(sorted(available))}")
-    task_model = partial(build_model, index["model"], tuple(index["input_shape"]), index["num_classes"])
+    task_model = partial(build_model, index["model"], tuple(index["input_shape"]), index["num_classes"],
+                         head_bias=index.get("head_bias", True))  # fmt: skip
     out = {}
     for name in names or sorted(available):
         entry = available[name]

@@ -200,6 +200,18 @@ def test_fedrs_scales_the_logits_of_missing_and_rare_classes():
     np.testing.assert_allclose(step.logits.detach().numpy(), [[2.1, 4.2, 6.3]], rtol=1e-6)
 
 
+def test_fedrs_without_a_head_bias_is_fedrepos_restricted_softmax():
+    # head_bias: false (FedRepo's ClassifyNet): logits_c = s_c <w_c, h>, nothing added
+    s = fedrs.class_scales(np.array([0, 5, 10]), alpha=0.5)
+    model = identity_model([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], [0.0, 0.0, 0.0])
+    model.head.register_parameter("bias", None)
+    h, y = torch.tensor([[2.0, 4.0]]), torch.tensor([0])
+    step = fedrs.restricted_softmax(torch.tensor(s, dtype=torch.float32))(model, h, y)
+    scaled = np.array([0.5 * 2.0, 0.75 * 4.0, 1.0 * 6.0])  # W h = (2, 4, 6), scales (0.5, 0.75, 1)
+    assert step.ce.item() == pytest.approx(-scaled[0] + math.log(np.exp(scaled).sum()), rel=1e-6)
+    np.testing.assert_allclose(step.logits.detach().numpy(), [[2.0, 4.0, 6.0]])
+
+
 def test_fedlc_calibrates_the_logits_by_the_class_counts():
     offset = fedlc.calibration(np.array([0, 1, 16]), tau=2.0)
     # tau n^(-1/4): an absent class floored at 1e-8 -> 2 * 100; n = 1 -> 2; n = 16 -> 2 * 0.5

@@ -126,3 +126,35 @@ def test_moon_projection_head_wraps_any_model(name, shape):
     assert {"encoder.projection.l1.weight", "encoder.projection.l2.weight", "head.weight"} <= set(
         m.state_dict()
     )
+
+
+def test_head_bias_false_drops_only_the_last_layers_bias():
+    torch.manual_seed(3)
+    with_bias = build_model("simple_cnn", (1, 28, 28), 10)
+    torch.manual_seed(3)
+    bare = build_model("simple_cnn", (1, 28, 28), 10, head_bias=False)
+    a, b = with_bias.state_dict(), bare.state_dict()
+    assert set(a) - set(b) == {"head.bias"} and set(b) <= set(a)
+    assert all(torch.equal(a[k], v) for k, v in b.items())  # same draws: the bias is dropped, not redrawn
+    x = torch.rand(2, 1, 28, 28)
+    h = bare.encoder(x)
+    assert torch.equal(bare(x), h @ bare.head.weight.T)  # logits are W h, nothing added
+    from fedray.models import projected
+
+    assert projected(bare, 16, 10).head.bias is None  # MOON's classifier follows the task model's
+
+
+def test_head_bias_false_runs_saves_and_loads_back(tmp_path):
+    from analysis import load_models
+    from fedray.config import ConfigError
+    from fedray.validation import validate
+    from tests.conftest import small_config
+    from tests.helpers import run_metrics
+
+    cfg = small_config(tmp_path, head_bias=False, rounds=2)
+    run_metrics(cfg)
+    (model,) = load_models(cfg.output, cfg.run_id()).values()
+    assert "head.bias" not in model.state_dict() and model.head.bias is None
+    assert small_config(tmp_path).run_id() != cfg.run_id()
+    with pytest.raises(ConfigError, match="config key 'head_bias': fedconcat"):
+        validate(small_config(tmp_path, algorithm="fedconcat", head_bias=False, rounds=40))

@@ -103,6 +103,11 @@ def rounds_from_hp(hp: Hparams) -> int | None:
 
 def check_config(cfg, hp: Hparams) -> None:
     name = cfg.algorithm
+    if not cfg.head_bias:
+        raise ValueError(
+            f"config key 'head_bias': {name}'s classifier over the concatenated features has a bias "
+            "(the paper's and the code's); head_bias: false is for the other algorithms"
+        )
     if hp.classifier_rounds is None:
         if cfg.rounds < hp.encoder_rounds:
             raise ValueError(

@@ -49,11 +49,11 @@ State = SplitState  # CFL's: the clusters, their models, the layers, the split h
 def check_config(cfg: Any, hp: Hparams) -> None:
     """CFL's checks, and ``hp.layers`` against the configured model, before any actor starts."""
     from fedray.data import dataset_info
-    from fedray.models import MODELS
+    from fedray.models import build_model
 
     check_participation(cfg)
     info = dataset_info(cfg)
-    select(MODELS[cfg.model].build(tuple(info.input_shape), info.num_classes), hp.layers)
+    select(build_model(cfg.model, tuple(info.input_shape), info.num_classes, cfg.head_bias), hp.layers)
 
 
 @dataclass

@@ -190,8 +190,16 @@ MODELS: dict[str, ModelSpec] = {
 }
 
 
-def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> EncoderHead:
-    return MODELS[name].build(tuple(input_shape), num_classes)
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, head_bias: bool = True) -> EncoderHead:
+    """The named model; ``head_bias=False``: its last layer without a bias (config key head_bias).
+    The encoder's initial weights are the same either way (the head is built last)."""
+    model = MODELS[name].build(tuple(input_shape), num_classes)
+    if not head_bias:
+        head = model.head
+        if not isinstance(head, nn.Linear):
+            raise ValueError(f"model {name!r}: its head is a {type(head).__name__}, not a Linear layer")
+        head.register_parameter("bias", None)  # no further random draws: the weight is as built
+    return model
 
 
 # ------------------------------------------------------------------------------------------------
@@ -224,7 +232,8 @@ def projected(base: EncoderHead, out_dim: int, num_classes: int) -> EncoderHead:
     d = base.feature_dim
     projection = nn.Sequential(OrderedDict(l1=nn.Linear(d, d), relu=nn.ReLU(), l2=nn.Linear(d, out_dim)))
     encoder = nn.Sequential(OrderedDict(base=base.encoder, projection=projection))
-    return EncoderHead(encoder, nn.Linear(out_dim, num_classes), out_dim)
+    bias = getattr(base.head, "bias", None) is not None  # head_bias: false reaches MOON's classifier too
+    return EncoderHead(encoder, nn.Linear(out_dim, num_classes, bias=bias), out_dim)
 
 
 @dataclass(frozen=True)
