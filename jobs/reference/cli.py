@@ -32,7 +32,8 @@ def add_parser(sub: argparse._SubParsersAction, run_sweep: Callable[[Path], int]
     )
     p.add_argument(
         "name",
-        help="the reference: fedconcat (sjtudyq/FedConcat), niid-bench (Xtra-Computing/NIID-Bench), or fedrc "
+        help="the reference: fedconcat (sjtudyq/FedConcat), niid-bench (Xtra-Computing/NIID-Bench), fedrepo "
+        "(lxcnju/FedRepo's FedRS, on the partitions a NIID-Bench-family reference drew into --output), or fedrc "
         "(LINs-lab/FedRC: its FMNIST-C clients as client_files)",
     )
     p.add_argument("config", nargs="?", help="sweep (or run) YAML, as for `fedray sweep`")
@@ -71,11 +72,19 @@ def add_parser(sub: argparse._SubParsersAction, run_sweep: Callable[[Path], int]
     p.set_defaults(func=cmd_reference, run_sweep=run_sweep)
 
 
-def _wrapper_flags(args: argparse.Namespace) -> list[str]:
-    flags = ["--state-dict", args.state_dict]
-    if args.keep_logging_evals:
+def _wrapper_flags(args: argparse.Namespace, options: tuple[str, ...]) -> list[str]:
+    """The options the reference's wrapper takes, as asked."""
+    flags = ["--state-dict", args.state_dict] if "state_dict" in options else []
+    if args.keep_logging_evals and "keep_logging_evals" in options:
         flags.append("--keep-logging-evals")
     return flags
+
+
+def references() -> dict:
+    from jobs.reference.fedrepo import FEDREPO
+    from jobs.reference.niid_bench import REFERENCES
+
+    return {**REFERENCES, FEDREPO.name: FEDREPO}
 
 
 def cmd_reference(args: argparse.Namespace) -> int:
@@ -83,8 +92,7 @@ def cmd_reference(args: argparse.Namespace) -> int:
     from fedray.data import DatasetMissing
     from fedray.sweep import load_sweep
     from jobs.reference.harness import ReferenceError, check_checkout, run_reference, write_fedray_side
-    from jobs.reference.niid_bench import REFERENCES
-
+    REFERENCES = references()  # noqa: N806 - the registry, built here
     if args.name == "fedrc":  # clients from the reference's own generator (client_files)
         return cmd_fedrc_data(args)
     if args.name not in REFERENCES:
@@ -95,6 +103,15 @@ def cmd_reference(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     ref = REFERENCES[args.name]
     out = Path(args.output).resolve()
+    unsupported = [flag for flag, asked, ok in (
+        ("--check", args.check, "keep_logging_evals" in ref.options),
+        ("--keep-logging-evals", args.keep_logging_evals, "keep_logging_evals" in ref.options),
+        ("--partitions-only", args.partitions_only, ref.draws_partitions),
+    ) if asked and not ok]  # fmt: skip
+    if unsupported:
+        why = "it draws no partitions and skips no computation" if not ref.draws_partitions else "its wrapper has none"
+        print(f"fedray: error: {args.name}: {unsupported[0]} does not apply ({why})", file=sys.stderr)
+        return EXIT_USAGE
     if args.check:
         try:
             return check_wrapper(ref, args.checkout.resolve(), out)
@@ -114,7 +131,7 @@ def cmd_reference(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     failed = 0
     if not args.fedray_only:
-        extra = _wrapper_flags(args)
+        extra = _wrapper_flags(args, ref.options)
         if args.partitions_only:
             extra.append("--partition-only")
         try:

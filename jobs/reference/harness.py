@@ -53,6 +53,10 @@ class Reference:
     eval_round: Callable[[Config, int], tuple[int, str]]
     # (output folder) -> the data folder the script reads (prepared once: files it expects)
     prepare_data: Callable[[Path], Path]
+    # the `fedray reference` options its wrapper takes (state_dict, keep_logging_evals)
+    options: tuple[str, ...] = ("state_dict", "keep_logging_evals")
+    # False: it runs on partitions another reference drew into the folder (it draws none itself)
+    draws_partitions: bool = True
 
 
 def partition_label(cfg: Config) -> str:
@@ -227,14 +231,16 @@ def import_run(ref: Reference, cfg: Config, job: Job, record: dict[str, Any], co
         rows["index"] += list(idx)
         rows["source"] += ["train"] * len(idx)
     writer.write_partition(rows, record["train_size"], cfg.dataset)
+    # what the wrapper changed or kept, as it recorded it (each wrapper records its own)
+    settings = {k: record[k] for k in ("skipped_logging_evals", "state_dict", "kmeans_n_init", "max_grad_norm",
+                                       "local_test") if k in record}  # fmt: skip
     summary: dict[str, Any] = {
         "rounds_done": cfg.rounds,
         "total_seconds": record["total_seconds"],
         "reference": {
-            "repo": ref.repo, "commit": commit, "script": ref.script, "args": record["args"],
-            "skipped_logging_evals": record["skipped_logging_evals"], "state_dict": record["state_dict"],
-            "kmeans_n_init": record["kmeans_n_init"], "fast_data": record.get("fast_data", False),
-            "threads": record.get("threads", 0), "model_sha256": [e["model_sha256"] for e in evals],
+            "repo": ref.repo, "commit": commit, "script": ref.script, "args": record["args"], **settings,
+            "fast_data": record.get("fast_data", False), "threads": record.get("threads", 0),
+            "model_sha256": [e["model_sha256"] for e in evals],
         },
     }  # fmt: skip
     diverged = [ref.eval_round(cfg, k)[0] for k, e in enumerate(evals) if e.get("finite") is False]

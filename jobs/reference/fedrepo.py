@@ -1,0 +1,77 @@
+"""lxcnju/FedRepo: FedRS (Li & Zhan, KDD 2021) as its first author wrote it (``algorithms/fedrs.py``),
+on the clients another reference drew.
+
+FedRepo has no Fashion-MNIST partition of its own that matches the papers' (its ``FedData`` splits
+train and test together, 80/20), and FedConcat's table runs FedRS on NIID-Bench's clients. So this
+harness draws nothing: it runs on the partitions a NIID-Bench-family harness left in the same results
+folder (``DIR/reference/partitions/``, same setting and seed), where FedAvg and MOON from
+NIID-Bench's script, and fedray, ran on the very same clients. The wrapper
+(`jobs.reference.fedrepo_wrapper`) feeds FedRepo's ``FedRS`` class fedray's data tensors and the
+configured model with FedRepo's interface (``encoder``, a bias-free ``classifier``).
+
+What FedRepo's FedRS does that fedray's default does not, and how each run here is set:
+- its classifier has no bias (``ClassifyNet``: ``bias=False``): the run must say ``head_bias: false``;
+- it clips every local gradient at norm 100 (``max_grad_norm`` in its config.py): fedray does not
+  clip; the wrapper keeps FedRepo's 100 (``--max-grad-norm``), recorded with the run;
+- a client takes max(local_epochs x batches, 5) steps, so a client of at most 2 batches an epoch
+  takes 5 steps at 2 epochs where fedray takes 4 (a cycling loader; a new shuffle each pass);
+- the server weighs clients by their sample counts, as fedray does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fedray.config import Config, partition_file_for
+from jobs.reference.harness import Reference, ReferenceError, partition_template
+
+REPO = "lxcnju/FedRepo"
+COMMIT = "617ee01"
+MAX_GRAD_NORM = 100.0  # FedRepo's config.py, every data set
+
+
+def script_args(cfg: Config, out: Path, logdir: Path) -> list[str]:
+    """The wrapper's arguments for ``cfg``; ``out`` is the results folder whose reference/partitions/
+    hold the clients (a NIID-Bench-family harness drew them there)."""
+    from fedray.algorithms import ALGORITHMS
+
+    if cfg.algorithm != "fedrs":
+        raise ReferenceError(f"algorithm {cfg.algorithm!r}: the harness runs FedRepo's FedRS only")
+    if cfg.head_bias:
+        raise ReferenceError(
+            "FedRepo's classifier has no bias (networks/basic_nets.py ClassifyNet: bias=False): set head_bias: false"
+        )
+    if cfg.client_test_fraction or cfg.shift != "none":
+        raise ReferenceError("the clients come from NIID-Bench's partitions: no client_test_fraction or shift")
+    hp = ALGORITHMS["fedrs"].full_hparams(cfg.hp)
+    if hp.get("server_lr", 1.0) != 1.0:
+        raise ReferenceError("FedRepo averages with server learning rate 1 (hp.server_lr: 1)")
+    path = Path(partition_file_for(partition_template(out, cfg), cfg.seed))
+    if not path.is_file():
+        raise ReferenceError(
+            f"no partition {path}: FedRepo runs on the clients a NIID-Bench-family reference drew into this folder; "
+            "draw them first, e.g. fedray reference niid-bench jobs/configs/fidelity_moon.yaml --partitions-only "
+            f"--checkout NIID-Bench --output {out}"
+        )
+    return [
+        "--dataset", cfg.dataset, "--data-root", cfg.resolved_data_root(), "--partition-file", str(path),
+        "--model", cfg.model, "--rounds", str(cfg.rounds), "--local-epochs", str(cfg.local_epochs),
+        "--batch-size", str(cfg.batch_size), "--lr", f"{cfg.lr:g}", "--momentum", f"{cfg.momentum:g}",
+        "--weight-decay", f"{cfg.weight_decay:g}", "--participation", f"{cfg.participation:g}",
+        "--seed", str(cfg.seed), "--alpha", f"{hp['alpha']:g}", "--max-grad-norm", f"{MAX_GRAD_NORM:g}",
+    ]  # fmt: skip
+
+
+FEDREPO = Reference(
+    name="fedrepo",
+    repo=REPO,
+    commit=COMMIT,
+    script="algorithms/fedrs.py",
+    wrapper="jobs.reference.fedrepo_wrapper",
+    algorithms=frozenset({"fedrs"}),
+    args=script_args,
+    eval_round=lambda cfg, k: (k + 1, ""),  # FedRepo's test_round: 1, every round
+    prepare_data=lambda out: out,  # the data: fedray's data set, and the partitions already in `out`
+    options=(),
+    draws_partitions=False,
+)

@@ -1,0 +1,200 @@
+"""Run lxcnju/FedRepo's FedRS (``algorithms/fedrs.py``, its class unchanged) on fedray's clients, from
+outside, and write what it did to a JSON file (the record the harness imports).
+
+    python -m jobs.reference.fedrepo_wrapper --checkout PATH --result OUT.json [--threads T] -- \\
+        algorithms/fedrs.py --dataset fmnist --partition-file F --model simple_cnn --rounds R ...
+
+FedRepo's own entry point (``train_lab.py``) builds its data sets from pickles of its own split and
+its models from its own nets; this wrapper does what that entry point does, with fedray's pieces:
+
+- the checkout's ``utils.setup_seed(seed)`` first, as ``train_lab.py`` does (Python, NumPy, torch);
+- the clients: the partition file's training indices into fedray's copy of the data set, as the
+  tensors fedray trains on (``DataSpec.to_tensor``; no augmentation: FedRepo's Fashion-MNIST has
+  none). Each client is a data set with FedRepo's ``xs``/``ys`` attributes (``ys`` is what FedRS
+  counts the classes from). FedRS requires a local test set per client, for logging only (its
+  accuracy before and after local training); these clients have none, so each gets its first
+  training sample, and those logged numbers are not imported. Iterating a test loader draws one
+  number from torch's generator whatever its size, so the training's random streams are as they
+  would be with any local test set;
+- the global test set: the data set's test split;
+- the model: fedray's ``model`` built right after the seed, with FedRepo's interface
+  (``encoder``, ``classifier`` = the bias-free last layer, forward returning (features, logits));
+- ``args``: FedRepo's fields, from the arguments (``c_ratio`` = participation, ``test_round`` = 1,
+  ``local_steps`` = None, ``optimizer`` = SGD, ``cuda`` = False);
+- ``_BaseDataLoaderIter.next = __next__``: FedRS calls ``loader_iter.next()``, a Python 2 alias
+  today's torch no longer has (without it every run fails at its first step).
+
+After every round FedRS evaluates the global model on the test set; the wrapper records that
+number as FedRepo computes it (``fedrepo_accuracy``: the mean of per-batch accuracies over batches of
+10 x batch_size) and the exact fraction of the test set right (``accuracy``, fedray's definition,
+the one imported), with the round's wall time and a SHA-256 of the model's weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import json
+import os
+import sys
+import time
+from collections import namedtuple
+from pathlib import Path
+from typing import Any
+
+
+def _script_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="fedrepo_wrapper SCRIPT")
+    ap.add_argument("--dataset", required=True)
+    ap.add_argument("--data-root", default="")
+    ap.add_argument("--partition-file", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--rounds", type=int, required=True)
+    ap.add_argument("--local-epochs", type=int, required=True)
+    ap.add_argument("--batch-size", type=int, required=True)
+    ap.add_argument("--lr", type=float, required=True)
+    ap.add_argument("--momentum", type=float, required=True)
+    ap.add_argument("--weight-decay", type=float, required=True)
+    ap.add_argument("--participation", type=float, required=True)
+    ap.add_argument("--seed", type=int, required=True)
+    ap.add_argument("--alpha", type=float, required=True)
+    ap.add_argument("--max-grad-norm", type=float, default=100.0)
+    return ap
+
+
+def model_sha256(model: Any) -> str:
+    h = hashlib.sha256()
+    for key, value in model.state_dict().items():
+        h.update(key.encode())
+        h.update(value.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def client_data(a: argparse.Namespace) -> tuple[Any, dict[int, Any], Any]:
+    """fedray's data set for the partition file: (federated data, {client: training tensors}, test tensors)."""
+    import numpy as np
+
+    from fedray.data import build_federated_data, partition_file
+    from fedray.validation import from_dict
+
+    n = len(partition_file.read(a.partition_file).train)
+    cfg = from_dict({"dataset": a.dataset, "data_root": a.data_root, "model": a.model, "partition": "file",
+                     "partition_file": a.partition_file, "num_clients": n, "client_test_fraction": 0.0})  # fmt: skip
+    fd = build_federated_data(cfg)
+    ds, spec = fd.dataset, fd.dataset.spec
+    if spec.augment != "none":
+        raise SystemExit(f"fedrepo_wrapper: {a.dataset} is augmented in fedray ({spec.augment}); FedRepo feeds fixed tensors")
+    x = spec.to_tensor(ds.train.x)
+    clients = {cid: (x[np.asarray(ix.train)], ds.train.y[np.asarray(ix.train)]) for cid, ix in fd.clients.items()}
+    return fd, clients, (spec.to_tensor(ds.test.x), ds.test.y)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--" not in argv:
+        print("usage: fedrepo_wrapper [options] -- algorithms/fedrs.py ARGS...", file=sys.stderr)
+        return 2
+    split = argv.index("--")
+    ap = argparse.ArgumentParser(prog="fedrepo_wrapper")
+    ap.add_argument("--checkout", required=True, type=Path)
+    ap.add_argument("--result", required=True, type=Path)
+    ap.add_argument("--workdir", type=Path, help="the run's working folder (default: the result's folder)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    opts = ap.parse_args(argv[:split])
+    script, *script_args = argv[split + 1 :]
+    a = _script_parser().parse_args(script_args)
+    checkout, result = opts.checkout.resolve(), opts.result.resolve()
+    workdir = (opts.workdir or result.parent).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+
+    import numpy as np
+    import torch
+    from torch.utils.data import Dataset
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    from fedray.models import build_model
+
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    if not hasattr(_BaseDataLoaderIter, "next"):
+        _BaseDataLoaderIter.next = _BaseDataLoaderIter.__next__
+    os.chdir(workdir)  # the checkout's paths.py makes ./logs where it is imported
+    sys.path.insert(0, str(checkout))
+    ref_utils = importlib.import_module("utils")
+    module = importlib.import_module(script.removesuffix(".py").replace("/", "."))
+    algorithm = module.FedRS
+
+    class Split(Dataset):
+        """A client's (or the test) samples, with FedRepo's ``xs``/``ys`` attributes."""
+
+        def __init__(self, xs: torch.Tensor, ys: np.ndarray) -> None:
+            self.xs, self.ys = xs, np.asarray(ys, dtype=np.int64)
+
+        def __len__(self) -> int:
+            return len(self.ys)
+
+        def __getitem__(self, i: int):
+            return self.xs[i], torch.tensor(self.ys[i], dtype=torch.long)
+
+    class Net(torch.nn.Module):
+        """fedray's model with FedRepo's interface: ``encoder``, ``classifier``, (features, logits)."""
+
+        def __init__(self, model: torch.nn.Module) -> None:
+            super().__init__()
+            self.encoder, self.classifier = model.encoder, model.head
+
+        def forward(self, xs):
+            hs = self.encoder(xs)
+            return hs, self.classifier(hs)
+
+    ref_utils.setup_seed(a.seed)
+    fd, clients, (test_x, test_y) = client_data(a)
+    csets = {cid: (Split(x, y), Split(x[:1], y[:1])) for cid, (x, y) in clients.items()}
+    gset = Split(test_x, test_y)
+    spec = fd.dataset.spec
+    net = Net(build_model(a.model, spec.input_shape, spec.num_classes, head_bias=False))
+    fields = dict(n_classes=spec.num_classes, c_ratio=a.participation, max_round=a.rounds, test_round=1,
+                  local_epochs=a.local_epochs, local_steps=None, batch_size=a.batch_size, optimizer="SGD", lr=a.lr,
+                  momentum=a.momentum, weight_decay=a.weight_decay, max_grad_norm=a.max_grad_norm, alpha=a.alpha,
+                  cuda=False)  # fmt: skip
+    args = namedtuple("Args", fields)(**fields)
+    algo = algorithm(csets=csets, gset=gset, model=net, args=args)
+
+    evals: list[dict[str, Any]] = []
+    t0 = last = time.perf_counter()
+    original_test = algo.test
+
+    def test(model, loader):
+        nonlocal last
+        out = original_test(model=model, loader=loader)
+        if loader is algo.glo_test_loader:
+            model.eval()
+            with torch.no_grad():
+                right = sum(int((model(test_x[i : i + 1000])[1].argmax(1) == torch.as_tensor(test_y[i : i + 1000])).sum())
+                            for i in range(0, len(test_y), 1000))  # fmt: skip
+            now = time.perf_counter()
+            params = model.state_dict().values()
+            evals.append({"accuracy": right / len(test_y), "fedrepo_accuracy": float(out[0]), "seconds": now - last,
+                          "elapsed": now - t0, "model_sha256": model_sha256(model),
+                          "finite": all(bool(v.isfinite().all()) for v in params if v.is_floating_point())})  # fmt: skip
+            last = now
+        return out
+
+    algo.test = test
+    algo.train()
+    total = time.perf_counter() - t0
+    doc = {
+        "script": script, "args": script_args, "total_seconds": total, "train_size": len(fd.dataset.train),
+        "partition": {str(c): [int(i) for i in ix.train] for c, ix in sorted(fd.clients.items())},
+        "evals": evals, "threads": opts.threads, "max_grad_norm": a.max_grad_norm,
+        "local_test": "each client's first training sample (FedRepo's local logging only)",
+    }  # fmt: skip
+    tmp = result.with_name(f".{result.name}.tmp")
+    tmp.write_text(json.dumps(doc))
+    tmp.replace(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
