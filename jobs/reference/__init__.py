@@ -8,7 +8,8 @@ repository. `fedray reference NAME CONFIG --checkout PATH --output DIR` runs a s
 on the reference, then the same runs in fedray on the reference's own partitions
 (``partition: file``), so ``fedray report DIR --cols source,algorithm`` puts them side by side.
 
-References (`REFERENCES`): ``fedconcat`` (sjtudyq/FedConcat, NIID-Bench's experiments.py with
-FedConcat; FedAvg, FedProx, SCAFFOLD, FedNova, FedConcat) and ``niid-bench``
-(Xtra-Computing/NIID-Bench; FedAvg, FedProx, SCAFFOLD, FedNova).
+References (`jobs.reference.cli.references()`): ``fedconcat`` (sjtudyq/FedConcat, NIID-Bench's experiments.py with
+FedConcat; FedAvg, FedProx, SCAFFOLD, FedNova, FedConcat), ``niid-bench``
+(Xtra-Computing/NIID-Bench; FedAvg, FedProx, SCAFFOLD, FedNova, MOON) and ``fedrepo``
+(lxcnju/FedRepo's FedRS, on the partitions one of those drew).
 """
