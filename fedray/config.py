@@ -84,9 +84,8 @@ class Config:
     # The defaults are the embedded default run (digits, MLP; about 96% in 30 rounds). Paper
     # settings (NIID-Bench/FedConcat: lr 0.01, batch 64, momentum 0.9, 10 epochs) are in jobs/configs/.
     model: str = "mlp"  # a name from fedray.models.MODELS (mlp, simple_cnn, mcmahan_cnn, fedrc_cnn, resnet18, mobilenet_v2, vgg16)
-    # false: the model's last layer (the classifier) has no bias, as FedRepo's models (FedRS's
-    # reference code) have; FedConcat's concatenated heads always keep theirs (refused there).
-    head_bias: bool = True
+    # FedConcat's concatenated heads always keep theirs (head_bias: false is refused there).
+    head_bias: bool = True  # false: the model's last layer has no bias (FedRepo's models: FedRS's reference code)
     rounds: int = field(default=30, metadata=bound(ge=1))  # communication rounds
     local_epochs: int = field(default=5, metadata=bound(ge=1))  # full passes over the local data per round
     batch_size: int = field(default=32, metadata=bound(ge=1))  # local mini-batch size (last partial batch kept, as in NIID-Bench)
@@ -190,8 +189,12 @@ def parse_sets(sets: Iterable[str], flag: str = "--set") -> dict[str, Any]:
         key = key.strip()
         if not key:
             raise ConfigError(f"{flag} {item!r}: empty key")
+        text = raw.strip()
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            if key in NAME_KEYS and not (len(text) > 1 and text[0] == text[-1] and text[0] in "'\""):
+                value = text  # a name or path as typed: '#C=2' is not a YAML comment, 2024 not a number
+            else:
+                value = yaml.safe_load(raw) if text else ""
         except yaml.YAMLError as e:
             raise ConfigError(f"{flag} {key}: cannot parse value {raw!r}: {e}") from None
         set_dotted(out, key, value, where=f"{flag} {key}")

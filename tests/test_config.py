@@ -34,6 +34,13 @@ def test_yaml_then_sets_then_overrides(tmp_path):
     assert cfg.hp == {"server_lr": 0.25} and cfg.output == "elsewhere"
 
 
+def test_names_and_paths_are_taken_as_typed_in_set_and_only():
+    # --only partition_name=#C=2 once parsed as a YAML comment (null) and matched no run
+    assert parse_sets(["partition_name=#C=2", "experiment=2024", "output=out/#1", "partition_name2=#x"]) == {
+        "partition_name": "#C=2", "experiment": "2024", "output": "out/#1", "partition_name2": None}
+    assert parse_sets(["partition_name='#C=2'", 'data_root="a b"']) == {"partition_name": "#C=2", "data_root": "a b"}
+
+
 def test_parse_sets_nests_and_parses_yaml_scalars():
     assert parse_sets(["a=1", "b=0.5", "c=true", "hp.mu=1e-3", "s=abc", "l=[1, 2]"]) == {
         "a": 1, "b": 0.5, "c": True, "hp": {"mu": "1e-3"}, "s": "abc", "l": [1, 2],
