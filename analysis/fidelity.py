@@ -199,7 +199,8 @@ def claim_table(c: pd.DataFrame, claims: list[Mapping[str, Any]]) -> pd.DataFram
     partition: ``above`` every one of ``below`` in the mean. Each pair's difference with twice its
     standard error; the verdict: ``holds`` (every pair above by more than 2 SE), ``holds in the
     means`` (above, some within 2 SE), ``does not hold`` (some pair below in the mean; named),
-    ``not run`` (a cell has no finished run)."""
+    ``not run`` (a cell has no finished run). A source with none of the claim's algorithms in a
+    partition has no row there."""
     sources = [FEDRAY, *sorted(set(c["source"]) - {FEDRAY})] if len(c) else []
     rows = []
     for claim in claims:
@@ -209,6 +210,8 @@ def claim_table(c: pd.DataFrame, claims: list[Mapping[str, Any]]) -> pd.DataFram
         for source in sources:
             for part, cell in c[c["source"] == source].groupby("partition", sort=False):
                 values = dict(zip(cell["algorithm"], cell["values"], strict=True))
+                if not any(values.get(a) for a in (*above, *below)):
+                    continue  # this source runs none of the claim's algorithms here (another paper's method)
                 pairs, verdicts = [], []
                 for a in above:
                     for b in below:

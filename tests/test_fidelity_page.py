@@ -73,6 +73,10 @@ def test_a_papers_orderings_checked_per_partition(tmp_path, base):
     t = claim_table(cells(out, names=NAMES), claims[:1])
     assert t["source"].tolist() == ["fedray", "authors/FedCat"]
     assert t["verdict"].tolist() == ["holds", "does not hold (FedCat not above FedAvg)"]
+    # another paper's reference in the same folder, with none of the claim's algorithms: no row
+    write_run(out, {**base, "algorithm": "fedrs", "seed": 0, "source": "authors/FedRS"}, final(0.6))
+    t = claim_table(cells(out, names=NAMES), claims[:1])
+    assert t["source"].tolist() == ["fedray", "authors/FedCat"]
 
 
 def test_a_missing_results_folder_is_an_error_or_the_section_as_last_generated(tmp_path, base):
