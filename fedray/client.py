@@ -38,6 +38,7 @@ class Task:
     eval_train: bool = True  # train_accuracy / train_loss at each evaluation (config key eval_train)
     cuda_deterministic: bool = True  # deterministic CUDA kernels when the clients run on a GPU
     head_bias: bool = True  # the model's last layer has a bias (config key head_bias)
+    model_init: str = "derived"  # how initial models are seeded (config key model_init)
 
     @classmethod
     def from_config(cls, cfg, spec: DataSpec) -> Task:
@@ -45,7 +46,7 @@ class Task:
             seed=cfg.seed, model=cfg.model, spec=spec, local_epochs=cfg.local_epochs, batch_size=cfg.batch_size,
             lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, participation=cfg.participation,
             eval_batch_size=cfg.eval_batch_size, channels_last=cfg.channels_last, eval_train=cfg.eval_train,
-            cuda_deterministic=cfg.cuda_deterministic, head_bias=cfg.head_bias,
+            cuda_deterministic=cfg.cuda_deterministic, head_bias=cfg.head_bias, model_init=cfg.model_init,
         )  # fmt: skip
 
     def layout(self, x: torch.Tensor) -> torch.Tensor:
@@ -65,11 +66,18 @@ class Task:
         components of a mixture or the clusters of IFCA/FedSoft differ; model 0 is FedAvg's init."""
         return {i: get_params(self.build_model(purpose="init" if i == 0 else f"init/{i}")) for i in range(k)}
 
+    def torch_seed(self, purpose: str) -> int:
+        """The torch seed a model for ``purpose`` is drawn from: the derived stream (seed, purpose);
+        with model_init: seed_plus_k, the initial models ("init", "init/K") from seed + K."""
+        if self.model_init == "seed_plus_k" and (purpose == "init" or purpose.startswith("init/")):
+            return self.seed + (int(purpose[5:]) if purpose != "init" else 0)
+        return seeding.torch_seed(self.seed, purpose)
+
     def build_model(self, purpose: str = "init", arch: Arch = TASK) -> nn.Module:
         """A freshly initialised model (the task's, or ``arch``); the init draws come from the
         derived stream (seed, purpose)."""
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seeding.torch_seed(self.seed, purpose))
+            torch.manual_seed(self.torch_seed(purpose))
             task_model = partial(
                 build_model, self.model, self.spec.input_shape, self.spec.num_classes, head_bias=self.head_bias
             )

@@ -86,6 +86,11 @@ class Config:
     model: str = "mlp"  # a name from fedray.models.MODELS (mlp, simple_cnn, mcmahan_cnn, fedrc_cnn, resnet18, mobilenet_v2, vgg16)
     # FedConcat's concatenated heads always keep theirs (head_bias: false is refused there).
     head_bias: bool = True  # false: the model's last layer has no bias (FedRepo's models: FedRS's reference code)
+    # How the initial model(s) are drawn. derived: model k from its own stream of (seed, k), so no two
+    # seeds share a model. seed_plus_k: model k right after torch.manual_seed(seed + k), as the
+    # FedEM/FedRC code draws its K learners: bit for bit its models, and seeds s and s + 1 then share
+    # K - 1 of their K initial models (which narrows the seed-to-seed spread of a K-model method).
+    model_init: str = "derived"  # derived | seed_plus_k
     rounds: int = field(default=30, metadata=bound(ge=1))  # communication rounds
     local_epochs: int = field(default=5, metadata=bound(ge=1))  # full passes over the local data per round
     batch_size: int = field(default=32, metadata=bound(ge=1))  # local mini-batch size (last partial batch kept, as in NIID-Bench)
@@ -169,7 +174,8 @@ NOT_IN_RUN_ID = (
 )  # fmt: skip
 # Keys added after results existed, with the value that means "as before": at that value they stay
 # out of the run id, so every earlier run keeps its id (and a re-submitted sweep skips it).
-ADDED_LATER = {"shift": "none", "partition_file": "", "channels_last": False, "eval_train": True, "cuda_deterministic": True, "head_bias": True}
+ADDED_LATER = {"shift": "none", "partition_file": "", "channels_last": False, "eval_train": True, "cuda_deterministic": True, "head_bias": True,
+               "model_init": "derived"}
 # Keys of a sweep file that are not config keys (fedray/sweep.py expands them into runs).
 SWEEP_KEYS = ("grid", "seeds", "cases", "max_concurrent_runs")
 

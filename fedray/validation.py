@@ -88,6 +88,7 @@ def validate(cfg: Config) -> None:
     _choice("partition", cfg.partition, [*PARTITIONS, "file"])
     _choice("model", cfg.model, MODELS)
     _choice("shift", cfg.shift, SHIFTS)
+    _choice("model_init", cfg.model_init, ("derived", "seed_plus_k"))
     _choice(
         "emnist_split", cfg.emnist_split, ("byclass", "bymerge", "balanced", "letters", "digits", "mnist")
     )

@@ -64,6 +64,7 @@ def test_parse_sets_nests_and_parses_yaml_scalars():
         ({"dataset": "fmnst"}, r"'dataset'.*did you mean 'fmnist'"),
         ({"algorithm": "fedavgg"}, r"'algorithm'.*did you mean 'fedavg'"),
         ({"model": "cnn"}, r"'model': unknown value 'cnn'"),
+        ({"model_init": "seed+k"}, r"'model_init': unknown value 'seed\+k'.*seed_plus_k"),
         ({"lr": "fast"}, r"'lr': expected a number, got 'fast'"),
         ({"lr": -1}, r"'lr': must be > 0"),
         ({"num_clients": 2.5}, r"'num_clients': expected an integer"),
