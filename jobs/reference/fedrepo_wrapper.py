@@ -18,7 +18,11 @@ its models from its own nets; this wrapper does what that entry point does, with
   would be with any local test set;
 - the global test set: the data set's test split;
 - the model: fedray's ``model`` built right after the seed, with FedRepo's interface
-  (``encoder``, ``classifier`` = the bias-free last layer, forward returning (features, logits));
+  (``encoder``, ``classifier`` = the bias-free last layer, forward returning (features, logits)),
+  in PyTorch's default initialisation, as NIID-Bench and fedray draw the simple CNN. FedRepo's own
+  nets get its ``utils.weights_init`` (Kaiming-normal convolutions, N(0, 0.01) linear layers, zero
+  biases; its classifier PyTorch's default): not applied, so the cell compares FedRS's training on
+  the model FedConcat's table uses, not FedRepo's initialisation;
 - ``args``: FedRepo's fields, from the arguments (``c_ratio`` = participation, ``test_round`` = 1,
   ``local_steps`` = None, ``optimizer`` = SGD, ``cuda`` = False);
 - ``_BaseDataLoaderIter.next = __next__``: FedRS calls ``loader_iter.next()``, a Python 2 alias
