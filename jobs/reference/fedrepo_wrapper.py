@@ -37,7 +37,6 @@ the one imported), with the round's wall time and a SHA-256 of the model's weigh
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib
 import json
 import os
@@ -65,14 +64,6 @@ def _script_parser() -> argparse.ArgumentParser:
     ap.add_argument("--alpha", type=float, required=True)
     ap.add_argument("--max-grad-norm", type=float, default=100.0)
     return ap
-
-
-def model_sha256(model: Any) -> str:
-    h = hashlib.sha256()
-    for key, value in model.state_dict().items():
-        h.update(key.encode())
-        h.update(value.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 def client_data(a: argparse.Namespace) -> tuple[Any, dict[int, Any], Any]:
@@ -118,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
     from fedray.models import build_model
+    from fedray.results import write_text_atomic
+    from jobs.reference.niid_wrapper import model_sha256, weights_finite
 
     if opts.threads:
         torch.set_num_threads(opts.threads)
@@ -178,10 +171,8 @@ def main(argv: list[str] | None = None) -> int:
                 right = sum(int((model(test_x[i : i + 1000])[1].argmax(1) == torch.as_tensor(test_y[i : i + 1000])).sum())
                             for i in range(0, len(test_y), 1000))  # fmt: skip
             now = time.perf_counter()
-            params = model.state_dict().values()
             evals.append({"accuracy": right / len(test_y), "fedrepo_accuracy": float(out[0]), "seconds": now - last,
-                          "elapsed": now - t0, "model_sha256": model_sha256(model),
-                          "finite": all(bool(v.isfinite().all()) for v in params if v.is_floating_point())})  # fmt: skip
+                          "elapsed": now - t0, "model_sha256": model_sha256(model), "finite": weights_finite(model)})  # fmt: skip
             last = now
         return out
 
@@ -194,9 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         "evals": evals, "threads": opts.threads, "max_grad_norm": a.max_grad_norm,
         "local_test": "each client's first training sample (FedRepo's local logging only)",
     }  # fmt: skip
-    tmp = result.with_name(f".{result.name}.tmp")
-    tmp.write_text(json.dumps(doc))
-    tmp.replace(result)
+    write_text_atomic(json.dumps(doc), result)
     return 0
 
 
