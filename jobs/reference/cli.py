@@ -92,16 +92,17 @@ def cmd_reference(args: argparse.Namespace) -> int:
     from fedray.data import DatasetMissing
     from fedray.sweep import load_sweep
     from jobs.reference.harness import ReferenceError, check_checkout, run_reference, write_fedray_side
-    REFERENCES = references()  # noqa: N806 - the registry, built here
+
+    known = references()
     if args.name == "fedrc":  # clients from the reference's own generator (client_files)
         return cmd_fedrc_data(args)
-    if args.name not in REFERENCES:
+    if args.name not in known:
         print(
-            f"fedray: error: unknown reference {args.name!r} (known: {', '.join([*REFERENCES, 'fedrc'])})",
+            f"fedray: error: unknown reference {args.name!r} (known: {', '.join([*known, 'fedrc'])})",
             file=sys.stderr,
         )
         return EXIT_USAGE
-    ref = REFERENCES[args.name]
+    ref = known[args.name]
     out = Path(args.output).resolve()
     unsupported = [flag for flag, asked, ok in (
         ("--check", args.check, "keep_logging_evals" in ref.options),
