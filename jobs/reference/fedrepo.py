@@ -28,8 +28,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedray.config import Config, partition_file_for
-from jobs.reference.harness import Reference, ReferenceError, partition_template
+from fedray.config import Config
+from jobs.reference import borrowed
+from jobs.reference.harness import Reference, ReferenceError
 
 REPO = "lxcnju/FedRepo"
 COMMIT = "617ee01"
@@ -47,25 +48,10 @@ def script_args(cfg: Config, out: Path, logdir: Path) -> list[str]:
         raise ReferenceError(
             "FedRepo's classifier has no bias (networks/basic_nets.py ClassifyNet: bias=False): set head_bias: false"
         )
-    if cfg.client_test_fraction or cfg.shift != "none":
-        raise ReferenceError("the clients come from NIID-Bench's partitions: no client_test_fraction or shift")
     hp = ALGORITHMS["fedrs"].full_hparams(cfg.hp)
     if hp.get("server_lr", 1.0) != 1.0:
         raise ReferenceError("FedRepo averages with server learning rate 1 (hp.server_lr: 1)")
-    path = Path(partition_file_for(partition_template(out, cfg), cfg.seed))
-    if not path.is_file():
-        raise ReferenceError(
-            f"no partition {path}: FedRepo runs on the clients a NIID-Bench-family reference drew into this folder; "
-            "draw them first, e.g. fedray reference niid-bench jobs/configs/fidelity_moon.yaml --partitions-only "
-            f"--checkout NIID-Bench --output {out}"
-        )
-    return [
-        "--dataset", cfg.dataset, "--data-root", cfg.resolved_data_root(), "--partition-file", str(path),
-        "--model", cfg.model, "--rounds", str(cfg.rounds), "--local-epochs", str(cfg.local_epochs),
-        "--batch-size", str(cfg.batch_size), "--lr", f"{cfg.lr:g}", "--momentum", f"{cfg.momentum:g}",
-        "--weight-decay", f"{cfg.weight_decay:g}", "--participation", f"{cfg.participation:g}",
-        "--seed", str(cfg.seed), "--alpha", f"{hp['alpha']:g}", "--max-grad-norm", f"{MAX_GRAD_NORM:g}",
-    ]  # fmt: skip
+    return [*borrowed.script_args(cfg, out), "--alpha", f"{hp['alpha']:g}", "--max-grad-norm", f"{MAX_GRAD_NORM:g}"]
 
 
 FEDREPO = Reference(

@@ -36,72 +36,26 @@ the one imported), with the round's wall time and a SHA-256 of the model's weigh
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import os
 import sys
 import time
 from collections import namedtuple
-from pathlib import Path
 from typing import Any
 
-
-def _script_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="fedrepo_wrapper SCRIPT")
-    ap.add_argument("--dataset", required=True)
-    ap.add_argument("--data-root", default="")
-    ap.add_argument("--partition-file", required=True)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--rounds", type=int, required=True)
-    ap.add_argument("--local-epochs", type=int, required=True)
-    ap.add_argument("--batch-size", type=int, required=True)
-    ap.add_argument("--lr", type=float, required=True)
-    ap.add_argument("--momentum", type=float, required=True)
-    ap.add_argument("--weight-decay", type=float, required=True)
-    ap.add_argument("--participation", type=float, required=True)
-    ap.add_argument("--seed", type=int, required=True)
-    ap.add_argument("--alpha", type=float, required=True)
-    ap.add_argument("--max-grad-norm", type=float, default=100.0)
-    return ap
-
-
-def client_data(a: argparse.Namespace) -> tuple[Any, dict[int, Any], Any]:
-    """fedray's data set for the partition file: (federated data, {client: training tensors}, test tensors)."""
-    import numpy as np
-
-    from fedray.data import build_federated_data, partition_file
-    from fedray.validation import from_dict
-
-    n = len(partition_file.read(a.partition_file).train)
-    cfg = from_dict({"dataset": a.dataset, "data_root": a.data_root, "model": a.model, "partition": "file",
-                     "partition_file": a.partition_file, "num_clients": n, "client_test_fraction": 0.0})  # fmt: skip
-    fd = build_federated_data(cfg)
-    ds, spec = fd.dataset, fd.dataset.spec
-    if spec.augment != "none":
-        raise SystemExit(f"fedrepo_wrapper: {a.dataset} is augmented in fedray ({spec.augment}); FedRepo feeds fixed tensors")
-    x = spec.to_tensor(ds.train.x)
-    clients = {cid: (x[np.asarray(ix.train)], ds.train.y[np.asarray(ix.train)]) for cid, ix in fd.clients.items()}
-    return fd, clients, (spec.to_tensor(ds.test.x), ds.test.y)
+from jobs.reference import borrowed
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if "--" not in argv:
-        print("usage: fedrepo_wrapper [options] -- algorithms/fedrs.py ARGS...", file=sys.stderr)
+    parser = borrowed.script_parser("fedrepo_wrapper SCRIPT")
+    parser.add_argument("--alpha", type=float, required=True)
+    parser.add_argument("--max-grad-norm", type=float, default=100.0)
+    parsed = borrowed.parse_wrapper_argv(sys.argv[1:] if argv is None else argv, "fedrepo_wrapper", parser)
+    if parsed is None:
         return 2
-    split = argv.index("--")
-    ap = argparse.ArgumentParser(prog="fedrepo_wrapper")
-    ap.add_argument("--checkout", required=True, type=Path)
-    ap.add_argument("--result", required=True, type=Path)
-    ap.add_argument("--workdir", type=Path, help="the run's working folder (default: the result's folder)")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    opts = ap.parse_args(argv[:split])
-    script, *script_args = argv[split + 1 :]
-    a = _script_parser().parse_args(script_args)
-    checkout, result = opts.checkout.resolve(), opts.result.resolve()
-    workdir = (opts.workdir or result.parent).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
+    opts, script, script_args, a = parsed
+    checkout, result, workdir = opts.checkout, opts.result, opts.workdir
 
     import numpy as np
     import torch
@@ -146,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             return hs, self.classifier(hs)
 
     ref_utils.setup_seed(a.seed)
-    fd, clients, (test_x, test_y) = client_data(a)
+    fd, clients, (test_x, test_y) = borrowed.client_data(a, "fedrepo_wrapper")
     csets = {cid: (Split(x, y), Split(x[:1], y[:1])) for cid, (x, y) in clients.items()}
     gset = Split(test_x, test_y)
     spec = fd.dataset.spec
