@@ -33,7 +33,8 @@ def add_parser(sub: argparse._SubParsersAction, run_sweep: Callable[[Path], int]
     p.add_argument(
         "name",
         help="the reference: fedconcat (sjtudyq/FedConcat), niid-bench (Xtra-Computing/NIID-Bench), fedrepo "
-        "(lxcnju/FedRepo's FedRS, on the partitions a NIID-Bench-family reference drew into --output), or fedrc "
+        "(lxcnju/FedRepo's FedRS, on the partitions a NIID-Bench-family reference drew into --output), fl-bench "
+        "(KarhouTam/FL-bench's FedLC, on such partitions too), or fedrc "
         "(LINs-lab/FedRC: its FMNIST-C clients as client_files)",
     )
     p.add_argument("config", nargs="?", help="sweep (or run) YAML, as for `fedray sweep`")
@@ -82,9 +83,10 @@ def _wrapper_flags(args: argparse.Namespace, options: tuple[str, ...]) -> list[s
 
 def references() -> dict:
     from jobs.reference.fedrepo import FEDREPO
+    from jobs.reference.flbench import FLBENCH
     from jobs.reference.niid_bench import REFERENCES
 
-    return {**REFERENCES, FEDREPO.name: FEDREPO}
+    return {**REFERENCES, FEDREPO.name: FEDREPO, FLBENCH.name: FLBENCH}
 
 
 def cmd_reference(args: argparse.Namespace) -> int:

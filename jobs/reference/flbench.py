@@ -1,0 +1,68 @@
+"""KarhouTam/FL-bench: FedLC (Zhang et al., ICML 2022) as FL-bench implements it (``src/server/fedlc.py``,
+``src/client/fedlc.py``), on the clients another reference drew. FedLC's authors published no code;
+FL-bench's is the public implementation ALGORITHMS.md §2.6 and fedray follow.
+
+Like FedRepo's harness, this one draws nothing: it runs on the partitions a NIID-Bench-family harness
+left in the same results folder (``DIR/reference/partitions/``, same setting and seed), where FedAvg
+and MOON from NIID-Bench's script, and fedray, ran on the very same clients. The wrapper
+(`jobs.reference.flbench_wrapper`) builds FL-bench's FedLC server from the checkout's own config and
+classes, with fedray's data tensors and the configured model behind FL-bench's interfaces.
+
+What FL-bench does that fedray does not, and how each run here is set:
+- a local batch of one sample is skipped (``FedAvgClient.fit``: ``if len(x) <= 1: continue``, kept
+  for BatchNorm): a client whose size is 1 more than a multiple of the batch size trains on one sample
+  fewer per epoch than in fedray;
+- its loss is computed as exp(calibrated logits) normalised, then -log, without the log-sum-exp
+  shift: the same function as fedray's cross-entropy of the calibrated logits while the logits stay
+  under about 88 (float32's exp overflows above), which the runs here record as finite weights;
+- the clients are visited in a random order each round (``random.sample``); with full participation
+  that changes only the order of the weighted sum;
+- its evaluations: FL-bench's client-side evaluation (before and after local training) is switched
+  off (``client_side_evaluation: false``: its clients have no test split here) and the global model is
+  tested on the test split after every round, as fedray does;
+- its own data pipeline normalises by the data set's mean and std; here both sides train on fedray's
+  x / 255, NIID-Bench's scaling, so the two see the same inputs;
+- the initial model is drawn after ``fix_random_seed(seed)`` (Python, NumPy, torch), fedray's from its
+  own stream: the comparison is over seeds, not paired seed by seed;
+- the server weighs clients by their sample counts and resets the optimizer every round
+  (``reset_optimizer_on_global_epoch: true``), as fedray does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fedray.config import Config
+from jobs.reference import borrowed
+from jobs.reference.harness import Reference, ReferenceError
+
+REPO = "KarhouTam/FL-bench"
+COMMIT = "06e658b"
+
+
+def script_args(cfg: Config, out: Path, logdir: Path) -> list[str]:
+    """The wrapper's arguments for ``cfg``; ``out`` is the results folder whose reference/partitions/
+    hold the clients (a NIID-Bench-family harness drew them there)."""
+    from fedray.algorithms import ALGORITHMS
+
+    if cfg.algorithm != "fedlc":
+        raise ReferenceError(f"algorithm {cfg.algorithm!r}: the harness runs FL-bench's FedLC only")
+    hp = ALGORITHMS["fedlc"].full_hparams(cfg.hp)
+    if hp.get("server_lr", 1.0) != 1.0:
+        raise ReferenceError("FL-bench averages with server learning rate 1 (hp.server_lr: 1)")
+    return [*borrowed.script_args(cfg, out), "--tau", f"{hp['tau']:g}"]
+
+
+FLBENCH = Reference(
+    name="fl-bench",
+    repo=REPO,
+    commit=COMMIT,
+    script="src/server/fedlc.py",
+    wrapper="jobs.reference.flbench_wrapper",
+    algorithms=frozenset({"fedlc"}),
+    args=script_args,
+    eval_round=lambda cfg, k: (k + 1, ""),  # the centralized test after every round
+    prepare_data=lambda out: out,  # the data: fedray's data set, and the partitions already in `out`
+    options=(),
+    draws_partitions=False,
+)
