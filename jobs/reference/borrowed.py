@@ -21,7 +21,9 @@ def script_args(cfg: Config, out: Path) -> list[str]:
     from jobs.reference.harness import ReferenceError, partition_template
 
     if cfg.client_test_fraction or cfg.shift != "none":
-        raise ReferenceError("the clients come from NIID-Bench's partitions: no client_test_fraction or shift")
+        raise ReferenceError(
+            "the clients come from NIID-Bench's partitions: no client_test_fraction or shift"
+        )
     path = Path(partition_file_for(partition_template(out, cfg), cfg.seed))
     if not path.is_file():
         raise ReferenceError(
@@ -96,7 +98,11 @@ def client_data(a: argparse.Namespace, prog: str) -> tuple[Any, dict[int, Any], 
     fd = build_federated_data(cfg)
     ds, spec = fd.dataset, fd.dataset.spec
     if spec.augment != "none":
-        raise SystemExit(f"{prog}: {a.dataset} is augmented in fedray ({spec.augment}); the reference feeds fixed tensors")
+        raise SystemExit(
+            f"{prog}: {a.dataset} is augmented in fedray ({spec.augment}); the reference feeds fixed tensors"
+        )
     x = spec.to_tensor(ds.train.x)
-    clients = {cid: (x[np.asarray(ix.train)], ds.train.y[np.asarray(ix.train)]) for cid, ix in fd.clients.items()}
+    clients = {
+        cid: (x[np.asarray(ix.train)], ds.train.y[np.asarray(ix.train)]) for cid, ix in fd.clients.items()
+    }
     return fd, clients, (spec.to_tensor(ds.test.x), ds.test.y)

@@ -51,7 +51,13 @@ def script_args(cfg: Config, out: Path, logdir: Path) -> list[str]:
     hp = ALGORITHMS["fedrs"].full_hparams(cfg.hp)
     if hp.get("server_lr", 1.0) != 1.0:
         raise ReferenceError("FedRepo averages with server learning rate 1 (hp.server_lr: 1)")
-    return [*borrowed.script_args(cfg, out), "--alpha", f"{hp['alpha']:g}", "--max-grad-norm", f"{MAX_GRAD_NORM:g}"]
+    return [
+        *borrowed.script_args(cfg, out),
+        "--alpha",
+        f"{hp['alpha']:g}",
+        "--max-grad-norm",
+        f"{MAX_GRAD_NORM:g}",
+    ]
 
 
 FEDREPO = Reference(

@@ -86,7 +86,9 @@ def flbench_config(checkout: Path, a: Any, dataset: str) -> Any:
     return functional.parse_args(config, "fedlc", server.get_hyperparams)
 
 
-def write_flbench_data(root: Path, dataset: str, train: dict[int, list[int]], test: list[int], seed: int) -> None:
+def write_flbench_data(
+    root: Path, dataset: str, train: dict[int, list[int]], test: list[int], seed: int
+) -> None:
     """FL-bench's ``data/DATASET/args.json`` and ``partition.pkl`` for these clients, under ``root``
     (the wrapper's own files, in its working folder: FL-bench's server reads them)."""
     import numpy as np
@@ -97,11 +99,17 @@ def write_flbench_data(root: Path, dataset: str, train: dict[int, list[int]], te
     args = {"client_num": n, "test_ratio": 0.0, "val_ratio": 0.0, "seed": seed, "split": "sample",
             "IID_ratio": 0.0, "monitor_window_name_suffix": f"{dataset}-{n}clients-fedray-partition"}  # fmt: skip
     (folder / "args.json").write_text(json.dumps(args))
+
     def ints(ix) -> np.ndarray:  # as FL-bench's generate_data.py writes them (an empty list would be float)
         return np.asarray(ix, dtype=np.int64)
 
-    indices = [{"train": ints(train[c]), "val": ints([]), "test": ints(test if c == 0 else [])} for c in range(n)]
-    partition = {"separation": {"train": list(range(n)), "val": [], "test": [], "total": n}, "data_indices": indices}
+    indices = [
+        {"train": ints(train[c]), "val": ints([]), "test": ints(test if c == 0 else [])} for c in range(n)
+    ]
+    partition = {
+        "separation": {"train": list(range(n)), "val": [], "test": [], "total": n},
+        "data_indices": indices,
+    }
     with open(folder / "partition.pkl", "wb") as f:
         pickle.dump(partition, f)
 
