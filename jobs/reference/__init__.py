@@ -11,5 +11,6 @@ on the reference, then the same runs in fedray on the reference's own partitions
 References (`jobs.reference.cli.references()`): ``fedconcat`` (sjtudyq/FedConcat, NIID-Bench's experiments.py with
 FedConcat; FedAvg, FedProx, SCAFFOLD, FedNova, FedConcat), ``niid-bench``
 (Xtra-Computing/NIID-Bench; FedAvg, FedProx, SCAFFOLD, FedNova, MOON) and ``fedrepo``
-(lxcnju/FedRepo's FedRS, on the partitions one of those drew).
+(lxcnju/FedRepo's FedRS, on the partitions one of those drew) and ``fl-bench`` (KarhouTam/FL-bench's
+FedLC, on such partitions too).
 """
