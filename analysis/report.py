@@ -5,8 +5,8 @@
   training accuracy (FedRC's protocol), or its best value.
 - `pivot`: runs laid out as the papers do: rows = settings (default dataset + partition), columns =
   algorithms, each cell mean ± std over seeds with the number of seeds. Runs that differ in a key
-  the rows and columns do not show (a FedProx mu grid, say) get that key added to their column,
-  so a cell never mixes two settings.
+  the rows and columns do not show (a FedProx mu grid, say) get that key added to their column
+  (that column's only: the other algorithms keep their names), so a cell never mixes two settings.
 - `format_table`: text, markdown, CSV or LaTeX.
 """
 
@@ -216,8 +216,9 @@ def label_runs(
     """Add experiment, row and column labels to runs (one row each, with a ``config`` column).
 
     A key that differs between runs of one (experiment, row, column) other than by seed is added to
-    the column label, so a cell only ever holds seeds of one setting. With ``tuned``, differing
-    ``hp.*`` keys go to a ``setting`` column instead (the candidates `pivot` picks the best of).
+    that column's label (in every row of its experiment; other columns keep theirs), so a cell only
+    ever holds seeds of one setting. With ``tuned``, differing ``hp.*`` keys go to a ``setting``
+    column instead (the candidates `pivot` picks the best of).
     """
     df = runs.copy()
     df["experiment"] = df["config"].map(lambda c: c["experiment"])
@@ -226,13 +227,13 @@ def label_runs(
     covered = _covered([*rows, *cols]) | set(_PER_RUN_KEYS) | {"experiment"}
     if "hp" in cols or "hp" in rows:
         covered |= {k for c in df["config"] for k in _flat(c) if k.startswith("hp.")}
-    extra: set[str] = set()
-    for _, cell in df.groupby(["experiment", "row", "col"], sort=False):
+    extra: dict[tuple[str, str], set[str]] = {}  # (experiment, column) -> the keys its label adds
+    for (exp, _, col), cell in df.groupby(["experiment", "row", "col"], sort=False):
         flats = [_flat(c) for c in cell["config"]]
         keys = {k for f in flats for k in f} - covered
-        extra |= {
+        extra.setdefault((exp, col), set()).update(
             k for k in keys if len({json.dumps(f.get(k, "<unset>"), sort_keys=True) for f in flats}) > 1
-        }
+        )
 
     def suffix(c: dict, hparams: dict, keys: set[str]) -> str:
         """``k=value`` for the keys; an hp value the config leaves at its default is named too."""
@@ -241,13 +242,15 @@ def label_runs(
 
     hps = df["hparams"] if "hparams" in df else [{}] * len(df)
 
-    tunable = {k for k in extra if k.startswith("hp.") or k in TUNED_KEYS} if tuned else set()
-    if extra - tunable:
-        df["col"] = [
-            f"{col} {suffix(c, h, extra - tunable)}".strip()
-            for col, c, h in zip(df["col"], df["config"], hps, strict=True)
-        ]
-    df["setting"] = [suffix(c, h, tunable) for c, h in zip(df["config"], hps, strict=True)]
+    def tunable(exp: str, col: str) -> set[str]:
+        return {k for k in extra[exp, col] if k.startswith("hp.") or k in TUNED_KEYS} if tuned else set()
+
+    labels, settings = [], []
+    for exp, col, c, h in zip(df["experiment"], df["col"], df["config"], hps, strict=True):
+        keys, tune = extra[exp, col], tunable(exp, col)
+        labels.append(f"{col} {suffix(c, h, keys - tune)}".strip())
+        settings.append(suffix(c, h, tune))
+    df["col"], df["setting"] = labels, settings
     return df
 
 

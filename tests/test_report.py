@@ -109,6 +109,19 @@ def test_a_setting_left_at_its_default_is_named_by_its_value(tmp_path):
     assert cells[["col", "setting", "mean"]].values.tolist() == [["fedlc", "hp.tau=1", 0.70]]
 
 
+def test_a_key_that_splits_one_algorithms_runs_labels_that_algorithm_only(tmp_path):
+    # FedRS ran with and without the head's bias, FedAvg only with: FedAvg's column keeps its name
+    # (the seeds only give the runs distinct ids here)
+    out = tmp_path / "out"
+    base = {**small_config(tmp_path).to_dict(), "experiment": "t"}
+    write_run(out, {**base, "algorithm": "fedavg"}, final(0.70))
+    write_run(out, {**base, "algorithm": "fedrs", "head_bias": False, "seed": 0}, final(0.60))
+    write_run(out, {**base, "algorithm": "fedrs", "head_bias": True, "seed": 1}, final(0.65))
+    cells = pivot(run_values(out))
+    assert cells[["col", "mean"]].values.tolist() == [
+        ["fedavg", 0.70], ["fedrs head_bias=false", 0.60], ["fedrs head_bias=true", 0.65]]  # fmt: skip
+
+
 def test_a_run_recorded_before_a_key_existed_groups_with_later_runs_of_its_setting(tmp_path):
     # seed 0 was recorded before cuda_deterministic existed (its config lacks the key); seed 1 has
     # the key at the value that means "as before": one cell of two seeds, no extra label
