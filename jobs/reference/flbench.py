@@ -13,10 +13,13 @@ What FL-bench does that fedray does not, and how each run here is set:
   for BatchNorm): a client whose size is 1 more than a multiple of the batch size trains on one sample
   fewer per epoch than in fedray;
 - its loss is computed as exp(calibrated logits) normalised, then -log, without the log-sum-exp
-  shift: the same function as fedray's cross-entropy of the calibrated logits while the logits stay
-  under about 88 (float32's exp overflows above), which the runs here record as finite weights;
-- the clients are visited in a random order each round (``random.sample``); with full participation
-  that changes only the order of the weighted sum;
+  shift: the same function as fedray's cross-entropy of the calibrated logits while float32's exp
+  neither overflows (a logit above about 88) nor underflows (the true class's calibrated logit about
+  87 or more below zero), which the runs here record as finite weights;
+- the clients are visited in a random order each round (``random.sample``), and each client's batch
+  shuffle draws from the one global torch generator in that order (fedray draws each client's order
+  from its own stream per seed, client, round and epoch): the batch orders differ, as the initial
+  models do, so the comparison is over seeds;
 - its evaluations: FL-bench's client-side evaluation (before and after local training) is switched
   off (``client_side_evaluation: false``: its clients have no test split here) and the global model is
   tested on the test split after every round, as fedray does;
