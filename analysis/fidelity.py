@@ -200,15 +200,20 @@ def claim_table(c: pd.DataFrame, claims: list[Mapping[str, Any]]) -> pd.DataFram
     standard error; the verdict: ``holds`` (every pair above by more than 2 SE), ``holds in the
     means`` (above, some within 2 SE), ``does not hold`` (some pair below in the mean; named),
     ``not run`` (a cell has no finished run). A source with none of the claim's algorithms in a
-    partition has no row there."""
-    sources = [FEDRAY, *sorted(set(c["source"]) - {FEDRAY})] if len(c) else []
+    partition has no row there. ``references: pooled`` reads the references as one side, each
+    algorithm from the reference that ran it (FedLC from FL-bench against FedAvg from NIID-Bench,
+    on the same clients); two references with the same algorithm in a partition are an error."""
     rows = []
     for claim in claims:
         above, below = _names(claim.get("above")), _names(claim.get("below"))
         if not above or not below:
             raise FidelityError(f"claim {claim.get('claim')!r}: needs above: and below: (algorithm names)")
+        if claim.get("references", "each") not in ("each", "pooled"):
+            raise FidelityError(f"claim {claim.get('claim')!r}: references: is each or pooled")
+        cc = _pooled(c, claim, {*above, *below}) if claim.get("references") == "pooled" else c
+        sources = [FEDRAY, *sorted(set(cc["source"]) - {FEDRAY})] if len(cc) else []
         for source in sources:
-            for part, cell in c[c["source"] == source].groupby("partition", sort=False):
+            for part, cell in cc[cc["source"] == source].groupby("partition", sort=False):
                 values = dict(zip(cell["algorithm"], cell["values"], strict=True))
                 if not any(values.get(a) for a in (*above, *below)):
                     continue  # this source runs none of the claim's algorithms here (another paper's method)
@@ -228,6 +233,24 @@ def claim_table(c: pd.DataFrame, claims: list[Mapping[str, Any]]) -> pd.DataFram
                 rows.append({"claim": claim.get("claim", ""), "source": source, "partition": part,
                              "differences (points)": "; ".join(pairs), "verdict": verdict})  # fmt: skip
     return pd.DataFrame(rows, columns=["claim", "source", "partition", "differences (points)", "verdict"])
+
+
+def _pooled(c: pd.DataFrame, claim: Mapping[str, Any], algorithms: set[str]) -> pd.DataFrame:
+    """fedray's cells and the references' cells of ``algorithms``, the references' under one source
+    named after those that ran them: "the references (A, B)"."""
+    c = c[(c["source"] == FEDRAY) | c["algorithm"].isin(algorithms)]
+    refs = sorted(set(c["source"]) - {FEDRAY})
+    if not refs:
+        return c
+    theirs = c[c["source"] != FEDRAY]
+    twice = theirs.groupby(["partition", "algorithm"])["source"].nunique()
+    if (twice > 1).any():
+        part, alg = twice[twice > 1].index[0]
+        raise FidelityError(
+            f"claim {claim.get('claim')!r}: references: pooled, but {alg} on {part} was run by more than one "
+            f"reference ({', '.join(sorted(set(theirs[(theirs['partition'] == part) & (theirs['algorithm'] == alg)]['source'])))})"
+        )
+    return c.assign(source=[s if s == FEDRAY else f"the references ({', '.join(refs)})" for s in c["source"]])
 
 
 def _ordered(c: pd.DataFrame, names: Mapping[str, str] | None, by: list[str]) -> pd.DataFrame:

@@ -79,6 +79,33 @@ def test_a_papers_orderings_checked_per_partition(tmp_path, base):
     assert t["source"].tolist() == ["fedray", "authors/FedCat"]
 
 
+def test_a_claim_reads_the_references_pooled_each_algorithm_from_its_own_authors(tmp_path, base):
+    # FedRS from its author's code, FedAvg from another reference, on the same clients; a third reference
+    # with neither algorithm is left out of the pooled side
+    out = tmp_path / "out"
+    for seed, (rs, avg) in enumerate([(0.70, 0.60), (0.72, 0.62)]):
+        write_run(out, {**base, "algorithm": "fedrs", "seed": seed, "source": "authors/FedRS"}, final(rs))
+        write_run(out, {**base, "algorithm": "fedavg", "seed": seed, "source": "authors/Bench"}, final(avg))
+        write_run(out, {**base, "algorithm": "fedrs", "seed": seed}, final(avg))
+        write_run(out, {**base, "algorithm": "fedavg", "seed": seed}, final(rs))
+    write_run(out, {**base, "algorithm": "moon", "seed": 0, "source": "authors/MOON"}, final(0.5))
+    names = {"fedrs": "FedRS", "fedavg": "FedAvg", "moon": "MOON"}
+    claim = {"claim": "FedRS above FedAvg", "above": ["FedRS"], "below": ["FedAvg"]}
+    apart = claim_table(cells(out, names=names), [claim])
+    assert apart["verdict"].tolist() == ["does not hold (FedRS not above FedAvg)", "not run", "not run"]
+    t = claim_table(cells(out, names=names), [{**claim, "references": "pooled"}])
+    assert t["source"].tolist() == ["fedray", "the references (authors/Bench, authors/FedRS)"]
+    # by hand: 71 against 61 (each var 2): +10.0, 2 SE = 2 sqrt(1 + 1) = 2.8
+    assert t["differences (points)"].tolist()[1] == "FedRS − FedAvg: +10.0 (2 SE 2.8)"
+    assert t["verdict"].tolist() == ["does not hold (FedRS not above FedAvg)", "holds"]
+    # two references with the same algorithm cannot be pooled
+    write_run(out, {**base, "algorithm": "fedavg", "seed": 0, "source": "authors/FedRS"}, final(0.5))
+    with pytest.raises(FidelityError, match="fedavg on .* more than one reference|FedAvg on .* more than one"):
+        claim_table(cells(out, names=names), [{**claim, "references": "pooled"}])
+    with pytest.raises(FidelityError, match="each or pooled"):
+        claim_table(cells(out, names=names), [{**claim, "references": "all"}])
+
+
 def test_a_missing_results_folder_is_an_error_or_the_section_as_last_generated(tmp_path, base):
     write_run(tmp_path / "here", {**base, "seed": 0}, final(0.7))
     spec = {
