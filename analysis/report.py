@@ -170,15 +170,17 @@ def run_values(
         return pd.DataFrame(columns=cols)
     if not include_unfinished:
         runs = runs[runs["status"] == "finished"]
-    m = load_metrics(out_dir, scope="global")
-    m = m[m["run_id"].isin(runs["run_id"])]
+    every = load_metrics(out_dir, scope="global")
+    m = every[every["run_id"].isin(runs["run_id"])]
     if not m.empty and metric not in set(m["metric"]):
         raise ReportError(
             f"metric {metric!r} was not recorded (global metrics: {', '.join(sorted(set(m['metric'])))})"
         )
     staged: set[str] = set()
     if stage is not None and not m.empty:
-        stages = sorted(set(m["stage"]))
+        # a stage only unfinished runs have reached so far is no typo: the finished runs without it
+        # are read at their final round, as beside a finished staged run
+        stages = sorted(set(every["stage"]))
         if stage not in stages:
             raise ReportError(
                 f"stage {stage!r} was not recorded (stages: {', '.join(repr(s) for s in stages)})"

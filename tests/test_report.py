@@ -182,6 +182,24 @@ def test_a_folder_with_no_finished_run_reads_empty_whatever_the_stage(tmp_path):
     assert run_values(tmp_path / "out", stage="classifier", round=2).empty
 
 
+def test_a_stage_only_a_running_run_has_reached_reads_the_finished_runs_at_their_final_round(tmp_path):
+    """FedAvg finished, FedConcat still running (the paper-budget batch part-way): FedAvg is read
+    at its final round, not refused with 'stage was not recorded'."""
+    out = tmp_path / "out"
+    c = {**small_config(tmp_path).to_dict(), "experiment": "t", "hp": {}}
+    write_run(out, c, {1: [rec("accuracy", 0.4)], 2: [rec("accuracy", 0.5)]})
+    write_run(
+        out,
+        {**c, "algorithm": "fedconcat"},
+        {1: [rec("accuracy", 0.3, stage="classifier")]},
+        status="running",
+    )
+    values = run_values(out, stage="classifier", round=173)
+    assert values[["round", "value"]].values.tolist() == [[2.0, 0.5]]
+    with pytest.raises(ReportError, match="stage 'clasifier' was not recorded"):
+        run_values(out, stage="clasifier", round=173)
+
+
 def test_at_best_train_reads_the_round_of_best_training_accuracy(results):
     def protocol(at):
         return table(results, at=at)["protocol"].set_index("partition").loc["#C=2", "fedrc"]
