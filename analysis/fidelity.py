@@ -20,6 +20,8 @@ Spec::
         text: |                    # markdown before the table (the setting, the budget, the commands)
         read: {stage: classifier, round: 57}   # how each run is read (as `fedray report`); default final
         by: [momentum, lr]         # optional: more config fields that tell cells apart (columns of the table)
+        where: {lr: 0.06}          # optional: only the runs whose config has these values (a folder that
+                                   # also holds another study's runs, e.g. an lr grid)
         paper: {"#C=2": {fedavg: 79.0, fedconcat: 84.4}}   # the paper's means, where the budget is its own
         notes: |                   # markdown after the table (causes found, what changed)
         curves: fidelity-fedconcat-curves.png   # optional: accuracy curves, written next to the page
@@ -45,7 +47,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.load import diverged, load_runs
-from analysis.report import ReportError, field_label, hp_pairs, run_values
+from analysis.report import ReportError, field_label, flat_config, hp_pairs, run_values
 
 FEDRAY = "fedray"
 AGREE_POINTS = 1.0  # percentage points
@@ -84,17 +86,31 @@ def algorithm_label(config: Mapping[str, Any], names: Mapping[str, str] | None) 
     return str(names.get(key, key))
 
 
+def selected(runs: pd.DataFrame, where: Mapping[str, Any] | None) -> pd.DataFrame:
+    """The runs whose config has every ``where`` value (keys as `fedray report` flattens them:
+    ``lr``, ``hp.mu``); a key no run has is an error (a typo would otherwise empty the section)."""
+    if not where or runs.empty:
+        return runs
+    flats = [flat_config(c) for c in runs["config"]]
+    for key in where:
+        if not any(key in f for f in flats):
+            raise FidelityError(f"where: no run has the config key {key!r}")
+    keep = [all(f.get(k) == v for k, v in where.items()) for f in flats]
+    return runs[keep]
+
+
 def cells(
     results: str | Path,
     read: Mapping[str, Any] | None = None,
     by: list[str] | tuple[str, ...] = (),
     names: Mapping[str, str] | None = None,
+    where: Mapping[str, Any] | None = None,
 ) -> pd.DataFrame:
     """One row per (partition, algorithm, the ``by`` fields, source) with the per-seed values and
     wall times of the finished runs that did not diverge, and how many runs diverged (fedray stops
     such a run on non-finite metrics; the reference trains on through NaN weights, its summary's
     ``diverged_round``, and is left out of the values the same way): a cell whose every run diverged
-    is still a row. ``names``: see `algorithm_label`."""
+    is still a row. ``names``: see `algorithm_label`; ``where``: see `selected`."""
     read, by = dict(read or {}), list(by)
     keys = ["partition", "algorithm", *by, "source"]
     try:
@@ -102,7 +118,7 @@ def cells(
                             read.get("stage"))  # fmt: skip
     except ReportError as e:
         raise FidelityError(f"{results}: {e}") from None
-    runs = load_runs(results)
+    runs = selected(load_runs(results), where)
     if runs.empty:
         return pd.DataFrame(columns=[*keys, "values", "seconds", "rounds", "diverged"])
     runs["diverged"] = [diverged(r) for r in runs.itertuples()]
@@ -309,7 +325,7 @@ def render(
         if sec.get("text"):
             parts += [str(sec["text"]).strip(), ""]
         by, names = list(sec.get("by") or []), sec.get("names")
-        c = _ordered(cells(folder, sec.get("read"), by, names), names, by)
+        c = _ordered(cells(folder, sec.get("read"), by, names, sec.get("where")), names, by)
         if c.empty:
             parts += ["(no finished runs yet)", ""]
         else:
@@ -320,7 +336,7 @@ def render(
                 claims = claim_table(c, list(sec["claims"]))
                 parts += ["The paper's orderings on these runs:", "", claims.to_markdown(index=False), ""]
         if sec.get("curves") and out_dir is not None:
-            image = _curves(folder, out_dir / sec["curves"], sec.get("read"), names)
+            image = _curves(folder, out_dir / sec["curves"], sec.get("read"), names, sec.get("where"))
             if image:
                 parts += [f"![accuracy curves]({image.name})", ""]
         if sec.get("study"):
@@ -384,7 +400,11 @@ def _read_text(read: Mapping[str, Any] | None) -> str:
 
 
 def _curves(
-    folder: Path, path: Path, read: Mapping[str, Any] | None, names: Mapping[str, str] | None = None
+    folder: Path,
+    path: Path,
+    read: Mapping[str, Any] | None,
+    names: Mapping[str, str] | None = None,
+    where: Mapping[str, Any] | None = None,
 ) -> Path | None:
     """Mean accuracy per round, one line per (partition, algorithm, source)."""
     from analysis.load import load_metrics
@@ -396,7 +416,7 @@ def _curves(
 
     m = load_metrics(folder, scope="global")
     m = m[m["metric"] == (dict(read or {}).get("metric", "accuracy"))]
-    runs = load_runs(folder)
+    runs = selected(load_runs(folder), where)
     runs = runs[runs["status"] == "finished"]
     labels = {
         r: (field_label(c, "partition"), algorithm_label(c, names), field_label(c, "source"))

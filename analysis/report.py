@@ -61,7 +61,7 @@ def partition_label(c: dict) -> str:
     return p
 
 
-def _flat(config: dict) -> dict[str, Any]:
+def flat_config(config: dict) -> dict[str, Any]:
     out = {k: v for k, v in config.items() if k != "hp"}
     out.update({f"hp.{k}": v for k, v in (config.get("hp") or {}).items()})
     return out
@@ -87,7 +87,7 @@ def field_label(config: dict, name: str) -> str:
         return config.get("source", "fedray")
     if name == "hp":
         return ",".join(hp_pairs(config)) or "-"
-    flat = _flat(config)
+    flat = flat_config(config)
     if name not in flat:
         raise ReportError(f"unknown field {name!r} for --rows/--cols (fields: partition, hp, and the config keys: "
                           f"{', '.join(sorted(flat))})")  # fmt: skip
@@ -228,10 +228,10 @@ def label_runs(
     df["col"] = df["config"].map(lambda c: column_label(c, cols))
     covered = _covered([*rows, *cols]) | set(_PER_RUN_KEYS) | {"experiment"}
     if "hp" in cols or "hp" in rows:
-        covered |= {k for c in df["config"] for k in _flat(c) if k.startswith("hp.")}
+        covered |= {k for c in df["config"] for k in flat_config(c) if k.startswith("hp.")}
     extra: dict[tuple[str, str], set[str]] = {}  # (experiment, column) -> the keys its label adds
     for (exp, _, col), cell in df.groupby(["experiment", "row", "col"], sort=False):
-        flats = [_flat(c) for c in cell["config"]]
+        flats = [flat_config(c) for c in cell["config"]]
         keys = {k for f in flats for k in f} - covered
         extra.setdefault((exp, col), set()).update(
             k for k in keys if len({json.dumps(f.get(k, "<unset>"), sort_keys=True) for f in flats}) > 1
@@ -239,7 +239,7 @@ def label_runs(
 
     def suffix(c: dict, hparams: dict, keys: set[str]) -> str:
         """``k=value`` for the keys; an hp value the config leaves at its default is named too."""
-        f = {f"hp.{k}": v for k, v in hparams.items()} | _flat(c)
+        f = {f"hp.{k}": v for k, v in hparams.items()} | flat_config(c)
         return " ".join(f"{k}={_text(f[k])}" for k in sorted(keys) if k in f)
 
     hps = df["hparams"] if "hparams" in df else [{}] * len(df)

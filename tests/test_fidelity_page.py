@@ -100,10 +100,27 @@ def test_a_claim_reads_the_references_pooled_each_algorithm_from_its_own_authors
     assert t["verdict"].tolist() == ["does not hold (FedRS not above FedAvg)", "holds"]
     # two references with the same algorithm cannot be pooled
     write_run(out, {**base, "algorithm": "fedavg", "seed": 0, "source": "authors/FedRS"}, final(0.5))
-    with pytest.raises(FidelityError, match="fedavg on .* more than one reference|FedAvg on .* more than one"):
+    with pytest.raises(
+        FidelityError, match="fedavg on .* more than one reference|FedAvg on .* more than one"
+    ):
         claim_table(cells(out, names=names), [{**claim, "references": "pooled"}])
     with pytest.raises(FidelityError, match="each or pooled"):
         claim_table(cells(out, names=names), [{**claim, "references": "all"}])
+
+
+def test_a_section_reads_only_the_runs_its_where_keeps(tmp_path, base):
+    # an lr grid beside the section's runs (lr 0.06) in the same folder
+    out = tmp_path / "out"
+    for seed, (a, b) in enumerate([(0.60, 0.90), (0.62, 0.92)]):
+        write_run(out, {**base, "lr": 0.06, "seed": seed}, final(a))
+        write_run(out, {**base, "lr": 0.1, "seed": seed}, final(b))
+    everything = cells(out)  # without where: both lrs in one cell (the section would mix them)
+    assert [sorted(v) for v in everything["values"]] == [[0.60, 0.62, 0.90, 0.92]]
+    kept = cells(out, where={"lr": 0.06})
+    assert kept["values"].tolist() == [[0.60, 0.62]]
+    assert cells(out, where={"lr": 0.03}).empty
+    with pytest.raises(FidelityError, match="no run has the config key 'lrr'"):
+        cells(out, where={"lrr": 0.06})
 
 
 def test_a_missing_results_folder_is_an_error_or_the_section_as_last_generated(tmp_path, base):
