@@ -198,3 +198,18 @@ def sweep_file(tmp_path: Path, body: str, name: str = "sweep.yaml") -> Path:
     p = tmp_path / name
     p.write_text(SWEEP_BASE + f"output: {tmp_path / 'out'}\n" + textwrap.dedent(body))
     return p
+
+
+def draw_borrowed_partition(c) -> list[np.ndarray]:
+    """A partition file where a NIID-Bench-family harness leaves it, for the harnesses that borrow
+    clients (FedRepo, FL-bench): four clients, two labels each."""
+    from fedray.config import partition_file_for
+    from fedray.data import partition_file
+    from fedray.data.datasets import train_labels
+    from jobs.reference.harness import partition_template
+
+    y, _ = train_labels(c)
+    parts = [np.flatnonzero(np.isin(y, [2 * k, 2 * k + 1])) for k in range(4)]
+    path = Path(partition_file_for(partition_template(Path(c.output), c), c.seed))
+    partition_file.write_json(path, parts, len(y), dataset=c.dataset)
+    return parts

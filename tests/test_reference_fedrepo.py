@@ -14,13 +14,13 @@ import pytest
 
 from analysis.report import run_values
 from fedray.config import partition_file_for
-from fedray.data import partition_file
 from fedray.data.datasets import train_labels
 from fedray.validation import from_dict
 from jobs.cli import main as cli
 from jobs.reference import harness
 from jobs.reference.fedrepo import FEDREPO
 from jobs.reference.harness import ReferenceError
+from tests.helpers import draw_borrowed_partition as draw_partition
 
 UTILS = """
 import random, numpy as np, torch
@@ -76,15 +76,6 @@ def cfg(out: Path, **over):
     base = dict(dataset="digits", model="mlp", num_clients=4, partition="labels", partition_k=2, algorithm="fedrs",
                 head_bias=False, rounds=2, local_epochs=1, batch_size=32, lr=0.05, output=str(out))  # fmt: skip
     return from_dict({**base, **over})
-
-
-def draw_partition(c) -> list[np.ndarray]:
-    """A partition file where a NIID-Bench-family harness leaves it (here: four clients, two labels each)."""
-    y, _ = train_labels(c)
-    parts = [np.flatnonzero(np.isin(y, [2 * k, 2 * k + 1])) for k in range(4)]
-    path = Path(partition_file_for(harness.partition_template(Path(c.output), c), c.seed))
-    partition_file.write_json(path, parts, len(y), dataset=c.dataset)
-    return parts
 
 
 def test_fedrs_runs_on_the_partitions_clients_with_a_bias_free_model_and_lands_beside_fedray(checkout, tmp_path):

@@ -11,18 +11,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from analysis.report import run_values
-from fedray.config import partition_file_for
-from fedray.data import partition_file
 from fedray.data.datasets import load_dataset, train_labels
 from fedray.validation import from_dict
 from jobs.cli import main as cli
 from jobs.reference import flbench_wrapper, harness
 from jobs.reference.flbench import FLBENCH
 from jobs.reference.harness import ReferenceError
+from tests.helpers import draw_borrowed_partition as draw_partition
 
 DEFAULTS_YAML = """
 method: fedavg
@@ -190,15 +188,6 @@ def cfg(out: Path, **over):
                 hp={"tau": 0.5}, rounds=2, local_epochs=1, batch_size=32, lr=0.05, momentum=0.9, weight_decay=1e-4,
                 output=str(out))  # fmt: skip
     return from_dict({**base, **over})
-
-
-def draw_partition(c) -> list[np.ndarray]:
-    """A partition file where a NIID-Bench-family harness leaves it (here: four clients, two labels each)."""
-    y, _ = train_labels(c)
-    parts = [np.flatnonzero(np.isin(y, [2 * k, 2 * k + 1])) for k in range(4)]
-    path = Path(partition_file_for(harness.partition_template(Path(c.output), c), c.seed))
-    partition_file.write_json(path, parts, len(y), dataset=c.dataset)
-    return parts
 
 
 def test_fedlc_runs_on_the_partitions_clients_through_flbench_files_and_config_and_lands_beside_fedray(

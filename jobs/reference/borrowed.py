@@ -2,13 +2,14 @@
 FedLC): they draw no partition of their own, but train on the clients a NIID-Bench-family harness
 drew into the results folder, with fedray's copy of the data set as tensors.
 
-Harness side: `script_args` (the wrapper's arguments for a run, after checking its partition is
-there). Wrapper side: `parse_wrapper_argv` (``[options] -- SCRIPT ARGS``) and `client_data` (the
+Harness side: `hparams` (the run's, checked) and `script_args` (the wrapper's arguments for a run,
+after checking its partition is there). Wrapper side: `parse_wrapper_argv` (``[options] -- SCRIPT ARGS``) and `client_data` (the
 partition file's clients as tensors)."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,20 @@ def script_args(cfg: Config, out: Path) -> list[str]:
         "--weight-decay", f"{cfg.weight_decay:g}", "--participation", f"{cfg.participation:g}",
         "--seed", str(cfg.seed),
     ]  # fmt: skip
+
+
+def hparams(cfg: Config, algorithm: str, reference: str) -> dict[str, Any]:
+    """``cfg``'s full hparams, for a reference that runs ``algorithm`` only and averages as FedAvg
+    does (server learning rate 1); anything else is a ReferenceError."""
+    from fedray.algorithms import ALGORITHMS
+    from jobs.reference.harness import ReferenceError
+
+    if cfg.algorithm != algorithm:
+        raise ReferenceError(f"algorithm {cfg.algorithm!r}: the harness runs {reference}'s {algorithm} only")
+    hp = ALGORITHMS[algorithm].full_hparams(cfg.hp)
+    if hp.get("server_lr", 1.0) != 1.0:
+        raise ReferenceError(f"{reference} averages with server learning rate 1 (hp.server_lr: 1)")
+    return hp
 
 
 def script_parser(prog: str) -> argparse.ArgumentParser:
@@ -83,10 +98,10 @@ def parse_wrapper_argv(
     return opts, name, args, script.parse_args(args)
 
 
-def client_data(a: argparse.Namespace, prog: str) -> tuple[Any, dict[int, Any], Any]:
-    """fedray's data set for the partition file: (federated data, {client: (training tensors,
-    labels)}, (test tensors, labels)); an augmented data set is refused (the references feed fixed
-    tensors)."""
+def client_data(a: argparse.Namespace, prog: str) -> tuple[Any, Any, dict[int, Any], Any]:
+    """fedray's data set for the partition file: (federated data, the whole training split as
+    tensors, {client: (training tensors, labels)}, (test tensors, labels)); an augmented data set is
+    refused (the references feed fixed tensors)."""
     import numpy as np
 
     from fedray.data import build_federated_data, partition_file
@@ -105,4 +120,14 @@ def client_data(a: argparse.Namespace, prog: str) -> tuple[Any, dict[int, Any], 
     clients = {
         cid: (x[np.asarray(ix.train)], ds.train.y[np.asarray(ix.train)]) for cid, ix in fd.clients.items()
     }
-    return fd, clients, (spec.to_tensor(ds.test.x), ds.test.y)
+    return fd, x, clients, (spec.to_tensor(ds.test.x), ds.test.y)
+
+
+def fraction_right(logits: Callable[[Any], Any], x: Any, y: Any, batch: int = 1000) -> float:
+    """The exact fraction of (x, y) that ``logits`` classifies right (fedray's accuracy), in batches."""
+    import torch
+
+    with torch.no_grad():
+        right = sum(int((logits(x[i : i + batch]).argmax(1) == torch.as_tensor(y[i : i + batch])).sum())
+                    for i in range(0, len(y), batch))  # fmt: skip
+    return right / len(y)

@@ -40,17 +40,11 @@ MAX_GRAD_NORM = 100.0  # FedRepo's config.py, every data set
 def script_args(cfg: Config, out: Path, logdir: Path) -> list[str]:
     """The wrapper's arguments for ``cfg``; ``out`` is the results folder whose reference/partitions/
     hold the clients (a NIID-Bench-family harness drew them there)."""
-    from fedray.algorithms import ALGORITHMS
-
-    if cfg.algorithm != "fedrs":
-        raise ReferenceError(f"algorithm {cfg.algorithm!r}: the harness runs FedRepo's FedRS only")
+    hp = borrowed.hparams(cfg, "fedrs", "FedRepo")
     if cfg.head_bias:
         raise ReferenceError(
             "FedRepo's classifier has no bias (networks/basic_nets.py ClassifyNet: bias=False): set head_bias: false"
         )
-    hp = ALGORITHMS["fedrs"].full_hparams(cfg.hp)
-    if hp.get("server_lr", 1.0) != 1.0:
-        raise ReferenceError("FedRepo averages with server learning rate 1 (hp.server_lr: 1)")
     return [
         *borrowed.script_args(cfg, out),
         "--alpha",

@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             return hs, self.classifier(hs)
 
     ref_utils.setup_seed(a.seed)
-    fd, clients, (test_x, test_y) = borrowed.client_data(a, "fedrepo_wrapper")
+    fd, _, clients, (test_x, test_y) = borrowed.client_data(a, "fedrepo_wrapper")
     csets = {cid: (Split(x, y), Split(x[:1], y[:1])) for cid, (x, y) in clients.items()}
     gset = Split(test_x, test_y)
     spec = fd.dataset.spec
@@ -121,11 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         out = original_test(model=model, loader=loader)
         if loader is algo.glo_test_loader:
             model.eval()
-            with torch.no_grad():
-                right = sum(int((model(test_x[i : i + 1000])[1].argmax(1) == torch.as_tensor(test_y[i : i + 1000])).sum())
-                            for i in range(0, len(test_y), 1000))  # fmt: skip
+            accuracy = borrowed.fraction_right(lambda x: model(x)[1], test_x, test_y)
             now = time.perf_counter()
-            evals.append({"accuracy": right / len(test_y), "fedrepo_accuracy": float(out[0]), "seconds": now - last,
+            evals.append({"accuracy": accuracy, "fedrepo_accuracy": float(out[0]), "seconds": now - last,
                           "elapsed": now - t0, "model_sha256": model_sha256(model), "finite": weights_finite(model)})  # fmt: skip
             last = now
         return out

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from fedray.config import Config
 from jobs.reference import borrowed
-from jobs.reference.harness import Reference, ReferenceError
+from jobs.reference.harness import Reference
 
 REPO = "KarhouTam/FL-bench"
 COMMIT = "06e658b"
@@ -46,13 +46,7 @@ COMMIT = "06e658b"
 def script_args(cfg: Config, out: Path, logdir: Path) -> list[str]:
     """The wrapper's arguments for ``cfg``; ``out`` is the results folder whose reference/partitions/
     hold the clients (a NIID-Bench-family harness drew them there)."""
-    from fedray.algorithms import ALGORITHMS
-
-    if cfg.algorithm != "fedlc":
-        raise ReferenceError(f"algorithm {cfg.algorithm!r}: the harness runs FL-bench's FedLC only")
-    hp = ALGORITHMS["fedlc"].full_hparams(cfg.hp)
-    if hp.get("server_lr", 1.0) != 1.0:
-        raise ReferenceError("FL-bench averages with server learning rate 1 (hp.server_lr: 1)")
+    hp = borrowed.hparams(cfg, "fedlc", "FL-bench")
     return [*borrowed.script_args(cfg, out), "--tau", f"{hp['tau']:g}"]
 
 

@@ -129,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import numpy as np
     import torch
+    from omegaconf import OmegaConf
 
     from fedray.models import build_model
     from fedray.results import write_text_atomic
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     base_dataset = importlib.import_module("data.utils.datasets").BaseDataset
     decoupled = importlib.import_module("src.utils.models").DecoupledModel
 
-    fd, clients, (test_x, test_y) = borrowed.client_data(a, "flbench_wrapper")
+    fd, train_x, _, (test_x, test_y) = borrowed.client_data(a, "flbench_wrapper")
     spec, n_train = fd.dataset.spec, len(fd.dataset.train)
     train = {cid: [int(i) for i in ix.train] for cid, ix in fd.clients.items()}
     test = list(range(n_train, n_train + len(test_y)))
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             super().__init__()
             self.base, self.classifier = model.encoder, model.head
 
-    data = torch.cat([fd.dataset.spec.to_tensor(fd.dataset.train.x), test_x])
+    data = torch.cat([train_x, test_x])
     targets = torch.as_tensor(np.concatenate([fd.dataset.train.y, test_y]), dtype=torch.long)
     evals: list[dict[str, Any]] = []
     t0 = last = time.perf_counter()
@@ -184,11 +185,9 @@ def main(argv: list[str] | None = None) -> int:
             super().test_global_model()
             metrics = self.test_results[self.current_epoch + 1]["centralized"]["after"]["test"]
             self.model.eval()
-            with torch.no_grad():
-                right = sum(int((self.model(test_x[i : i + 1000]).argmax(1) == torch.as_tensor(test_y[i : i + 1000])).sum())
-                            for i in range(0, len(test_y), 1000))  # fmt: skip
+            accuracy = borrowed.fraction_right(self.model, test_x, test_y)
             now = time.perf_counter()
-            evals.append({"accuracy": right / len(test_y), "flbench_accuracy": float(metrics.accuracy),
+            evals.append({"accuracy": accuracy, "flbench_accuracy": float(metrics.accuracy),
                           "seconds": now - last, "elapsed": now - t0, "model_sha256": model_sha256(self.model),
                           "finite": weights_finite(self.model)})  # fmt: skip
             last = now
@@ -198,16 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
         "script": script, "args": script_args, "total_seconds": time.perf_counter() - t0, "train_size": n_train,
         "partition": {str(c): ix for c, ix in sorted(train.items())}, "evals": evals, "threads": opts.threads,
-        "flbench_config": json.loads(json.dumps(_plain(config))),
+        "flbench_config": OmegaConf.to_container(config, resolve=True),
     }  # fmt: skip
     write_text_atomic(json.dumps(doc), opts.result)
     return 0
-
-
-def _plain(config: Any) -> Any:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(config, resolve=True)
 
 
 if __name__ == "__main__":
