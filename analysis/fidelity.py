@@ -22,6 +22,9 @@ Spec::
         by: [momentum, lr]         # optional: more config fields that tell cells apart (columns of the table)
         where: {lr: 0.06}          # optional: only the runs whose config has these values (a folder that
                                    # also holds another study's runs, e.g. an lr grid)
+        tuned: [lr]                # optional: config keys tuned per cell, as the papers tune each algorithm:
+                                   # each side's cell is its best setting of them (`tuned_choice`), and a
+                                   # second table gives every setting's mean
         paper: {"#C=2": {fedavg: 79.0, fedconcat: 84.4}}   # the paper's means, where the budget is its own
         notes: |                   # markdown after the table (causes found, what changed)
         curves: fidelity-fedconcat-curves.png   # optional: accuracy curves, written next to the page
@@ -105,14 +108,19 @@ def cells(
     by: list[str] | tuple[str, ...] = (),
     names: Mapping[str, str] | None = None,
     where: Mapping[str, Any] | None = None,
+    tuned: list[str] | tuple[str, ...] = (),
 ) -> pd.DataFrame:
     """One row per (partition, algorithm, the ``by`` fields, source) with the per-seed values and
     wall times of the finished runs that did not diverge, and how many runs diverged (fedray stops
     such a run on non-finite metrics; the reference trains on through NaN weights, its summary's
     ``diverged_round``, and is left out of the values the same way): a cell whose every run diverged
-    is still a row. ``names``: see `algorithm_label`; ``where``: see `selected`."""
-    read, by = dict(read or {}), list(by)
+    is still a row. ``names``: see `algorithm_label`; ``where``: see `selected`. With ``tuned``
+    (config keys, e.g. ``["lr"]``), runs that differ there share a cell, which holds the runs of its
+    best setting (`tuned_choice`): its ``setting`` names it (``lr=0.03``), and ``grid`` maps every
+    setting to its (values, diverged)."""
+    read, by, tuned = dict(read or {}), list(by), list(tuned)
     keys = ["partition", "algorithm", *by, "source"]
+    columns = [*keys, "values", "seconds", "rounds", "diverged", *(["setting", "grid"] if tuned else [])]
     try:
         values = run_values(results, read.get("metric", "accuracy"), read.get("at", "final"), read.get("round"),
                             read.get("stage"))  # fmt: skip
@@ -120,30 +128,68 @@ def cells(
         raise FidelityError(f"{results}: {e}") from None
     runs = selected(load_runs(results), where)
     if runs.empty:
-        return pd.DataFrame(columns=[*keys, "values", "seconds", "rounds", "diverged"])
+        return pd.DataFrame(columns=columns)
     runs["diverged"] = [diverged(r) for r in runs.itertuples()]
     runs = runs[runs["diverged"] | (runs["status"] == "finished")]
     if runs.empty:
-        return pd.DataFrame(columns=[*keys, "values", "seconds", "rounds", "diverged"])
+        return pd.DataFrame(columns=columns)
     try:
         runs["algorithm"] = runs["config"].map(lambda c: algorithm_label(c, names))
         for name in (k for k in keys if k != "algorithm"):
             runs[name] = runs["config"].map(lambda c, n=name: field_label(c, n))
     except ReportError as e:
         raise FidelityError(f"{results}: by: {e}") from None
+    if tuned:
+        flats = [flat_config(c) for c in runs["config"]]
+        for key in tuned:
+            if key in by or not any(key in f for f in flats):
+                raise FidelityError(
+                    f"tuned: {key!r} is " + ("also in by:" if key in by else "no run's config key")
+                )
+        runs["setting"] = [
+            " ".join(f"{k}={field_label(c, k) if k in f else 'default'}" for k in tuned)
+            for c, f in zip(runs["config"], flats, strict=True)
+        ]
     read_at = values.set_index("run_id")
-    rows = []
-    for key, g in runs.groupby(keys, sort=False):
+
+    def one(g: pd.DataFrame) -> dict[str, Any]:
         ok = [r for r, d in zip(g["run_id"], g["diverged"], strict=True) if r in read_at.index and not d]
         summary = g.set_index("run_id")["summary"]
-        rows.append({
-            **dict(zip(keys, key, strict=True)),
+        return {
             "values": [read_at.loc[r, "value"] for r in ok],
             "seconds": [summary[r].get("total_seconds", math.nan) for r in ok],
             "rounds": [read_at.loc[r, "round"] for r in ok],
             "diverged": int(g["diverged"].sum()),
-        })  # fmt: skip
-    return pd.DataFrame(rows, columns=[*keys, "values", "seconds", "rounds", "diverged"])
+        }
+
+    rows = []
+    for key, g in runs.groupby(keys, sort=False):
+        if not tuned:
+            rows.append({**dict(zip(keys, key, strict=True)), **one(g)})
+            continue
+        settings = {s: one(gs) for s, gs in g.groupby("setting", sort=False)}
+        best = tuned_choice({s: (v["values"], v["diverged"]) for s, v in settings.items()})
+        rows.append({**dict(zip(keys, key, strict=True)), **settings[best], "setting": best,
+                     "grid": {s: (v["values"], v["diverged"]) for s, v in settings.items()}})  # fmt: skip
+    return pd.DataFrame(rows, columns=columns)
+
+
+def tuned_choice(grid: Mapping[str, tuple[list[float], int]]) -> str:
+    """The best setting of a tuned cell: {setting: (per-seed values, runs that diverged)}. Only the
+    settings run with the most seeds (values and diverged runs together) compete, so a grid point
+    that one lucky seed has reached cannot win over one run in full; among them, those with the
+    fewest diverged runs (a setting that diverges is not the tuned one), then the best mean (the
+    first listed on a tie). A cell where every setting diverged in every run keeps the first."""
+    if not grid:
+        raise ValueError("tuned_choice: no settings")
+    most = max(len(v) + d for v, d in grid.values())
+    full = {s: (v, d) for s, (v, d) in grid.items() if len(v) + d == most}
+    fewest = min(d for _, d in full.values())
+    scored = [(sum(v) / len(v), s) for s, (v, d) in full.items() if d == fewest and v]
+    if not scored:
+        return next(iter(full))
+    best = max(m for m, _ in scored)
+    return next(s for m, s in scored if m == best)
 
 
 def _pm(mean: float, std: float, n: int) -> str:
@@ -185,8 +231,12 @@ def section_table(
                 **extra,
                 "fedray": _pm(s["mean_a"], s["std_a"], s["n_a"]),
             }
+            if "setting" in c:  # a tuned section: each side's best setting
+                row["fedray's setting"] = mine.setting if mine is not None else "-"
             if with_reference:
                 row["reference"] = _pm(s["mean_b"], s["std_b"], s["n_b"]) + (f" [{src}]" if src else "")
+                if "setting" in c:
+                    row["reference's setting"] = ref.setting if ref is not None else "-"
                 if s["n_a"] and s["n_b"]:
                     row["difference"] = f"{s['diff']:+.1f}"
                     row["agree (tolerance)"] = f"{'yes' if s['agree'] else 'NO'} (±{s['tolerance']:.1f})"
@@ -208,6 +258,27 @@ def section_table(
     if "paper" in table:
         table["paper"] = table["paper"].fillna("-")
     return table
+
+
+def grid_table(c: pd.DataFrame, by: list[str] | tuple[str, ...] = ()) -> pd.DataFrame:
+    """A tuned section's every setting: one row per cell and source, one column per setting, each
+    its mean ± std over seeds (and how many runs diverged), the setting the cell took in bold."""
+    settings = list(dict.fromkeys(s for g in c["grid"] for s in g))
+    rows = []
+    for r in c.itertuples():
+        row = {"partition": r.partition, "algorithm": r.algorithm, **{b: getattr(r, b) for b in by},
+               "source": r.source}  # fmt: skip
+        for name in settings:
+            if name not in r.grid:
+                row[name] = "-"
+                continue
+            values, lost = r.grid[name]
+            v = pd.Series(values, dtype=float) * 100
+            text = _pm(v.mean() if len(v) else math.nan, v.std(ddof=1) if len(v) > 1 else math.nan, len(v))
+            text += f", {lost} diverged" if lost else ""
+            row[name] = f"**{text}**" if name == r.setting else text
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def claim_table(c: pd.DataFrame, claims: list[Mapping[str, Any]]) -> pd.DataFrame:
@@ -325,13 +396,18 @@ def render(
         if sec.get("text"):
             parts += [str(sec["text"]).strip(), ""]
         by, names = list(sec.get("by") or []), sec.get("names")
-        c = _ordered(cells(folder, sec.get("read"), by, names, sec.get("where")), names, by)
+        tuned = list(sec.get("tuned") or [])
+        c = _ordered(cells(folder, sec.get("read"), by, names, sec.get("where"), tuned), names, by)
         if c.empty:
             parts += ["(no finished runs yet)", ""]
         else:
             table = section_table(c, sec.get("paper"), by)
             parts += [table.to_markdown(index=False, disable_numparse=True), ""]
             parts += [f"Results: `{_shown(folder)}`; read: {_read_text(sec.get('read'))}.", ""]
+            if tuned:
+                parts += [f"Every setting of {', '.join(tuned)}, mean ± std over seeds (each side's cell in bold: "
+                          "of the settings run with the most seeds, the fewest diverged, then the best mean):", "",
+                          grid_table(c, by).to_markdown(index=False, disable_numparse=True), ""]  # fmt: skip
             if sec.get("claims"):
                 claims = claim_table(c, list(sec["claims"]))
                 parts += ["The paper's orderings on these runs:", "", claims.to_markdown(index=False), ""]

@@ -5,10 +5,11 @@ section whose results folder is gone kept as it was."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
-from analysis.fidelity import KEPT, FidelityError, algorithm_label, cells, claim_table, render
+from analysis.fidelity import KEPT, FidelityError, algorithm_label, cells, claim_table, render, tuned_choice
 from fedray.records import rec
 from fedray.results import ResultsWriter
 from tests.conftest import small_config
@@ -121,6 +122,49 @@ def test_a_section_reads_only_the_runs_its_where_keeps(tmp_path, base):
     assert cells(out, where={"lr": 0.03}).empty
     with pytest.raises(FidelityError, match="no run has the config key 'lrr'"):
         cells(out, where={"lrr": 0.06})
+
+
+def test_a_tuned_section_takes_each_sides_best_learning_rate(tmp_path, base):
+    # The FedRC paper tunes each algorithm's lr: each side's cell is its best lr, chosen among the lrs
+    # run with the most seeds, the fewest diverged, then the best mean; every lr's mean is shown.
+    out = tmp_path / "out"
+    runs = {  # (algorithm, source, lr): per-seed accuracy; None = diverged
+        ("fedavg", "fedray", 0.03): [0.60, 0.64], ("fedavg", "fedray", 0.06): [0.70, 0.66],
+        ("fedavg", "authors/X", 0.03): [0.50, 0.54], ("fedavg", "authors/X", 0.06): [0.40, 0.42],
+        ("fedavg", "authors/X", 0.1): [0.90],  # one seed only: cannot win over two
+        ("fedrc", "fedray", 0.03): [0.50, 0.52], ("fedrc", "fedray", 0.1): [0.95, None],  # best mean, diverged once
+    }  # fmt: skip
+    for (alg, source, lr), accs in runs.items():
+        for seed, acc in enumerate(accs):
+            cfg = {**base, "algorithm": alg, "lr": lr, "seed": seed, "source": source}
+            if acc is None:
+                write_run(out, cfg, final(0.1), status="failed", error="FloatingPointError: non-finite loss")
+            else:
+                write_run(out, cfg, final(acc))
+    c = cells(out, tuned=["lr"]).set_index(["algorithm", "source"])
+    assert c.loc[("fedavg", "fedray"), "setting"] == "lr=0.06"  # 68 against 62
+    assert sorted(c.loc[("fedavg", "fedray"), "values"]) == [0.66, 0.70]
+    assert c.loc[("fedavg", "authors/X"), "setting"] == "lr=0.03"  # 52 against 41; lr 0.1 has one seed
+    assert c.loc[("fedrc", "fedray"), "setting"] == "lr=0.03"  # lr 0.1 diverged once
+    assert c.loc[("fedrc", "fedray"), "grid"]["lr=0.1"] == ([0.95], 1)
+    spec = {"sections": [{"title": "Tuned", "results": "out", "tuned": ["lr"],
+                          "claims": [{"claim": "c", "above": ["fedavg"], "below": ["fedrc"]}]}]}  # fmt: skip
+    page = render(spec, tmp_path)
+    flat = re.sub(r" +", " ", page)
+    # fedray 68.0 ± 2.8 against the reference's 52.0 ± 2.8: +16.0; each side's lr named
+    assert "| fedavg | 68.0 ± 2.8 (2) | lr=0.06 | 52.0 ± 2.8 (2) [authors/X] | lr=0.03 | +16.0 |" in flat
+    assert "| fedavg | fedray | 62.0 ± 2.8 (2) | **68.0 ± 2.8 (2)** | - |" in flat
+    assert "| fedavg | authors/X | **52.0 ± 2.8 (2)** | 41.0 ± 1.4 (2) | 90.0 (1) |" in flat
+    assert "| fedrc | fedray | **51.0 ± 1.4 (2)** | - | 95.0 (1), 1 diverged |" in flat
+    # the claim reads the tuned cells: fedray's FedAvg 68 against FedRC's 51 at lr 0.03
+    assert "fedavg − fedrc: +17.0" in page
+    with pytest.raises(FidelityError, match="tuned: 'lrr' is no run's config key"):
+        cells(out, tuned=["lrr"])
+    with pytest.raises(FidelityError, match="tuned: 'lr' is also in by:"):
+        cells(out, by=["lr"], tuned=["lr"])
+    # ties go to the first listed; a cell whose every setting diverged keeps its first
+    assert tuned_choice({"a": ([0.5, 0.75], 0), "b": ([0.625, 0.625], 0)}) == "a"
+    assert tuned_choice({"a": ([], 2), "b": ([], 2)}) == "a"
 
 
 def test_a_missing_results_folder_is_an_error_or_the_section_as_last_generated(tmp_path, base):
