@@ -281,7 +281,9 @@ def grid_table(c: pd.DataFrame, by: list[str] | tuple[str, ...] = ()) -> pd.Data
     return pd.DataFrame(rows)
 
 
-def claim_table(c: pd.DataFrame, claims: list[Mapping[str, Any]]) -> pd.DataFrame:
+def claim_table(
+    c: pd.DataFrame, claims: list[Mapping[str, Any]], by: list[str] | tuple[str, ...] = ()
+) -> pd.DataFrame:
     """A paper's orderings, per source (fedray first, then each reference whose runs are there) and
     partition: ``above`` every one of ``below`` in the mean. Each pair's difference with twice its
     standard error; the verdict: ``holds`` (every pair above by more than 2 SE), ``holds in the
@@ -289,8 +291,16 @@ def claim_table(c: pd.DataFrame, claims: list[Mapping[str, Any]]) -> pd.DataFram
     ``not run`` (a cell has no finished run). A source with none of the claim's algorithms in a
     partition has no row there. ``references: pooled`` reads the references as one side, each
     algorithm from the reference that ran it (FedLC from FL-bench against FedAvg from NIID-Bench,
-    on the same clients); two references with the same algorithm in a partition are an error."""
+    on the same clients); two references with the same algorithm in a partition are an error.
+    In a section with ``by`` fields an algorithm can have several cells in a partition (FedRS with
+    and without a head bias): a claim names one as ``FedRS head_bias=false`` (the ``by`` fields as
+    ``key=value``); a bare name with several cells there is an error, never a silent pick."""
     rows = []
+    by = list(by)
+    qualified = c["algorithm"].astype(str)
+    for b in by:
+        qualified = qualified + f" {b}=" + c[b].astype(str)
+    c = c.assign(qualified=qualified)
     for claim in claims:
         above, below = _names(claim.get("above")), _names(claim.get("below"))
         if not above or not below:
@@ -301,7 +311,7 @@ def claim_table(c: pd.DataFrame, claims: list[Mapping[str, Any]]) -> pd.DataFram
         sources = [FEDRAY, *sorted(set(cc["source"]) - {FEDRAY})] if len(cc) else []
         for source in sources:
             for part, cell in cc[cc["source"] == source].groupby("partition", sort=False):
-                values = dict(zip(cell["algorithm"], cell["values"], strict=True))
+                values = {a: _claimed(claim, cell, a, part) for a in (*above, *below)}
                 if not any(values.get(a) for a in (*above, *below)):
                     continue  # this source runs none of the claim's algorithms here (another paper's method)
                 pairs, verdicts = [], []
@@ -322,20 +332,36 @@ def claim_table(c: pd.DataFrame, claims: list[Mapping[str, Any]]) -> pd.DataFram
     return pd.DataFrame(rows, columns=["claim", "source", "partition", "differences (points)", "verdict"])
 
 
+def _claimed(claim: Mapping[str, Any], cell: pd.DataFrame, name: str, part: str) -> list[float]:
+    """The per-seed values of the claim's algorithm ``name`` in one source's partition: the cell
+    whose qualified name (``FedRS head_bias=false``) it is, else the one cell of that algorithm;
+    none: no values."""
+    exact = cell[cell["qualified"] == name]
+    if len(exact) == 1:
+        return list(exact["values"].iloc[0])
+    bare = cell[cell["algorithm"] == name]
+    if len(bare) > 1:
+        raise FidelityError(
+            f"claim {claim.get('claim')!r}: {name} has {len(bare)} cells on {part} "
+            f"({', '.join(bare['qualified'])}); name one of them"
+        )
+    return list(bare["values"].iloc[0]) if len(bare) else []
+
+
 def _pooled(c: pd.DataFrame, claim: Mapping[str, Any], algorithms: set[str]) -> pd.DataFrame:
     """fedray's cells and the references' cells of ``algorithms``, the references' under one source
     named after those that ran them: "the references (A, B)"."""
-    c = c[(c["source"] == FEDRAY) | c["algorithm"].isin(algorithms)]
+    c = c[(c["source"] == FEDRAY) | c["algorithm"].isin(algorithms) | c["qualified"].isin(algorithms)]
     refs = sorted(set(c["source"]) - {FEDRAY})
     if not refs:
         return c
     theirs = c[c["source"] != FEDRAY]
-    twice = theirs.groupby(["partition", "algorithm"])["source"].nunique()
+    twice = theirs.groupby(["partition", "qualified"])["source"].nunique()
     if (twice > 1).any():
         part, alg = twice[twice > 1].index[0]
         raise FidelityError(
             f"claim {claim.get('claim')!r}: references: pooled, but {alg} on {part} was run by more than one "
-            f"reference ({', '.join(sorted(set(theirs[(theirs['partition'] == part) & (theirs['algorithm'] == alg)]['source'])))})"
+            f"reference ({', '.join(sorted(set(theirs[(theirs['partition'] == part) & (theirs['qualified'] == alg)]['source'])))})"
         )
     return c.assign(source=[s if s == FEDRAY else f"the references ({', '.join(refs)})" for s in c["source"]])
 
@@ -409,7 +435,7 @@ def render(
                           "of the settings run with the most seeds, the fewest diverged, then the best mean):", "",
                           grid_table(c, by).to_markdown(index=False, disable_numparse=True), ""]  # fmt: skip
             if sec.get("claims"):
-                claims = claim_table(c, list(sec["claims"]))
+                claims = claim_table(c, list(sec["claims"]), by)
                 parts += ["The paper's orderings on these runs:", "", claims.to_markdown(index=False), ""]
         if sec.get("curves") and out_dir is not None:
             image = _curves(folder, out_dir / sec["curves"], sec.get("read"), names, sec.get("where"))

@@ -112,6 +112,8 @@ def write_run(
              f"-{sorted(cfg['hp'].items())}-lr{cfg['lr']}-s{cfg['seed']}"  # fmt: skip
     if cfg.get("source", "fedray") != "fedray":  # a reference's run beside fedray's
         run_id += "-" + cfg["source"].replace("/", "_")
+    if cfg.get("head_bias", True) is False:
+        run_id += "-nobias"
     w = ResultsWriter(out, run_id, cfg, flush_every_s=0)
     w.start()
     for r, records in rounds.items():

@@ -109,6 +109,32 @@ def test_a_claim_reads_the_references_pooled_each_algorithm_from_its_own_authors
         claim_table(cells(out, names=names), [{**claim, "references": "all"}])
 
 
+def test_a_claim_in_a_section_with_by_fields_names_which_cell(tmp_path, base):
+    # by: [head_bias]: fedray ran FedRS with and without the head's bias, the author's code without;
+    # a bare "fedrs" would be two cells on fedray's side: an error naming them, never a silent pick
+    out = tmp_path / "out"
+    for seed, (with_bias, without, avg, ref) in enumerate(
+        [(0.70, 0.60, 0.64, 0.66), (0.72, 0.62, 0.66, 0.68)]
+    ):
+        write_run(out, {**base, "algorithm": "fedrs", "seed": seed}, final(with_bias))
+        write_run(out, {**base, "algorithm": "fedrs", "seed": seed, "head_bias": False}, final(without))
+        write_run(out, {**base, "algorithm": "fedavg", "seed": seed}, final(avg))
+        write_run(out, {**base, "algorithm": "fedrs", "seed": seed, "head_bias": False, "source": "authors/R"},
+                  final(ref))  # fmt: skip
+    c = cells(out, by=["head_bias"])
+    with pytest.raises(FidelityError, match=r"fedrs has 2 cells on .*\(fedrs head_bias=true, fedrs head_bias=false|"
+                                            r"fedrs has 2 cells on .*\(fedrs head_bias=false, fedrs head_bias=true"):  # fmt: skip
+        claim_table(c, [{"claim": "x", "above": ["fedrs"], "below": ["fedavg"]}], ["head_bias"])
+    claim = {"claim": "x", "above": ["fedrs head_bias=false"], "below": ["fedavg"]}
+    t = claim_table(c, [claim], ["head_bias"])
+    # fedray without the bias: 61 against 65 (each var 2): -4.0, 2 SE 2.8; the reference has no FedAvg
+    assert t["differences (points)"].tolist() == ["fedrs head_bias=false − fedavg: -4.0 (2 SE 2.8)",
+                                                  "fedrs head_bias=false − fedavg: not run"]  # fmt: skip
+    assert t["verdict"].tolist() == ["does not hold (fedrs head_bias=false not above fedavg)", "not run"]
+    with_bias = claim_table(c, [{**claim, "above": ["fedrs head_bias=true"]}], ["head_bias"])
+    assert with_bias["differences (points)"].tolist()[0] == "fedrs head_bias=true − fedavg: +6.0 (2 SE 2.8)"
+
+
 def test_a_section_reads_only_the_runs_its_where_keeps(tmp_path, base):
     # an lr grid beside the section's runs (lr 0.06) in the same folder
     out = tmp_path / "out"
