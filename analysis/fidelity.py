@@ -20,8 +20,8 @@ Spec::
         text: |                    # markdown before the table (the setting, the budget, the commands)
         read: {stage: classifier, round: 57}   # how each run is read (as `fedray report`); default final
         by: [momentum, lr]         # optional: more config fields that tell cells apart (columns of the table)
-        where: {lr: 0.06}          # optional: only the runs whose config has these values (a folder that
-                                   # also holds another study's runs, e.g. an lr grid)
+        where: {lr: 0.06}          # optional: only the runs whose config has these values (a list: one of
+                                   # them) (a folder that also holds another study's runs, e.g. an lr grid)
         tuned: [lr]                # optional: config keys tuned per cell, as the papers tune each algorithm:
                                    # each side's cell is its best setting of them (`tuned_choice`), and a
                                    # second table gives every setting's mean
@@ -91,14 +91,17 @@ def algorithm_label(config: Mapping[str, Any], names: Mapping[str, str] | None) 
 
 def selected(runs: pd.DataFrame, where: Mapping[str, Any] | None) -> pd.DataFrame:
     """The runs whose config has every ``where`` value (keys as `fedray report` flattens them:
-    ``lr``, ``hp.mu``); a key no run has is an error (a typo would otherwise empty the section)."""
+    ``lr``, ``hp.mu``), or one of the values where it is a list (``algorithm: [fedavg, fedrc]``); a
+    key no run has is an error (a typo would otherwise empty the section)."""
     if not where or runs.empty:
         return runs
     flats = [flat_config(c) for c in runs["config"]]
     for key in where:
         if not any(key in f for f in flats):
             raise FidelityError(f"where: no run has the config key {key!r}")
-    keep = [all(f.get(k) == v for k, v in where.items()) for f in flats]
+    keep = [
+        all(f.get(k) in v if isinstance(v, list) else f.get(k) == v for k, v in where.items()) for f in flats
+    ]
     return runs[keep]
 
 

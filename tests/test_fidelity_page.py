@@ -146,6 +146,7 @@ def test_a_section_reads_only_the_runs_its_where_keeps(tmp_path, base):
     kept = cells(out, where={"lr": 0.06})
     assert kept["values"].tolist() == [[0.60, 0.62]]
     assert cells(out, where={"lr": 0.03}).empty
+    assert [sorted(v) for v in cells(out, where={"lr": [0.03, 0.1]})["values"]] == [[0.90, 0.92]]  # one of
     with pytest.raises(FidelityError, match="no run has the config key 'lrr'"):
         cells(out, where={"lrr": 0.06})
 
