@@ -3,7 +3,7 @@ FedLC): they draw no partition of their own, but train on the clients a NIID-Ben
 drew into the results folder, with fedray's copy of the data set as tensors.
 
 Harness side: `hparams` (the run's, checked) and `script_args` (the wrapper's arguments for a run,
-after checking its partition is there). Wrapper side: `parse_wrapper_argv` (``[options] -- SCRIPT ARGS``) and `client_data` (the
+after checking its partition is there). Wrapper side: `client_data` (the
 partition file's clients as tensors)."""
 
 from __future__ import annotations
@@ -71,31 +71,6 @@ def script_parser(prog: str) -> argparse.ArgumentParser:
     ap.add_argument("--participation", type=float, required=True)
     ap.add_argument("--seed", type=int, required=True)
     return ap
-
-
-def parse_wrapper_argv(
-    argv: list[str], prog: str, script: argparse.ArgumentParser
-) -> tuple[argparse.Namespace, str, list[str], argparse.Namespace] | None:
-    """``[--checkout P --result F --workdir D --threads T] -- SCRIPT ARGS``: (the wrapper's options,
-    the script, its arguments as given, as parsed by ``script``); None (with usage printed) without
-    the ``--``."""
-    import sys
-
-    if "--" not in argv:
-        print(f"usage: {prog} [options] -- SCRIPT ARGS...", file=sys.stderr)
-        return None
-    split = argv.index("--")
-    ap = argparse.ArgumentParser(prog=prog)
-    ap.add_argument("--checkout", required=True, type=Path)
-    ap.add_argument("--result", required=True, type=Path)
-    ap.add_argument("--workdir", type=Path, help="the run's working folder (default: the result's folder)")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    opts = ap.parse_args(argv[:split])
-    name, *args = argv[split + 1 :]
-    opts.checkout, opts.result = opts.checkout.resolve(), opts.result.resolve()
-    opts.workdir = (opts.workdir or opts.result.parent).resolve()
-    opts.workdir.mkdir(parents=True, exist_ok=True)
-    return opts, name, args, script.parse_args(args)
 
 
 def client_data(a: argparse.Namespace, prog: str) -> tuple[Any, Any, dict[int, Any], Any]:

@@ -45,13 +45,14 @@ from collections import namedtuple
 from typing import Any
 
 from jobs.reference import borrowed
+from jobs.reference.wrapper_argv import parse_wrapper_argv
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = borrowed.script_parser("fedrepo_wrapper SCRIPT")
     parser.add_argument("--alpha", type=float, required=True)
     parser.add_argument("--max-grad-norm", type=float, default=100.0)
-    parsed = borrowed.parse_wrapper_argv(sys.argv[1:] if argv is None else argv, "fedrepo_wrapper", parser)
+    parsed = parse_wrapper_argv(sys.argv[1:] if argv is None else argv, "fedrepo_wrapper", parser)
     if parsed is None:
         return 2
     opts, script, script_args, a = parsed

@@ -47,6 +47,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from jobs.reference import borrowed
+from jobs.reference.wrapper_argv import parse_wrapper_argv
 
 NEEDS = ("hydra", "omegaconf", "rich", "pynvml")  # FL-bench's imports beyond fedray's own
 
@@ -117,7 +118,7 @@ def write_flbench_data(
 def main(argv: list[str] | None = None) -> int:
     parser = borrowed.script_parser("flbench_wrapper SCRIPT")
     parser.add_argument("--tau", type=float, required=True)
-    parsed = borrowed.parse_wrapper_argv(sys.argv[1:] if argv is None else argv, "flbench_wrapper", parser)
+    parsed = parse_wrapper_argv(sys.argv[1:] if argv is None else argv, "flbench_wrapper", parser)
     if parsed is None:
         return 2
     opts, script, script_args, a = parsed

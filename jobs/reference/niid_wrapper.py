@@ -43,6 +43,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from jobs.reference.wrapper_argv import parse_wrapper_argv
+
 
 class PartitionDrawn(Exception):
     """Raised once the partition is drawn, to stop a ``--partition-only`` run there."""
@@ -220,33 +222,26 @@ def patch(checkout: Path, rec: Recorder, state_dict: str, kmeans_n_init: int, fa
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if "--" not in argv:
-        print("usage: niid_wrapper [options] -- SCRIPT ARGS...", file=sys.stderr)
+    def options(ap: argparse.ArgumentParser) -> None:
+        ap.add_argument("--keep-logging-evals", action="store_true")
+        ap.add_argument("--state-dict", choices=("copies", "views"), default="copies")
+        ap.add_argument("--kmeans-n-init", type=int, default=10)
+        ap.add_argument(
+            "--slow-data", action="store_true", help="load samples through PIL, as the script does"
+        )
+        ap.add_argument("--partition-only", action="store_true", help="stop once the partition is drawn")
+
+    parsed = parse_wrapper_argv(sys.argv[1:] if argv is None else argv, "niid_wrapper", options=options)
+    if parsed is None:
         return 2
-    split = argv.index("--")
-    ap = argparse.ArgumentParser(prog="niid_wrapper")
-    ap.add_argument("--checkout", required=True, type=Path)
-    ap.add_argument("--result", required=True, type=Path)
-    ap.add_argument("--workdir", type=Path, help="where the script's logs go (default: the result's folder)")
-    ap.add_argument("--keep-logging-evals", action="store_true")
-    ap.add_argument("--state-dict", choices=("copies", "views"), default="copies")
-    ap.add_argument("--kmeans-n-init", type=int, default=10)
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    ap.add_argument("--slow-data", action="store_true", help="load samples through PIL, as the script does")
-    ap.add_argument("--partition-only", action="store_true", help="stop once the partition is drawn")
-    opts = ap.parse_args(argv[:split])
-    script, *script_args = argv[split + 1 :]
-    checkout = opts.checkout.resolve()
+    opts, script, script_args, _ = parsed
+    checkout, result, workdir = opts.checkout, opts.result, opts.workdir
     rec = Recorder(opts.keep_logging_evals, opts.partition_only)
     patch(checkout, rec, opts.state_dict, opts.kmeans_n_init, fast_data=not opts.slow_data)
     if opts.threads:
         import torch
 
         torch.set_num_threads(opts.threads)
-    workdir = (opts.workdir or opts.result.parent).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    result = opts.result.resolve()
     os.chdir(workdir)
     sys.argv = [str(checkout / script), *script_args]
     rec.t0 = rec.last = time.perf_counter()
