@@ -79,7 +79,11 @@ class Task:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.torch_seed(purpose))
             task_model = partial(
-                build_model, self.model, self.spec.input_shape, self.spec.num_classes, head_bias=self.head_bias
+                build_model,
+                self.model,
+                self.spec.input_shape,
+                self.spec.num_classes,
+                head_bias=self.head_bias,
             )
             return build_arch(arch, task_model, self.spec.num_classes)
 

@@ -22,7 +22,7 @@ from fedray.models import Arch, concat_params, head_from_clusters
 from fedray.params import Params, get_params, weighted_average
 from fedray.records import Record
 from fedray.rounds import train_records, train_reply
-from fedray.train import feature_batches, local_train, sgd
+from fedray.train import eval_feature_batches, evaluate, feature_batches, local_train, sgd
 
 
 def receive_encoders(client: Client, cstate: Any, msg: dict) -> tuple[None, Any]:
@@ -53,6 +53,22 @@ def classifier_update(client: Client, cstate: dict, msg: dict) -> tuple[dict, di
     stats = local_train(net, client, rnd, epochs=1, optimizer=sgd(head.parameters(), client), batches=batches,
                         max_steps=msg["steps"])  # fmt: skip
     return train_reply(client, get_params(head), stats), cstate
+
+
+def train_split_eval(client: Client, cstate: dict, msg: dict) -> tuple[dict, dict]:
+    """Client function (stage 3's ``train_accuracy``): the K encoders the client holds under the
+    classifier ``msg["head"]``, on its training split in `Client.eval_train_batches`' batches. With
+    kept features the classifier runs on them alone: the encoders are frozen in stage 3 and the
+    features came from those very batches in eval mode, so the numbers are the whole model's, bit
+    for bit, without passing the images through K encoders every round (it was most of a round)."""
+    k = msg["k"]
+    if "features" in cstate:
+        net = client.model(msg["head"], slot="head", arch=Arch(k, head_only=True))
+        stats = evaluate(net, eval_feature_batches(client, cstate["features"]))
+    else:
+        net = client.model(concat_params(cstate["models"], msg["head"]), slot="concat", arch=Arch(k))
+        stats = evaluate(net, client.eval_train_batches())
+    return {"correct": stats.correct, "samples": stats.samples, "loss_sum": stats.loss_sum}, cstate
 
 
 def first_head(fed: Federation, encoders: list[Params], cache: bool, from_clusters: bool) -> Params:

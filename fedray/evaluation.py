@@ -163,9 +163,17 @@ def lowest_loss_records(fed: Federation, models: Sequence[Params], stage: str = 
             *(rec("test_client_model", r["model"], scope="client", entity=c, stage=stage) for c, r in replies.items())]  # fmt: skip
 
 
-def single_model_records(fed: Federation, params: Params, stage: str = "", arch: Arch = TASK) -> list[Record]:
+def single_model_records(
+    fed: Federation,
+    params: Params,
+    stage: str = "",
+    arch: Arch = TASK,
+    train: tuple[ClientFn, dict] | None = None,
+) -> list[Record]:
     """accuracy/loss on the global test set (with FedRC's test clients: their mean, each on its held-out
-    part), plus local_accuracy on clients' own test splits if they have them."""
+    part), plus local_accuracy on clients' own test splits if they have them, and train_accuracy on
+    their training splits: by `member_eval`, or by ``train`` (a client function and its message that
+    give the same numbers from what the clients hold: FedConcat's kept features)."""
     if fed.test_client_ids:
         records = test_client_records(
             fed.map(local_eval, fed.test_client_ids, model_msg(params, arch)), stage
@@ -178,7 +186,8 @@ def single_model_records(fed: Federation, params: Params, stage: str = "", arch:
         records += own_data_records(
             fed, [(with_test, model_msg(params, arch))], local_eval, "local_accuracy", stage
         )
-    return records + train_split_records(fed, [(fed.client_ids, model_msg(params, arch))], stage=stage)
+    fn, msg = train or (None, model_msg(params, arch))
+    return records + train_split_records(fed, [(fed.client_ids, msg)], fn, stage=stage)
 
 
 def own_data_records(

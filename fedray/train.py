@@ -187,6 +187,18 @@ def feature_batches(client: Client, features: np.ndarray, rnd: int) -> Batches:
     return epoch_batches
 
 
+def eval_feature_batches(client: Client, features: np.ndarray) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """A client's precomputed training-split features and labels in the batches
+    `Client.eval_train_batches` gives its images (in order, ``eval_batch_size`` at a time)."""
+    labels = client.train_labels()
+    bs = client.task.eval_batch_size
+    for start in range(0, len(labels), bs):
+        yield (
+            torch.from_numpy(features[start : start + bs]).to(client.device),
+            torch.from_numpy(labels[start : start + bs]).to(client.device),
+        )
+
+
 @torch.no_grad()
 def evaluate_batches(
     model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]

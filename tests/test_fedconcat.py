@@ -321,3 +321,30 @@ def test_the_classifier_trains_on_the_features_of_the_encoders_stage_2_trained(t
     # ... which the untrained encoders' features would not give.
     w0, _ = by_hand(state.init)
     assert np.abs(w0 - w1).max() > 100 * np.abs(state.head["weight"] - w1).max()
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_stage_3_train_accuracy_from_the_kept_features_is_the_whole_models_bit_for_bit(tmp_path, cache):
+    # Stage 3's train_accuracy runs the classifier on the features each client kept (the encoders are
+    # frozen), not its images through K encoders every round: the same numbers as the whole
+    # concatenated model on the images, exactly.
+    from fedray.evaluation import member_eval, model_msg
+    from fedray.models import Arch, concat_params
+
+    hp = {"num_clusters": 2, "encoder_rounds": 1, "cache_features": cache}
+    cfg = small_config(tmp_path, algorithm="fedconcat", rounds=3, eval_batch_size=7, hp=hp)
+    fed, _ = make_local_federation(cfg, build_federated_data(cfg))
+    alg = ALGORITHMS["fedconcat"]
+    h = alg.make_hparams(cfg.hp)
+    state = alg.init(fed, h)
+    for rnd in range(2):
+        state, _ = alg.round(state, fed, h, rnd)
+    k = len(state.models)
+    whole = fed.map(member_eval, fed.client_ids, model_msg(concat_params(state.models, state.head), Arch(k)))
+    kept = fed.map(concat.train_split_eval, fed.client_ids, {"head": state.head, "k": k})
+    assert kept == whole
+    assert sum(r["samples"] for r in kept.values()) == sum(fed.num_examples().values())
+    records = {r["metric"]: r["value"] for r in alg.evaluate(state, fed, h, 1) if r["scope"] == "global"}
+    samples = sum(r["samples"] for r in whole.values())
+    assert records["train_accuracy"] == sum(r["correct"] for r in whole.values()) / samples
+    assert records["train_loss"] == sum(r["loss_sum"] for r in whole.values()) / samples

@@ -224,5 +224,6 @@ def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Recor
     if rnd < hp.encoder_rounds:
         end = rnd + 1 == hp.encoder_rounds  # the end of stage 2: also each model on its members' data
         return cluster_model_records(fed, state.models, state.assignment, ENCODER, members=end)
-    params = concat_params(state.models, state.head)
-    return single_model_records(fed, params, CLASSIFIER, Arch(len(state.models)))
+    params, k = concat_params(state.models, state.head), len(state.models)
+    train = (concat.train_split_eval, {"head": state.head, "k": k})  # the clients' kept features
+    return single_model_records(fed, params, CLASSIFIER, Arch(k), train)

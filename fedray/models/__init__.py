@@ -190,7 +190,9 @@ MODELS: dict[str, ModelSpec] = {
 }
 
 
-def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, head_bias: bool = True) -> EncoderHead:
+def build_model(
+    name: str, input_shape: tuple[int, ...], num_classes: int, head_bias: bool = True
+) -> EncoderHead:
     """The named model; ``head_bias=False``: its last layer without a bias (config key head_bias).
     The encoder's initial weights are the same either way (the head is built last)."""
     model = MODELS[name].build(tuple(input_shape), num_classes)
