@@ -34,7 +34,9 @@ identical one). ``balanced``, ``eps`` and ``elbow_range`` apply to ``kmeans`` on
 
 Records: assignments once (round 1); per cluster, its model's test accuracy during stage 2 and,
 at the stage's end, its accuracy on its members' training data (``member_accuracy``); the
-concatenated model's ``accuracy`` on the test set after every classifier round. Every row carries
+concatenated model's ``accuracy`` on the test set after every classifier round, and its
+``train_accuracy`` on the clients' training splits (from the features they kept, which gives the
+whole model's numbers bit for bit: `fedray.concat.train_split_eval`). Every row carries
 its stage, so per-stage bytes (F6) are a groupby. Read the paper's FMNIST number with
 ``fedray report DIR --stage classifier --round 173``.
 """
