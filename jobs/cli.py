@@ -394,7 +394,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_docs.set_defaults(func=cmd_docs)
     from jobs.reference.cli import add_parser as add_reference
 
-    add_reference(sub, run_sweep=lambda path: main(["sweep", str(path)]))
+    add_reference(
+        sub, run_sweep=lambda path, local=False: main(["sweep", str(path), *(["--local"] if local else [])])
+    )
     return parser
 
 

@@ -364,3 +364,18 @@ def test_a_reference_run_that_went_nan_is_imported_as_diverged(tmp_path):
     assert load_runs(out)["summary"].iloc[0]["diverged_round"] == 2
     cell = fidelity_cells(out).iloc[0]
     assert cell["diverged"] == 1 and cell["values"] == []
+
+
+def test_the_fedray_side_runs_in_process_with_local(monkeypatch):
+    # Ray's workers run niced: on a machine busy with reference runs the fedray side waits, so
+    # `fedray reference ... --local` runs it as `fedray sweep --local` does, in this process.
+    import jobs.cli as cli
+
+    swept = []
+    monkeypatch.setattr(cli, "main", lambda argv: swept.append(list(argv)) or 0)
+    for flags, expected in (([], ["sweep", "side.yaml"]), (["--local"], ["sweep", "side.yaml", "--local"])):
+        args = cli.build_parser().parse_args(
+            ["reference", "fedrc", "x.yaml", "--checkout", ".", "--output", "o", *flags]
+        )
+        assert args.run_sweep(Path("side.yaml"), args.local) == 0
+        assert swept.pop() == expected

@@ -24,9 +24,10 @@ from pathlib import Path
 EXIT_USAGE, EXIT_FAILED = 2, 1
 
 
-def add_parser(sub: argparse._SubParsersAction, run_sweep: Callable[[Path], int]) -> None:
-    """The ``reference`` command; ``run_sweep(path)`` runs a sweep file as `fedray sweep` does (the
-    CLI hands its own, so this module does not import the CLI back)."""
+def add_parser(sub: argparse._SubParsersAction, run_sweep: Callable[[Path, bool], int]) -> None:
+    """The ``reference`` command; ``run_sweep(path, local)`` runs a sweep file as `fedray sweep` does
+    (with ``--local`` where ``local``; the CLI hands its own, so this module does not import the CLI
+    back)."""
     p = sub.add_parser(
         "reference", help="run a sweep on the authors' code and in fedray, on the same clients"
     )
@@ -55,6 +56,9 @@ def add_parser(sub: argparse._SubParsersAction, run_sweep: Callable[[Path], int]
     p.add_argument(
         "--fedray-only", action="store_true", help="run the fedray side only (partitions must exist)"
     )
+    p.add_argument("--local", action="store_true",
+                   help="run the fedray side in this process, one run at a time (as `fedray sweep --local`): "
+                        "Ray's workers run niced, so on a machine busy with other work they wait")  # fmt: skip
     p.add_argument("--force", action="store_true", help="run reference runs that were imported already again")
     p.add_argument("--keep-logging-evals", action="store_true",
                    help="run the script's logging-only evaluations instead of replaying their random draws")  # fmt: skip
@@ -112,7 +116,11 @@ def cmd_reference(args: argparse.Namespace) -> int:
         ("--partitions-only", args.partitions_only, ref.draws_partitions),
     ) if asked and not ok]  # fmt: skip
     if unsupported:
-        why = "it draws no partitions and skips no computation" if not ref.draws_partitions else "its wrapper has none"
+        why = (
+            "it draws no partitions and skips no computation"
+            if not ref.draws_partitions
+            else "its wrapper has none"
+        )
         print(f"fedray: error: {args.name}: {unsupported[0]} does not apply ({why})", file=sys.stderr)
         return EXIT_USAGE
     if args.check:
@@ -146,9 +154,9 @@ def cmd_reference(args: argparse.Namespace) -> int:
     side = write_fedray_side(args.name, runs, out, ref.repo)
     print(f"fedray side: {side}", flush=True)
     if args.reference_only or args.partitions_only:
-        print(f"run it with: fedray sweep {side}")
+        print(f"run it with: fedray sweep {side}{' --local' if args.local else ''}")
         return EXIT_FAILED if failed else 0
-    rc = args.run_sweep(side)
+    rc = args.run_sweep(side, args.local)
     print(f"side by side: fedray report {out} --cols source,algorithm")
     return rc or (EXIT_FAILED if failed else 0)
 
@@ -187,7 +195,7 @@ def cmd_fedrc_data(args: argparse.Namespace) -> int:
     if args.reference_only:
         print(f"fedray side: fedray sweep {side}")
         return EXIT_FAILED if failed else 0
-    rc = args.run_sweep(side)
+    rc = args.run_sweep(side, args.local)
     print(f"side by side: fedray report {out} --cols source,algorithm --metric accuracy --at best-train")
     return rc or (EXIT_FAILED if failed else 0)
 
