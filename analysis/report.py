@@ -267,7 +267,9 @@ def pivot(
 
     With ``tuned``, runs that differ in hyperparameters (``hp.*``, and ``lr``) share a cell, and the cell shows
     the setting with the best mean over its seeds (the first seen on a tie), as papers report tuned
-    baselines; ``setting`` names it ("" where there was nothing to choose). The choice is made per
+    baselines; ``setting`` names it ("" where there was nothing to choose). Only the settings run with
+    the most seeds compete, so a grid point that one lucky seed has reached cannot win over one run
+    in full (as docs/fidelity.md's tuned sections choose). The choice is made per
     cell, on the value read, so it is only as fair as that value (a test-set choice, as in the papers).
     """
     out_cols = ["experiment", *rows, "col", "mean", "std", "n", "runs", "setting"]
@@ -279,9 +281,11 @@ def pivot(
         mean="mean", std=lambda v: v.std(ddof=1) if v.count() > 1 else math.nan, n="count", runs="size"
     )
     cells = cells.reset_index()
-    if tuned:  # the best setting of each cell; NaN means never win over a number
+    if tuned:  # the best setting of each cell, among those run with the most seeds; NaN never wins
+        most = cells.groupby(["experiment", "row", "col"], sort=False)["runs"].transform("max")
+        full = cells[cells["runs"] == most]
         best = (
-            cells.assign(key=cells["mean"].fillna(-math.inf))
+            full.assign(key=full["mean"].fillna(-math.inf))
             .groupby(["experiment", "row", "col"], sort=False)["key"]
             .idxmax()
         )

@@ -223,7 +223,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             print(f"(runs without stage {args.stage!r}, here {', '.join(algs)}: read at their final round)")
         chosen = cells[cells["setting"] != ""]
         if args.tuned:
-            print("tuned: each cell is its column's best hp (and lr) setting (best mean over seeds), here:" if len(chosen)
+            print("tuned: each cell is its column's best hp (and lr) setting (best mean over seeds, of the settings run with the most seeds), here:" if len(chosen)
                   else "tuned: no cell had hp settings to choose from")  # fmt: skip
             for _, c in chosen.iterrows():
                 where = " ".join(str(c[f]) for f in rows)
@@ -364,7 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_rep.add_argument("--cols", default="algorithm", help="fields for columns (default algorithm)")
     p_rep.add_argument("--format", choices=("text", "markdown", "csv", "latex"), default="text")
     p_rep.add_argument("--tuned", action="store_true",
-                       help="runs that differ only in hp (or lr) share a cell, which shows the best setting (listed below the table)")  # fmt: skip
+                       help="runs that differ only in hp (or lr) share a cell, which shows the best setting of those run with "
+                            "the most seeds (listed below the table)")  # fmt: skip
     p_rep.add_argument("--all", action="store_true", help="include failed and unfinished runs")
     p_rep.add_argument("--no-plots", action="store_true", help="only print the table")
     p_rep.set_defaults(func=cmd_report)
