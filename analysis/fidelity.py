@@ -80,12 +80,17 @@ def agreement(a: Any, b: Any) -> dict[str, float | bool]:
     return out
 
 
-def algorithm_label(config: Mapping[str, Any], names: Mapping[str, str] | None) -> str:
+def algorithm_label(
+    config: Mapping[str, Any], names: Mapping[str, str] | None, apart: list[str] | tuple[str, ...] = ()
+) -> str:
     """The algorithm as a section names it: with ``names``, the algorithm and its non-default hp
-    (``fedcat concatenation=false``) looked up there (itself when absent); else the algorithm."""
+    (``fedcat concatenation=false``) looked up there (itself when absent); else the algorithm. The
+    hp keys a section tells cells apart by or tunes (``hp.mu`` in its ``by`` or ``tuned``) are not
+    part of the name: they have their own column, or are the setting."""
     if names is None:
         return field_label(dict(config), "algorithm")
-    key = " ".join([config["algorithm"], *hp_pairs(config)])
+    skip = {k[3:] for k in apart if k.startswith("hp.")}
+    key = " ".join([config["algorithm"], *(p for p in hp_pairs(config) if p.split("=", 1)[0] not in skip)])
     return str(names.get(key, key))
 
 
@@ -99,9 +104,11 @@ def selected(runs: pd.DataFrame, where: Mapping[str, Any] | None) -> pd.DataFram
     for key in where:
         if not any(key in f for f in flats):
             raise FidelityError(f"where: no run has the config key {key!r}")
-    keep = [
-        all(f.get(k) in v if isinstance(v, list) else f.get(k) == v for k, v in where.items()) for f in flats
-    ]
+
+    def ok(have: Any, want: Any) -> bool:  # a list is one of its values, unless the key's own value is a list
+        return have == want or (isinstance(want, list) and not isinstance(have, list) and have in want)
+
+    keep = [all(ok(f.get(k), v) for k, v in where.items()) for f in flats]
     return runs[keep]
 
 
@@ -137,7 +144,7 @@ def cells(
     if runs.empty:
         return pd.DataFrame(columns=columns)
     try:
-        runs["algorithm"] = runs["config"].map(lambda c: algorithm_label(c, names))
+        runs["algorithm"] = runs["config"].map(lambda c: algorithm_label(c, names, [*by, *tuned]))
         for name in (k for k in keys if k != "algorithm"):
             runs[name] = runs["config"].map(lambda c, n=name: field_label(c, n))
     except ReportError as e:
@@ -150,8 +157,8 @@ def cells(
                     f"tuned: {key!r} is " + ("also in by:" if key in by else "no run's config key")
                 )
         runs["setting"] = [
-            " ".join(f"{k}={field_label(c, k) if k in f else 'default'}" for k in tuned)
-            for c, f in zip(runs["config"], flats, strict=True)
+            " ".join(f"{k}={_setting_value(c, f, sm, k)}" for k in tuned)
+            for c, f, sm in zip(runs["config"], flats, runs["summary"], strict=True)
         ]
     read_at = values.set_index("run_id")
 
@@ -177,20 +184,34 @@ def cells(
     return pd.DataFrame(rows, columns=columns)
 
 
+def _setting_value(config: Mapping[str, Any], flat: Mapping[str, Any], summary: Any, key: str) -> str:
+    """A tuned key's value in one run: its config's, else (an hp key left at its default) the value
+    the run recorded using, so an explicit default and an omitted one are one setting."""
+    if key in flat:
+        return field_label(dict(config), key)
+    hparams = summary.get("hparams", {}) if isinstance(summary, dict) else {}
+    if key.startswith("hp.") and key[3:] in hparams:
+        return field_label({**config, "hp": {**(config.get("hp") or {}), key[3:]: hparams[key[3:]]}}, key)
+    return "default"
+
+
 def tuned_choice(grid: Mapping[str, tuple[list[float], int]]) -> str:
-    """The best setting of a tuned cell: {setting: (per-seed values, runs that diverged)}. Only the
-    settings run with the most seeds (values and diverged runs together) compete, so a grid point
-    that one lucky seed has reached cannot win over one run in full; among them, those with the
-    fewest diverged runs (a setting that diverges is not the tuned one), then the best mean (the
-    first listed on a tie). A cell where every setting diverged in every run keeps the first."""
+    """The best setting of a tuned cell: {setting: (per-seed values, runs that diverged)}. Settings
+    with no value (every run diverged, or none read) cannot win. Of the others, only those run with
+    the most seeds (values and diverged runs together) compete, so a grid point that one lucky seed
+    has reached cannot win over one run in full; among them, those with the fewest diverged runs,
+    then the best mean (the first listed on a tie). A NaN value (a run not read) counts as no seed.
+    A cell where no setting has a value keeps the first."""
     if not grid:
         raise ValueError("tuned_choice: no settings")
-    most = max(len(v) + d for v, d in grid.values())
-    full = {s: (v, d) for s, (v, d) in grid.items() if len(v) + d == most}
+    clean = {s: ([x for x in v if not math.isnan(x)], d) for s, (v, d) in grid.items()}
+    valued = {s: (v, d) for s, (v, d) in clean.items() if v}
+    if not valued:
+        return next(iter(grid))
+    most = max(len(v) + d for v, d in valued.values())
+    full = {s: (v, d) for s, (v, d) in valued.items() if len(v) + d == most}
     fewest = min(d for _, d in full.values())
-    scored = [(sum(v) / len(v), s) for s, (v, d) in full.items() if d == fewest and v]
-    if not scored:
-        return next(iter(full))
+    scored = [(sum(v) / len(v), s) for s, (v, d) in full.items() if d == fewest]
     best = max(m for m, _ in scored)
     return next(s for m, s in scored if m == best)
 
@@ -268,18 +289,18 @@ def grid_table(c: pd.DataFrame, by: list[str] | tuple[str, ...] = ()) -> pd.Data
     its mean ± std over seeds (and how many runs diverged), the setting the cell took in bold."""
     settings = list(dict.fromkeys(s for g in c["grid"] for s in g))
     rows = []
-    for r in c.itertuples():
-        row = {"partition": r.partition, "algorithm": r.algorithm, **{b: getattr(r, b) for b in by},
-               "source": r.source}  # fmt: skip
+    for r in c.to_dict("records"):
+        row = {"partition": r["partition"], "algorithm": r["algorithm"], **{b: r[b] for b in by},
+               "source": r["source"]}  # fmt: skip
         for name in settings:
-            if name not in r.grid:
+            if name not in r["grid"]:
                 row[name] = "-"
                 continue
-            values, lost = r.grid[name]
-            v = pd.Series(values, dtype=float) * 100
+            values, lost = r["grid"][name]
+            v = pd.Series(values, dtype=float).dropna() * 100
             text = _pm(v.mean() if len(v) else math.nan, v.std(ddof=1) if len(v) > 1 else math.nan, len(v))
             text += f", {lost} diverged" if lost else ""
-            row[name] = f"**{text}**" if name == r.setting else text
+            row[name] = f"**{text}**" if name == r["setting"] else text
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -310,6 +331,15 @@ def claim_table(
             raise FidelityError(f"claim {claim.get('claim')!r}: needs above: and below: (algorithm names)")
         if claim.get("references", "each") not in ("each", "pooled"):
             raise FidelityError(f"claim {claim.get('claim')!r}: references: is each or pooled")
+        # a bare name no cell has is an algorithm not run yet ("not run"); a cell named with by-values
+        # (FedRS head_bias=false) that none has is a typo in them
+        known = set(c["algorithm"]) | set(c["qualified"])
+        unknown = [a for a in (*above, *below) if a not in known and by and "=" in a]
+        if unknown and len(c):
+            raise FidelityError(
+                f"claim {claim.get('claim')!r}: no cell named {', '.join(map(repr, unknown))} "
+                f"(cells: {', '.join(sorted(known))})"
+            )
         cc = _pooled(c, claim, {*above, *below}) if claim.get("references") == "pooled" else c
         sources = [FEDRAY, *sorted(set(cc["source"]) - {FEDRAY})] if len(cc) else []
         for source in sources:

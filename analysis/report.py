@@ -267,9 +267,10 @@ def pivot(
 
     With ``tuned``, runs that differ in hyperparameters (``hp.*``, and ``lr``) share a cell, and the cell shows
     the setting with the best mean over its seeds (the first seen on a tie), as papers report tuned
-    baselines; ``setting`` names it ("" where there was nothing to choose). Only the settings run with
-    the most seeds compete, so a grid point that one lucky seed has reached cannot win over one run
-    in full (as docs/fidelity.md's tuned sections choose). The choice is made per
+    baselines; ``setting`` names it ("" where there was nothing to choose). Only the settings with the
+    most seeds read (a value, not NaN) compete, so a grid point that one lucky seed has reached cannot
+    win over one run in full. (docs/fidelity.md's tuned sections also count a diverged run as a seed
+    run, and prefer the fewest diverged: `analysis.fidelity.tuned_choice`.) The choice is made per
     cell, on the value read, so it is only as fair as that value (a test-set choice, as in the papers).
     """
     out_cols = ["experiment", *rows, "col", "mean", "std", "n", "runs", "setting"]
@@ -282,8 +283,8 @@ def pivot(
     )
     cells = cells.reset_index()
     if tuned:  # the best setting of each cell, among those run with the most seeds; NaN never wins
-        most = cells.groupby(["experiment", "row", "col"], sort=False)["runs"].transform("max")
-        full = cells[cells["runs"] == most]
+        most = cells.groupby(["experiment", "row", "col"], sort=False)["n"].transform("max")
+        full = cells[cells["n"] == most]
         best = (
             full.assign(key=full["mean"].fillna(-math.inf))
             .groupby(["experiment", "row", "col"], sort=False)["key"]

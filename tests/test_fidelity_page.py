@@ -131,6 +131,10 @@ def test_a_claim_in_a_section_with_by_fields_names_which_cell(tmp_path, base):
     assert t["differences (points)"].tolist() == ["fedrs head_bias=false − fedavg: -4.0 (2 SE 2.8)",
                                                   "fedrs head_bias=false − fedavg: not run"]  # fmt: skip
     assert t["verdict"].tolist() == ["does not hold (fedrs head_bias=false not above fedavg)", "not run"]
+    with pytest.raises(
+        FidelityError, match="no cell named 'fedrs head_bias=False'"
+    ):  # a typo in the by-value
+        claim_table(c, [{**claim, "above": ["fedrs head_bias=False"]}], ["head_bias"])
     with_bias = claim_table(c, [{**claim, "above": ["fedrs head_bias=true"]}], ["head_bias"])
     assert with_bias["differences (points)"].tolist()[0] == "fedrs head_bias=true − fedavg: +6.0 (2 SE 2.8)"
 
@@ -147,6 +151,9 @@ def test_a_section_reads_only_the_runs_its_where_keeps(tmp_path, base):
     assert kept["values"].tolist() == [[0.60, 0.62]]
     assert cells(out, where={"lr": 0.03}).empty
     assert [sorted(v) for v in cells(out, where={"lr": [0.03, 0.1]})["values"]] == [[0.90, 0.92]]  # one of
+    # a key whose own value is a list is matched as a whole
+    write_run(out, {**base, "lr": 0.2, "seed": 0, "synthetic_shape": [1, 4, 4]}, final(0.5))
+    assert cells(out, where={"synthetic_shape": [1, 4, 4]})["values"].tolist() == [[0.5]]
     with pytest.raises(FidelityError, match="no run has the config key 'lrr'"):
         cells(out, where={"lrr": 0.06})
 
@@ -192,6 +199,43 @@ def test_a_tuned_section_takes_each_sides_best_learning_rate(tmp_path, base):
     # ties go to the first listed; a cell whose every setting diverged keeps its first
     assert tuned_choice({"a": ([0.5, 0.75], 0), "b": ([0.625, 0.625], 0)}) == "a"
     assert tuned_choice({"a": ([], 2), "b": ([], 2)}) == "a"
+    # a setting that diverged in every run cannot win (halfway through a grid: lr 0.1 diverged thrice)
+    assert tuned_choice({"lr=0.1": ([], 3), "lr=0.03": ([0.5, 0.6], 0)}) == "lr=0.03"
+    # a run not read (NaN) is no seed, whatever the order
+    nan = float("nan")
+    assert tuned_choice({"a": ([nan], 0), "b": ([0.5], 0)}) == "b"
+    assert tuned_choice({"b": ([0.5], 0), "a": ([nan], 0)}) == "b"
+
+
+def test_a_tuned_hp_key_is_the_setting_not_part_of_the_name_and_a_default_is_its_value(tmp_path, base):
+    # tuned: [hp.mu] with names: mu is the setting, so FedProx stays one named cell; a run that
+    # leaves mu at its default (0.001, which its summary records) is the same setting as mu=0.001
+    out = tmp_path / "out"
+    for seed, (low, high) in enumerate([(0.60, 0.70), (0.62, 0.72)]):
+        write_run(out, {**base, "algorithm": "fedprox", "seed": seed}, final(low),
+                  summary={"hparams": {"mu": 0.001}})  # fmt: skip
+        write_run(
+            out, {**base, "algorithm": "fedprox", "seed": seed + 2, "hp": {"mu": 0.001}}, final(low + 0.02)
+        )
+        write_run(out, {**base, "algorithm": "fedprox", "seed": seed, "hp": {"mu": 0.1}}, final(high))
+    c = cells(out, names={"fedprox": "FedProx"}, tuned=["hp.mu"])
+    assert c["algorithm"].tolist() == ["FedProx"]
+    assert set(c["grid"].iloc[0]) == {"hp.mu=0.001", "hp.mu=0.1"}
+    assert len(c["grid"].iloc[0]["hp.mu=0.001"][0]) == 4  # explicit and default: one setting, 4 seeds
+    assert c["setting"].iloc[0] == "hp.mu=0.001"  # 4 seeds run against 2: only it competes
+    # a by: field with a dot in its name reaches the grid table
+    from analysis.fidelity import grid_table
+
+    dotted = tmp_path / "dotted"
+    for mu, lr, acc in ((0.001, 0.01, 0.5), (0.001, 0.1, 0.6), (0.1, 0.01, 0.7)):
+        write_run(dotted, {**base, "algorithm": "fedprox", "seed": 0, "lr": lr, "hp": {"mu": mu}}, final(acc))
+    c = cells(dotted, by=["hp.mu"], names={"fedprox": "FedProx"}, tuned=["lr"])
+    t = grid_table(c, ["hp.mu"])
+    assert t["algorithm"].tolist() == ["FedProx", "FedProx"] and t["hp.mu"].tolist() == ["0.001", "0.1"]
+    assert t["lr=0.1"].tolist() == ["**60.0 (1)**", "-"] and t["lr=0.01"].tolist() == [
+        "50.0 (1)",
+        "**70.0 (1)**",
+    ]
 
 
 def test_a_missing_results_folder_is_an_error_or_the_section_as_last_generated(tmp_path, base):

@@ -193,7 +193,7 @@ def cmd_fedrc_data(args: argparse.Namespace) -> int:
     side = write_fedray_side("fedrc", runs, out, fedrc.REPO, place=lambda cfg, _: cfg,
                              where=f"each on the clients in {clients}")  # fmt: skip
     if args.reference_only:
-        print(f"fedray side: fedray sweep {side}")
+        print(f"fedray side: fedray sweep {side}{' --local' if args.local else ''}")
         return EXIT_FAILED if failed else 0
     rc = args.run_sweep(side, args.local)
     print(f"side by side: fedray report {out} --cols source,algorithm --metric accuracy --at best-train")
