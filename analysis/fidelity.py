@@ -5,7 +5,8 @@ A spec (YAML, ``docs/fidelity.yaml``) names the sections; each reads one results
 algorithm: fedray's mean ± std over seeds, the reference's, their difference, whether they agree,
 both wall times per run, and the paper's number where the budget is the paper's. Two means agree
 when |mean(fedray) - mean(reference)| <= max(1.0 point, 2 x the standard error of the difference);
-a side with one seed takes the other side's seed variance for its own.
+a side with one seed takes the other side's seed variance for its own; with one seed a side the
+table gives the difference and no verdict.
 Everything but the spec's prose is computed from the Parquet files, so the page is regenerated,
 never typed: ``fedray fidelity docs/fidelity.yaml``.
 
@@ -261,7 +262,10 @@ def section_table(
                 row["reference"] = _pm(s["mean_b"], s["std_b"], s["n_b"]) + (f" [{src}]" if src else "")
                 if "setting" in c:
                     row["reference's setting"] = ref.setting if ref is not None else "-"
-                if s["n_a"] and s["n_b"]:
+                if s["n_a"] == 1 and s["n_b"] == 1:  # no seed-to-seed spread known on either side
+                    row["difference"] = f"{s['diff']:+.1f}"
+                    row["agree (tolerance)"] = "- (one seed a side)"
+                elif s["n_a"] and s["n_b"]:
                     row["difference"] = f"{s['diff']:+.1f}"
                     row["agree (tolerance)"] = f"{'yes' if s['agree'] else 'NO'} (±{s['tolerance']:.1f})"
                 else:

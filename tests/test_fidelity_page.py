@@ -238,6 +238,21 @@ def test_a_tuned_hp_key_is_the_setting_not_part_of_the_name_and_a_default_is_its
     ]
 
 
+def test_one_seed_a_side_gives_no_agreement_verdict(tmp_path, base):
+    # with one seed on each side no seed-to-seed spread is known: the difference, and no yes/NO
+    from analysis.fidelity import section_table
+
+    out = tmp_path / "out"
+    write_run(out, {**base, "seed": 0}, final(0.70))
+    write_run(out, {**base, "seed": 0, "source": "authors/X"}, final(0.73))
+    row = section_table(cells(out)).iloc[0]
+    assert row["difference"] == "-3.0" and row["agree (tolerance)"] == "- (one seed a side)"
+    write_run(out, {**base, "seed": 1, "source": "authors/X"}, final(0.75))  # the reference's spread is known
+    row = section_table(cells(out)).iloc[0]
+    # 70 against 74 (var 2, borrowed by fedray's side): -4.0, SE sqrt(2 + 1) = 1.73, tolerance 3.5
+    assert row["difference"] == "-4.0" and row["agree (tolerance)"] == "NO (±3.5)"
+
+
 def test_a_missing_results_folder_is_an_error_or_the_section_as_last_generated(tmp_path, base):
     write_run(tmp_path / "here", {**base, "seed": 0}, final(0.7))
     spec = {
