@@ -288,10 +288,22 @@ def section_table(
     return table
 
 
+def setting_order(setting: str) -> tuple:
+    """Sort key of a tuned setting (``lr=0.01 hp.mu=1``): by its values, numbers as numbers."""
+
+    def value(v: str) -> tuple:
+        try:
+            return (0, float(v), "")
+        except ValueError:
+            return (1, 0.0, v)
+
+    return tuple(value(pair.split("=", 1)[-1]) for pair in setting.split(" "))
+
+
 def grid_table(c: pd.DataFrame, by: list[str] | tuple[str, ...] = ()) -> pd.DataFrame:
     """A tuned section's every setting: one row per cell and source, one column per setting, each
     its mean ± std over seeds (and how many runs diverged), the setting the cell took in bold."""
-    settings = list(dict.fromkeys(s for g in c["grid"] for s in g))
+    settings = sorted(dict.fromkeys(s for g in c["grid"] for s in g), key=setting_order)
     rows = []
     for r in c.to_dict("records"):
         row = {"partition": r["partition"], "algorithm": r["algorithm"], **{b: r[b] for b in by},

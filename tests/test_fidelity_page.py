@@ -9,7 +9,16 @@ import re
 
 import pytest
 
-from analysis.fidelity import KEPT, FidelityError, algorithm_label, cells, claim_table, render, tuned_choice
+from analysis.fidelity import (
+    KEPT,
+    FidelityError,
+    algorithm_label,
+    cells,
+    claim_table,
+    render,
+    setting_order,
+    tuned_choice,
+)
 from fedray.records import rec
 from fedray.results import ResultsWriter
 from tests.conftest import small_config
@@ -187,6 +196,9 @@ def test_a_tuned_section_takes_each_sides_best_learning_rate(tmp_path, base):
     flat = re.sub(r" +", " ", page)
     # fedray 68.0 ± 2.8 against the reference's 52.0 ± 2.8: +16.0; each side's lr named
     assert "| fedavg | 68.0 ± 2.8 (2) | lr=0.06 | 52.0 ± 2.8 (2) [authors/X] | lr=0.03 | +16.0 |" in flat
+    assert "| source | lr=0.03 | lr=0.06 | lr=0.1 |" in flat  # the settings by value
+    assert sorted(["lr=0.1", "lr=0.06", "lr=1e-05", "lr=default"], key=setting_order) == [
+        "lr=1e-05", "lr=0.06", "lr=0.1", "lr=default"]  # fmt: skip
     assert "| fedavg | fedray | 62.0 ± 2.8 (2) | **68.0 ± 2.8 (2)** | - |" in flat
     assert "| fedavg | authors/X | **52.0 ± 2.8 (2)** | 41.0 ± 1.4 (2) | 90.0 (1) |" in flat
     assert "| fedrc | fedray | **51.0 ± 1.4 (2)** | - | 95.0 (1), 1 diverged |" in flat
