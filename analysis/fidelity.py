@@ -51,7 +51,16 @@ from typing import Any
 import pandas as pd
 
 from analysis.load import diverged, load_runs
-from analysis.report import ReportError, field_label, flat_config, hp_pairs, run_values
+from analysis.report import (
+    ReportError,
+    field_label,
+    flat_config,
+    hp_pairs,
+    run_flat,
+    run_values,
+    tuned_choice,
+    value_text,
+)
 
 FEDRAY = "fedray"
 AGREE_POINTS = 1.0  # percentage points
@@ -157,9 +166,10 @@ def cells(
                 raise FidelityError(
                     f"tuned: {key!r} is " + ("also in by:" if key in by else "no run's config key")
                 )
+        used = [run_flat(c, sm.get("hparams") if isinstance(sm, dict) else None)
+                for c, sm in zip(runs["config"], runs["summary"], strict=True)]  # fmt: skip
         runs["setting"] = [
-            " ".join(f"{k}={_setting_value(c, f, sm, k)}" for k in tuned)
-            for c, f, sm in zip(runs["config"], flats, runs["summary"], strict=True)
+            " ".join(f"{k}={value_text(f[k]) if k in f else 'default'}" for k in tuned) for f in used
         ]
     read_at = values.set_index("run_id")
 
@@ -183,38 +193,6 @@ def cells(
         rows.append({**dict(zip(keys, key, strict=True)), **settings[best], "setting": best,
                      "grid": {s: (v["values"], v["diverged"]) for s, v in settings.items()}})  # fmt: skip
     return pd.DataFrame(rows, columns=columns)
-
-
-def _setting_value(config: Mapping[str, Any], flat: Mapping[str, Any], summary: Any, key: str) -> str:
-    """A tuned key's value in one run: its config's, else (an hp key left at its default) the value
-    the run recorded using, so an explicit default and an omitted one are one setting."""
-    if key in flat:
-        return field_label(dict(config), key)
-    hparams = summary.get("hparams", {}) if isinstance(summary, dict) else {}
-    if key.startswith("hp.") and key[3:] in hparams:
-        return field_label({**config, "hp": {**(config.get("hp") or {}), key[3:]: hparams[key[3:]]}}, key)
-    return "default"
-
-
-def tuned_choice(grid: Mapping[str, tuple[list[float], int]]) -> str:
-    """The best setting of a tuned cell: {setting: (per-seed values, runs that diverged)}. Settings
-    with no value (every run diverged, or none read) cannot win. Of the others, only those run with
-    the most seeds (values and diverged runs together) compete, so a grid point that one lucky seed
-    has reached cannot win over one run in full; among them, those with the fewest diverged runs,
-    then the best mean (the first listed on a tie). A NaN value (a run not read) counts as no seed.
-    A cell where no setting has a value keeps the first."""
-    if not grid:
-        raise ValueError("tuned_choice: no settings")
-    clean = {s: ([x for x in v if not math.isnan(x)], d) for s, (v, d) in grid.items()}
-    valued = {s: (v, d) for s, (v, d) in clean.items() if v}
-    if not valued:
-        return next(iter(grid))
-    most = max(len(v) + d for v, d in valued.values())
-    full = {s: (v, d) for s, (v, d) in valued.items() if len(v) + d == most}
-    fewest = min(d for _, d in full.values())
-    scored = [(sum(v) / len(v), s) for s, (v, d) in full.items() if d == fewest]
-    best = max(m for m, _ in scored)
-    return next(s for m, s in scored if m == best)
 
 
 def _pm(mean: float, std: float, n: int) -> str:
@@ -262,12 +240,13 @@ def section_table(
                 row["reference"] = _pm(s["mean_b"], s["std_b"], s["n_b"]) + (f" [{src}]" if src else "")
                 if "setting" in c:
                     row["reference's setting"] = ref.setting if ref is not None else "-"
-                if s["n_a"] == 1 and s["n_b"] == 1:  # no seed-to-seed spread known on either side
+                if s["n_a"] and s["n_b"]:
                     row["difference"] = f"{s['diff']:+.1f}"
-                    row["agree (tolerance)"] = "- (one seed a side)"
-                elif s["n_a"] and s["n_b"]:
-                    row["difference"] = f"{s['diff']:+.1f}"
-                    row["agree (tolerance)"] = f"{'yes' if s['agree'] else 'NO'} (±{s['tolerance']:.1f})"
+                    row["agree (tolerance)"] = (
+                        "- (one seed a side)"  # no seed-to-seed spread known on either side
+                        if s["n_a"] == 1 and s["n_b"] == 1
+                        else f"{'yes' if s['agree'] else 'NO'} (±{s['tolerance']:.1f})"
+                    )
                 else:
                     row["difference"] = row["agree (tolerance)"] = "-"
             diverged = (mine.diverged if mine is not None else 0, ref.diverged if ref is not None else 0)

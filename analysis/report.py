@@ -67,7 +67,14 @@ def flat_config(config: dict) -> dict[str, Any]:
     return out
 
 
-def _text(value: Any) -> str:
+def run_flat(config: dict, hparams: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A run's config flattened, with every hp value it used (``hparams``: its summary's, defaults
+    included), so an hp left at its default reads as its value, the same as one set to it."""
+    return {f"hp.{k}": v for k, v in (hparams or {}).items()} | flat_config(config)
+
+
+def value_text(value: Any) -> str:
+    """A config value as labels show it: 0.03, true, [1, 2], a string as is."""
     if isinstance(value, float):
         return f"{value:g}"
     return value if isinstance(value, str) else json.dumps(value)
@@ -75,7 +82,7 @@ def _text(value: Any) -> str:
 
 def hp_pairs(config: Mapping[str, Any]) -> list[str]:
     """The config's hp as ``key=value`` texts, sorted by key (what differs from the algorithm's defaults)."""
-    return [f"{k}={_text(v)}" for k, v in sorted((config.get("hp") or {}).items())]
+    return [f"{k}={value_text(v)}" for k, v in sorted((config.get("hp") or {}).items())]
 
 
 def field_label(config: dict, name: str) -> str:
@@ -91,7 +98,7 @@ def field_label(config: dict, name: str) -> str:
     if name not in flat:
         raise ReportError(f"unknown field {name!r} for --rows/--cols (fields: partition, hp, and the config keys: "
                           f"{', '.join(sorted(flat))})")  # fmt: skip
-    return _text(flat[name])
+    return value_text(flat[name])
 
 
 def column_label(config: dict, fields: Sequence[str]) -> str:
@@ -239,8 +246,8 @@ def label_runs(
 
     def suffix(c: dict, hparams: dict, keys: set[str]) -> str:
         """``k=value`` for the keys; an hp value the config leaves at its default is named too."""
-        f = {f"hp.{k}": v for k, v in hparams.items()} | flat_config(c)
-        return " ".join(f"{k}={_text(f[k])}" for k in sorted(keys) if k in f)
+        f = run_flat(c, hparams)
+        return " ".join(f"{k}={value_text(f[k])}" for k in sorted(keys) if k in f)
 
     hps = df["hparams"] if "hparams" in df else [{}] * len(df)
 
@@ -256,6 +263,27 @@ def label_runs(
     return df
 
 
+def tuned_choice(grid: Mapping[str, tuple[list[float], int]]) -> str:
+    """The best setting of a tuned cell: {setting: (per-seed values, runs that diverged)}. Settings
+    with no value (every run diverged, or none read) cannot win. Of the others, only those run with
+    the most seeds (values and diverged runs together) compete, so a grid point that one lucky seed
+    has reached cannot win over one run in full; among them, those with the fewest diverged runs,
+    then the best mean (the first listed on a tie). A NaN value (a run not read) counts as no seed.
+    A cell where no setting has a value keeps the first."""
+    if not grid:
+        raise ValueError("tuned_choice: no settings")
+    clean = {s: ([x for x in v if not math.isnan(x)], d) for s, (v, d) in grid.items()}
+    valued = {s: (v, d) for s, (v, d) in clean.items() if v}
+    if not valued:
+        return next(iter(grid))
+    most = max(len(v) + d for v, d in valued.values())
+    full = {s: (v, d) for s, (v, d) in valued.items() if len(v) + d == most}
+    fewest = min(d for _, d in full.values())
+    scored = [(sum(v) / len(v), s) for s, (v, d) in full.items() if d == fewest]
+    best = max(m for m, _ in scored)
+    return next(s for m, s in scored if m == best)
+
+
 def pivot(
     values: pd.DataFrame,
     rows: Sequence[str] = ("dataset", "partition"),
@@ -269,8 +297,8 @@ def pivot(
     the setting with the best mean over its seeds (the first seen on a tie), as papers report tuned
     baselines; ``setting`` names it ("" where there was nothing to choose). Only the settings with the
     most seeds read (a value, not NaN) compete, so a grid point that one lucky seed has reached cannot
-    win over one run in full. (docs/fidelity.md's tuned sections also count a diverged run as a seed
-    run, and prefer the fewest diverged: `analysis.fidelity.tuned_choice`.) The choice is made per
+    win over one run in full (`tuned_choice`, which docs/fidelity.md's tuned sections use too, with
+    their diverged runs). The choice is made per
     cell, on the value read, so it is only as fair as that value (a test-set choice, as in the papers).
     """
     out_cols = ["experiment", *rows, "col", "mean", "std", "n", "runs", "setting"]
@@ -282,15 +310,17 @@ def pivot(
         mean="mean", std=lambda v: v.std(ddof=1) if v.count() > 1 else math.nan, n="count", runs="size"
     )
     cells = cells.reset_index()
-    if tuned:  # the best setting of each cell, among those run with the most seeds; NaN never wins
-        most = cells.groupby(["experiment", "row", "col"], sort=False)["n"].transform("max")
-        full = cells[cells["n"] == most]
-        best = (
-            full.assign(key=full["mean"].fillna(-math.inf))
-            .groupby(["experiment", "row", "col"], sort=False)["key"]
-            .idxmax()
-        )
-        cells = cells.loc[sorted(best)].reset_index(drop=True)
+    if tuned:  # the best setting of each cell (`tuned_choice`, no run counted as diverged here)
+        values = df.groupby(["experiment", "row", "col", "setting"], sort=False)["value"].agg(list)
+        grids: dict[tuple, dict[str, tuple[list[float], int]]] = {}
+        for (exp, row, col, setting), v in values.items():
+            grids.setdefault((exp, row, col), {})[setting] = (v, 0)
+        best = {key: tuned_choice(grid) for key, grid in grids.items()}
+        keep = [
+            best[(e, r, c)] == s
+            for e, r, c, s in cells[["experiment", "row", "col", "setting"]].itertuples(index=False)
+        ]
+        cells = cells[keep].reset_index(drop=True)
     for i, f in enumerate(rows):
         cells[f] = cells["row"].map(lambda r, i=i: r[i])
     return cells[out_cols]
