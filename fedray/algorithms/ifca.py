@@ -44,9 +44,8 @@ class Hparams:
     num_clusters: int = field(default=3, metadata=bound(ge=1))  # K: cluster models
     persistent_optimizer: bool = False  # each client keeps its SGD buffers per model (the FedRC code)
     drop_last: bool = False  # drop each epoch's last partial batch (the FedRC code's loaders)
-    empty_cluster: str = field(
-        default="keep", metadata=one_of(*EMPTY)
-    )  # a model no client picked: kept (paper) or zeroed (FedRC code)
+    # a model no client picked: kept (paper) or zeroed (FedRC code)
+    empty_cluster: str = field(default="keep", metadata=one_of(*EMPTY))
 
 
 @dataclass
