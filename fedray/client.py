@@ -6,9 +6,10 @@ Client work is a module-level function ``fn(client, cstate, msg) -> (reply, new_
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import numpy as np
 import torch
@@ -108,7 +109,8 @@ class Client:
     ):
         self.cid = cid
         # Model objects are reused across a host's clients (see `model`): loading params overwrites
-        # every entry of the state dict, so reuse changes no number and saves re-initialising.
+        # every entry of the state dict, so reuse changes no number and saves re-initialising. The
+        # same host-wide dict holds the values `kept` keeps.
         self._model_cache = {} if model_cache is None else model_cache
         self.task = task
         self.device = device
@@ -145,6 +147,15 @@ class Client:
         m.train()
         return m
 
+    def kept(self, name: str, version: Hashable, make: Callable[[], Any]) -> Any:
+        """A value the host keeps across calls (on every client it hosts): ``make()``'s result for
+        ``version``, computed on the first call for that version. One version per ``name`` is kept;
+        a call with another version computes and keeps that one instead."""
+        entry = self._model_cache.get(("kept", name))
+        if entry is None or entry[0] != version:
+            entry = self._model_cache[("kept", name)] = (version, make())
+        return entry[1]
+
     def train_batches(
         self, rnd: int, epoch: int, batch_size: int | None = None, drop_last: bool = False
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -179,6 +190,9 @@ class Client:
 
     def train_labels(self) -> np.ndarray:
         return self._data.y[self.train_idx]
+
+    def test_labels(self) -> np.ndarray:
+        return self._data.y[self.test_idx]
 
     def eval_train_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The training split in order, without augmentation (a model evaluated on its own data)."""

@@ -11,6 +11,7 @@ without weights (every participant took the same number of steps, register row 2
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -19,10 +20,18 @@ import torch
 from fedray.client import Client
 from fedray.federation import Federation
 from fedray.models import Arch, concat_params, head_from_clusters
-from fedray.params import Params, get_params, weighted_average
+from fedray.params import Params, get_params, params_digest, weighted_average
 from fedray.records import Record
 from fedray.rounds import train_records, train_reply
-from fedray.train import eval_feature_batches, evaluate, feature_batches, local_train, sgd
+from fedray.train import (
+    EvalStats,
+    eval_feature_batches,
+    evaluate,
+    evaluate_batches,
+    feature_batches,
+    local_train,
+    sgd,
+)
 
 
 def receive_encoders(client: Client, cstate: Any, msg: dict) -> tuple[None, Any]:
@@ -31,13 +40,19 @@ def receive_encoders(client: Client, cstate: Any, msg: dict) -> tuple[None, Any]
     models = msg["models"]
     if not msg["cache"]:
         return None, {"models": models}
+    return None, {"features": encoded(client, models, client.eval_train_batches())}
+
+
+def encoded(
+    client: Client, models: list[Params], batches: Iterable[tuple[torch.Tensor, torch.Tensor]]
+) -> np.ndarray:
+    """The K encoders side by side on ``batches``' images, in eval mode: the features, in order."""
     net = client.model(
         concat_params(models, head_from_clusters(models)), slot="features", arch=Arch(len(models))
     )
     net.eval()
     with torch.no_grad():
-        feats = [net.encoder(x).cpu().numpy() for x, _ in client.eval_train_batches()]
-    return None, {"features": np.concatenate(feats)}
+        return np.concatenate([net.encoder(x).cpu().numpy() for x, _ in batches])
 
 
 def classifier_update(client: Client, cstate: dict, msg: dict) -> tuple[dict, dict]:
@@ -64,11 +79,30 @@ def train_split_eval(client: Client, cstate: dict, msg: dict) -> tuple[dict, dic
     k = msg["k"]
     if "features" in cstate:
         net = client.model(msg["head"], slot="head", arch=Arch(k, head_only=True))
-        stats = evaluate(net, eval_feature_batches(client, cstate["features"]))
+        stats = evaluate(net, eval_feature_batches(client, cstate["features"], client.train_labels()))
     else:
         net = client.model(concat_params(cstate["models"], msg["head"]), slot="concat", arch=Arch(k))
         stats = evaluate(net, client.eval_train_batches())
     return {"correct": stats.correct, "samples": stats.samples, "loss_sum": stats.loss_sum}, cstate
+
+
+def test_split_eval(client: Client, cstate: Any, msg: dict) -> tuple[list[EvalStats], Any]:
+    """Client function for `Federation.test_map` (stage 3's global ``accuracy``): per-batch stats of
+    the classifier ``msg["head"]`` over the K encoders ``msg["models"]`` on the shard's test
+    batches. The host keeps the shard's features for these encoders (they are frozen in stage 3), so
+    each round runs the classifier alone: the same numbers as the whole model, bit for bit, as in
+    `train_split_eval`."""
+    models = msg["models"]
+    version = (
+        params_digest(models),
+        client.num_test_examples,
+        int(client.test_idx[0]) if client.num_test_examples else 0,
+    )
+    feats = client.kept(
+        "concat-test-features", version, lambda: encoded(client, models, client.test_batches())
+    )
+    net = client.model(msg["head"], slot="head", arch=Arch(len(models), head_only=True))
+    return evaluate_batches(net, eval_feature_batches(client, feats, client.test_labels())), cstate
 
 
 def first_head(fed: Federation, encoders: list[Params], cache: bool, from_clusters: bool) -> Params:

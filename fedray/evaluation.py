@@ -38,9 +38,14 @@ def eval_batches(client: Client, cstate: Any, msg: dict) -> tuple[list[EvalStats
     return evaluate_batches(received_model(client, msg), client.test_batches()), cstate
 
 
-def evaluate_global(fed: Federation, params: Params, arch: Arch = TASK) -> EvalStats:
-    """The model ``params`` on the full global test set, spread over the workers (their devices)."""
-    return total(fed.test_map(eval_batches, model_msg(params, arch)))
+def evaluate_global(
+    fed: Federation, params: Params, arch: Arch = TASK, test: tuple[ClientFn, dict] | None = None
+) -> EvalStats:
+    """The model ``params`` on the full global test set, spread over the workers (their devices); or
+    ``test``, a client function and its message giving that model's per-batch stats from what the
+    workers keep (FedConcat's test features)."""
+    fn, msg = test or (eval_batches, model_msg(params, arch))
+    return total(fed.test_map(fn, msg))
 
 
 def model_global_records(fed: Federation, params: Params, k: int, stage: str = "") -> list[Record]:
@@ -169,17 +174,19 @@ def single_model_records(
     stage: str = "",
     arch: Arch = TASK,
     train: tuple[ClientFn, dict] | None = None,
+    test: tuple[ClientFn, dict] | None = None,
 ) -> list[Record]:
     """accuracy/loss on the global test set (with FedRC's test clients: their mean, each on its held-out
     part), plus local_accuracy on clients' own test splits if they have them, and train_accuracy on
     their training splits: by `member_eval`, or by ``train`` (a client function and its message that
-    give the same numbers from what the clients hold: FedConcat's kept features)."""
+    give the same numbers from what the clients hold: FedConcat's kept features); ``test`` does the
+    same for the global test set (`evaluate_global`)."""
     if fed.test_client_ids:
         records = test_client_records(
             fed.map(local_eval, fed.test_client_ids, model_msg(params, arch)), stage
         )
     else:
-        g = evaluate_global(fed, params, arch)
+        g = evaluate_global(fed, params, arch, test)
         records = [rec("accuracy", g.accuracy, stage=stage), rec("loss", g.loss, stage=stage)]
     with_test = [c for c, n in fed.num_test_examples().items() if n > 0]
     if with_test:

@@ -187,10 +187,11 @@ def feature_batches(client: Client, features: np.ndarray, rnd: int) -> Batches:
     return epoch_batches
 
 
-def eval_feature_batches(client: Client, features: np.ndarray) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """A client's precomputed training-split features and labels in the batches
-    `Client.eval_train_batches` gives its images (in order, ``eval_batch_size`` at a time)."""
-    labels = client.train_labels()
+def eval_feature_batches(
+    client: Client, features: np.ndarray, labels: np.ndarray
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Precomputed features of a split and its labels in the batches `Client.eval_train_batches` and
+    `Client.test_batches` give its images (in order, ``eval_batch_size`` at a time)."""
     bs = client.task.eval_batch_size
     for start in range(0, len(labels), bs):
         yield (

@@ -323,14 +323,8 @@ def test_the_classifier_trains_on_the_features_of_the_encoders_stage_2_trained(t
     assert np.abs(w0 - w1).max() > 100 * np.abs(state.head["weight"] - w1).max()
 
 
-@pytest.mark.parametrize("cache", [True, False])
-def test_stage_3_train_accuracy_from_the_kept_features_is_the_whole_models_bit_for_bit(tmp_path, cache):
-    # Stage 3's train_accuracy runs the classifier on the features each client kept (the encoders are
-    # frozen), not its images through K encoders every round: the same numbers as the whole
-    # concatenated model on the images, exactly.
-    from fedray.evaluation import member_eval, model_msg
-    from fedray.models import Arch, concat_params
-
+def at_stage_3(tmp_path, cache):
+    """A local federation with FedConcat in stage 3 (two encoders, one classifier round done)."""
     hp = {"num_clusters": 2, "encoder_rounds": 1, "cache_features": cache}
     cfg = small_config(tmp_path, algorithm="fedconcat", rounds=3, eval_batch_size=7, hp=hp)
     fed, _ = make_local_federation(cfg, build_federated_data(cfg))
@@ -339,6 +333,18 @@ def test_stage_3_train_accuracy_from_the_kept_features_is_the_whole_models_bit_f
     state = alg.init(fed, h)
     for rnd in range(2):
         state, _ = alg.round(state, fed, h, rnd)
+    return fed, alg, h, state
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_stage_3_train_accuracy_from_the_kept_features_is_the_whole_models_bit_for_bit(tmp_path, cache):
+    # Stage 3's train_accuracy runs the classifier on the features each client kept (the encoders are
+    # frozen), not its images through K encoders every round: the same numbers as the whole
+    # concatenated model on the images, exactly.
+    from fedray.evaluation import member_eval, model_msg
+    from fedray.models import Arch, concat_params
+
+    fed, alg, h, state = at_stage_3(tmp_path, cache)
     k = len(state.models)
     whole = fed.map(member_eval, fed.client_ids, model_msg(concat_params(state.models, state.head), Arch(k)))
     kept = fed.map(concat.train_split_eval, fed.client_ids, {"head": state.head, "k": k})
@@ -348,3 +354,35 @@ def test_stage_3_train_accuracy_from_the_kept_features_is_the_whole_models_bit_f
     samples = sum(r["samples"] for r in whole.values())
     assert records["train_accuracy"] == sum(r["correct"] for r in whole.values()) / samples
     assert records["train_loss"] == sum(r["loss_sum"] for r in whole.values()) / samples
+
+
+def test_stage_3_test_accuracy_from_the_kept_test_features_is_the_whole_models_bit_for_bit(
+    tmp_path, monkeypatch
+):
+    # The global test set's features are computed once per set of encoders and kept by the worker;
+    # every later evaluation runs the classifier alone and gives the whole model's numbers exactly.
+    # New encoders (another digest) are encoded afresh, never served the old features.
+    from fedray.evaluation import evaluate_global
+    from fedray.models import Arch, concat_params
+
+    fed, alg, h, state = at_stage_3(tmp_path, True)
+    k = len(state.models)
+    encodes = []
+    real = concat.encoded
+    monkeypatch.setattr(concat, "encoded", lambda *a: encodes.append(1) or real(*a))
+
+    def via_kept(models, head):
+        return evaluate_global(fed, {}, test=(concat.test_split_eval, {"head": head, "models": models}))
+
+    whole = evaluate_global(fed, concat_params(state.models, state.head), Arch(k))
+    assert via_kept(state.models, state.head) == whole and len(encodes) == 1
+    records = {r["metric"]: r["value"] for r in alg.evaluate(state, fed, h, 1) if r["scope"] == "global"}
+    assert (records["accuracy"], records["loss"]) == (
+        whole.correct / whole.samples,
+        whole.loss_sum / whole.samples,
+    )
+    assert len(encodes) == 1  # the round's evaluation used the kept features
+    moved = [{n: (v + 0.5).astype(v.dtype) for n, v in m.items()} for m in state.models]
+    moved_whole = evaluate_global(fed, concat_params(moved, state.head), Arch(k))
+    assert moved_whole != whole
+    assert via_kept(moved, state.head) == moved_whole and len(encodes) == 2

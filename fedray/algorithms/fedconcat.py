@@ -36,7 +36,8 @@ Records: assignments once (round 1); per cluster, its model's test accuracy duri
 at the stage's end, its accuracy on its members' training data (``member_accuracy``); the
 concatenated model's ``accuracy`` on the test set after every classifier round, and its
 ``train_accuracy`` on the clients' training splits (from the features they kept, which gives the
-whole model's numbers bit for bit: `fedray.concat.train_split_eval`). Every row carries
+whole model's numbers bit for bit: `fedray.concat.train_split_eval`; the test set's features are
+kept by the workers in the same way, `fedray.concat.test_split_eval`). Every row carries
 its stage, so per-stage bytes (F6) are a groupby. Read the paper's FMNIST number with
 ``fedray report DIR --stage classifier --round 173``.
 """
@@ -228,4 +229,5 @@ def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Recor
         return cluster_model_records(fed, state.models, state.assignment, ENCODER, members=end)
     params, k = concat_params(state.models, state.head), len(state.models)
     train = (concat.train_split_eval, {"head": state.head, "k": k})  # the clients' kept features
-    return single_model_records(fed, params, CLASSIFIER, Arch(k), train)
+    test = (concat.test_split_eval, {"head": state.head, "models": state.models})  # the workers' kept ones
+    return single_model_records(fed, params, CLASSIFIER, Arch(k), train, test)
