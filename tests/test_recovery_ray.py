@@ -80,10 +80,11 @@ def test_a_placement_error_in_the_driver_is_recorded_as_failed(ray_session, tmp_
     assert runs["status"][0] == "failed" and "PlacementError" in runs["error"][0]
 
 
-@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_ctrl_c_or_sigterm_records_interrupted_exits_130_and_the_same_command_goes_on(
-    ray_session, tmp_path, stop
+def test_ctrl_c_then_sigterm_each_record_interrupted_exit_130_and_the_same_command_goes_on(
+    ray_session, tmp_path
 ):
+    # One run stopped twice: Ctrl-C after round 5, the same command resumes it and SIGTERM (what
+    # `ray job stop` sends) stops it again after round 9, and the same command finishes it.
     out, rounds = tmp_path / "out", 20
     sets = [
         f"{k}={v}" for k, v in {**SLOW, "rounds": rounds, "dataset": "synthetic", "num_clients": 6}.items()
@@ -99,36 +100,42 @@ def test_ctrl_c_or_sigterm_records_interrupted_exits_130_and_the_same_command_go
     ]
     env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
     sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731 - see test_sweep_ray
-    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=sigint)  # fmt: skip
-    # After the checkpoint of round 3, however slow the machine: a signal sent before any
-    # checkpoint (a busy CI machine once took over 120 s to get there) leaves nothing to resume from.
-    reached = False
-    for line in p.stdout:
-        if re.match(r"round +5/", line):
-            reached = True
-            break
-    if not reached:
-        p.kill()
-        pytest.fail(f"fedray run ended before round 5: {p.communicate()[1][-2000:]}")
-    p.send_signal(stop)  # SIGTERM: what `ray job stop` sends
-    try:
-        _, err = p.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        pytest.fail(f"fedray run did not stop within 60 s of {stop.name}")
-    assert p.returncode == 130, err
-    runs = load_runs(out)
-    run_id = runs["run_id"][0]
-    assert runs["status"][0] == "interrupted" and re.search(
-        rf"interrupted after \d+ of {rounds} rounds", runs["error"][0]
-    )
-    assert run_state(out, run_id) == "interrupted"
-    for _ in range(50):  # actors and placement group freed
-        if ray_session.available_resources().get("CPU") == 4:
-            break
-        time.sleep(0.2)
-    assert ray_session.available_resources().get("CPU") == 4
+
+    def stop_after(round_, stop):
+        p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=sigint)  # fmt: skip
+        # After a checkpoint (every 3 rounds), however slow the machine: a signal sent before any
+        # (a busy CI machine once took over 120 s to get there) leaves nothing to resume from.
+        lines = []
+        for line in p.stdout:
+            lines.append(line)
+            if re.match(rf"round +{round_}/", line):
+                break
+        else:
+            p.kill()
+            pytest.fail(f"fedray run ended before round {round_}: {p.communicate()[1][-2000:]}")
+        p.send_signal(stop)
+        try:
+            rest, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            pytest.fail(f"fedray run did not stop within 60 s of {stop.name}")
+        assert p.returncode == 130, err
+        runs = load_runs(out)
+        assert runs["status"][0] == "interrupted" and re.search(
+            rf"interrupted after \d+ of {rounds} rounds", runs["error"][0]
+        )
+        assert run_state(out, runs["run_id"][0]) == "interrupted"
+        for _ in range(50):  # actors and placement group freed
+            if ray_session.available_resources().get("CPU") == 4:
+                break
+            time.sleep(0.2)
+        assert ray_session.available_resources().get("CPU") == 4
+        return "".join(lines) + rest
+
+    stop_after(5, signal.SIGINT)
+    resumed = stop_after(9, signal.SIGTERM)
+    assert re.search(rf"resuming from the checkpoint after round \d+ of {rounds}", resumed)
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert re.search(rf"resuming from the checkpoint after round \d+ of {rounds}", done.stdout)
