@@ -379,3 +379,27 @@ def test_the_fedray_side_runs_in_process_with_local(monkeypatch):
         )
         assert args.run_sweep(Path("side.yaml"), args.local) == 0
         assert swept.pop() == expected
+
+
+def test_pieces_written_at_once_into_one_folder_all_land_in_the_side_file(tmp_path):
+    # Two queues run `fedray reference ... --only ...` into one folder at the same time: each adds its
+    # runs to DIR/reference/NAME-fedray.yaml, and none may lose another's or read it half-written.
+    import threading
+
+    from fedray.sweep import load_sweep
+
+    pieces = [cfg(tmp_path, lr=lr, seed=seed) for lr in (0.01, 0.03, 0.06, 0.1) for seed in (0, 1, 2)]
+    start = threading.Barrier(len(pieces))
+
+    def write(c):
+        start.wait()
+        harness.write_fedray_side("fake", [c], tmp_path, "someone/fake", place=lambda c, out: c)
+
+    threads = [threading.Thread(target=write, args=(c,)) for c in pieces]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    runs = load_sweep(tmp_path / "reference" / "fake-fedray.yaml").runs
+    assert sorted((r.config.lr, r.config.seed) for r in runs) == sorted((c.lr, c.seed) for c in pieces)
+    assert [p.name for p in (tmp_path / "reference").iterdir() if p.name.endswith(".tmp")] == []

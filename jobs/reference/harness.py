@@ -13,6 +13,7 @@ Layout under the results folder DIR::
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -30,7 +31,7 @@ import yaml
 from fedray.config import Config, ConfigError, partition_file_for
 from fedray.data import partition_file
 from fedray.records import rec
-from fedray.results import ResultsWriter, run_status
+from fedray.results import ResultsWriter, run_status, write_text_atomic
 
 T = TypeVar("T")
 
@@ -271,6 +272,18 @@ def write_fedray_side(
     place = place or on_reference_partition
     path = out / "reference" / f"{name}-fedray.yaml"
     sides = [place(cfg, out).to_dict() for cfg in runs]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Several invocations into one folder (one per --only piece, at once) merge into the same file:
+    # the read-merge-write holds a lock beside it, and the file is replaced whole, so none loses
+    # another's runs and no reader meets a half-written file.
+    with open(path.with_name(f".{path.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _merge_fedray_side(path, sides, source, name, where)
+    return path
+
+
+def _merge_fedray_side(path: Path, sides: list[dict], source: str, name: str, where: str) -> None:
+    out = path.parent.parent
     if path.is_file():
         from fedray.sweep import load_sweep
 
@@ -302,14 +315,12 @@ def write_fedray_side(
         doc["seeds"] = doc_seeds
     if not any(doc["cases"]):
         del doc["cases"]
-    path.parent.mkdir(parents=True, exist_ok=True)
     header = (
         f"# fedray's side of the comparison with {source}: the runs, {where}\n"
         f"# (written by `fedray reference {name}`).\n"
         f"#   fedray sweep {path}\n"
     )
-    path.write_text(header + yaml.safe_dump(doc, sort_keys=False))
-    return path
+    write_text_atomic(header + yaml.safe_dump(doc, sort_keys=False), path)
 
 
 def run_reference(
