@@ -130,6 +130,7 @@ class Config:
     # An unfinished run started again goes on from its latest checkpoint (--restart starts over).
     checkpoint_every: int = field(default=10, metadata=bound(ge=0, note="0 = never"))  # checkpoint every this many rounds, and after the last; 0 = never
     keep_checkpoints: int = field(default=1, metadata=bound(ge=1))  # how many of the latest checkpoints DIR/checkpoints/RUN_ID/ keeps
+    keep_finished_checkpoints: bool = True  # false: a run's checkpoints are removed once it has finished (its rows and models written); an unfinished run keeps them
     # Ray runs only: after losing client actors (a node lost, out of memory), new actors on what is
     # left of the cluster go on from the latest checkpoint.
     max_failures: int = field(default=3, metadata=bound(ge=0))  # times a run goes on after such a loss; 0 = fail at the first
@@ -170,7 +171,7 @@ class Config:
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Config)}
 NOT_IN_RUN_ID = (
     "output", "num_actors", "placement_timeout_s", "save_models", "checkpoint_every", "keep_checkpoints", "max_failures",
-    "partition_name",
+    "partition_name", "keep_finished_checkpoints",
 )  # fmt: skip
 # Keys added after results existed, with the value that means "as before": at that value they stay
 # out of the run id, so every earlier run keeps its id (and a re-submitted sweep skips it).

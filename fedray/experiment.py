@@ -236,6 +236,8 @@ def execute(
         if cfg.save_models:
             summary["models"] = str(save_models(cfg, alg, hp, state, fed))
         writer.finish(summary)
+        if not cfg.keep_finished_checkpoints:  # only once finished: a run stopped before this resumes
+            ckpts.clear()
         yield Finished(run_id, summary)
     except BaseException as e:
         status, done = "failed", len(history) and history[-1].round

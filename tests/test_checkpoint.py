@@ -31,7 +31,7 @@ from analysis import (
 from fedray.checkpoint import CheckpointError, decode, encode, read_blob, write_blob
 from fedray.client import Task, iterate
 from fedray.data import build_federated_data
-from fedray.experiment import Checkpointed, RoundDone, Started, execute
+from fedray.experiment import Checkpointed, Finished, RoundDone, Started, execute
 from fedray.federation import Baton
 from fedray.local import make_local_federation
 from fedray.results import run_state
@@ -207,6 +207,18 @@ def test_checkpoints_are_kept_as_asked_and_restart_starts_over(tmp_path):
     assert stored_metrics(cfg.output)["round"].max() == 3
     list(execute(cfg, make_local_federation))
     assert stored_metrics(cfg.output).equals(ref)
+
+
+def test_a_finished_run_drops_its_checkpoints_when_asked_and_only_once_finished(tmp_path):
+    cfg = small_config(tmp_path, rounds=4, checkpoint_every=2, keep_finished_checkpoints=False)
+    assert cfg.run_id() == small_config(tmp_path, rounds=4, checkpoint_every=2).run_id()
+    root = Path(cfg.output) / "checkpoints" / cfg.run_id()
+    _stop_after(cfg, 3)  # stopped: its checkpoint stays, and the run resumes from it
+    assert sorted(p.name for p in root.iterdir()) == ["round-000002"]
+    events = list(execute(cfg, make_local_federation))
+    assert events[0].resumed_from == 2 and isinstance(events[-1], Finished)
+    assert run_state(cfg.output, cfg.run_id()) == "finished" and not root.exists()
+    assert load_model(cfg.output, cfg.run_id()) is not None  # the trained model is kept
 
 
 def test_a_run_stopped_after_its_last_checkpoint_finishes_without_redoing_a_round(tmp_path):

@@ -100,7 +100,7 @@ def reference_run_id(cfg: Config, ref: Reference) -> str:
     which names the output folder) and the reference."""
     d = cfg.to_dict()
     for key in ("output", "num_actors", "placement_timeout_s", "save_models", "checkpoint_every",
-                "keep_checkpoints", "max_failures", "eval_every", "eval_batch_size",
+                "keep_checkpoints", "keep_finished_checkpoints", "max_failures", "eval_every", "eval_batch_size",
                 "num_cpus_per_actor", "num_gpus_per_actor"):  # fmt: skip
         d.pop(key, None)
     digest = hashlib.sha256(json.dumps([ref.repo, d], sort_keys=True).encode()).hexdigest()[:10]
