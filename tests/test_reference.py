@@ -295,6 +295,12 @@ def test_reference_runs_land_next_to_fedrays_and_report_side_by_side(tmp_path):
     harness.write_fedray_side("fake", [cfg(out, seed=0, rounds=3), cfg(out, seed=1, rounds=2)], out, ref.repo)
     runs = load_sweep(side).runs
     assert [(r.config.rounds, r.config.seed) for r in runs] == [(2, 0), (2, 1), (2, 2), (3, 0)]
+    # A run written again with a setting outside the run id changed keeps its one entry and takes
+    # the new setting.
+    harness.write_fedray_side("fake", [cfg(out, seed=1, rounds=2, keep_finished_checkpoints=False)], out, ref.repo)
+    runs = load_sweep(side).runs
+    assert [(r.config.rounds, r.config.seed) for r in runs] == [(2, 0), (2, 1), (2, 2), (3, 0)]
+    assert [r.config.keep_finished_checkpoints for r in runs] == [True, False, True, True]
 
 
 def test_agreement_rule_worked_by_hand():

@@ -284,15 +284,21 @@ def write_fedray_side(
 
 def _merge_fedray_side(path: Path, sides: list[dict], source: str, name: str, where: str) -> None:
     out = path.parent.parent
+    from fedray.validation import from_dict
+
+    earlier = []
     if path.is_file():
         from fedray.sweep import load_sweep
 
-        sides = [r.config.to_dict() for r in load_sweep(path).runs] + sides
-    unique: list[dict] = []
-    for side in sides:
+        earlier = [r.config.to_dict() for r in load_sweep(path).runs]
+    # One entry per run: a run written again (a setting outside the run id changed since, such as
+    # keep_finished_checkpoints) keeps its place and takes this invocation's settings.
+    by_id: dict[str, dict] = {}
+    for side in earlier + sides:
+        by_id[from_dict(side).run_id()] = side
+    unique = list(by_id.values())
+    for side in unique:
         side.pop("output")
-        if side not in unique:
-            unique.append(side)
     cases, seeds = [], []
     for side in unique:
         case = {k: v for k, v in side.items() if k != "seed"}
