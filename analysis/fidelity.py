@@ -26,6 +26,8 @@ Spec::
         tuned: [lr]                # optional: config keys tuned per cell, as the papers tune each algorithm:
                                    # each side's cell is its best setting of them (`tuned_choice`), and a
                                    # second table gives every setting's mean
+        tuned_by: {metric: accuracy}   # optional: choose that setting on another reading than `read`
+                                   # (purity at the lr each algorithm's accuracy picked)
         paper: {"#C=2": {fedavg: 79.0, fedconcat: 84.4}}   # the paper's means, where the budget is its own
         notes: |                   # markdown after the table (causes found, what changed)
         curves: fidelity-fedconcat-curves.png   # optional: accuracy curves, written next to the page
@@ -129,6 +131,7 @@ def cells(
     names: Mapping[str, str] | None = None,
     where: Mapping[str, Any] | None = None,
     tuned: list[str] | tuple[str, ...] = (),
+    tuned_by: Mapping[str, Any] | None = None,
 ) -> pd.DataFrame:
     """One row per (partition, algorithm, the ``by`` fields, source) with the per-seed values and
     wall times of the finished runs that did not diverge, and how many runs diverged (fedray stops
@@ -137,13 +140,18 @@ def cells(
     is still a row. ``names``: see `algorithm_label`; ``where``: see `selected`. With ``tuned``
     (config keys, e.g. ``["lr"]``), runs that differ there share a cell, which holds the runs of its
     best setting (`tuned_choice`): its ``setting`` names it (``lr=0.03``), and ``grid`` maps every
-    setting to its (values, diverged)."""
+    setting to its (values, diverged). ``tuned_by`` (a reading, as ``read``): the setting is chosen on
+    that reading of the runs instead (each algorithm's lr picked by accuracy, its purity read there);
+    ``grid`` still shows ``read``'s values."""
     read, by, tuned = dict(read or {}), list(by), list(tuned)
     keys = ["partition", "algorithm", *by, "source"]
     columns = [*keys, "values", "seconds", "rounds", "diverged", *(["setting", "grid"] if tuned else [])]
     try:
         values = run_values(results, read.get("metric", "accuracy"), read.get("at", "final"), read.get("round"),
                             read.get("stage"))  # fmt: skip
+        picks = values if tuned_by is None else run_values(
+            results, tuned_by.get("metric", "accuracy"), tuned_by.get("at", "final"), tuned_by.get("round"),
+            tuned_by.get("stage"))  # fmt: skip
     except ReportError as e:
         raise FidelityError(f"{results}: {e}") from None
     runs = selected(load_runs(results), where)
@@ -171,7 +179,7 @@ def cells(
         runs["setting"] = [
             " ".join(f"{k}={value_text(f[k]) if k in f else 'default'}" for k in tuned) for f in used
         ]
-    read_at = values.set_index("run_id")
+    read_at, pick_at = values.set_index("run_id"), picks.set_index("run_id")
 
     def one(g: pd.DataFrame) -> dict[str, Any]:
         ok = [r for r, d in zip(g["run_id"], g["diverged"], strict=True) if r in read_at.index and not d]
@@ -183,13 +191,19 @@ def cells(
             "diverged": int(g["diverged"].sum()),
         }
 
+    def pick(g: pd.DataFrame) -> tuple[list[float], int]:
+        """What a setting is chosen on: its runs' ``tuned_by`` values (by default ``read``'s)."""
+        ok = [r for r, d in zip(g["run_id"], g["diverged"], strict=True) if r in pick_at.index and not d]
+        return [pick_at.loc[r, "value"] for r in ok], int(g["diverged"].sum())
+
     rows = []
     for key, g in runs.groupby(keys, sort=False):
         if not tuned:
             rows.append({**dict(zip(keys, key, strict=True)), **one(g)})
             continue
-        settings = {s: one(gs) for s, gs in g.groupby("setting", sort=False)}
-        best = tuned_choice({s: (v["values"], v["diverged"]) for s, v in settings.items()})
+        groups = dict(list(g.groupby("setting", sort=False)))
+        settings = {s: one(gs) for s, gs in groups.items()}
+        best = tuned_choice({s: pick(gs) for s, gs in groups.items()})
         rows.append({**dict(zip(keys, key, strict=True)), **settings[best], "setting": best,
                      "grid": {s: (v["values"], v["diverged"]) for s, v in settings.items()}})  # fmt: skip
     return pd.DataFrame(rows, columns=columns)
@@ -450,8 +464,8 @@ def render(
         if sec.get("text"):
             parts += [str(sec["text"]).strip(), ""]
         by, names = list(sec.get("by") or []), sec.get("names")
-        tuned = list(sec.get("tuned") or [])
-        c = _ordered(cells(folder, sec.get("read"), by, names, sec.get("where"), tuned), names, by)
+        tuned, tuned_by = list(sec.get("tuned") or []), sec.get("tuned_by")
+        c = _ordered(cells(folder, sec.get("read"), by, names, sec.get("where"), tuned, tuned_by), names, by)
         if c.empty:
             parts += ["(no finished runs yet)", ""]
         else:
@@ -459,8 +473,9 @@ def render(
             parts += [table.to_markdown(index=False, disable_numparse=True), ""]
             parts += [f"Results: `{_shown(folder)}`; read: {_read_text(sec.get('read'))}.", ""]
             if tuned:
+                on = f" of {_reading(tuned_by)}" if tuned_by else ""
                 parts += [f"Every setting of {', '.join(tuned)}, mean ± std over seeds (each side's cell in bold: "
-                          "of the settings run with the most seeds, the fewest diverged, then the best mean):", "",
+                          f"of the settings run with the most seeds, the fewest diverged, then the best mean{on}):", "",
                           grid_table(c, by).to_markdown(index=False, disable_numparse=True), ""]  # fmt: skip
             if sec.get("claims"):
                 claims = claim_table(c, list(sec["claims"]), by)
@@ -514,6 +529,11 @@ def _study(name: str) -> Any:
 
 
 def _read_text(read: Mapping[str, Any] | None) -> str:
+    return f"{_reading(read)}, in percent; mean ± std over seeds (number of seeds)"
+
+
+def _reading(read: Mapping[str, Any] | None) -> str:
+    """What a run is read as: "accuracy at the final round"."""
     read = dict(read or {})
     what = read.get("metric", "accuracy")
     if read.get("round") is not None:
@@ -526,7 +546,7 @@ def _read_text(read: Mapping[str, Any] | None) -> str:
             "best-train": "the round of best train_accuracy",
             "best": "the best round",
         }[read.get("at", "final")]
-    return f"{what} at {where}, in percent; mean ± std over seeds (number of seeds)"
+    return f"{what} at {where}"
 
 
 def _curves(

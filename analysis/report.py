@@ -289,6 +289,7 @@ def pivot(
     rows: Sequence[str] = ("dataset", "partition"),
     cols: Sequence[str] = ("algorithm",),
     tuned: bool = False,
+    tuned_by: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """Long table of cells: experiment, row fields..., col, mean, std, n (seeds with a value), runs,
     setting.
@@ -299,7 +300,9 @@ def pivot(
     most seeds read (a value, not NaN) compete, so a grid point that one lucky seed has reached cannot
     win over one run in full (`tuned_choice`, which docs/fidelity.md's tuned sections use too, with
     their diverged runs). The choice is made per
-    cell, on the value read, so it is only as fair as that value (a test-set choice, as in the papers).
+    cell, on the value read, so it is only as fair as that value (a test-set choice, as in the papers);
+    ``tuned_by`` (`run_values` of another metric) makes it on that reading instead (purity shown at the
+    lr each algorithm's accuracy picked).
     """
     out_cols = ["experiment", *rows, "col", "mean", "std", "n", "runs", "setting"]
     if values.empty:
@@ -311,7 +314,11 @@ def pivot(
     )
     cells = cells.reset_index()
     if tuned:  # the best setting of each cell (`tuned_choice`, no run counted as diverged here)
-        values = df.groupby(["experiment", "row", "col", "setting"], sort=False)["value"].agg(list)
+        if tuned_by is not None:  # a run not read there counts as no seed
+            df["pick"] = df["run_id"].map(tuned_by.set_index("run_id")["value"]).astype(float)
+        values = df.groupby(["experiment", "row", "col", "setting"], sort=False)[
+            "value" if tuned_by is None else "pick"
+        ].agg(list)
         grids: dict[tuple, dict[str, tuple[list[float], int]]] = {}
         for (exp, row, col, setting), v in values.items():
             grids.setdefault((exp, row, col), {})[setting] = (v, 0)

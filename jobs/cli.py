@@ -189,6 +189,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not os.path.isdir(args.dir):
         print(f"fedray: error: results folder {args.dir!r} does not exist", file=sys.stderr)
         return EXIT_USAGE
+    if args.tuned_by and not args.tuned:
+        print("fedray: error: --tuned-by chooses the setting of a --tuned cell: add --tuned", file=sys.stderr)
+        return EXIT_USAGE
     rows, cols = _fields(args.rows), _fields(args.cols)
     at = "final" if args.at is None else args.at
     try:
@@ -196,7 +199,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         statuses = values["status"].value_counts()
         if not args.all:
             values = values[values["status"] == "finished"]
-        cells = pivot(values, rows, cols, tuned=args.tuned)
+        picks = None
+        if args.tuned_by:
+            picks = run_values(args.dir, args.tuned_by, at, args.round, args.stage, include_unfinished=True)
+        cells = pivot(values, rows, cols, tuned=args.tuned, tuned_by=picks)
         tables = wide_tables(cells, rows, args.metric)
         if args.format == "csv" and len(tables) > 1:  # one parseable table, experiment as a column
             tables = {"": pd.concat([t.assign(experiment=e) for e, t in tables.items()])}
@@ -223,7 +229,8 @@ def cmd_report(args: argparse.Namespace) -> int:
             print(f"(runs without stage {args.stage!r}, here {', '.join(algs)}: read at their final round)")
         chosen = cells[cells["setting"] != ""]
         if args.tuned:
-            print("tuned: each cell is its column's best hp (and lr) setting (best mean over seeds, of the settings run with the most seeds), here:" if len(chosen)
+            on = f" of {args.tuned_by}" if args.tuned_by else ""
+            print(f"tuned: each cell is its column's best hp (and lr) setting (best mean{on} over seeds, of the settings run with the most seeds), here:" if len(chosen)
                   else "tuned: no cell had hp settings to choose from")  # fmt: skip
             for _, c in chosen.iterrows():
                 where = " ".join(str(c[f]) for f in rows)
@@ -366,6 +373,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_rep.add_argument("--tuned", action="store_true",
                        help="runs that differ only in hp (or lr) share a cell, which shows the best setting of those run with "
                             "the most seeds (listed below the table)")  # fmt: skip
+    p_rep.add_argument("--tuned-by", metavar="METRIC",
+                       help="with --tuned: choose each cell's setting by this metric, read at the same round (e.g. "
+                            "--metric purity --tuned --tuned-by accuracy: purity at the lr accuracy picks)")  # fmt: skip
     p_rep.add_argument("--all", action="store_true", help="include failed and unfinished runs")
     p_rep.add_argument("--no-plots", action="store_true", help="only print the table")
     p_rep.set_defaults(func=cmd_report)

@@ -219,6 +219,31 @@ def test_a_tuned_section_takes_each_sides_best_learning_rate(tmp_path, base):
     assert tuned_choice({"b": ([0.5], 0), "a": ([nan], 0)}) == "b"
 
 
+def test_a_tuned_section_can_read_purity_at_the_lr_accuracy_picks(tmp_path, base):
+    # The paper tunes the lr on accuracy; its purity claim is read at that lr, on each side.
+    out = tmp_path / "out"
+    runs = {  # (source, lr): per-seed (accuracy, purity)
+        ("fedray", 0.03): [(0.20, 0.90), (0.22, 0.80)], ("fedray", 0.1): [(0.26, 0.70), (0.28, 0.60)],
+        ("authors/X", 0.03): [(0.24, 0.50), (0.26, 0.70)], ("authors/X", 0.1): [(0.10, 0.99), (0.12, 0.97)],
+    }  # fmt: skip
+    for (source, lr), seeds in runs.items():
+        for seed, (acc, pur) in enumerate(seeds):
+            cfg = {**base, "algorithm": "fedrc", "lr": lr, "seed": seed, "source": source}
+            write_run(out, cfg, {1: [rec("accuracy", acc), rec("purity", pur), rec("train_accuracy", 0.5)]})
+    read = {"metric": "purity"}
+    c = cells(out, read, tuned=["lr"], tuned_by={"metric": "accuracy"}).set_index("source")
+    assert c.loc["fedray", "setting"] == "lr=0.1" and sorted(c.loc["fedray", "values"]) == [0.60, 0.70]
+    assert c.loc["authors/X", "setting"] == "lr=0.03" and sorted(c.loc["authors/X", "values"]) == [0.50, 0.70]
+    assert c.loc["fedray", "grid"]["lr=0.03"] == ([0.90, 0.80], 0)  # the grid shows what is read
+    by_purity = cells(out, read, tuned=["lr"]).set_index("source")  # without tuned_by: purity's own best
+    assert by_purity.loc["fedray", "setting"] == "lr=0.03" and by_purity.loc["authors/X", "setting"] == "lr=0.1"
+    spec = {"sections": [{"title": "Purity", "results": "out", "tuned": ["lr"], "read": read,
+                          "tuned_by": {"metric": "accuracy"}}]}  # fmt: skip
+    flat = re.sub(r" +", " ", render(spec, tmp_path))
+    assert "then the best mean of accuracy at the final round):" in flat
+    assert "| fedrc | fedray | 85.0 ± 7.1 (2) | **65.0 ± 7.1 (2)** |" in flat
+
+
 def test_a_tuned_hp_key_is_the_setting_not_part_of_the_name_and_a_default_is_its_value(tmp_path, base):
     # tuned: [hp.mu] with names: mu is the setting, so FedProx stays one named cell; a run that
     # leaves mu at its default (0.001, which its summary records) is the same setting as mu=0.001

@@ -276,6 +276,32 @@ def test_tuned_picks_each_algorithms_best_learning_rate(tmp_path):
     assert cells.loc["fedavg", "setting"] == "lr=0.1" and cells.loc["fedavg", "n"] == 2
 
 
+def test_tuned_by_reads_one_metric_at_the_setting_another_picks(tmp_path):
+    # FedRC's claim on purity: each algorithm's purity at the lr its accuracy picks (the paper tunes
+    # the lr on accuracy), not at the lr of its best purity.
+    out = tmp_path / "out"
+    base = {**small_config(tmp_path).to_dict(), "experiment": "lr", "hp": {}}
+    runs = {  # lr: per-seed (accuracy, purity)
+        0.01: [(0.30, 0.90), (0.32, 0.94)],  # purer, less accurate
+        0.1: [(0.40, 0.60), (0.44, 0.64)],
+        0.06: [(0.99, 0.99)],  # one seed: cannot win either way
+    }
+    for lr, seeds in runs.items():
+        for seed, (acc, pur) in enumerate(seeds):
+            write_run(out, {**base, "algorithm": "fedrc", "lr": lr, "seed": seed},
+                      {1: [rec("accuracy", acc), rec("purity", pur), rec("train_accuracy", 0.5)]})  # fmt: skip
+    by_purity = pivot(run_values(out, "purity"), rows=("dataset",), tuned=True).iloc[0]
+    assert by_purity["setting"] == "lr=0.01" and by_purity["mean"] == pytest.approx(0.92)
+    at_accuracy = pivot(run_values(out, "purity"), rows=("dataset",), tuned=True, tuned_by=run_values(out)).iloc[0]
+    assert at_accuracy["setting"] == "lr=0.1" and at_accuracy["mean"] == pytest.approx(0.62)
+    p = run([sys.executable, "-m", "jobs.cli", "report", str(out), "--metric", "purity", "--tuned", "--tuned-by",
+             "accuracy", "--no-plots", "--rows", "dataset"], cwd=ROOT)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert "62.0 ± 2.8 (2)" in p.stdout and "best mean of accuracy" in p.stdout and "fedrc: lr=0.1" in p.stdout
+    p = run([sys.executable, "-m", "jobs.cli", "report", str(out), "--tuned-by", "accuracy"], cwd=ROOT)
+    assert p.returncode == 2 and "--tuned-by chooses the setting of a --tuned cell" in p.stderr
+
+
 def test_fidelity_cells_told_apart_by_more_fields(tmp_path):
     """A fidelity section's ``by: [lr]``: runs that differ only there are separate cells, each with
     its own mean over seeds, and the field is a column of the table."""
