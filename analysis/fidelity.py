@@ -144,6 +144,8 @@ def cells(
     that reading of the runs instead (each algorithm's lr picked by accuracy, its purity read there);
     ``grid`` still shows ``read``'s values."""
     read, by, tuned = dict(read or {}), list(by), list(tuned)
+    if tuned_by is not None and not tuned:
+        raise FidelityError("tuned_by chooses the setting of a tuned cell: the section needs tuned: [...]")
     keys = ["partition", "algorithm", *by, "source"]
     columns = [*keys, "values", "seconds", "rounds", "diverged", *(["setting", "grid"] if tuned else [])]
     try:

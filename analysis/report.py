@@ -21,9 +21,11 @@ from typing import Any
 import pandas as pd
 
 from analysis.load import load_metrics, load_runs
+from fedray.config import NOT_IN_RUN_ID
 
-# Keys that tell replicates of one setting apart or cannot change a number (fedray.config.NOT_IN_RUN_ID).
-_PER_RUN_KEYS = ("seed", "output", "num_actors", "placement_timeout_s")
+# Keys that tell replicates of one setting apart or cannot change a number (fedray.config.NOT_IN_RUN_ID):
+# runs that differ only there are seeds of one cell, never columns of their own.
+_PER_RUN_KEYS = ("seed", *NOT_IN_RUN_ID)
 # The config keys the paper-style partition label stands for.
 _PARTITION_KEYS = (
     "partition",

@@ -22,7 +22,7 @@ from fedray.data import FederatedData, build_federated_data
 from fedray.export import save_models
 from fedray.federation import Federation, WorkerLost
 from fedray.records import Record, rec
-from fedray.results import ResultsWriter, versions
+from fedray.results import ResultsWriter, run_status, versions
 
 
 @dataclass
@@ -183,6 +183,13 @@ def execute(
     placement: dict[str, Any] = {}
     timings = {"begun": time.time()}
     writer.acquire()  # before reading or removing anything of an earlier attempt
+    if not restart and run_status(cfg.output, run_id) == "finished":
+        # Finished since whoever called this looked (another sweep over the same runs finished it
+        # meanwhile): nothing to run, and nothing of it is touched.
+        summary = writer.stored_summary()
+        writer.release()
+        yield Finished(run_id, summary)
+        return
     try:
         if restart:
             ckpts.clear()
@@ -235,9 +242,9 @@ def execute(
         summary["hparams"] = alg.full_hparams(cfg.hp)
         if cfg.save_models:
             summary["models"] = str(save_models(cfg, alg, hp, state, fed))
-        writer.finish(summary)
-        if not cfg.keep_finished_checkpoints:  # only once finished: a run stopped before this resumes
-            ckpts.clear()
+        # keep_finished_checkpoints: false: removed once the run is recorded finished (a run stopped
+        # before then resumes from them), under its lock (no other process resumes from half of one)
+        writer.finish(summary, then=None if cfg.keep_finished_checkpoints else ckpts.clear)
         yield Finished(run_id, summary)
     except BaseException as e:
         status, done = "failed", len(history) and history[-1].round

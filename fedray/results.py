@@ -20,7 +20,7 @@ import platform
 import re
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -421,12 +421,23 @@ class ResultsWriter:
             self._seq += 1
         self._rows, self._assignments = [], []
 
-    def finish(self, summary: dict[str, Any]) -> None:
+    def finish(self, summary: dict[str, Any], then: Callable[[], None] | None = None) -> None:
+        """Record the run as finished; ``then`` runs after that, still under the run's lock (removing
+        its checkpoints: no other process may resume from one half removed)."""
         try:
             self.flush()
             self._write_run("finished", summary=summary)
+            if then is not None:
+                then()
         finally:
             self._lock.release()
+
+    def stored_summary(self) -> dict[str, Any]:
+        """The summary the run's row holds now ({} if none)."""
+        path = self.root / "runs" / f"{self.run_id}.parquet"
+        if not path.is_file():
+            return {}
+        return json.loads(pq.read_table(path, columns=["summary"]).column("summary")[0].as_py() or "{}")
 
     def fail(self, error: str, summary: dict[str, Any] | None = None, status: str = "failed") -> None:
         """Record the run as ``failed`` (an error) or ``interrupted`` (stopped from outside)."""

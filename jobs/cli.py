@@ -374,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="runs that differ only in hp (or lr) share a cell, which shows the best setting of those run with "
                             "the most seeds (listed below the table)")  # fmt: skip
     p_rep.add_argument("--tuned-by", metavar="METRIC",
-                       help="with --tuned: choose each cell's setting by this metric, read at the same round (e.g. "
+                       help="with --tuned: choose each cell's setting by this metric, read as --at/--round/--stage say (e.g. "
                             "--metric purity --tuned --tuned-by accuracy: purity at the lr accuracy picks)")  # fmt: skip
     p_rep.add_argument("--all", action="store_true", help="include failed and unfinished runs")
     p_rep.add_argument("--no-plots", action="store_true", help="only print the table")

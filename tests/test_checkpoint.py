@@ -219,6 +219,23 @@ def test_a_finished_run_drops_its_checkpoints_when_asked_and_only_once_finished(
     assert events[0].resumed_from == 2 and isinstance(events[-1], Finished)
     assert run_state(cfg.output, cfg.run_id()) == "finished" and not root.exists()
     assert load_model(cfg.output, cfg.run_id()) is not None  # the trained model is kept
+    # Started again without --restart (another sweep planned it before this one finished it): with
+    # no checkpoint left it must not start over; nothing is run or touched.
+    rows, runs = stored_metrics(cfg.output), load_runs(cfg.output)
+    again = list(execute(cfg, make_local_federation))
+    assert len(again) == 1 and isinstance(again[0], Finished)
+    assert again[0].summary["final_accuracy"] == events[-1].summary["final_accuracy"]
+    assert stored_metrics(cfg.output).equals(rows) and load_runs(cfg.output).equals(runs)
+
+
+def test_the_checkpoints_go_while_the_finished_run_still_holds_its_lock(tmp_path):
+    from fedray.results import ResultsWriter, RunLock
+
+    seen = []
+    w = ResultsWriter(tmp_path, "r1", small_config(tmp_path).to_dict())
+    w.start()
+    w.finish({}, then=lambda: seen.append((run_state(tmp_path, "r1"), RunLock(tmp_path, "r1").held_elsewhere())))
+    assert seen == [("finished", True)] and not RunLock(tmp_path, "r1").held_elsewhere()
 
 
 def test_a_run_stopped_after_its_last_checkpoint_finishes_without_redoing_a_round(tmp_path):

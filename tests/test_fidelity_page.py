@@ -242,6 +242,8 @@ def test_a_tuned_section_can_read_purity_at_the_lr_accuracy_picks(tmp_path, base
     flat = re.sub(r" +", " ", render(spec, tmp_path))
     assert "then the best mean of accuracy at the final round):" in flat
     assert "| fedrc | fedray | 85.0 ± 7.1 (2) | **65.0 ± 7.1 (2)** |" in flat
+    with pytest.raises(FidelityError, match="tuned_by chooses the setting of a tuned cell"):
+        cells(out, read, tuned_by={"metric": "accuracy"})
 
 
 def test_a_tuned_hp_key_is_the_setting_not_part_of_the_name_and_a_default_is_its_value(tmp_path, base):

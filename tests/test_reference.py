@@ -409,3 +409,11 @@ def test_pieces_written_at_once_into_one_folder_all_land_in_the_side_file(tmp_pa
     runs = load_sweep(tmp_path / "reference" / "fake-fedray.yaml").runs
     assert sorted((r.config.lr, r.config.seed) for r in runs) == sorted((c.lr, c.seed) for c in pieces)
     assert [p.name for p in (tmp_path / "reference").iterdir() if p.name.endswith(".tmp")] == []
+    # an entry whose clients are not drawn yet (its partition file missing) is written all the same:
+    # nothing is read or validated while merging
+    from dataclasses import replace
+
+    missing = replace(cfg(tmp_path, lr=0.2), partition="file", partition_file=str(tmp_path / "none.json"))
+    harness.write_fedray_side("fake", [missing], tmp_path, "someone/fake", place=lambda c, out: c)
+    text = (tmp_path / "reference" / "fake-fedray.yaml").read_text()
+    assert f"partition_file: {tmp_path / 'none.json'}" in text

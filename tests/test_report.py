@@ -274,6 +274,12 @@ def test_tuned_picks_each_algorithms_best_learning_rate(tmp_path):
     write_run(out, {**base, "algorithm": "fedavg", "lr": 0.03, "seed": 0}, final(0.99))
     cells = pivot(run_values(out), rows=("dataset",), tuned=True).set_index("col")
     assert cells.loc["fedavg", "setting"] == "lr=0.1" and cells.loc["fedavg", "n"] == 2
+    # keys that cannot change a number never split a cell (keep_finished_checkpoints set on a sweep
+    # under way: its earlier and later runs are seeds of one cell)
+    write_run(out, {**base, "algorithm": "fedavg", "lr": 0.1, "seed": 2, "keep_finished_checkpoints": False,
+                    "checkpoint_every": 0}, final(0.76))  # fmt: skip
+    cells = pivot(run_values(out), rows=("dataset",), tuned=True).set_index("col")
+    assert list(cells.index) == ["fedavg", "fedem"] and cells.loc["fedavg", "n"] == 3
 
 
 def test_tuned_by_reads_one_metric_at_the_setting_another_picks(tmp_path):

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from fedray.config import Config, ConfigError, partition_file_for
+from fedray.config import NOT_IN_RUN_ID, Config, ConfigError, partition_file_for
 from fedray.data import partition_file
 from fedray.records import rec
 from fedray.results import ResultsWriter, run_status, write_text_atomic
@@ -284,8 +284,6 @@ def write_fedray_side(
 
 def _merge_fedray_side(path: Path, sides: list[dict], source: str, name: str, where: str) -> None:
     out = path.parent.parent
-    from fedray.validation import from_dict
-
     earlier = []
     if path.is_file():
         from fedray.sweep import load_sweep
@@ -294,8 +292,8 @@ def _merge_fedray_side(path: Path, sides: list[dict], source: str, name: str, wh
     # One entry per run: a run written again (a setting outside the run id changed since, such as
     # keep_finished_checkpoints) keeps its place and takes this invocation's settings.
     by_id: dict[str, dict] = {}
-    for side in earlier + sides:
-        by_id[from_dict(side).run_id()] = side
+    for side in earlier + sides:  # the keys of the run id, as written (nothing read or validated here)
+        by_id[json.dumps({k: v for k, v in side.items() if k not in NOT_IN_RUN_ID}, sort_keys=True)] = side
     unique = list(by_id.values())
     for side in unique:
         side.pop("output")
