@@ -22,7 +22,7 @@ from fedray.data import FederatedData, build_federated_data
 from fedray.export import save_models
 from fedray.federation import Federation, WorkerLost
 from fedray.records import Record, rec
-from fedray.results import ResultsWriter, run_status, versions
+from fedray.results import ResultsWriter, versions
 
 
 @dataclass
@@ -183,12 +183,11 @@ def execute(
     placement: dict[str, Any] = {}
     timings = {"begun": time.time()}
     writer.acquire()  # before reading or removing anything of an earlier attempt
-    if not restart and run_status(cfg.output, run_id) == "finished":
+    if not restart and writer.earlier_status == "finished":
         # Finished since whoever called this looked (another sweep over the same runs finished it
         # meanwhile): nothing to run, and nothing of it is touched.
-        summary = writer.stored_summary()
         writer.release()
-        yield Finished(run_id, summary)
+        yield Finished(run_id, writer.earlier_summary)
         return
     try:
         if restart:

@@ -288,11 +288,15 @@ class ResultsWriter:
         self._const["source"] = config.get("source", "fedray")
         self._lock = RunLock(out_dir, run_id)
         self.events: list[dict[str, Any]] = []
+        # What the row said when `acquire` took the lock (None: no earlier attempt), and its summary.
+        self.earlier_status: str | None = None
+        self.earlier_summary: dict[str, Any] = {}
 
     # --- lifecycle --------------------------------------------------------------------------------
     def acquire(self) -> None:
         """Take the run's lock (before anything of an earlier attempt is read or touched), and keep
-        the earlier attempt's start time and events: a run that goes on is the same run."""
+        the earlier attempt's start time, events, status and summary: a run that goes on is the same
+        run."""
         if self._lock._fd is not None:
             return
         self._lock.acquire()
@@ -300,7 +304,9 @@ class ResultsWriter:
         if path.is_file():
             row = pq.read_table(path).to_pylist()[0]
             self._started = row["started"] or self._started
-            self.events = list(json.loads(row["summary"] or "{}").get("events", []))
+            self.earlier_status = row["status"]
+            self.earlier_summary = json.loads(row["summary"] or "{}")
+            self.events = list(self.earlier_summary.get("events", []))
 
     def release(self) -> None:
         self._lock.release()
@@ -431,13 +437,6 @@ class ResultsWriter:
                 then()
         finally:
             self._lock.release()
-
-    def stored_summary(self) -> dict[str, Any]:
-        """The summary the run's row holds now ({} if none)."""
-        path = self.root / "runs" / f"{self.run_id}.parquet"
-        if not path.is_file():
-            return {}
-        return json.loads(pq.read_table(path, columns=["summary"]).column("summary")[0].as_py() or "{}")
 
     def fail(self, error: str, summary: dict[str, Any] | None = None, status: str = "failed") -> None:
         """Record the run as ``failed`` (an error) or ``interrupted`` (stopped from outside)."""

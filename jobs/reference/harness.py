@@ -99,9 +99,10 @@ def reference_run_id(cfg: Config, ref: Reference) -> str:
     """Stable id of the reference's run of ``cfg``: its setting (the original, not the file path,
     which names the output folder) and the reference."""
     d = cfg.to_dict()
-    for key in ("output", "num_actors", "placement_timeout_s", "save_models", "checkpoint_every",
-                "keep_checkpoints", "keep_finished_checkpoints", "max_failures", "eval_every", "eval_batch_size",
-                "num_cpus_per_actor", "num_gpus_per_actor"):  # fmt: skip
+    # What cannot change a number (fedray's NOT_IN_RUN_ID, the setting's name kept) and how often and
+    # where fedray evaluates, which the script does its own way.
+    ignored = [k for k in NOT_IN_RUN_ID if k != "partition_name"]
+    for key in (*ignored, "eval_every", "eval_batch_size", "num_cpus_per_actor", "num_gpus_per_actor"):
         d.pop(key, None)
     digest = hashlib.sha256(json.dumps([ref.repo, d], sort_keys=True).encode()).hexdigest()[:10]
     return f"{cfg.algorithm}-{cfg.dataset}-s{cfg.seed}-ref-{digest}"
