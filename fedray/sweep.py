@@ -94,6 +94,11 @@ def _apply(tree: dict[str, Any], overrides: Mapping[str, Any]) -> None:
         set_dotted(tree, key, copy.deepcopy(value), where=key)
 
 
+def _overlaps(a: str, b: str) -> bool:
+    """Dotted keys that set the same value: equal, or one a section holding the other."""
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
 def _check_overlap(axes: Sequence[tuple[str, list[Choice]]], where: str, errors: list[str]) -> None:
     owner: dict[str, int] = {}
     for pos, (name, choices) in enumerate(axes):
@@ -223,6 +228,9 @@ def load_sweep(
         total += 1
         tree = copy.deepcopy(base)
         label = " ".join(c.label for c in combo) or "the file as it is"  # a sweep file with no axes
+        replaced = {k: v for k, v in over.items() if any(_overlaps(k, a) for c in combo for a in c.overrides)}
+        if replaced:  # the label says what the run uses, not only the axis value --set replaced
+            label += " (--set " + ",".join(f"{k}={_fmt(v)}" for k, v in replaced.items()) + ")"
         try:
             for c in combo:
                 _apply(tree, c.overrides)

@@ -100,6 +100,10 @@ def test_set_applies_to_every_run_and_identical_runs_are_run_once(tmp_path):
     assert [r.config.rounds for r in sw.runs] == [1, 1]
     assert settings(sw, "lr", "seed") == [(0.01, 0), (0.1, 0)]
     assert sw.collapsed == 4 and sw.output == str(tmp_path / "elsewhere")
+    # a label shows the value the run uses where --set replaced its axis value
+    assert [r.label for r in sw.runs] == ["lr=0.01 seed=0 (--set seed=0)", "lr=0.1 seed=0 (--set seed=0)"]
+    set_lr = load_sweep(path, sets=["lr=0.5", "rounds=1"])
+    assert [r.label for r in set_lr.runs] == [f"lr=0.01 seed={s} (--set lr=0.5)" for s in (0, 1, 2)]
     only = load_sweep(path, only=["lr=0.1", "seed=2"])
     assert [r.label for r in only.runs] == ["lr=0.1 seed=2"] and only.runs[0].index == 6
     with pytest.raises(SweepError, match=r"no run has lr=0.5 \(--only\)"):
