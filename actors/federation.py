@@ -8,12 +8,12 @@ from typing import Any
 import ray
 
 from actors.launch import ActorGroup, launch_actors
+from fedray.catalog import ClientCatalog, check_groups
 from fedray.client import Task
 from fedray.config import Config
 from fedray.data import FederatedData
 from fedray.federation import Baton, ClientError, ClientFn, FoldFn, WorkerLost
 from fedray.host import ClientHost, test_shards
-from fedray.local import ClientCatalog, check_groups
 from fedray.params import payload_nbytes
 from fedray.placement import assign_clients
 

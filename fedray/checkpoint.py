@@ -40,6 +40,26 @@ import numpy as np
 FORMAT = 1
 _SAFE_MODULES = "fedray."  # a file may only name dataclasses defined under this package
 _CHUNK = 1 << 22
+# Where classes a checkpoint may name have moved since it was written (module -> its new module):
+# the algorithm families moved under fedray/algorithms/ (each family one folder), and FedEM's
+# server and CFL's recursion into their algorithms' files. A file naming an old module reads back
+# as the class that lives in the new one.
+MOVED_MODULES = {
+    **{f"fedray.algorithms.{name}": f"fedray.algorithms.{family}.{name}" for family, names in {
+        "baselines": ("fedavg", "fedprox", "scaffold", "fednova", "moon", "fedrs", "fedlc"),
+        "clustered": ("clusterfedavg", "ifca", "fesem", "fedsoft"),
+        "concat": ("fedconcat", "fedconcat_id"),
+        "mixture": ("fedem", "fedrc"),
+        "relay": ("fedcat",),
+        "sampling": ("clusamp",),
+        "splitting": ("cfl", "layercfl"),
+    }.items() for name in names},
+    "fedray.clustering": "fedray.algorithms.clustering",
+    "fedray.splitting": "fedray.algorithms.splitting.cfl",
+    "fedray.mixture": "fedray.algorithms.mixture",
+    "fedray.mixture.client": "fedray.algorithms.mixture.client",
+    "fedray.mixture.server": "fedray.algorithms.mixture.fedem",
+}  # fmt: skip
 
 
 class CheckpointError(RuntimeError):
@@ -108,7 +128,7 @@ def _dataclass(name: Any) -> type:
     module, qualname = name.split(":", 1)
     if not module.startswith(_SAFE_MODULES):
         raise ValueError(f"class {name!r} is not defined in fedray")
-    obj: Any = importlib.import_module(module)
+    obj: Any = importlib.import_module(MOVED_MODULES.get(module, module))
     for part in qualname.split("."):
         obj = getattr(obj, part, None)
     if not (isinstance(obj, type) and dataclasses.is_dataclass(obj)):

@@ -11,16 +11,16 @@ import dataclasses
 import math
 import time
 import traceback
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from fedray.algorithms import ALGORITHMS
 from fedray.checkpoint import Checkpoint, CheckpointError, Checkpoints
 from fedray.config import Config
 from fedray.data import FederatedData, build_federated_data
 from fedray.export import save_models
-from fedray.federation import Federation, WorkerLost
+from fedray.federation import Baton, Federation, WorkerLost
 from fedray.records import Record, rec
 from fedray.results import ResultsWriter, versions
 
@@ -70,7 +70,29 @@ class Finished:
 
 
 Event = Started | RoundDone | Checkpointed | Recovered | Finished
-FederationFactory = Callable[[Config, FederatedData], tuple[Federation, dict[str, Any]]]
+
+
+class HostedFederation(Federation, Protocol):
+    """A Federation as the round loop holds it: the algorithm's calls, plus what checkpoints, resume,
+    saved personal models and shutdown need. Algorithms never see these."""
+
+    def client_states(self) -> Iterator[tuple[int, Any]]:
+        """Every hosted client's persistent state (test clients too), in client order, one at a time."""
+
+    def restore_client_states(self, states: Iterable[tuple[int, Any]]) -> None:
+        """Give clients back the states `client_states` produced (in a new federation: a resumed run)."""
+
+    def peek_baton(self, baton: Baton) -> Any:
+        """The value behind ``baton``, which stays usable (a checkpoint of a State holding Batons)."""
+
+    def restore_baton(self, key: int, value: Any) -> Baton:
+        """Put ``value`` back behind a Baton with ``key`` (the State being restored names it)."""
+
+    def close(self) -> None:
+        """Release workers (actors, placement group); the federation is unusable afterwards."""
+
+
+FederationFactory = Callable[[Config, FederatedData], tuple[HostedFederation, dict[str, Any]]]
 Saver = Callable[[int, Any], Checkpointed]
 
 
@@ -240,7 +262,7 @@ def execute(
         summary = summarize(history, writer.elapsed(), placement)
         summary["hparams"] = alg.full_hparams(cfg.hp)
         if cfg.save_models:
-            summary["models"] = str(save_models(cfg, alg, hp, state, fed))
+            summary["models"] = str(save_models(cfg, alg, hp, state, fed.task, fed.client_states))
         # keep_finished_checkpoints: false: removed once the run is recorded finished (a run stopped
         # before then resumes from them), under its lock (no other process resumes from half of one)
         writer.finish(summary, then=None if cfg.keep_finished_checkpoints else ckpts.clear)
@@ -265,7 +287,7 @@ def execute(
             fed.close()
 
 
-def restore(ckpt: Checkpoint, fed: Federation) -> Any:
+def restore(ckpt: Checkpoint, fed: HostedFederation) -> Any:
     """The State saved in ``ckpt``, with every client's state given back to ``fed``'s clients."""
     state = Checkpoints.load_state(ckpt, fed.restore_baton)
     known = set(fed.client_ids) | set(fed.test_client_ids)

@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,8 +36,8 @@ from fedray.params import Params
 if TYPE_CHECKING:
     import torch
 
+    from fedray.client import Task
     from fedray.config import Config
-    from fedray.federation import Federation
 
 FORMAT = 1
 
@@ -77,8 +78,16 @@ def members_of(assignment: dict[int, int]) -> dict[int, list[int]]:
     return out
 
 
-def save_models(cfg: Config, alg: Any, hp: Any, state: Any, fed: Federation) -> Path:
-    """Write the run's models to ``DIR/models/RUN_ID/`` (atomically: aside, then renamed)."""
+def save_models(
+    cfg: Config,
+    alg: Any,
+    hp: Any,
+    state: Any,
+    task: Task,
+    client_states: Callable[[], Iterable[tuple[int, Any]]],
+) -> Path:
+    """Write the run's models to ``DIR/models/RUN_ID/`` (atomically: aside, then renamed); personal
+    models (`Algorithm.personal_model`) come from ``client_states()``, every client's state."""
     import yaml
 
     from fedray.results import write_text_atomic
@@ -90,7 +99,7 @@ def save_models(cfg: Config, alg: Any, hp: Any, state: Any, fed: Federation) -> 
     try:
         models = list(alg.models(state, hp))
         if alg.personal_model is not None:
-            for cid, cstate in fed.client_states():
+            for cid, cstate in client_states():
                 params = alg.personal_model(cstate)
                 if params is not None:
                     models.append(SavedModel(f"client-{cid:06d}", params, "personal", cid))
@@ -100,8 +109,8 @@ def save_models(cfg: Config, alg: Any, hp: Any, state: Any, fed: Federation) -> 
             "algorithm": cfg.algorithm,
             "model": cfg.model,
             "head_bias": cfg.head_bias,
-            "input_shape": list(fed.task.spec.input_shape),
-            "num_classes": fed.task.spec.num_classes,
+            "input_shape": list(task.spec.input_shape),
+            "num_classes": task.spec.num_classes,
             "models": {},
         }
         for m in models:

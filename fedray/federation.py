@@ -9,14 +9,16 @@ about its clients (sizes, label counts where the paper allows, sampling). A clie
 with its persistent state. Two federations implement the protocol with the same client code, so
 they give bit-identical numbers for a seed: `fedray.local.LocalFederation` (in-process, one client
 at a time) and `actors.federation.RayFederation` (client actors). The pieces they share live
-apart: `fedray.host` (runs client functions on hosted clients), `fedray.traffic` (bytes counted
-from the objects themselves), `fedray.batons` (values left behind a `Baton`).
+apart: `fedray.catalog` (what is known of the clients without running them, their common base),
+`fedray.host` (runs client functions on hosted clients), `fedray.traffic` (bytes counted from the
+objects themselves), `fedray.batons` (values left behind a `Baton`). What the round loop needs
+beyond this protocol (checkpoints, shutdown) is `fedray.experiment.HostedFederation`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -123,22 +125,6 @@ class Federation(Protocol):
 
     def take_traffic(self) -> Traffic:
         """Bytes down, up and received by the caller since the last call, then reset."""
-
-    # --- for the round loop's checkpoints (fedray/checkpoint.py), not for algorithms -------------
-    def client_states(self) -> Iterator[tuple[int, Any]]:
-        """Every hosted client's persistent state (test clients too), in client order, one at a time."""
-
-    def restore_client_states(self, states: Iterable[tuple[int, Any]]) -> None:
-        """Give clients back the states `client_states` produced (in a new federation: a resumed run)."""
-
-    def peek_baton(self, baton: Baton) -> Any:
-        """The value behind ``baton``, which stays usable (a checkpoint of a State holding Batons)."""
-
-    def restore_baton(self, key: int, value: Any) -> Baton:
-        """Put ``value`` back behind a Baton with ``key`` (the State being restored names it)."""
-
-    def close(self) -> None:
-        """Release workers (actors, placement group); the federation is unusable afterwards."""
 
 
 def participants(num_clients: int, fraction: float) -> int:

@@ -165,7 +165,7 @@ def algorithm_docs() -> list[AlgorithmDoc]:
     configs = configs_by_algorithm(default=Config.__dataclass_fields__["algorithm"].default)
     docs = []
     for name, alg in ALGORITHMS.items():
-        module = importlib.import_module(f"fedray.algorithms.{name}")  # registered from its own module
+        module = importlib.import_module(alg.module)  # the module it was registered from
         paper = _one_line((inspect.getdoc(module) or "").split("\n\n")[0])
         docs.append(
             AlgorithmDoc(

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedray.algorithms import ALGORITHMS, fedlc, fednova, fedrs, moon, scaffold
+from fedray.algorithms import ALGORITHMS
+from fedray.algorithms.baselines import fedlc, fednova, fedrs, moon, scaffold
 from fedray.data import build_federated_data
 from fedray.local import make_local_federation
 from fedray.models import EncoderHead
@@ -294,7 +295,7 @@ def test_fednova_round_with_momentum_and_unequal_steps_by_hand(tmp_path, weights
     # client's samples (the paper) or its batches per epoch, ceil(samples / 16) (NIID-Bench's code).
     import math
 
-    from fedray.rounds import local_update
+    from fedray.algorithms.rounds import local_update
 
     cfg = small_config(tmp_path, algorithm="fednova", partition="dirichlet", partition_beta=0.5, momentum=0.5,
                        batch_size=16, local_epochs=1, seed=4, hp={"weights": weights})  # fmt: skip

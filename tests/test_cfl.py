@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from analysis import layer_gaps, load_assignments
-from fedray import clustering, layers, splitting
-from fedray.algorithms import cfl
+from fedray.algorithms import clustering
+from fedray.algorithms.splitting import cfl, layers
 from fedray.config import ConfigError
 from fedray.data import build_federated_data
 from fedray.data.rotation import rotate
@@ -214,8 +214,8 @@ def test_theorem_1_check_by_hand():
 
 def test_relative_thresholds_by_hand(tmp_path):
     relative = cfl.Hparams(eps1=0.1, eps2=0.3, eps_rule="relative")
-    assert splitting.thresholds(relative, 2.0) == (pytest.approx(0.2), pytest.approx(0.6))
-    assert splitting.thresholds(cfl.Hparams(eps1=0.4, eps2=1.6), 2.0) == (0.4, 1.6)  # absolute: the norms
+    assert cfl.thresholds(relative, 2.0) == (pytest.approx(0.2), pytest.approx(0.6))
+    assert cfl.thresholds(cfl.Hparams(eps1=0.4, eps2=1.6), 2.0) == (0.4, 1.6)  # absolute: the norms
     with pytest.raises(ConfigError, match=r"'hp.eps_rule'.*absolute, relative.*'tenth'"):
         small_config(tmp_path, algorithm="cfl", participation=1.0, hp={"eps_rule": "tenth"})
 

@@ -28,7 +28,15 @@ from analysis import (
     load_runs,
     model_index,
 )
-from fedray.checkpoint import CheckpointError, decode, encode, read_blob, write_blob
+from fedray.checkpoint import (
+    MOVED_MODULES,
+    CheckpointError,
+    _dataclass,
+    decode,
+    encode,
+    read_blob,
+    write_blob,
+)
 from fedray.client import Task, iterate
 from fedray.data import build_federated_data
 from fedray.experiment import Checkpointed, Finished, RoundDone, Started, execute
@@ -98,9 +106,9 @@ def test_what_is_not_plain_data_is_refused_naming_where_it_is():
 def test_a_checkpoint_written_before_a_class_moved_or_a_field_was_renamed_reads_back():
     """Checkpoints of format 1 name FedEM's and CFL's states as they were (fedray.algorithms.fedem:State,
     :ClientMixture; cfl:State with its field ``layers``): they read back as the classes that hold them now."""
-    from fedray.mixture.client import ClientMixture
-    from fedray.mixture.server import MixtureState
-    from fedray.splitting import SplitState
+    from fedray.algorithms.mixture.client import ClientMixture
+    from fedray.algorithms.mixture.fedem import MixtureState
+    from fedray.algorithms.splitting.cfl import SplitState
 
     arrays = [np.ones(2), np.full((1, 2), 0.5), np.ones(1)]
     old = {"__dataclass__": "fedray.algorithms.fedem:State", "fields": {
@@ -118,6 +126,24 @@ def test_a_checkpoint_written_before_a_class_moved_or_a_field_was_renamed_reads_
     assert type(cfl) is SplitState and cfl.layer_params == {"fc": ["fc.weight"]}
     with pytest.raises(ValueError, match=r"SplitState has fields .* \(written by another fedray version\?\)"):
         decode({"__dataclass__": "fedray.splitting:SplitState", "fields": {"clusters": []}}, arrays)
+
+
+@pytest.mark.parametrize("old", sorted(MOVED_MODULES))
+def test_every_class_of_a_moved_module_reads_back_under_its_old_name(old):
+    """A checkpoint written before the algorithm families moved under fedray/algorithms/ names their
+    classes by the old modules (fedray.splitting:SplitState, fedray.algorithms.fedavg:State, ...)."""
+    import dataclasses
+    import importlib
+    import inspect
+
+    new = importlib.import_module(MOVED_MODULES[old])
+    classes = [c for _, c in inspect.getmembers(new, inspect.isclass)
+               if dataclasses.is_dataclass(c) and c.__module__ == new.__name__]  # fmt: skip
+    for cls in classes:
+        assert _dataclass(f"{old}:{cls.__qualname__}") is cls
+    for alias in ("State", "Hparams"):  # the names the registry's modules give them
+        if hasattr(new, alias):
+            assert _dataclass(f"{old}:{alias}") is getattr(new, alias)
 
 
 def test_a_baton_is_stored_with_its_value_and_given_back():

@@ -8,11 +8,17 @@ import math
 import numpy as np
 import pytest
 
-from fedray.algorithms import ALGORITHMS, clusamp
+from fedray.algorithms import ALGORITHMS
+from fedray.algorithms.sampling import clusamp
+from fedray.algorithms.sampling.strata import (
+    draw_from_strata,
+    sample_size_strata,
+    similarity_strata,
+    update_distances,
+)
 from fedray.config import ConfigError
 from fedray.data import build_federated_data
 from fedray.local import make_local_federation
-from fedray.selection import draw_from_strata, sample_size_strata, similarity_strata, update_distances
 from tests.conftest import small_config
 from tests.helpers import run_metrics
 

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from analysis import load_assignments, load_metrics
-from fedray.algorithms import ALGORITHMS, clusterfedavg, fedavg
+from fedray.algorithms import ALGORITHMS
+from fedray.algorithms.baselines import fedavg
+from fedray.algorithms.clustered import clusterfedavg
 from fedray.client import Task
 from fedray.config import ConfigError
 from fedray.data import build_federated_data

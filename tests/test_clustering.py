@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedray.clustering import (
+from fedray.algorithms.clustering import (
     balanced_cap,
     balanced_kmeans,
     cluster_vectors,

@@ -113,6 +113,26 @@ def _imports(tree: ast.AST) -> set[str]:
     return out
 
 
+def test_every_algorithm_file_is_short():
+    """An algorithm's own file reads like its paper: at most 180 lines; what is longer moves into its
+    family's folder beside it (docs/architecture.md)."""
+    import importlib
+    import inspect
+
+    from fedray.algorithms import ALGORITHMS
+
+    long = {}
+    for name, alg in ALGORITHMS.items():
+        path = inspect.getfile(importlib.import_module(alg.module))
+        n = len(open(path).read().splitlines())
+        if n > 180:
+            long[name] = n
+    assert not long, f"algorithm files over 180 lines: {long}"
+    assert {a.module.split(".")[2] for a in ALGORITHMS.values()} <= {
+        "baselines", "clustered", "concat", "mixture", "relay", "sampling", "splitting"
+    }, "every algorithm lives in its family's folder"  # fmt: skip
+
+
 def test_the_dependency_rule():
     bad = []
     for package, forbidden in FORBIDDEN.items():

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from fedray.algorithms import fedavg
+from fedray.algorithms.baselines import fedavg
+from fedray.algorithms.rounds import fedavg_aggregate
 from fedray.client import Task
 from fedray.data import ArrayDataset, ClientIndices, DataSpec
 from fedray.local import LocalFederation
 from fedray.params import WeightedSum, get_params, set_params, weighted_average
-from fedray.rounds import fedavg_aggregate
 
 
 def test_weighted_average_by_hand():

@@ -7,8 +7,9 @@ import pandas as pd
 import pytest
 
 from analysis import load_assignments, load_metrics
-from fedray import concat
-from fedray.algorithms import ALGORITHMS, fedconcat_id
+from fedray.algorithms import ALGORITHMS
+from fedray.algorithms.concat import classifier as concat
+from fedray.algorithms.concat import fedconcat_id
 from fedray.config import ConfigError
 from fedray.data import build_federated_data
 from fedray.experiment import execute
@@ -195,7 +196,7 @@ def test_registered_with_their_hparams():
 
 def test_the_classifier_is_the_unweighted_mean_of_the_participants_heads(tmp_path):
     """Register row 2: every client takes the same 3 steps, so the server averages without weights."""
-    from fedray.algorithms import fedconcat
+    from fedray.algorithms.concat import fedconcat
 
     cfg = small_config(tmp_path, algorithm="fedconcat", rounds=2, partition="quantity", partition_beta=0.3,
                        hp={"num_clusters": 2, "encoder_rounds": 1})  # fmt: skip
@@ -226,8 +227,8 @@ def test_the_classifier_is_the_unweighted_mean_of_the_participants_heads(tmp_pat
 
 
 def test_dp_noise_is_added_by_each_client_so_the_server_sees_only_noised_distributions(tmp_path):
-    from fedray.clustered import reported_distributions
-    from fedray.clustering import label_distributions
+    from fedray.algorithms.clustered.groups import reported_distributions
+    from fedray.algorithms.clustering import label_distributions
 
     cfg = small_config(tmp_path, algorithm="fedconcat", rounds=2, hp={"num_clusters": 2, "encoder_rounds": 1})
     fed, _ = make_local_federation(cfg, build_federated_data(cfg))

@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 
 from analysis import load_assignments
-from fedray.algorithms import ALGORITHMS, fedrc
+from fedray.algorithms import ALGORITHMS
+from fedray.algorithms.mixture import client as mixture_client
+from fedray.algorithms.mixture import fedrc
+from fedray.algorithms.mixture.fedem import MixtureAverage
 from fedray.config import ConfigError
 from fedray.data import build_federated_data
 from fedray.local import make_local_federation
-from fedray.mixture import client as mixture_client
-from fedray.mixture.server import MixtureAverage
 from tests.conftest import small_config
 from tests.helpers import run_metrics as all_metrics
 

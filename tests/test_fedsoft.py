@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from analysis import load_assignments
-from fedray.algorithms import ALGORITHMS, fedsoft
+from fedray.algorithms import ALGORITHMS
+from fedray.algorithms.clustered import fedsoft
 from fedray.data import build_federated_data
 from fedray.local import make_local_federation
 from fedray.train import local_train

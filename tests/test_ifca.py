@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from analysis import load_assignments
-from fedray.algorithms import ALGORITHMS, fesem, ifca
+from fedray.algorithms import ALGORITHMS
+from fedray.algorithms.clustered import fesem, ifca
 from fedray.data import build_federated_data
 from fedray.evaluation import mean_losses
 from fedray.local import make_local_federation

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from fedray.mixture import (
+from fedray.algorithms.mixture import (
     CODE_ADAM,
     PAPER_ADAM,
     adam_gamma,

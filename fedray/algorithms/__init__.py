@@ -8,27 +8,13 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from fedray.algorithms import (
-    cfl,
-    clusamp,
-    clusterfedavg,
-    fedavg,
-    fedcat,
-    fedconcat,
-    fedconcat_id,
-    fedem,
-    fedlc,
-    fednova,
-    fedprox,
-    fedrc,
-    fedrs,
-    fedsoft,
-    fesem,
-    ifca,
-    layercfl,
-    moon,
-    scaffold,
-)
+from fedray.algorithms.baselines import fedavg, fedlc, fednova, fedprox, fedrs, moon, scaffold
+from fedray.algorithms.clustered import clusterfedavg, fedsoft, fesem, ifca
+from fedray.algorithms.concat import fedconcat, fedconcat_id
+from fedray.algorithms.mixture import fedem, fedrc
+from fedray.algorithms.relay import fedcat
+from fedray.algorithms.sampling import clusamp
+from fedray.algorithms.splitting import cfl, layercfl
 from fedray.hparams import hparams_from_dict
 
 
@@ -52,6 +38,7 @@ class Algorithm:
     # (hp) -> int | None: the rounds the hyperparameters fix (FedConcat: encoder + classifier rounds),
     # used when the config leaves `rounds` unset. Optional.
     rounds_from_hp: Callable[..., int | None] | None = None
+    module: str = ""  # the module the record was made from (its docstring documents the algorithm)
 
     def make_hparams(self, values: Mapping[str, Any]) -> Any:
         return hparams_from_dict(self.Hparams, values, self.name)
@@ -73,6 +60,7 @@ class Algorithm:
             module.models,
             getattr(module, "personal_model", None),
             getattr(module, "rounds_from_hp", None),
+            module.__name__,
         )
 
 

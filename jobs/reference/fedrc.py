@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from fedray.algorithms import ALGORITHMS
-from fedray.clustering import purity
+from fedray.algorithms.clustering import purity
 from fedray.config import Config
 from fedray.data import client_files
 from fedray.records import rec
@@ -302,7 +302,7 @@ def groups(folder: Path) -> dict[int, int]:
 
 
 def cluster_purity(clusters: dict | None, truth: dict[int, int]) -> float | None:
-    """fedray's purity (`fedray.clustering.purity`) of the reference's clusters at a logged round:
+    """fedray's purity (`fedray.algorithms.clustering.purity`) of the reference's clusters at a logged round:
     the clustered method's ``clusters_indices`` where it has them, else each client's largest
     omega (``learners_weights``), as fedray assigns FedEM's, FedRC's, IFCA's and FeSEM's clients."""
     if not clusters:

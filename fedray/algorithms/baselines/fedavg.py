@@ -1,0 +1,93 @@
+"""FedAvg: McMahan, Moore, Ramage, Hampson, Agüera y Arcas, "Communication-Efficient Learning of
+Deep Networks from Decentralized Data", AISTATS 2017; procedure as in NIID-Bench (ALGORITHMS.md §0.2).
+
+Each round: sample the first floor(N * participation) clients of a random permutation; each runs
+``local_epochs`` of SGD (fresh optimizer) from the global weights; the server takes the
+data-size-weighted average of all state-dict entries. ``server_lr`` != 1 turns the average into a
+server step w + eta_g (avg - w) (FedAvgM-style without momentum); 1 is the paper and NIID-Bench.
+
+FedAvg as the FedRC codebase (FedEM's) runs it, for the side-by-side on its FMNIST-C: each client
+keeps its own SGD optimizer, so its momentum buffer carries over from its last round
+(``persistent_optimizer``), and its loaders drop each epoch's last partial batch (``drop_last``; a
+client of 180 samples at batch 128 takes one step, not two). Both off by default, as the paper and
+NIID-Bench; the same two options as IFCA's, FeSEM's and CFL's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedray.algorithms.rounds import fedavg_aggregate, kept_optimizer_update, local_update, train_records
+from fedray.client import Client
+from fedray.evaluation import single_model_records
+from fedray.export import SavedModel, global_model
+from fedray.federation import ClientFn, Federation
+from fedray.hparams import bound
+from fedray.params import Params, get_params
+from fedray.records import Record
+
+
+@dataclass
+class ServerHparams:
+    """The server step FedAvg and the algorithms that change only its local objective share."""
+
+    # eta_g: global step size on (average - current); 1 = plain FedAvg average
+    server_lr: float = field(default=1.0, metadata=bound(gt=0))
+
+
+@dataclass
+class Hparams(ServerHparams):
+    persistent_optimizer: bool = False  # each client keeps its SGD buffers across rounds (the FedRC code)
+    drop_last: bool = False  # drop each epoch's last partial batch (the FedRC code's loaders)
+
+
+@dataclass
+class State:
+    params: Params  # the global model w_t
+
+
+def init(fed: Federation, hp: Hparams) -> State:
+    return State(get_params(fed.task.build_model()))
+
+
+def models(state: State, hp: Hparams) -> list[SavedModel]:
+    """The trained model, saved when the run finishes (fedray/export.py)."""
+    return global_model(state.params)
+
+
+def server_step(current: Params, average: Params, server_lr: float) -> Params:
+    if server_lr == 1.0:
+        return average  # exactly the weighted average, no round-off from w + (avg - w)
+    return {k: (current[k] + server_lr * (average[k] - current[k])).astype(current[k].dtype) for k in current}
+
+
+def fedavg_round(
+    state: State, fed: Federation, hp: ServerHparams, rnd: int, update: ClientFn = local_update, **extra
+) -> tuple[State, list[Record]]:
+    """FedAvg's round with any client update that takes and returns FedAvg's messages (FedProx,
+    MOON, FedRS and FedLC change only the local objective; their hyperparameters are bound into
+    ``update`` with functools.partial, so the messages, and the bytes counted, stay FedAvg's);
+    ``extra`` goes into the message too."""
+    cids = fed.sample(fed.task.participation, fed.task.rng("sample", rnd=rnd))
+    replies = fed.map(update, cids, {"params": state.params, "round": rnd, **extra})
+    return State(server_step(state.params, fedavg_aggregate(replies), hp.server_lr)), train_records(replies)
+
+
+def kept_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+    """Client function with the FedRC code's local SGD: the client's momentum buffers carried over
+    (its state) with ``persistent_optimizer``, the last partial batch dropped with ``drop_last``."""
+    reply, kept = kept_optimizer_update(client, msg["params"], msg["round"], cstate,
+                                        keep=msg["persistent_optimizer"], drop_last=msg["drop_last"])  # fmt: skip
+    return reply, kept
+
+
+def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
+    if hp.persistent_optimizer or hp.drop_last:
+        return fedavg_round(state, fed, hp, rnd, kept_update, persistent_optimizer=hp.persistent_optimizer,
+                            drop_last=hp.drop_last)  # fmt: skip
+    return fedavg_round(state, fed, hp, rnd)
+
+
+def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Record]:
+    return single_model_records(fed, state.params)

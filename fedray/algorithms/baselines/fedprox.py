@@ -1,0 +1,38 @@
+"""FedProx: Li, Sahu, Zaheer, Sanjabi, Talwalkar, Smith, "Federated Optimization in Heterogeneous
+Networks", MLSys 2020 (ALGORITHMS.md §2.1; NIID-Bench experiments.py train_net_fedprox).
+
+FedAvg's round; every client minimises CE(w; batch) + (mu/2) sum ||w - w^t||^2 over the model's
+parameters (not its buffers), w^t being the global model it received this round. The optimizer's
+weight decay applies on top, as in NIID-Bench. mu = 0 is FedAvg exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from fedray.algorithms.baselines import fedavg
+from fedray.algorithms.baselines.fedavg import State, evaluate, init, models  # noqa: F401 - FedAvg's, part of the record
+from fedray.algorithms.rounds import local_sgd_reply
+from fedray.client import Client
+from fedray.federation import Federation
+from fedray.hparams import bound
+from fedray.records import Record
+from fedray.train import proximal
+
+
+@dataclass
+class Hparams(fedavg.ServerHparams):
+    # proximal weight (NIID-Bench default; FedConcat tunes {0.001, 0.01}, FedCat up to 1)
+    mu: float = field(default=0.001, metadata=bound(ge=0))
+
+
+def prox_update(client: Client, cstate: Any, msg: dict, mu: float) -> tuple[dict, Any]:
+    model = client.model(msg["params"])
+    anchor = {name: p.detach().clone() for name, p in model.named_parameters()}  # w^t, as received
+    return local_sgd_reply(client, msg["params"], msg["round"], proximal(mu, anchor), model=model), cstate
+
+
+def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
+    return fedavg.fedavg_round(state, fed, hp, rnd, partial(prox_update, mu=hp.mu))

@@ -1,0 +1,63 @@
+"""FedRS: Li, Zhan, "FedRS: Federated Learning with Restricted Softmax for Label Distribution
+Non-IID Data", KDD 2021 (ALGORITHMS.md §2.5; FedRepo algorithms/fedrs.py).
+
+FedAvg's round; in local training the logit of class c is scaled by
+s_c = alpha + (1 - alpha) n_c / max_c' n_c' (n_c: the client's count of class c), so classes the
+client lacks get alpha and its most frequent class 1. Evaluation uses the unscaled logits.
+Choice (register, §2.5(d)): our models' last layer has a bias; the scale applies to W h and the
+bias stays unscaled, so alpha = 1 is FedAvg exactly. Not reproduced: FedRepo's gradient clipping
+at norm 100 (its own experiments' setting, not FedRS's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+
+import numpy as np
+import torch
+
+from fedray.algorithms.baselines import fedavg
+from fedray.algorithms.baselines.fedavg import State, evaluate, init, models  # noqa: F401 - FedAvg's, part of the record
+from fedray.algorithms.rounds import class_count_update
+from fedray.federation import Federation
+from fedray.hparams import bound
+from fedray.records import Record
+from fedray.train import Objective, Step
+
+
+@dataclass
+class Hparams(fedavg.ServerHparams):
+    # scale of the logits of classes the client lacks (FedConcat App. D.1: 0.5)
+    alpha: float = field(default=0.5, metadata=bound(ge=0, le=1))
+
+
+def class_scales(counts: np.ndarray, alpha: float) -> np.ndarray:
+    """s_c = alpha + (1 - alpha) n_c / max n."""
+    counts = np.asarray(counts, dtype=np.float64)
+    return alpha + (1 - alpha) * counts / counts.max()
+
+
+def restricted_softmax(scales: torch.Tensor) -> Objective:
+    """Cross-entropy on logits s_c <w_c, h> + b_c; the reported logits are the unscaled ones."""
+
+    def objective(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Step:
+        h = model.encoder(x)
+        head = model.head
+        scaled = torch.nn.functional.linear(h, head.weight * scales[:, None], head.bias)
+        ce = torch.nn.functional.cross_entropy(scaled, y)
+        return Step(head(h), ce, ce)
+
+    return objective
+
+
+def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
+    return fedavg.fedavg_round(
+        state,
+        fed,
+        hp,
+        rnd,
+        partial(
+            class_count_update, per_class=partial(class_scales, alpha=hp.alpha), objective=restricted_softmax
+        ),
+    )

@@ -1,0 +1,110 @@
+"""MOON: Li, He, Song, "Model-Contrastive Federated Learning", CVPR 2021 (ALGORITHMS.md §2.4;
+MOON main.py train_net_fedcon, model.py ModelFedCon; NIID-Bench train_net_moon).
+
+The model is the task's model with a projection head (z = L2(ReLU(L1(h))), L2 to ``out_dim``; the
+classifier reads z); ``out_dim: 0`` drops the head (NIID-Bench's use_projection_head=False). Each
+client minimises CE + mu l_con, where
+    l_con = -log( exp(cos(z, z_glob)/T) / (exp(cos(z, z_glob)/T) + exp(cos(z, z_prev)/T)) ),
+z_glob from the global model it received (frozen, eval mode) and z_prev from its own local model
+of the last round it took part in (buffer of one, kept as client state: it never travels). In
+round 0 the pool is empty, so l_con is a cross-entropy over one logit, zero (register row 23).
+After round 0 the references keep every client's model in the pool, participant or not: a client
+that took part in no round yet still holds the shared initial model, and that is its negative
+(under partial participation). It rebuilds that model from the run's seed, so nothing travels for
+it. FedAvg's sampling, averaging and evaluation; mu = 0 without the projection head is FedAvg
+exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+
+from fedray.algorithms.baselines import fedavg
+from fedray.algorithms.baselines.fedavg import State
+from fedray.algorithms.rounds import local_sgd_reply
+from fedray.client import Client
+from fedray.evaluation import single_model_records
+from fedray.export import SavedModel, global_model
+from fedray.federation import Federation
+from fedray.hparams import bound
+from fedray.models import Arch
+from fedray.params import Params, get_params
+from fedray.records import Record
+from fedray.train import Objective, Step
+
+
+@dataclass
+class Hparams(fedavg.ServerHparams):
+    # weight of the contrastive term (MOON: 1, tuned {1, 5}; FedConcat's FMNIST: {0.001, 0.01, 0.1})
+    mu: float = field(default=1.0, metadata=bound(ge=0))
+    temperature: float = field(default=0.5, metadata=bound(gt=0))  # T
+    # projection head output size; 0 = no projection head
+    out_dim: int = field(default=256, metadata=bound(ge=0))
+
+
+def arch(hp: Hparams) -> Arch:
+    return Arch(projection=hp.out_dim)
+
+
+def init(fed: Federation, hp: Hparams) -> State:
+    return State(get_params(fed.task.build_model(arch=arch(hp))))
+
+
+def models(state: State, hp: Hparams) -> list[SavedModel]:
+    return global_model(state.params, arch(hp))  # with its projection head, as trained
+
+
+def contrastive(
+    mu: float, temperature: float, glob: torch.nn.Module, prev: torch.nn.Module | None
+) -> Objective:
+    """CE + mu * l_con: a cross-entropy over [cos(z, z_glob), cos(z, z_prev)] / T with target 0."""
+
+    def objective(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Step:
+        z = model.encoder(x)
+        logits = model.head(z)
+        ce = torch.nn.functional.cross_entropy(logits, y)
+        with torch.no_grad():
+            others = [glob.encoder(x)] + ([prev.encoder(x)] if prev is not None else [])
+        sims = torch.stack([torch.nn.functional.cosine_similarity(z, o, dim=1) for o in others], dim=1)
+        target = torch.zeros(len(y), dtype=torch.long, device=y.device)
+        l_con = torch.nn.functional.cross_entropy(sims / temperature, target)
+        return Step(logits, ce, ce + mu * l_con)
+
+    return objective
+
+
+def frozen(model: torch.nn.Module) -> torch.nn.Module:
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+def moon_update(
+    client: Client, cstate: Params | None, msg: dict, mu: float, temperature: float, arch: Arch
+) -> tuple[dict, Params]:
+    """Client function; its state is its local model from the last round it took part in."""
+    model = client.model(msg["params"], arch=arch)
+    model.requires_grad_(True)
+    glob = frozen(client.model(msg["params"], slot="moon_global", arch=arch))
+    if cstate is not None:
+        prev = frozen(client.model(cstate, slot="moon_previous", arch=arch))
+    elif msg["round"] > 0:  # not in the pool's first round: the initial model it still holds
+        prev = frozen(client.model(arch=arch))
+    else:
+        prev = None
+    reply = local_sgd_reply(
+        client, msg["params"], msg["round"], contrastive(mu, temperature, glob, prev), model=model
+    )
+    return reply, reply["params"]
+
+
+def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
+    update = partial(moon_update, mu=hp.mu, temperature=hp.temperature, arch=arch(hp))
+    return fedavg.fedavg_round(state, fed, hp, rnd, update)
+
+
+def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Record]:
+    return single_model_records(fed, state.params, arch=arch(hp))

@@ -1,0 +1,87 @@
+"""SCAFFOLD: Karimireddy, Kale, Mohri, Reddi, Stich, Suresh, "SCAFFOLD: Stochastic Controlled
+Averaging for Federated Learning", ICML 2020 (ALGORITHMS.md §2.2; NIID-Bench train_net_scaffold).
+
+The server keeps a control variate c, each client its own c_i (client state, zero at first: the
+code's random start is equivalent, only differences are used). A participant receives w and c,
+takes its local SGD steps, and after every optimizer step corrects w <- w - lr (c - c_i) (outside
+the optimizer, as the code: momentum does not see it). With K_i steps, option II:
+c_i+ = c_i - c + (w - w_i) / (K_i lr); it sends back w_i and Delta c_i = c_i+ - c_i, and keeps c_i+.
+The server averages the models as FedAvg (then ``server_lr``) and moves c by the client deltas:
+``server_update: paper`` c += (1/N) sum Delta c_i; ``code`` (NIID-Bench) c += mean over the
+participants. Identical at full participation (register row 9). c and Delta c_i travel, so they
+count in bytes_down / bytes_up. Control variates cover every floating-point state-dict entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from fedray.algorithms.baselines import fedavg
+from fedray.algorithms.baselines.fedavg import evaluate, models, server_step  # noqa: F401 - FedAvg's evaluation, part of the record
+from fedray.algorithms.rounds import fedavg_aggregate, local_sgd_reply, train_records
+from fedray.client import Client
+from fedray.federation import Federation
+from fedray.hparams import one_of
+from fedray.params import Params, get_params
+from fedray.records import Record
+
+SERVER_UPDATES = ("paper", "code")
+
+
+@dataclass
+class Hparams(fedavg.ServerHparams):
+    # paper: c += (1/N) sum of deltas; code: c += their mean over participants
+    server_update: str = field(default="paper", metadata=one_of(*SERVER_UPDATES))
+
+
+@dataclass
+class State:
+    params: Params  # the global model w
+    c: Params  # the server's control variate, over the floating-point entries of w
+
+
+def zeros_like(params: Params) -> Params:
+    return {k: np.zeros_like(v) for k, v in params.items() if np.issubdtype(np.asarray(v).dtype, np.floating)}
+
+
+def init(fed: Federation, hp: Hparams) -> State:
+    params = get_params(fed.task.build_model())
+    return State(params, zeros_like(params))
+
+
+def scaffold_update(client: Client, cstate: Params | None, msg: dict) -> tuple[dict, Params]:
+    """Client function; its state is c_i."""
+    w, c = msg["params"], msg["c"]
+    ci = zeros_like(c) if cstate is None else cstate
+    lr = client.task.lr
+    model = client.model(w)
+    entries = model.state_dict()  # tensors that share the model's storage
+    correction = [(entries[k], torch.from_numpy(c[k] - ci[k]).to(client.device) * lr) for k in c]
+
+    def correct(m: torch.nn.Module) -> None:
+        with torch.no_grad():
+            for entry, step in correction:
+                entry.sub_(step)
+
+    reply = local_sgd_reply(client, w, msg["round"], after_step=correct, model=model)
+    steps, wi = reply["steps"], reply["params"]
+    new_ci = {k: (ci[k] - c[k] + (w[k] - wi[k]) / (steps * lr)).astype(c[k].dtype) for k in c}
+    reply["delta_c"] = {k: new_ci[k] - ci[k] for k in c}
+    return reply, new_ci
+
+
+def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
+    cids = fed.sample(fed.task.participation, fed.task.rng("sample", rnd=rnd))
+    replies = fed.map(scaffold_update, cids, {"params": state.params, "c": state.c, "round": rnd})
+    params = server_step(state.params, fedavg_aggregate(replies), hp.server_lr)
+    scale = len(replies) if hp.server_update == "code" else len(fed.client_ids)
+    c = {}
+    for k, ck in state.c.items():
+        total = np.zeros(ck.shape, dtype=np.float64)
+        for cid in sorted(replies):
+            total += replies[cid]["delta_c"][k]
+        c[k] = (ck + total / scale).astype(ck.dtype)
+    return State(params, c), train_records(replies)

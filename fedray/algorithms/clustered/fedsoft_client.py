@@ -1,0 +1,60 @@
+"""FedSoft's client side (`fedsoft.py`): the importance weights each client estimates, the personal
+model it trains with the proximal pull towards theta_bar, and that model's evaluation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedray.algorithms.rounds import local_sgd_reply
+from fedray.client import Client
+from fedray.params import Params, weighted_average
+from fedray.train import evaluate as eval_model
+from fedray.train import proximal, sample_losses
+
+
+def importance(losses: np.ndarray, sigma: float) -> np.ndarray:
+    """u_k = (number of samples on which model k has the smallest loss, a zero count as sigma * n) / n,
+    from K x n losses."""
+    k, n = losses.shape
+    counts = np.bincount(np.argmin(losses, axis=0), minlength=k).astype(np.float64)
+    counts[counts == 0] = sigma * n
+    return counts / n
+
+
+def anchor(models: list[Params], u: np.ndarray) -> Params:
+    """theta_bar = sum_k u_k theta_k / sum_k u_k."""
+    return weighted_average(models, list(u))
+
+
+@torch.no_grad()
+def estimate(client: Client, cstate: Any, msg: dict) -> tuple[np.ndarray, Any]:
+    """Client function: the client's importance weights under the current cluster models."""
+    return importance(sample_losses(client, msg["models"], client.eval_train_batches), msg["sigma"]), cstate
+
+
+def personal_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+    """Client function: the personal model (theta_bar the first time) trained with the proximal pull."""
+    u, models = np.asarray(msg["u"][client.cid]), msg["models"]
+    bar = anchor(models, u)
+    start = bar if cstate is None else cstate
+    model = client.model(start)
+    target = {
+        n: torch.as_tensor(np.asarray(bar[n]), device=client.device) for n, _ in model.named_parameters()
+    }
+    reply = local_sgd_reply(
+        client, start, msg["round"], proximal(msg["lam"] * float(u.sum()), target), model=model
+    )
+    return reply, reply["params"]
+
+
+@torch.no_grad()
+def personal_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+    """Client function: the personal model (theta_bar if none yet) on the client's test split (or,
+    with ``on: train``, its training split)."""
+    params = cstate if cstate is not None else anchor(msg["models"], np.asarray(msg["u"][client.cid]))
+    batches = client.eval_train_batches() if msg.get("on") == "train" else client.test_batches()
+    stats = eval_model(client.model(params), batches)
+    return {"correct": stats.correct, "samples": stats.samples, "loss_sum": stats.loss_sum}, cstate

@@ -1,0 +1,120 @@
+"""A client of a mixture of K global models (FedEM, FedRC): its persistent state and its update.
+
+Per round (`mixture_update`): an E-step with the received models (per-sample losses l_kj on its
+training split, eval mode; gamma_kj = softmax_k(log omega_k - l_kj), FedRC: minus log C_{y_j,k};
+omega_k = mean_j gamma_kj), the per-class gamma sums S[k, y] (FedRC's label prior; FedEM ignores
+them), then each model with omega_k > 0 trained for the local epochs on (1/|B|) sum_b gamma_bk CE_b
+from the received weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from fedray.algorithms import mixture
+from fedray.client import Client
+from fedray.params import Params, get_params
+from fedray.train import TrainStats, load_optimizer_state, local_train, optimizer_state, sample_losses, sgd
+
+
+@dataclass
+class ClientMixture:
+    """A client's persistent mixture state (plain arrays)."""
+
+    ids: list[int]  # the live model ids the rows below belong to
+    gamma: np.ndarray  # K x n responsibilities of its training samples
+    omega: np.ndarray  # K mixture weights
+    nu: np.ndarray | None = None  # FedRC-Adam's first moment of gamma (K x n)
+    a: np.ndarray | None = None  # FedRC-Adam's second moment
+    opt: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)  # model id -> SGD buffers
+
+
+def fresh(ids: list[int], n: int) -> ClientMixture:
+    k = len(ids)
+    return ClientMixture(list(ids), np.full((k, n), 1.0 / k), np.full(k, 1.0 / k))
+
+
+def aligned(cstate: ClientMixture | None, ids: list[int], n: int) -> ClientMixture:
+    """The client's state for the live models ``ids``: fresh (1/K) the first time; rows of removed
+    models dropped and the rest renormalised (FedRC's adaptive removal)."""
+    if cstate is None:
+        return fresh(ids, n)
+    if cstate.ids == list(ids):
+        return cstate
+    keep = np.array([i in ids for i in cstate.ids])
+    gamma, omega = mixture.drop_models(cstate.gamma, keep)
+    nu = None if cstate.nu is None else cstate.nu[keep]
+    a = None if cstate.a is None else cstate.a[keep]
+    return ClientMixture(list(ids), gamma, omega, nu, a, {i: s for i, s in cstate.opt.items() if i in ids})
+
+
+def e_step(client: Client, state: ClientMixture, models: list[Params], msg: dict) -> ClientMixture:
+    """gamma and omega from the received models (with the label prior and Adam where the message says)."""
+    losses = sample_losses(client, models, client.eval_train_batches)
+    gamma = mixture.e_step(losses, state.omega, client.train_labels(), msg.get("prior"))
+    nu, a = state.nu, state.a
+    if msg.get("adam") is not None:
+        zero = np.zeros_like(gamma)
+        gamma, nu, a = mixture.adam_gamma(
+            state.gamma, gamma, zero if nu is None else nu, zero if a is None else a, msg["adam"]
+        )
+    return replace(state, gamma=gamma, omega=mixture.omega_update(gamma), nu=nu, a=a)
+
+
+def train_models(
+    client: Client, state: ClientMixture, models: list[Params], msg: dict
+) -> tuple[list, TrainStats]:
+    """Each model with omega_k > 0 trained on the gamma-weighted loss; None for skipped models."""
+    out, total = [], TrainStats()
+    for row, (mid, params) in enumerate(zip(state.ids, models, strict=True)):
+        if state.omega[row] <= 0:
+            out.append(None)
+            continue
+        model = client.model(params)
+        opt = sgd(model.parameters(), client)
+        if msg["persistent_optimizer"] and mid in state.opt:
+            load_optimizer_state(opt, model, state.opt[mid])
+        stats = local_train(model, client, msg["round"], optimizer=opt, weights=state.gamma[row],
+                            drop_last=msg["drop_last"])  # fmt: skip
+        if msg["persistent_optimizer"]:
+            state.opt[mid] = optimizer_state(opt, model)
+        out.append(get_params(model))
+        for f in ("samples", "loss_sum", "correct", "steps"):
+            setattr(total, f, getattr(total, f) + getattr(stats, f))
+    return out, total
+
+
+def mixture_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+    """Client function: E-step, omega, label statistics, then the weighted training of each model."""
+    ids, models = msg["ids"], msg["models"]
+    state = e_step(client, aligned(cstate, ids, client.num_examples), models, msg)
+    stats = mixture.label_stats(state.gamma, client.train_labels(), client.task.spec.num_classes)
+    if msg.get("xi", 0.0) > 0:  # FedRC's privacy variant: Gaussian noise on what leaves the client
+        stats = stats + client.task.rng("fedrc/noise", client.cid, msg["round"]).normal(
+            0.0, msg["xi"], stats.shape
+        )
+    trained, ts = train_models(client, state, models, msg)
+    reply = {
+        "models": trained,
+        "num_examples": client.num_examples,
+        "stats": stats,
+        "omega": state.omega,
+        "train_loss_sum": ts.loss_sum, "train_correct": ts.correct, "train_samples": ts.samples, "steps": ts.steps,
+    }  # fmt: skip
+    return reply, state
+
+
+def test_client_e_step(client: Client, cstate: Any, msg: dict) -> tuple[None, Any]:
+    """Client function for a test client (FedEM, FedRC), after every round: one E-step (FedEM's
+    form: test clients never get the label prior) and omega update on its E-step split (the shift
+    preset's 90%, a client file's x_train) with the round's models, kept (ALGORITHMS.md §3(a),
+    evaluation protocol)."""
+    return None, e_step(client, aligned(cstate, msg["ids"], client.num_examples), msg["models"], {})
+
+
+def report_omega(client: Client, cstate: Any, msg: dict) -> tuple[np.ndarray, Any]:
+    """Client function (evaluation): the client's current omega over the live models."""
+    return aligned(cstate, msg["ids"], client.num_examples).omega, cstate

@@ -1,0 +1,108 @@
+"""Evaluating a mixture of K models: the omega-weighted softmax ensemble (``hard``: the argmax-omega
+model's prediction) on the clients' splits, on the global test set and on the shift preset's test
+clients (ALGORITHMS.md §3(a), evaluation protocol; FedEM and FedRC).
+
+``accuracy`` is the ensemble on the global test set with the population's omega (the size-weighted
+mean of the clients' omega); with the shift preset's test clients it is their mean accuracy, each
+with the omega of its latest E-step (`fedray.algorithms.mixture.fedem.update_test_clients`) on its 10%.
+``local_accuracy`` is each client's ensemble on its test split, ``train_accuracy`` on its training
+split (pooled; FedRC reads its numbers at the round of best train accuracy).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedray.algorithms import mixture
+from fedray.algorithms.clustering import purity
+from fedray.algorithms.mixture.client import ClientMixture, aligned, report_omega
+from fedray.client import Client
+from fedray.evaluation import test_client_records
+from fedray.federation import Federation
+from fedray.params import Params
+from fedray.records import Record, rec
+
+
+@torch.no_grad()
+def ensemble_eval(client: Client, state: ClientMixture, models: list[Params], hard: bool, batches) -> dict:
+    """Correct predictions and summed NLL of the omega-weighted softmax ensemble on ``batches``."""
+    probas, labels = [], []
+    for params in models:
+        model = client.model(params)
+        model.eval()
+        out = []
+        for x, y in batches():
+            out.append(torch.softmax(model(x), 1).cpu().numpy())
+            if not probas:  # the labels once, from the first model's pass
+                labels.append(y.cpu().numpy())
+        probas.append(np.concatenate(out))
+    ys = np.concatenate(labels)
+    p = mixture.ensemble_proba(np.stack(probas), state.omega, hard)
+    return {
+        "correct": int((p.argmax(1) == ys).sum()),
+        "samples": len(ys),
+        "loss_sum": float(-np.log(np.maximum(p[np.arange(len(ys)), ys], 1e-12)).sum()),
+    }
+
+
+def own_ensemble_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+    """Client function: the client's ensemble (its omega) on its training split and, if it has one,
+    its test split (FedRC's train and local accuracy). State unchanged."""
+    state = aligned(cstate, msg["ids"], client.num_examples)
+    out = {"train": ensemble_eval(client, state, msg["models"], msg["hard"], client.eval_train_batches)}
+    if client.num_test_examples:
+        out["test"] = ensemble_eval(client, state, msg["models"], msg["hard"], client.test_batches)
+    return out, cstate
+
+
+def global_ensemble_eval(client: Client, cstate: Any, msg: dict) -> tuple[list, Any]:
+    """test_map function: the ensemble with the population's omega on a shard of the global test set."""
+    state = ClientMixture(msg["ids"], np.zeros((0, 0)), np.asarray(msg["omega"]))
+    return [ensemble_eval(client, state, msg["models"], msg["hard"], client.test_batches)], cstate
+
+
+def test_client_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+    """Client function for a test client (FedEM, FedRC): its ensemble (the omega of its latest
+    E-step) on its scored split (the shift preset's 10%, a client file's x_test). State unchanged."""
+    state = aligned(cstate, msg["ids"], client.num_examples)
+    return ensemble_eval(client, state, msg["models"], msg["hard"], client.test_batches), cstate
+
+
+def pooled(replies: dict, part: str) -> float:
+    got = [r[part] for r in replies.values() if part in r]
+    return sum(g["correct"] for g in got) / max(1, sum(g["samples"] for g in got))
+
+
+def evaluate(fed: Federation, live: dict[int, Params], hard: bool) -> list[Record]:
+    """The records of an evaluation of the live models ``live`` (model id -> weights): accuracy and
+    loss, train_accuracy and train_loss, local_accuracy (per client and pooled) where clients have
+    test splits, purity where the clients' groups are known, live_models."""
+    ids = sorted(live)
+    models = [live[i] for i in ids]
+    omega = fed.map(report_omega, fed.client_ids, {"ids": ids})
+    if fed.test_client_ids:
+        msg = {"ids": ids, "models": models, "hard": hard}
+        records = test_client_records(fed.map(test_client_eval, fed.test_client_ids, msg))
+    else:
+        n = fed.num_examples()
+        population = sum(n[c] * omega[c] for c in omega) / sum(n.values())
+        msg = {"ids": ids, "models": models, "omega": population, "hard": hard}
+        parts = fed.test_map(global_ensemble_eval, msg)
+        samples = sum(p["samples"] for p in parts)
+        records = [rec("accuracy", sum(p["correct"] for p in parts) / samples),
+                   rec("loss", sum(p["loss_sum"] for p in parts) / samples)]  # fmt: skip
+    own = fed.map(own_ensemble_eval, fed.client_ids, {"ids": ids, "models": models, "hard": hard})
+    records.append(rec("train_accuracy", pooled(own, "train")))  # FedRC's, to pick the reported round
+    records.append(rec("train_loss", sum(r["train"]["loss_sum"] for r in own.values())
+                       / max(1, sum(r["train"]["samples"] for r in own.values()))))  # fmt: skip
+    if any("test" in r for r in own.values()):
+        records += [rec("local_accuracy", r["test"]["correct"] / r["test"]["samples"], scope="client", entity=c)
+                    for c, r in own.items() if "test" in r]  # fmt: skip
+        records.append(rec("local_accuracy", pooled(own, "test")))
+    if fed.groups is not None:
+        records.append(rec("purity", purity({c: int(np.argmax(w)) for c, w in omega.items()}, fed.groups)))
+    records += [rec("live_models", len(ids))]
+    return records

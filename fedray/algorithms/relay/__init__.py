@@ -1,0 +1,3 @@
+"""FedCat: model copies handed from device to device (`fedray.federation.Federation.relay`), its
+grouping and DevSelect (`selection.py`). Notes: docs/algorithms/fedcat.md.
+"""
