@@ -134,6 +134,72 @@ def test_a_cycle_is_the_hand_off_of_copies_and_eq_3(tmp_path):
     assert not all(np.array_equal(s2.params[k], s0.params[k]) for k in expect)
 
 
+def independent_chain(fed, start, devices, momentum_carried=False):
+    """One copy's cycle written out by hand, apart from FedCat's relay: for each round's device a
+    model loaded with the copy, plain torch SGD over the device's shuffled batches (a fresh optimizer
+    per device, or one optimizer whose momentum goes on from device to device), the model handed on."""
+    import torch
+
+    params, opt_state = start, None
+    for rnd, cid in enumerate(devices):
+        client = fed.host.client(cid)
+        model = client.model(params)
+        t = client.task
+        opt = torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
+        if momentum_carried and opt_state is not None:
+            for p, buf in zip(model.parameters(), opt_state, strict=True):
+                opt.state[p]["momentum_buffer"] = buf.clone()
+        model.train()
+        for epoch in range(t.local_epochs):
+            for x, y in client.train_batches(rnd, epoch):
+                opt.zero_grad(set_to_none=True)
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+        opt_state = [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()]
+        params = {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+    return params
+
+
+@pytest.mark.parametrize("optimizer_state", ["fresh", "carried"])
+def test_a_k10_cycle_is_ten_independent_chains_and_eq_3_bit_for_bit(tmp_path, optimizer_state):
+    """K = 10: one whole cycle of FedCat (10 rounds, 10 copies, each through 10 devices, one of every
+    group) equals, bit for bit, ten chains of local trainings written out by hand and eq. 3 over them."""
+    cfg = fedcat_config(tmp_path, num_clients=20, participation=0.5, rounds=10, local_epochs=2,
+                        hp={"optimizer_state": optimizer_state})  # fmt: skip
+    fed, _ = make_local_federation(cfg, build_federated_data(cfg))
+    hp = ALGORITHMS["fedcat"].make_hparams(cfg.hp)
+    state = s0 = fedcat.init(fed, hp)
+    routes = []
+    for rnd in range(10):
+        state, recs = fedcat.round(state, fed, hp, rnd)
+        routes.append([r["client"] for r in sorted((r for r in recs if r.get("kind") == "assignment"),
+                                                   key=lambda r: r["cluster"])])  # fmt: skip
+        if rnd < 9:
+            assert len(state.copies) == 10
+    assert state.copies == [] and np.array_equal(state.counts.sum(axis=0), [10] * 10)
+    group_of = {c: g for g, members in enumerate(state.groups) for c in members}
+    for i in range(10):  # copy i meets the device of group (o + i) mod K at offset o: all ten groups
+        assert [group_of[routes[o][i]] for o in range(10)] == [(o + i) % 10 for o in range(10)]
+    n = fed.num_examples()
+    chains = [independent_chain(fed, s0.params, [routes[o][i] for o in range(10)], optimizer_state == "carried")
+              for i in range(10)]  # fmt: skip
+    expect = weighted_average(chains, [sum(n[routes[o][i]] for o in range(10)) for i in range(10)])
+    for k in expect:
+        np.testing.assert_array_equal(state.params[k], expect[k])
+
+
+def test_carried_momentum_changes_the_cycle_and_needs_the_hand_offs(tmp_path):
+    out = {}
+    for mode in ("fresh", "carried"):
+        cfg = fedcat_config(tmp_path / mode, hp={"regroup_cycles": 1, "optimizer_state": mode})
+        list(execute(cfg, make_local_federation))
+        out[mode] = load_metrics(cfg.output)
+    acc = {k: m[m["metric"] == "loss"]["value"].tolist() for k, m in out.items()}
+    assert acc["fresh"] != acc["carried"]
+    with pytest.raises(ConfigError, match="hp.optimizer_state.*concatenation"):
+        fedcat_config(tmp_path, hp={"concatenation": False, "optimizer_state": "carried"})
+
+
 def test_chains_of_length_1_with_random_devices_are_fedavg_exactly(tmp_path):
     # w/ DC (FedAvg's sampling) and w/ GC (aggregate every round): FedAvg, value for value
     over = dict(rounds=3, participation=0.5, client_test_fraction=0.2, seed=5)

@@ -17,13 +17,9 @@ copies go device to device (`Federation.relay`: under Ray, actor to actor) and r
 coordinator only at aggregation. The assignments table records, per round, which device (client)
 trained which copy (cluster); scope-client ``group`` rows record the groups when they are drawn.
 
-Decisions (register row 20, §5(c)-(d)): epsilon 0.1 and lambda 5 (the paper gives neither); a
-device never chosen at position o has priority (zero-count rule); argmax ties are broken at random.
-The authors' framework for their later methods (HMHelloWorld/FedMR: same baselines, CNNs, class-wise
-Dirichlet split, evaluation every 10 rounds) has no device selection to compare these with: its
-methods pick m = frac * N devices uniformly at random each round; so the three stay as decided;
-the device's trained model replaces the copy (the paper's m_i + Delta, without its round-off); a
-fresh optimizer per local training. Ablations (Table 3): ``grouping: false`` is FedCat w/ DC (K
+Where the paper is silent (epsilon 0.1, lambda 5, the zero-count rule, random argmax ties, the
+device's model replacing the copy, the optimizer's state on each hop, the partition), fedray's
+decision and why: docs/algorithms/fedcat.md. Ablations (Table 3): ``grouping: false`` is FedCat w/ DC (K
 devices uniformly at random, FedAvg's sampling, no groups or counts); ``concatenation: false`` is
 FedCat w/ GC (K fresh copies of m_glb each round, aggregated at once). Both off is FedAvg exactly.
 """
@@ -35,15 +31,15 @@ from typing import Any
 
 import numpy as np
 
-from fedray.algorithms.relay.selection import dev_select, equal_groups, latin_square
-from fedray.algorithms.rounds import local_sgd_reply, train_records
+from fedray.algorithms.relay.selection import latin_square, select_devices
+from fedray.algorithms.rounds import kept_optimizer_update, local_sgd_reply, train_records
 from fedray.client import Client
 from fedray.evaluation import single_model_records
 from fedray.export import SavedModel, global_model
 from fedray.federation import Baton, Federation, participants
-from fedray.hparams import bound
+from fedray.hparams import bound, one_of
 from fedray.params import Params, get_params, weighted_average
-from fedray.records import Record, assignment_rec, rec
+from fedray.records import Record, assignment_rec
 
 
 @dataclass
@@ -56,6 +52,9 @@ class Hparams:
     regroup_cycles: int = field(default=5, metadata=bound(ge=1))
     grouping: bool = True  # False: FedCat w/ DC, K devices uniformly at random (no groups, no counts)
     concatenation: bool = True  # False: FedCat w/ GC, aggregation every round (no hand-offs)
+    # SGD state on each hop: fresh (a new optimizer per device) | carried (the momentum buffers travel
+    # with the copy from device to device, reset at each cycle start; the paper is silent)
+    optimizer_state: str = field(default="fresh", metadata=one_of("fresh", "carried"))
 
 
 def num_groups(hp: Hparams, num_clients: int, participation: float) -> int:
@@ -73,6 +72,12 @@ def check_config(cfg, hp: Hparams) -> None:
             f"{hp.num_groups} groups means K participants, but participation={cfg.participation} of "
             f"{cfg.num_clients} clients is {k_from_p}; set participation: {hp.num_groups / cfg.num_clients:g} "
             "or leave hp.num_groups at 0 (derived from participation)"
+        )
+    if hp.optimizer_state == "carried" and not hp.concatenation:
+        raise ValueError(
+            "config key 'hp.optimizer_state': carried moves the momentum with a copy from device to device, "
+            "but with hp.concatenation: false (FedCat w/ GC) every copy trains on one device only; "
+            "leave it at fresh"
         )
     if hp.concatenation and cfg.rounds % k:
         up, down = (cfg.rounds // k + 1) * k, cfg.rounds // k * k
@@ -103,46 +108,28 @@ def init(fed: Federation, hp: Hparams) -> State:
     return State(get_params(fed.task.build_model()), np.zeros((len(fed.client_ids), k), dtype=np.int64))
 
 
-def train_copy(client: Client, cstate: Any, msg: tuple[Params, dict]) -> tuple[tuple[Params, dict], Any]:
+def train_copy(client: Client, cstate: Any, msg: tuple[Any, dict]) -> tuple[tuple[Any, dict], Any]:
     """Relay client function: train the copy it is handed for the round's local epochs; the copy
-    goes on (left behind), only the size and training stats come back."""
-    params, common = msg
-    reply = local_sgd_reply(client, params, common["round"])
+    goes on (left behind), only the size and training stats come back. With ``carried`` optimizer
+    state the copy is ``(params, momentum buffers)`` (plain params at a cycle start: no buffers)."""
+    carry, common = msg
+    if common.get("optimizer_state") == "carried":
+        params, buffers = carry if isinstance(carry, tuple) else (carry, None)
+        reply, buffers = kept_optimizer_update(client, params, common["round"], buffers, keep=True)
+        return ((reply.pop("params"), buffers), reply), cstate
+    reply = local_sgd_reply(client, carry, common["round"])
     return (reply.pop("params"), reply), cstate
 
 
-def select(
-    counts: np.ndarray, groups: list[list[int]], fed: Federation, hp: Hparams, rnd: int
-) -> tuple[list[int], list[list[int]], list[Record]]:
-    """L_dev for round ``rnd`` (the device of group g at index g), the groups, and the group
-    records; DevSelect increments ``counts`` in place."""
-    ids = fed.client_ids
-    k = counts.shape[1]
-    if not hp.grouping:  # FedCat w/ DC: FedAvg's sampling, K devices
-        return fed.sample(fed.task.participation, fed.task.rng("sample", rnd=rnd)), [], []
-    records: list[Record] = []
-    if rnd % (hp.regroup_cycles * k) == 0:
-        groups = [
-            [ids[p] for p in g] for g in equal_groups(len(ids), k, fed.task.rng("fedcat/groups", rnd=rnd))
-        ]
-        records = [
-            rec("group", g, scope="client", entity=c) for g, members in enumerate(groups) for c in members
-        ]
-    pos = {c: p for p, c in enumerate(ids)}
-    chosen = dev_select(
-        [[pos[c] for c in g] for g in groups],
-        counts,
-        rnd % k,
-        hp.epsilon,
-        fed.task.rng("fedcat/select", rnd=rnd),
-    )
-    return [ids[p] for p in chosen], groups, records
+def params_of(carry: Any) -> Params:
+    """A copy's model, with or without the momentum it carries."""
+    return carry[0] if isinstance(carry, tuple) else carry
 
 
 def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
     k = state.counts.shape[1]
     counts = state.counts.copy()
-    devices, groups, records = select(counts, state.groups, fed, hp, rnd)
+    devices, groups, records = select_devices(counts, state.groups, fed, hp, rnd)
     offset = rnd % k
     if hp.concatenation:
         route = latin_square(devices, offset)  # copy i -> device of group (o + i) mod K
@@ -150,14 +137,15 @@ def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, 
         sizes = state.sizes if offset else [0] * k
     else:  # w/ GC: K fresh copies of m_glb, in device order (as FedAvg's participants)
         route, carries, sizes = sorted(devices), [state.params] * k, [0] * k
-    hops = fed.relay(train_copy, list(zip(route, carries, strict=True)), {"round": rnd})
+    common = {"round": rnd, **({"optimizer_state": "carried"} if hp.optimizer_state == "carried" else {})}
+    hops = fed.relay(train_copy, list(zip(route, carries, strict=True)), common)
     copies = [b for b, _ in hops]
     sizes = [d + info["num_examples"] for d, (_, info) in zip(sizes, hops, strict=True)]
     records += train_records({c: info for c, (_, info) in zip(route, hops, strict=True)})
     records += [assignment_rec(c, i) for i, c in enumerate(route)]
     params = state.params
     if not hp.concatenation or offset == k - 1:  # eq. 3, once per cycle
-        params = weighted_average(fed.fetch(copies), sizes)
+        params = weighted_average([params_of(c) for c in fed.fetch(copies)], sizes)
         copies, sizes = [], []
     return State(params, counts, groups, copies, sizes), records
 

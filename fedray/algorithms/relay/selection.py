@@ -1,6 +1,6 @@
 """FedCat's device grouping and count-based selection DevSelect (ALGORITHMS.md §5(a) steps a-b,
-eqs. 4-5, with the zero-count rule of §5(d)), and the Latin-square route of its copies (pure numpy,
-no federation).
+eqs. 4-5, with the zero-count rule of §5(d)), and the Latin-square route of its copies (pure
+numpy); `select_devices` applies them to a round of the federation.
 
 Client ids are positions 0..N-1 here; callers map their ids to positions.
 """
@@ -8,8 +8,12 @@ Client ids are positions 0..N-1 here; callers map their ids to positions.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+
+from fedray.federation import Federation
+from fedray.records import Record, rec
 
 # ------------------------------------------------------------------------------------------------
 # FedCat (ALGORITHMS.md §5)
@@ -59,3 +63,31 @@ def latin_square(devices: Sequence[int], offset: int) -> list[int]:
     """Alg. 2: copy i goes to ``devices[(offset + i) mod K]`` (the device selected from group (offset + i) mod K)."""
     k = len(devices)
     return [int(devices[(offset + i) % k]) for i in range(k)]
+
+
+def select_devices(
+    counts: np.ndarray, groups: list[list[int]], fed: Federation, hp: Any, rnd: int
+) -> tuple[list[int], list[list[int]], list[Record]]:
+    """L_dev for round ``rnd`` (the device of group g at index g), the groups, and the group
+    records; DevSelect increments ``counts`` in place."""
+    ids = fed.client_ids
+    k = counts.shape[1]
+    if not hp.grouping:  # FedCat w/ DC: FedAvg's sampling, K devices
+        return fed.sample(fed.task.participation, fed.task.rng("sample", rnd=rnd)), [], []
+    records: list[Record] = []
+    if rnd % (hp.regroup_cycles * k) == 0:
+        groups = [
+            [ids[p] for p in g] for g in equal_groups(len(ids), k, fed.task.rng("fedcat/groups", rnd=rnd))
+        ]
+        records = [
+            rec("group", g, scope="client", entity=c) for g, members in enumerate(groups) for c in members
+        ]
+    pos = {c: p for p, c in enumerate(ids)}
+    chosen = dev_select(
+        [[pos[c] for c in g] for g in groups],
+        counts,
+        rnd % k,
+        hp.epsilon,
+        fed.task.rng("fedcat/select", rnd=rnd),
+    )
+    return [ids[p] for p in chosen], groups, records
