@@ -38,7 +38,7 @@ def _read_dir(path: Path, where: ds.Expression | None = None) -> pd.DataFrame | 
 
 
 def load_metrics(out_dir: str | Path, scope: str | None = None) -> pd.DataFrame:
-    """One tidy table over all runs in ``out_dir`` (DESIGN §6); empty if nothing was written yet.
+    """One tidy table over all runs in ``out_dir`` (docs/output.md#output); empty if nothing was written yet.
 
     ``scope`` ("global", "cluster", "client") reads only those rows: the filter is applied while
     reading, so per-client rows of large runs never reach memory when only global ones are wanted.

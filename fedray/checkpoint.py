@@ -1,4 +1,4 @@
-"""Checkpoints (DESIGN §6): a run's algorithm `State` and every client's persistent state, between rounds.
+"""Checkpoints (docs/failures-and-checkpoints.md#failures-checkpoints-and-models): a run's algorithm `State` and every client's persistent state, between rounds.
 
 Layout, under ``DIR/checkpoints/RUN_ID/``::
 
@@ -14,7 +14,7 @@ killed job leaves either the whole checkpoint or none of it; the last ``keep`` a
 Format: each ``.npz`` is a zip (what ``numpy.load`` reads) of ``tree.json``, the object's structure
 as plain JSON, and ``0.npy``, ``1.npy``, ... its arrays, written and read with
 ``allow_pickle=False``. Nothing is unpickled: a tampered file can only fail to load, with an error
-naming it. The objects are what DESIGN §8 allows in State: numpy arrays and scalars, Python scalars,
+naming it. The objects are what docs/architecture.md#client-functions allows in State: numpy arrays and scalars, Python scalars,
 lists, tuples, dicts and dataclasses defined in fedray (the only classes a file may name).
 """
 
@@ -117,7 +117,7 @@ def encode(obj: Any, arrays: list[np.ndarray], where: str, baton: Callable[[Any]
         return {"__dataclass__": f"{cls.__module__}:{cls.__qualname__}", "fields": fields}
     raise CheckpointError(
         f"{where}: a {type(obj).__module__}.{type(obj).__qualname__} cannot be checkpointed (State and "
-        "client state are plain data: numpy arrays, scalars, lists, dicts, dataclasses; DESIGN §8)"
+        "client state are plain data: numpy arrays, scalars, lists, dicts, dataclasses; docs/architecture.md#client-functions)"
     )
 
 

@@ -80,7 +80,7 @@ def mean_losses(client: Client, models: Sequence[Params]) -> list[float]:
 def lowest_loss_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
     """Client function for hard clustering: the client's model of ``msg["models"]`` (its assignment in
     ``msg["assigned"]``, if it has one; else, as a test client of a hard-clustering method in
-    ALGORITHMS.md §4, the one with the lowest mean loss on its labelled part, first on ties),
+    docs/algorithms/clustered.md#common-setting-and-evaluation, the one with the lowest mean loss on its labelled part, first on ties),
     evaluated on its held-out part. State unchanged."""
     best = msg.get("assigned", {}).get(client.cid)
     if best is None:
@@ -126,7 +126,7 @@ def lowest_loss_global(records: list[Record], stage: str = "") -> list[Record]:
     """``records`` plus the global ``accuracy`` and ``loss`` of a clustered algorithm on the global test
     set: those of the cluster model with the lowest loss on it (first on ties), and which model that
     is (``global_model``). The global test set is treated as one test client under FedRC's rule for
-    hard-clustering methods (ALGORITHMS.md §4: a test client takes the model with the lowest loss on
+    hard-clustering methods (docs/algorithms/clustered.md#common-setting-and-evaluation: a test client takes the model with the lowest loss on
     its labelled data): a choice made on the test set, as that rule makes it."""
     per = {}
     for r in records:

@@ -115,7 +115,7 @@ def run_rounds(
     alg = ALGORITHMS[cfg.algorithm]
     hp = alg.make_hparams(cfg.hp)
     for rnd in range(start, cfg.rounds):
-        # A multi-stage algorithm keeps its stage in State (DESIGN §2); the round's own rows carry
+        # A multi-stage algorithm keeps its stage in State (docs/architecture.md#the-round-loop); the round's own rows carry
         # the stage the round ran in, so `fedray report --stage S --round R` can count its rounds.
         stage = getattr(state, "stage", "")
         t0 = time.perf_counter()

@@ -1,4 +1,4 @@
-"""The trained models of a finished run, on disk (DESIGN §6): ``DIR/models/RUN_ID/``.
+"""The trained models of a finished run, on disk (docs/failures-and-checkpoints.md#failures-checkpoints-and-models): ``DIR/models/RUN_ID/``.
 
 ::
 

@@ -1,4 +1,4 @@
-"""Tidy records (DESIGN §2): one dict per value; the coordinator adds the run columns.
+"""Tidy records (docs/architecture.md#the-round-loop): one dict per value; the coordinator adds the run columns.
 
 `rec` makes a metric row (``DIR/metrics/``); `assignment_rec` a cluster-assignment row (``DIR/assignments/``:
 which cluster a client is in, with a weight, 1 for a hard assignment).

@@ -1,4 +1,4 @@
-"""The results writer (DESIGN §6): Parquet part files under ``metrics/``, one row per run under ``runs/``.
+"""The results writer (docs/output.md#output): Parquet part files under ``metrics/``, one row per run under ``runs/``.
 
 Every file is written aside under a dot-name and renamed into place, so a killed job leaves only
 complete files (readers skip dot-files). A run that starts again under the same run id first

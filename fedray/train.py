@@ -1,4 +1,4 @@
-"""Local training and evaluation loops (NIID-Bench semantics, ALGORITHMS.md §0.2)."""
+"""Local training and evaluation loops (NIID-Bench semantics, docs/algorithms/common.md#the-fedavg-core)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def proximal(mu: float, anchor: Mapping[str, torch.Tensor]) -> Objective:
 
 def weighted_cross_entropy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> Step:
     """(1/|B|) sum_b w_b CE_b: per-sample weights, divided by the batch size and not by the weights'
-    sum (FedEM/FedRC's gamma-weighted loss, ALGORITHMS.md §3(a) step 2d)."""
+    sum (FedEM/FedRC's gamma-weighted loss, docs/algorithms/mixture.md#fedems-round step 2d)."""
     out = model(x)
     each = nn.functional.cross_entropy(out, y, reduction="none")
     return Step(out, each.mean(), (w * each).sum() / len(y))
@@ -149,7 +149,7 @@ def local_train(
 def optimizer_state(opt: torch.optim.Optimizer, model: nn.Module) -> dict[str, np.ndarray]:
     """The optimizer's per-parameter buffers (SGD's momentum) as plain arrays keyed by parameter
     name and buffer (``"encoder.fc1.weight/momentum_buffer"``): client state that survives between
-    a client's rounds (FedRC/FedEM and CFL keep their optimizer, ALGORITHMS.md §9.2)."""
+    a client's rounds (FedRC/FedEM and CFL keep their optimizer, docs/algorithms/common.md#optimizer-state)."""
     names = {id(p): n for n, p in model.named_parameters()}
     out: dict[str, np.ndarray] = {}
     for group in opt.param_groups:

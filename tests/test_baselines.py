@@ -246,7 +246,7 @@ def test_moon_keeps_the_previous_model_on_the_client_and_it_never_travels(tmp_pa
 
 def test_moon_negative_of_a_client_that_has_not_taken_part_yet_is_the_initial_model(tmp_path):
     # After round 0 the pool holds every client's model; one that sat out still holds the shared
-    # initial model (ALGORITHMS.md §2.4(d)). In round 0 the pool is empty: no negative at all.
+    # initial model (docs/algorithms/baselines.md#d3-moons-contrastive-term-in-round-0). In round 0 the pool is empty: no negative at all.
     cfg = small_config(tmp_path, algorithm="moon", hp={"mu": 1.0, "out_dim": 16}, seed=3)
     fed, _ = make_local_federation(cfg, build_federated_data(cfg))
     hp = ALGORITHMS["moon"].make_hparams(cfg.hp)

@@ -1,5 +1,5 @@
 """Clustering clients: label distributions, K-means on hand-made distributions, the balanced cap,
-the elbow, DP noise (ALGORITHMS.md §1: F1, F3, F4)."""
+the elbow, DP noise (docs/algorithms/fedconcat.md#equations: F1, F3, F4)."""
 
 from __future__ import annotations
 

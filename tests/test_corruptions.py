@@ -1,4 +1,4 @@
-"""FashionMNIST-C corruptions (ALGORITHMS.md §3(e)): contracts, determinism, and hand-checkable facts."""
+"""FashionMNIST-C corruptions (docs/algorithms/mixture.md#the-fmnist-c-benchmark): contracts, determinism, and hand-checkable facts."""
 
 from __future__ import annotations
 

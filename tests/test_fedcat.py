@@ -1,4 +1,4 @@
-"""FedCat (ALGORITHMS.md §5): DevSelect by hand, the Latin-square schedule, eq. 3, the reduction to
+"""FedCat (docs/algorithms/fedcat.md#fedcat-and-clustered-sampling): DevSelect by hand, the Latin-square schedule, eq. 3, the reduction to
 FedAvg, the ablations and the config checks."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tests.conftest import small_config
 from tests.helpers import run_metrics
 
 # ------------------------------------------------------------------------------------------------
-# DevSelect (Alg. 3, eqs. 4-5, §5(d)) on a 2-group example worked by hand
+# DevSelect (Alg. 3, eqs. 4-5, docs/algorithms/fedcat.md#edge-cases) on a 2-group example worked by hand
 # ------------------------------------------------------------------------------------------------
 
 

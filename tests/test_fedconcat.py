@@ -74,7 +74,7 @@ def test_fedconcat_id_ranks_a_skewed_clients_majority_classes_first(tmp_path):
 
 
 def test_fedconcat_id_round_0_is_encoder_round_0_and_seeds_each_cluster_with_its_members_average(tmp_path):
-    # register row 6: every client (participation says 0.5) trains the shared init once; each cluster
+    # docs/algorithms/fedconcat.md#d6-fedconcat-ids-inference-round-is-encoder-round-0: every client (participation says 0.5) trains the shared init once; each cluster
     # model is the data-size-weighted average of its members' round-0 models; T_e - 1 rounds follow.
     cfg = small_config(tmp_path, dataset="digits", num_clients=8, partition="labels", partition_k=2,
                        algorithm="fedconcat_id", rounds=3, participation=0.5,
@@ -195,7 +195,7 @@ def test_registered_with_their_hparams():
 
 
 def test_the_classifier_is_the_unweighted_mean_of_the_participants_heads(tmp_path):
-    """Register row 2: every client takes the same 3 steps, so the server averages without weights."""
+    """Register docs/algorithms/fedconcat.md#d2-three-classifier-steps-averaged-without-weights: every client takes the same 3 steps, so the server averages without weights."""
     from fedray.algorithms.concat import fedconcat
 
     cfg = small_config(tmp_path, algorithm="fedconcat", rounds=2, partition="quantity", partition_beta=0.3,

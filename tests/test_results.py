@@ -1,4 +1,4 @@
-"""The results folder: DESIGN §6 columns, atomic files, no duplicate rows after a restart."""
+"""The results folder: docs/output.md#output columns, atomic files, no duplicate rows after a restart."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Algorithm registry: an explicit dict from config name to `Algorithm` record (DESIGN §2)."""
+"""Algorithm registry: an explicit dict from config name to `Algorithm` record (docs/architecture.md#adding-an-algorithm)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Clustering clients by vectors that describe them (ALGORITHMS.md §1: F1, F3, F4, the elbow), CFL's
-bipartition and split rule (§6.1, §6.2), and how well a clustering matches the ground truth (purity, the gap of §6.1).
+"""Clustering clients by vectors that describe them (docs/algorithms/fedconcat.md#equations: F1, F3, F4, the elbow), CFL's
+bipartition and split rule (docs/algorithms/splitting.md#cfl, docs/algorithms/splitting.md#layercfl), and how well a clustering matches the ground truth (purity, the gap of docs/algorithms/splitting.md#cfl).
 
 Pure numpy / scikit-learn; no federation. `cluster_vectors` is the "kmeans" clustering step of
 FedConcat and of clustered FedAvg: label distributions (true, noised or inferred) in, a cluster per

@@ -1,5 +1,5 @@
-"""Reusable pieces of a FedAvg-style round (ALGORITHMS.md §0.2): local update, aggregation, train
-stats, and the cluster-wise FedAvg round (§1(a) step 7)."""
+"""Reusable pieces of a FedAvg-style round (docs/algorithms/common.md#the-fedavg-core): local update, aggregation, train
+stats, and the cluster-wise FedAvg round (docs/algorithms/fedconcat.md#stage-2-cluster-wise-fedavg step 7)."""
 
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ def train_records(replies: Mapping[int, Mapping[str, Any]], stage: str = "") -> 
 def clustered_fedavg_round(
     fed: Federation, models: Sequence[Params], assignment: Mapping[int, int], rnd: int, stage: str = ""
 ) -> tuple[list[Params], list[Record]]:
-    """One round of FedAvg in every cluster at once (ALGORITHMS.md §1(a) step 7).
+    """One round of FedAvg in every cluster at once (docs/algorithms/fedconcat.md#stage-2-cluster-wise-fedavg step 7).
 
     The round's participants (FedAvg's sampling) train their cluster's model, every cluster in the
     same parallel dispatch; each cluster's model becomes the data-size-weighted average of its

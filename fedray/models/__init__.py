@@ -31,7 +31,7 @@ class EncoderHead(nn.Module):
 
 
 def simple_cnn(input_shape: tuple[int, ...], num_classes: int) -> EncoderHead:
-    """NIID-Bench / FedConcat "simple CNN" (ALGORITHMS.md §0.1); 44,426 params at 1x28x28, 62,006 at 3x32x32."""
+    """NIID-Bench / FedConcat "simple CNN" (docs/algorithms/common.md#simple-cnn); 44,426 params at 1x28x28, 62,006 at 3x32x32."""
     c, h, w = input_shape
     out_h, out_w = ((h - 4) // 2 - 4) // 2, ((w - 4) // 2 - 4) // 2  # two (5x5 conv, 2x2 pool) stages
     flat = 16 * out_h * out_w
@@ -48,7 +48,7 @@ def simple_cnn(input_shape: tuple[int, ...], num_classes: int) -> EncoderHead:
 
 
 def mcmahan_cnn(input_shape: tuple[int, ...], num_classes: int) -> EncoderHead:
-    """McMahan et al. 2017's CNN (ALGORITHMS.md §0.1, FedCat's model): two 5x5 "same" convolutions
+    """McMahan et al. 2017's CNN (docs/algorithms/common.md#simple-cnn, FedCat's model): two 5x5 "same" convolutions
     (32, 64 channels) each with ReLU and 2x2 max pooling, FC(512), ReLU, then the linear head.
     1,663,370 params at 1x28x28 (flatten 64*7*7 = 3136), 2,156,490 at 3x32x32 (64*8*8 = 4096)."""
     c, h, w = input_shape
@@ -83,7 +83,7 @@ class Normalize(nn.Module):
 
 
 def fedrc_cnn(input_shape: tuple[int, ...], num_classes: int) -> EncoderHead:
-    """FedRC's FMNIST CNN (ALGORITHMS.md §0.1, RC:models.py FemnistCNN; the paper's "three-layer
+    """FedRC's FMNIST CNN (docs/algorithms/common.md#simple-cnn, RC:models.py FemnistCNN; the paper's "three-layer
     CNN" is two convolutions and two FC layers): inputs normalised with mean 0.1307, std 0.3081,
     Conv(32, 5x5), ReLU, MaxPool 2, Conv(64, 5x5), ReLU, MaxPool 2, FC(2048), ReLU, then the head.
     2,171,786 params at 1x28x28 (flatten 64*4*4 = 1024)."""
@@ -205,7 +205,7 @@ def build_model(
 
 
 # ------------------------------------------------------------------------------------------------
-# FedConcat's concatenated model (ALGORITHMS.md §1(a) steps 8-9, eq. F5)
+# FedConcat's concatenated model (docs/algorithms/fedconcat.md#stage-3-a-global-classifier-over-concatenated-encoders steps 8-9, eq. F5)
 # ------------------------------------------------------------------------------------------------
 
 
@@ -228,7 +228,7 @@ def concatenated(build: Callable[[], EncoderHead], k: int, num_classes: int) -> 
 
 
 def projected(base: EncoderHead, out_dim: int, num_classes: int) -> EncoderHead:
-    """MOON's model (ALGORITHMS.md §2.4, MOON:model.py ModelFedCon): the base encoder h, then a
+    """MOON's model (docs/algorithms/baselines.md#moon, MOON:model.py ModelFedCon): the base encoder h, then a
     projection head z = L2(ReLU(L1(h))) (L1: d -> d, L2: d -> out_dim), then a linear classifier on z.
     The encoder of the result is h followed by the projection, so ``model.encoder(x)`` is z."""
     d = base.feature_dim

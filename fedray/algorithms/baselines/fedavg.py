@@ -1,5 +1,5 @@
 """FedAvg: McMahan, Moore, Ramage, Hampson, Agüera y Arcas, "Communication-Efficient Learning of
-Deep Networks from Decentralized Data", AISTATS 2017; procedure as in NIID-Bench (ALGORITHMS.md §0.2).
+Deep Networks from Decentralized Data", AISTATS 2017; procedure as in NIID-Bench (docs/algorithms/common.md#the-fedavg-core).
 
 Each round: sample the first floor(N * participation) clients of a random permutation; each runs
 ``local_epochs`` of SGD (fresh optimizer) from the global weights; the server takes the

@@ -1,5 +1,5 @@
 """FedLC: Zhang, Li, Li, Xu, Zhu, Sun, "Federated Learning with Label Distribution Skew via Logits
-Calibration", ICML 2022 (ALGORITHMS.md §2.6; the authors' code was not found: the behaviour
+Calibration", ICML 2022 (docs/algorithms/baselines.md#fedlc; the authors' code was not found: the behaviour
 FL-bench's fedlc.py and fluke agree on).
 
 FedAvg's round; in local training the logits are calibrated to f_c(x) - tau n_c^(-1/4), n_c being

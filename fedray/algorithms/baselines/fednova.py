@@ -1,5 +1,5 @@
 """FedNova: Wang, Liu, Liang, Joshi, Poor, "Tackling the Objective Inconsistency Problem in
-Heterogeneous Federated Optimization", NeurIPS 2020 (ALGORITHMS.md §2.3; NIID-Bench
+Heterogeneous Federated Optimization", NeurIPS 2020 (docs/algorithms/baselines.md#fednova; NIID-Bench
 train_net_fednova, branch fednova).
 
 Clients train as in FedAvg (tau_i local SGD steps with momentum rho = the config's momentum) and
@@ -7,7 +7,7 @@ report their model and tau_i (FedAvg's reply); the server computes
 a_i = [tau_i - rho (1 - rho^tau_i) / (1 - rho)] / (1 - rho) (tau_i when rho = 0), which the
 reference code has the client send: the same value, and nothing more travels than in FedAvg. With p_i = n_i / sum_j n_j over the participants (``weights: samples``, the paper's data
 sizes; ``weights: batches`` is NIID-Bench's code, whose n_i is ``len(train_dl_local)``, the client's
-batches per epoch: register row 8), the server sets w <- w - (sum_i p_i a_i) sum_i p_i (w - w_i) / a_i. Computed as the p-weighted
+batches per epoch: docs/algorithms/baselines.md#d1-fednovas-client-weights), the server sets w <- w - (sum_i p_i a_i) sum_i p_i (w - w_i) / a_i. Computed as the p-weighted
 average of w + r_i (w_i - w), r_i = (sum_j p_j a_j) / a_i, in float64: the same update, and with
 equal a_i (equal steps) exactly FedAvg's average. Integer buffers are rounded back to integers.
 """

@@ -1,5 +1,5 @@
 """FedProx: Li, Sahu, Zaheer, Sanjabi, Talwalkar, Smith, "Federated Optimization in Heterogeneous
-Networks", MLSys 2020 (ALGORITHMS.md §2.1; NIID-Bench experiments.py train_net_fedprox).
+Networks", MLSys 2020 (docs/algorithms/baselines.md#fedprox; NIID-Bench experiments.py train_net_fedprox).
 
 FedAvg's round; every client minimises CE(w; batch) + (mu/2) sum ||w - w^t||^2 over the model's
 parameters (not its buffers), w^t being the global model it received this round. The optimizer's

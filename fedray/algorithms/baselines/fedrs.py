@@ -1,10 +1,10 @@
 """FedRS: Li, Zhan, "FedRS: Federated Learning with Restricted Softmax for Label Distribution
-Non-IID Data", KDD 2021 (ALGORITHMS.md §2.5; FedRepo algorithms/fedrs.py).
+Non-IID Data", KDD 2021 (docs/algorithms/baselines.md#fedrs; FedRepo algorithms/fedrs.py).
 
 FedAvg's round; in local training the logit of class c is scaled by
 s_c = alpha + (1 - alpha) n_c / max_c' n_c' (n_c: the client's count of class c), so classes the
 client lacks get alpha and its most frequent class 1. Evaluation uses the unscaled logits.
-Choice (register, §2.5(d)): our models' last layer has a bias; the scale applies to W h and the
+Choice (docs/algorithms/baselines.md#d5-fedrs-the-bias-and-gradient-clipping): our models' last layer has a bias; the scale applies to W h and the
 bias stays unscaled, so alpha = 1 is FedAvg exactly. Not reproduced: FedRepo's gradient clipping
 at norm 100 (its own experiments' setting, not FedRS's).
 """

@@ -1,4 +1,4 @@
-"""MOON: Li, He, Song, "Model-Contrastive Federated Learning", CVPR 2021 (ALGORITHMS.md §2.4;
+"""MOON: Li, He, Song, "Model-Contrastive Federated Learning", CVPR 2021 (docs/algorithms/baselines.md#moon;
 MOON main.py train_net_fedcon, model.py ModelFedCon; NIID-Bench train_net_moon).
 
 The model is the task's model with a projection head (z = L2(ReLU(L1(h))), L2 to ``out_dim``; the
@@ -7,7 +7,7 @@ client minimises CE + mu l_con, where
     l_con = -log( exp(cos(z, z_glob)/T) / (exp(cos(z, z_glob)/T) + exp(cos(z, z_prev)/T)) ),
 z_glob from the global model it received (frozen, eval mode) and z_prev from its own local model
 of the last round it took part in (buffer of one, kept as client state: it never travels). In
-round 0 the pool is empty, so l_con is a cross-entropy over one logit, zero (register row 23).
+round 0 the pool is empty, so l_con is a cross-entropy over one logit, zero (docs/algorithms/baselines.md#d3-moons-contrastive-term-in-round-0).
 After round 0 the references keep every client's model in the pool, participant or not: a client
 that took part in no round yet still holds the shared initial model, and that is its negative
 (under partial participation). It rebuilds that model from the run's seed, so nothing travels for

@@ -1,5 +1,5 @@
 """SCAFFOLD: Karimireddy, Kale, Mohri, Reddi, Stich, Suresh, "SCAFFOLD: Stochastic Controlled
-Averaging for Federated Learning", ICML 2020 (ALGORITHMS.md §2.2; NIID-Bench train_net_scaffold).
+Averaging for Federated Learning", ICML 2020 (docs/algorithms/baselines.md#scaffold; NIID-Bench train_net_scaffold).
 
 The server keeps a control variate c, each client its own c_i (client state, zero at first: the
 code's random start is equivalent, only differences are used). A participant receives w and c,
@@ -8,7 +8,7 @@ the optimizer, as the code: momentum does not see it). With K_i steps, option II
 c_i+ = c_i - c + (w - w_i) / (K_i lr); it sends back w_i and Delta c_i = c_i+ - c_i, and keeps c_i+.
 The server averages the models as FedAvg (then ``server_lr``) and moves c by the client deltas:
 ``server_update: paper`` c += (1/N) sum Delta c_i; ``code`` (NIID-Bench) c += mean over the
-participants. Identical at full participation (register row 9). c and Delta c_i travel, so they
+participants. Identical at full participation (docs/algorithms/baselines.md#d2-scaffolds-server-control-variate). c and Delta c_i travel, so they
 count in bytes_down / bytes_up. Control variates cover every floating-point state-dict entry.
 """
 

@@ -1,12 +1,12 @@
 """Cluster-wise FedAvg: one FedAvg per group of clients, the groups fixed before training.
 
 As stage 2 of FedConcat (Diao, Li, He, "Exploiting Label Skews in Federated Learning with Model
-Concatenation", AAAI 2024; ALGORITHMS.md §1(a) steps 6-7), usable on its own:
+Concatenation", AAAI 2024; docs/algorithms/fedconcat.md#stage-2-cluster-wise-fedavg steps 6-7), usable on its own:
 
 - groups: ``oracle`` takes the partition's ground-truth groups (partitions that have them, e.g.
   ``dominant``); ``kmeans`` clusters the clients' label distributions (F1) with scikit-learn's
   K-means, as FedConcat's stage 1-A (each client sends its label distribution, as in FedConcat).
-- every cluster model starts from the same random weights (register row 5);
+- every cluster model starts from the same random weights (docs/algorithms/fedconcat.md#d5-one-initialisation-for-every-cluster);
 - each round, FedAvg's participants train their own cluster's model, all clusters at once; a
   cluster without participants keeps its model.
 

@@ -1,5 +1,5 @@
 """FedSoft: Ruan, Joe-Wong, "FedSoft: Soft Clustered Federated Learning with Proximal Local
-Updating", AAAI 2022 (ALGORITHMS.md §4.5, register row 19): the original rule (FS:servers.py,
+Updating", AAAI 2022 (docs/algorithms/clustered.md#fedsoft, docs/algorithms/clustered.md#d2-fedsoft-in-the-fedrc-repository): the original rule (FS:servers.py,
 FS:clients.py), not the FedRC repository's variant.
 
 K cluster models theta_k and one personal model w_c per client, kept as client state and never

@@ -1,5 +1,5 @@
 """FeSEM: Long, Xie, Tian, Jiang, Zhang, "Multi-Center Federated Learning: Clients Clustering for
-Better Personalization", World Wide Web 2023 (ALGORITHMS.md §4.3, register row 18), as the FedRC
+Better Personalization", World Wide Web 2023 (docs/algorithms/clustered.md#fesem, docs/algorithms/clustered.md#d1-an-empty-clusters-model), as the FedRC
 codebase runs it.
 
 K global models (the centres). Each round every participant trains the model it is assigned to,
@@ -12,9 +12,9 @@ trained models of the participants now assigned to k.
 Deviations from the FedRC code, said openly, each with the code's behaviour as an option for
 side-by-side runs:
 - an empty centre keeps its weights and records an ``empty_cluster`` row; the code zeroes it
-  (row 18; ``empty_cluster: zero``, as IFCA's);
+  (docs/algorithms/clustered.md#d1-an-empty-clusters-model; ``empty_cluster: zero``, as IFCA's);
 - a client that switches to k' contributes its trained model to k' (the paper's M-step); the code
-  contributes its untrained copy of k', the centre it received (§4.3's quirk; ``switch: untrained``);
+  contributes its untrained copy of k', the centre it received (docs/algorithms/clustered.md#d3-fesem-what-a-client-that-moves-contributes's quirk; ``switch: untrained``);
 - a first participation trains each centre's copy on the plain loss; the code starts every client
   with uniform sample weights 1/K, so each copy's loss there is (1/K)(1/|B|) sum_b CE_b
   (``first_round: split``).

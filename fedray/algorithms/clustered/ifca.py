@@ -1,12 +1,12 @@
 """IFCA: Ghosh, Chung, Yin, Ramchandran, "An Efficient Framework for Clustered Federated Learning",
-NeurIPS 2020 (ALGORITHMS.md §4.2, register row 18), as the FedRC codebase runs it.
+NeurIPS 2020 (docs/algorithms/clustered.md#ifca, docs/algorithms/clustered.md#d1-an-empty-clusters-model), as the FedRC codebase runs it.
 
 K global models (model k from its own seeded init; model 0 is FedAvg's). Each round every
 participant computes the mean training loss of each model on its training split, picks
 k* = argmin (the first on ties) and trains only model k* for the local epochs; the server sets model
 k to the n_i-weighted average of the participants that picked k.
 
-Deviation from the FedRC code, said openly (row 18): a model no participant picked keeps its
+Deviation from the FedRC code, said openly (docs/algorithms/clustered.md#d1-an-empty-clusters-model): a model no participant picked keeps its
 weights and the round records an ``empty_cluster`` row for it. The code overwrites it with zeros
 (its average of no models): ``empty_cluster: zero`` does the same, for side-by-side runs. A zeroed
 model predicts the same for every input (its loss is ln C wherever it is evaluated), so clients

@@ -1,12 +1,12 @@
-"""A global classifier over K frozen, concatenated encoders: FedConcat's stage 3 (ALGORITHMS.md §1),
+"""A global classifier over K frozen, concatenated encoders: FedConcat's stage 3 (docs/algorithms/fedconcat.md#stage-3-a-global-classifier-over-concatenated-encoders),
 which FedConcat-ID runs too.
 
 The first classifier round sends the K cluster models to every client once (eq. F6's "+K"); a client
 keeps the features of its training split (computed once, no augmentation, eval mode: the paper,
 Sec. 3.3) or, with ``cache: false``, the encoders themselves to run on every augmented batch in
-train mode (the reference code, register row 1). Per round each participant takes ``steps``
+train mode (the reference code, docs/algorithms/fedconcat.md#d1-classifier-features-computed-once-or-at-every-step). Per round each participant takes ``steps``
 mini-batch steps of fresh SGD on the classifier alone, and the server averages the classifiers
-without weights (every participant took the same number of steps, register row 2).
+without weights (every participant took the same number of steps, docs/algorithms/fedconcat.md#d2-three-classifier-steps-averaged-without-weights).
 """
 
 from __future__ import annotations

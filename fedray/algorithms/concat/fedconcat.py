@@ -1,5 +1,5 @@
 """FedConcat: Diao, Li, He, "Exploiting Label Skews in Federated Learning with Model Concatenation",
-AAAI 2024 (ALGORITHMS.md §1; reference code sjtudyq/FedConcat).
+AAAI 2024 (docs/algorithms/fedconcat.md#fedconcat-and-fedconcat-id; reference code sjtudyq/FedConcat).
 
 1. (first round) Cluster the clients by their label distributions P_i (F1; optional Laplace noise,
    F3) with K-means, optionally balanced (F4) or with K chosen by the elbow of the inertia curve.
@@ -9,8 +9,8 @@ AAAI 2024 (ALGORITHMS.md §1; reference code sjtudyq/FedConcat).
    one global linear classifier on top by FedAvg: per round each participant takes
    ``classifier_steps`` mini-batch steps (fresh SGD), and the server averages unweighted.
 
-As the reference code (register rows 1-7): identical initial weights for all clusters (row 5); a
-cluster with no participant this round is skipped; the classifier averaged without weights (row 2);
+As the reference code (docs/algorithms/fedconcat.md#paper-and-code-differences): identical initial weights for all clusters (docs/algorithms/fedconcat.md#d5-one-initialisation-for-every-cluster); a
+cluster with no participant this round is skipped; the classifier averaged without weights (docs/algorithms/fedconcat.md#d2-three-classifier-steps-averaged-without-weights);
 K-means as scikit-learn with 10 restarts. fedray's own decisions (features computed once per
 client, the encoders sent once, the elbow, the balanced cap, DP noise added by each client):
 docs/algorithms/fedconcat.md.

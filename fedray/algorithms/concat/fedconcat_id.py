@@ -1,12 +1,12 @@
 """FedConcat-ID: FedConcat without label distributions (Diao, Li, He, AAAI 2024, Sec. 3.2;
-ALGORITHMS.md §1(a) steps 4'-5'; reference code sjtudyq/FedConcat experiments-fedconcat-id.py).
+docs/algorithms/fedconcat.md#stage-1-b-clusters-from-inferred-distributions steps 4'-5'; reference code sjtudyq/FedConcat experiments-fedconcat-id.py).
 
 The server never sees label counts. Instead, in the first round every client (all of them,
 whatever ``participation`` says) trains the shared initial model for its local epochs and reports
 its model's mean softmax over ``random_inputs`` inputs drawn uniformly over the data's range
 (eq. F2: 100 batches of 100 by default). K-means clusters those inferred distributions, and that
 round also seeds the cluster models: each is the data-size-weighted average of its members'
-round-0 models (register row 6), so the round counts as encoder round 0. Stages 2 and 3 are
+round-0 models (docs/algorithms/fedconcat.md#d6-fedconcat-ids-inference-round-is-encoder-round-0), so the round counts as encoder round 0. Stages 2 and 3 are
 FedConcat's.
 
 Deviation: the random inputs go through the model in eval mode (the code leaves train mode on;

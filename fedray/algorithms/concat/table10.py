@@ -7,8 +7,8 @@ cluster its ``assignment(state)`` hook names.
 ``fesem`` or ``fedsoft`` run stage 2 as that clustered algorithm instead (its own inits, K clusters,
 its other hyperparameters at their defaults), clustering while training, and its K cluster models
 become the encoders (the FedConcat paper's Table 10 variants, built from our IFCA / FeSEM / FedSoft:
-FC's own FeSEM script differs, §4.3: equal consecutive groups in round 0, squared-L2 assignment
-to the previous local model; and the K models start from distinct inits, not register row 5's
+FC's own FeSEM script differs, docs/algorithms/clustered.md#d6-fedconcats-own-ifca-and-fesem-scripts: equal consecutive groups in round 0, squared-L2 assignment
+to the previous local model; and the K models start from distinct inits, not docs/algorithms/fedconcat.md#d5-one-initialisation-for-every-cluster's
 identical one). ``balanced``, ``eps`` and ``elbow_range`` apply to ``kmeans`` only.
 """
 

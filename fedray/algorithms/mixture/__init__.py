@@ -1,4 +1,4 @@
-"""A mixture of K global models, as FedEM and FedRC train it (ALGORITHMS.md §3(a)-(b), §4.1).
+"""A mixture of K global models, as FedEM and FedRC train it (docs/algorithms/mixture.md#fedems-round, docs/algorithms/mixture.md#fedrcs-label-prior).
 
 This module holds the E/M pieces: pure numpy, no federation. The rest of the family, which FedEM
 (`fedray.algorithms.mixture.fedem`) and FedRC (`fedray.algorithms.mixture.fedrc`) share:
@@ -28,7 +28,7 @@ def e_step(
 ) -> np.ndarray:
     """gamma[k, j] = softmax_k( log omega_k - l_kj - log C_{y_j, k} ) (FedRC eq. 3; FedEM without ``prior``).
 
-    A model with omega_k = 0 gets gamma = 0 (log 0 = -inf; absorbing, §3(d)).
+    A model with omega_k = 0 gets gamma = 0 (log 0 = -inf; absorbing, docs/algorithms/mixture.md#edge-cases).
     """
     with np.errstate(divide="ignore"):
         logits = np.log(np.asarray(omega, dtype=np.float64))[:, None] - np.asarray(losses, dtype=np.float64)
@@ -58,7 +58,7 @@ def label_stats(gamma: np.ndarray, labels: np.ndarray, num_classes: int) -> np.n
 
 def label_prior(stats: np.ndarray, floor: float = PRIOR_FLOOR) -> np.ndarray:
     """C_{y,k} from the summed statistics of all clients: each sum floored at ``floor``, then
-    normalised over the classes of each model (FedRC code, §3(a) step 5). Returns K x C."""
+    normalised over the classes of each model (FedRC code, docs/algorithms/mixture.md#fedrcs-label-prior step 5). Returns K x C."""
     s = np.maximum(np.asarray(stats, dtype=np.float64), floor)
     return s / s.sum(axis=1, keepdims=True)
 

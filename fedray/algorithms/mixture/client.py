@@ -110,7 +110,7 @@ def mixture_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
 def test_client_e_step(client: Client, cstate: Any, msg: dict) -> tuple[None, Any]:
     """Client function for a test client (FedEM, FedRC), after every round: one E-step (FedEM's
     form: test clients never get the label prior) and omega update on its E-step split (the shift
-    preset's 90%, a client file's x_train) with the round's models, kept (ALGORITHMS.md §3(a),
+    preset's 90%, a client file's x_train) with the round's models, kept (docs/algorithms/mixture.md#procedure,
     evaluation protocol)."""
     return None, e_step(client, aligned(cstate, msg["ids"], client.num_examples), msg["models"], {})
 

@@ -1,6 +1,6 @@
 """Evaluating a mixture of K models: the omega-weighted softmax ensemble (``hard``: the argmax-omega
 model's prediction) on the clients' splits, on the global test set and on the shift preset's test
-clients (ALGORITHMS.md §3(a), evaluation protocol; FedEM and FedRC).
+clients (docs/algorithms/mixture.md#procedure, evaluation protocol; FedEM and FedRC).
 
 ``accuracy`` is the ensemble on the global test set with the population's omega (the size-weighted
 mean of the clients' omega); with the shift preset's test clients it is their mean accuracy, each

@@ -1,5 +1,5 @@
 """FedEM: Marfoq, Neglia, Bellet, Kameni, Vidal, "Federated Multi-Task Learning under a Mixture of
-Distributions", NeurIPS 2021 (ALGORITHMS.md §4.1), as the FedRC codebase runs it.
+Distributions", NeurIPS 2021 (docs/algorithms/mixture.md#fedems-round), as the FedRC codebase runs it.
 
 K global models. Each participant, per round (client state: gamma K x n, omega K, and with
 ``persistent_optimizer`` one SGD buffer set per model; `fedray.algorithms.mixture.client`):

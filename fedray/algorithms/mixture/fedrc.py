@@ -1,20 +1,20 @@
 """FedRC: Guo, Tang, Lin, "FedRC: Tackling Diverse Distribution Shifts Challenge in Federated
-Learning by Robust Clustering", ICML 2024 (ALGORITHMS.md §3; register rows 10-16).
+Learning by Robust Clustering", ICML 2024 (docs/algorithms/mixture.md#fedrc-and-fedem; docs/algorithms/mixture.md#paper-and-code-differences).
 
 FedEM's mixture round (`fedray.algorithms.mixture`, as `fedem.py` runs it) with FedRC's label prior: the E-step divides by C_{y,k}, so a
 sample is pushed towards the models that have seen its label least (concept shifts separate,
 label skew does not). After each round the server sums every client's last reported per-class
 gamma sums S_i (non-participants: their last report, or the initial 1/C), floors each sum at 1e-8
-and normalises over the classes (the code, register row 16). Round 0 uses a constant prior, so it
+and normalises over the classes (the code, docs/algorithms/mixture.md#d7-label-prior-bookkeeping-and-local-sgd). Round 0 uses a constant prior, so it
 is FedEM's round exactly.
 
 Options: ``adam`` (FedRC-Adam, gamma moved by an Adam step towards the E-step result: ``paper``
-constants b1 0.9, b2 0.99, or the ``code``'s 0.5, 0.5; register row 12); ``delta`` > 0 (adaptive
+constants b1 0.9, b2 0.99, or the ``code``'s 0.5, 0.5; docs/algorithms/mixture.md#d3-fedrc-adams-constants); ``delta`` > 0 (adaptive
 removal, App. F: once the responsibilities have converged, i.e. no model's share of all of them
 moved by more than ``removal_tol`` since the previous round, a model whose share is below delta is
 dropped by the server and by every client, which renormalises its gamma; the code has it disabled,
-row 13); ``xi`` > 0 (each client adds N(0, xi^2) noise to the sums it reports; the paper suggests
-25, the code uses 100; row 15); ``finetune`` (FedRC-FT: before evaluation each client fine-tunes
+docs/algorithms/mixture.md#d4-adaptive-model-removal); ``xi`` > 0 (each client adds N(0, xi^2) noise to the sums it reports; the paper suggests
+25, the code uses 100; docs/algorithms/mixture.md#d6-privacy-noise); ``finetune`` (FedRC-FT: before evaluation each client fine-tunes
 copies of the models for one epoch on its gamma-weighted loss and evaluates those: training
 clients on their test splits, ``local_accuracy_ft``; the shift preset's test clients, after their
 E-step, on their held-out parts, ``accuracy_ft`` and ``loss_ft``, as the code's

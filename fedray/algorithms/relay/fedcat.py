@@ -1,10 +1,10 @@
 """FedCat: Hu, Liu, Ling, Yue, Chen, "FedCat: Towards Accurate Federated Learning via Device
-Concatenation", arXiv 2202.12751, 2022 (ALGORITHMS.md §5; there is no public code).
+Concatenation", arXiv 2202.12751, 2022 (docs/algorithms/fedcat.md#fedcat-and-clustered-sampling; there is no public code).
 
 K model copies travel through K devices each over a cycle of K rounds. Per round r (offset
 o = r mod K):
 
-- every lambda cycles the N devices are split at random into K equal groups (§5(a) step a);
+- every lambda cycles the N devices are split at random into K equal groups (docs/algorithms/fedcat.md#fedcat step a);
 - DevSelect picks one device per group from the count table M (eqs. 4-5: weight 1/sqrt(M[d][o]),
   greedy with probability epsilon, else weighted sampling) and increments M[d][o];
 - at a cycle start the K copies are m_glb, each with accumulated data size d_i = 0;

@@ -1,5 +1,5 @@
-"""FedCat's device grouping and count-based selection DevSelect (ALGORITHMS.md §5(a) steps a-b,
-eqs. 4-5, with the zero-count rule of §5(d)), and the Latin-square route of its copies (pure
+"""FedCat's device grouping and count-based selection DevSelect (docs/algorithms/fedcat.md#fedcat steps a-b,
+eqs. 4-5, with the zero-count rule of docs/algorithms/fedcat.md#decisions-where-the-paper-is-silent), and the Latin-square route of its copies (pure
 numpy); `select_devices` applies them to a round of the federation.
 
 Client ids are positions 0..N-1 here; callers map their ids to positions.
@@ -16,19 +16,19 @@ from fedray.federation import Federation
 from fedray.records import Record, rec
 
 # ------------------------------------------------------------------------------------------------
-# FedCat (ALGORITHMS.md §5)
+# FedCat (docs/algorithms/fedcat.md#fedcat-and-clustered-sampling)
 # ------------------------------------------------------------------------------------------------
 
 
 def equal_groups(n: int, k: int, rng: np.random.Generator) -> list[list[int]]:
-    """§5(a) step a: a random permutation of 0..n-1 split into k groups of floor(n/k) or ceil(n/k), each sorted."""
+    """docs/algorithms/fedcat.md#fedcat step a: a random permutation of 0..n-1 split into k groups of floor(n/k) or ceil(n/k), each sorted."""
     return [sorted(int(c) for c in part) for part in np.array_split(rng.permutation(n), k)]
 
 
 def selection_probabilities(counts: np.ndarray) -> np.ndarray:
     """Eqs. 4-5 over one group: w_d = 1/sqrt(M[d][o]), P(d) = w_d / sum w. A device never chosen at
     this position (count 0) has an infinite MBIE-EB bonus: the zero-count devices share all the
-    probability equally (§5(d); 1/sqrt(0) is undefined in the paper)."""
+    probability equally (docs/algorithms/fedcat.md#decisions-where-the-paper-is-silent; 1/sqrt(0) is undefined in the paper)."""
     counts = np.asarray(counts, dtype=np.float64)
     zero = counts == 0
     if zero.any():
@@ -43,7 +43,7 @@ def dev_select(
     """Alg. 3 DevSelect: one device per group, in group order; increments ``counts[d, offset]``.
 
     Per group: u ~ U(0, 1); with u <= epsilon the greedy choice (largest weight, ties uniformly),
-    otherwise a draw from eq. 5. Zero-count devices come first in both branches (§5(d)).
+    otherwise a draw from eq. 5. Zero-count devices come first in both branches (docs/algorithms/fedcat.md#decisions-where-the-paper-is-silent).
     """
     chosen = []
     for group in groups:

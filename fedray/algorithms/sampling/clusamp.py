@@ -1,6 +1,6 @@
 """Clustered sampling (CluSamp): Fraboni, Vidal, Kameni, Lorenzi, "Clustered Sampling: Low-Variance
 and Improved Representativity for Clients Selection in Federated Learning", ICML 2021; the FedCat
-paper's sampling baseline (ALGORITHMS.md §5(e)).
+paper's sampling baseline (docs/algorithms/fedcat.md#clustered-sampling-clusamp).
 
 FedAvg with a different draw of the round's clients. The server builds m distributions ("strata")
 r_1..r_m over the clients with sum_k r_{k,i} = m p_i (p_i = n_i / n) and draws one client from each;

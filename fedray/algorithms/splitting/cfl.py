@@ -1,5 +1,5 @@
 """CFL: Sattler, Müller, Samek, "Clustered Federated Learning: Model-Agnostic Distributed Multitask
-Optimization Under Privacy Constraints", IEEE TNNLS 2020 (ALGORITHMS.md §4.4, §6.1; register row 17).
+Optimization Under Privacy Constraints", IEEE TNNLS 2020 (docs/algorithms/splitting.md#cfl; docs/algorithms/splitting.md#d1-the-largest-member-update).
 
 One cluster of every client to start with; clusters split recursively. Each round every client
 trains its cluster's model (with its own optimizer state kept across rounds, as the reference) and
@@ -11,7 +11,7 @@ the cosine distances 1 - cos(Delta_i, Delta_j). Each cluster's model is then the
 average of its members' (the FedRC code's rule; a cluster that never splits is FedAvg).
 
 Options where the paper, Sattler's notebook and the FedRC code differ (``max_norm: coordinate``, the
-FedRC code's largest |coordinate|, row 17; ``eps_rule: relative``, thresholds as fractions of the
+FedRC code's largest |coordinate|, docs/algorithms/splitting.md#d1-the-largest-member-update; ``eps_rule: relative``, thresholds as fractions of the
 largest mean update norm so far; ``warmup_rounds``; ``max_clusters``), what is not built (the
 client lr decay, the cached pre-split models), and why every client takes part every round
 (``participation: 1.0``): docs/algorithms/splitting.md. Updates are of the trainable parameters
@@ -53,7 +53,7 @@ class SplitHparams:
     eps2: float = field(default=1.6, metadata=bound(ge=0))
     # absolute: eps1 and eps2 are norms | relative: fractions of the largest mean update norm so far
     eps_rule: str = field(default="absolute", metadata=one_of(*EPS_RULES))
-    # norm (the paper) | coordinate (the FedRC code's max |coordinate|, row 17)
+    # norm (the paper) | coordinate (the FedRC code's max |coordinate|, docs/algorithms/splitting.md#d1-the-largest-member-update)
     max_norm: str = field(default="norm", metadata=one_of(*MAX_NORMS))
     # no split before this many rounds (Sattler's notebook: 20)
     warmup_rounds: int = field(default=0, metadata=bound(ge=0))

@@ -1,4 +1,4 @@
-"""LayerCFL (2023; no public code; ALGORITHMS.md §6.2, register row 21): CFL's recursive bipartition
+"""LayerCFL (2023; no public code; docs/algorithms/splitting.md#layercfl, docs/algorithms/splitting.md#d2-which-layers-layercfl-compares): CFL's recursive bipartition
 (`cfl.py`, `fedray.algorithms.splitting.cfl`) with the clients compared on the updates of selected layers only.
 
 The layers are chosen in advance for the environment (``layers``): ``conv`` (the convolutions) for
@@ -7,7 +7,7 @@ feature skew such as rotated clients, ``fc`` (the first fully connected layer) f
 ``auto`` (the default: ``conv`` where the model has convolutions, else ``fc``, so every model runs),
 ``all`` for CFL's behaviour, or a list of regular expressions on parameter names
 (``["features\\\\.7\\\\."]``). A layer is one module's weight and
-bias (§6.2(d)). The split condition is CFL's: the cluster's mean update over all parameters below
+bias (docs/algorithms/splitting.md#what-a-layer-is). The split condition is CFL's: the cluster's mean update over all parameters below
 ``eps1`` (eq. 27) and the largest member update on the selected layers above ``eps2`` (eq. 28). The
 distance (eqs. 23-26) is ``delta_cos`` (LayerCFL's own, eq. 26) by default, or ``delta_l2``, ``cos`` or
 ``l2`` (of the weights). With ``check_split`` a split is kept only when it passes Theorem 1 (eq. 20,
@@ -18,7 +18,7 @@ needs the true risk); otherwise the split is rolled back (a ``split_rejected`` r
 trains on. Every checked split records its ``alpha_cross_max``. ``similarity_dims`` records the size of what
 the similarity is computed on, against CFL's whole model.
 
-Deviation, said openly: the printed aggregation formula is illegible (§6.2(a)); we use CFL's
+Deviation, said openly: the printed aggregation formula is illegible (docs/algorithms/splitting.md#decisions-where-the-papers-are-silent); we use CFL's
 n_i-weighted average, so LayerCFL with ``layers: all``, ``check_split: false`` is CFL exactly.
 """
 

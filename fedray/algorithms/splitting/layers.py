@@ -1,6 +1,6 @@
-"""Layers of a model as groups of parameter names, and LayerCFL's layer selection (ALGORITHMS.md §6.2).
+"""Layers of a model as groups of parameter names, and LayerCFL's layer selection (docs/algorithms/splitting.md#layercfl).
 
-A layer is one module's own parameters (its weight and bias: register row 21, §6.2(d)). Selections:
+A layer is one module's own parameters (its weight and bias: docs/algorithms/splitting.md#d2-which-layers-layercfl-compares, docs/algorithms/splitting.md#what-a-layer-is). Selections:
 ``conv`` every convolution, ``fc`` the first fully connected layer (LayerCFL's choices for feature
 and for label skew), ``conv:I`` / ``fc:I`` the I-th convolution / fully connected layer (1-based, in
 the model's order: the paper names one layer), ``auto`` the convolutions where the model has any,
