@@ -8,9 +8,10 @@ repository. `fedray reference NAME CONFIG --checkout PATH --output DIR` runs a s
 on the reference, then the same runs in fedray on the reference's own partitions
 (``partition: file``), so ``fedray report DIR --cols source,algorithm`` puts them side by side.
 
-References (`jobs.reference.cli.references()`): ``fedconcat`` (sjtudyq/FedConcat, NIID-Bench's experiments.py with
-FedConcat; FedAvg, FedProx, SCAFFOLD, FedNova, FedConcat), ``niid-bench``
-(Xtra-Computing/NIID-Bench; FedAvg, FedProx, SCAFFOLD, FedNova, MOON) and ``fedrepo``
-(lxcnju/FedRepo's FedRS, on the partitions one of those drew) and ``fl-bench`` (KarhouTam/FL-bench's
-FedLC, on such partitions too).
+References (`jobs.reference.registry.REFERENCES`, each a `jobs.reference.record.Reference`):
+``fedconcat`` (sjtudyq/FedConcat, NIID-Bench's experiments.py with FedConcat; FedAvg, FedProx,
+SCAFFOLD, FedNova, FedConcat), ``niid-bench`` (Xtra-Computing/NIID-Bench; FedAvg, FedProx, SCAFFOLD,
+FedNova, MOON), ``fedrepo`` (lxcnju/FedRepo's FedRS, on the partitions one of those drew),
+``fl-bench`` (KarhouTam/FL-bench's FedLC, on such partitions too) and ``fedrc`` (LINs-lab/FedRC: its
+FMNIST-C clients from its own generator, as client_files). docs/reference.md says how to add one.
 """

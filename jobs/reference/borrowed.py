@@ -50,7 +50,7 @@ def hparams(cfg: Config, algorithm: str, reference: str) -> dict[str, Any]:
     if cfg.algorithm != algorithm:
         raise ReferenceError(f"algorithm {cfg.algorithm!r}: the harness runs {reference}'s {algorithm} only")
     hp = ALGORITHMS[algorithm].full_hparams(cfg.hp)
-    if hp.get("server_lr", 1.0) != 1.0:
+    if "server_lr" in hp and hp["server_lr"] != 1.0:
         raise ReferenceError(f"{reference} averages with server learning rate 1 (hp.server_lr: 1)")
     return hp
 

@@ -26,7 +26,6 @@ Then ``dataset: client_files`` with ``data_root: DIR/clients`` runs the clients 
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import os
@@ -37,14 +36,12 @@ from pathlib import Path
 
 import numpy as np
 
-from fedray.algorithms import ALGORITHMS
-from fedray.algorithms.clustering import purity
 from fedray.config import Config
-from fedray.data import client_files
 from fedray.records import rec
-from fedray.results import ResultsWriter, run_status
-from jobs.reference.harness import ReferenceError, run_pool
 from jobs.reference.niid_bench import write_fmnist_raw
+from jobs.reference.record import Option, Reference, ReferenceError
+
+# fedray.algorithms, .data, .results and the harness: imported where used (the CLI reads FEDRC)
 
 REPO, COMMIT = "LINs-lab/FedRC", "ce79229"
 GENERATOR = Path("create_c") / "make_fmnist_c.py"
@@ -136,6 +133,8 @@ def convert(generated: Path, dst: Path, seed: int, clients: int = NUM_CLIENTS) -
     """``generated`` (the generator's ``{i}.pkl`` and ``test-{j}.pkl``) as a client_files folder;
     ``clients`` < 300 keeps that many, each role in proportion (`keep`). Each file records the
     generated client it is (``reference_client``), and its 90/10 split is that client's."""
+    from fedray.data import client_files
+
     missing = [n for n in [*(f"{i}.pkl" for i in range(NUM_CLIENTS)),
                            *(f"test-{j}.pkl" for j in range(1, NUM_TEST_CLIENTS + 1))]
                if not (generated / n).is_file()]  # fmt: skip
@@ -240,11 +239,13 @@ def script_args(cfg: Config, run_id: str) -> list[str]:
             )
     if cfg.rounds < 1:
         raise ReferenceError("config key 'rounds': at least 1")
-    defaults = dataclasses.asdict(ALGORITHMS[cfg.algorithm].Hparams())
+    from fedray.algorithms import ALGORITHMS
+
+    hp = ALGORITHMS[cfg.algorithm].full_hparams(cfg.hp)  # every value, the registry's defaults included
     for key, (value, why) in SCRIPT_CLIENTS.items():
-        if key in defaults and {**defaults, **cfg.hp}[key] != value:
+        if key in hp and hp[key] != value:
             raise ReferenceError(f"config key 'hp.{key}': {why}: set it {str(value).lower()}")
-    k = 1 if cfg.algorithm in ONE_MODEL else int(cfg.hp.get("num_clusters", 3))
+    k = 1 if cfg.algorithm in ONE_MODEL else int(hp["num_clusters"])
     # the script trains n_rounds + 1 rounds (while current_round <= n_rounds) and logs after each
     return ["fmnist-c", METHODS[cfg.algorithm], "--n_learners", str(k), "--n_rounds", str(cfg.rounds - 1),
             "--bz", str(cfg.batch_size), "--lr", f"{cfg.lr:g}", "--local_steps", str(cfg.local_epochs),
@@ -294,6 +295,8 @@ def run_one(cfg: Config, checkout: Path, out: Path, python: str, threads: int, d
 
 def groups(folder: Path) -> dict[int, int]:
     """Each training client's ground-truth concept (``group``) in a client_files folder."""
+    from fedray.data import client_files
+
     out = {}
     for i, path in enumerate(client_files.client_paths(folder)[0]):
         with np.load(path, allow_pickle=False) as z:
@@ -305,6 +308,8 @@ def cluster_purity(clusters: dict | None, truth: dict[int, int]) -> float | None
     """fedray's purity (`fedray.algorithms.clustering.purity`) of the reference's clusters at a logged round:
     the clustered method's ``clusters_indices`` where it has them, else each client's largest
     omega (``learners_weights``), as fedray assigns FedEM's, FedRC's, IFCA's and FeSEM's clients."""
+    from fedray.algorithms.clustering import purity
+
     if not clusters:
         return None
     if clusters.get("clusters") is not None:
@@ -320,6 +325,8 @@ def import_run(cfg: Config, record: dict, out: Path, commit: str) -> str:
     local_accuracy (each training client's ensemble on its test split), train_accuracy and
     train_loss (on the training splits), the round's wall time, and purity where the run has more
     than one model and its record the clusters (`cluster_purity`)."""
+    from fedray.results import ResultsWriter
+
     run_id = run_id_of(cfg)
     truth = groups(Path(cfg.data_root)) if cfg.algorithm != "fedavg" else {}
     config = {**cfg.to_dict(), "source": REPO}
@@ -350,6 +357,9 @@ def run_reference(runs: list[Config], checkout: Path, out: Path, python: str, th
                   log=print, jobs: int = 1, device: str = "cpu") -> int:  # fmt: skip
     """Every run not imported yet, ``jobs`` at a time (each its own process, on ``device``);
     returns the number that failed (reported, the others go on)."""
+    from fedray.results import run_status
+    from jobs.reference.harness import run_pool
+
     commit = check_checkout(checkout)
     for cfg in runs:
         script_args(cfg, "")  # every run checked before the first starts
@@ -367,13 +377,37 @@ def run_reference(runs: list[Config], checkout: Path, out: Path, python: str, th
 
 
 def check_checkout(checkout: Path) -> str:
-    """The checkout's commit; not the reference, or another commit, is an error
-    (``FEDRAY_REFERENCE_ANY_COMMIT=1`` accepts another commit)."""
-    if not (checkout / "run_experiment.py").is_file() or not (checkout / GENERATOR).is_file():
-        raise ReferenceError(f"--checkout {str(checkout)!r}: not a {REPO} checkout (no run_experiment.py)")
-    head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
-                          check=False).stdout.strip()  # fmt: skip
-    if not head.startswith(COMMIT) and os.environ.get("FEDRAY_REFERENCE_ANY_COMMIT") != "1":
-        raise ReferenceError(f"--checkout {str(checkout)!r} is at {head[:7] or 'no commit'}, the harness was "
-                             f"checked against {COMMIT} (FEDRAY_REFERENCE_ANY_COMMIT=1 runs it anyway)")  # fmt: skip
-    return head
+    """The checkout's commit (`jobs.reference.harness.check_checkout`: not the reference, or another
+    commit, is an error); a checkout without the generator is not the reference either."""
+    from jobs.reference.harness import check_checkout as checked
+
+    if not (checkout / GENERATOR).is_file():
+        raise ReferenceError(f"--checkout {str(checkout)!r}: not a {REPO} checkout (no {GENERATOR})")
+    return checked(FEDRC, checkout)
+
+
+# ---- the record: `fedray reference fedrc [CONFIG]` --------------------------------------------
+
+SEED = Option("--seed", "the seed of the generator's draw and of the 90/10 splits", default=0, type=int)
+PYTHON = Option("--python", "the Python of an environment with the reference's dependencies", default=None)
+CLIENTS = Option("--clients", f"keep N of the generator's {NUM_CLIENTS} clients, each role in proportion "
+                 f"(default {NUM_CLIENTS})", default=NUM_CLIENTS, type=int, metavar="N")  # fmt: skip
+DEVICE = Option(
+    "--device", "the reference's device (cuda: GPU 0; default cpu)", default="cpu", choices=("cpu", "cuda")
+)
+
+
+def make_clients(checkout: Path, out: Path, options: dict) -> tuple[Path, list[str]]:
+    """The clients (`main`), and the --set that put a sweep's runs on them."""
+    folder = main(checkout, out, options["seed"], options["python"] or sys.executable, options["clients"])
+    return folder, [f"data_root={folder}", f"num_clients={options['clients']}"]
+
+
+FEDRC = Reference(
+    name="fedrc", repo=REPO, commit=COMMIT, script="run_experiment.py", wrapper="jobs.reference.fedrc_wrapper",
+    algorithms=frozenset(METHODS), about=f"{REPO}: its FMNIST-C clients as client_files",
+    options=(SEED, PYTHON, CLIENTS, DEVICE), clients=make_clients, check_run=lambda cfg: script_args(cfg, ""),
+    run=lambda ref, runs, checkout, out, jobs, threads, o: run_reference(
+        runs, checkout, out, o["python"] or sys.executable, threads, jobs=jobs, device=o["device"]),
+    report="--cols source,algorithm --metric accuracy --at best-train",
+)  # fmt: skip

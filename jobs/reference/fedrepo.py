@@ -30,7 +30,7 @@ from pathlib import Path
 
 from fedray.config import Config
 from jobs.reference import borrowed
-from jobs.reference.harness import Reference, ReferenceError
+from jobs.reference.record import FORCE, Reference, ReferenceError
 
 REPO = "lxcnju/FedRepo"
 COMMIT = "617ee01"
@@ -64,6 +64,6 @@ FEDREPO = Reference(
     args=script_args,
     eval_round=lambda cfg, k: (k + 1, ""),  # FedRepo's test_round: 1, every round
     prepare_data=lambda out: out,  # the data: fedray's data set, and the partitions already in `out`
-    options=(),
-    draws_partitions=False,
+    about="lxcnju/FedRepo's FedRS, on the partitions a NIID-Bench-family reference drew into --output",
+    options=(FORCE,),  # it draws no partitions and its wrapper skips no computation
 )

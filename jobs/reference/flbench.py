@@ -37,7 +37,7 @@ from pathlib import Path
 
 from fedray.config import Config
 from jobs.reference import borrowed
-from jobs.reference.harness import Reference
+from jobs.reference.record import FORCE, Reference
 
 REPO = "KarhouTam/FL-bench"
 COMMIT = "06e658b"
@@ -60,6 +60,6 @@ FLBENCH = Reference(
     args=script_args,
     eval_round=lambda cfg, k: (k + 1, ""),  # the centralized test after every round
     prepare_data=lambda out: out,  # the data: fedray's data set, and the partitions already in `out`
-    options=(),
-    draws_partitions=False,
+    about="KarhouTam/FL-bench's FedLC, on such partitions too",
+    options=(FORCE,),  # it draws no partitions and its wrapper skips no computation
 )

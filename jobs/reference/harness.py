@@ -20,7 +20,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,36 +28,13 @@ from typing import Any, TypeVar
 
 import yaml
 
-from fedray.config import NOT_IN_RUN_ID, Config, ConfigError, partition_file_for
+from fedray.config import NOT_IN_RUN_ID, Config, partition_file_for
 from fedray.data import partition_file
 from fedray.records import rec
 from fedray.results import ResultsWriter, run_status, write_text_atomic
+from jobs.reference.record import Reference, ReferenceError
 
 T = TypeVar("T")
-
-
-class ReferenceError(ConfigError):
-    """A run the reference cannot run as configured, or a checkout that is not the reference."""
-
-
-@dataclass(frozen=True)
-class Reference:
-    name: str  # the harness's name on the command line
-    repo: str  # owner/name on GitHub: the runs' `source`
-    commit: str  # the commit the harness was checked against
-    script: str  # the script in the checkout the wrapper runs
-    wrapper: str  # the module that runs it (python -m ...)
-    algorithms: frozenset[str]
-    # (cfg, datadir, logdir) -> the script's arguments; raises ReferenceError for what it cannot run
-    args: Callable[[Config, Path, Path], list[str]]
-    # (cfg) -> (round, stage) of the reference's k-th per-round evaluation, k = 0, 1, ...
-    eval_round: Callable[[Config, int], tuple[int, str]]
-    # (output folder) -> the data folder the script reads (prepared once: files it expects)
-    prepare_data: Callable[[Path], Path]
-    # the `fedray reference` options its wrapper takes (state_dict, keep_logging_evals)
-    options: tuple[str, ...] = ("state_dict", "keep_logging_evals")
-    # False: it runs on partitions another reference drew into the folder (it draws none itself)
-    draws_partitions: bool = True
 
 
 def partition_label(cfg: Config) -> str:
@@ -374,6 +351,28 @@ def run_reference(
 
     return run_pool(todo, one, lambda j: f"{j.cfg.algorithm} {partition_label(j.cfg)} seed {j.cfg.seed}", jobs, log,
                     after=lambda j: f" ({j.run_id}; {time.perf_counter() - t0:.0f} s so far)")  # fmt: skip
+
+
+def run_wrapped(
+    ref: Reference,
+    runs: list[Config],
+    checkout: Path,
+    out: Path,
+    jobs: int,
+    threads: int,
+    options: Mapping[str, Any],
+) -> int:
+    """The generic reference side (a record's ``run`` left None): `run_reference` with the wrapper
+    options the record takes (``options``: each as given or its default). Returns the runs that failed."""
+    extra = ["--state-dict", options["state_dict"]] if "state_dict" in options else []
+    if options.get("keep_logging_evals"):
+        extra.append("--keep-logging-evals")
+    partitions_only = bool(options.get("partitions_only"))
+    if partitions_only:
+        extra.append("--partition-only")
+    force = bool(options.get("force")) or partitions_only
+    return run_reference(ref, runs, checkout, out, jobs, threads, extra, force=force,
+                         partitions_only=partitions_only)[1]  # fmt: skip
 
 
 def run_pool(

@@ -16,12 +16,22 @@ Settings that differ between the two (ALGORITHMS.md §8), and which way each cel
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from fedray.config import Config
-from fedray.data.datasets import FMNIST_FILES, _find_idx
-from jobs.reference.harness import Reference, ReferenceError
+from jobs.reference.record import (
+    CHECK,
+    FORCE,
+    KEEP_LOGGING_EVALS,
+    PARTITIONS_ONLY,
+    STATE_DICT,
+    Reference,
+    ReferenceError,
+)
 
 _PARTITIONS = {"labels", "dirichlet", "iid", "quantity"}
 _DATASETS = {"fmnist": "FashionMNIST"}
@@ -47,8 +57,8 @@ def _partition_args(cfg: Config) -> list[str]:
     return ["--partition", "homo"]
 
 
-def _server_lr_one(cfg: Config) -> None:
-    if cfg.hp.get("server_lr", 1.0) != 1.0:
+def _server_lr_one(hp: dict) -> None:
+    if "server_lr" in hp and hp["server_lr"] != 1.0:
         raise ReferenceError("the script averages with server learning rate 1 (hp.server_lr: 1)")
 
 
@@ -58,19 +68,19 @@ def _algorithm_args(cfg: Config, fedconcat: bool) -> list[str]:
     alg = cfg.algorithm
     if alg not in ALGORITHMS:
         raise ReferenceError(f"algorithm {alg!r} is not in this script")
-    hp = ALGORITHMS[alg].full_hparams(cfg.hp)  # every value, defaults included
+    hp = ALGORITHMS[alg].full_hparams(cfg.hp)  # every value, the registry's defaults included
     if alg in ("fedavg", "fedprox", "scaffold", "fednova", "moon"):
-        _server_lr_one(cfg)
+        _server_lr_one(hp)
     if alg == "fedavg":
         return ["--alg", "fedavg", "--comm_round", str(cfg.rounds)]
     if alg == "fedprox":
-        return ["--alg", "fedprox", "--comm_round", str(cfg.rounds), "--mu", f"{hp.get('mu', 0.001):g}"]
+        return ["--alg", "fedprox", "--comm_round", str(cfg.rounds), "--mu", f"{hp['mu']:g}"]
     if alg == "scaffold":
-        if cfg.participation < 1 and hp.get("server_update", "paper") != "code":
+        if cfg.participation < 1 and hp["server_update"] != "code":
             raise ReferenceError("the script updates c by the participants' mean: set hp.server_update: code")
         return ["--alg", "scaffold", "--comm_round", str(cfg.rounds)]
     if alg == "fednova":
-        if fedconcat and hp.get("weights", "samples") != "batches":
+        if fedconcat and hp["weights"] != "batches":
             raise ReferenceError(
                 "FedConcat's experiments.py weights FedNova's clients by their batches per epoch "
                 "(n_i = len(train_dl_local)): set hp.weights: batches"
@@ -81,14 +91,14 @@ def _algorithm_args(cfg: Config, fedconcat: bool) -> list[str]:
             raise ReferenceError(
                 "NIID-Bench's MOON trains with momentum 0.9 whatever is asked (momentum: 0.9)"
             )
-        out_dim = hp.get("out_dim", 256)
+        out_dim = hp["out_dim"]
         head = (
             ["--use_projection_head", "1", "--out_dim", str(out_dim)]
             if out_dim
             else ["--use_projection_head", "0"]
         )
-        return ["--alg", "moon", "--comm_round", str(cfg.rounds), "--mu", f"{hp.get('mu', 1.0):g}",
-                "--temperature", f"{hp.get('temperature', 0.5):g}", "--loss", "contrastive", *head]  # fmt: skip
+        return ["--alg", "moon", "--comm_round", str(cfg.rounds), "--mu", f"{hp['mu']:g}",
+                "--temperature", f"{hp['temperature']:g}", "--loss", "contrastive", *head]  # fmt: skip
     if alg == "fedconcat" and fedconcat:
         # The script's FedConcat: K-means on the exact label distributions, 3 classifier steps, a
         # random classifier init (cache_features changes no number for the simple CNN).
@@ -100,9 +110,9 @@ def _algorithm_args(cfg: Config, fedconcat: bool) -> list[str]:
                 "the script runs FedConcat with K-means on the label distributions, 3 classifier steps and a "
                 f"random classifier; it cannot set hp.{', hp.'.join(unsupported)}"
             )
-        te = hp.get("encoder_rounds", 31)
-        return ["--alg", "fedconcat", "--n_clusters", str(hp.get("num_clusters", 5)), "--encoder_round", str(te),
-                "--classifier_round", str(cfg.rounds - te), "--eps", f"{hp.get('eps', 0.0):g}"]  # fmt: skip
+        te = hp["encoder_rounds"]
+        return ["--alg", "fedconcat", "--n_clusters", str(hp["num_clusters"]), "--encoder_round", str(te),
+                "--classifier_round", str(cfg.rounds - te), "--eps", f"{hp['eps']:g}"]  # fmt: skip
     raise ReferenceError(f"algorithm {alg!r} is not in this script")
 
 
@@ -125,7 +135,9 @@ def script_args(cfg: Config, datadir: Path, logdir: Path, fedconcat: bool) -> li
 def eval_round(cfg: Config, k: int) -> tuple[int, str]:
     """The script evaluates after every round; FedConcat after every classifier round only."""
     if cfg.algorithm == "fedconcat":
-        return cfg.hp.get("encoder_rounds", 31) + k + 1, "classifier"
+        from fedray.algorithms import ALGORITHMS
+
+        return ALGORITHMS["fedconcat"].full_hparams(cfg.hp)["encoder_rounds"] + k + 1, "classifier"
     return k + 1, ""
 
 
@@ -143,6 +155,7 @@ def write_fmnist_raw(raw: Path) -> None:
     import gzip
 
     from fedray.config import DEFAULT_FMNIST_ROOT
+    from fedray.data.datasets import FMNIST_FILES, _find_idx
 
     raw.mkdir(parents=True, exist_ok=True)
     for stem in FMNIST_FILES.values():
@@ -160,28 +173,91 @@ def write_fmnist_raw(raw: Path) -> None:
         tmp.replace(target)
 
 
+# The tiny runs `--check` compares (FMNIST, #C=2, 10 clients, one round of one epoch; FedConcat
+# one encoder and one classifier round).
+CHECK_ARGS = {
+    "fedavg": ["--alg", "fedavg", "--comm_round", "2"],
+    "fedconcat": [
+        "--alg",
+        "fedconcat",
+        "--n_clusters",
+        "3",
+        "--encoder_round",
+        "1",
+        "--classifier_round",
+        "1",
+    ],
+}
+CHECK_COMMON = ["--dataset", "fmnist", "--model", "simple-cnn", "--partition", "noniid-#label2", "--n_parties", "10",
+                "--epochs", "1", "--batch-size", "64", "--lr", "0.01", "--rho", "0.9", "--reg", "1e-5",
+                "--sample", "1", "--init_seed", "0", "--device", "cpu", "--log_file_name", "log"]  # fmt: skip
+
+
+def check_wrapper(ref: Reference, checkout: Path, out: Path) -> int:
+    """`--check`: run tiny configs with and without the wrapper's shortcuts and compare the per-round
+    model hashes: the shortcuts (skipped logging-only evaluations with their draws replayed, samples
+    loaded without PIL) must leave them equal. Also shows what the state-dict copies change."""
+    from jobs.reference.harness import check_checkout
+
+    check_checkout(ref, checkout)
+    datadir = ref.prepare_data(out)
+    root = Path(__file__).resolve().parents[2]
+
+    def run(name: str, alg: str, flags: list[str]) -> dict:
+        result = out / "reference" / "check" / f"{name}.json"
+        logdir = result.parent / name
+        cmd = [sys.executable, "-m", ref.wrapper, "--checkout", str(checkout), "--result", str(result),
+               "--workdir", str(logdir), "--threads", "1", *flags, "--", ref.script, *CHECK_COMMON,
+               "--datadir", str(datadir), "--logdir", str(logdir), *CHECK_ARGS[alg]]  # fmt: skip
+        subprocess.run(cmd, check=True, cwd=str(root), capture_output=True)
+        return json.loads(result.read_text())
+
+    ok = True
+    for alg in (a for a in CHECK_ARGS if a in ref.algorithms):
+        plain = run(f"{alg}-as-is", alg, ["--keep-logging-evals", "--slow-data"])
+        fast = run(f"{alg}-shortcuts", alg, [])
+        same = [
+            a["model_sha256"] == b["model_sha256"] for a, b in zip(plain["evals"], fast["evals"], strict=True)
+        ]
+        print(f"{alg}: as the script runs ({plain['total_seconds']:.0f} s) vs with the shortcuts "
+              f"({fast['total_seconds']:.0f} s, {fast['skipped_logging_evals']} evaluations skipped): "
+              f"weights after each evaluated round {'identical' if all(same) else 'DIFFERENT'} "
+              f"({sum(same)}/{len(same)}); accuracies {[e['accuracy'] for e in plain['evals']]} vs "
+              f"{[e['accuracy'] for e in fast['evals']]}")  # fmt: skip
+        ok &= all(same)
+        if alg == "fedconcat":
+            views = run(f"{alg}-views", alg, ["--state-dict", "views"])
+            differ = views["evals"][-1]["model_sha256"] != fast["evals"][-1]["model_sha256"]
+            print(f"{alg}: cluster models initialised from views of client 0's weights (the script on a CPU) "
+                  f"{'differ from' if differ else 'equal'} copies (the script on a GPU): accuracy "
+                  f"{views['evals'][-1]['accuracy']} vs {fast['evals'][-1]['accuracy']}")  # fmt: skip
+    return 0 if ok else 1
+
+
+# What both scripts' records share: the same wrapper (its shortcuts, --check) and data.
+_NIID_FAMILY = dict(
+    script="experiments.py",
+    wrapper="jobs.reference.niid_wrapper",
+    eval_round=eval_round,
+    prepare_data=prepare_fmnist,
+    options=(FORCE, PARTITIONS_ONLY, KEEP_LOGGING_EVALS, STATE_DICT, CHECK),
+    check=check_wrapper,
+)
+
 FEDCONCAT = Reference(
     name="fedconcat",
     repo="sjtudyq/FedConcat",
     commit="6123be7",
-    script="experiments.py",
-    wrapper="jobs.reference.niid_wrapper",
     algorithms=frozenset({"fedavg", "fedprox", "scaffold", "fednova", "fedconcat"}),
     args=lambda cfg, datadir, logdir: script_args(cfg, datadir, logdir, fedconcat=True),
-    eval_round=eval_round,
-    prepare_data=prepare_fmnist,
+    **_NIID_FAMILY,
 )
 
 NIID_BENCH = Reference(
     name="niid-bench",
     repo="Xtra-Computing/NIID-Bench",
     commit="61b901a",
-    script="experiments.py",
-    wrapper="jobs.reference.niid_wrapper",
     algorithms=frozenset({"fedavg", "fedprox", "scaffold", "fednova", "moon"}),
     args=lambda cfg, datadir, logdir: script_args(cfg, datadir, logdir, fedconcat=False),
-    eval_round=eval_round,
-    prepare_data=prepare_fmnist,
+    **_NIID_FAMILY,
 )
-
-REFERENCES = {r.name: r for r in (FEDCONCAT, NIID_BENCH)}
