@@ -26,15 +26,6 @@ from fedray.config import NOT_IN_RUN_ID
 # Keys that tell replicates of one setting apart or cannot change a number (fedray.config.NOT_IN_RUN_ID):
 # runs that differ only there are seeds of one cell, never columns of their own.
 _PER_RUN_KEYS = ("seed", *NOT_IN_RUN_ID)
-# The config keys the paper-style partition label stands for.
-_PARTITION_KEYS = (
-    "partition",
-    "partition_k",
-    "partition_beta",
-    "partition_clusters",
-    "partition_file",
-    "partition_name",
-)
 AT = ("final", "best-train", "best")
 # Besides the hp.* keys, what `--tuned` picks the best of: the local learning rate (the FedRC paper
 # tunes every algorithm's from {0.01, 0.03, 0.06, 0.1}).
@@ -47,20 +38,12 @@ class ReportError(ValueError):
 
 
 def partition_label(c: dict) -> str:
-    """The partition as papers write it: #C=2, dirichlet(0.5), ...; a federated data set that comes
-    as its clients' files (``dataset: client_files``) is partitioned by them: ``files:FOLDER``."""
-    if c.get("dataset") == "client_files":
-        return f"files:{Path(c.get('data_root') or 'client_files').name}"
-    p = c["partition"]
-    if p == "labels":
-        return f"#C={c['partition_k']}"
-    if p in ("dirichlet", "quantity", "clientwise_dirichlet"):
-        return f"{p}({c['partition_beta']:g})"
-    if p == "dominant":
-        return f"dominant({c['partition_beta']:g},K={c['partition_clusters']})"
-    if p == "file":
-        return c.get("partition_name") or Path(c.get("partition_file", "file")).stem
-    return p
+    """The partition as papers write it: #C=2, dirichlet(0.5), ... (each partition's label in the
+    partition registry, fedray/data/partitions.py); a federated data set that comes as its clients'
+    files (``dataset: client_files``) is partitioned by them: ``files:FOLDER``."""
+    from fedray.data import partition_label as label  # the registries (imported when a label is needed)
+
+    return label(c)
 
 
 def flat_config(config: dict) -> dict[str, Any]:
@@ -113,8 +96,10 @@ def column_label(config: dict, fields: Sequence[str]) -> str:
 
 def _covered(fields: Sequence[str]) -> set[str]:
     out = set(fields)
-    if "partition" in fields:
-        out |= set(_PARTITION_KEYS)
+    if "partition" in fields:  # and the config keys the paper-style partition label stands for
+        from fedray.data import partition_label_keys
+
+        out |= {"partition", *partition_label_keys()}
     return out
 
 

@@ -1,13 +1,13 @@
 """What a client function sees: the run's fixed `Task` and one `Client` (its data, device, batches).
 
 Client work is a module-level function ``fn(client, cstate, msg) -> (reply, new_cstate)``
-(DESIGN §2); persistent per-client state round-trips through ``cstate``, never through attributes.
+(docs/architecture.md#client-functions); persistent per-client state round-trips through ``cstate``, never through attributes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import partial
 from typing import Any
 
@@ -43,12 +43,8 @@ class Task:
 
     @classmethod
     def from_config(cls, cfg, spec: DataSpec) -> Task:
-        return cls(
-            seed=cfg.seed, model=cfg.model, spec=spec, local_epochs=cfg.local_epochs, batch_size=cfg.batch_size,
-            lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, participation=cfg.participation,
-            eval_batch_size=cfg.eval_batch_size, channels_last=cfg.channels_last, eval_train=cfg.eval_train,
-            cuda_deterministic=cfg.cuda_deterministic, head_bias=cfg.head_bias, model_init=cfg.model_init,
-        )  # fmt: skip
+        """The run's Task: every field but ``spec`` is the config key of its name."""
+        return cls(spec=spec, **{f.name: getattr(cfg, f.name) for f in fields(cls) if f.name != "spec"})
 
     def layout(self, x: torch.Tensor) -> torch.Tensor:
         """A batch in the task's memory format (channels-last for images, when asked)."""

@@ -1,4 +1,4 @@
-"""The typed experiment config (DESIGN §5): YAML files plus ``--set key=value`` overrides.
+"""The typed experiment config (docs/running.md#running-experiments): YAML files plus ``--set key=value`` overrides.
 
 Every key, its default and its meaning is in `Config` below. Building a Config
 (`fedray.validation.from_dict`, `load_config`) raises `ConfigError` naming the key (and suggesting
@@ -28,9 +28,9 @@ from fedray.coercion import ConfigError
 from fedray.hparams import bound
 
 __all__ = [
-    "ADDED_LATER", "Config", "ConfigError", "DEFAULT_FMNIST_ROOT", "FIELDS", "NAME_KEYS", "NOT_IN_RUN_ID",
-    "SWEEP_KEYS", "dump_yaml", "field_type", "file_digest", "flatten", "merge", "parse_sets",
-    "partition_file_for", "read_yaml", "set_dotted",
+    "ADDED_LATER", "Config", "ConfigError", "DEFAULT_FMNIST_ROOT", "FIELDS", "MISNAMED", "NAME_KEYS",
+    "NOT_IN_RUN_ID", "SWEEP_KEYS", "dump_yaml", "field_default", "field_type", "file_digest", "flatten", "merge",
+    "parse_sets", "partition_file_for", "read_yaml", "set_dotted",
 ]  # fmt: skip
 
 DEFAULT_FMNIST_ROOT = "/usr/share/datasets/fashion-mnist"
@@ -50,9 +50,9 @@ class Config:
     seed: int = field(default=0, metadata=bound(ge=0))  # master seed; every random stream derives from (seed, purpose, client, round)
 
     # --- data ------------------------------------------------------------------------------------
-    # digits | fmnist | mnist | emnist | cifar10 | cifar100 | svhn | synthetic | client_files (one file
-    # per client in data_root, fedray/data/client_files.py: the files are the clients, so the
-    # partition keys are not used and num_clients must match them)
+    # A name from fedray.data.DATASETS: digits | fmnist | mnist | emnist | cifar10 | cifar100 | svhn |
+    # synthetic | client_files (one file per client in data_root, fedray/data/client_files.py: the
+    # files are the clients, so no partition key may be set and num_clients must match them)
     dataset: str = "digits"  # the dataset
     # "" = the dataset's default: fmnist -> /usr/share/datasets/fashion-mnist (Debian), others -> ./data
     data_root: str = ""  # folder with the dataset files
@@ -61,9 +61,10 @@ class Config:
     synthetic_size: int = field(default=2000, metadata=bound(ge=10))  # synthetic only: number of training samples (test set is a quarter of it)
     synthetic_shape: list[int] = field(default_factory=lambda: [1, 8, 8])  # synthetic only: [C, H, W] or [D]
 
-    # --- partition across clients (ALGORITHMS.md §7) -------------------------------------------
+    # --- partition across clients (docs/algorithms/partitions.md#partitions) -------------------------------------------
     num_clients: int = field(default=10, metadata=bound(ge=1))  # N
-    # iid | labels (#C=k) | dirichlet | quantity | dominant | clientwise_dirichlet | rotation | file
+    # A name from fedray.data.PARTITIONS (fedray/data/partitions.py: iid, labels (#C=k), dirichlet, ...),
+    # where each partition declares the keys below that it reads: setting one it does not read is an error.
     partition: str = "dirichlet"  # how training samples are split across clients
     # file: a partition another tool drew (format: fedray/data/partition_file.py; a run's own is in
     # DIR/partitions/RUN_ID.parquet). "{seed}" in the path is replaced by the run's seed.
@@ -80,7 +81,7 @@ class Config:
     # as its test split (client_test_fraction: 0.1, FedRC's protocol) unless client_test_fraction is set.
     shift: str = "none"  # none | fedrc_paper | fedrc_code
 
-    # --- model and local training (ALGORITHMS.md §0.2) ------------------------------------------------
+    # --- model and local training (docs/algorithms/common.md#the-fedavg-core) ------------------------------------------------
     # The defaults are the embedded default run (digits, MLP; about 96% in 30 rounds). Paper
     # settings (NIID-Bench/FedConcat: lr 0.01, batch 64, momentum 0.9, 10 epochs) are in jobs/configs/.
     model: str = "mlp"  # a name from fedray.models.MODELS (mlp, simple_cnn, mcmahan_cnn, fedrc_cnn, resnet18, mobilenet_v2, vgg16)
@@ -111,7 +112,7 @@ class Config:
     # last bits from false, which is how runs were computed before this key existed.
     channels_last: bool = True  # channels-last memory format for images and convolution weights
 
-    # --- placement (DESIGN §3) -----------------------------------------------------------------------
+    # --- placement (docs/cluster.md#placement-fractional-gpus) -----------------------------------------------------------------------
     num_cpus_per_actor: float = field(default=1.0, metadata=bound(gt=0))  # CPUs reserved per client actor; torch threads = max(1, floor(this))
     num_gpus_per_actor: float = field(default=0.0, metadata=bound(ge=0))  # GPUs per client actor, fractional (e.g. 0.25 puts 4 actors on a GPU)
     num_actors: int = field(default=0, metadata=bound(ge=0, note="0 = from resources"))  # client actors to start; 0 = as many as the cluster's resources allow (at most N)
@@ -122,7 +123,7 @@ class Config:
     cuda_deterministic: bool = True  # deterministic CUDA kernels on a GPU (see above)
     placement_timeout_s: float = field(default=300.0, metadata=bound(gt=0))  # give up (loudly) if the actors cannot be placed within this time (a local Ray fedray started fails at once)
 
-    # --- output (DESIGN §6) -------------------------------------------------------------------------
+    # --- output (docs/output.md#output) -------------------------------------------------------------------------
     output: str = "out"  # results folder: metrics/, runs/, configs/, checkpoints/, models/
     save_models: bool = True  # write the trained models to DIR/models/RUN_ID/ when the run finishes
 
@@ -145,7 +146,7 @@ class Config:
         """Stable id of the run: the same resolved config gives the same id.
 
         Keys that cannot change a number are left out (`NOT_IN_RUN_ID`): where results go, and how
-        many actors serve the clients (bit-identical for any count, DESIGN §4), which a sweep
+        many actors serve the clients (bit-identical for any count, docs/running.md#running-experiments), which a sweep
         chooses from the resources it has at the time.
         """
         d = self.to_dict()
@@ -179,6 +180,25 @@ ADDED_LATER = {"shift": "none", "partition_file": "", "channels_last": False, "e
                "model_init": "derived"}
 # Keys of a sweep file that are not config keys (fedray/sweep.py expands them into runs).
 SWEEP_KEYS = ("grid", "seeds", "cases", "max_concurrent_runs")
+# What other tools (and papers) call a key: an unknown key named here says "did you mean ...?"
+# (close misspellings are suggested without this table; algorithm hyperparameters written without
+# their hp. are found in the algorithm registry).
+MISNAMED = {
+    "learning_rate": "lr", "local_lr": "lr", "client_lr": "lr", "epochs": "local_epochs", "local_epoch": "local_epochs",
+    "num_rounds": "rounds", "comm_rounds": "rounds", "n_rounds": "rounds", "clients": "num_clients",
+    "n_clients": "num_clients", "n_parties": "num_clients", "num_users": "num_clients", "batch": "batch_size",
+    "bs": "batch_size", "wd": "weight_decay", "frac": "participation", "sample_fraction": "participation",
+    "client_fraction": "participation", "alpha": "partition_beta", "beta": "partition_beta",
+    "dirichlet_alpha": "partition_beta", "dirichlet_beta": "partition_beta", "partition_alpha": "partition_beta",
+    "classes_per_client": "partition_k", "datadir": "data_root", "data_dir": "data_root", "random_seed": "seed",
+    "output_dir": "output", "out_dir": "output",
+}  # fmt: skip
+
+
+def field_default(name: str) -> Any:
+    """Config key ``name``'s default (a fresh copy for list defaults)."""
+    f = FIELDS[name]
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Sweeps (DESIGN §5): one YAML file expands into many runs, run several at a time.
+"""Sweeps (docs/sweeps-and-reports.md#sweeps): one YAML file expands into many runs, run several at a time.
 
 A sweep file is an experiment config plus these keys::
 
@@ -18,6 +18,12 @@ On an axis named ``hp`` a mapping is the hp mapping itself (``hp: [{mu: 0.1}, {m
 axes may not set the same key. ``--set`` overrides apply to every run, after the grid; runs it
 makes identical are run once.
 
+A key only some partitions (datasets) read, such as partition_k, counts only for the runs whose
+partition reads it: for the others it is left out (at its default), so it neither fails them nor
+splits their run ids. Each place that sets it must reach a run that reads it, or the sweep is
+invalid: the file's top level and ``--set`` (every run), an axis over it (the runs of its values),
+a case (the runs of that case; ``{partition: dirichlet, partition_k: 3}`` is an error).
+
 `load_sweep` validates every run before anything starts and reports all errors at once
 (`SweepError`); `plan` says what a submission would do with each run. Running them is
 `fedray.scheduler.run_sweep`. No Ray here.
@@ -29,7 +35,7 @@ import copy
 import itertools
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +43,7 @@ from fedray.algorithms import ALGORITHMS
 from fedray.coercion import suggest
 from fedray.config import SWEEP_KEYS, Config, ConfigError, flatten, parse_sets, read_yaml, set_dotted
 from fedray.results import run_state
-from fedray.validation import from_dict
+from fedray.validation import Unread, at_default, from_dict, unread_keys
 
 _LISTED = 8  # runs named under one error before "... and N more"
 
@@ -52,6 +58,9 @@ class Choice:
 
     overrides: dict[str, Any]
     label: str
+    # key -> where in the file it is set ("grid.partition_k", "cases[1]"): an axis over a key, or a
+    # case, that reaches no run whose partition (dataset) reads the key names itself so.
+    sources: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -71,7 +80,9 @@ class Sweep:
     source: str
     runs: list[SweepRun]
     max_concurrent_runs: int
-    collapsed: int = 0  # expanded runs that --set made identical to an earlier one (run once)
+    # expanded runs identical to an earlier one (run once): --set made them so, or they differ only
+    # in a key their partition (dataset) does not read
+    collapsed: int = 0
 
     @property
     def output(self) -> str:
@@ -119,16 +130,18 @@ def _case(case: Mapping[str, Any], where: str, errors: list[str]) -> list[Choice
     """A mapping on an axis: its keys set together; its own ``grid:`` expands inside it."""
     fixed = flatten({k: v for k, v in case.items() if k != "grid"})
     label = ",".join(f"{k}={_fmt(v)}" for k, v in fixed.items())
+    sources = dict.fromkeys(fixed, where)
     if "grid" not in case:
-        return [Choice(fixed, label)]
+        return [Choice(fixed, label, sources)]
     sub = _grid(case["grid"], f"{where}.grid", errors)
     _check_overlap([("(the case)", [Choice(fixed, label)]), *sub], where, errors)
     out = []
     for combo in _product(sub):
-        overrides = dict(fixed)
+        overrides, within = dict(fixed), dict(sources)
         for c in combo:
             overrides.update(c.overrides)
-        out.append(Choice(overrides, ",".join(x for x in (label, *(c.label for c in combo)) if x)))
+            within.update(c.sources)
+        out.append(Choice(overrides, ",".join(x for x in (label, *(c.label for c in combo)) if x), within))
     return out
 
 
@@ -145,7 +158,8 @@ def _choices(axis: str, values: Any, where: str, errors: list[str], cases_only: 
             out += _case(v, here, errors)
         else:
             flat = flatten({axis: v}) if isinstance(v, Mapping) else {axis: v}
-            out.append(Choice(flat, ",".join(f"{k}={_fmt(x)}" for k, x in flat.items()) or f"{axis}={{}}"))
+            label = ",".join(f"{k}={_fmt(x)}" for k, x in flat.items()) or f"{axis}={{}}"
+            out.append(Choice(flat, label, dict.fromkeys(flat, where)))
     return out
 
 
@@ -177,7 +191,7 @@ def _axes(raw: Mapping[str, Any], errors: list[str]) -> list[tuple[str, list[Cho
         ):
             errors.append(f"seeds: expected a non-empty list of integers >= 0, got {seeds!r}")
         else:
-            axes.append(("seeds", [Choice({"seed": s}, f"seed={s}") for s in seeds]))
+            axes.append(("seeds", [Choice({"seed": s}, f"seed={s}", {"seed": "seeds"}) for s in seeds]))
     _check_overlap(axes, "sweep", errors)
     return axes
 
@@ -202,7 +216,7 @@ def load_sweep(
     ``only`` (``KEY=VALUE`` like ``--set``) keeps the runs whose resolved config has those values.
     Cheap: no data is read and no Ray is started (datasets are only checked to exist).
     """
-    from fedray.data import DatasetMissing, check_available
+    from fedray.data import DATASETS, DatasetMissing, check_available
 
     source = str(path)
     raw = read_yaml(path)
@@ -223,6 +237,7 @@ def load_sweep(
 
     problems: dict[str, list[str]] = {}
     valid: list[tuple[str, Config]] = []
+    unread = _Unread()
     total = 0
     for combo in _product(axes):
         total += 1
@@ -234,11 +249,25 @@ def load_sweep(
         try:
             for c in combo:
                 _apply(tree, c.overrides)
+            file_tree = copy.deepcopy(tree)
             _apply(tree, over)
+            sources = {k: "" for k in base}
+            for c in combo:
+                sources.update({k.split(".")[0]: w for k, w in c.sources.items()})
+            unread.add(
+                sources, unread_keys(file_tree, include_defaults=True), file_tree
+            )  # the file's keys: read by its runs?
+            unread.add(
+                {k: "--set" for k in over}, unread_keys(tree, include_defaults=True), tree
+            )  # --set's: by the runs as set
+            for key in unread_keys(tree, include_defaults=True):
+                del tree[key]  # for this run's partition (dataset) the key is not there
             valid.append((label, from_dict(tree)))
         except ConfigError as e:
             if not _left_out(tree, wanted):  # a run --only leaves out is not in the way
                 problems.setdefault(str(e), []).append(label)
+    if unread_errors := unread.errors():
+        raise SweepError("\n  ".join([f"{source}: invalid sweep; nothing was started:", *unread_errors]))
 
     runs: list[SweepRun] = []
     seen: set[str] = set()
@@ -262,7 +291,7 @@ def load_sweep(
     # Data sets are checked once per distinct source, for every run that reads it.
     by_source: dict[tuple, list[tuple[str, Config]]] = {}
     for label, cfg in chosen:
-        key = (cfg.dataset, cfg.resolved_data_root(), cfg.download, cfg.emnist_split)
+        key = (cfg.dataset, cfg.resolved_data_root(), cfg.download, *_values(cfg, DATASETS[cfg.dataset].keys))
         by_source.setdefault(key, []).append((label, cfg))
     for group in by_source.values():
         try:
@@ -281,15 +310,51 @@ def load_sweep(
     return Sweep(source, runs, max_concurrent, collapsed)
 
 
+class _Unread:
+    """Which places of a sweep (the file's top level, an axis, a case, --set) set a key that only
+    some partitions (datasets) read, and whether any run they reach reads it."""
+
+    def __init__(self) -> None:
+        self.read: dict[tuple[str, str], bool] = {}
+        self.unread: dict[
+            tuple[str, str], list[Unread]
+        ] = {}  # (where, key) -> in the runs that do not read it
+        self.changed: set[tuple[str, str]] = set()  # set to another value than the default in some run
+
+    def add(
+        self, sources: Mapping[str, str], unread: Mapping[str, Unread], values: Mapping[str, Any]
+    ) -> None:
+        """One run: ``sources`` (key -> where it is set), ``unread`` (`unread_keys` of the run, keys
+        at their defaults included), ``values`` (the run's keys)."""
+        for key, where in sources.items():
+            if key not in unread:
+                self.read[(where, key)] = True
+                continue
+            self.read.setdefault((where, key), False)
+            self.unread.setdefault((where, key), []).append(unread[key])
+            if not at_default(key, values[key]):
+                self.changed.add((where, key))
+
+    def errors(self) -> list[str]:
+        """A key set somewhere that no run reads, set there to another value than its default (at
+        its default it changes nothing: a side file or a resolved config writes every key)."""
+        out = []
+        for (where, key), read in self.read.items():
+            if not read and (where, key) in self.changed:
+                first, *others = self.unread[(where, key)]
+                message = first.message([u.chosen for u in (first, *others) if u.what == first.what])
+                out.append(f"{where}: {message}" if where else message)
+        return out
+
+
 def _left_out(tree: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
     """Whether a run that does not resolve (a bad config) sets a key ``--only`` asks for to another value."""
     flat = flatten(dict(tree))
     return any(k in flat and flat[k] != v for k, v in wanted.items())
 
 
-_PARTITION_KEYS = ("dataset", "data_root", "emnist_split", "synthetic_size", "synthetic_shape", "num_clients",
-                   "partition", "partition_k", "partition_beta", "partition_clusters", "partition_size",
-                   "partition_min_size", "partition_file", "seed")  # fmt: skip
+def _values(cfg: Config, keys: Iterable[str]) -> tuple[str, ...]:
+    return tuple(json.dumps(getattr(cfg, k)) for k in keys)
 
 
 def _check_partitions(valid: list[tuple[str, Config]], problems: dict[str, list[str]]) -> None:
@@ -298,6 +363,8 @@ def _check_partitions(valid: list[tuple[str, Config]], problems: dict[str, list[
     from dataclasses import replace
 
     from fedray.data import (
+        DATASETS,
+        PARTITIONS,
         DatasetMissing,
         PartitionError,
         check_available,
@@ -310,7 +377,15 @@ def _check_partitions(valid: list[tuple[str, Config]], problems: dict[str, list[
     labels: dict[tuple, tuple | None] = {}
     drawn: dict[tuple, str | None] = {}
     for label, cfg in valid:
-        key = tuple(json.dumps(getattr(cfg, k)) for k in _PARTITION_KEYS)
+        source = (cfg.dataset, cfg.data_root, *_values(cfg, DATASETS[cfg.dataset].keys))
+        drawing = (
+            cfg.num_clients,
+            cfg.partition,
+            cfg.seed,
+            cfg.shift,
+            *_values(cfg, PARTITIONS[cfg.partition].keys),
+        )
+        key = (*source, *drawing)
         if cfg.dataset == "client_files":  # the files are the clients: read and checked once
             if key not in drawn:
                 try:
@@ -321,7 +396,6 @@ def _check_partitions(valid: list[tuple[str, Config]], problems: dict[str, list[
             if drawn[key] is not None:
                 problems.setdefault(drawn[key], []).append(label)
             continue
-        source = key[:5]
         if source not in labels:
             try:  # data that is not here yet (download: true) is drawn when the run has it
                 check_available(replace(cfg, download=False))

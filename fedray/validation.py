@@ -1,21 +1,42 @@
-"""Building a checked `Config` (DESIGN §5): from YAML, ``--set``s or a mapping, every value checked
+"""Building a checked `Config` (docs/running.md#running-experiments): from YAML, ``--set``s or a mapping, every value checked
 against the registries (algorithms and their hyperparameters, datasets, partitions, shifts,
 models) and every cross-key rule, before any data is read or Ray is started. Errors are
 `ConfigError`s that name the key.
+
+A key that only some partitions read (`PartitionScheme.keys`: partition_k, partition_beta, ...),
+or only some datasets (`DatasetKind.keys`: emnist_split, synthetic_size, ...), is refused with a
+partition or dataset that does not read it: it would change the run id and not one number. What
+counts as set: at the front doors (`load_config`: a YAML file and ``--set``; sweeps, in
+fedray/sweep.py), every key the user wrote, even at its default value, except a file's key for
+the file's own partition (dataset) when ``--set`` chose another (the key is then dropped);
+`from_dict` is also handed resolved configs (`Config.to_dict`, every key), and refuses such a key
+only at a value other than its default.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fedray.algorithms import ALGORITHMS
 from fedray.coercion import ConfigError, coerce, suggest
-from fedray.config import FIELDS, NAME_KEYS, SWEEP_KEYS, Config, field_type, merge, parse_sets, read_yaml
-from fedray.data import DATASETS, PARTITIONS, dataset_info
+from fedray.config import (
+    FIELDS,
+    MISNAMED,
+    NAME_KEYS,
+    SWEEP_KEYS,
+    Config,
+    field_default,
+    field_type,
+    merge,
+    parse_sets,
+    read_yaml,
+)
+from fedray.data import DATASETS, PARTITIONS, dataset_info, partition_keys
 from fedray.data.client_files import ClientFilesError, client_paths
-from fedray.data.partition_file import PartitionFileError, read
 from fedray.data.shift import SHIFTS
 from fedray.hparams import check_fields
 from fedray.models import MODELS, SELF_NORMALIZING
@@ -23,9 +44,14 @@ from fedray.models import MODELS, SELF_NORMALIZING
 
 def load_config(path: str | Path | None = None, sets: Iterable[str] = (), **overrides: Any) -> Config:
     """Read YAML (or the embedded default when ``path`` is None), apply ``--set``s and overrides, validate."""
-    raw: dict[str, Any] = read_yaml(path) if path is not None else {}
-    raw = merge(raw, parse_sets(sets))
-    raw = merge(raw, {k: v for k, v in overrides.items() if v is not None})
+    file: dict[str, Any] = read_yaml(path) if path is not None else {}
+    later = merge(parse_sets(sets), {k: v for k, v in overrides.items() if v is not None})
+    raw = merge(file, later)
+    own = unread_keys(file)  # what the file sets that its own partition and dataset do not read
+    for key, unread in unread_keys(raw).items():
+        if key in later or key in own:
+            raise ConfigError(unread.message())
+        del raw[key]  # the file's key for its own partition (dataset), which --set replaced
     return from_dict(raw)
 
 
@@ -39,8 +65,10 @@ def from_dict(raw: Mapping[str, Any]) -> Config:
     values: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in FIELDS:
-            raise ConfigError(f"unknown config key '{key}'{suggest(key, FIELDS)}")
+            raise ConfigError(f"unknown config key '{key}'{key_hint(key, raw.get('algorithm'))}")
         values[key] = coerce(key, value, field_type(key), str_from_number=key in NAME_KEYS)
+    for unread in unread_keys(values).values():
+        raise ConfigError(unread.message())
     _derive_unset(values)
     cfg = Config(**values)
     validate(cfg)
@@ -68,6 +96,90 @@ def _derive_unset(values: dict[str, Any]) -> None:
                 values["rounds"] = rounds
 
 
+@dataclass(frozen=True)
+class Unread:
+    """A config key that the run's partition (or dataset) does not read."""
+
+    key: str
+    what: str  # "partition" | "dataset": the key whose choice does not read it
+    chosen: str  # the run's partition (dataset)
+    readers: tuple[str, ...]  # the partitions (datasets) that read it
+    why: str = ""  # said instead of the readers (client_files: its files are the clients)
+
+    def message(self, chosen: Iterable[str] = ()) -> str:
+        """``config key 'partition_k' is not read by partition 'dirichlet' (it is read by: labels)``;
+        ``chosen``: the partitions (datasets) of several runs, where the key reaches several."""
+        names = sorted(set(chosen) or {self.chosen})
+        plural = "s" if len(names) > 1 else ""
+        why = self.why or f"it is read by: {', '.join(self.readers)}"
+        return f"config key '{self.key}' is not read by {self.what}{plural} {', '.join(map(repr, names))} ({why})"
+
+
+def unread_keys(values: Mapping[str, Any], include_defaults: bool = False) -> dict[str, Unread]:
+    """The keys of a config mapping (raw or typed) that its partition and dataset do not read, set
+    to another value than their default (at its default a key changes no number and no run id: a
+    resolved config, or a side file, names every key). An unknown partition or dataset reads
+    everything here (its own error comes later). ``include_defaults``: those at their default too."""
+    dataset = values.get("dataset", field_default("dataset"))
+    partition = values.get("partition", field_default("partition"))
+    kind = DATASETS.get(dataset) if isinstance(dataset, str) else None
+    scheme = PARTITIONS.get(partition) if isinstance(partition, str) else None
+    by_partition, by_dataset = partition_keys(), dataset_keys()
+    out: dict[str, Unread] = {}
+    for key in values:
+        if not include_defaults and key in FIELDS and at_default(key, values[key]):
+            continue
+        if kind is not None and kind.own_clients and (key in by_partition or key == "partition"):
+            readers = by_partition.get(key, ())
+            out[key] = Unread(
+                key, "dataset", kind.name, readers, "its files are the clients: no partition is drawn"
+            )
+        elif scheme is not None and key in by_partition and key not in scheme.keys:
+            out[key] = Unread(key, "partition", scheme.name, by_partition[key])
+        elif kind is not None and key in by_dataset and key not in kind.keys:
+            out[key] = Unread(key, "dataset", kind.name, by_dataset[key])
+    return out
+
+
+def at_default(key: str, value: Any) -> bool:
+    """Whether ``value`` is config key ``key``'s default."""
+    default = field_default(key)
+    try:
+        return value == default or (isinstance(default, list) and list(value) == default)
+    except TypeError:
+        return False
+
+
+def dataset_keys() -> dict[str, tuple[str, ...]]:
+    """Every config key some dataset reads on its own (`DatasetKind.keys`) -> the datasets that read it."""
+    out: dict[str, list[str]] = {}
+    for kind in DATASETS.values():
+        for key in kind.keys:
+            out.setdefault(key, []).append(kind.name)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def key_hint(key: str, algorithm: Any = None) -> str:
+    """What an unknown config key may have meant: ``; did you mean 'lr'?`` for learning_rate (a
+    name other tools use, `fedray.config.MISNAMED`), ``'hp.mu'`` for mu (a hyperparameter of a
+    registered algorithm, the chosen one first), else a close spelling; "" when nothing fits."""
+    name = key.strip().lower().replace("-", "_")
+    if name.startswith("hp.") and name[3:]:
+        return f"; hyperparameters nest under hp: write hp: {{{name[3:]}: ...}} (or --set {name}=...)"
+    found: list[str] = []
+    if name in FIELDS and name != key:
+        found.append(f"'{name}'")
+    owners = [n for n, alg in ALGORITHMS.items() if name in {f.name for f in dataclasses.fields(alg.Hparams)}]
+    if owners:
+        owners.sort(key=lambda n: n != algorithm)
+        found.append(f"'hp.{name}' (a hyperparameter of {', '.join(owners)})")
+    if name in MISNAMED:
+        found.append(f"'{MISNAMED[name]}'")
+    if not found:
+        return suggest(key, FIELDS)
+    return f"; did you mean {' or '.join(found)}?"
+
+
 def _choice(key: str, value: str, allowed: Iterable[str]) -> None:
     allowed = sorted(allowed)
     if value not in allowed:
@@ -85,13 +197,10 @@ def validate(cfg: Config) -> None:
     """Value checks and cross-key checks. Cheap: no data is read, no Ray is started."""
     _choice("algorithm", cfg.algorithm, ALGORITHMS)
     _choice("dataset", cfg.dataset, DATASETS)
-    _choice("partition", cfg.partition, [*PARTITIONS, "file"])
+    _choice("partition", cfg.partition, PARTITIONS)
     _choice("model", cfg.model, MODELS)
     _choice("shift", cfg.shift, SHIFTS)
     _choice("model_init", cfg.model_init, ("derived", "seed_plus_k"))
-    _choice(
-        "emnist_split", cfg.emnist_split, ("byclass", "bymerge", "balanced", "letters", "digits", "mnist")
-    )
     try:  # every key's declared bound (field metadata, fedray/hparams.py): one message for all
         check_fields(cfg, prefix="")
     except ValueError as e:
@@ -102,12 +211,10 @@ def validate(cfg: Config) -> None:
         "num_gpus_per_actor",
         f"above 1 it must be a whole number of GPUs (Ray's rule), got {cfg.num_gpus_per_actor}",
     )
-    _check(
-        len(cfg.synthetic_shape) in (1, 3) and all(s >= 1 for s in cfg.synthetic_shape),
-        "synthetic_shape",
-        f"must be [D] or [C, H, W] with positive sizes, got {cfg.synthetic_shape}",
-    )
     _check(bool(cfg.output), "output", "must name a folder")
+    kind = DATASETS[cfg.dataset]
+    if kind.check is not None:  # its own keys (emnist_split, synthetic_shape)
+        kind.check(cfg)
 
     try:
         info = dataset_info(cfg)
@@ -124,36 +231,9 @@ def validate(cfg: Config) -> None:
             f"{cfg.dataset} normalises them already (data_root's meta.json has mean and std): they would be "
             "normalised twice; drop the mean and std from meta.json, or pick another model",
         )
-    if cfg.partition == "file":
-        _check_partition_file(cfg, info.train_size)
-    else:
-        _check(
-            not cfg.partition_file,
-            "partition_file",
-            f"is read only with partition: file (partition is {cfg.partition!r})",
-        )
-    if cfg.partition == "labels":
-        _check(
-            1 <= cfg.partition_k <= info.num_classes,
-            "partition_k",
-            f"#C=k needs 1 <= k <= {info.num_classes} (classes of {cfg.dataset}), got {cfg.partition_k}",
-        )
-    if cfg.partition == "dominant":
-        _check(
-            cfg.partition_beta <= 1,
-            "partition_beta",
-            f"dominant: the dominant-class fraction must be <= 1, got {cfg.partition_beta}",
-        )
-    if cfg.partition == "rotation":
-        _check(
-            cfg.shift == "none", "shift", f"rotation clusters come without a shift preset, got {cfg.shift!r}"
-        )
-    if cfg.partition in ("dominant", "rotation"):
-        _check(
-            1 <= cfg.partition_clusters <= cfg.num_clients,
-            "partition_clusters",
-            f"must be between 1 and num_clients={cfg.num_clients}, got {cfg.partition_clusters}",
-        )
+    scheme = PARTITIONS[cfg.partition]
+    if scheme.check is not None and not kind.own_clients:  # what its keys need from the rest of the config
+        scheme.check(cfg, info)
     if info.train_size is not None:
         _check(
             cfg.num_clients <= info.train_size,
@@ -205,42 +285,3 @@ def _check_client_files(cfg: Config) -> None:
         "shift",
         "a shift preset builds its own clients; it does not apply to client_files",
     )
-
-
-def _check_partition_file(cfg: Config, train_size: int | None) -> None:
-    """The file exists and is a valid partition of this dataset for this many clients (it is small
-    next to the data, and reading it now keeps a bad file from failing after Ray has started)."""
-    _check(bool(cfg.partition_file), "partition_file", "partition: file needs partition_file: PATH")
-    try:
-        fp = read(cfg.resolved_partition_file(), shift=cfg.shift != "none")
-    except PartitionFileError as e:
-        raise ConfigError(f"config key 'partition_file': {e}") from None
-    path = cfg.resolved_partition_file()
-    _check(
-        len(fp.train) == cfg.num_clients,
-        "num_clients",
-        f"partition file {path!r} holds {len(fp.train)} clients; set num_clients: {len(fp.train)}",
-    )
-    if train_size is not None:
-        _check(
-            fp.train_size == train_size,
-            "partition_file",
-            f"{path!r} partitions a training set of {fp.train_size} samples, but {cfg.dataset} has {train_size}",
-        )
-    if fp.dataset is not None:
-        _check(
-            fp.dataset == cfg.dataset,
-            "partition_file",
-            f"{path!r} partitions dataset {fp.dataset!r}, but dataset is {cfg.dataset!r}",
-        )
-    if fp.test is not None:
-        _check(
-            cfg.client_test_fraction == 0,
-            "client_test_fraction",
-            f"partition file {path!r} gives each client's test split; set client_test_fraction: 0",
-        )
-        _check(
-            cfg.shift == "none",
-            "shift",
-            f"{cfg.shift} keeps its own test splits (client_test_fraction); partition file {path!r} gives them",
-        )

@@ -128,7 +128,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     counts: dict[str, int] = {}
     for p in planned:
         counts[p.state] = counts.get(p.state, 0) + 1
-    collapsed = f" ({sweep.collapsed} more made identical by --set, run once)" if sweep.collapsed else ""
+    collapsed = f" ({sweep.collapsed} more identical to one of them, run once)" if sweep.collapsed else ""
     print(f"sweep {sweep.source}: {len(sweep.runs)} runs{collapsed}, results in {sweep.output}/")
     print("  " + ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
           + f"; to run: {len(todo)}" + ("" if args.force else " (finished runs are skipped; --force runs them again)"))  # fmt: skip

@@ -19,6 +19,8 @@ def small_config(tmp_path: Path, **over) -> Config:
         rounds=3, local_epochs=1, batch_size=32, lr=0.05, output=str(tmp_path / "out"), partition_min_size=10,
     )  # fmt: skip
     base.update(over)
+    if base["dataset"] != "synthetic" and "synthetic_size" not in over:
+        del base["synthetic_size"]  # a key only the synthetic dataset reads
     return from_dict(base)
 
 

@@ -37,8 +37,15 @@ def test_yaml_then_sets_then_overrides(tmp_path):
 def test_names_and_paths_are_taken_as_typed_in_set_and_only():
     # --only partition_name=#C=2 once parsed as a YAML comment (null) and matched no run
     assert parse_sets(["partition_name=#C=2", "experiment=2024", "output=out/#1", "partition_name2=#x"]) == {
-        "partition_name": "#C=2", "experiment": "2024", "output": "out/#1", "partition_name2": None}
-    assert parse_sets(["partition_name='#C=2'", 'data_root="a b"']) == {"partition_name": "#C=2", "data_root": "a b"}
+        "partition_name": "#C=2",
+        "experiment": "2024",
+        "output": "out/#1",
+        "partition_name2": None,
+    }
+    assert parse_sets(["partition_name='#C=2'", 'data_root="a b"']) == {
+        "partition_name": "#C=2",
+        "data_root": "a b",
+    }
 
 
 def test_parse_sets_nests_and_parses_yaml_scalars():
@@ -146,6 +153,20 @@ def test_run_id_is_stable_and_ignores_output_and_actor_count():
             "download=true",
         ),
         (["run", "no_such_config.yaml"], "does not exist"),
+        (  # refused before the data is looked for (the case above says the data is not there)
+            [
+                "run",
+                "--set",
+                "dataset=fmnist",
+                "--set",
+                "data_root=/nonexistent",
+                "--set",
+                "model=simple_cnn",
+                "--set",
+                "partition_k=3",
+            ],
+            "config key 'partition_k' is not read by partition 'dirichlet' (it is read by: labels)",
+        ),  # fmt: skip
     ],
 )
 def test_cli_rejects_bad_input_fast_without_starting_ray(args, message, tmp_path):
@@ -174,7 +195,160 @@ def test_every_shipped_config_validates(path, tmp_path):
         test = {**one, "x_test": one["x_train"], "y_test": one["y_train"]}
         client_files.write(tmp_path / "clients", [one] * raw["num_clients"], meta, [test] * 3)
         sets.append(f"data_root={tmp_path / 'clients'}")
-    if "grid" in raw:
+    if any(key in raw for key in ("grid", "cases", "seeds")):  # a sweep file
         assert len(load_sweep(path, sets=sets).runs) >= 1
     else:
         load_config(path, sets=sets)
+
+
+# ------------------------------------------------------------------------------------------------
+# Keys the chosen partition (dataset) does not read
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw,message",
+    [
+        ({"partition_k": 11}, "config key 'partition_k' is not read by partition 'dirichlet' (it is read by: labels)"),
+        ({"partition": "iid", "partition_beta": 0.1}, "config key 'partition_beta' is not read by partition 'iid' "
+         "(it is read by: dirichlet, quantity, dominant, clientwise_dirichlet)"),
+        ({"partition": "labels", "partition_min_size": 5}, "'partition_min_size' is not read by partition 'labels' "
+         "(it is read by: dirichlet, quantity)"),
+        ({"partition_name": "#C=2"}, "config key 'partition_name' is not read by partition 'dirichlet' (it is read by: file)"),
+        ({"partition": "rotation", "partition_beta": 0.1}, "not read by partition 'rotation'"),
+        ({"emnist_split": "letters"}, "config key 'emnist_split' is not read by dataset 'digits' (it is read by: emnist)"),
+        ({"dataset": "fmnist", "synthetic_shape": [1, 4, 4]},
+         "config key 'synthetic_shape' is not read by dataset 'fmnist' (it is read by: synthetic)"),
+    ],
+)  # fmt: skip
+def test_a_key_the_partition_or_dataset_does_not_read_is_refused_naming_it_and_its_readers(raw, message):
+    with pytest.raises(ConfigError) as e:
+        from_dict(raw)
+    assert message in str(e.value)
+
+
+def test_a_key_the_partition_does_not_read_is_refused_at_the_front_door_unless_at_its_default(tmp_path):
+    # partition_k=11 with the default Dirichlet partition ran, under a new run id, the same numbers.
+    with pytest.raises(ConfigError, match="'partition_k' is not read by partition 'dirichlet'"):
+        load_config(None, ["partition_k=11"])
+    f = tmp_path / "exp.yaml"
+    f.write_text("partition: iid\npartition_beta: 0.1\n")
+    with pytest.raises(ConfigError, match="'partition_beta' is not read by partition 'iid'"):
+        load_config(f)
+    # At its default an unread key changes neither a number nor the run id: a resolved config (every
+    # key written out, as DIR/configs/RUN_ID.yaml and the reference harness's side files) loads.
+    assert load_config(None, ["partition_k=2"]).run_id() == load_config(None).run_id()
+    resolved = tmp_path / "resolved.yaml"
+    resolved.write_text(yaml.safe_dump(load_config(None, ["partition=iid"]).to_dict()))
+    assert load_config(resolved) == load_config(None, ["partition=iid"])
+    cfg = load_config(None, ["partition=labels", "partition_k=3", "dataset=synthetic", "synthetic_size=600"])
+    assert from_dict(cfg.to_dict()) == cfg and from_dict({"partition_k": 2}) == Config()
+    with pytest.raises(ConfigError, match="'partition_k' is not read"):
+        from_dict({**Config().to_dict(), "partition_k": 3})
+
+
+def test_a_files_key_for_its_own_partition_gives_way_when_set_chooses_another(tmp_path):
+    f = tmp_path / "exp.yaml"
+    f.write_text("partition: dirichlet\npartition_beta: 0.1\n")
+    cfg = load_config(f, ["partition=labels", "partition_k=3"])
+    plain = load_config(None, ["partition=labels", "partition_k=3"])
+    assert cfg.partition_beta == Config().partition_beta and cfg.run_id() == plain.run_id()
+    # ... but a key the file's own partition does not read is the file's mistake, --set or not.
+    f.write_text("partition: labels\npartition_beta: 0.1\n")
+    with pytest.raises(ConfigError, match="'partition_beta' is not read by partition 'iid'"):
+        load_config(f, ["partition=iid"])
+    # The same for datasets: the file's synthetic keys give way to --set dataset=digits.
+    f.write_text("dataset: synthetic\nsynthetic_size: 600\n")
+    assert load_config(f, ["dataset=digits"]).run_id() == load_config(None).run_id()
+
+
+def test_client_files_read_no_partition_key(tmp_path):
+    with pytest.raises(
+        ConfigError,
+        match="'partition_beta' is not read by dataset 'client_files' \\(its files are the clients",
+    ):
+        from_dict({"dataset": "client_files", "data_root": str(tmp_path), "partition_beta": 0.1})
+
+
+def test_the_unread_key_error_comes_before_any_data_is_read(tmp_path, monkeypatch, capsys):
+    import fedray.data
+    from jobs.cli import main
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("data was read")
+
+    for name in (
+        "check_available",
+        "check_partition",
+        "load_dataset",
+        "train_labels",
+        "build_federated_data",
+    ):
+        monkeypatch.setattr(fedray.data, name, no_data)
+    assert main(["run", "--local", "--set", "partition_k=3", "--output", str(tmp_path / "out")]) == 2
+    assert "config key 'partition_k' is not read by partition 'dirichlet'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# Misnamed keys
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw,hint",
+    [
+        ({"learning_rate": 0.1}, "unknown config key 'learning_rate'; did you mean 'lr'?"),
+        ({"epochs": 2}, "did you mean 'local_epochs'?"),
+        ({"Num-Clients": 4}, "did you mean 'num_clients'?"),
+        ({"mu": 0.1}, "unknown config key 'mu'; did you mean 'hp.mu' (a hyperparameter of fedprox, moon)?"),
+        ({"algorithm": "moon", "mu": 0.1}, "did you mean 'hp.mu' (a hyperparameter of moon, fedprox)?"),
+        ({"alpha": 0.5}, "did you mean 'hp.alpha' (a hyperparameter of fedrs) or 'partition_beta'?"),
+        ({"hp.mu": 0.1}, "hyperparameters nest under hp: write hp: {mu: ...}"),
+        ({"partiton": "iid"}, "did you mean 'partition'?"),  # a close spelling, as before
+        ({"colour": 1}, "unknown config key 'colour'"),
+    ],
+)
+def test_misnamed_keys_get_a_hint(raw, hint):
+    with pytest.raises(ConfigError) as e:
+        from_dict(raw)
+    assert hint in str(e.value)
+    if "did you mean" not in hint:
+        assert "did you mean" not in str(e.value)
+
+
+def test_every_hyperparameter_written_bare_points_to_hp():
+    import dataclasses
+
+    from fedray.algorithms import ALGORITHMS
+    from fedray.config import FIELDS, MISNAMED
+
+    for name, alg in ALGORITHMS.items():
+        for f in dataclasses.fields(alg.Hparams):
+            with pytest.raises(ConfigError) as e:
+                from_dict({"algorithm": name, f.name: f.default})
+            assert f"did you mean 'hp.{f.name}' (a hyperparameter of {name}" in str(e.value)
+    assert all(k not in FIELDS and v in FIELDS for k, v in MISNAMED.items())
+
+
+# ------------------------------------------------------------------------------------------------
+# The client's Task
+# ------------------------------------------------------------------------------------------------
+
+
+def test_task_from_config_carries_every_field_from_the_key_of_its_name():
+    import dataclasses
+
+    from fedray.client import Task
+    from fedray.data import DataSpec
+
+    names = [f.name for f in dataclasses.fields(Task) if f.name != "spec"]
+    defaults = Config()
+    changed = {"seed": 7, "model": "simple_cnn", "local_epochs": 3, "batch_size": 17, "lr": 0.3, "momentum": 0.5,
+               "weight_decay": 0.01, "participation": 0.5, "eval_batch_size": 99, "channels_last": False,
+               "eval_train": False, "cuda_deterministic": False, "head_bias": False, "model_init": "seed_plus_k"}  # fmt: skip
+    assert sorted(changed) == sorted(names)  # a new Task field: give it a value here
+    assert all(changed[n] != getattr(defaults, n) for n in names)
+    spec = DataSpec((1, 28, 28), 10, 1 / 255)
+    task = Task.from_config(dataclasses.replace(defaults, **changed), spec)
+    assert task.spec is spec and all(getattr(task, n) == changed[n] for n in names)

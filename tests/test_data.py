@@ -121,7 +121,7 @@ def test_torchvision_cifar100_from_files(tmp_path, no_md5):
     assert ds.spec.num_classes == 100 and ds.train.y.tolist() == [0, 1, 50, 98, 99]
     t = ds.spec.to_tensor(ds.train.x)
     assert t.min() < 0  # normalised with the CIFAR-100 mean/std
-    # Training batches: crop, flip and a random rotation (§0.3); evaluation batches: none of it.
+    # Training batches: crop, flip and a random rotation (docs/algorithms/common.md#data-transforms); evaluation batches: none of it.
     assert ds.spec.augment == "crop_flip_rotate"
     a = ds.spec.to_tensor(ds.train.x, augment=True, generator=torch.Generator().manual_seed(1))
     assert a.shape == (5, 3, 32, 32) and not torch.equal(a, t)
@@ -198,3 +198,78 @@ def test_rotation_keeps_the_centre_and_zero_angle_is_identity():
         r[:, :, 15:17, 15:17], x[:, :, 15:17, 15:17]
     )  # a small rotation leaves the centre pixels
     assert not torch.equal(r, x)
+
+
+# ------------------------------------------------------------------------------------------------
+# The registry: one record per dataset
+# ------------------------------------------------------------------------------------------------
+
+
+def test_every_dataset_is_one_record_with_the_keys_only_it_reads():
+    from fedray.config import ConfigError
+    from fedray.data import DATASETS
+
+    keys = {name: kind.keys for name, kind in DATASETS.items() if kind.keys}
+    assert keys == {"synthetic": ("synthetic_size", "synthetic_shape"), "emnist": ("emnist_split",)}
+    assert set(DATASETS) == {"client_files", "digits", "synthetic", "fmnist", "mnist", "emnist", "cifar10",
+                             "cifar100", "svhn"}  # fmt: skip
+    assert [n for n, kind in DATASETS.items() if kind.own_clients] == ["client_files"]
+    assert [n for n, kind in DATASETS.items() if kind.available is None] == ["digits", "synthetic"]
+    # Their own keys' checks, as before the registry.
+    with pytest.raises(
+        ConfigError, match=r"'emnist_split': unknown value 'letter'; did you mean 'letters'\?"
+    ):
+        from_dict({"dataset": "emnist", "emnist_split": "letter", "model": "simple_cnn", "download": True})
+    with pytest.raises(ConfigError, match=r"'synthetic_shape': must be \[D\] or \[C, H, W\]"):
+        from_dict({"dataset": "synthetic", "synthetic_shape": [1, 8]})
+    assert dataset_info(from_dict({"dataset": "synthetic", "synthetic_shape": [3, 4, 4]})).input_shape == (
+        3,
+        4,
+        4,
+    )
+
+
+def test_a_plugged_in_dataset_is_chosen_checked_and_loaded(tmp_path):
+    from fedray.config import ConfigError
+    from fedray.data import (
+        DATASETS,
+        ArrayDataset,
+        Dataset,
+        DatasetInfo,
+        DatasetKind,
+        DataSpec,
+        register_dataset,
+    )
+
+    def load(cfg):
+        x = np.arange(200 * 4, dtype=np.float32).reshape(200, 4) / 800
+        y = np.arange(200) % 2
+        return Dataset(
+            "pairs", ArrayDataset(x[:150], y[:150]), ArrayDataset(x[150:], y[150:]), DataSpec((4,), 2, 1.0)
+        )
+
+    def check(cfg):
+        if cfg.synthetic_size < 100:
+            raise ConfigError("config key 'synthetic_size': pairs takes at least 100")
+
+    register_dataset(
+        DatasetKind(
+            "pairs", load, lambda cfg: DatasetInfo((4,), 2, 150), keys=("synthetic_size",), check=check
+        )
+    )
+    try:
+        with pytest.raises(ValueError, match="registered already"):
+            register_dataset(DatasetKind("pairs", load, lambda cfg: DatasetInfo((4,), 2, 150)))
+        cfg = from_dict({"dataset": "pairs", "num_clients": 3, "partition": "iid", "output": str(tmp_path)})
+        check_available(cfg)  # nothing to look for
+        data = build_federated_data(cfg)
+        assert sum(len(c.train) for c in data.clients.values()) == 150
+        with pytest.raises(ConfigError, match="pairs takes at least 100"):
+            from_dict({"dataset": "pairs", "synthetic_size": 50})
+        with pytest.raises(
+            ConfigError,
+            match=r"'synthetic_shape' is not read by dataset 'pairs' \(it is read by: synthetic\)",
+        ):
+            from_dict({"dataset": "pairs", "synthetic_shape": [1, 4, 4]})
+    finally:
+        DATASETS.pop("pairs", None)

@@ -13,7 +13,11 @@ from jobs.cli import main
 from jobs.docs import END, PAGE, algorithm_docs, hp_keys, render_page
 from tests.conftest import ROOT
 
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted((ROOT / "docs" / "algorithms").glob("*.md")),
+]
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.DOTALL | re.MULTILINE)
 INLINE_LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 CODE_PATH = re.compile(r"`(\.\./[^`\s]*)`")
@@ -92,6 +96,42 @@ def test_every_relative_link_finds_a_file_in_the_repository(page):
         elif not path.exists():
             bad.append(f"{target} (no such file)")
     assert not bad, f"{page.relative_to(ROOT)}: {bad}"
+
+
+def _anchor(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def test_every_citation_of_the_algorithm_notes_finds_its_section():
+    """The code, configs and docs cite the algorithm notes as ``docs/algorithms/FILE.md#section``:
+    each cited file exists and has a heading with that anchor. No citation points outside the
+    repository (the notes the code was first written from are not in it)."""
+    import subprocess
+
+    files = subprocess.run(["git", "ls-files", "*.py", "*.yaml", "*.md"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.split()  # fmt: skip
+    anchors: dict[str, set[str]] = {}
+    bad = []
+    for f in files:
+        if f.startswith("docs/results/") or not (ROOT / f).exists():
+            continue
+        text = (ROOT / f).read_text()
+        for m in re.finditer(r"docs/algorithms/([a-z][\w-]*\.md)(?:#([\w-]+))?", text):
+            note = ROOT / "docs" / "algorithms" / m.group(1)
+            if not note.exists():
+                bad.append(f"{f}: {m.group(0)} (no such note)")
+                continue
+            if note.name not in anchors:
+                anchors[note.name] = {
+                    _anchor(h) for h in re.findall(r"^#+ (.+)$", FENCE.sub("", note.read_text()), re.M)
+                }
+            if m.group(2) and m.group(2) not in anchors[note.name]:
+                bad.append(f"{f}: {m.group(0)} (no such section)")
+        if f != "tests/test_docs.py" and re.search(r"ALGORITHMS\.md|register rows? \d|DESIGN ?§", text):
+            bad.append(f"{f}: cites notes that are not in the repository")
+    assert not bad, "\n".join(bad)
 
 
 # --- the dependency rule (docs/architecture.md) -------------------------------------------------

@@ -8,14 +8,16 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from analysis import load_runs
 from fedray.config import ConfigError
 from fedray.results import ResultsWriter, RunLock, run_state
 from fedray.scheduler import LocalLauncher, RunEnded, RunLaunched, run_sweep
 from fedray.sweep import SweepError, load_sweep, plan
+from fedray.validation import from_dict
 from tests.conftest import ROOT
-from tests.helpers import sweep_file
+from tests.helpers import SWEEP_BASE, sweep_file
 
 
 def settings(sweep, *keys):
@@ -287,3 +289,71 @@ def test_only_is_not_blocked_by_a_run_it_leaves_out(tmp_path):
     assert [r.label for r in only.runs] == ["local_epochs=1 seed=0"] and only.runs[0].index == 1
     with pytest.raises(SweepError, match=r"'local_epochs'"):
         load_sweep(path, only=["local_epochs=0"])
+
+
+# ------------------------------------------------------------------------------------------------
+# Keys only some partitions (datasets) read
+# ------------------------------------------------------------------------------------------------
+
+PARTITIONS_AXIS = """\
+grid:
+  partition: [labels, dirichlet]
+"""
+
+
+def test_a_key_set_for_the_whole_grid_counts_only_for_the_runs_that_read_it(tmp_path):
+    with_k = load_sweep(sweep_file(tmp_path / "a", "partition_k: 3\n" + PARTITIONS_AXIS))
+    without = load_sweep(sweep_file(tmp_path / "b", PARTITIONS_AXIS))
+    assert settings(with_k, "partition", "partition_k") == [("labels", 3), ("dirichlet", 2)]
+    # the Dirichlet run is the run it is without partition_k: same config, same run id
+    assert with_k.runs[1].run_id == without.runs[1].run_id
+    assert with_k.runs[0].run_id != without.runs[0].run_id
+    # --set for every run is the same: partition_k=3 counts for the labels runs only
+    via_set = load_sweep(sweep_file(tmp_path / "c", PARTITIONS_AXIS), sets=["partition_k=3"])
+    assert [r.run_id for r in via_set.runs] == [r.run_id for r in with_k.runs]
+    # datasets too: synthetic_size is the synthetic dataset's key
+    data = load_sweep(sweep_file(tmp_path / "d", "grid:\n  dataset: [synthetic, digits]\n"))
+    assert settings(data, "dataset", "synthetic_size") == [
+        ("synthetic", 600),
+        ("digits", 2000),
+    ]  # 2000: the default
+    digits = {k: v for k, v in yaml.safe_load(SWEEP_BASE).items() if k != "synthetic_size"}
+    assert data.runs[1].run_id == from_dict({**digits, "dataset": "digits"}).run_id()
+
+
+def test_runs_that_differ_only_in_a_key_their_partition_does_not_read_are_one_run(tmp_path):
+    sw = load_sweep(sweep_file(tmp_path, "grid:\n  partition: [labels, dirichlet]\n  partition_k: [2, 3]\n"))
+    assert settings(sw, "partition", "partition_k") == [("labels", 2), ("labels", 3), ("dirichlet", 2)]
+    assert sw.collapsed == 1 and len({r.run_id for r in sw.runs}) == 3
+
+
+@pytest.mark.parametrize(
+    "body,sets,message",
+    [  # an axis over a key no run's partition reads
+        ("grid:\n  partition_k: [2, 3]\n", [],
+         "grid.partition_k: config key 'partition_k' is not read by partition 'dirichlet' (it is read by: labels)"),
+        ("grid:\n  partition: [iid, rotation]\n  partition_min_size: [5, 20]\n", [],
+         "grid.partition_min_size: config key 'partition_min_size' is not read by partitions 'iid', 'rotation' "
+         "(it is read by: dirichlet, quantity)"),
+        # a case that sets a key its own partition does not read (another case reads it)
+        ("grid:\n  partition:\n    - {partition: labels, partition_k: 3}\n    - {partition: dirichlet, partition_k: 4}\n",
+         [], "grid.partition[1]: config key 'partition_k' is not read by partition 'dirichlet'"),
+        # the file's top level, and --set, reaching no run that reads the key
+        ("partition_beta: 0.1\ngrid:\n  partition: [iid, labels]\n", [],
+         "config key 'partition_beta' is not read by partitions 'iid', 'labels'"),
+        ("grid:\n  lr: [0.1, 0.2]\n", ["partition_k=3"],
+         "--set: config key 'partition_k' is not read by partition 'dirichlet' (it is read by: labels)"),
+        ("grid:\n  emnist_split: [letters, digits]\n", [],
+         "grid.emnist_split: config key 'emnist_split' is not read by dataset 'synthetic' (it is read by: emnist)"),
+    ],
+)  # fmt: skip
+def test_a_key_no_run_reads_is_an_error_naming_where_it_is_set(tmp_path, body, sets, message):
+    with pytest.raises(SweepError) as e:
+        load_sweep(sweep_file(tmp_path, body), sets=sets)
+    assert message in str(e.value) and "invalid sweep; nothing was started" in str(e.value)
+
+
+def test_a_set_partition_lets_the_files_keys_for_its_own_partitions_go(tmp_path):
+    path = sweep_file(tmp_path, "partition_beta: 0.1\ngrid:\n  lr: [0.1, 0.2]\n")
+    sw = load_sweep(path, sets=["partition=labels", "partition_k=3"])
+    assert settings(sw, "partition", "partition_k", "partition_beta") == [("labels", 3, 0.5)] * 2

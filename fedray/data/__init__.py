@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -13,11 +14,13 @@ from fedray.data.datasets import (
     ArrayDataset,
     Dataset,
     DatasetInfo,
+    DatasetKind,
     DatasetMissing,
     DataSpec,
     check_available,
     dataset_info,
     load_dataset,
+    register_dataset,
     train_labels,
 )
 from fedray.data.partition_file import PartitionFileError
@@ -27,9 +30,12 @@ from fedray.data.partitions import (
     Partition,
     PartitionError,
     PartitionParams,
+    PartitionScheme,
+    partition_keys,
+    partition_label_keys,
+    register_partition,
     split_train_test,
 )
-from fedray.data.rotation import rotated_arrays
 from fedray.data.shift import TEST_CLIENTS, ClientShift, assign_shifts, shifted_arrays
 
 if TYPE_CHECKING:
@@ -44,18 +50,25 @@ __all__ = [
     "DataSpec",
     "Dataset",
     "DatasetInfo",
+    "DatasetKind",
     "DatasetMissing",
     "FederatedData",
     "Partition",
     "PartitionError",
     "PartitionFileError",
     "PartitionParams",
+    "PartitionScheme",
     "build_federated_data",
     "check_partition",
     "check_available",
     "dataset_info",
     "load_dataset",
     "partition_for",
+    "partition_keys",
+    "partition_label",
+    "partition_label_keys",
+    "register_dataset",
+    "register_partition",
 ]
 
 
@@ -106,22 +119,19 @@ class FederatedData:
         return out
 
 
-def partition_for(cfg: Config, labels: np.ndarray, num_classes: int) -> Partition:
-    if cfg.partition == "file":  # checked when the config was validated; read again here
-        from fedray.data import partition_file
+def partition_label(config: Mapping[str, Any]) -> str:
+    """How reports name a run's partition, from its config mapping: #C=2, dirichlet(0.5), ... (the
+    scheme's label); a dataset whose files are the clients names them (``files:FOLDER``)."""
+    kind = DATASETS.get(config.get("dataset", ""))
+    if kind is not None and kind.partition_label is not None:
+        return kind.partition_label(config)
+    scheme = PARTITIONS.get(config["partition"])
+    return scheme.describe(config) if scheme is not None else str(config["partition"])
 
-        fp = partition_file.read(cfg.resolved_partition_file(), shift=cfg.shift != "none")
-        return Partition(fp.train, fp.groups, fp.test)
-    params = PartitionParams(
-        num_clients=cfg.num_clients,
-        num_classes=num_classes,
-        k=cfg.partition_k,
-        beta=cfg.partition_beta,
-        clusters=cfg.partition_clusters,
-        size=cfg.partition_size,
-        min_size=cfg.partition_min_size,
-    )
-    return PARTITIONS[cfg.partition](labels, params, seeding.rng(cfg.seed, "partition"))
+
+def partition_for(cfg: Config, labels: np.ndarray, num_classes: int) -> Partition:
+    scheme = PARTITIONS[cfg.partition]
+    return scheme.draw(labels, scheme.params_for(cfg, num_classes), seeding.rng(cfg.seed, "partition"))
 
 
 def draw_partition(cfg: Config, labels: np.ndarray, num_classes: int) -> Partition:
@@ -154,10 +164,10 @@ def build_federated_data(cfg: Config) -> FederatedData:
     part = draw_partition(cfg, ds.train.y, ds.spec.num_classes)
     if cfg.shift != "none":
         return _shifted(cfg, ds, part.clients)
-    if cfg.partition == "rotation":  # each group's copies rotated; local test splits rotated with them
-        x, y, ranges = rotated_arrays(
-            ds.train.x, ds.train.y, part.clients, part.groups, cfg.partition_clusters
-        )
+    scheme = PARTITIONS[cfg.partition]
+    if scheme.rebuild is not None:  # rotation: each group's copies rotated; local test splits with them
+        params = scheme.params_for(cfg, ds.spec.num_classes)
+        x, y, ranges = scheme.rebuild(ds.train.x, ds.train.y, part, params)
         clients = {cid: _split(cfg, cid, r, cfg.client_test_fraction) for cid, r in enumerate(ranges)}
         origin = np.concatenate(part.clients)
         return FederatedData(

@@ -1,4 +1,4 @@
-"""FashionMNIST-C image corruptions (ALGORITHMS.md §3(e)), after FedRC's generator.
+"""FashionMNIST-C image corruptions (docs/algorithms/mixture.md#the-fmnist-c-benchmark), after FedRC's generator.
 
 FedRC (Guo, Tang, Lin, ICML 2024; ``create_c/make_fmnist_c.py`` in LINs-lab/FedRC) corrupts 20% + 10%
 of the clients with one corruption type and one severity each, following Mu & Gilmer's MNIST-C. The

@@ -1,8 +1,8 @@
-"""Datasets as in-memory numpy arrays.
+"""Datasets as in-memory numpy arrays, and the registry of datasets (`DATASETS`, `register_dataset`).
 
 Images are kept as uint8 ``(N, C, H, W)`` arrays (4x smaller than float32, and what the object
 store shares zero-copy with every actor); `DataSpec.to_tensor` turns a batch into floats the way
-NIID-Bench's transforms do (ALGORITHMS.md §0.3): ToTensor scaling, optional normalisation, and the
+NIID-Bench's transforms do (docs/algorithms/common.md#data-transforms): ToTensor scaling, optional normalisation, and the
 CIFAR training augmentation.
 """
 
@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import gzip
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+from fedray.coercion import ConfigError, suggest
+from fedray.config import FIELDS
 
 if TYPE_CHECKING:
     from fedray.config import Config
@@ -332,55 +335,150 @@ def _client_files(cfg: Config) -> Dataset:
     raise RuntimeError("dataset client_files is read with its clients by fedray.data.build_federated_data")
 
 
-LOADERS: dict[str, Callable[[Config], Dataset]] = {
-    "client_files": _client_files,
-    "digits": _digits,
-    "synthetic": _synthetic,
-    "fmnist": _fmnist,
-    **{name: _torchvision_loader(name) for name in TORCHVISION},
-}
-DATASETS = tuple(LOADERS)
+# ----------------------------------------------------------------------------------------------------
+# The registry
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DatasetKind:
+    """One value of config key ``dataset``: how it is loaded, described and checked."""
+
+    name: str
+    load: Callable[[Config], Dataset]
+    info: Callable[[Config], DatasetInfo]  # shape, classes and size without reading it (config validation)
+    # The config keys it reads that other datasets do not (emnist_split): such a key set with
+    # another dataset is refused when the config is built.
+    keys: tuple[str, ...] = ()
+    # (cfg) -> None: raises DatasetMissing (cheaply) where its files are not there, unless download
+    # is set; None: always there (built in). Optional.
+    available: Callable[[Config], None] | None = None
+    # (cfg) -> None: the checks of its keys; raises ConfigError naming the key. Optional.
+    check: Callable[[Config], None] | None = None
+    # Its files are the clients (client_files): no partition is drawn, so no partition key is read.
+    own_clients: bool = False
+    # How reports name the partition of its runs (own_clients: "files:FOLDER"), from the config mapping.
+    partition_label: Callable[[Mapping[str, Any]], str] | None = None
+
+
+DATASETS: dict[str, DatasetKind] = {}
+
+
+def register_dataset(kind: DatasetKind) -> DatasetKind:
+    """Add a dataset, which ``dataset: NAME`` then chooses (the built-ins are added the same way)."""
+    if kind.name in DATASETS:
+        raise ValueError(f"dataset {kind.name!r} is registered already")
+    for key in kind.keys:  # its own keys: other datasets refuse them, so none that all datasets read
+        if key not in FIELDS or key in ("dataset", "data_root", "download") or key.startswith("partition"):
+            raise ValueError(f"dataset {kind.name!r}: {key!r} is not a config key of its own")
+    DATASETS[kind.name] = kind
+    return kind
+
+
+def _check_synthetic(cfg: Config) -> None:
+    shape = cfg.synthetic_shape
+    if not (len(shape) in (1, 3) and all(s >= 1 for s in shape)):
+        raise ConfigError(
+            f"config key 'synthetic_shape': must be [D] or [C, H, W] with positive sizes, got {shape}"
+        )
+
+
+def _check_emnist(cfg: Config) -> None:
+    allowed = sorted(_EMNIST_CLASSES)
+    if cfg.emnist_split not in allowed:
+        raise ConfigError(
+            f"config key 'emnist_split': unknown value {cfg.emnist_split!r}{suggest(cfg.emnist_split, allowed)} "
+            f"(allowed: {', '.join(allowed)})"
+        )
+
+
+def _fmnist_available(cfg: Config) -> None:
+    root = Path(cfg.resolved_data_root())
+    if any(_find_idx(root, stem) is None for stem in FMNIST_FILES.values()):
+        raise DatasetMissing(_fmnist_missing_message(root))
+
+
+def _torchvision_available(name: str) -> Callable[[Config], None]:
+    def available(cfg: Config) -> None:
+        root = Path(cfg.resolved_data_root())
+        if not (root / TORCHVISION[name].marker).exists():
+            raise DatasetMissing(_torchvision_missing_message(name, str(root)))
+
+    return available
+
+
+def _client_files_info(cfg: Config) -> DatasetInfo:
+    from fedray.data.client_files import read_meta
+
+    meta = read_meta(cfg.resolved_data_root())
+    return DatasetInfo(meta.input_shape, meta.num_classes, None, meta.mean is not None)
+
+
+def _client_files_available(cfg: Config) -> None:
+    from fedray.data.client_files import ClientFilesError, client_paths
+
+    try:
+        client_paths(Path(cfg.resolved_data_root()))
+    except (ClientFilesError, OSError) as e:
+        raise DatasetMissing(str(e)) from None
+
+
+def _client_files_label(config: Mapping[str, Any]) -> str:
+    return f"files:{Path(config.get('data_root') or 'client_files').name}"
+
+
+register_dataset(
+    DatasetKind(
+        "client_files",
+        _client_files,
+        _client_files_info,
+        available=_client_files_available,
+        own_clients=True,
+        partition_label=_client_files_label,
+    )
+)
+register_dataset(DatasetKind("digits", _digits, lambda cfg: DatasetInfo((1, 8, 8), 10, 1257)))
+register_dataset(
+    DatasetKind(
+        "synthetic",
+        _synthetic,
+        lambda cfg: DatasetInfo(tuple(cfg.synthetic_shape), 10, cfg.synthetic_size),
+        keys=("synthetic_size", "synthetic_shape"),
+        check=_check_synthetic,
+    )
+)
+register_dataset(
+    DatasetKind(
+        "fmnist", _fmnist, lambda cfg: DatasetInfo((1, 28, 28), 10, 60000), available=_fmnist_available
+    )
+)
+_TORCHVISION_KEYS: dict[str, dict[str, Any]] = {"emnist": {"keys": ("emnist_split",), "check": _check_emnist}}
+for _name, _tv in TORCHVISION.items():
+    register_dataset(
+        DatasetKind(
+            _name,
+            _torchvision_loader(_name),
+            _tv.info,
+            available=_torchvision_available(_name),
+            **_TORCHVISION_KEYS.get(_name, {}),
+        )
+    )
 
 
 def dataset_info(cfg: Config) -> DatasetInfo:
     """Shape, classes and size of a dataset without reading it (for config validation)."""
-    if cfg.dataset == "digits":
-        return DatasetInfo((1, 8, 8), 10, 1257)
-    if cfg.dataset == "synthetic":
-        return DatasetInfo(tuple(cfg.synthetic_shape), 10, cfg.synthetic_size)
-    if cfg.dataset == "fmnist":
-        return DatasetInfo((1, 28, 28), 10, 60000)
-    if cfg.dataset == "client_files":
-        from fedray.data.client_files import read_meta
-
-        meta = read_meta(cfg.resolved_data_root())
-        return DatasetInfo(meta.input_shape, meta.num_classes, None, meta.mean is not None)
-    return TORCHVISION[cfg.dataset].info(cfg)
+    return DATASETS[cfg.dataset].info(cfg)
 
 
 def check_available(cfg: Config) -> None:
     """Raise DatasetMissing now (cheaply) rather than after Ray and the actors have started."""
-    if cfg.download or cfg.dataset in ("digits", "synthetic"):
-        return
-    root = Path(cfg.resolved_data_root())
-    if cfg.dataset == "client_files":
-        from fedray.data.client_files import ClientFilesError, client_paths
-
-        try:
-            client_paths(root)
-        except (ClientFilesError, OSError) as e:
-            raise DatasetMissing(str(e)) from None
-        return
-    if cfg.dataset == "fmnist":
-        if any(_find_idx(root, stem) is None for stem in FMNIST_FILES.values()):
-            raise DatasetMissing(_fmnist_missing_message(root))
-        return
-    if not (root / TORCHVISION[cfg.dataset].marker).exists():
-        raise DatasetMissing(_torchvision_missing_message(cfg.dataset, str(root)))
+    available = DATASETS[cfg.dataset].available
+    if not cfg.download and available is not None:
+        available(cfg)
 
 
 def load_dataset(cfg: Config) -> Dataset:
-    return LOADERS[cfg.dataset](cfg)
+    return DATASETS[cfg.dataset].load(cfg)
 
 
 def train_labels(cfg: Config) -> tuple[np.ndarray, int]:

@@ -1,4 +1,4 @@
-"""LayerCFL's rotation clusters (ALGORITHMS.md §7.10): the images of client group c rotated by
+"""LayerCFL's rotation clusters (docs/algorithms/partitions.md#layercfls-partitions-dominant-and-rotation): the images of client group c rotated by
 c * 360 / K degrees. Multiples of 90 degrees are exact (``np.rot90``); other angles are resampled by
 scipy (bilinear, same size, zeros outside). Only the clients' data (training and local test splits)
 is rotated; the global test set is not, so a cluster model's ``accuracy`` is its 0-degree accuracy:

@@ -1,4 +1,4 @@
-"""The FedRC shift benchmark (ALGORITHMS.md §3(e), register rows 10-11): clients that differ at once in
+"""The FedRC shift benchmark (docs/algorithms/mixture.md#the-fmnist-c-benchmark, docs/algorithms/mixture.md#paper-and-code-differences): clients that differ at once in
 their labels (the partition), their features (FMNIST-C corruptions) and their concepts (label maps).
 
 Any partition can be shifted. Each training client gets a role: a concept (0: y, 1: C-1-y,

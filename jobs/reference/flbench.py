@@ -1,6 +1,6 @@
 """KarhouTam/FL-bench: FedLC (Zhang et al., ICML 2022) as FL-bench implements it (``src/server/fedlc.py``,
 ``src/client/fedlc.py``), on the clients another reference drew. FedLC's authors published no code;
-FL-bench's is the public implementation ALGORITHMS.md §2.6 and fedray follow.
+FL-bench's is the public implementation docs/algorithms/baselines.md#fedlc and fedray follow.
 
 Like FedRepo's harness, this one draws nothing: it runs on the partitions a NIID-Bench-family harness
 left in the same results folder (``DIR/reference/partitions/``, same setting and seed), where FedAvg

@@ -4,7 +4,7 @@ A fedray config becomes the script's arguments: the same dataset, partition sett
 draws it, from its own seed; fedray then runs on the script's clients), model, local training,
 participation, rounds and seed. What the script cannot express is an error before anything runs.
 
-Settings that differ between the two (ALGORITHMS.md §8), and which way each cell runs:
+Settings that differ between the two (docs/algorithms/baselines.md#paper-and-code-differences), and which way each cell runs:
 - FedNova: FedConcat's copy weights clients by their number of batches, NIID-Bench's by samples;
   fedray by samples (the paper's). FedConcat's cells must say ``hp.weights: batches`` (checked),
   so each reference run is labelled with what it computes and pairs with fedray's same rule.
