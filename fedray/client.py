@@ -7,7 +7,7 @@ Client work is a module-level function ``fn(client, cstate, msg) -> (reply, new_
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import Any
 
@@ -40,11 +40,23 @@ class Task:
     cuda_deterministic: bool = True  # deterministic CUDA kernels when the clients run on a GPU
     head_bias: bool = True  # the model's last layer has a bias (config key head_bias)
     model_init: str = "derived"  # how initial models are seeded (config key model_init)
+    # the trained model every initial model starts from (config key init_model), loaded once by the
+    # coordinator and sent with the task; None: fresh draws
+    init_params: Params | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_config(cls, cfg, spec: DataSpec) -> Task:
-        """The run's Task: every field but ``spec`` is the config key of its name."""
-        return cls(spec=spec, **{f.name: getattr(cfg, f.name) for f in fields(cls) if f.name != "spec"})
+        """The run's Task: every field but ``spec`` and ``init_params`` is the config key of its name;
+        ``init_params`` is the model ``init_model`` names (checked to be of the task's architecture)."""
+        from fedray.export import initial_params
+
+        keys = {f.name: getattr(cfg, f.name) for f in fields(cls) if f.name not in ("spec", "init_params")}
+        init = (
+            initial_params(cfg.init_model, cfg.model, cfg.head_bias, spec.input_shape, spec.num_classes)
+            if cfg.init_model
+            else None
+        )
+        return cls(spec=spec, init_params=init, **keys)
 
     def layout(self, x: torch.Tensor) -> torch.Tensor:
         """A batch in the task's memory format (channels-last for images, when asked)."""
@@ -72,7 +84,8 @@ class Task:
 
     def build_model(self, purpose: str = "init", arch: Arch = TASK) -> nn.Module:
         """A freshly initialised model (the task's, or ``arch``); the init draws come from the
-        derived stream (seed, purpose)."""
+        derived stream (seed, purpose). An initial model ("init", "init/K") of the task's own
+        architecture starts from ``init_params`` when the run has them (init_model)."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.torch_seed(purpose))
             task_model = partial(
@@ -82,7 +95,14 @@ class Task:
                 self.spec.num_classes,
                 head_bias=self.head_bias,
             )
-            return build_arch(arch, task_model, self.spec.num_classes)
+            model = build_arch(arch, task_model, self.spec.num_classes)
+        if (
+            self.init_params is not None
+            and arch == TASK
+            and (purpose == "init" or purpose.startswith("init/"))
+        ):
+            set_params(model, self.init_params)
+        return model
 
     def rng(
         self, purpose: str, client: int = seeding.GLOBAL, rnd: int = seeding.GLOBAL

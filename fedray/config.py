@@ -30,12 +30,12 @@ from fedray.hparams import bound
 __all__ = [
     "ADDED_LATER", "Config", "ConfigError", "DEFAULT_FMNIST_ROOT", "FIELDS", "MISNAMED", "NAME_KEYS",
     "NOT_IN_RUN_ID", "SWEEP_KEYS", "dump_yaml", "field_default", "field_type", "file_digest", "flatten", "merge",
-    "parse_sets", "partition_file_for", "read_yaml", "set_dotted",
+    "init_model_file", "parse_sets", "partition_file_for", "read_yaml", "set_dotted",
 ]  # fmt: skip
 
 DEFAULT_FMNIST_ROOT = "/usr/share/datasets/fashion-mnist"
 # Names people write unquoted (experiment: 2024, output: 1): a number there means its text.
-NAME_KEYS = ("experiment", "output", "data_root", "partition_file", "partition_name")
+NAME_KEYS = ("experiment", "output", "data_root", "partition_file", "partition_name", "init_model")
 
 
 # fmt: off
@@ -92,6 +92,12 @@ class Config:
     # FedEM/FedRC code draws its K learners: bit for bit its models, and seeds s and s + 1 then share
     # K - 1 of their K initial models (which narrows the seed-to-seed spread of a K-model method).
     model_init: str = "derived"  # derived | seed_plus_k
+    # Start from a trained model instead of a fresh draw: a finished run's saved models folder
+    # (DIR/models/RUN_ID/: its global model) or one model file in it (global.npz, cluster-2.npz).
+    # Every initial model the algorithm draws (the global one, each of K cluster models) starts from it;
+    # it must be of the run's architecture (model, inputs, classes). Its content, not its path, goes
+    # into the run id. Fine-tuning, continuing a finished run with another algorithm, warm starts.
+    init_model: str = ""  # "" = a fresh draw (model_init)
     rounds: int = field(default=30, metadata=bound(ge=1))  # communication rounds
     local_epochs: int = field(default=5, metadata=bound(ge=1))  # full passes over the local data per round
     batch_size: int = field(default=32, metadata=bound(ge=1))  # local mini-batch size (last partial batch kept, as in NIID-Bench)
@@ -154,6 +160,8 @@ class Config:
             d.pop(key)
         if self.partition_file:  # the clients the file holds, wherever it lies
             d["partition_file"] = "sha256:" + file_digest(self.resolved_partition_file())
+        if self.init_model:  # the model the file holds, wherever it lies
+            d["init_model"] = "sha256:" + file_digest(init_model_file(self.init_model))
         for key, default in ADDED_LATER.items():
             if d[key] == default:
                 d.pop(key)
@@ -177,7 +185,7 @@ NOT_IN_RUN_ID = (
 # Keys added after results existed, with the value that means "as before": at that value they stay
 # out of the run id, so every earlier run keeps its id (and a re-submitted sweep skips it).
 ADDED_LATER = {"shift": "none", "partition_file": "", "channels_last": False, "eval_train": True, "cuda_deterministic": True, "head_bias": True,
-               "model_init": "derived"}
+               "model_init": "derived", "init_model": ""}
 # Keys of a sweep file that are not config keys (fedray/sweep.py expands them into runs).
 SWEEP_KEYS = ("grid", "seeds", "cases", "max_concurrent_runs")
 # What other tools (and papers) call a key: an unknown key named here says "did you mean ...?"
@@ -278,6 +286,12 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 def field_type(name: str) -> Any:
     return typing.get_type_hints(Config)[name]
+
+
+def init_model_file(path: str | Path) -> Path:
+    """The model file ``init_model`` names: the file itself, or a models folder's ``global.npz``."""
+    p = Path(path)
+    return p / "global.npz" if p.is_dir() else p
 
 
 def partition_file_for(path_template: str, seed: int) -> str:

@@ -168,3 +168,61 @@ def load_models(folder: str | Path, names: list[str] | None = None) -> dict[str,
             set_params(module, {k: npz[k] for k in npz.files})
         out[name] = module.eval()
     return out
+
+
+def initial_params(
+    path: str | Path, model: str, head_bias: bool, input_shape: tuple[int, ...], num_classes: int
+) -> Params:
+    """The parameters of the saved model ``path`` names (config key ``init_model``: a models folder,
+    whose global model it is, or one model file in one), checked to be of the task's architecture:
+    the same model, inputs and classes, and one array of the right shape for every entry of its
+    state dict. Raises ValueError saying what differs."""
+    from fedray.config import init_model_file
+    from fedray.models import build_model
+    from fedray.params import get_params
+
+    given = Path(path)
+    file = init_model_file(given)
+    if not given.exists():
+        raise ValueError(
+            f"{given}: no such file or folder (a finished run's DIR/models/RUN_ID/, or a .npz in it)"
+        )
+    if not file.is_file():
+        index = read_index(given)
+        raise ValueError(
+            f"{given}: has no global model (it holds {', '.join(sorted(index['models']))}); name one of its "
+            "files, e.g. cluster-0.npz"
+        )
+    index = read_index(file.parent)
+    entry = next((e for e in index["models"].values() if e["file"] == file.name), None)
+    if entry is None:
+        raise ValueError(f"{file}: not a model listed in {file.parent / 'index.json'}")
+    if entry["arch"] != dataclasses.asdict(TASK):
+        raise ValueError(
+            f"{file}: a model of another architecture ({entry['arch']}: FedConcat's concatenated model or "
+            f"MOON's projection head); start from a model of the task's own architecture"
+        )
+    saved = (
+        index["model"],
+        bool(index.get("head_bias", True)),
+        tuple(index["input_shape"]),
+        index["num_classes"],
+    )
+    wanted = (model, bool(head_bias), tuple(input_shape), num_classes)
+    if saved != wanted:
+
+        def text(m: tuple) -> str:
+            return f"{m[0]}{'' if m[1] else ' without head bias'} on {'x'.join(map(str, m[2]))} inputs, {m[3]} classes"
+
+        raise ValueError(
+            f"{file}: a model of another architecture ({text(saved)}); this run builds {text(wanted)}"
+        )
+    with np.load(file, allow_pickle=False) as npz:
+        params = {k: npz[k] for k in npz.files}
+    expect = get_params(build_model(model, tuple(input_shape), num_classes, head_bias=head_bias))
+    bad = sorted(set(expect) ^ set(params)) or [k for k in expect if expect[k].shape != params[k].shape]
+    if bad:
+        raise ValueError(
+            f"{file}: its arrays do not fit {model} ({', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''})"
+        )
+    return params

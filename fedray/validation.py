@@ -38,6 +38,7 @@ from fedray.config import (
 from fedray.data import DATASETS, PARTITIONS, dataset_info, partition_keys
 from fedray.data.client_files import ClientFilesError, client_paths
 from fedray.data.shift import SHIFTS
+from fedray.export import initial_params
 from fedray.hparams import check_fields
 from fedray.models import MODELS, SELF_NORMALIZING
 
@@ -249,6 +250,11 @@ def validate(cfg: Config) -> None:
     problem = MODELS[cfg.model].incompatibility(info.input_shape)
     if problem:
         raise ConfigError(f"config key 'model': {cfg.model} cannot take {cfg.dataset} inputs: {problem}")
+    if cfg.init_model:  # the file exists and holds a model of this run's architecture
+        try:
+            initial_params(cfg.init_model, cfg.model, cfg.head_bias, tuple(info.input_shape), info.num_classes)
+        except (ValueError, OSError) as e:
+            raise ConfigError(f"config key 'init_model': {e}") from None
 
     alg = ALGORITHMS[cfg.algorithm]
     hp = alg.make_hparams(cfg.hp)
