@@ -23,7 +23,9 @@ if TYPE_CHECKING:
 class ClientActor:
     """Serves its clients one call at a time (Ray runs an actor's calls in order)."""
 
-    def __init__(self, num_cpus: float) -> None:
+    def __init__(
+        self, num_cpus: float, plugins: Sequence[str] = (), expect: Mapping[str, str] | None = None
+    ) -> None:
         import torch
 
         # The whole library now, while the coordinator starts: the algorithms' client functions
@@ -32,6 +34,15 @@ class ClientActor:
         import fedray.algorithms  # noqa: F401
         import fedray.evaluation  # noqa: F401
         from fedray.host import set_torch_threads
+        from fedray.plugins import activate
+
+        # The run's plug-ins before anything of theirs arrives (their models, their client
+        # functions): a failure names the plug-in, this node and the import error.
+        activate(
+            list(plugins),
+            where=f"a client actor on node {ray.util.get_node_ip_address()}",
+            expect=dict(expect or {}),
+        )
 
         self.threads = set_torch_threads(num_cpus)
         # The GPU Ray assigned us is cuda:0 after Ray sets CUDA_VISIBLE_DEVICES; else the CPU.

@@ -6,7 +6,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,27 +16,88 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from actors.coordinator import Coordinator
 from actors.federation import unwrap
 from actors.launch import ActorGroup, launch_actors
-from fedray.config import Config
+from fedray.config import Config, ConfigError
 from fedray.experiment import Event, Recovered, RoundDone, Started
 from fedray.federation import WorkerLost
 from fedray.placement import PlacementError, actor_slots
+from fedray.plugins import PluginError, py_modules
 from fedray.results import mark_ended, record_failure
 
+CONNECT_TIMEOUT_S = 10.0  # how long an address may take to answer before we say it cannot be reached
 
-def connect(address: str | None = None) -> bool:
-    """Attach to ``address`` / RAY_ADDRESS, or start a local Ray. Returns True if we started it."""
+
+def _answers(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> bool:
+    """Whether the Ray head at ``address`` (host:port of its GCS; ray://... is Ray Client's) accepts
+    a connection within ``timeout_s`` (Ray's own connect retries for minutes)."""
+    import socket
+    import time
+
+    target = address.split("://", 1)[-1]
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        return True  # not host:port: let Ray say what it makes of it
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=min(2.0, timeout_s)):
+                return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.5)
+
+
+def _running_cluster() -> str | None:
+    """The address of the Ray cluster `ray start` left running on this machine, if any (what a
+    plain ``ray.init()`` joins)."""
+    try:
+        from ray._private.utils import read_ray_address
+
+        return read_ray_address() or None
+    except Exception:  # noqa: BLE001 - no such file, or a Ray without the helper: none
+        return None
+
+
+def connect(address: str | None = None, plugins: Sequence[str] = ()) -> bool:
+    """Attach to ``address`` / RAY_ADDRESS, or to the cluster `ray start` runs on this machine, or
+    start a local Ray (``address="local"`` always does). Returns True if we started it. An address
+    that does not answer within `CONNECT_TIMEOUT_S` is an error naming it (a stale cluster found on
+    this machine is passed over for a local Ray, with a warning), not minutes of Ray's retries.
+
+    The plug-ins' files and packages go with the job to every node (Ray's ``py_modules``); with a
+    Ray already initialised in this process they must be on the nodes' paths already."""
     if ray.is_initialized():
         return False
-    address = address or os.environ.get("RAY_ADDRESS") or None
+    given = address or os.environ.get("RAY_ADDRESS") or None
+    if given and given not in ("local", "auto") and not _answers(given):
+        source = "--address" if address else "RAY_ADDRESS"
+        raise ConnectionError(
+            f"cannot reach the Ray cluster at {given} ({source}) within {CONNECT_TIMEOUT_S:g} s: is it running "
+            "(`ray status`)? To run on a Ray of its own on this machine instead: --address local"
+            + (" (or unset RAY_ADDRESS)" if source == "RAY_ADDRESS" else "")
+        )
+    if not given and (found := _running_cluster()) and not _answers(found):
+        logging.getLogger("fedray").warning(
+            "a Ray cluster recorded on this machine (%s) does not answer: starting a local Ray instead "
+            "(`ray stop` clears the record)",
+            found,
+        )
+        given = "local"
+    address = given if given != "local" else None
+    fresh = given == "local"
+    env = {"runtime_env": {"py_modules": shipped}} if (shipped := py_modules(plugins)) else {}
     # ray.init replaces the driver's SIGTERM handler with one that exits at once (status 15, no
     # cleanup); keep the caller's (the CLI's stops the run as Ctrl-C does).
     main = threading.current_thread() is threading.main_thread()
     sigterm = signal.getsignal(signal.SIGTERM) if main else None
     try:
         if address:
-            ray.init(address=address, logging_level=logging.WARNING)
+            ray.init(address=address, logging_level=logging.WARNING, **env)
             return False
-        ray.init(include_dashboard=False, logging_level=logging.WARNING)
+        if fresh:
+            ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING, **env)
+            return True
+        ray.init(include_dashboard=False, logging_level=logging.WARNING, **env)
         return True
     finally:
         if sigterm is not None:
@@ -125,6 +186,8 @@ def stream_run(
                 error = unwrap(e)
                 if not isinstance(error, WorkerLost) or failures >= cfg.max_failures:
                     ended = True
+                    if isinstance(error, (PluginError, ConfigError)):  # before its writer could record it
+                        record_failure(cfg.output, run_id, cfg.to_dict(), f"{type(error).__name__}: {error}")
                     raise error from None
             except ray.exceptions.RayActorError as e:  # the coordinator itself died
                 if handle.cancelled:
@@ -159,7 +222,7 @@ def _actors_that_fit(cfg: Config, before: int) -> int:
 
 def run_on_ray(cfg: Config, address: str | None = None, restart: bool = False) -> Iterator[Event]:
     """`fedray run` on Ray: connect (or start a private Ray), run, and stop what we started."""
-    started = connect(address)
+    started = connect(address, cfg.plugins)
     try:
         yield from stream_run(cfg, restart=restart, fixed=started)
     finally:

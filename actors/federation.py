@@ -16,10 +16,12 @@ from fedray.federation import Baton, ClientError, ClientFn, FoldFn, WorkerLost
 from fedray.host import ClientHost, test_shards
 from fedray.params import payload_nbytes
 from fedray.placement import assign_clients
+from fedray.plugins import PluginError
 
 # What a lost client actor (or its node) looks like to the caller: the run can go on from its last
 # checkpoint on new actors. ObjectLostError covers values that lived in a lost node's object store.
 LOST = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError, ray.exceptions.NodeDiedError)
+PLUGIN_FAILED = "fedray.plugins.PluginError: "  # how an actor's failed plug-in import reads in Ray's error
 _STATE_WINDOW = 4  # client states in flight at once when a checkpoint is saved or restored
 
 
@@ -64,6 +66,9 @@ class RayFederation(ClientCatalog):
                 raise ClientError(inner.cid, inner.message, inner.remote_traceback) from None
             raise
         except LOST as e:
+            text = str(e)
+            if PLUGIN_FAILED in text:  # a plug-in that does not import there: no new actor would do better
+                raise PluginError(text.split(PLUGIN_FAILED, 1)[1].splitlines()[0]) from None
             raise WorkerLost(f"a client actor died (node lost, out of memory or killed): {e}") from None
 
     def placement(self) -> dict[str, Any]:

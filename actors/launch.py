@@ -11,6 +11,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.client_actor import ClientActor
 from fedray.placement import PlacementError, actor_slots, plan_actor_count
+from fedray.plugins import digest
 
 
 @dataclass
@@ -72,12 +73,16 @@ def launch_actors(config: dict[str, Any], num_actors: int | None = None, fixed: 
             "or attach to a larger cluster (--address)"
         )
     pg = placement_group([dict(bundle) for _ in range(n)], strategy="PACK")
+    plugins = list(config.get("plugins") or [])
+    # Each actor imports the run's plug-ins when it starts (files and packages reach other nodes
+    # with the job's py_modules: `actors.driver.connect`) and checks they are what the driver read.
+    expect = {s: digest(s) for s in plugins}
     actors = [
         ClientActor.options(
             num_cpus=cpus,
             num_gpus=gpus,
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
-        ).remote(cpus)
+        ).remote(cpus, plugins, expect)
         for i in range(n)
     ]
     return ActorGroup(pg, bundle, actors, config["placement_timeout_s"], dict(res))

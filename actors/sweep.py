@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 import ray
 from ray.util.placement_group import placement_group_table
@@ -18,8 +18,8 @@ from fedray.sweep import SweepRun
 class RayLauncher:
     """Runs of a sweep on one Ray cluster (attached to, or started once for the whole sweep)."""
 
-    def __init__(self, address: str | None = None) -> None:
-        self.started = connect(address)
+    def __init__(self, address: str | None = None, plugins: Sequence[str] = ()) -> None:
+        self.started = connect(address, plugins)
         self._handles: dict[int, RunHandle] = {}
         self._placed: set[int] = set()  # runs whose placement group Ray has placed
         self._lock = threading.Lock()

@@ -2,8 +2,60 @@
 
 The library (this package) never imports ray: every algorithm runs unchanged on the in-process
 `LocalFederation` and on the actor-based `actors.RayFederation`.
+
+From Python (docs/extending.md):
+
+    import fedray
+    result = fedray.run("jobs/configs/digits.yaml", rounds=5, local=True)   # or a dict, a Config
+    result.final_accuracy, result.metrics                                  # float, pandas DataFrame
+
+``fedray.run`` and ``fedray.sweep`` are the command line's own entry points (`jobs.api`), looked up
+by name when called, so importing fedray stays light and the library still never imports Ray. The
+registration functions (``register_algorithm``, ``register_model``, ``register_dataset``,
+``register_partition``) are how plug-ins and the built-ins alike add what a config can name.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
+
+# name -> the module that defines it, imported on first use (torch and the registries are heavy)
+_API = {
+    "register_algorithm": "fedray.algorithms",
+    "Algorithm": "fedray.algorithms",
+    "ALGORITHMS": "fedray.algorithms",
+    "register_model": "fedray.models",
+    "EncoderHead": "fedray.models",
+    "MODELS": "fedray.models",
+    "register_dataset": "fedray.data",
+    "DatasetKind": "fedray.data",
+    "Dataset": "fedray.data",
+    "ArrayDataset": "fedray.data",
+    "DataSpec": "fedray.data",
+    "DatasetInfo": "fedray.data",
+    "register_partition": "fedray.data.partitions",
+    "Partition": "fedray.data.partitions",
+    "from_arrays": "fedray.data.arrays",
+    "from_torch": "fedray.data.arrays",
+    "Config": "fedray.config",
+    "ConfigError": "fedray.config",
+    "load_config": "fedray.validation",
+    "from_dict": "fedray.validation",
+    "run": "jobs.api",
+    "sweep": "jobs.api",
+    "RunResult": "jobs.api",
+}
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        return getattr(importlib.import_module(_API[name]), name)
+    raise AttributeError(f"module 'fedray' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_API])

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 FORMAT = 1
-_SAFE_MODULES = "fedray."  # a file may only name dataclasses defined under this package
+_SAFE_MODULES = "fedray."  # a file may only name dataclasses defined under this package (or a run's plug-ins)
 _CHUNK = 1 << 22
 # Where classes a checkpoint may name have moved since it was written (module -> its new module):
 # the algorithm families moved under fedray/algorithms/ (each family one folder), and FedEM's
@@ -110,8 +110,10 @@ def encode(obj: Any, arrays: list[np.ndarray], where: str, baton: Callable[[Any]
         return {"__baton__": obj.key, "value": encode(baton(obj), arrays, f"{where} (its value)", baton)}
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         cls = type(obj)
-        if not cls.__module__.startswith(_SAFE_MODULES):
-            raise CheckpointError(f"{where}: {cls.__module__}.{cls.__qualname__} is not a fedray dataclass")
+        if not _safe(cls.__module__):
+            raise CheckpointError(
+                f"{where}: {cls.__module__}.{cls.__qualname__} is not a dataclass of fedray or of the run's plug-ins"
+            )
         fields = {f.name: encode(getattr(obj, f.name), arrays, f"{where}.{f.name}", baton)
                   for f in dataclasses.fields(obj)}  # fmt: skip
         return {"__dataclass__": f"{cls.__module__}:{cls.__qualname__}", "fields": fields}
@@ -121,13 +123,20 @@ def encode(obj: Any, arrays: list[np.ndarray], where: str, baton: Callable[[Any]
     )
 
 
+def _safe(module: str) -> bool:
+    """A module whose dataclasses a checkpoint may name: fedray's, or a plug-in's the run imported."""
+    from fedray.plugins import is_plugin_module
+
+    return module.startswith(_SAFE_MODULES) or is_plugin_module(module)
+
+
 def _dataclass(name: Any) -> type:
     """The fedray dataclass a file names as ``module:QualName``; anything else is refused."""
     if not isinstance(name, str) or ":" not in name:
         raise ValueError(f"bad class name {name!r}")
     module, qualname = name.split(":", 1)
-    if not module.startswith(_SAFE_MODULES):
-        raise ValueError(f"class {name!r} is not defined in fedray")
+    if not _safe(module):
+        raise ValueError(f"class {name!r} is not defined in fedray or in the run's plug-ins")
     obj: Any = importlib.import_module(MOVED_MODULES.get(module, module))
     for part in qualname.split("."):
         obj = getattr(obj, part, None)

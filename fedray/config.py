@@ -44,6 +44,10 @@ class Config:
     # --- what to run -------------------------------------------------------------------------
     experiment: str = "default"  # free-form name; groups runs in `fedray report`
     algorithm: str = "fedavg"  # a name from fedray.algorithms.ALGORITHMS
+    # Modules that register algorithms, models, datasets and partitions (docs/extending.md): a .py
+    # file or package folder (relative to the config file naming it) or an importable module name.
+    # The resolved config names every plug-in the run uses; the run id, their content.
+    plugins: list[str] = field(default_factory=list)  # e.g. [my_fedavgm.py]
     # Algorithm hyperparameters, `hp.<name>`; checked against the chosen algorithm's Hparams. The
     # resolved config keeps those that differ from the algorithm's defaults (the run summary has all).
     hp: dict[str, Any] = field(default_factory=dict)  # e.g. {server_lr: 0.5} for fedavg
@@ -160,6 +164,12 @@ class Config:
             d.pop(key)
         if self.partition_file:  # the clients the file holds, wherever it lies
             d["partition_file"] = "sha256:" + file_digest(self.resolved_partition_file())
+        if self.plugins:  # each plug-in by its module name and the hash of its source, wherever it lies
+            from fedray.plugins import describe, digest
+
+            d["plugins"] = [f"{describe(s).name}:sha256:{digest(s)}" for s in self.plugins]
+        if self.dataset == "arrays" and self.data_root:  # the user's arrays (fedray.from_arrays), wherever they lie
+            d["data_root"] = "sha256:" + file_digest(self.data_root)
         if self.init_model:  # the model the file holds, wherever it lies
             d["init_model"] = "sha256:" + file_digest(init_model_file(self.init_model))
         for key, default in ADDED_LATER.items():
@@ -185,7 +195,7 @@ NOT_IN_RUN_ID = (
 # Keys added after results existed, with the value that means "as before": at that value they stay
 # out of the run id, so every earlier run keeps its id (and a re-submitted sweep skips it).
 ADDED_LATER = {"shift": "none", "partition_file": "", "channels_last": False, "eval_train": True, "cuda_deterministic": True, "head_bias": True,
-               "model_init": "derived", "init_model": ""}
+               "model_init": "derived", "init_model": "", "plugins": []}
 # Keys of a sweep file that are not config keys (fedray/sweep.py expands them into runs).
 SWEEP_KEYS = ("grid", "seeds", "cases", "max_concurrent_runs")
 # What other tools (and papers) call a key: an unknown key named here says "did you mean ...?"

@@ -36,7 +36,6 @@ from fedray.params import Params
 if TYPE_CHECKING:
     import torch
 
-    from fedray.client import Task
     from fedray.config import Config
 
 FORMAT = 1
@@ -83,7 +82,7 @@ def save_models(
     alg: Any,
     hp: Any,
     state: Any,
-    task: Task,
+    task: Any,
     client_states: Callable[[], Iterable[tuple[int, Any]]],
 ) -> Path:
     """Write the run's models to ``DIR/models/RUN_ID/`` (atomically: aside, then renamed); personal

@@ -209,14 +209,21 @@ def _report(source: str, problems: dict[str, list[str]], total: int) -> str:
 
 
 def load_sweep(
-    path: str | Path, sets: Iterable[str] = (), output: str | None = None, only: Iterable[str] = ()
+    path: str | Path,
+    sets: Iterable[str] = (),
+    output: str | None = None,
+    only: Iterable[str] = (),
+    plugins: Iterable[str] = (),
 ) -> Sweep:
     """Expand and validate a sweep file. Raises `SweepError` listing every invalid run.
 
     ``only`` (``KEY=VALUE`` like ``--set``) keeps the runs whose resolved config has those values.
-    Cheap: no data is read and no Ray is started (datasets are only checked to exist).
+    The file's ``plugins`` are relative to its folder; ``plugins`` (``--plugin``) are added to every
+    run, relative to the working directory. Cheap: no data is read and no Ray is started (datasets
+    are only checked to exist).
     """
     from fedray.data import DATASETS, DatasetMissing, check_available
+    from fedray.validation import resolve_plugins
 
     source = str(path)
     raw = read_yaml(path)
@@ -230,7 +237,11 @@ def load_sweep(
     if errors:
         raise SweepError("\n  ".join([f"{source}: invalid sweep; nothing was started:", *errors]))
     base = {k: v for k, v in raw.items() if k not in SWEEP_KEYS}
+    if base.get("plugins"):
+        base["plugins"] = resolve_plugins(base["plugins"], Path(path).resolve().parent, f"{source}: plugins")
     over = flatten(parse_sets(sets))
+    if plugins:
+        over["plugins"] = [*base.get("plugins", []), *resolve_plugins(list(plugins), None, "--plugin")]
     if output is not None:
         over["output"] = output
     wanted = flatten(parse_sets(only, flag="--only"))

@@ -41,11 +41,21 @@ from fedray.data.shift import SHIFTS
 from fedray.export import initial_params
 from fedray.hparams import check_fields
 from fedray.models import MODELS, SELF_NORMALIZING
+from fedray.plugins import PluginError, activate, origin, resolve
 
 
-def load_config(path: str | Path | None = None, sets: Iterable[str] = (), **overrides: Any) -> Config:
-    """Read YAML (or the embedded default when ``path`` is None), apply ``--set``s and overrides, validate."""
+def load_config(
+    path: str | Path | None = None, sets: Iterable[str] = (), plugins: Iterable[str] = (), **overrides: Any
+) -> Config:
+    """Read YAML (or the embedded default when ``path`` is None), apply ``--set``s and overrides, validate.
+
+    The file's ``plugins`` are relative to its folder; ``plugins`` (``--plugin``) are added to them,
+    relative to the working directory."""
     file: dict[str, Any] = read_yaml(path) if path is not None else {}
+    if path is not None and file.get("plugins"):
+        file["plugins"] = resolve_plugins(file["plugins"], Path(path).resolve().parent, f"{path}: plugins")
+    if plugins:
+        overrides["plugins"] = [*file.get("plugins", []), *resolve_plugins(list(plugins), None, "--plugin")]
     later = merge(parse_sets(sets), {k: v for k, v in overrides.items() if v is not None})
     raw = merge(file, later)
     own = unread_keys(file)  # what the file sets that its own partition and dataset do not read
@@ -68,12 +78,47 @@ def from_dict(raw: Mapping[str, Any]) -> Config:
         if key not in FIELDS:
             raise ConfigError(f"unknown config key '{key}'{key_hint(key, raw.get('algorithm'))}")
         values[key] = coerce(key, value, field_type(key), str_from_number=key in NAME_KEYS)
+    if values.get("plugins"):  # before any name is looked up: they add names to the registries
+        values["plugins"] = resolve_plugins(values["plugins"], None, "config key 'plugins'")
+        try:
+            activate(values["plugins"])
+        except PluginError as e:
+            raise ConfigError(f"config key 'plugins': {e}") from None
     for unread in unread_keys(values).values():
         raise ConfigError(unread.message())
     _derive_unset(values)
     cfg = Config(**values)
     validate(cfg)
-    return cfg
+    used = [p for p in plugins_used(cfg) if p not in cfg.plugins]
+    return dataclasses.replace(cfg, plugins=[*cfg.plugins, *used]) if used else cfg
+
+
+def resolve_plugins(specs: Any, base: Path | None, where: str) -> list[str]:
+    """Plug-in names as a config keeps them (paths absolute, relative to ``base``); `PluginError`s
+    as ConfigErrors naming ``where``."""
+    if isinstance(specs, str):
+        specs = [specs]
+    try:
+        return [resolve(str(s), base) for s in specs]
+    except PluginError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def plugins_used(cfg: Config) -> list[str]:
+    """The plug-ins that registered the run's algorithm, model, dataset and partition (an entry
+    point's, or one imported some other way), so the resolved config and the run id name them."""
+    modules = [
+        ALGORITHMS[cfg.algorithm].module,
+        MODELS[cfg.model].build.__module__,
+        DATASETS[cfg.dataset].load.__module__,
+        PARTITIONS[cfg.partition].draw.__module__,
+    ]
+    out: list[str] = []
+    for m in modules:
+        spec = origin(m)
+        if spec is not None and spec not in out:
+            out.append(spec)
+    return out
 
 
 SHIFT_TEST_FRACTION = 0.1  # FedRC keeps 10% of each client's data as its test split

@@ -27,6 +27,8 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, dotted for hp (e.g. --set hp.server_lr=0.5); repeatable")  # fmt: skip
     p.add_argument("--output", help="results folder (config key output)")
+    p.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="FILE|MODULE",
+                   help="a plug-in to import first: a .py file, a package folder or a module name (docs/extending.md); repeatable")  # fmt: skip
     p.add_argument("--local", action="store_true", help="run in-process without Ray (debugging, tests)")
     p.add_argument(
         "--address", help="Ray address to attach to (default: RAY_ADDRESS, else start a local Ray)"
@@ -41,16 +43,14 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from fedray.config import ConfigError
-    from fedray.data import DatasetMissing, PartitionError, check_available, check_partition
+    from fedray.data import DatasetMissing, PartitionError
     from fedray.data.client_files import ClientFilesError
-    from fedray.results import check_writable, run_state
-    from fedray.validation import load_config
+    from fedray.results import run_state
+    from jobs.api import events as run_events
+    from jobs.api import prepare
 
     try:
-        cfg = load_config(args.config, args.sets, output=args.output)
-        check_available(cfg)
-        check_writable(cfg.output)
-        check_partition(cfg)  # before Ray: a partition that cannot be drawn fails in seconds
+        cfg = prepare(args.config, args.sets, args.plugins, output=args.output)
     except (ConfigError, DatasetMissing, PartitionError, ClientFilesError, OSError) as e:
         print(f"fedray: error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -68,23 +68,25 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     restart = args.restart or state == "finished"  # --force on a finished run: from the start
-    if args.local:
-        from fedray.experiment import execute
-        from fedray.local import make_local_federation
-
-        events = execute(cfg, make_local_federation, restart)
-    else:
-        from actors.driver import run_on_ray
-
-        events = run_on_ray(cfg, args.address, restart)
+    events = run_events(cfg, args.local, args.address, restart)
     try:
         for ev in events:
             for line, to_stderr in progress.run_lines(ev, cfg, args.quiet, t0):
                 print(line, file=sys.stderr if to_stderr else sys.stdout, flush=True)
     except KeyboardInterrupt:
         events.close()  # frees the actors and records the run as interrupted
-        print(f"fedray: interrupted; `fedray run` with the same config goes on from run {run_id}'s latest "
-              f"checkpoint (in {cfg.output}/checkpoints/)", file=sys.stderr)  # fmt: skip
+        from fedray.checkpoint import Checkpoints
+
+        try:
+            latest = Checkpoints(cfg.output, run_id, cfg.keep_checkpoints).latest()
+        except Exception:  # noqa: BLE001 - only what to tell the user depends on it
+            latest = None
+        if latest is None:  # stopped before its first checkpoint (Ray's start-up, the first rounds)
+            print(f"fedray: interrupted before run {run_id} wrote a checkpoint; `fedray run` with the same "
+                  "config starts it from the beginning", file=sys.stderr)  # fmt: skip
+        else:
+            print(f"fedray: interrupted; `fedray run` with the same config goes on from run {run_id}'s "
+                  f"checkpoint after round {latest.round} (in {cfg.output}/checkpoints/)", file=sys.stderr)  # fmt: skip
         return 130
     except Exception as e:  # noqa: BLE001 - reported to the user with the real cause
         from fedray.federation import ClientError
@@ -93,6 +95,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         if isinstance(e, RunLocked):
             print(f"fedray: error: {e}", file=sys.stderr)
             return EXIT_FAILED
+        if isinstance(e, ConnectionError):  # no Ray to run on: nothing of the run was started
+            print(f"fedray: error: {e}", file=sys.stderr)
+            return EXIT_USAGE
         if isinstance(e, ClientError) and e.remote_traceback:
             print(e.remote_traceback.rstrip(), file=sys.stderr)
         print(f"fedray: run {run_id} failed: {type(e).__name__}: {e}", file=sys.stderr)
@@ -115,7 +120,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             raise ConfigError(
                 f"--max-concurrent-runs must be >= 0 (0 = from resources), got {args.max_concurrent_runs}"
             )
-        sweep = load_sweep(args.config, args.sets, output=args.output, only=args.only)
+        sweep = load_sweep(args.config, args.sets, output=args.output, only=args.only, plugins=args.plugins)
         check_writable(sweep.output)
     except (ConfigError, DatasetMissing, OSError) as e:
         print(f"fedray: error: {e}", file=sys.stderr)
@@ -149,7 +154,11 @@ def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int) -> int:
     else:
         from actors.sweep import RayLauncher
 
-        launcher = RayLauncher(args.address)
+        try:
+            launcher = RayLauncher(args.address, sorted({p for r in todo for p in r.config.plugins}))
+        except ConnectionError as e:
+            print(f"fedray: error: {e}", file=sys.stderr)
+            return EXIT_USAGE
     limit = sweep.max_concurrent_runs if args.max_concurrent_runs is None else args.max_concurrent_runs
     res = launcher.resources()
     where = "in-process, one at a time" if args.local else "on " + (
@@ -212,7 +221,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"fedray: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     if not texts:
-        print(f"no {'' if args.all else 'finished '}runs in {args.dir}/")
+        unfinished = int(len(statuses) and statuses.sum() - statuses.get("finished", 0))
+        hint = f" ({unfinished} not finished: --all includes them)" if unfinished and not args.all else ""
+        print(f"no {'' if args.all else 'finished '}runs in {args.dir}/{hint}")
         return 0
     prose = args.format in ("text", "markdown")
     heading = {"text": "", "markdown": "# ", "latex": "% "}.get(args.format)
@@ -318,9 +329,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="fedray", description="Federated learning under heterogeneous data, on Ray."
+        prog="fedray",
+        description="Federated learning under heterogeneous data, on Ray.",
+        epilog="maintainers' commands (fedray's own pages and its runs beside the authors' code): "
+        "fidelity (docs/fidelity.md), docs (docs/algorithms.md), reference (docs/reference.md); "
+        "`fedray COMMAND --help` for each",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,sweep,report,bench}")
     p_run = sub.add_parser("run", help="run one experiment")
     _add_run_args(p_run)
     p_run.set_defaults(func=cmd_run)
@@ -333,6 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_sw.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
                       help="run only the runs whose config has this value (e.g. --only algorithm=fedavg); repeatable")  # fmt: skip
     p_sw.add_argument("--output", help="results folder for every run (config key output)")
+    p_sw.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="FILE|MODULE",
+                      help="a plug-in every run imports first (docs/extending.md); repeatable")  # fmt: skip
     p_sw.add_argument(
         "--dry-run", action="store_true", help="list the runs, their state and what would run; run nothing"
     )
@@ -383,7 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     p_bench.set_defaults(func=cmd_bench)
     p_fid = sub.add_parser(
-        "fidelity", help="write docs/fidelity.md: fedray next to the authors' code, from results"
+        "fidelity", description="write docs/fidelity.md: fedray next to the authors' code, from results"
     )
     p_fid.add_argument("spec", help="the page's spec (docs/fidelity.yaml)")
     p_fid.add_argument(
@@ -398,7 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "instead of an error")  # fmt: skip
     p_fid.set_defaults(func=cmd_fidelity)
     p_docs = sub.add_parser(
-        "docs", help="write docs/algorithms.md's tables from the algorithm registry (jobs/docs.py)"
+        "docs", description="write docs/algorithms.md's tables from the algorithm registry (jobs/docs.py)"
     )
     p_docs.add_argument("--check", action="store_true", help="write nothing; exit 1 if the page is stale")
     p_docs.add_argument("-o", "--output", help="the page (default: docs/algorithms.md)")
@@ -425,6 +442,11 @@ def _stop_on_sigterm() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:  # every option after it is the benchmark's own (jobs/bench.py --help)
+        from jobs.bench import main as bench_main
+
+        return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     _stop_on_sigterm()
     try:

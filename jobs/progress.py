@@ -72,7 +72,7 @@ def run_lines(ev: Any, cfg: Any, quiet: bool, t0: float) -> list[tuple[str, bool
     if isinstance(ev, Finished):
         s = ev.summary
         return [(f"done: {outcome(s, 'final accuracy')}; {s['rounds_done']} rounds, {s.get('steady_round_seconds', 0):.2f} s/round, "
-                 f"{time.perf_counter() - t0:.1f} s in all; results in {cfg.output}/", False)]  # fmt: skip
+                 f"{time.perf_counter() - t0:.1f} s in all; results in {cfg.output}/ (fedray report {cfg.output})", False)]  # fmt: skip
     return []
 
 

@@ -99,7 +99,7 @@ def test_what_is_not_plain_data_is_refused_naming_where_it_is():
         encode({"models": [np.zeros(2), torch.zeros(2)]}, [], "state")
     with pytest.raises(CheckpointError, match=r"client 4 state\['opt'\]: an array of Python objects"):
         encode({"opt": np.array([object()], dtype=object)}, [], "client 4 state")
-    with pytest.raises(CheckpointError, match="not a fedray dataclass"):
+    with pytest.raises(CheckpointError, match="not a dataclass of fedray or of the run.s plug-ins"):
         encode(Inner(np.zeros(1)), [], "state")  # defined outside fedray: a file could not name it safely
 
 

@@ -64,24 +64,56 @@ class Algorithm:
         )
 
 
-ALGORITHMS: dict[str, Algorithm] = {
-    "fedavg": Algorithm.from_module("fedavg", fedavg),
-    "fedprox": Algorithm.from_module("fedprox", fedprox),
-    "scaffold": Algorithm.from_module("scaffold", scaffold),
-    "fednova": Algorithm.from_module("fednova", fednova),
-    "moon": Algorithm.from_module("moon", moon),
-    "fedrs": Algorithm.from_module("fedrs", fedrs),
-    "fedlc": Algorithm.from_module("fedlc", fedlc),
-    "clusterfedavg": Algorithm.from_module("clusterfedavg", clusterfedavg),
-    "fedconcat": Algorithm.from_module("fedconcat", fedconcat),
-    "fedconcat_id": Algorithm.from_module("fedconcat_id", fedconcat_id),
-    "fedcat": Algorithm.from_module("fedcat", fedcat),
-    "clusamp": Algorithm.from_module("clusamp", clusamp),
-    "fedem": Algorithm.from_module("fedem", fedem),
-    "fedrc": Algorithm.from_module("fedrc", fedrc),
-    "cfl": Algorithm.from_module("cfl", cfl),
-    "layercfl": Algorithm.from_module("layercfl", layercfl),
-    "ifca": Algorithm.from_module("ifca", ifca),
-    "fesem": Algorithm.from_module("fesem", fesem),
-    "fedsoft": Algorithm.from_module("fedsoft", fedsoft),
-}
+ALGORITHMS: dict[str, Algorithm] = {}
+
+REQUIRED = ("Hparams", "init", "round", "evaluate", "models")  # what an algorithm's module must define
+
+
+def register_algorithm(name: str, algorithm: ModuleType | Algorithm) -> Algorithm:
+    """Add an algorithm, which ``algorithm: NAME`` then chooses: a module defining ``Hparams``,
+    ``init``, ``round``, ``evaluate`` and ``models`` (and optionally ``check_config``,
+    ``evaluate_after``, ``personal_model``, ``rounds_from_hp``: the `Algorithm` record's fields;
+    docs/extending.md), or a record. The built-ins are added the same way."""
+    if not name.isidentifier():
+        raise ValueError(f"algorithm name {name!r}: use letters, digits and underscores")
+    if name in ALGORITHMS:
+        raise ValueError(f"algorithm {name!r} is registered already (by {ALGORITHMS[name].module})")
+    if isinstance(algorithm, ModuleType):
+        missing = [a for a in REQUIRED if not hasattr(algorithm, a)]
+        if missing:
+            raise ValueError(
+                f"algorithm {name!r}: module {algorithm.__name__} does not define {', '.join(missing)}"
+            )
+        algorithm = Algorithm.from_module(name, algorithm)
+    elif not isinstance(algorithm, Algorithm):
+        raise TypeError(
+            f"algorithm {name!r}: a module or an Algorithm record, got {type(algorithm).__name__}"
+        )
+    if not dataclasses.is_dataclass(algorithm.Hparams):
+        raise TypeError(f"algorithm {name!r}: Hparams must be a dataclass (its fields are the hp. keys)")
+    ALGORITHMS[name] = algorithm
+    return algorithm
+
+
+for _name, _module in {
+    "fedavg": fedavg,
+    "fedprox": fedprox,
+    "scaffold": scaffold,
+    "fednova": fednova,
+    "moon": moon,
+    "fedrs": fedrs,
+    "fedlc": fedlc,
+    "clusterfedavg": clusterfedavg,
+    "fedconcat": fedconcat,
+    "fedconcat_id": fedconcat_id,
+    "fedcat": fedcat,
+    "clusamp": clusamp,
+    "fedem": fedem,
+    "fedrc": fedrc,
+    "cfl": cfl,
+    "layercfl": layercfl,
+    "ifca": ifca,
+    "fesem": fesem,
+    "fedsoft": fedsoft,
+}.items():
+    register_algorithm(_name, _module)

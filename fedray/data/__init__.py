@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedray import seeding
+from fedray.data import arrays as _arrays  # noqa: F401 - registers dataset 'arrays'
 from fedray.data.datasets import (
     DATASETS,
     ArrayDataset,

@@ -179,15 +179,36 @@ class ModelSpec:
         return self.problem(tuple(input_shape))
 
 
-MODELS: dict[str, ModelSpec] = {
-    "simple_cnn": ModelSpec(simple_cnn, _image_problem(16, "two 5x5 convolutions and two 2x2 pools")),
-    "mcmahan_cnn": ModelSpec(mcmahan_cnn, _image_problem(4, "two 2x2 pools")),
-    "fedrc_cnn": ModelSpec(fedrc_cnn, _image_problem(16, "two 5x5 convolutions and two 2x2 pools")),
-    "resnet18": ModelSpec(resnet18, _image_problem(8, "ResNet-18's three stride-2 stages")),
-    "mobilenet_v2": ModelSpec(mobilenet_v2, _image_problem(8, "MobileNetV2's stride-2 stages")),
-    "vgg16": ModelSpec(vgg16, _image_problem(32, "VGG-16's five 2x2 pools")),
-    "mlp": ModelSpec(mlp),
-}
+MODELS: dict[str, ModelSpec] = {}
+
+
+def register_model(
+    name: str, problem: Callable[[tuple[int, ...]], str | None] | None = None
+) -> Callable[[Callable[[tuple[int, ...], int], EncoderHead]], Callable[[tuple[int, ...], int], EncoderHead]]:
+    """Decorator: add a model, which ``model: NAME`` then chooses. The function takes
+    ``(input_shape, num_classes)`` and returns an `EncoderHead` (the encoder/head split FedConcat,
+    MOON and LayerCFL need; a plain network is ``EncoderHead(body, nn.Linear(d, classes), d)``).
+    ``problem(input_shape)`` says why the model cannot take such inputs (None: it can), checked
+    before any data is read. The built-ins are added the same way."""
+
+    def add(
+        build: Callable[[tuple[int, ...], int], EncoderHead],
+    ) -> Callable[[tuple[int, ...], int], EncoderHead]:
+        if name in MODELS:
+            raise ValueError(f"model {name!r} is registered already (by {MODELS[name].build.__module__})")
+        MODELS[name] = ModelSpec(build, problem or (lambda shape: None))
+        return build
+
+    return add
+
+
+register_model("simple_cnn", _image_problem(16, "two 5x5 convolutions and two 2x2 pools"))(simple_cnn)
+register_model("mcmahan_cnn", _image_problem(4, "two 2x2 pools"))(mcmahan_cnn)
+register_model("fedrc_cnn", _image_problem(16, "two 5x5 convolutions and two 2x2 pools"))(fedrc_cnn)
+register_model("resnet18", _image_problem(8, "ResNet-18's three stride-2 stages"))(resnet18)
+register_model("mobilenet_v2", _image_problem(8, "MobileNetV2's stride-2 stages"))(mobilenet_v2)
+register_model("vgg16", _image_problem(32, "VGG-16's five 2x2 pools"))(vgg16)
+register_model("mlp")(mlp)
 
 
 def build_model(
@@ -196,6 +217,11 @@ def build_model(
     """The named model; ``head_bias=False``: its last layer without a bias (config key head_bias).
     The encoder's initial weights are the same either way (the head is built last)."""
     model = MODELS[name].build(tuple(input_shape), num_classes)
+    if not isinstance(model, EncoderHead):
+        raise TypeError(
+            f"model {name!r} ({MODELS[name].build.__module__}) returned a {type(model).__name__}, not an "
+            "EncoderHead: wrap it as EncoderHead(body, head, feature_dim) (docs/extending.md)"
+        )
     if not head_bias:
         head = model.head
         if not isinstance(head, nn.Linear):

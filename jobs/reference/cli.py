@@ -35,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction, run_sweep: Callable[[Path, bool]
     from jobs.reference.registry import REFERENCES, options, takers
 
     p = sub.add_parser(
-        "reference", help="run a sweep on the authors' code and in fedray, on the same clients"
+        "reference", description="run a sweep on the authors' code and in fedray, on the same clients"
     )
     names = [f"{name} ({ref.about or ref.repo})" for name, ref in REFERENCES.items()]
     p.add_argument("name", help=f"the reference: {', '.join(names[:-1])}, or {names[-1]}")

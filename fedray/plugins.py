@@ -1,0 +1,211 @@
+"""Plug-ins: a user's own algorithms, models, datasets and partitions, registered from a module.
+
+A plug-in is a Python module that calls fedray's ``register_*`` functions when it is imported
+(docs/extending.md). A config names it under ``plugins:`` (or ``fedray run --plugin``) as
+
+- a ``.py`` file, or a package folder (one with ``__init__.py``): a path, relative to the config
+  file that names it (to the working directory on the command line); it is imported under its
+  file (folder) name, and travels to every Ray node with Ray's ``runtime_env`` (``py_modules``);
+- an importable module name (``my_package.fl``): installed wherever the run's actors run.
+
+An installed package can also register itself through an entry point of group ``fedray.plugins``
+(``[project.entry-points."fedray.plugins"] my_fl = "my_package.fl"``): every fedray process
+imports those first.
+
+Every process of a run imports the run's plug-ins before it reads anything the plug-ins define:
+the driver before it validates the config, the coordinator and every client actor when they start
+(`activate`). A run names its plug-ins in its resolved config and their content in its run id
+(`digest`), so a changed plug-in is a new run: it never resumes, skips or mixes with the results of
+the old one. A client actor checks that what it imported is what the driver hashed.
+
+This module is a leaf: the standard library only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.metadata
+import importlib.util
+import socket
+import sys
+import traceback
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ENTRY_POINTS = "fedray.plugins"
+
+
+class PluginError(ImportError):
+    """A plug-in cannot be found or imported; the message names it, where, and why."""
+
+
+@dataclass(frozen=True)
+class Plugin:
+    spec: str  # as the config names it: an absolute path (file, package folder) or a module name
+    name: str  # the module name it is imported under
+    path: Path | None  # the file or package folder (None: an installed module not found here)
+
+    @property
+    def shipped(self) -> bool:
+        """A path fedray ships to the Ray nodes (py_modules); a module name is installed there."""
+        return looks_like_path(self.spec)
+
+
+def looks_like_path(spec: str) -> bool:
+    return spec.endswith(".py") or "/" in spec or "\\" in spec or spec.startswith(".")
+
+
+def resolve(spec: str, base: str | Path | None = None) -> str:
+    """``spec`` as a config keeps it: a path made absolute (relative to ``base``, else the working
+    directory), a module name as it is. Refuses a path that is not a ``.py`` file or a package."""
+    spec = str(spec).strip()
+    if not spec:
+        raise PluginError("plugins: an empty name")
+    if not looks_like_path(spec):
+        return spec
+    p = Path(spec).expanduser()
+    if not p.is_absolute():
+        p = Path(base or ".") / p
+    p = p.resolve()
+    if p.is_dir() and not (p / "__init__.py").is_file():
+        raise PluginError(
+            f"plugin {spec!r}: {p} is a folder without __init__.py (a plug-in is a .py file or a package)"
+        )
+    if not p.exists():
+        raise PluginError(f"plugin {spec!r}: no such file or folder ({p})")
+    if p.is_file() and p.suffix != ".py":
+        raise PluginError(f"plugin {spec!r}: {p} is not a .py file")
+    return str(p)
+
+
+def describe(spec: str) -> Plugin:
+    """Where ``spec`` (already `resolve`d) is on this machine."""
+    if looks_like_path(spec):
+        p = Path(spec)
+        return Plugin(spec, p.stem if p.suffix == ".py" else p.name, p if p.exists() else None)
+    try:
+        found = importlib.util.find_spec(spec)
+    except (ImportError, ValueError):
+        found = None
+    if found is None or found.origin in (None, "built-in", "frozen"):
+        return Plugin(spec, spec, None)
+    origin = Path(found.origin)
+    return Plugin(spec, spec, origin.parent if origin.name == "__init__.py" else origin)
+
+
+def _files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    return sorted(p for p in path.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def digest(spec: str) -> str:
+    """SHA-256 of the plug-in's source (a package: its .py files, by relative path and content)."""
+    plugin = describe(spec)
+    if plugin.path is None:
+        raise PluginError(
+            f"plugin {spec!r}: cannot be found on {socket.gethostname()} (not a file, package or importable module)"
+        )
+    return _source_digest(plugin.path)
+
+
+def _source_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    for f in _files(path):
+        rel = f.name if path.is_file() else f.relative_to(path).as_posix()
+        h.update(rel.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def py_modules(specs: Iterable[str]) -> list[str]:
+    """The paths Ray's ``runtime_env`` ships to every node for these plug-ins (files and packages)."""
+    return [s for s in specs if looks_like_path(s)]
+
+
+_LOADED: dict[str, str] = {}  # spec -> module name, in this process
+_ENTRY_POINTS_LOADED = False
+_ENTRY_MODULES: list[str] = []  # the modules of the entry-point plug-ins imported here
+
+
+def load_entry_points() -> list[str]:
+    """Import every installed plug-in of entry-point group ``fedray.plugins`` (once per process)."""
+    global _ENTRY_POINTS_LOADED
+    names = []
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINTS):
+        names.append(ep.value.split(":")[0])
+        if names[-1] not in _ENTRY_MODULES:
+            _ENTRY_MODULES.append(names[-1])
+        if not _ENTRY_POINTS_LOADED:
+            try:
+                ep.load()
+            except Exception as e:
+                raise PluginError(_failure(f"entry point {ep.name!r} ({ep.value})", e)) from e
+    _ENTRY_POINTS_LOADED = True
+    return names
+
+
+def _failure(what: str, e: BaseException, where: str = "") -> str:
+    tb = traceback.extract_tb(e.__traceback__)
+    at = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
+    node = where or f"this process on {socket.gethostname()}"
+    return f"plugin {what} failed to import in {node}: {type(e).__name__}: {e}{at}"
+
+
+def activate(specs: Sequence[str], where: str = "", expect: dict[str, str] | None = None) -> None:
+    """Import the installed entry-point plug-ins and ``specs`` (resolved) in this process, once each.
+
+    A file or package is imported under its name from its folder where that exists here, else from
+    what Ray's ``py_modules`` put on ``sys.path`` (another node). ``expect`` (spec -> `digest`):
+    what the driver hashed; a plug-in whose source differs here is an error. ``where`` names this
+    process in errors (``client actor on node 10.0.0.7``)."""
+    load_entry_points()
+    for spec in specs:
+        if spec in _LOADED:
+            continue
+        plugin = describe(spec)
+        if plugin.path is not None and plugin.shipped:
+            folder = str(plugin.path.parent)
+            if folder not in sys.path:
+                sys.path.insert(0, folder)
+        held = sys.modules.get(plugin.name)
+        if held is not None and plugin.path is not None and plugin.shipped:
+            held_at = getattr(held, "__file__", None) or ""
+            own = plugin.path / "__init__.py" if plugin.path.is_dir() else plugin.path
+            if held_at and Path(held_at).resolve() != own.resolve():
+                raise PluginError(
+                    f"plugin {spec!r}: a module named {plugin.name!r} is imported already from {held_at}; "
+                    "rename the plug-in's file"
+                )
+        try:
+            module = importlib.import_module(plugin.name)
+        except Exception as e:
+            raise PluginError(_failure(repr(spec), e, where)) from e
+        if expect and spec in expect:
+            src = Path(getattr(module, "__file__", "") or "")
+            here = _source_digest(src.parent if src.name == "__init__.py" else src) if src.is_file() else ""
+            if here != expect[spec]:
+                raise PluginError(
+                    f"plugin {spec!r} in {where or 'this process'} is not the one the driver read "
+                    f"(sha256 {here[:12] or 'unknown'} here, {expect[spec][:12]} there): the same version must be "
+                    "on every node"
+                )
+        _LOADED[spec] = plugin.name
+
+
+def is_plugin_module(module: str) -> bool:
+    """Whether ``module`` belongs to a plug-in imported in this process (its dataclasses may be in a
+    checkpoint, as fedray's own)."""
+    names = set(_LOADED.values()) | set(_ENTRY_MODULES)
+    return any(module == n or module.startswith(n + ".") for n in names)
+
+
+def origin(module: str) -> str | None:
+    """The plug-in (as `activate` took it) that module ``module`` belongs to; None for fedray's own."""
+    if not module or module == "fedray" or module.startswith("fedray."):
+        return None
+    for spec, name in _LOADED.items():
+        if module == name or module.startswith(name + "."):
+            return spec
+    return module or None  # an entry-point plug-in (or a module that registered without being named)

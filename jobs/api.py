@@ -1,0 +1,214 @@
+"""fedray from Python (a notebook, a script): `run` and `sweep`, which ``fedray.run`` and
+``fedray.sweep`` are. The same path as the command line (`jobs.cli` calls `prepare` and `events`),
+so the same config and seed give the same numbers; errors are raised, not printed.
+
+    import fedray
+    result = fedray.run("jobs/configs/digits.yaml", rounds=5, local=True)
+    result.final_accuracy, result.metrics      # a float, a pandas DataFrame
+
+A config is a path, a mapping or a `fedray.config.Config`; keyword arguments override its keys
+(``rounds=5``, ``hp={"mu": 0.1}``), ``sets`` takes ``--set`` strings (``"hp.mu=0.1"``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedray.config import Config, ConfigError, merge, parse_sets
+
+
+@dataclass
+class RunResult:
+    """One run's results, read from its results folder."""
+
+    run_id: str
+    output: Path
+    status: str  # finished | failed | interrupted | ...
+    config: Config
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def metrics(self):
+        """Every metric row of the run (round, stage, metric, scope, entity, value): a DataFrame."""
+        from analysis import load_metrics
+
+        m = load_metrics(self.output)
+        return m[m["run_id"] == self.run_id].reset_index(drop=True)
+
+    @property
+    def clients(self):
+        """The run's clients (sizes, label counts, groups): a DataFrame."""
+        from analysis import load_clients
+
+        c = load_clients(self.output)
+        return c[c["run_id"] == self.run_id].reset_index(drop=True) if len(c) else c
+
+    @property
+    def assignments(self):
+        """Client-to-cluster assignments per round (clustered algorithms): a DataFrame."""
+        from analysis import load_assignments
+
+        a = load_assignments(self.output)
+        return a[a["run_id"] == self.run_id].reset_index(drop=True) if len(a) else a
+
+    @property
+    def final_accuracy(self) -> float | None:
+        return self.summary.get("final_accuracy")
+
+    def curve(self, metric: str = "accuracy"):
+        """The global ``metric`` by round: a pandas Series."""
+        m = self.metrics
+        m = m[(m["metric"] == metric) & (m["scope"] == "global")]
+        return m.set_index("round")["value"]
+
+
+def _config_mapping(
+    config: str | Path | Mapping[str, Any] | Config | None,
+) -> tuple[dict[str, Any], Path | None]:
+    if config is None:
+        return {}, None
+    if isinstance(config, Config):
+        return asdict(config), None
+    if isinstance(config, Mapping):
+        return dict(config), None
+    return {}, Path(config)
+
+
+def prepare(
+    config: str | Path | Mapping[str, Any] | Config | None = None,
+    sets: Iterable[str] = (),
+    plugins: Iterable[str] = (),
+    **overrides: Any,
+) -> Config:
+    """The checked Config of a run, with its data and partition checked too: every error a bad
+    config or a missing data set can give, before any training (and before Ray)."""
+    from fedray.data import check_available, check_partition
+    from fedray.results import check_writable
+    from fedray.validation import from_dict, load_config
+
+    mapping, path = _config_mapping(config)
+    if path is not None or not mapping:
+        cfg = load_config(path, sets, plugins=plugins, **overrides)
+    else:
+        if plugins:
+            overrides["plugins"] = [*mapping.get("plugins", []), *plugins]
+        cfg = from_dict(
+            merge(merge(mapping, parse_sets(sets)), {k: v for k, v in overrides.items() if v is not None})
+        )
+    check_available(cfg)
+    check_writable(cfg.output)
+    check_partition(cfg)  # a partition that cannot be drawn fails in seconds
+    return cfg
+
+
+def events(
+    cfg: Config, local: bool = False, address: str | None = None, restart: bool = False
+) -> Iterator[Any]:
+    """The run's events (`fedray.experiment`): in this process, or on Ray (attached to ``address`` /
+    RAY_ADDRESS, else a local Ray started for it)."""
+    if local:
+        from fedray.experiment import execute
+        from fedray.local import make_local_federation
+
+        return execute(cfg, make_local_federation, restart)
+    from actors.driver import run_on_ray
+
+    return run_on_ray(cfg, address, restart)
+
+
+def run(
+    config: str | Path | Mapping[str, Any] | Config | None = None,
+    *,
+    sets: Iterable[str] = (),
+    plugins: Iterable[str] = (),
+    local: bool = False,
+    address: str | None = None,
+    force: bool = False,
+    restart: bool = False,
+    verbose: bool = False,
+    **overrides: Any,
+) -> RunResult:
+    """Run one experiment (or find it finished in its output folder) and return its results.
+
+    ``local``: in this process, no Ray; else on Ray. ``force``: run a finished run again;
+    ``restart``: start an unfinished one over instead of going on from its checkpoint. ``verbose``:
+    print a line per round as `fedray run` does. Raises ConfigError (and DatasetMissing,
+    PartitionError) for bad input before anything runs, and the run's own error if it fails.
+    """
+    from fedray.results import run_state
+    from jobs import progress
+
+    cfg = prepare(config, sets, plugins, **overrides)
+    state = run_state(cfg.output, cfg.run_id())
+    if state == "running":
+        raise ConfigError(f"run {cfg.run_id()} is being written into {cfg.output}/ by another live process")
+    if force or state != "finished":
+        t0 = time.perf_counter()
+        evs = events(cfg, local, address, restart or state == "finished")
+        try:
+            for ev in evs:
+                if verbose:
+                    for line, _ in progress.run_lines(ev, cfg, False, t0):
+                        print(line, flush=True)
+        finally:
+            evs.close()
+    return result(cfg)
+
+
+def result(cfg: Config) -> RunResult:
+    """The results of ``cfg``'s run as its folder holds them."""
+    from analysis import load_runs
+
+    runs = load_runs(cfg.output)
+    row = runs[runs["run_id"] == cfg.run_id()]
+    status = str(row["status"].iloc[0]) if len(row) else "missing"
+    summary = dict(row["summary"].iloc[0]) if len(row) else {}
+    return RunResult(cfg.run_id(), Path(cfg.output), status, cfg, summary)
+
+
+def sweep(
+    path: str | Path,
+    *,
+    sets: Iterable[str] = (),
+    plugins: Iterable[str] = (),
+    output: str | None = None,
+    only: Iterable[str] = (),
+    local: bool = False,
+    address: str | None = None,
+    max_concurrent_runs: int | None = None,
+    force: bool = False,
+    verbose: bool = False,
+) -> list[RunResult]:
+    """Run every run of a sweep file (finished ones are skipped unless ``force``) and return their
+    results, in the sweep's order. A run that fails is in the list with its status."""
+    from dataclasses import replace
+
+    from fedray.scheduler import LocalLauncher, run_sweep
+    from fedray.sweep import load_sweep, plan
+
+    sw = load_sweep(path, sets, output=output, only=only, plugins=plugins)
+    planned = plan(sw, force=force)
+    todo = [replace(p.run, restart=p.state == "finished") for p in planned if p.action == "run"]
+    if todo:
+        if local:
+            launcher: Any = LocalLauncher()
+        else:
+            from actors.sweep import RayLauncher
+
+            launcher = RayLauncher(address, sorted({p for r in todo for p in r.config.plugins}))
+        limit = sw.max_concurrent_runs if max_concurrent_runs is None else max_concurrent_runs
+        evs = run_sweep(todo, launcher, limit)
+        try:
+            for ev in evs:
+                if verbose:
+                    print(ev, flush=True)
+        finally:
+            evs.close()
+            close = getattr(launcher, "close", None)
+            if close is not None:
+                close()
+    return [result(r.config) for r in sw.runs]
