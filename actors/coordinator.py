@@ -24,15 +24,24 @@ class Coordinator:
         restart: bool = False,
         reason: str = "",
         failures_left: int = 0,
+        cwd: str | None = None,
     ) -> Iterator[Event]:
         """Run the experiment on ``group``, the client actors the driver started (and will free);
-        the arguments after it are `fedray.experiment.execute`'s."""
+        the arguments after it are `fedray.experiment.execute`'s. ``cwd``: the driver's working
+        directory, which the config's relative paths (output, data_root, ...) mean: the coordinator
+        runs on the driver's node, but a Ray started elsewhere starts it in another folder."""
+        import os
+
+        if cwd:
+            os.chdir(cwd)
         # Imported here, not at module level: the actors already import torch while we do.
         from actors.federation import make_ray_federation
         from fedray.experiment import execute
         from fedray.host import set_torch_threads
+        from fedray.plugins import activate
         from fedray.validation import from_dict
 
+        activate(config.get("plugins") or [], where=f"the coordinator on node {ray.util.get_node_ip_address()}")
         cfg = from_dict(config)
         set_torch_threads(cfg.num_cpus_per_actor)
         yield from execute(cfg, partial(make_ray_federation, group=group), restart, reason, failures_left)

@@ -26,12 +26,13 @@ from fedray.results import mark_ended, record_failure
 CONNECT_TIMEOUT_S = 10.0  # how long an address may take to answer before we say it cannot be reached
 
 
-def _answers(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> bool:
+def _answers(address: str, timeout_s: float | None = None) -> bool:
     """Whether the Ray head at ``address`` (host:port of its GCS; ray://... is Ray Client's) accepts
     a connection within ``timeout_s`` (Ray's own connect retries for minutes)."""
     import socket
     import time
 
+    timeout_s = CONNECT_TIMEOUT_S if timeout_s is None else timeout_s
     target = address.split("://", 1)[-1]
     host, _, port = target.rpartition(":")
     if not host or not port.isdigit():
@@ -168,7 +169,9 @@ def stream_run(
                 pin = NodeAffinitySchedulingStrategy(node_id=here, soft=False)
                 handle.coordinator = Coordinator.options(scheduling_strategy=pin).remote()
                 left = cfg.max_failures - failures
-                for ref in handle.coordinator.run.remote(cfg.to_dict(), handle.group, restart, reason, left):
+                for ref in handle.coordinator.run.remote(
+                    cfg.to_dict(), handle.group, restart, reason, left, os.getcwd()
+                ):
                     ev = ray.get(ref)
                     if isinstance(ev, RoundDone):
                         rounds_done = ev.round

@@ -125,6 +125,7 @@ def py_modules(specs: Iterable[str]) -> list[str]:
 
 
 _LOADED: dict[str, str] = {}  # spec -> module name, in this process
+_SOURCES: dict[str, str] = {}  # spec -> the digest of the source this process imported
 _ENTRY_POINTS_LOADED = False
 _ENTRY_MODULES: list[str] = []  # the modules of the entry-point plug-ins imported here
 
@@ -163,6 +164,13 @@ def activate(specs: Sequence[str], where: str = "", expect: dict[str, str] | Non
     load_entry_points()
     for spec in specs:
         if spec in _LOADED:
+            now = describe(spec).path
+            if now is not None and spec in _SOURCES and _source_digest(now) != _SOURCES[spec]:
+                raise PluginError(
+                    f"plugin {spec!r} changed since this process imported it: its new code would not run "
+                    "here, so its runs would carry the new source's hash with the old behaviour; start a new "
+                    "process (in a notebook: restart the kernel)"
+                )
             continue
         plugin = describe(spec)
         if plugin.path is not None and plugin.shipped:
@@ -192,6 +200,9 @@ def activate(specs: Sequence[str], where: str = "", expect: dict[str, str] | Non
                     "on every node"
                 )
         _LOADED[spec] = plugin.name
+        src = Path(getattr(module, "__file__", "") or "")
+        if src.is_file():
+            _SOURCES[spec] = _source_digest(src.parent if src.name == "__init__.py" else src)
 
 
 def is_plugin_module(module: str) -> bool:

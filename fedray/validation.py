@@ -78,12 +78,13 @@ def from_dict(raw: Mapping[str, Any]) -> Config:
         if key not in FIELDS:
             raise ConfigError(f"unknown config key '{key}'{key_hint(key, raw.get('algorithm'))}")
         values[key] = coerce(key, value, field_type(key), str_from_number=key in NAME_KEYS)
-    if values.get("plugins"):  # before any name is looked up: they add names to the registries
+    # Before any name is looked up: plug-ins (named, and installed ones' entry points) add names.
+    if values.get("plugins"):
         values["plugins"] = resolve_plugins(values["plugins"], None, "config key 'plugins'")
-        try:
-            activate(values["plugins"])
-        except PluginError as e:
-            raise ConfigError(f"config key 'plugins': {e}") from None
+    try:
+        activate(values.get("plugins", []))
+    except PluginError as e:
+        raise ConfigError(f"config key 'plugins': {e}") from None
     for unread in unread_keys(values).values():
         raise ConfigError(unread.message())
     _derive_unset(values)

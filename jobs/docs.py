@@ -165,6 +165,8 @@ def algorithm_docs() -> list[AlgorithmDoc]:
     configs = configs_by_algorithm(default=Config.__dataclass_fields__["algorithm"].default)
     docs = []
     for name, alg in ALGORITHMS.items():
+        if not alg.module.startswith("fedray."):
+            continue  # a plug-in's: documented where it lives, not on fedray's page
         module = importlib.import_module(alg.module)  # the module it was registered from
         paper = _one_line((inspect.getdoc(module) or "").split("\n\n")[0])
         docs.append(

@@ -161,3 +161,73 @@ def test_eval_train_false_skips_only_the_training_split_evaluation(tmp_path):
     assert a[keep].equals(b[keep])
     assert on.run_id() != off.run_id()
     assert on.run_id() == "fedavg-synthetic-s0-70e32ccd87"  # the id this config had before eval_train existed
+
+
+# ------------------------------------------------------------------------------------------------
+# The front door, second pass (issue 42)
+# ------------------------------------------------------------------------------------------------
+
+
+def test_fedray_bench_passes_its_options_on(capsys):
+    from jobs.cli import main
+
+    with pytest.raises(SystemExit) as e:  # the benchmark's own --help: its options reached it
+        main(["bench", "--help"])
+    assert e.value.code == 0 and "--memory-format" in capsys.readouterr().out
+
+
+def test_help_sets_the_maintainers_commands_apart(capsys):
+    from jobs.cli import build_parser, main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "{run,sweep,report,bench}" in out and "maintainers' commands" in out
+    listed = out.split("maintainers' commands")[0]
+    assert all(f"    {c} " not in listed for c in ("fidelity", "docs", "reference"))
+    assert build_parser().parse_args(["docs", "--check"]).check  # still there for those who use them
+
+
+def test_runs_last_line_says_how_to_look_and_report_says_when_runs_are_left_out(tmp_path, capsys):
+    from fedray.results import ResultsWriter
+    from jobs.cli import main
+
+    out = tmp_path / "out"
+    assert main(["run", "--local", "--set", "rounds=1", "--set", "eval_train=false", "--output", str(out)]) == 0
+    assert capsys.readouterr().out.rstrip().endswith(f"results in {out}/ (fedray report {out})")
+    only_unfinished = tmp_path / "unfinished"
+    cfg = small_config(only_unfinished)
+    w = ResultsWriter(cfg.output, cfg.run_id(), cfg.to_dict())
+    w.acquire()
+    w.start()
+    w.fail("RuntimeError: boom", {})
+    assert main(["report", str(cfg.output), "--no-plots"]) == 0
+    assert "no finished runs in" in (text := capsys.readouterr().out) and "1 not finished: --all includes them" in text
+
+
+def test_an_unreachable_ray_address_fails_in_seconds_naming_it(tmp_path, monkeypatch):
+    import time
+
+    from actors import driver
+
+    monkeypatch.setattr(driver, "CONNECT_TIMEOUT_S", 1.0)
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")  # nothing listens on the discard port
+    t0 = time.perf_counter()
+    with pytest.raises(ConnectionError, match=r"cannot reach the Ray cluster at 127.0.0.1:9 \(RAY_ADDRESS\).*--address local"):
+        driver.connect()
+    assert time.perf_counter() - t0 < 5
+
+
+def test_ctrl_c_before_the_first_checkpoint_promises_none(tmp_path, monkeypatch, capsys):
+    from jobs import api
+    from jobs.cli import main
+
+    def interrupted(*args, **kwargs):  # stopped during Ray's start-up, before any round
+        raise KeyboardInterrupt
+        yield
+
+    monkeypatch.setattr(api, "events", lambda *a, **k: interrupted())
+    assert main(["run", "--set", "rounds=1", "--output", str(tmp_path / "out")]) == 130
+    err = capsys.readouterr().err
+    assert "before run" in err and "wrote a checkpoint" in err and "starts it from the beginning" in err
+    assert "goes on from" not in err

@@ -1,4 +1,5 @@
-"""Several Ray nodes on one machine (ray.cluster_utils.Cluster): placement across nodes, node loss.
+"""Several Ray nodes on one machine (ray.cluster_utils.Cluster): placement across nodes, node loss,
+a plug-in outside the package on two nodes.
 
 Runs in a subprocess: the suite's shared Ray session stays untouched.
 """
@@ -45,6 +46,15 @@ except RuntimeError as e:
 else:
     sys.exit("no error after losing a node")
 fed.close()
+# A plug-in outside the package (examples/plugin), on the nodes that are left: the same numbers as in-process.
+from jobs.api import run
+cfg = str(Path("examples/plugin/config.yaml").resolve())
+on_ray = run(cfg, rounds=2, num_actors=2, output=str(out / "ray"), address=cluster.address)
+local = run(cfg, rounds=2, local=True, output=str(out / "local"))
+a, b = (r.metrics[~r.metrics["metric"].str.contains("seconds|bytes")].set_index(["round", "metric", "scope", "entity"])
+        ["value"].sort_index() for r in (on_ray, local))
+assert on_ray.summary["placement"]["nodes"] == 2 and len(a) > 10 and a.equals(b), (on_ray.summary, a.compare(b))
+print("plugin on", on_ray.summary["placement"]["nodes"], "nodes: same numbers", flush=True)
 ray.shutdown()
 cluster.shutdown()
 print("OK")
@@ -56,3 +66,4 @@ def test_actors_spread_over_nodes_and_node_loss_is_loud():
     p = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and p.stdout.strip().endswith("OK"), p.stdout + p.stderr[-3000:]
     assert "actors 3 nodes 3" in p.stdout
+    assert "plugin on 2 nodes: same numbers" in p.stdout

@@ -1,0 +1,69 @@
+"""fedray from Python: fedray.run and fedray.sweep give the command line's numbers and return the
+results as pandas; a researcher's own arrays or torch Dataset is a data set."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fedray
+from fedray.config import ConfigError
+from tests.conftest import ROOT
+
+
+def values(metrics):
+    m = metrics[~metrics["metric"].str.contains("seconds|bytes")]
+    return m.set_index(["round", "metric", "scope", "entity"])["value"].sort_index()
+
+
+def test_run_gives_the_clis_numbers_and_returns_its_results(tmp_path):
+    from jobs.cli import main
+
+    cfg = ROOT / "jobs" / "configs" / "digits.yaml"
+    assert main(["run", str(cfg), "--local", "--set", "rounds=2", "--output", str(tmp_path / "cli")]) == 0
+    res = fedray.run(cfg, local=True, rounds=2, output=str(tmp_path / "api"))
+    from analysis import load_metrics
+
+    assert values(res.metrics).equals(values(load_metrics(tmp_path / "cli")))
+    assert res.status == "finished" and res.final_accuracy == res.curve().iloc[-1] and len(res.curve()) == 2
+    assert len(res.clients) == res.config.num_clients and res.output == tmp_path / "api"
+    # a mapping, with --set strings and keyword overrides; the finished run is found, not run again
+    again = fedray.run({"dataset": "digits", "rounds": 2}, sets=["lr=0.05"], local=True, output=str(tmp_path / "api"))
+    assert again.run_id == fedray.load_config(None, ["rounds=2"]).run_id()
+    with pytest.raises(ConfigError, match="'learning_rate'.*did you mean 'lr'"):
+        fedray.run(local=True, learning_rate=0.1)
+
+
+def test_sweep_returns_every_runs_results(tmp_path):
+    path = tmp_path / "sweep.yaml"
+    path.write_text("dataset: digits\nrounds: 1\ngrid:\n  lr: [0.05, 0.1]\nseeds: [0]\n")
+    results = fedray.sweep(path, local=True, output=str(tmp_path / "out"))
+    assert [r.status for r in results] == ["finished", "finished"]
+    assert {r.config.lr for r in results} == {0.05, 0.1}
+
+
+def test_your_own_arrays_and_torch_datasets_are_a_data_set(tmp_path):
+    import torch
+
+    rng = np.random.default_rng(0)
+    means = rng.uniform(0, 1, (3, 1, 6, 6))
+
+    def draw(n):
+        y = rng.integers(0, 3, n)
+        return (means[y] + rng.normal(0, 0.05, (n, 1, 6, 6))).astype(np.float32), y
+
+    (xtr, ytr), (xte, yte) = draw(300), draw(60)
+    data = fedray.from_arrays(xtr, ytr, xte, yte, folder=tmp_path / "data")
+    res = fedray.run(local=True, rounds=5, num_clients=4, output=str(tmp_path / "out"), **data)
+    assert res.status == "finished" and res.final_accuracy > 0.8  # three well-separated classes
+    # the same content elsewhere is the same run; a torch Dataset of the same pairs is the same data
+    moved = fedray.from_arrays(xtr, ytr, xte, yte, folder=tmp_path / "elsewhere")
+    assert fedray.load_config(None, ["rounds=5", "num_clients=4"], **moved).run_id() == res.run_id
+    train = torch.utils.data.TensorDataset(torch.from_numpy(xtr), torch.from_numpy(ytr))
+    test = torch.utils.data.TensorDataset(torch.from_numpy(xte), torch.from_numpy(yte))
+    from_torch = fedray.from_torch(train, test, folder=tmp_path / "torch")
+    assert fedray.load_config(None, ["rounds=5", "num_clients=4"], **from_torch).run_id() == res.run_id
+    with pytest.raises(ValueError, match="y_train: integer class labels"):
+        fedray.from_arrays(xtr, ytr.astype(np.float32), xte, yte, folder=tmp_path / "bad")
+    with pytest.raises(Exception, match="is not a file"):
+        fedray.run(local=True, dataset="arrays", data_root=str(tmp_path / "missing.npz"))

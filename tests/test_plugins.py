@@ -1,0 +1,207 @@
+"""Plug-ins: a module outside fedray registers an algorithm and a model; it runs in-process and on
+Ray with the same numbers, from any working directory; a plug-in's bad hyperparameter, a plug-in
+that does not import in the actors and a changed plug-in are each handled as the built-ins' errors
+are; an installed package registers itself through its entry point."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fedray import plugins
+from fedray.config import ConfigError
+from tests.conftest import ROOT
+
+EXAMPLE = ROOT / "examples" / "plugin"
+
+
+@pytest.fixture
+def isolated(monkeypatch):
+    """The registries, the loaded plug-ins and sys.modules as they were before the test: a plug-in
+    loaded here leaves nothing behind for the rest of the suite."""
+    from fedray.algorithms import ALGORITHMS
+    from fedray.data import DATASETS, PARTITIONS
+    from fedray.models import MODELS
+
+    saved = [(d, dict(d)) for d in (ALGORITHMS, MODELS, DATASETS, PARTITIONS, plugins._LOADED)]
+    before, path = dict(plugins._LOADED), list(sys.path)
+    yield
+    loaded = set(plugins._LOADED.values()) - set(before.values())
+    loaded |= set(plugins._ENTRY_MODULES)
+    for d, copy in saved:
+        d.clear()
+        d.update(copy)
+    for name in [m for m in sys.modules if m.split(".")[0] in loaded]:  # the plug-ins' modules only
+        del sys.modules[name]
+    sys.path[:] = path
+
+
+def metrics(out):
+    from analysis import load_metrics
+
+    m = load_metrics(out)
+    m = m[~m["metric"].str.contains("seconds|bytes")]
+    return m.set_index(["round", "metric", "scope", "entity"])["value"].sort_index()
+
+
+@pytest.mark.ray
+def test_the_example_plugin_runs_from_any_directory_in_process_and_on_ray_with_the_same_numbers(
+    tmp_path, monkeypatch, isolated, ray_session
+):
+    from jobs.cli import main
+
+    monkeypatch.chdir(tmp_path)  # the config names fedavgm.py relative to itself, not to here
+    cfg = str(EXAMPLE / "config.yaml")
+    assert main(["run", cfg, "--local", "--set", "rounds=3", "--output", "local"]) == 0
+    assert main(["run", cfg, "--set", "rounds=3", "--set", "num_actors=2", "--output", "ray"]) == 0
+    local, ray_ = metrics(tmp_path / "local"), metrics(tmp_path / "ray")
+    assert len(local) > 20 and local.equals(ray_)  # bit for bit, velocity_norm included
+    assert (local.xs("velocity_norm", level="metric") > 0).all()
+    from analysis import load_runs
+
+    run = load_runs(tmp_path / "ray").iloc[0]
+    assert run["status"] == "finished" and run["summary"]["placement"]["actors"] == 2
+    assert run["config"]["plugins"] == [str(EXAMPLE / "fedavgm.py")]  # the resolved config names it
+
+
+def test_fedavgm_with_no_momentum_is_fedavg_exactly(tmp_path, isolated):
+    """The plug-in's reduces-to test: beta 0, server_lr 1 is FedAvg, value for value."""
+    from tests.conftest import small_config
+    from tests.helpers import run_metrics
+
+    fedavgm = run_metrics(small_config(tmp_path / "m", algorithm="fedavgm", plugins=[str(EXAMPLE / "fedavgm.py")],
+                                       hp={"beta": 0.0, "server_lr": 1.0}))  # fmt: skip
+    fedavg = run_metrics(small_config(tmp_path / "a"))
+    keep = ["accuracy", "loss", "train_accuracy", "sgd_loss"]
+    a, b = (df[df["metric"].isin(keep)].reset_index(drop=True) for df in (fedavgm, fedavg))
+    assert len(a) and a.equals(b), a.compare(b)
+    moved = run_metrics(small_config(tmp_path / "b", algorithm="fedavgm", plugins=[str(EXAMPLE / "fedavgm.py")]))
+    assert not moved[moved["metric"].isin(keep)].reset_index(drop=True).equals(b)  # momentum changes it
+
+
+def test_a_plugins_bad_hyperparameter_is_refused_before_anything_runs_with_the_builtins_message(tmp_path, isolated):
+    from fedray.validation import load_config
+
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"unknown value 'fedavgm'"):  # without the plug-in, no such algorithm
+        load_config(None, ["algorithm=fedavgm"])
+    with pytest.raises(ConfigError, match=r"^config key 'hp.beta': must be in \[0, 1\), got 1.5$"):
+        load_config(EXAMPLE / "config.yaml", ["hp.beta=1.5"], output=str(tmp_path))
+    with pytest.raises(ConfigError, match=r"unknown config key 'hp.mu' for algorithm fedavgm \(its hp keys: beta, server_lr\)"):
+        load_config(EXAMPLE / "config.yaml", ["hp.mu=0.1"], output=str(tmp_path))
+    with pytest.raises(ConfigError, match=r"plugin 'nope.py': no such file"):
+        load_config(None, [], plugins=["nope.py"])
+    assert time.perf_counter() - t0 < 5
+
+
+def test_a_changed_plugin_is_another_run_and_never_resumes_or_skips_the_old_one(tmp_path, isolated):
+    from analysis import load_runs
+    from fedray.validation import load_config
+    from tests.helpers import run
+
+    mine = tmp_path / "mine"
+    shutil.copytree(EXAMPLE, mine)
+    cmd = [sys.executable, "-m", "jobs.cli", "run", str(mine / "config.yaml"), "--local", "--set", "rounds=1",
+           "--output", str(tmp_path / "out")]  # fmt: skip
+    assert run(cmd, ROOT).returncode == 0
+    first = load_runs(tmp_path / "out")["run_id"].tolist()
+    assert load_config(mine / "config.yaml", ["rounds=1"]).run_id() == first[0]  # unchanged: that run (skipped)
+    source = mine / "fedavgm.py"
+    source.write_text(source.read_text().replace("w[k] - hp.server_lr * v[k]", "w[k] - 0.5 * hp.server_lr * v[k]"))
+    # This process imported the old code, which is what would run here: refused, not mislabelled.
+    with pytest.raises(ConfigError, match="changed since this process imported it"):
+        load_config(mine / "config.yaml", ["rounds=1"])
+    assert run(cmd, ROOT).returncode == 0  # a new process: a new run, not the old one skipped or resumed
+    runs = load_runs(tmp_path / "out")
+    assert len(runs) == 2 and set(first) < set(runs["run_id"]) and (runs["status"] == "finished").all()
+    copy = tmp_path / "copy"  # the same source elsewhere is the same plug-in: its hash, not its path
+    shutil.copytree(EXAMPLE, copy)
+    assert plugins.digest(str(copy / "fedavgm.py")) == plugins.digest(str(EXAMPLE / "fedavgm.py"))
+
+
+FAILS_IN_ACTORS = '''
+import sys
+import fedray
+from fedray.algorithms.baselines import fedavg
+
+if "default_worker" in " ".join(sys.argv):  # a Ray worker: the package is on the driver's machine only
+    import secret_dependency_of_the_lab  # noqa: F401
+fedray.register_algorithm("fedavg_copy", fedavg)
+'''
+
+
+@pytest.mark.ray
+def test_a_plugin_that_does_not_import_in_the_workers_fails_the_run_in_seconds_naming_it(tmp_path, isolated, ray_session):
+    from analysis import load_runs
+    from fedray.plugins import PluginError
+    from jobs.api import run
+
+    plugin = tmp_path / "labplug.py"
+    plugin.write_text(FAILS_IN_ACTORS)
+    t0 = time.perf_counter()
+    with pytest.raises((PluginError, ConfigError)) as e:
+        run(algorithm="fedavg_copy", plugins=[str(plugin)], rounds=2, output=str(tmp_path / "out"))
+    took = time.perf_counter() - t0
+    text = str(e.value)
+    assert "labplug.py" in text and "failed to import in" in text and "node" in text, text
+    assert "ModuleNotFoundError" in text and "secret_dependency_of_the_lab" in text, text
+    assert took < 30, took
+    runs = load_runs(tmp_path / "out")
+    assert list(runs["status"]) == ["failed"] and "secret_dependency_of_the_lab" in runs["summary"].iloc[0].get(
+        "error", ""
+    ) + str(runs.iloc[0].to_dict())
+
+
+def test_an_installed_package_registers_through_its_entry_point(tmp_path, isolated, monkeypatch):
+    from fedray.validation import from_dict
+
+    site = tmp_path / "site"
+    (site / "labmodels").mkdir(parents=True)
+    (site / "labmodels" / "__init__.py").write_text(
+        "import fedray\nfrom fedray.models import mlp\nfedray.register_model('lab_mlp')(lambda s, c: mlp(s, c, hidden=32))\n"
+    )
+    dist = site / "labmodels-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: labmodels\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[fedray.plugins]\nlabmodels = labmodels\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(plugins, "_ENTRY_POINTS_LOADED", False)
+    monkeypatch.setattr(plugins, "_ENTRY_MODULES", [])
+    cfg = from_dict({"model": "lab_mlp", "rounds": 1, "plugins": []})
+    assert cfg.plugins == ["labmodels"]  # named in the resolved config, so in the run id by its source
+    first = cfg.run_id()
+    assert first != from_dict({"rounds": 1}).run_id()
+    (site / "labmodels" / "__init__.py").write_text((site / "labmodels" / "__init__.py").read_text() + "# v2\n")
+    assert from_dict({"model": "lab_mlp", "rounds": 1}).run_id() != first  # a new version: another run
+
+
+def test_a_plugin_name_that_shadows_another_module_is_refused(tmp_path, isolated):
+    from fedray.validation import from_dict
+
+    shadow = tmp_path / "json.py"  # a module named json is imported already, from the standard library
+    shadow.write_text("x = 1\n")
+    with pytest.raises(ConfigError, match=r"a module named 'json' is imported already .* rename the plug-in"):
+        from_dict({"plugins": [str(shadow)]})
+
+
+def test_registering_a_name_twice_is_refused(isolated):
+    import fedray
+    from fedray.algorithms.baselines import fedavg
+
+    with pytest.raises(ValueError, match="algorithm 'fedavg' is registered already"):
+        fedray.register_algorithm("fedavg", fedavg)
+    with pytest.raises(ValueError, match="does not define Hparams"):
+        fedray.register_algorithm("broken", sys.modules[__name__])
+    with pytest.raises(ValueError, match="model 'mlp' is registered already"):
+        fedray.register_model("mlp")(lambda s, c: None)
+
+
+def test_the_plugin_path_of_a_config_is_relative_to_the_config(tmp_path, isolated):
+    from fedray.validation import load_config
+
+    cfg = load_config(EXAMPLE / "config.yaml", ["rounds=1"])
+    assert cfg.plugins == [str(EXAMPLE / "fedavgm.py")] and Path(cfg.plugins[0]).is_absolute()
