@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -54,8 +55,20 @@ def flat_config(config: dict) -> dict[str, Any]:
 
 def run_flat(config: dict, hparams: Mapping[str, Any] | None) -> dict[str, Any]:
     """A run's config flattened, with every hp value it used (``hparams``: its summary's, defaults
-    included), so an hp left at its default reads as its value, the same as one set to it."""
-    return {f"hp.{k}": v for k, v in (hparams or {}).items()} | flat_config(config)
+    included), so an hp left at its default reads as its value, the same as one set to it. An hp
+    the algorithm gained after the run was recorded reads as its default (what the run did), as a
+    config key added later does (`fedray.config.ADDED_LATER`)."""
+    now = _current_hparams(config.get("algorithm"))
+    return {f"hp.{k}": v for k, v in {**now, **(hparams or {})}.items()} | flat_config(config)
+
+
+@functools.cache
+def _current_hparams(algorithm: str | None) -> dict[str, Any]:
+    """Every hp of a registered algorithm at its default ({} for one not registered here)."""
+    from fedray.algorithms import ALGORITHMS
+
+    alg = ALGORITHMS.get(algorithm or "")
+    return alg.full_hparams({}) if alg is not None else {}
 
 
 def value_text(value: Any) -> str:

@@ -359,3 +359,12 @@ def test_the_partition_of_a_data_set_of_client_files_is_its_folder():
         partition_label({**base, "dataset": "client_files", "data_root": "/x/clients-60"})
         == "files:clients-60"
     )
+
+
+def test_an_hp_added_after_a_run_reads_as_its_default_and_does_not_split_a_column():
+    from analysis.report import run_flat
+
+    old = run_flat({"algorithm": "fedcat", "hp": {}}, {"num_groups": 0, "epsilon": 0.1})  # before optimizer_state
+    new = run_flat({"algorithm": "fedcat", "hp": {}}, {"num_groups": 0, "epsilon": 0.1, "optimizer_state": "fresh"})
+    assert old == new and old["hp.optimizer_state"] == "fresh"
+    assert run_flat({"algorithm": "not_registered_here"}, {"a": 1})["hp.a"] == 1
