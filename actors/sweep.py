@@ -12,7 +12,7 @@ from actors.driver import RunHandle, connect, stream_run
 from fedray.config import Config
 from fedray.experiment import Event
 from fedray.placement import Need
-from fedray.sweep import SweepRun
+from fedray.sweep_file import SweepRun
 
 
 class RayLauncher:

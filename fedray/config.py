@@ -196,7 +196,7 @@ NOT_IN_RUN_ID = (
 # out of the run id, so every earlier run keeps its id (and a re-submitted sweep skips it).
 ADDED_LATER = {"shift": "none", "partition_file": "", "channels_last": False, "eval_train": True, "cuda_deterministic": True, "head_bias": True,
                "model_init": "derived", "init_model": "", "plugins": []}
-# Keys of a sweep file that are not config keys (fedray/sweep.py expands them into runs).
+# Keys of a sweep file that are not config keys (fedray/sweep_file.py expands them into runs).
 SWEEP_KEYS = ("grid", "seeds", "cases", "max_concurrent_runs")
 # What other tools (and papers) call a key: an unknown key named here says "did you mean ...?"
 # (close misspellings are suggested without this table; algorithm hyperparameters written without

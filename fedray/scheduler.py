@@ -16,7 +16,7 @@ from fedray.config import Config
 from fedray.experiment import Event, Finished
 from fedray.placement import Need, plan_launches
 from fedray.results import record_failure
-from fedray.sweep import SweepRun
+from fedray.sweep_file import SweepRun
 
 
 class Launcher(Protocol):

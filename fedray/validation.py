@@ -5,12 +5,11 @@ models) and every cross-key rule, before any data is read or Ray is started. Err
 
 A key that only some partitions read (`PartitionScheme.keys`: partition_k, partition_beta, ...),
 or only some datasets (`DatasetKind.keys`: emnist_split, synthetic_size, ...), is refused with a
-partition or dataset that does not read it: it would change the run id and not one number. What
-counts as set: at the front doors (`load_config`: a YAML file and ``--set``; sweeps, in
-fedray/sweep.py), every key the user wrote, even at its default value, except a file's key for
-the file's own partition (dataset) when ``--set`` chose another (the key is then dropped);
-`from_dict` is also handed resolved configs (`Config.to_dict`, every key), and refuses such a key
-only at a value other than its default.
+partition or dataset that does not read it when it is set to another value than its default: it
+would change the run id and not one number. At its default it changes neither, so a resolved
+config (`Config.to_dict`, every key) and a side file load as they are. A file's key for its own
+partition (dataset) gives way when ``--set`` chooses another (it is dropped); in a sweep
+(fedray/sweep_file.py) a key set for the whole grid counts only for the runs that read it.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """fedray from Python (a notebook, a script): `run` and `sweep`, which ``fedray.run`` and
-``fedray.sweep`` are. The same path as the command line (`jobs.cli` calls `prepare` and `events`),
+``fedray.sweep_file`` are. The same path as the command line (`jobs.cli` calls `prepare` and `events`),
 so the same config and seed give the same numbers; errors are raised, not printed.
 
     import fedray
@@ -188,7 +188,7 @@ def sweep(
     from dataclasses import replace
 
     from fedray.scheduler import LocalLauncher, run_sweep
-    from fedray.sweep import load_sweep, plan
+    from fedray.sweep_file import load_sweep, plan
 
     sw = load_sweep(path, sets, output=output, only=only, plugins=plugins)
     planned = plan(sw, force=force)

@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from fedray.config import dump_yaml
-from fedray.sweep import load_sweep
+from fedray.sweep_file import load_sweep
 
 VARIANTS = ("sweep", "sweep-serial", "runs")
 

@@ -113,7 +113,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from fedray.coercion import ConfigError
     from fedray.data import DatasetMissing
     from fedray.results import check_writable
-    from fedray.sweep import load_sweep, plan
+    from fedray.sweep_file import load_sweep, plan
 
     try:
         if args.max_concurrent_runs is not None and args.max_concurrent_runs < 0:

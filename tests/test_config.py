@@ -185,7 +185,7 @@ def test_every_shipped_config_validates(path, tmp_path):
     # (download=true: the files need not be on this machine; client_files: a folder of as many
     # clients as the config says, made here, stands in for the one a harness writes).
     from fedray.data import client_files
-    from fedray.sweep import load_sweep
+    from fedray.sweep_file import load_sweep
 
     raw = yaml.safe_load(path.read_text())
     sets = ["download=true"]

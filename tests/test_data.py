@@ -212,7 +212,7 @@ def test_every_dataset_is_one_record_with_the_keys_only_it_reads():
     keys = {name: kind.keys for name, kind in DATASETS.items() if kind.keys}
     assert keys == {"synthetic": ("synthetic_size", "synthetic_shape"), "emnist": ("emnist_split",)}
     assert set(DATASETS) == {"client_files", "digits", "synthetic", "fmnist", "mnist", "emnist", "cifar10",
-                             "cifar100", "svhn"}  # fmt: skip
+                             "cifar100", "svhn", "arrays"}  # fmt: skip
     assert [n for n, kind in DATASETS.items() if kind.own_clients] == ["client_files"]
     assert [n for n, kind in DATASETS.items() if kind.available is None] == ["digits", "synthetic"]
     # Their own keys' checks, as before the registry.

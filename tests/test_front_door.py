@@ -211,6 +211,7 @@ def test_an_unreachable_ray_address_fails_in_seconds_naming_it(tmp_path, monkeyp
     from actors import driver
 
     monkeypatch.setattr(driver, "CONNECT_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(driver.ray, "is_initialized", lambda: False)  # as in a fresh `fedray run` process
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")  # nothing listens on the discard port
     t0 = time.perf_counter()
     with pytest.raises(ConnectionError, match=r"cannot reach the Ray cluster at 127.0.0.1:9 \(RAY_ADDRESS\).*--address local"):

@@ -266,7 +266,7 @@ def test_reference_runs_on_the_same_clients_land_beside_fedrays(tmp_path, monkey
     from dataclasses import replace
 
     from analysis import load_metrics, load_runs
-    from fedray.sweep import load_sweep
+    from fedray.sweep_file import load_sweep
 
     checkout = tmp_path / "FedRC"
     (checkout / "create_c").mkdir(parents=True)

@@ -14,7 +14,7 @@ from analysis import load_runs
 from fedray.config import ConfigError
 from fedray.results import ResultsWriter, RunLock, run_state
 from fedray.scheduler import LocalLauncher, RunEnded, RunLaunched, run_sweep
-from fedray.sweep import SweepError, load_sweep, plan
+from fedray.sweep_file import SweepError, load_sweep, plan
 from fedray.validation import from_dict
 from tests.conftest import ROOT
 from tests.helpers import SWEEP_BASE, sweep_file

@@ -9,7 +9,7 @@ import pytest
 
 from analysis import load_runs
 from fedray.scheduler import RunEnded, RunLaunched, RunProgress, run_sweep
-from fedray.sweep import load_sweep
+from fedray.sweep_file import load_sweep
 from tests.conftest import ROOT
 from tests.helpers import run, sweep_file
 

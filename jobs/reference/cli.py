@@ -100,7 +100,7 @@ def cmd_reference(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     from fedray.config import ConfigError
     from fedray.data import DatasetMissing
-    from fedray.sweep import load_sweep
+    from fedray.sweep_file import load_sweep
     from jobs.reference.harness import check_checkout, run_wrapped, write_fedray_side
 
     out, checkout = Path(args.output).resolve(), args.checkout.resolve()

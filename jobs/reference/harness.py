@@ -264,7 +264,7 @@ def _merge_fedray_side(path: Path, sides: list[dict], source: str, name: str, wh
     out = path.parent.parent
     earlier = []
     if path.is_file():
-        from fedray.sweep import load_sweep
+        from fedray.sweep_file import load_sweep
 
         earlier = [r.config.to_dict() for r in load_sweep(path).runs]
     # One entry per run: a run written again (a setting outside the run id changed since, such as
