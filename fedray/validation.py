@@ -36,6 +36,7 @@ from fedray.config import (
 )
 from fedray.data import DATASETS, PARTITIONS, dataset_info, partition_keys
 from fedray.data.client_files import ClientFilesError, client_paths
+from fedray.data.partitions import readers
 from fedray.data.shift import SHIFTS
 from fedray.export import initial_params
 from fedray.hparams import check_fields
@@ -198,11 +199,7 @@ def at_default(key: str, value: Any) -> bool:
 
 def dataset_keys() -> dict[str, tuple[str, ...]]:
     """Every config key some dataset reads on its own (`DatasetKind.keys`) -> the datasets that read it."""
-    out: dict[str, list[str]] = {}
-    for kind in DATASETS.values():
-        for key in kind.keys:
-            out.setdefault(key, []).append(kind.name)
-    return {k: tuple(v) for k, v in out.items()}
+    return readers(DATASETS.values())
 
 
 def key_hint(key: str, algorithm: Any = None) -> str:
@@ -297,7 +294,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"config key 'model': {cfg.model} cannot take {cfg.dataset} inputs: {problem}")
     if cfg.init_model:  # the file exists and holds a model of this run's architecture
         try:
-            initial_params(cfg.init_model, cfg.model, cfg.head_bias, tuple(info.input_shape), info.num_classes)
+            initial_params(
+                cfg.init_model, cfg.model, cfg.head_bias, tuple(info.input_shape), info.num_classes
+            )
         except (ValueError, OSError) as e:
             raise ConfigError(f"config key 'init_model': {e}") from None
 

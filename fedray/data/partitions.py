@@ -13,7 +13,7 @@ we pass, so the partitions are reproducible for a seed but not bit-identical to 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from string import Formatter
@@ -138,13 +138,19 @@ def register_partition(
     return add
 
 
+def readers(records: Iterable[Any]) -> dict[str, tuple[str, ...]]:
+    """Every config key some of ``records`` (partition schemes, dataset kinds: a ``name`` and the
+    ``keys`` only it reads) reads -> the names of those that read it."""
+    out: dict[str, list[str]] = {}
+    for record in records:
+        for key in record.keys:
+            out.setdefault(key, []).append(record.name)
+    return {k: tuple(v) for k, v in out.items()}
+
+
 def partition_keys() -> dict[str, tuple[str, ...]]:
     """Every config key some partition reads -> the partitions that read it."""
-    out: dict[str, list[str]] = {}
-    for scheme in PARTITIONS.values():
-        for key in scheme.keys:
-            out.setdefault(key, []).append(scheme.name)
-    return {k: tuple(v) for k, v in out.items()}
+    return readers(PARTITIONS.values())
 
 
 def partition_label_keys() -> set[str]:
@@ -423,7 +429,9 @@ def clientwise_dirichlet(labels: np.ndarray, p: PartitionParams, rng: np.random.
         while todo > 0:
             cap = remaining.astype(np.int64) - counts
             q = np.where(cap > 0, q, 0.0)
-            if q.sum() <= 0:  # guard from docs/algorithms/partitions.md#clientwise_dirichlet: the support of q is exhausted; fall back to what is left
+            if (
+                q.sum() <= 0
+            ):  # guard from docs/algorithms/partitions.md#clientwise_dirichlet: the support of q is exhausted; fall back to what is left
                 q = (cap > 0).astype(np.float64)
             draw = rng.multinomial(todo, q / q.sum())
             take = np.minimum(draw, cap)
