@@ -47,9 +47,13 @@ else:
     sys.exit("no error after losing a node")
 fed.close()
 # A plug-in outside the package (examples/plugin), on the nodes that are left: the same numbers as in-process.
+# fedray attaches to the cluster itself, so the plug-in's file goes with the job (py_modules).
+ray.shutdown()
 from jobs.api import run
 cfg = str(Path("examples/plugin/config.yaml").resolve())
 on_ray = run(cfg, rounds=2, num_actors=2, output=str(out / "ray"), address=cluster.address)
+shipped = ray.get_runtime_context().runtime_env.get("py_modules") or []
+assert len(shipped) == 1 and shipped[0].startswith("gcs://"), shipped  # uploaded for every node
 local = run(cfg, rounds=2, local=True, output=str(out / "local"))
 a, b = (r.metrics[~r.metrics["metric"].str.contains("seconds|bytes")].set_index(["round", "metric", "scope", "entity"])
         ["value"].sort_index() for r in (on_ray, local))
