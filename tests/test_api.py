@@ -30,6 +30,8 @@ def test_run_gives_the_clis_numbers_and_returns_its_results(tmp_path):
     # a mapping, with --set strings and keyword overrides; the finished run is found, not run again
     again = fedray.run({"dataset": "digits", "rounds": 2}, sets=["lr=0.05"], local=True, output=str(tmp_path / "api"))
     assert again.run_id == fedray.load_config(None, ["rounds=2"]).run_id()
+    as_config = fedray.run(fedray.load_config(None, ["rounds=2"]), local=True, output=str(tmp_path / "api"))
+    assert as_config.run_id == again.run_id and as_config.status == "finished"  # a Config is a config too
     with pytest.raises(ConfigError, match="'learning_rate'.*did you mean 'lr'"):
         fedray.run(local=True, learning_rate=0.1)
 
