@@ -41,7 +41,7 @@ from fedray.data.shift import SHIFTS
 from fedray.export import initial_params
 from fedray.hparams import check_fields
 from fedray.models import MODELS, SELF_NORMALIZING
-from fedray.plugins import PluginError, activate, origin, resolve
+from fedray.plugins import PluginError, activate, describe, origin, resolve
 
 
 def load_config(
@@ -117,8 +117,15 @@ def plugins_used(cfg: Config) -> list[str]:
     out: list[str] = []
     for m in modules:
         spec = origin(m)
-        if spec is not None and spec not in out:
-            out.append(spec)
+        if spec is None or spec in out:
+            continue
+        if describe(spec).path is None:  # defined in __main__ (a notebook, a script) or a module with no file
+            raise ConfigError(
+                f"the run uses what module {m!r} registered, which has no source file fedray can hash into the "
+                "run id or send to Ray's workers: put the registration in a .py file and name it under "
+                "plugins: (or --plugin, or fedray.run(..., plugins=[...])); docs/extending.md"
+            )
+        out.append(spec)
     return out
 
 

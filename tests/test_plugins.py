@@ -179,6 +179,27 @@ def test_an_installed_package_registers_through_its_entry_point(tmp_path, isolat
     assert from_dict({"model": "lab_mlp", "rounds": 1}).run_id() != first  # a new version: another run
 
 
+def test_a_registration_made_in_main_is_refused_with_what_to_do(isolated, monkeypatch):
+    """A model registered in a notebook cell has no file: no hash for the run id, nothing for Ray's
+    workers to import. The error says to put it in a file and name it as a plug-in."""
+    import types
+
+    import fedray
+    from fedray.models import mlp
+    from fedray.validation import from_dict
+
+    main = types.ModuleType("__main__")
+    monkeypatch.setitem(sys.modules, "__main__", main)
+
+    def cell_model(shape, classes):
+        return mlp(shape, classes)
+
+    cell_model.__module__ = "__main__"
+    fedray.register_model("cell_model")(cell_model)
+    with pytest.raises(ConfigError, match=r"module '__main__' registered, which has no source file.*plugins:"):
+        from_dict({"model": "cell_model"})
+
+
 def test_a_plugin_name_that_shadows_another_module_is_refused(tmp_path, isolated):
     from fedray.validation import from_dict
 
