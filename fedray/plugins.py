@@ -111,12 +111,25 @@ def digest(spec: str) -> str:
     return _source_digest(plugin.path)
 
 
+_DIGESTS: dict[tuple, str] = {}  # the files' (path, size, mtime) -> their digest: run ids ask often
+
+
 def _source_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    for f in _files(path):
-        rel = f.name if path.is_file() else f.relative_to(path).as_posix()
-        h.update(rel.encode() + b"\0" + f.read_bytes() + b"\0")
-    return h.hexdigest()
+    files = _files(path)
+    key = tuple((str(f), (st := f.stat()).st_size, st.st_mtime_ns) for f in files)
+    if key not in _DIGESTS:
+        h = hashlib.sha256()
+        for f in files:
+            rel = f.name if path.is_file() else f.relative_to(path).as_posix()
+            h.update(rel.encode() + b"\0" + f.read_bytes() + b"\0")
+        _DIGESTS[key] = h.hexdigest()
+    return _DIGESTS[key]
+
+
+def _imported_digest(module: object) -> str:
+    """The digest of the source ``module`` was imported from ("" when it has no file)."""
+    src = Path(getattr(module, "__file__", "") or "")
+    return _source_digest(src.parent if src.name == "__init__.py" else src) if src.is_file() else ""
 
 
 def py_modules(specs: Iterable[str]) -> list[str]:
@@ -190,19 +203,16 @@ def activate(specs: Sequence[str], where: str = "", expect: dict[str, str] | Non
             module = importlib.import_module(plugin.name)
         except Exception as e:
             raise PluginError(_failure(repr(spec), e, where)) from e
-        if expect and spec in expect:
-            src = Path(getattr(module, "__file__", "") or "")
-            here = _source_digest(src.parent if src.name == "__init__.py" else src) if src.is_file() else ""
-            if here != expect[spec]:
-                raise PluginError(
-                    f"plugin {spec!r} in {where or 'this process'} is not the one the driver read "
-                    f"(sha256 {here[:12] or 'unknown'} here, {expect[spec][:12]} there): the same version must be "
-                    "on every node"
-                )
+        here = _imported_digest(module)
+        if expect and spec in expect and here != expect[spec]:
+            raise PluginError(
+                f"plugin {spec!r} in {where or 'this process'} is not the one the driver read "
+                f"(sha256 {here[:12] or 'unknown'} here, {expect[spec][:12]} there): the same version must be "
+                "on every node"
+            )
         _LOADED[spec] = plugin.name
-        src = Path(getattr(module, "__file__", "") or "")
-        if src.is_file():
-            _SOURCES[spec] = _source_digest(src.parent if src.name == "__init__.py" else src)
+        if here:
+            _SOURCES[spec] = here
 
 
 def is_plugin_module(module: str) -> bool:
