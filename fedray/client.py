@@ -40,6 +40,7 @@ class Task:
     cuda_deterministic: bool = True  # deterministic CUDA kernels when the clients run on a GPU
     head_bias: bool = True  # the model's last layer has a bias (config key head_bias)
     model_init: str = "derived"  # how initial models are seeded (config key model_init)
+    batched_clients: str = "auto"  # batched client training: off | on | auto (fedray/batched.py)
     # the trained model every initial model starts from (config key init_model), loaded once by the
     # coordinator and sent with the task; None: fresh draws
     init_params: Params | None = field(default=None, compare=False, repr=False)
@@ -184,19 +185,22 @@ class Client:
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor, np.ndarray]]:
         """`train_batches` with each batch's positions in the training split (to look up per-sample
         weights). ``drop_last`` drops the last partial batch (FedRC's loaders)."""
+        for x, y, pos in self.host_batches(rnd, epoch, batch_size, drop_last):
+            yield x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True), pos
+
+    def host_batches(
+        self, rnd: int, epoch: int, batch_size: int | None = None, drop_last: bool = False
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, np.ndarray]]:
+        """`train_batches_at`'s batches before they move to the client's device (in host memory):
+        batched training (fedray.batched) stacks many clients' batches and moves them at once."""
         bs = batch_size or self.task.batch_size
         positions = self.train_order(rnd, epoch)
         aug = seeding.torch_generator(self.task.seed, f"augment/{epoch}", self.cid, rnd)
-        stop = len(positions) - (len(positions) % bs if drop_last else 0)
-        for start in range(0, stop, bs):
+        for start in range(0, num_steps(len(positions), bs, drop_last) * bs, bs):
             pos = positions[start : start + bs]
             idx = self.train_idx[pos]
             x = self.task.layout(self.task.spec.to_tensor(self._data.x[idx], augment=True, generator=aug))
-            yield (
-                x.to(self.device, non_blocking=True),
-                torch.from_numpy(self._data.y[idx]).to(self.device, non_blocking=True),
-                pos,
-            )
+            yield x, torch.from_numpy(self._data.y[idx]), pos
 
     def train_order(self, rnd: int, epoch: int) -> np.ndarray:
         """Positions into the training split in this epoch's shuffled order, drawn from (seed,
@@ -216,6 +220,11 @@ class Client:
 
     def test_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         yield from iterate(self._data, self.test_idx, self.task, self.device)
+
+
+def num_steps(samples: int, batch_size: int, drop_last: bool = False) -> int:
+    """Mini-batches in one epoch over ``samples``: the last partial batch counts unless ``drop_last``."""
+    return samples // batch_size if drop_last else -(-samples // batch_size)
 
 
 def iterate(

@@ -131,6 +131,13 @@ class Config:
     # default kernels, some of which sum in a varying order (runs then differ in the last bits, and
     # an unstable algorithm amplifies that). No effect on the CPU, which is deterministic anyway.
     cuda_deterministic: bool = True  # deterministic CUDA kernels on a GPU (see above)
+    # Batched client training (fedray/batched.py): the clients a worker runs in one call train as
+    # one stacked model, each on its own batches, through torch.func.vmap: on a GPU many small
+    # models per step instead of one. The numbers equal the per-client path's up to float
+    # round-off. on: always (a model with BatchNorm or dropout is refused); auto: where the clients
+    # run on a GPU and the model allows it; off: one client at a time. docs/batched.md lists the
+    # client functions it covers (others run per client).
+    batched_clients: str = "auto"  # off | on | auto
     placement_timeout_s: float = field(default=300.0, metadata=bound(gt=0))  # give up (loudly) if the actors cannot be placed within this time (a local Ray fedray started fails at once)
 
     # --- output (docs/output.md#output) -------------------------------------------------------------------------
@@ -195,7 +202,8 @@ NOT_IN_RUN_ID = (
 # Keys added after results existed, with the value that means "as before": at that value they stay
 # out of the run id, so every earlier run keeps its id (and a re-submitted sweep skips it).
 ADDED_LATER = {"shift": "none", "partition_file": "", "channels_last": False, "eval_train": True, "cuda_deterministic": True, "head_bias": True,
-               "model_init": "derived", "init_model": "", "plugins": []}
+               "model_init": "derived", "init_model": "", "plugins": [],
+               "batched_clients": "auto"}
 # Keys of a sweep file that are not config keys (fedray/sweep_file.py expands them into runs).
 SWEEP_KEYS = ("grid", "seeds", "cases", "max_concurrent_runs")
 # What other tools (and papers) call a key: an unknown key named here says "did you mean ...?"

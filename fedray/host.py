@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedray import batched
 from fedray.client import Client, Task
 from fedray.data import ArrayDataset, ClientIndices
 from fedray.federation import TEST_SHARD, ClientError, ClientFn
@@ -83,6 +84,7 @@ class ClientHost:
         self._indices = dict(clients)
         self._state: dict[int, Any] = {}
         self._model_cache: dict = {}
+        self._batched: bool | None = None  # batched client training here (decided on first use)
 
     @property
     def client_ids(self) -> list[int]:
@@ -105,7 +107,33 @@ class ClientHost:
         return reply, meta
 
     def run_many(self, fn: ClientFn, cids: Sequence[int], msg: Any) -> list[tuple[Any, CallMeta]]:
-        return [self.run(fn, cid, msg) for cid in cids]
+        """``fn`` on each client in order; all at once through its batched version
+        (`fedray.batched`) where it has one and this host trains batched."""
+        many = batched.batched_version(fn) if len(cids) > 1 and self.trains_batched() else None
+        if many is None:
+            return [self.run(fn, cid, msg) for cid in cids]
+        for cid in cids:
+            if cid not in self._indices:
+                raise ClientError(cid, f"not hosted here (this host has clients {self.client_ids[:10]}...)")
+        t0 = time.perf_counter()
+        try:
+            results = many([self.client(c) for c in cids], [self._state.get(c) for c in cids], msg)
+        except Exception as e:  # noqa: BLE001 - re-raised with the clients named
+            raise ClientError(
+                cids[0], f"batched training of clients {list(cids)}: {type(e).__name__}: {e}", traceback.format_exc()
+            ) from e
+        seconds = (time.perf_counter() - t0) / len(cids)  # the call's time, shared out
+        out = []
+        for cid, (reply, new_state) in zip(cids, results, strict=True):
+            self._state[cid] = new_state
+            out.append((reply, CallMeta(cid, payload_nbytes(reply), seconds)))
+        return out
+
+    def trains_batched(self) -> bool:
+        """Whether this host runs batched client functions (config key batched_clients)."""
+        if self._batched is None:
+            self._batched = batched.enabled(self.task.batched_clients, self.device, self.task.build_model())
+        return self._batched
 
     def get_state(self, cid: int) -> Any:
         """Client ``cid``'s persistent state (None if it has none): what a checkpoint saves."""

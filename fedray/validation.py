@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fedray.algorithms import ALGORITHMS
+from fedray.batched import MODES, refusal
 from fedray.coercion import ConfigError, coerce, suggest
 from fedray.config import (
     FIELDS,
@@ -40,7 +41,7 @@ from fedray.data.partitions import readers
 from fedray.data.shift import SHIFTS
 from fedray.export import initial_params
 from fedray.hparams import check_fields
-from fedray.models import MODELS, SELF_NORMALIZING
+from fedray.models import MODELS, SELF_NORMALIZING, build_model
 from fedray.plugins import PluginError, activate, describe, origin, resolve
 
 
@@ -251,6 +252,7 @@ def validate(cfg: Config) -> None:
     _choice("model", cfg.model, MODELS)
     _choice("shift", cfg.shift, SHIFTS)
     _choice("model_init", cfg.model_init, ("derived", "seed_plus_k"))
+    _choice("batched_clients", cfg.batched_clients, MODES)
     try:  # every key's declared bound (field metadata, fedray/hparams.py): one message for all
         check_fields(cfg, prefix="")
     except ValueError as e:
@@ -299,6 +301,11 @@ def validate(cfg: Config) -> None:
     problem = MODELS[cfg.model].incompatibility(info.input_shape)
     if problem:
         raise ConfigError(f"config key 'model': {cfg.model} cannot take {cfg.dataset} inputs: {problem}")
+    if cfg.batched_clients == "on":
+        why = refusal(build_model(cfg.model, tuple(info.input_shape), info.num_classes, head_bias=cfg.head_bias))
+        _check(why is None, "batched_clients",
+               f"on: model {cfg.model} cannot train batched: {why}; use batched_clients: off, or auto "
+               "(which trains such a model one client at a time)")  # fmt: skip
     if cfg.init_model:  # the file exists and holds a model of this run's architecture
         try:
             initial_params(

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedray.batched import register_batched, train_stacked
 from fedray.client import Client
 from fedray.federation import Federation
 from fedray.params import Params, get_params, weighted_average
@@ -92,6 +93,29 @@ def kept_optimizer_update(
 def local_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
     """FedAvg's client function: train the received ``params`` for the round's local epochs."""
     return local_sgd_reply(client, msg["params"], msg["round"]), cstate
+
+
+@register_batched(local_update)
+def local_update_batched(clients: Sequence[Client], cstates: Sequence[Any], msg: dict) -> list[tuple[dict, Any]]:
+    """`local_update` for many clients at once (fedray/batched.py)."""
+    trained = train_stacked(clients, [msg["params"]] * len(clients), msg["round"])
+    return [(train_reply(c, t.params, t.stats), s) for c, t, s in zip(clients, trained, cstates, strict=True)]
+
+
+def kept_optimizer_batched(
+    clients: Sequence[Client],
+    starts: Sequence[Params],
+    rnd: int,
+    buffers: Sequence[dict | None],
+    *,
+    keep: bool,
+    drop_last: bool = False,
+) -> list[tuple[dict[str, Any], dict | None]]:
+    """`kept_optimizer_update` for many clients at once: client i trains ``starts[i]`` from its
+    ``buffers[i]`` (fedray/batched.py)."""
+    trained = train_stacked(clients, starts, rnd, buffers=[b if keep else None for b in buffers],
+                            keep=keep, drop_last=drop_last)  # fmt: skip
+    return [(train_reply(c, t.params, t.stats), t.buffers if keep else None) for c, t in zip(clients, trained, strict=True)]
 
 
 def fedavg_aggregate(replies: Mapping[int, Mapping[str, Any]]) -> Params:

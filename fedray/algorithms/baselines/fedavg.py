@@ -18,7 +18,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedray.algorithms.rounds import fedavg_aggregate, kept_optimizer_update, local_update, train_records
+from fedray.algorithms.rounds import (
+    fedavg_aggregate,
+    kept_optimizer_batched,
+    kept_optimizer_update,
+    local_update,
+    train_records,
+)
+from fedray.batched import register_batched
 from fedray.client import Client
 from fedray.evaluation import single_model_records
 from fedray.export import SavedModel, global_model
@@ -80,6 +87,12 @@ def kept_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
     reply, kept = kept_optimizer_update(client, msg["params"], msg["round"], cstate,
                                         keep=msg["persistent_optimizer"], drop_last=msg["drop_last"])  # fmt: skip
     return reply, kept
+
+
+@register_batched(kept_update)
+def kept_update_batched(clients: list[Client], cstates: list[Any], msg: dict) -> list[tuple[dict, Any]]:
+    return kept_optimizer_batched(clients, [msg["params"]] * len(clients), msg["round"], cstates,
+                                  keep=msg["persistent_optimizer"], drop_last=msg["drop_last"])  # fmt: skip
 
 
 def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001

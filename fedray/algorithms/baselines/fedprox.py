@@ -14,7 +14,8 @@ from typing import Any
 
 from fedray.algorithms.baselines import fedavg
 from fedray.algorithms.baselines.fedavg import State, evaluate, init, models  # noqa: F401 - FedAvg's, part of the record
-from fedray.algorithms.rounds import local_sgd_reply
+from fedray.algorithms.rounds import local_sgd_reply, train_reply
+from fedray.batched import register_batched, train_stacked
 from fedray.client import Client
 from fedray.federation import Federation
 from fedray.hparams import bound
@@ -32,6 +33,12 @@ def prox_update(client: Client, cstate: Any, msg: dict, mu: float) -> tuple[dict
     model = client.model(msg["params"])
     anchor = {name: p.detach().clone() for name, p in model.named_parameters()}  # w^t, as received
     return local_sgd_reply(client, msg["params"], msg["round"], proximal(mu, anchor), model=model), cstate
+
+
+@register_batched(prox_update)
+def prox_update_batched(clients: list[Client], cstates: list[Any], msg: dict, mu: float) -> list[tuple[dict, Any]]:
+    trained = train_stacked(clients, [msg["params"]] * len(clients), msg["round"], prox_mu=mu)
+    return [(train_reply(c, t.params, t.stats), s) for c, t, s in zip(clients, trained, cstates, strict=True)]
 
 
 def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001

@@ -21,7 +21,8 @@ import torch
 
 from fedray.algorithms.baselines import fedavg
 from fedray.algorithms.baselines.fedavg import evaluate, models, server_step  # noqa: F401 - FedAvg's evaluation, part of the record
-from fedray.algorithms.rounds import fedavg_aggregate, local_sgd_reply, train_records
+from fedray.algorithms.rounds import fedavg_aggregate, local_sgd_reply, train_records, train_reply
+from fedray.batched import register_batched, train_stacked
 from fedray.client import Client
 from fedray.federation import Federation
 from fedray.hparams import one_of
@@ -67,10 +68,23 @@ def scaffold_update(client: Client, cstate: Params | None, msg: dict) -> tuple[d
                 entry.sub_(step)
 
     reply = local_sgd_reply(client, w, msg["round"], after_step=correct, model=model)
+    return with_control(reply, w, c, ci, lr)
+
+
+def with_control(reply: dict, w: Params, c: Params, ci: Params, lr: float) -> tuple[dict, Params]:
+    """The reply with delta c_i, and the new c_i = c_i - c + (w - w_i) / (K lr) (option II)."""
     steps, wi = reply["steps"], reply["params"]
     new_ci = {k: (ci[k] - c[k] + (w[k] - wi[k]) / (steps * lr)).astype(c[k].dtype) for k in c}
     reply["delta_c"] = {k: new_ci[k] - ci[k] for k in c}
     return reply, new_ci
+
+
+@register_batched(scaffold_update)
+def scaffold_update_batched(clients: list[Client], cstates: list[Params | None], msg: dict) -> list[tuple[dict, Params]]:
+    w, c, lr = msg["params"], msg["c"], clients[0].task.lr
+    cis = [zeros_like(c) if s is None else s for s in cstates]
+    trained = train_stacked(clients, [w] * len(clients), msg["round"], corrections=[{k: c[k] - ci[k] for k in c} for ci in cis])
+    return [with_control(train_reply(cl, t.params, t.stats), w, c, ci, lr) for cl, t, ci in zip(clients, trained, cis, strict=True)]
 
 
 def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001

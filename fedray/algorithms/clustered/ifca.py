@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from fedray.algorithms.clustering import purity
-from fedray.algorithms.rounds import fedavg_aggregate, kept_optimizer_update, train_records
+from fedray.algorithms.rounds import fedavg_aggregate, kept_optimizer_batched, kept_optimizer_update, train_records
+from fedray.batched import register_batched
 from fedray.client import Client
 from fedray.evaluation import hard_cluster_records, mean_losses
 from fedray.export import SavedModel, cluster_models, members_of
@@ -84,6 +85,23 @@ def ifca_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
     if kept is not None:
         buffers[k] = kept
     return {**reply, "cluster": k, "losses": losses}, (buffers or None)
+
+
+@register_batched(ifca_update)
+def ifca_update_batched(clients: list[Client], cstates: list[Any], msg: dict) -> list[tuple[dict, Any]]:
+    """`ifca_update` for many clients: each picks its model as above, then all train at once."""
+    losses = [mean_losses(c, msg["models"]) for c in clients]
+    ks = [int(np.argmin(ls)) for ls in losses]
+    kept = [dict(s or {}) for s in cstates]
+    trained = kept_optimizer_batched(clients, [msg["models"][k] for k in ks], msg["round"],
+                                     [b.get(k) for b, k in zip(kept, ks, strict=True)],
+                                     keep=msg["persistent_optimizer"], drop_last=msg["drop_last"])  # fmt: skip
+    out = []
+    for (reply, buf), k, ls, b in zip(trained, ks, losses, kept, strict=True):
+        if buf is not None:
+            b[k] = buf
+        out.append(({**reply, "cluster": k, "losses": ls}, (b or None)))
+    return out
 
 
 def zeroed(params: Params) -> Params:

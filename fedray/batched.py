@@ -1,0 +1,249 @@
+"""Batched client training: one optimizer step trains many clients' models at once.
+
+On a GPU the papers' small CNNs are kernel-launch bound: a client's step is a few dozen tiny
+kernels, and one model at a time leaves the device idle. Here the clients a host runs in one call
+(`ClientHost.run_many`) train together: their parameters are stacked along a leading client axis
+and one step runs the model over every client's own mini-batch through `torch.func.functional_call`
+under `torch.func.vmap` (a convolution becomes one grouped convolution, a linear layer one batched
+matrix product), with every client's SGD update applied to its own slice.
+
+The numbers are the per-client path's (`fedray.train.local_train`) up to float round-off: each
+client sees the same batches in the same order (`Client.host_batches`), the same augmentation draws
+and the same SGD rule (`torch.optim.SGD`'s: weight decay added to the gradient, the momentum buffer
+started at the first gradient, dampening 0), a fresh optimizer per call unless buffers are given,
+and its loss is the mean over its own batch (a partial last batch is padded and masked). A client
+that has taken all its steps leaves the stack, so unequal client sizes cost no idle steps.
+
+Models whose training mutates buffers or draws randomness (BatchNorm's running statistics,
+dropout) are refused by `refusal`: `batched_clients: on` names the layer, `auto` falls back to the
+per-client path. A client function opts in by registering its batched version
+(`register_batched`), built-in and plug-in functions alike; the config key `batched_clients`
+(off | on | auto; auto: on where the clients run on a GPU) decides whether hosts use them.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from fedray.client import Client, num_steps
+from fedray.params import Params
+from fedray.train import TrainStats
+
+MODES = ("off", "on", "auto")
+
+# fn(clients, states, msg) -> [(reply, new_state)] per client, in the order given
+BatchedFn = Callable[[Sequence[Client], Sequence[Any], Any], list[tuple[Any, Any]]]
+_BATCHED: dict[Callable, BatchedFn] = {}
+
+
+def register_batched(fn: Callable) -> Callable[[BatchedFn], BatchedFn]:
+    """Declare ``batched(clients, states, msg)`` as client function ``fn``'s batched version: the
+    same replies and states as ``fn`` run on each client (up to float round-off)."""
+
+    def deco(batched: BatchedFn) -> BatchedFn:
+        _BATCHED[fn] = batched
+        return batched
+
+    return deco
+
+
+def batched_version(fn: Callable) -> BatchedFn | None:
+    """``fn``'s registered batched version; a `functools.partial` of a registered function gets
+    the batched version with the same keyword arguments bound."""
+    if isinstance(fn, functools.partial) and not fn.args:
+        base = _BATCHED.get(fn.func)
+        return functools.partial(base, **fn.keywords) if base is not None else None
+    return _BATCHED.get(fn)
+
+
+def covered() -> list[str]:
+    """The client functions that have a batched version, as module.name."""
+    return sorted(f"{f.__module__}.{f.__qualname__}" for f in _BATCHED)
+
+
+def refusal(model: nn.Module) -> str | None:
+    """Why ``model`` cannot train batched (a layer whose training step mutates buffers or draws
+    random numbers), or None."""
+    for name, m in model.named_modules():
+        if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats:
+            return f"layer {name!r} is {type(m).__name__}, whose running statistics each client updates"
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
+            return f"layer {name!r} is {type(m).__name__}, whose random masks each client draws"
+    return None
+
+
+def enabled(mode: str, device: torch.device, model: nn.Module) -> bool:
+    """Whether a host on ``device`` trains batched under ``batched_clients: mode``."""
+    if mode == "off":
+        return False
+    if mode == "auto":
+        return device.type == "cuda" and refusal(model) is None
+    return True  # "on": validated before the run starts (validation refuses a model it cannot do)
+
+
+@dataclass
+class Trained:
+    """One client's result of `train_stacked`."""
+
+    params: Params  # the trained model, every state-dict entry, in the start's key order
+    stats: TrainStats
+    buffers: dict[str, np.ndarray] | None  # `fedray.train.optimizer_state`'s form, when asked to keep
+
+
+def train_stacked(
+    clients: Sequence[Client],
+    starts: Sequence[Params],
+    rnd: int,
+    *,
+    prox_mu: float = 0.0,
+    corrections: Sequence[Mapping[str, np.ndarray]] | None = None,
+    buffers: Sequence[Mapping[str, np.ndarray] | None] | None = None,
+    keep: bool = False,
+    drop_last: bool = False,
+    weights: Sequence[np.ndarray | None] | None = None,
+) -> list[Trained]:
+    """`local_train` of ``starts[i]`` on ``clients[i]`` for the task's local epochs, every client at once.
+
+    ``prox_mu``: FedProx's (mu/2)||w - start||^2 over the parameters. ``corrections``: per-client
+    tensors subtracted, times lr, after every step (SCAFFOLD's c - c_i). ``buffers``: per-client
+    momentum buffers to continue from (`optimizer_state`'s form; None = a fresh optimizer), and
+    ``keep`` returns the final ones. ``weights``: per-sample loss weights aligned with each
+    client's training split (the weighted objective's (1/|B|) sum w_b CE_b). ``drop_last`` as in
+    `local_train`.
+    """
+    if not clients:
+        return []
+    task, device = clients[0].task, clients[0].device
+    template = clients[0].model(starts[0], slot="batched")
+    names = [n for n, _ in template.named_parameters()]
+    frozen = {n: b.detach() for n, b in template.named_buffers()}
+    n_all, bs = len(clients), task.batch_size
+    lr, mom, wd = task.lr, task.momentum, task.weight_decay
+
+    def stack(rows: Sequence[Mapping[str, np.ndarray]], keys: Sequence[str]) -> dict[str, torch.Tensor]:
+        return {k: torch.from_numpy(np.stack([np.asarray(r[k], np.float32) for r in rows])).to(device) for k in keys}
+
+    p = stack(starts, names)
+    anchor = {n: t.clone() for n, t in p.items()} if prox_mu else None
+    corr = None
+    if corrections is not None:
+        corr = {n: t * lr for n, t in stack(corrections, names).items()}
+    buf = None
+    if mom:
+        given = buffers or [None] * n_all
+        buf = {
+            n: torch.from_numpy(
+                np.stack([np.asarray(g[f"{n}/momentum_buffer"], np.float32) if g else np.zeros_like(starts[i][n], np.float32)
+                          for i, g in enumerate(given)])  # fmt: skip
+            ).to(device)
+            for n in names
+        }
+    w_all = None
+    if weights is not None and any(w is not None for w in weights):
+        w_all = [
+            torch.ones(c.num_examples) if w is None else torch.as_tensor(np.asarray(w), dtype=torch.float32)
+            for c, w in zip(clients, weights, strict=True)
+        ]
+
+    def loss_one(params, x, y, mask, count, w, a):
+        out = functional_call(template, (params, frozen), (x,))
+        each = nn.functional.cross_entropy(out, y, reduction="none")
+        ce = (each * mask).sum() / count
+        loss = ce if w is None else (each * w * mask).sum() / count
+        if a is not None:
+            loss = loss + prox_mu / 2 * sum(((params[n] - a[n]) ** 2).sum() for n in params)
+        return loss, (out.argmax(1), ce)
+
+    grads = vmap(grad(loss_one, has_aux=True), in_dims=(0, 0, 0, 0, 0, 0 if w_all else None, 0 if anchor else None))
+
+    epochs = task.local_epochs
+    steps = [sum(num_steps(c.num_examples, bs, drop_last) for _ in range(epochs)) for c in clients]
+
+    def batches(i: int):
+        for e in range(epochs):
+            yield from clients[i].host_batches(rnd, e, bs, drop_last)
+
+    streams = [batches(i) for i in range(n_all)]
+    rows = list(range(n_all))  # the clients still stacked, in stack order
+    done: dict[int, dict[str, torch.Tensor]] = {}
+    done_buf: dict[int, dict[str, torch.Tensor]] = {}
+    # each stacked client's summed cross-entropy and correct predictions (rows: as p's)
+    acc = {"loss": torch.zeros(n_all, dtype=torch.float64, device=device),
+           "correct": torch.zeros(n_all, dtype=torch.int64, device=device)}  # fmt: skip
+    done_acc: dict[int, dict[str, torch.Tensor]] = {}
+    samples = [0] * n_all
+    shape = tuple(task.spec.input_shape)
+    t = 0
+    while rows:
+        leaving = [j for j, i in enumerate(rows) if steps[i] <= t]
+        if leaving:
+            for j in leaving:
+                done[rows[j]] = {n: v[j] for n, v in p.items()}
+                done_acc[rows[j]] = {n: v[j] for n, v in acc.items()}
+                if buf is not None:
+                    done_buf[rows[j]] = {n: v[j] for n, v in buf.items()}
+            stay = [j for j in range(len(rows)) if steps[rows[j]] > t]
+            if not stay:
+                break
+            idx = torch.tensor(stay, device=device)
+            p = {n: v.index_select(0, idx) for n, v in p.items()}
+            for d in (anchor, corr, buf, acc):
+                if d is not None:
+                    for n in d:
+                        d[n] = d[n].index_select(0, idx)
+            rows = [rows[j] for j in stay]
+        k = len(rows)
+        x = torch.zeros((k, bs, *shape))
+        y = torch.zeros((k, bs), dtype=torch.int64)
+        mask = torch.zeros((k, bs))
+        count = torch.empty(k)
+        w = torch.zeros((k, bs)) if w_all else None
+        for j, i in enumerate(rows):
+            xb, yb, pos = next(streams[i])
+            m = len(yb)
+            x[j, :m], y[j, :m], mask[j, :m], count[j] = xb, yb, 1.0, m
+            if w is not None:
+                w[j, :m] = w_all[i][torch.from_numpy(pos)]
+            samples[i] += m
+        x, y, mask, count = (v.to(device, non_blocking=True) for v in (x, y, mask, count))
+        if w is not None:
+            w = w.to(device, non_blocking=True)
+        g, (pred, ce) = grads(p, x, y, mask, count, w, anchor)
+        with torch.no_grad():
+            for n in names:
+                d_p = g[n] if not wd else g[n].add(p[n], alpha=wd)
+                if buf is not None:
+                    buf[n].mul_(mom).add_(d_p)
+                    d_p = buf[n]
+                p[n] = p[n].add(d_p, alpha=-lr)
+                if corr is not None:
+                    p[n] = p[n].sub(corr[n])
+            acc["loss"] += ce.double() * count.double()
+            acc["correct"] += ((pred == y) & (mask > 0)).sum(1)
+        t += 1
+    for j, i in enumerate(rows):  # the clients with the most steps, still stacked
+        done.setdefault(i, {n: v[j] for n, v in p.items()})
+        done_acc.setdefault(i, {n: v[j] for n, v in acc.items()})
+        if buf is not None:
+            done_buf.setdefault(i, {n: v[j] for n, v in buf.items()})
+    out = []
+    for i in range(n_all):
+        trained = {n: v.detach().cpu().numpy().copy() for n, v in done[i].items()}
+        params = {key: trained[key] if key in trained else np.array(val, copy=True) for key, val in starts[i].items()}
+        got = done_acc[i]
+        stats = TrainStats(samples=samples[i], loss_sum=float(got["loss"]), correct=int(got["correct"]), steps=steps[i])
+        kept = None
+        if keep and buf is not None:
+            kept = {f"{n}/momentum_buffer": v.detach().cpu().numpy().copy() for n, v in done_buf[i].items()}
+        elif keep:
+            kept = {}
+        out.append(Trained(params, stats, kept))
+    return out
