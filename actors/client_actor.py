@@ -74,8 +74,11 @@ class ClientActor:
     def run(self, fn: ClientFn, cid: int, msg: Any) -> tuple[Any, CallMeta]:
         return self.host.run(fn, cid, msg)
 
-    def run_many(self, fn: ClientFn, cids: Sequence[int], msg: Any) -> list[tuple[Any, CallMeta]]:
-        return self.host.run_many(fn, cids, msg)
+    def run_groups(self, fn: ClientFn, groups: Sequence[tuple[Sequence[int], Any]]) -> list[tuple[Any, CallMeta]]:
+        """Each group's message is an ObjectRef inside the list (Ray resolves only top-level
+        arguments): fetched here, zero-copy, once per group."""
+        got = ray.get([msg for _, msg in groups])
+        return self.host.run_groups(fn, [(cids, msg) for (cids, _), msg in zip(groups, got, strict=True)])
 
     def relay(self, fn: ClientFn, cid: int, carry: Any, common: Any) -> tuple[Any, Any, CallMeta]:
         return self.host.relay(fn, cid, carry, common)

@@ -87,15 +87,18 @@ class RayFederation(ClientCatalog):
 
     def map_groups(self, fn: ClientFn, groups: Sequence[tuple[Sequence[int], Any]]) -> dict[int, Any]:
         check_groups(groups)
-        refs = []
+        by_actor: dict[Any, list[tuple[list[int], Any]]] = {}
         for cids, msg in groups:
             msg_ref = ray.put(msg)  # each message goes into the object store once
-            by_actor: dict[Any, list[int]] = {}
+            parts: dict[Any, list[int]] = {}
             for c in sorted(cids):
-                by_actor.setdefault(self._actor_of[c], []).append(c)
-            # Every group's calls are submitted before any result is awaited: all groups run at once.
-            refs += [a.run_many.remote(fn, part, msg_ref) for a, part in by_actor.items()]
+                parts.setdefault(self._actor_of[c], []).append(c)
+            for a, part in parts.items():
+                by_actor.setdefault(a, []).append((part, msg_ref))
             self._traffic.broadcast(msg, len(cids))
+        # One call per actor with its share of every group: all groups run at once, and an actor
+        # that trains batched stacks them all (fedray/batched.py).
+        refs = [a.run_groups.remote(fn, parts) for a, parts in by_actor.items()]
         results = [r for batch in self._get(refs) for r in batch]
         self._traffic.replies([m for _, m in results])
         return {m.cid: r for r, m in sorted(results, key=lambda rm: rm[1].cid)}

@@ -2,7 +2,7 @@
 
 On a GPU the papers' small CNNs are kernel-launch bound: a client's step is a few dozen tiny
 kernels, and one model at a time leaves the device idle. Here the clients a host runs in one call
-(`ClientHost.run_many`) train together: their parameters are stacked along a leading client axis
+(`ClientHost.run_groups`: a `map`'s clients, every group of a `map_groups`) train together: their parameters are stacked along a leading client axis
 and one step runs the model over every client's own mini-batch through `torch.func.functional_call`
 under `torch.func.vmap` (a convolution becomes one grouped convolution, a linear layer one batched
 matrix product), with every client's SGD update applied to its own slice.
@@ -39,14 +39,16 @@ from fedray.train import TrainStats
 
 MODES = ("off", "on", "auto")
 
-# fn(clients, states, msg) -> [(reply, new_state)] per client, in the order given
-BatchedFn = Callable[[Sequence[Client], Sequence[Any], Any], list[tuple[Any, Any]]]
+# fn(clients, states, msgs) -> [(reply, new_state)] per client, in the order given; msgs[i] is the
+# message client i received (one object for all the clients of a `map`, one per group of `map_groups`)
+BatchedFn = Callable[[Sequence[Client], Sequence[Any], Sequence[Any]], list[tuple[Any, Any]]]
 _BATCHED: dict[Callable, BatchedFn] = {}
 
 
 def register_batched(fn: Callable) -> Callable[[BatchedFn], BatchedFn]:
-    """Declare ``batched(clients, states, msg)`` as client function ``fn``'s batched version: the
-    same replies and states as ``fn`` run on each client (up to float round-off)."""
+    """Declare ``batched(clients, states, msgs)`` as client function ``fn``'s batched version: the
+    same replies and states as ``fn(clients[i], states[i], msgs[i])`` for each i (up to float
+    round-off)."""
 
     def deco(batched: BatchedFn) -> BatchedFn:
         _BATCHED[fn] = batched

@@ -20,6 +20,10 @@ class ConfigError(ValueError):
     """A config key or value is wrong; the message names the key."""
 
 
+# String keys whose values include "on" and "off", which YAML 1.1 (PyYAML) reads as booleans.
+ON_OFF_KEYS = frozenset({"batched_clients"})
+
+
 def suggest(name: str, candidates: Iterable[str]) -> str:
     close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
     return f"; did you mean '{close[0]}'?" if close else ""
@@ -49,6 +53,8 @@ def coerce(key: str, value: Any, typ: Any, str_from_number: bool = False) -> Any
             return float(value)  # PyYAML (YAML 1.1) reads 1e-3 as a string; people write it anyway
         raise ConfigError(f"config key '{key}': expected a number, got {value!r}")
     if typ is str:
+        if isinstance(value, bool) and key in ON_OFF_KEYS:
+            return "on" if value else "off"  # YAML 1.1 reads a bare on / off as a boolean
         if isinstance(value, str):
             return value
         if str_from_number and isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -107,20 +107,26 @@ class ClientHost:
         return reply, meta
 
     def run_many(self, fn: ClientFn, cids: Sequence[int], msg: Any) -> list[tuple[Any, CallMeta]]:
-        """``fn`` on each client in order; all at once through its batched version
-        (`fedray.batched`) where it has one and this host trains batched."""
-        many = batched.batched_version(fn) if len(cids) > 1 and self.trains_batched() else None
+        return self.run_groups(fn, [(cids, msg)])
+
+    def run_groups(self, fn: ClientFn, groups: Sequence[tuple[Sequence[int], Any]]) -> list[tuple[Any, CallMeta]]:
+        """``fn`` on each group's clients with the group's message, in the order given; every
+        client of every group at once through ``fn``'s batched version (`fedray.batched`) where it
+        has one and this host trains batched (cluster-wise FedAvg: all clusters in one stack)."""
+        pairs = [(cid, msg) for cids, msg in groups for cid in cids]
+        many = batched.batched_version(fn) if len(pairs) > 1 and self.trains_batched() else None
         if many is None:
-            return [self.run(fn, cid, msg) for cid in cids]
-        for cid in cids:
+            return [self.run(fn, cid, msg) for cid, msg in pairs]
+        for cid, _ in pairs:
             if cid not in self._indices:
                 raise ClientError(cid, f"not hosted here (this host has clients {self.client_ids[:10]}...)")
+        cids = [cid for cid, _ in pairs]
         t0 = time.perf_counter()
         try:
-            results = many([self.client(c) for c in cids], [self._state.get(c) for c in cids], msg)
+            results = many([self.client(c) for c in cids], [self._state.get(c) for c in cids], [m for _, m in pairs])
         except Exception as e:  # noqa: BLE001 - re-raised with the clients named
             raise ClientError(
-                cids[0], f"batched training of clients {list(cids)}: {type(e).__name__}: {e}", traceback.format_exc()
+                cids[0], f"batched training of clients {cids}: {type(e).__name__}: {e}", traceback.format_exc()
             ) from e
         seconds = (time.perf_counter() - t0) / len(cids)  # the call's time, shared out
         out = []

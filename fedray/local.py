@@ -40,13 +40,12 @@ class LocalFederation(ClientCatalog):
 
     def map_groups(self, fn: ClientFn, groups: Sequence[tuple[Sequence[int], Any]]) -> dict[int, Any]:
         check_groups(groups)
-        out: dict[int, Any] = {}
+        groups = [(sorted(cids), msg) for cids, msg in groups]
+        results = self.host.run_groups(fn, groups)  # every group in one call: batched together
         for cids, msg in groups:
-            results = self.host.run_many(fn, sorted(cids), msg)
-            self._traffic.broadcast(msg, len(results))
-            self._traffic.replies([m for _, m in results])
-            out.update({m.cid: r for r, m in results})
-        return dict(sorted(out.items()))
+            self._traffic.broadcast(msg, len(cids))
+        self._traffic.replies([m for _, m in results])
+        return {m.cid: r for r, m in sorted(results, key=lambda rm: rm[1].cid)}
 
     def map_fold(self, fn: ClientFn, cids: Sequence[int], msg: Any, fold: FoldFn, acc: Any) -> Any:
         cids = sorted(cids)

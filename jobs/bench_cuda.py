@@ -23,6 +23,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from jobs import one_run
@@ -30,8 +31,9 @@ from jobs import one_run
 METRICS = ("accuracy", "loss", "sgd_loss")
 
 
-def run_side(cfg, label: str) -> tuple[list[str], dict[int, dict]]:
-    """One run on Ray; the client actors' devices and each round's stage, seconds and global metrics."""
+def run_side(cfg, label: str, placement: dict | None = None) -> tuple[list[str], dict[int, dict]]:
+    """One run on Ray; the client actors' devices and each round's stage, seconds and global
+    metrics (``placement``, when given, receives the run's placement)."""
     from actors.driver import run_on_ray
     from fedray.experiment import RoundDone, Started
 
@@ -39,6 +41,8 @@ def run_side(cfg, label: str) -> tuple[list[str], dict[int, dict]]:
     for ev in run_on_ray(cfg, restart=True):
         if isinstance(ev, Started):
             devices = list(ev.placement.get("devices", []))
+            if placement is not None:
+                placement.update(ev.placement)
             print(f"{label}: {cfg.algorithm} on {cfg.dataset}, {ev.num_clients} clients, "
                   f"{ev.placement.get('actors')} actors on {devices}", flush=True)  # fmt: skip
         elif isinstance(ev, RoundDone):
@@ -56,6 +60,50 @@ def round_times(rounds: dict[int, dict]) -> str:
     )
 
 
+def steady(rounds: dict[int, dict]) -> float:
+    """Median seconds of the rounds after each stage's first, over all stages: the whole run's pace."""
+    by_stage: dict[str, list[float]] = {}
+    for r in sorted(rounds):
+        by_stage.setdefault(rounds[r]["stage"], []).append(rounds[r]["seconds"])
+    rest = [t for s in by_stage.values() for t in (s[1:] or s)]
+    return statistics.median(rest) if rest else float("nan")
+
+
+def compare_sides(args: argparse.Namespace, out: Path) -> int:
+    """``--side LABEL:KEY=VALUE,...``: the run once per side, then one table (seconds per round,
+    the speed-up over the first side, and how far each side's metrics are from the first's)."""
+    sides = []
+    for spec in args.sides:
+        label, _, sets = spec.partition(":")
+        cfg = one_run.picked(args, [*args.sets, *[kv for kv in sets.split(",") if kv]])
+        if cfg is None:
+            return 2
+        sides.append((label, cfg))
+    got = []
+    for label, cfg in sides:
+        place: dict = {}
+        t0 = time.perf_counter()
+        devices, rounds = run_side(dataclasses.replace(cfg, output=str(out / label)), label, place)
+        got.append((label, cfg, devices, rounds, time.perf_counter() - t0, place))
+    ref = got[0][3]
+    print(f"\n{'side':18s} {'actors':>6s} {'GPU each':>8s} {'batched':>7s} {'devices':12s} "
+          f"{'s/round':>8s} {'x first':>7s} {'wall s':>7s} {'final acc':>9s} {'max|dacc|':>9s} {'max rel dloss':>13s}  by stage")  # fmt: skip
+    failed = False
+    for label, cfg, devices, rounds, wall, place in got:
+        common = sorted(set(rounds) & set(ref))
+        dacc = max((abs(rounds[r]["accuracy"] - ref[r]["accuracy"]) for r in common if "accuracy" in rounds[r]), default=0.0)
+        dloss = max((abs(rounds[r]["loss"] - ref[r]["loss"]) / abs(ref[r]["loss"]) for r in common
+                     if "loss" in rounds[r] and ref[r]["loss"]), default=0.0)  # fmt: skip
+        final = rounds[max(rounds)].get("accuracy", float("nan")) if rounds else float("nan")
+        print(f"{label:18s} {place.get('actors', 0):6d} {cfg.num_gpus_per_actor:8.4g} {cfg.batched_clients:>7s} "
+              f"{','.join(devices):12s} {steady(rounds):8.3f} {steady(ref) / steady(rounds):7.2f} {wall:7.1f} "
+              f"{final:9.4f} {dacc:9.5f} {dloss:13.2e}  {round_times(rounds)}")  # fmt: skip
+        if cfg.num_gpus_per_actor > 0 and devices != ["cuda:0"]:
+            print(f"{label}: asked for GPUs, trained on {devices}", file=sys.stderr)
+            failed = True
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m jobs.bench_cuda", description=__doc__.split("\n\n")[0])
     one_run.add_args(ap)
@@ -63,7 +111,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpus-per-actor", type=float, default=2.0)
     ap.add_argument("--actors", type=int, default=4)
     ap.add_argument("--output", help="results folder (default: a scratch folder, removed at the end)")
+    ap.add_argument("--side", dest="sides", action="append", default=[], metavar="LABEL:KEY=VALUE,...",
+                    help="instead of GPU/GPU/CPU: run once per side with these keys set, then compare "
+                         "(e.g. per-client:batched_clients=off,num_actors=4,num_gpus_per_actor=0.25)")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.sides:
+        out = Path(args.output or tempfile.mkdtemp(prefix="fedray-cuda-"))
+        try:
+            return compare_sides(args, out)
+        finally:
+            if not args.output:
+                shutil.rmtree(out, ignore_errors=True)
 
     cfg = one_run.picked(
         args, [*args.sets, f"num_actors={args.actors}", f"num_cpus_per_actor={args.cpus_per_actor}"]

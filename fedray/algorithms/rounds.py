@@ -96,9 +96,9 @@ def local_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
 
 
 @register_batched(local_update)
-def local_update_batched(clients: Sequence[Client], cstates: Sequence[Any], msg: dict) -> list[tuple[dict, Any]]:
+def local_update_batched(clients: Sequence[Client], cstates: Sequence[Any], msgs: Sequence[dict]) -> list[tuple[dict, Any]]:
     """`local_update` for many clients at once (fedray/batched.py)."""
-    trained = train_stacked(clients, [msg["params"]] * len(clients), msg["round"])
+    trained = train_stacked(clients, [m["params"] for m in msgs], msgs[0]["round"])
     return [(train_reply(c, t.params, t.stats), s) for c, t, s in zip(clients, trained, cstates, strict=True)]
 
 

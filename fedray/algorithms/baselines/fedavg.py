@@ -90,8 +90,9 @@ def kept_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
 
 
 @register_batched(kept_update)
-def kept_update_batched(clients: list[Client], cstates: list[Any], msg: dict) -> list[tuple[dict, Any]]:
-    return kept_optimizer_batched(clients, [msg["params"]] * len(clients), msg["round"], cstates,
+def kept_update_batched(clients: list[Client], cstates: list[Any], msgs: list[dict]) -> list[tuple[dict, Any]]:
+    msg = msgs[0]  # the options and the round are the run's, the same in every message
+    return kept_optimizer_batched(clients, [m["params"] for m in msgs], msg["round"], cstates,
                                   keep=msg["persistent_optimizer"], drop_last=msg["drop_last"])  # fmt: skip
 
 

@@ -36,8 +36,8 @@ def prox_update(client: Client, cstate: Any, msg: dict, mu: float) -> tuple[dict
 
 
 @register_batched(prox_update)
-def prox_update_batched(clients: list[Client], cstates: list[Any], msg: dict, mu: float) -> list[tuple[dict, Any]]:
-    trained = train_stacked(clients, [msg["params"]] * len(clients), msg["round"], prox_mu=mu)
+def prox_update_batched(clients: list[Client], cstates: list[Any], msgs: list[dict], mu: float) -> list[tuple[dict, Any]]:
+    trained = train_stacked(clients, [m["params"] for m in msgs], msgs[0]["round"], prox_mu=mu)
     return [(train_reply(c, t.params, t.stats), s) for c, t, s in zip(clients, trained, cstates, strict=True)]
 
 

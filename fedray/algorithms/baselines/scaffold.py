@@ -80,11 +80,13 @@ def with_control(reply: dict, w: Params, c: Params, ci: Params, lr: float) -> tu
 
 
 @register_batched(scaffold_update)
-def scaffold_update_batched(clients: list[Client], cstates: list[Params | None], msg: dict) -> list[tuple[dict, Params]]:
-    w, c, lr = msg["params"], msg["c"], clients[0].task.lr
-    cis = [zeros_like(c) if s is None else s for s in cstates]
-    trained = train_stacked(clients, [w] * len(clients), msg["round"], corrections=[{k: c[k] - ci[k] for k in c} for ci in cis])
-    return [with_control(train_reply(cl, t.params, t.stats), w, c, ci, lr) for cl, t, ci in zip(clients, trained, cis, strict=True)]
+def scaffold_update_batched(clients: list[Client], cstates: list[Params | None], msgs: list[dict]) -> list[tuple[dict, Params]]:
+    lr = clients[0].task.lr
+    cis = [zeros_like(m["c"]) if s is None else s for m, s in zip(msgs, cstates, strict=True)]
+    corrections = [{k: m["c"][k] - ci[k] for k in m["c"]} for m, ci in zip(msgs, cis, strict=True)]
+    trained = train_stacked(clients, [m["params"] for m in msgs], msgs[0]["round"], corrections=corrections)
+    return [with_control(train_reply(cl, t.params, t.stats), m["params"], m["c"], ci, lr)
+            for cl, t, m, ci in zip(clients, trained, msgs, cis, strict=True)]  # fmt: skip
 
 
 def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001

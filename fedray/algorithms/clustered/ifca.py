@@ -88,12 +88,13 @@ def ifca_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
 
 
 @register_batched(ifca_update)
-def ifca_update_batched(clients: list[Client], cstates: list[Any], msg: dict) -> list[tuple[dict, Any]]:
+def ifca_update_batched(clients: list[Client], cstates: list[Any], msgs: list[dict]) -> list[tuple[dict, Any]]:
     """`ifca_update` for many clients: each picks its model as above, then all train at once."""
-    losses = [mean_losses(c, msg["models"]) for c in clients]
+    losses = [mean_losses(c, m["models"]) for c, m in zip(clients, msgs, strict=True)]
     ks = [int(np.argmin(ls)) for ls in losses]
     kept = [dict(s or {}) for s in cstates]
-    trained = kept_optimizer_batched(clients, [msg["models"][k] for k in ks], msg["round"],
+    msg = msgs[0]  # the options and the round are the run's, the same in every message
+    trained = kept_optimizer_batched(clients, [m["models"][k] for m, k in zip(msgs, ks, strict=True)], msg["round"],
                                      [b.get(k) for b, k in zip(kept, ks, strict=True)],
                                      keep=msg["persistent_optimizer"], drop_last=msg["drop_last"])  # fmt: skip
     out = []
