@@ -79,17 +79,18 @@ def compare_sides(args: argparse.Namespace, out: Path) -> int:
         if cfg is None:
             return 2
         sides.append((label, cfg))
-    got = []
-    for label, cfg in sides:
+    header = (f"{'side':18s} {'actors':>6s} {'GPU each':>8s} {'batched':>7s} {'devices':12s} {'s/round':>8s} "
+              f"{'x first':>7s} {'wall s':>7s} {'final acc':>9s} {'max|dacc|':>9s} {'max rel dloss':>13s}  by stage")  # fmt: skip
+    ref: dict[int, dict] = {}
+    failed = False
+    for n, (label, cfg) in enumerate(sides):
         place: dict = {}
         t0 = time.perf_counter()
         devices, rounds = run_side(dataclasses.replace(cfg, output=str(out / label)), label, place)
-        got.append((label, cfg, devices, rounds, time.perf_counter() - t0, place))
-    ref = got[0][3]
-    print(f"\n{'side':18s} {'actors':>6s} {'GPU each':>8s} {'batched':>7s} {'devices':12s} "
-          f"{'s/round':>8s} {'x first':>7s} {'wall s':>7s} {'final acc':>9s} {'max|dacc|':>9s} {'max rel dloss':>13s}  by stage")  # fmt: skip
-    failed = False
-    for label, cfg, devices, rounds, wall, place in got:
+        wall = time.perf_counter() - t0
+        if n == 0:
+            ref = rounds
+            print(header)
         common = sorted(set(rounds) & set(ref))
         dacc = max((abs(rounds[r]["accuracy"] - ref[r]["accuracy"]) for r in common if "accuracy" in rounds[r]), default=0.0)
         dloss = max((abs(rounds[r]["loss"] - ref[r]["loss"]) / abs(ref[r]["loss"]) for r in common
@@ -97,7 +98,7 @@ def compare_sides(args: argparse.Namespace, out: Path) -> int:
         final = rounds[max(rounds)].get("accuracy", float("nan")) if rounds else float("nan")
         print(f"{label:18s} {place.get('actors', 0):6d} {cfg.num_gpus_per_actor:8.4g} {cfg.batched_clients:>7s} "
               f"{','.join(devices):12s} {steady(rounds):8.3f} {steady(ref) / steady(rounds):7.2f} {wall:7.1f} "
-              f"{final:9.4f} {dacc:9.5f} {dloss:13.2e}  {round_times(rounds)}")  # fmt: skip
+              f"{final:9.4f} {dacc:9.5f} {dloss:13.2e}  {round_times(rounds)}", flush=True)  # fmt: skip
         if cfg.num_gpus_per_actor > 0 and devices != ["cuda:0"]:
             print(f"{label}: asked for GPUs, trained on {devices}", file=sys.stderr)
             failed = True
