@@ -168,21 +168,15 @@ def train_stacked(
 
     epochs = task.local_epochs
     steps = [sum(num_steps(c.num_examples, bs, drop_last) for _ in range(epochs)) for c in clients]
-
-    def batches(i: int):
-        for e in range(epochs):
-            yield from clients[i].host_batches(rnd, e, bs, drop_last)
-
-    streams = [batches(i) for i in range(n_all)]
+    feed = (Streamed if task.spec.augment != "none" else Resident)(clients, rnd, epochs, bs, drop_last, w_all, device)
     rows = list(range(n_all))  # the clients still stacked, in stack order
+    rows_dev = torch.arange(n_all, device=device)
     done: dict[int, dict[str, torch.Tensor]] = {}
     done_buf: dict[int, dict[str, torch.Tensor]] = {}
     # each stacked client's summed cross-entropy and correct predictions (rows: as p's)
     acc = {"loss": torch.zeros(n_all, dtype=torch.float64, device=device),
            "correct": torch.zeros(n_all, dtype=torch.int64, device=device)}  # fmt: skip
     done_acc: dict[int, dict[str, torch.Tensor]] = {}
-    samples = [0] * n_all
-    shape = tuple(task.spec.input_shape)
     t = 0
     while rows:
         leaving = [j for j, i in enumerate(rows) if steps[i] <= t]
@@ -202,32 +196,21 @@ def train_stacked(
                     for n in d:
                         d[n] = d[n].index_select(0, idx)
             rows = [rows[j] for j in stay]
-        k = len(rows)
-        x = torch.zeros((k, bs, *shape))
-        y = torch.zeros((k, bs), dtype=torch.int64)
-        mask = torch.zeros((k, bs))
-        count = torch.empty(k)
-        w = torch.zeros((k, bs)) if w_all else None
-        for j, i in enumerate(rows):
-            xb, yb, pos = next(streams[i])
-            m = len(yb)
-            x[j, :m], y[j, :m], mask[j, :m], count[j] = xb, yb, 1.0, m
-            if w is not None:
-                w[j, :m] = w_all[i][torch.from_numpy(pos)]
-            samples[i] += m
-        x, y, mask, count = (v.to(device, non_blocking=True) for v in (x, y, mask, count))
-        if w is not None:
-            w = w.to(device, non_blocking=True)
+            rows_dev = rows_dev.index_select(0, idx)
+        x, y, mask, count, w = feed.batch(t, rows, rows_dev)
         g, (pred, ce) = grads(p, x, y, mask, count, w, anchor)
-        with torch.no_grad():
-            for n in names:
-                d_p = g[n] if not wd else g[n].add(p[n], alpha=wd)
-                if buf is not None:
-                    buf[n].mul_(mom).add_(d_p)
-                    d_p = buf[n]
-                p[n] = p[n].add(d_p, alpha=-lr)
-                if corr is not None:
-                    p[n] = p[n].sub(corr[n])
+        with torch.no_grad():  # torch.optim.SGD's rule (foreach form), every client's slice at once
+            ps, gs = [p[n] for n in names], [g[n] for n in names]
+            if wd:
+                torch._foreach_add_(gs, ps, alpha=wd)
+            if buf is not None:
+                bufs = [buf[n] for n in names]
+                torch._foreach_mul_(bufs, mom)
+                torch._foreach_add_(bufs, gs)
+                gs = bufs
+            torch._foreach_add_(ps, gs, alpha=-lr)
+            if corr is not None:
+                torch._foreach_sub_(ps, [corr[n] for n in names])
             acc["loss"] += ce.double() * count.double()
             acc["correct"] += ((pred == y) & (mask > 0)).sum(1)
         t += 1
@@ -241,7 +224,7 @@ def train_stacked(
         trained = {n: v.detach().cpu().numpy().copy() for n, v in done[i].items()}
         params = {key: trained[key] if key in trained else np.array(val, copy=True) for key, val in starts[i].items()}
         got = done_acc[i]
-        stats = TrainStats(samples=samples[i], loss_sum=float(got["loss"]), correct=int(got["correct"]), steps=steps[i])
+        stats = TrainStats(samples=feed.samples[i], loss_sum=float(got["loss"]), correct=int(got["correct"]), steps=steps[i])
         kept = None
         if keep and buf is not None:
             kept = {f"{n}/momentum_buffer": v.detach().cpu().numpy().copy() for n, v in done_buf[i].items()}
@@ -249,3 +232,77 @@ def train_stacked(
             kept = {}
         out.append(Trained(params, stats, kept))
     return out
+
+
+class Resident:
+    """The clients' training splits on the device once per call (no augmentation to draw), and
+    each step's batches gathered by index: one gather for every client's batch."""
+
+    def __init__(self, clients, rnd, epochs, bs, drop_last, w_all, device) -> None:
+        xs, ys, offsets, total = [], [], [], 0
+        for c in clients:
+            x, y = c.train_tensors()
+            xs.append(x)
+            ys.append(y)
+            offsets.append(total)
+            total += len(y)
+        self.x = torch.cat(xs).to(device) if xs else None
+        self.y = torch.cat(ys).to(device)
+        self.w = torch.cat(w_all).to(device) if w_all else None
+        # the plan: step t of client i takes rows index[t, i, :count[t, i]] of the stacked splits
+        plans = []
+        for c, off in zip(clients, offsets, strict=True):
+            chunks = []
+            for e in range(epochs):
+                order = c.train_order(rnd, e)
+                stop = num_steps(len(order), bs, drop_last) * bs
+                chunks += [order[s : s + bs] + off for s in range(0, stop, bs)]
+            plans.append(chunks)
+        t_max, n = max((len(pl) for pl in plans), default=0), len(clients)
+        index = np.zeros((t_max, n, bs), np.int64)
+        count = np.ones((t_max, n), np.float32)
+        for i, pl in enumerate(plans):
+            for t, chunk in enumerate(pl):
+                index[t, i, : len(chunk)] = chunk
+                count[t, i] = len(chunk)
+        self.samples = [int(sum(len(ch) for ch in pl)) for pl in plans]
+        self.index = torch.from_numpy(index).to(device)
+        self.count = torch.from_numpy(count).to(device)
+        self.mask = (torch.arange(bs, device=device) < self.count[..., None]).float()
+
+    def batch(self, t: int, rows: list[int], rows_dev: torch.Tensor):
+        at = self.index[t].index_select(0, rows_dev)
+        w = self.w[at] if self.w is not None else None
+        return self.x[at], self.y[at], self.mask[t].index_select(0, rows_dev), self.count[t].index_select(0, rows_dev), w
+
+
+class Streamed:
+    """Each client's batches as `Client.host_batches` draws them (its augmentation included),
+    padded and stacked on the host, then moved to the device."""
+
+    def __init__(self, clients, rnd, epochs, bs, drop_last, w_all, device) -> None:
+        def batches(c: Client):
+            for e in range(epochs):
+                yield from c.host_batches(rnd, e, bs, drop_last)
+
+        self.streams = [batches(c) for c in clients]
+        self.shape = tuple(clients[0].task.spec.input_shape)
+        self.bs, self.w_all, self.device = bs, w_all, device
+        self.samples = [0] * len(clients)
+
+    def batch(self, t: int, rows: list[int], rows_dev: torch.Tensor):
+        k, bs = len(rows), self.bs
+        x = torch.zeros((k, bs, *self.shape))
+        y = torch.zeros((k, bs), dtype=torch.int64)
+        mask = torch.zeros((k, bs))
+        count = torch.empty(k)
+        w = torch.zeros((k, bs)) if self.w_all else None
+        for j, i in enumerate(rows):
+            xb, yb, pos = next(self.streams[i])
+            m = len(yb)
+            x[j, :m], y[j, :m], mask[j, :m], count[j] = xb, yb, 1.0, m
+            if w is not None:
+                w[j, :m] = self.w_all[i][torch.from_numpy(pos)]
+            self.samples[i] += m
+        to = [v.to(self.device, non_blocking=True) for v in (x, y, mask, count)]
+        return (*to, None if w is None else w.to(self.device, non_blocking=True))

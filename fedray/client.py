@@ -202,6 +202,12 @@ class Client:
             x = self.task.layout(self.task.spec.to_tensor(self._data.x[idx], augment=True, generator=aug))
             yield x, torch.from_numpy(self._data.y[idx]), pos
 
+    def train_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole training split as host tensors (inputs, labels), in split order, without
+        augmentation: the values `host_batches` gives where the data set has none."""
+        x = self.task.layout(self.task.spec.to_tensor(self._data.x[self.train_idx]))
+        return x, torch.from_numpy(self._data.y[self.train_idx])
+
     def train_order(self, rnd: int, epoch: int) -> np.ndarray:
         """Positions into the training split in this epoch's shuffled order, drawn from (seed,
         loader, client, round, epoch). Batches of anything aligned with the split (precomputed
