@@ -131,7 +131,10 @@ def train_stacked(
     lr, mom, wd = task.lr, task.momentum, task.weight_decay
 
     def stack(rows: Sequence[Mapping[str, np.ndarray]], keys: Sequence[str]) -> dict[str, torch.Tensor]:
-        return {k: torch.from_numpy(np.stack([np.asarray(r[k], np.float32) for r in rows])).to(device) for k in keys}
+        return {
+            k: torch.from_numpy(np.stack([np.asarray(r[k], np.float32) for r in rows])).to(device)
+            for k in keys
+        }
 
     p = stack(starts, names)
     anchor = {n: t.clone() for n, t in p.items()} if prox_mu else None
@@ -143,8 +146,14 @@ def train_stacked(
         given = buffers or [None] * n_all
         buf = {
             n: torch.from_numpy(
-                np.stack([np.asarray(g[f"{n}/momentum_buffer"], np.float32) if g else np.zeros_like(starts[i][n], np.float32)
-                          for i, g in enumerate(given)])  # fmt: skip
+                np.stack(
+                    [
+                        np.asarray(g[f"{n}/momentum_buffer"], np.float32)
+                        if g
+                        else np.zeros_like(starts[i][n], np.float32)
+                        for i, g in enumerate(given)
+                    ]
+                )  # fmt: skip
             ).to(device)
             for n in names
         }
@@ -164,11 +173,15 @@ def train_stacked(
             loss = loss + prox_mu / 2 * sum(((params[n] - a[n]) ** 2).sum() for n in params)
         return loss, (out.argmax(1), ce)
 
-    grads = vmap(grad(loss_one, has_aux=True), in_dims=(0, 0, 0, 0, 0, 0 if w_all else None, 0 if anchor else None))
+    grads = vmap(
+        grad(loss_one, has_aux=True), in_dims=(0, 0, 0, 0, 0, 0 if w_all else None, 0 if anchor else None)
+    )
 
     epochs = task.local_epochs
     steps = [sum(num_steps(c.num_examples, bs, drop_last) for _ in range(epochs)) for c in clients]
-    feed = (Streamed if task.spec.augment != "none" else Resident)(clients, rnd, epochs, bs, drop_last, w_all, device)
+    feed = (Streamed if task.spec.augment != "none" else Resident)(
+        clients, rnd, epochs, bs, drop_last, w_all, device
+    )
     rows = list(range(n_all))  # the clients still stacked, in stack order
     rows_dev = torch.arange(n_all, device=device)
     done: dict[int, dict[str, torch.Tensor]] = {}
@@ -222,9 +235,14 @@ def train_stacked(
     out = []
     for i in range(n_all):
         trained = {n: v.detach().cpu().numpy().copy() for n, v in done[i].items()}
-        params = {key: trained[key] if key in trained else np.array(val, copy=True) for key, val in starts[i].items()}
+        params = {
+            key: trained[key] if key in trained else np.array(val, copy=True)
+            for key, val in starts[i].items()
+        }
         got = done_acc[i]
-        stats = TrainStats(samples=feed.samples[i], loss_sum=float(got["loss"]), correct=int(got["correct"]), steps=steps[i])
+        stats = TrainStats(
+            samples=feed.samples[i], loss_sum=float(got["loss"]), correct=int(got["correct"]), steps=steps[i]
+        )
         kept = None
         if keep and buf is not None:
             kept = {f"{n}/momentum_buffer": v.detach().cpu().numpy().copy() for n, v in done_buf[i].items()}
@@ -273,7 +291,13 @@ class Resident:
     def batch(self, t: int, rows: list[int], rows_dev: torch.Tensor):
         at = self.index[t].index_select(0, rows_dev)
         w = self.w[at] if self.w is not None else None
-        return self.x[at], self.y[at], self.mask[t].index_select(0, rows_dev), self.count[t].index_select(0, rows_dev), w
+        return (
+            self.x[at],
+            self.y[at],
+            self.mask[t].index_select(0, rows_dev),
+            self.count[t].index_select(0, rows_dev),
+            w,
+        )
 
 
 class Streamed:

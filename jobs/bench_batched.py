@@ -57,7 +57,12 @@ def main(argv: list[str] | None = None) -> int:
         return [local_update(host.client(c), None, msg)[0] for c in cids]
 
     def batched():
-        return [r for r, _ in local_update_batched([host.client(c) for c in cids], [None] * len(cids), [msg] * len(cids))]
+        return [
+            r
+            for r, _ in local_update_batched(
+                [host.client(c) for c in cids], [None] * len(cids), [msg] * len(cids)
+            )
+        ]
 
     times: dict[str, list[float]] = {}
     got = {}
@@ -72,13 +77,19 @@ def main(argv: list[str] | None = None) -> int:
     steps = [r["steps"] for r in got["per-client"]]
     a, b = got["per-client"], got["batched"]
     scale = max(float(np.abs(r["params"][k]).max()) for r in a for k in r["params"])
-    diff = max(float(np.abs(x["params"][k] - y["params"][k]).max()) for x, y in zip(a, b, strict=True) for k in x["params"])
+    diff = max(
+        float(np.abs(x["params"][k] - y["params"][k]).max())
+        for x, y in zip(a, b, strict=True)
+        for k in x["params"]
+    )
     pc, bt = statistics.median(times["per-client"]), statistics.median(times["batched"])
     print(f"{cfg.model} on {cfg.dataset}, {len(cids)} clients, {cfg.local_epochs} local epochs of batch "
           f"{cfg.batch_size}, device {args.device}, {args.threads} thread(s)")  # fmt: skip
     print(f"steps per client: min {min(steps)}, max {max(steps)}, total {sum(steps)}")
     print(f"per-client  {pc:8.3f} s  ({1000 * pc / sum(steps):.2f} ms per client step)")
-    print(f"batched     {bt:8.3f} s  ({1000 * bt / max(steps):.2f} ms per stacked step of up to {len(cids)} clients)")
+    print(
+        f"batched     {bt:8.3f} s  ({1000 * bt / max(steps):.2f} ms per stacked step of up to {len(cids)} clients)"
+    )
     print(f"speed-up    {pc / bt:8.2f}x")
     print(f"largest |parameter difference| {diff:.3g} (largest parameter {scale:.3g})")
     return 0

@@ -27,7 +27,12 @@ from typing import Any
 import numpy as np
 
 from fedray.algorithms.clustering import purity
-from fedray.algorithms.rounds import fedavg_aggregate, kept_optimizer_batched, kept_optimizer_update, train_records
+from fedray.algorithms.rounds import (
+    fedavg_aggregate,
+    kept_optimizer_batched,
+    kept_optimizer_update,
+    train_records,
+)
 from fedray.batched import register_batched
 from fedray.client import Client
 from fedray.evaluation import hard_cluster_records, mean_losses
