@@ -77,13 +77,16 @@ def connect(address: str | None = None, plugins: Sequence[str] = ()) -> bool:
             "(`ray status`)? To run on a Ray of its own on this machine instead: --address local"
             + (" (or unset RAY_ADDRESS)" if source == "RAY_ADDRESS" else "")
         )
-    if not given and (found := _running_cluster()) and not _answers(found):
-        logging.getLogger("fedray").warning(
-            "a Ray cluster recorded on this machine (%s) does not answer: starting a local Ray instead "
-            "(`ray stop` clears the record)",
-            found,
-        )
-        given = "local"
+    if not given and (found := _running_cluster()):
+        if _answers(found):
+            given = found  # the cluster `ray start` runs here: attach (and say so by returning False)
+        else:
+            logging.getLogger("fedray").warning(
+                "a Ray cluster recorded on this machine (%s) does not answer: starting a local Ray instead "
+                "(`ray stop` clears the record)",
+                found,
+            )
+            given = "local"
     address = given if given != "local" else None
     fresh = given == "local"
     env = {"runtime_env": {"py_modules": shipped}} if (shipped := py_modules(plugins)) else {}

@@ -12,7 +12,10 @@ Variants:
 - ``plain-pool``: plain PyTorch with one worker process per core, one thread each, clients
   handed out dynamically (the fastest plain loop on a small machine).
 
-Prints seconds per round (steady state = rounds after the first) and end to end for each.
+Prints seconds per round (steady state = rounds after the first) and end to end for each, and
+for fedray the steady round split into training (with aggregation) and evaluation. Every variant
+evaluates the global model on the test set; ``--eval-train`` adds fedray's default evaluation of
+every client's training split (60,000 samples a round, which the plain loops do not do).
 Targets: Ray's steady-state round within 1.1x of the fastest plain loop; end to end within 1.5x.
 
     python -m jobs.bench [--rounds 3] [--clients 40] [--only ray,plain-pool] [--json out.json]
@@ -40,6 +43,9 @@ WORKLOAD = dict(
     experiment="bench", dataset="fmnist", model="simple_cnn", num_clients=40, partition="dirichlet", partition_beta=0.5,
     local_epochs=1, rounds=3, batch_size=64, lr=0.01, momentum=0.9, weight_decay=1e-5, eval_batch_size=1000,
     num_cpus_per_actor=1.0,
+    # The plain loops evaluate the global model on the test set only; fedray's default also
+    # evaluates every client's training split (60,000 samples a round, six times the test set).
+    eval_train=False,
 )  # fmt: skip
 
 
@@ -61,11 +67,13 @@ def _fedray(cfg: Config, events, t0: float) -> dict[str, Any]:
             start = {"before execute": begun - t0, "data": ev.timings["data"], "federation": ev.timings["federation"],
                      "until the first round": now - t0}  # fmt: skip
         elif isinstance(ev, RoundDone):
-            rounds.append((ev.seconds + ev.metrics.get("eval_seconds", 0.0), ev.metrics["accuracy"]))
+            rounds.append((ev.seconds + ev.metrics.get("eval_seconds", 0.0), ev.metrics["accuracy"],
+                           ev.metrics.get("eval_seconds", 0.0)))  # fmt: skip
         elif isinstance(ev, Finished):
             placement = ev.summary["placement"]
     return {
         "round_seconds": [r[0] for r in rounds],
+        "eval_seconds": [r[2] for r in rounds],
         "accuracy": rounds[-1][1],
         "placement": placement,
         "start": start,
@@ -81,14 +89,15 @@ def bench_ray(cfg: Config) -> dict[str, Any]:
     if ray.is_initialized():
         raise RuntimeError("bench_ray must start its own Ray (end to end includes the start)")
     imported = time.perf_counter()
-    connect()
+    ours = connect()  # attaches to a Ray that `ray start` left running here, else starts one
     started = time.perf_counter()
     try:
         out = _fedray(cfg, run_on_ray(cfg), t0)
     finally:
         ray.shutdown()
     coordinator = out["start"]["before execute"] - (started - t0)
-    out["start"] = {"import ray": imported - t0, "ray.init": started - imported,
+    out["placement"] = {**out["placement"], "ray": "started here" if ours else "attached (ray start)"}
+    out["start"] = {"import ray": imported - t0, ("ray.init" if ours else "ray.init (attach)"): started - imported,
                     "coordinator and actors start": coordinator,
                     **{k: v for k, v in out["start"].items() if k != "before execute"}}  # fmt: skip
     return out
@@ -215,6 +224,9 @@ def _run_variant(name: str, cfg_dict: dict, queue) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="fedray bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=WORKLOAD["rounds"])
+    ap.add_argument("--eval-train", action="store_true",
+                    help="fedray also evaluates every client's training split each round (its default; "
+                         "the plain loops do not, so it is off here)")  # fmt: skip
     ap.add_argument("--clients", type=int, default=WORKLOAD["num_clients"])
     ap.add_argument(
         "--only", default=",".join(VARIANTS), help=f"comma-separated subset of {','.join(VARIANTS)}"
@@ -244,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
             "data_root": args.data_root,
             "output": args.output,
             "channels_last": args.memory_format == "channels_last",
+            "eval_train": args.eval_train,
         }
     )
     check_available(cfg)
@@ -270,6 +283,11 @@ def main(argv: list[str] | None = None) -> int:
             res["steady_round"] = float(np.mean(rs[1:] if len(rs) > 1 else rs))
             print(f"{name:>11}: steady round {res['steady_round']:6.2f} s   end to end {res['end_to_end']:6.1f} s   "
                   f"rounds {', '.join(f'{s:.2f}' for s in rs)}   accuracy {res['accuracy']:.4f}   {res['placement']}", flush=True)  # fmt: skip
+            if res.get("eval_seconds"):
+                ev = res["eval_seconds"]
+                steady_eval = float(np.mean(ev[1:] if len(ev) > 1 else ev))
+                print(" " * 13 + f"steady round: training and aggregation {res['steady_round'] - steady_eval:.2f} s, "
+                      f"evaluation {steady_eval:.2f} s", flush=True)  # fmt: skip
             if res.get("start"):
                 print(
                     " " * 13 + "start: " + ", ".join(f"{k} {v:.1f} s" for k, v in res["start"].items()),
