@@ -15,7 +15,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors.coordinator import Coordinator
 from actors.federation import unwrap
-from actors.launch import ActorGroup, launch_actors
+from actors.launch import ActorGroup, ActorPool, actor_shape, launch_actors
 from fedray.config import Config, ConfigError
 from fedray.experiment import Event, Recovered, RoundDone, Started
 from fedray.federation import WorkerLost
@@ -151,6 +151,7 @@ def stream_run(
     handle: RunHandle | None = None,
     restart: bool = False,
     fixed: bool = False,
+    pool: ActorPool | None = None,
 ) -> Iterator[Event]:
     """Run ``cfg`` on the connected Ray and yield its events; frees its actors when it ends.
 
@@ -158,15 +159,17 @@ def stream_run(
     lost (a node gone, out of memory) the run starts again on new actors, on what is left of the
     cluster, from its latest checkpoint: up to ``max_failures`` times, each announced by a
     `Recovered` event. Stopped from outside, the run is recorded as ``interrupted``. ``fixed``: the
-    cluster cannot grow (`launch_actors`).
+    cluster cannot grow (`launch_actors`). ``pool``: client actors idle from earlier runs (a
+    sweep's): the run takes a group of its shape from it, and gives its own back when it finishes
+    (a run that fails or is stopped kills its actors instead).
     """
     handle = handle or RunHandle()
-    run_id, failures, reason, rounds_done, ended = cfg.run_id(), 0, "", 0, False
+    run_id, failures, reason, rounds_done, ended, done = cfg.run_id(), 0, "", 0, False, False
     try:
         while True:
             try:
                 # Client actors start now, so their imports overlap with the coordinator's start-up.
-                handle.group = launch_actors(cfg.to_dict(), num_actors, fixed)
+                handle.group = _actors_for(cfg, num_actors, fixed, pool if failures == 0 else None)
                 # Pin the coordinator to this node: it writes the results, and `--output` is a path here.
                 here = ray.get_runtime_context().get_node_id()
                 pin = NodeAffinitySchedulingStrategy(node_id=here, soft=False)
@@ -181,7 +184,7 @@ def stream_run(
                     elif isinstance(ev, Started):
                         rounds_done = ev.resumed_from
                     yield ev
-                ended = True
+                ended = done = True
                 return
             except PlacementError as e:  # the driver's own, or the coordinator's wrapped in a RayTaskError
                 ended = True
@@ -211,9 +214,24 @@ def stream_run(
             num_actors = _actors_that_fit(cfg, actors)
             yield Recovered(run_id, failures, cfg.max_failures, str(error), num_actors)
     finally:
+        if done and pool is not None and handle.group is not None and not handle.cancelled:
+            group, handle.group = handle.group, None
+            handle.free()  # the coordinator
+            pool.give(group)
         handle.free()
         if not ended:  # Ctrl-C, SIGTERM, a cancelled sweep: the coordinator was killed, not asked
             mark_ended(cfg.output, run_id, "interrupted", rounds_done, STOPPED)
+
+
+def _actors_for(cfg: Config, num_actors: int | None, fixed: bool, pool: ActorPool | None) -> ActorGroup:
+    """Client actors for a run: an idle group of its shape from ``pool``, else new ones (the idle
+    groups of other shapes killed first, so their resources are free for the new placement)."""
+    if pool is not None:
+        group = pool.take(actor_shape(cfg.to_dict(), num_actors))
+        if group is not None:
+            return group
+        pool.evict()
+    return launch_actors(cfg.to_dict(), num_actors, fixed)
 
 
 def _actors_that_fit(cfg: Config, before: int) -> int:

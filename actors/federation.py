@@ -43,6 +43,7 @@ class RayFederation(ClientCatalog):
             ClientHost(self.task, data.dataset.train, data.clients), data.groups, data.test_clients
         )
         self._test_size = len(data.dataset.test)
+        self._own_group = group is None  # a group given to it is its caller's to close (or reuse)
         self._group = group or launch_actors(cfg.to_dict())
         self._group.wait_ready()
         self.actors = self._group.actors
@@ -182,7 +183,8 @@ class RayFederation(ClientCatalog):
         return self._batons.restore(key, ray.put(value), payload_nbytes(value))
 
     def close(self) -> None:
-        self._group.close()
+        if self._own_group:
+            self._group.close()
         self.actors = []
 
 

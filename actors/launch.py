@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,9 @@ class ActorGroup:
     actors: list[Any]
     timeout_s: float
     resources: dict[str, float] = field(default_factory=dict)
+    # what makes two runs' actors interchangeable (`actor_shape`): a sweep hands a finished run's
+    # actors to its next run of the same shape instead of starting new ones (`ActorPool`)
+    shape: tuple = ()
 
     def wait_ready(self) -> None:
         """Block until every actor is placed, or fail loudly after ``placement_timeout_s``."""
@@ -45,6 +49,72 @@ class ActorGroup:
         self.pg = None
 
 
+def actor_shape(config: dict[str, Any], num_actors: int | None = None) -> tuple:
+    """How many client actors a run of ``config`` starts, what each reserves and which plug-ins
+    (by content) they import: runs of one shape can share actors (each run sets them up afresh)."""
+    res = ray.cluster_resources()
+    cpus, gpus = config["num_cpus_per_actor"], config["num_gpus_per_actor"]
+    n = plan_actor_count(
+        config["num_clients"],
+        config["num_actors"] if num_actors is None else num_actors,
+        cpus,
+        gpus,
+        res.get("CPU", 0.0),
+        res.get("GPU", 0.0),
+    )
+    plugins = tuple((s, digest(s)) for s in (config.get("plugins") or []))
+    return (n, cpus, gpus, plugins)
+
+
+class ActorPool:
+    """Client actors that finished runs left idle for a later run of the same shape (a sweep's
+    runs: starting an actor costs seconds of imports, and a sweep of short runs pays it per run).
+    Thread-safe: a sweep runs several runs at once."""
+
+    def __init__(self) -> None:
+        self._idle: list[ActorGroup] = []
+        self._lock = threading.Lock()
+        self._closed = False  # no run will take from it any more: groups given back are killed
+
+    def take(self, shape: tuple) -> ActorGroup | None:
+        """An idle group of ``shape``, now the caller's; None if there is none."""
+        with self._lock:
+            for i, g in enumerate(self._idle):
+                if g.shape == shape:
+                    return self._idle.pop(i)
+        return None
+
+    def give(self, group: ActorGroup) -> None:
+        with self._lock:
+            if not self._closed:
+                self._idle.append(group)
+                return
+        group.close()
+
+    def held(self) -> tuple[float, float]:
+        """The CPUs and GPUs the idle groups reserve (free for the sweep's next runs)."""
+        with self._lock:
+            groups = list(self._idle)
+        return (
+            sum(len(g.actors) * g.bundle.get("CPU", 0.0) for g in groups),
+            sum(len(g.actors) * g.bundle.get("GPU", 0.0) for g in groups),
+        )
+
+    def evict(self) -> None:
+        """Kill every idle group (a run of another shape needs their resources)."""
+        with self._lock:
+            groups, self._idle = self._idle, []
+        for g in groups:
+            g.close()
+
+    def close(self) -> None:
+        """No run will come for them: kill the idle groups, and any group given back from now on,
+        so the cluster's resources go back to other jobs as soon as the last runs end."""
+        with self._lock:
+            self._closed = True
+        self.evict()
+
+
 def launch_actors(config: dict[str, Any], num_actors: int | None = None, fixed: bool = False) -> ActorGroup:
     """Plan the actor count from the cluster's resources and start that many bare client actors.
 
@@ -56,14 +126,8 @@ def launch_actors(config: dict[str, Any], num_actors: int | None = None, fixed: 
     """
     res = ray.cluster_resources()
     cpus, gpus = config["num_cpus_per_actor"], config["num_gpus_per_actor"]
-    n = plan_actor_count(
-        config["num_clients"],
-        config["num_actors"] if num_actors is None else num_actors,
-        cpus,
-        gpus,
-        res.get("CPU", 0.0),
-        res.get("GPU", 0.0),
-    )
+    shape = actor_shape(config, num_actors)
+    n = shape[0]
     bundle = {"CPU": cpus, **({"GPU": gpus} if gpus > 0 else {})}
     if fixed and n > (fits := actor_slots(cpus, gpus, res.get("CPU", 0.0), res.get("GPU", 0.0))):
         raise PlacementError(
@@ -85,4 +149,4 @@ def launch_actors(config: dict[str, Any], num_actors: int | None = None, fixed: 
         ).remote(cpus, plugins, expect)
         for i in range(n)
     ]
-    return ActorGroup(pg, bundle, actors, config["placement_timeout_s"], dict(res))
+    return ActorGroup(pg, bundle, actors, config["placement_timeout_s"], dict(res), shape)

@@ -1,4 +1,5 @@
-"""The Ray side of `fedray sweep`: one Ray connection, each run with its own actors and coordinator."""
+"""The Ray side of `fedray sweep`: one Ray connection, each run with its own coordinator, and client
+actors handed from a finished run to the next run of the same shape."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import ray
 from ray.util.placement_group import placement_group_table
 
 from actors.driver import RunHandle, connect, stream_run
+from actors.launch import ActorPool
 from fedray.config import Config
 from fedray.experiment import Event
 from fedray.placement import Need
@@ -20,6 +22,8 @@ class RayLauncher:
 
     def __init__(self, address: str | None = None, plugins: Sequence[str] = ()) -> None:
         self.started = connect(address, plugins)
+        # client actors a finished run left for the next run of its shape (`stream_run`)
+        self.pool = ActorPool()
         self._handles: dict[int, RunHandle] = {}
         self._placed: set[int] = set()  # runs whose placement group Ray has placed
         self._lock = threading.Lock()
@@ -33,7 +37,8 @@ class RayLauncher:
         avail = ray.available_resources()
         with self._lock:
             handles = dict(self._handles)
-        cpus, gpus = avail.get("CPU", 0.0), avail.get("GPU", 0.0)
+        idle_cpus, idle_gpus = self.pool.held()  # idle actors give way to the next run (`_actors_for`)
+        cpus, gpus = avail.get("CPU", 0.0) + idle_cpus, avail.get("GPU", 0.0) + idle_gpus
         for index, (c, g) in running.items():
             if index not in self._placed:
                 handle = handles.get(index)
@@ -52,7 +57,7 @@ class RayLauncher:
         with self._lock:
             self._handles[run.index] = handle
         try:
-            yield from stream_run(run.config, actors, handle, run.restart)
+            yield from stream_run(run.config, actors, handle, run.restart, pool=self.pool)
         finally:
             with self._lock:
                 self._handles.pop(run.index, None)
@@ -63,6 +68,11 @@ class RayLauncher:
         for h in handles:
             h.cancel()
 
+    def no_more_runs(self) -> None:
+        """Every run is launched: the actors of those still running are not kept when they end."""
+        self.pool.close()
+
     def close(self) -> None:
+        self.pool.close()
         if self.started:
             ray.shutdown()

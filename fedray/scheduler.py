@@ -184,6 +184,8 @@ def run_sweep(
                         t.start()
                         threads.append(t)
                 pending = [r for i, r in enumerate(pending) if i not in started]
+                if not pending and (last := getattr(launcher, "no_more_runs", None)) is not None:
+                    last()  # idle actors kept for later runs (actors/sweep.py) go back to the cluster
             if running or waiting:
                 try:
                     ev = events.get(timeout=poll_s)

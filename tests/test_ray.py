@@ -180,8 +180,27 @@ def test_every_registered_algorithm_is_in_the_identity_test():
     assert set(ALGORITHMS) == {"fedavg", *ALGORITHM_HP}
 
 
-@pytest.mark.parametrize("algorithm", sorted(ALGORITHM_HP))
-def test_every_algorithm_gives_identical_metrics_in_process_and_on_3_actors(ray_session, tmp_path, algorithm):
+@pytest.fixture(scope="class")
+def three_actors(_ray, tmp_path_factory):
+    """Three client actors every algorithm's run below uses in turn, as a sweep hands a finished
+    run's actors to its next run (each run sets them up afresh: its own clients, data and state)."""
+    from actors.launch import launch_actors
+
+    group = launch_actors(small_config(tmp_path_factory.mktemp("actors"), num_actors=3).to_dict())
+    group.wait_ready()
+    yield group
+    group.close()
+
+
+class TestEveryAlgorithm:
+    @pytest.mark.parametrize("algorithm", sorted(ALGORITHM_HP))
+    def test_every_algorithm_gives_identical_metrics_in_process_and_on_3_actors(self, three_actors, tmp_path, algorithm):
+        every_algorithm_on_3_actors(three_actors, tmp_path, algorithm)
+
+
+def every_algorithm_on_3_actors(group, tmp_path, algorithm):
+    from functools import partial
+
     from actors.federation import make_ray_federation
     from analysis import load_assignments
 
@@ -198,7 +217,7 @@ def test_every_algorithm_gives_identical_metrics_in_process_and_on_3_actors(ray_
     # (in-process host, Ray's serialization) is tested for FedAvg above and for SCAFFOLD's client state
     # in test_baselines; it is not run again for every algorithm (CI time).
     cfg = small_config(tmp_path / "ray3", num_actors=3, **over)
-    _run(cfg, make_ray_federation)
+    _run(cfg, partial(make_ray_federation, group=group))
     got = round_metrics(cfg.output)
     assert got.equals(ref), f"{algorithm}, 3 actors differ from --local:\n{got.compare(ref)}"
     assert load_assignments(cfg.output)[["round", "client", "cluster"]].equals(ref_assign)
