@@ -15,7 +15,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors.coordinator import Coordinator
 from actors.federation import unwrap
-from actors.launch import ActorGroup, ActorPool, actor_shape, launch_actors
+from actors.launch import ActorGroup, ActorPool, launch_actors
 from fedray.config import Config, ConfigError
 from fedray.experiment import Event, Recovered, RoundDone, Started
 from fedray.federation import WorkerLost
@@ -152,6 +152,7 @@ def stream_run(
     restart: bool = False,
     fixed: bool = False,
     pool: ActorPool | None = None,
+    group: ActorGroup | None = None,
 ) -> Iterator[Event]:
     """Run ``cfg`` on the connected Ray and yield its events; frees its actors when it ends.
 
@@ -159,9 +160,10 @@ def stream_run(
     lost (a node gone, out of memory) the run starts again on new actors, on what is left of the
     cluster, from its latest checkpoint: up to ``max_failures`` times, each announced by a
     `Recovered` event. Stopped from outside, the run is recorded as ``interrupted``. ``fixed``: the
-    cluster cannot grow (`launch_actors`). ``pool``: client actors idle from earlier runs (a
-    sweep's): the run takes a group of its shape from it, and gives its own back when it finishes
-    (a run that fails or is stopped kills its actors instead).
+    cluster cannot grow (`launch_actors`). ``group``: client actors of the run's shape an earlier
+    run left (a sweep's `ActorPool`), for its first attempt; ``pool``: where the run gives its
+    actors back when it finishes (a run that fails or is stopped kills them instead), and whose
+    idle actors it kills before it starts new ones.
     """
     handle = handle or RunHandle()
     run_id, failures, reason, rounds_done, ended, done = cfg.run_id(), 0, "", 0, False, False
@@ -169,7 +171,12 @@ def stream_run(
         while True:
             try:
                 # Client actors start now, so their imports overlap with the coordinator's start-up.
-                handle.group = _actors_for(cfg, num_actors, fixed, pool if failures == 0 else None)
+                if group is not None and failures == 0:
+                    handle.group, group = group, None
+                else:
+                    if pool is not None:
+                        pool.evict()  # their resources, for the placement below
+                    handle.group = launch_actors(cfg.to_dict(), num_actors, fixed)
                 # Pin the coordinator to this node: it writes the results, and `--output` is a path here.
                 here = ray.get_runtime_context().get_node_id()
                 pin = NodeAffinitySchedulingStrategy(node_id=here, soft=False)
@@ -221,17 +228,6 @@ def stream_run(
         handle.free()
         if not ended:  # Ctrl-C, SIGTERM, a cancelled sweep: the coordinator was killed, not asked
             mark_ended(cfg.output, run_id, "interrupted", rounds_done, STOPPED)
-
-
-def _actors_for(cfg: Config, num_actors: int | None, fixed: bool, pool: ActorPool | None) -> ActorGroup:
-    """Client actors for a run: an idle group of its shape from ``pool``, else new ones (the idle
-    groups of other shapes killed first, so their resources are free for the new placement)."""
-    if pool is not None:
-        group = pool.take(actor_shape(cfg.to_dict(), num_actors))
-        if group is not None:
-            return group
-        pool.evict()
-    return launch_actors(cfg.to_dict(), num_actors, fixed)
 
 
 def _actors_that_fit(cfg: Config, before: int) -> int:

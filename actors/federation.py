@@ -80,6 +80,7 @@ class RayFederation(ClientCatalog):
             "devices": sorted({i["device"] for i in self.actor_info}),
             "torch_threads": self.actor_info[0]["torch_threads"],
             "clients_per_actor": [len(i["clients"]) for i in self.actor_info],
+            "actor_pids": sorted(i["pid"] for i in self.actor_info),  # actors a sweep reused keep theirs
         }
 
     # --- Federation protocol ---------------------------------------------------------------------

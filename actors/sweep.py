@@ -10,7 +10,7 @@ import ray
 from ray.util.placement_group import placement_group_table
 
 from actors.driver import RunHandle, connect, stream_run
-from actors.launch import ActorPool
+from actors.launch import ActorGroup, ActorPool, actor_shape
 from fedray.config import Config
 from fedray.experiment import Event
 from fedray.placement import Need
@@ -25,6 +25,7 @@ class RayLauncher:
         # client actors a finished run left for the next run of its shape (`stream_run`)
         self.pool = ActorPool()
         self._handles: dict[int, RunHandle] = {}
+        self._ready: dict[int, ActorGroup] = {}  # idle actors taken for runs about to start
         self._placed: set[int] = set()  # runs whose placement group Ray has placed
         self._lock = threading.Lock()
 
@@ -52,12 +53,21 @@ class RayLauncher:
     def need(self, cfg: Config) -> Need:
         return Need(cfg.num_cpus_per_actor, cfg.num_gpus_per_actor, cfg.num_actors, cfg.num_clients)
 
+    def prepare(self, run: SweepRun, actors: int) -> None:
+        """Called as the run is launched, before its thread starts: it takes idle actors of its shape
+        now, so `no_more_runs` (after the last launch) cannot kill actors a launched run is to use."""
+        group = self.pool.take(actor_shape(run.config.to_dict(), actors))
+        if group is not None:
+            with self._lock:
+                self._ready[run.index] = group
+
     def launch(self, run: SweepRun, actors: int) -> Iterator[Event]:
         handle = RunHandle()
         with self._lock:
             self._handles[run.index] = handle
+            group = self._ready.pop(run.index, None)
         try:
-            yield from stream_run(run.config, actors, handle, run.restart, pool=self.pool)
+            yield from stream_run(run.config, actors, handle, run.restart, pool=self.pool, group=group)
         finally:
             with self._lock:
                 self._handles.pop(run.index, None)
@@ -74,5 +84,9 @@ class RayLauncher:
 
     def close(self) -> None:
         self.pool.close()
+        with self._lock:
+            ready, self._ready = list(self._ready.values()), {}
+        for g in ready:
+            g.close()
         if self.started:
             ray.shutdown()

@@ -173,6 +173,8 @@ def run_sweep(
                 for i, actors in launches:
                     run = pending[i]
                     running[run.index] = needs[i].resources(actors)
+                    if (prepare := getattr(launcher, "prepare", None)) is not None:
+                        prepare(run, actors)  # takes what the run is to start with, in this thread
                     yield RunLaunched(run, actors)
                     if inline:
                         for ev in _run_events(launcher, run, actors):

@@ -11,7 +11,7 @@ from analysis import load_runs
 from fedray.scheduler import RunEnded, RunLaunched, RunProgress, run_sweep
 from fedray.sweep_file import load_sweep
 from tests.conftest import ROOT
-from tests.helpers import run, sweep_file
+from tests.helpers import run, stored_metrics, sweep_file
 
 pytestmark = pytest.mark.ray
 
@@ -157,3 +157,29 @@ def test_a_second_sweep_waits_for_the_first_instead_of_failing_placement(ray_ses
     ended_b = [e for e in events_b if isinstance(e, RunEnded)]
     assert ended_a[0].ok and ended_b[0].ok, (ended_a[0].error, ended_b[0].error)
     assert any(isinstance(e, Waiting) and e.free_cpus < 2 for e in events_b)
+
+
+def test_a_sweep_hands_a_finished_runs_actors_to_its_next_run_of_the_same_shape(ray_session, tmp_path):
+    """Runs one at a time: the second (two actors, as the first) runs on the first's actors with the
+    numbers a fresh run gets; the third (one actor) gets a new one; nothing is held at the end."""
+    from actors.sweep import RayLauncher
+
+    path = sweep_file(tmp_path, "num_actors: 2\ncases:\n  - {lr: 0.05}\n  - {lr: 0.1}\n  - {lr: 0.2, num_actors: 1}\n")
+    sw = load_sweep(path)
+    events = list(run_sweep(sw.runs, RayLauncher(), max_concurrent_runs=1, poll_s=0.2))
+    ended = {e.run.index: e for e in events if isinstance(e, RunEnded)}
+    assert all(e.ok for e in ended.values())
+    pids = {i: e.summary["placement"]["actor_pids"] for i, e in ended.items()}
+    assert len(pids[1]) == 2 and pids[2] == pids[1]
+    assert len(pids[3]) == 1 and not set(pids[3]) & set(pids[1])
+
+    alone = load_sweep(sweep_file(tmp_path / "alone", "num_actors: 2\ncases:\n  - {lr: 0.1}\n"))
+    fresh = [e for e in run_sweep(alone.runs, RayLauncher(), poll_s=0.2) if isinstance(e, RunEnded)]
+    assert fresh[0].ok and not set(fresh[0].summary["placement"]["actor_pids"]) & set(pids[1])
+    got, want = stored_metrics(sw.output), stored_metrics(alone.output)
+    got = got[got.run_id == sw.runs[1].run_id].reset_index(drop=True)
+    assert got.equals(want), "a reused actor changed a number"
+    deadline = time.monotonic() + 30
+    while ray_session.available_resources().get("CPU", 0) < 4 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray_session.available_resources().get("CPU") == 4  # the idle actors went back at the end
