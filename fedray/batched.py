@@ -111,6 +111,8 @@ def train_stacked(
     keep: bool = False,
     drop_last: bool = False,
     weights: Sequence[np.ndarray | None] | None = None,
+    adjust: Callable[[torch.Tensor, torch.Tensor, Mapping[str, torch.Tensor]], torch.Tensor] | None = None,
+    per_client: Sequence[np.ndarray] | None = None,
 ) -> list[Trained]:
     """`local_train` of ``starts[i]`` on ``clients[i]`` for the task's local epochs, every client at once.
 
@@ -119,7 +121,9 @@ def train_stacked(
     momentum buffers to continue from (`optimizer_state`'s form; None = a fresh optimizer), and
     ``keep`` returns the final ones. ``weights``: per-sample loss weights aligned with each
     client's training split (the weighted objective's (1/|B|) sum w_b CE_b). ``drop_last`` as in
-    `local_train`.
+    `local_train`. ``adjust(logits, v, params)``: the logits the loss sees, from the model's and
+    client i's vector ``per_client[i]`` (FedLC's offsets, FedRS's scales); the reported logits (train
+    accuracy) stay the model's.
     """
     if not clients:
         return []
@@ -164,18 +168,21 @@ def train_stacked(
             for c, w in zip(clients, weights, strict=True)
         ]
 
-    def loss_one(params, x, y, mask, count, w, a):
+    vec = None
+    if adjust is not None:
+        vec = torch.from_numpy(np.stack([np.asarray(v, np.float32) for v in per_client])).to(device)
+
+    def loss_one(params, x, y, mask, count, w, a, v):
         out = functional_call(template, (params, frozen), (x,))
-        each = nn.functional.cross_entropy(out, y, reduction="none")
+        each = nn.functional.cross_entropy(out if v is None else adjust(out, v, params), y, reduction="none")
         ce = (each * mask).sum() / count
         loss = ce if w is None else (each * w * mask).sum() / count
         if a is not None:
             loss = loss + prox_mu / 2 * sum(((params[n] - a[n]) ** 2).sum() for n in params)
         return loss, (out.argmax(1), ce)
 
-    grads = vmap(
-        grad(loss_one, has_aux=True), in_dims=(0, 0, 0, 0, 0, 0 if w_all else None, 0 if anchor else None)
-    )
+    in_dims = (0, 0, 0, 0, 0, 0 if w_all else None, 0 if anchor else None, 0 if vec is not None else None)
+    grads = vmap(grad(loss_one, has_aux=True), in_dims=in_dims)
 
     epochs = task.local_epochs
     steps = [sum(num_steps(c.num_examples, bs, drop_last) for _ in range(epochs)) for c in clients]
@@ -204,6 +211,8 @@ def train_stacked(
                 break
             idx = torch.tensor(stay, device=device)
             p = {n: v.index_select(0, idx) for n, v in p.items()}
+            if vec is not None:
+                vec = vec.index_select(0, idx)
             for d in (anchor, corr, buf, acc):
                 if d is not None:
                     for n in d:
@@ -211,7 +220,7 @@ def train_stacked(
             rows = [rows[j] for j in stay]
             rows_dev = rows_dev.index_select(0, idx)
         x, y, mask, count, w = feed.batch(t, rows, rows_dev)
-        g, (pred, ce) = grads(p, x, y, mask, count, w, anchor)
+        g, (pred, ce) = grads(p, x, y, mask, count, w, anchor, vec)
         with torch.no_grad():  # torch.optim.SGD's rule (foreach form), every client's slice at once
             ps, gs = [p[n] for n in names], [g[n] for n in names]
             if wd:

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 import numpy as np
 import torch
 
 from fedray.algorithms.baselines import fedavg
 from fedray.algorithms.baselines.fedavg import State, evaluate, init, models  # noqa: F401 - FedAvg's, part of the record
-from fedray.algorithms.rounds import class_count_update
+from fedray.algorithms.rounds import class_count_update, train_reply
+from fedray.batched import register_batched, train_stacked
+from fedray.client import Client
 from fedray.federation import Federation
 from fedray.hparams import bound
 from fedray.records import Record
@@ -47,11 +50,18 @@ def calibrated(offset: torch.Tensor) -> Objective:
     return objective
 
 
+def fedlc_update(client: Client, cstate: Any, msg: dict, tau: float) -> tuple[dict, Any]:
+    """FedAvg's client update with the loss on logits minus the client's calibration offsets."""
+    return class_count_update(client, cstate, msg, partial(calibration, tau=tau), calibrated)
+
+
+@register_batched(fedlc_update)
+def fedlc_update_batched(clients: list[Client], cstates: list[Any], msgs: list[dict], tau: float) -> list[tuple[dict, Any]]:
+    offsets = [calibration(c.label_counts(), tau) for c in clients]
+    trained = train_stacked(clients, [m["params"] for m in msgs], msgs[0]["round"],
+                            adjust=lambda out, v, params: out - v, per_client=offsets)  # fmt: skip
+    return [(train_reply(c, t.params, t.stats), s) for c, t, s in zip(clients, trained, cstates, strict=True)]
+
+
 def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
-    return fedavg.fedavg_round(
-        state,
-        fed,
-        hp,
-        rnd,
-        partial(class_count_update, per_class=partial(calibration, tau=hp.tau), objective=calibrated),
-    )
+    return fedavg.fedavg_round(state, fed, hp, rnd, partial(fedlc_update, tau=hp.tau))

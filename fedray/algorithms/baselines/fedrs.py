@@ -13,13 +13,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 import numpy as np
 import torch
 
 from fedray.algorithms.baselines import fedavg
 from fedray.algorithms.baselines.fedavg import State, evaluate, init, models  # noqa: F401 - FedAvg's, part of the record
-from fedray.algorithms.rounds import class_count_update
+from fedray.algorithms.rounds import class_count_update, train_reply
+from fedray.batched import register_batched, train_stacked
+from fedray.client import Client
 from fedray.federation import Federation
 from fedray.hparams import bound
 from fedray.records import Record
@@ -51,13 +54,24 @@ def restricted_softmax(scales: torch.Tensor) -> Objective:
     return objective
 
 
+def fedrs_update(client: Client, cstate: Any, msg: dict, alpha: float) -> tuple[dict, Any]:
+    """FedAvg's client update with the restricted softmax of the client's own class scales."""
+    return class_count_update(client, cstate, msg, partial(class_scales, alpha=alpha), restricted_softmax)
+
+
+def scaled_logits(out: torch.Tensor, scales: torch.Tensor, params) -> torch.Tensor:
+    """s_c <w_c, h> + b_c from the model's logits <w_c, h> + b_c (batched training's form)."""
+    bias = params.get("head.bias")
+    return scales * out if bias is None else scales * (out - bias) + bias
+
+
+@register_batched(fedrs_update)
+def fedrs_update_batched(clients: list[Client], cstates: list[Any], msgs: list[dict], alpha: float) -> list[tuple[dict, Any]]:
+    scales = [class_scales(c.label_counts(), alpha) for c in clients]
+    trained = train_stacked(clients, [m["params"] for m in msgs], msgs[0]["round"], adjust=scaled_logits,
+                            per_client=scales)  # fmt: skip
+    return [(train_reply(c, t.params, t.stats), s) for c, t, s in zip(clients, trained, cstates, strict=True)]
+
+
 def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
-    return fedavg.fedavg_round(
-        state,
-        fed,
-        hp,
-        rnd,
-        partial(
-            class_count_update, per_class=partial(class_scales, alpha=hp.alpha), objective=restricted_softmax
-        ),
-    )
+    return fedavg.fedavg_round(state, fed, hp, rnd, partial(fedrs_update, alpha=hp.alpha))
