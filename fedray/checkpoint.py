@@ -202,8 +202,11 @@ def _hashable(k: Any) -> Any:
 # ------------------------------------------------------------------------------------------------
 
 
-def write_blob(path: Path, obj: Any, where: str, baton: Callable[[Any], Any] | None = None) -> str:
-    """Write ``obj`` to ``path`` (fsynced); returns the file's SHA-256."""
+def write_blob(
+    path: Path, obj: Any, where: str, baton: Callable[[Any], Any] | None = None, sync: bool = True
+) -> str:
+    """Write ``obj`` to ``path`` (fsynced); returns the file's SHA-256. ``sync=False``: neither (a
+    scratch file that need not survive the machine: spilled client state)."""
     arrays: list[np.ndarray] = []
     tree = encode(obj, arrays, where, baton)
     with open(path, "wb") as f:
@@ -214,6 +217,8 @@ def write_blob(path: Path, obj: Any, where: str, baton: Callable[[Any], Any] | N
                     np.lib.format.write_array(
                         member, arr if arr.flags.c_contiguous else arr.copy(order="C"), allow_pickle=False
                     )
+        if not sync:
+            return ""
         f.flush()
         os.fsync(f.fileno())
     return sha256(path)

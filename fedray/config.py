@@ -138,6 +138,11 @@ class Config:
     # run on a GPU and the model allows it; off: one client at a time. docs/batched.md lists the
     # client functions it covers (others run per client).
     batched_clients: str = "auto"  # off | on | auto
+    # Clients' persistent state (SCAFFOLD's c_i, kept SGD buffers, FedEM/FedRC's weights, ...) held in
+    # memory per worker up to this many MB; beyond it, the least recently used go to local disk and
+    # come back exactly when their client is next sampled (fedray/client_states.py). 0 = a quarter
+    # of the machine's memory. Changes no number.
+    client_state_memory_mb: float = field(default=0.0, metadata=bound(ge=0, note="0 = a quarter of the machine's memory"))  # per worker, MB
     placement_timeout_s: float = field(default=300.0, metadata=bound(gt=0))  # give up (loudly) if the actors cannot be placed within this time (a local Ray fedray started fails at once)
 
     # --- output (docs/output.md#output) -------------------------------------------------------------------------
@@ -197,7 +202,7 @@ class Config:
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Config)}
 NOT_IN_RUN_ID = (
     "output", "num_actors", "placement_timeout_s", "save_models", "checkpoint_every", "keep_checkpoints", "max_failures",
-    "partition_name", "keep_finished_checkpoints",
+    "partition_name", "keep_finished_checkpoints", "client_state_memory_mb",
 )  # fmt: skip
 # Keys added after results existed, with the value that means "as before": at that value they stay
 # out of the run id, so every earlier run keeps its id (and a re-submitted sweep skips it).

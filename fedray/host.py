@@ -19,6 +19,7 @@ import torch
 
 from fedray import batched
 from fedray.client import Client, Task
+from fedray.client_states import ClientStates
 from fedray.data import ArrayDataset, ClientIndices
 from fedray.federation import TEST_SHARD, ClientError, ClientFn
 from fedray.params import payload_nbytes
@@ -82,7 +83,7 @@ class ClientHost:
         self._data = data
         self._test = test
         self._indices = dict(clients)
-        self._state: dict[int, Any] = {}
+        self._state = ClientStates(task.client_state_memory_mb)
         self._model_cache: dict = {}
         self._batched: bool | None = None  # batched client training here (decided on first use)
 
@@ -102,7 +103,7 @@ class ClientHost:
             reply, new_state = fn(self.client(cid), self._state.get(cid), msg)
         except Exception as e:  # noqa: BLE001 - re-raised with the client id attached
             raise ClientError(cid, f"{type(e).__name__}: {e}", traceback.format_exc()) from e
-        self._state[cid] = new_state
+        self._state.set(cid, new_state)
         meta = CallMeta(cid, payload_nbytes(reply), time.perf_counter() - t0)
         return reply, meta
 
@@ -131,7 +132,7 @@ class ClientHost:
         seconds = (time.perf_counter() - t0) / len(cids)  # the call's time, shared out
         out = []
         for cid, (reply, new_state) in zip(cids, results, strict=True):
-            self._state[cid] = new_state
+            self._state.set(cid, new_state)
             out.append((reply, CallMeta(cid, payload_nbytes(reply), seconds)))
         return out
 
@@ -149,7 +150,7 @@ class ClientHost:
         """Restore client ``cid``'s persistent state (from a checkpoint)."""
         if cid not in self._indices:
             raise ClientError(cid, f"not hosted here (this host has clients {self.client_ids[:10]}...)")
-        self._state[cid] = state
+        self._state.set(cid, state)
 
     def relay(self, fn: ClientFn, cid: int, carry: Any, common: Any) -> tuple[Any, Any, CallMeta]:
         """One relay hop (see `Federation.relay`): ``fn`` gets ``(carry, common)`` and returns

@@ -1,0 +1,133 @@
+"""Clients' persistent state on a host: in memory up to a budget, beyond it on the local disk.
+
+An algorithm's per-client state (SCAFFOLD's c_i, kept SGD buffers, FedEM's and FedRC's weights,
+FedCat's copies' counts, ...) lives with the host that runs the client. Across hundreds of
+thousands of clients it outgrows memory, while a round touches only its participants: so the
+states beyond ``client_state_memory_mb`` (config key), least recently used first, go to files in
+a folder of the host's own, in the checkpoints' format (`fedray.checkpoint.write_blob`: arrays and
+plain JSON, nothing pickled), and come back, exactly as they were, when their client is next used.
+
+The folder is this process's (its pid in the name) under the system's temporary directory; it is
+removed when the host goes away, and a host that starts removes the folders of processes that
+are gone (a killed actor's).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import weakref
+from collections import OrderedDict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from fedray.checkpoint import read_blob, write_blob
+from fedray.params import payload_nbytes
+
+PREFIX = "fedray-client-state-"
+
+
+def default_budget_mb() -> float:
+    """A quarter of this machine's memory (what ``client_state_memory_mb: 0`` means)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = 8 << 30
+    return total / 4 / (1 << 20)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale(root: Path) -> None:
+    """Remove the spill folders of processes that no longer run (killed actors leave theirs)."""
+    for d in root.glob(PREFIX + "*"):
+        try:
+            pid = int(d.name[len(PREFIX) :].split("-")[0])
+        except ValueError:
+            continue
+        if pid != os.getpid() and not _alive(pid):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+class ClientStates:
+    """cid -> state, in memory up to ``budget_mb``, the least recently used beyond it on disk."""
+
+    def __init__(self, budget_mb: float = 0.0) -> None:
+        self.budget = int((budget_mb if budget_mb > 0 else default_budget_mb()) * (1 << 20))
+        self._memory: OrderedDict[int, tuple[Any, int]] = OrderedDict()  # cid -> (state, bytes), LRU first
+        self._bytes = 0
+        self._disk: set[int] = set()
+        self._dir: Path | None = None
+        self.spilled = 0  # states written to disk so far
+        self.loaded = 0  # states read back
+
+    # --- the mapping ---------------------------------------------------------------------------
+    def get(self, cid: int) -> Any:
+        if cid in self._memory:
+            self._memory.move_to_end(cid)
+            return self._memory[cid][0]
+        if cid in self._disk:
+            path = self._path(cid)
+            state = read_blob(path)
+            self._disk.discard(cid)
+            path.unlink(missing_ok=True)
+            self.loaded += 1
+            self._keep(cid, state)
+            return state
+        return None
+
+    def set(self, cid: int, state: Any) -> None:
+        self._drop(cid)
+        if state is not None:
+            self._keep(cid, state)
+
+    def __contains__(self, cid: int) -> bool:
+        return cid in self._memory or cid in self._disk
+
+    def cids(self) -> Iterator[int]:
+        yield from sorted([*self._memory, *self._disk])
+
+    @property
+    def memory_bytes(self) -> int:
+        return self._bytes
+
+    @property
+    def on_disk(self) -> int:
+        return len(self._disk)
+
+    # --- inside ---------------------------------------------------------------------------------
+    def _keep(self, cid: int, state: Any) -> None:
+        size = payload_nbytes(state)
+        self._memory[cid] = (state, size)
+        self._bytes += size
+        while self._bytes > self.budget and len(self._memory) > 1:
+            old, (value, n) = self._memory.popitem(last=False)
+            self._bytes -= n
+            write_blob(self._path(old), value, f"client {old}'s state", sync=False)
+            self._disk.add(old)
+            self.spilled += 1
+
+    def _drop(self, cid: int) -> None:
+        if cid in self._memory:
+            self._bytes -= self._memory.pop(cid)[1]
+        if cid in self._disk:
+            self._disk.discard(cid)
+            self._path(cid).unlink(missing_ok=True)
+
+    def _path(self, cid: int) -> Path:
+        if self._dir is None:
+            root = Path(tempfile.gettempdir())
+            remove_stale(root)
+            self._dir = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=root))
+            weakref.finalize(self, shutil.rmtree, str(self._dir), True)
+        return self._dir / f"{cid:08d}.npz"

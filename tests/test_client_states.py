@@ -1,0 +1,106 @@
+"""Clients' persistent state beyond client_state_memory_mb goes to disk and comes back exactly."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedray.client_states import PREFIX, ClientStates
+from fedray.experiment import execute
+from fedray.local import make_local_federation
+from tests.conftest import small_config
+from tests.helpers import round_metrics
+
+
+def _state(i: int) -> dict:
+    g = np.random.default_rng(i)
+    return {"c": {"w": g.normal(size=(10, 100)).astype(np.float32), "b": g.normal(size=10)},
+            "steps": i, "k": [i, float(i) / 3], "none": None}  # fmt: skip
+
+
+def _same(a, b) -> None:
+    assert type(a) is type(b)
+    if isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            _same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            _same(x, y)
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+    else:
+        assert a == b
+
+
+def test_states_beyond_the_budget_go_to_disk_and_come_back_exactly():
+    store = ClientStates(budget_mb=0.01)  # 10 KB: about two of these 4.1 KB states
+    for i in range(20):
+        store.set(i, _state(i))
+    assert store.memory_bytes <= 0.01 * (1 << 20) and store.on_disk >= 17 and store.spilled == store.on_disk
+    folder = next(iter({p.parent for p in store._dir.glob("*.npz")}))
+    assert len(list(folder.glob("*.npz"))) == store.on_disk
+    for i in (0, 7, 19, 3):
+        _same(store.get(i), _state(i))
+    assert store.loaded >= 3
+    assert list(store.cids()) == list(range(20))
+    store.set(5, None)  # a client whose state became None: nothing kept, in memory or on disk
+    assert 5 not in store and store.get(5) is None and len(list(folder.glob("*.npz"))) == store.on_disk
+    del store
+    assert not folder.exists()  # the folder goes with its host
+
+
+def test_a_dead_processs_spill_folder_is_removed_by_the_next_host(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f"{PREFIX}{int(dead.stdout)}-abc"
+    stale.mkdir()
+    (stale / "00000001.npz").write_bytes(b"x")
+    mine = tmp_path / f"{PREFIX}{os.getpid()}-keep"
+    mine.mkdir()
+    store = ClientStates(budget_mb=0.001)
+    store.set(1, _state(1))
+    store.set(2, _state(2))  # the first spill makes the folder, and clears the dead one's
+    assert not stale.exists() and mine.exists() and store.on_disk == 1
+
+
+@pytest.mark.parametrize("algorithm", ["scaffold", "fedem", "ifca"])
+def test_a_run_whose_client_state_spills_gives_the_same_numbers(tmp_path, algorithm):
+    hp = {"fedem": {"num_clusters": 2}, "ifca": {"num_clusters": 2, "persistent_optimizer": True}}.get(algorithm, {})
+    over = dict(algorithm=algorithm, hp=hp, num_clients=8, participation=0.5, rounds=4, seed=2)
+    runs, feds = {}, {}
+    for name, mb in (("memory", 0.0), ("disk", 0.001)):
+        cfg = small_config(tmp_path / name, client_state_memory_mb=mb, **over)
+
+        def factory(cfg, data, name=name):
+            fed, placement = make_local_federation(cfg, data)
+            feds[name] = fed
+            return fed, placement
+
+        list(execute(cfg, factory))
+        runs[name] = round_metrics(cfg.output)
+    assert runs["disk"].equals(runs["memory"])
+    states = feds["disk"].host._state
+    assert states.spilled > 0 and states.loaded > 0  # it did go to disk and come back
+    assert feds["memory"].host._state.spilled == 0
+
+
+def test_spilled_state_on_ray_and_through_a_checkpoint(ray_session, tmp_path):
+    from actors.federation import make_ray_federation
+
+    over = dict(algorithm="scaffold", num_clients=8, participation=0.5, rounds=4, seed=4, checkpoint_every=2)
+    ref = small_config(tmp_path / "ref", **over)
+    list(execute(ref, make_local_federation))
+    cfg = small_config(tmp_path / "ray", client_state_memory_mb=0.001, num_actors=2, **over)
+    list(execute(cfg, make_ray_federation))
+    assert round_metrics(cfg.output).equals(round_metrics(ref.output))
+    assert any(Path(cfg.output, "checkpoints").rglob("clients/*.npz"))  # spilled states were checkpointed
