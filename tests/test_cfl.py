@@ -243,3 +243,20 @@ def test_relative_rule_splits_when_the_mean_update_falls_below_its_fraction_of_t
         assert got == want, r
         expected += want
     assert expected, "the rule never let a cluster split: the test shows nothing"
+
+
+@pytest.mark.parametrize("algorithm", ["cfl", "layercfl"])
+def test_a_federation_too_big_for_the_similarities_is_refused_before_anything_starts(tmp_path, monkeypatch, algorithm):
+    from fedray.algorithms.splitting import scale
+    from fedray.coercion import ConfigError
+    from tests.conftest import small_config
+
+    monkeypatch.setattr(scale, "machine_memory", lambda: 1 << 20)  # a 1 MiB machine
+    over = {"algorithm": algorithm, "participation": 1.0, "num_clients": 6}
+    if algorithm == "layercfl":
+        over["hp"] = {"layers": "fc"}
+    with pytest.raises(ConfigError, match=r"config key 'num_clients': .* holds every client's update each round "
+                                          r"\(6 clients x [\d,]+ values\).*cross-silo method.*fits at most about \d+ clients"):  # fmt: skip
+        small_config(tmp_path, **over)
+    monkeypatch.setattr(scale, "machine_memory", lambda: 1 << 34)
+    assert small_config(tmp_path, **over).num_clients == 6

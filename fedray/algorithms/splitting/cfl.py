@@ -33,6 +33,7 @@ from fedray.algorithms.rounds import kept_optimizer_update, train_records
 from fedray.algorithms.splitting.layers import flatten as flat
 from fedray.algorithms.splitting.layers import layer_params, select
 from fedray.algorithms.splitting.measures import Similarity, evaluate, models, truth_records  # noqa: F401 - the record's
+from fedray.algorithms.splitting.scale import check_participation, check_size
 from fedray.client import Client
 from fedray.federation import Federation
 from fedray.hparams import bound, one_of
@@ -63,14 +64,6 @@ class SplitHparams:
     drop_last: bool = False  # drop each epoch's last partial batch (the FedRC code's loaders)
 
 
-def check_participation(cfg: Any) -> None:
-    if cfg.participation != 1.0:
-        raise ValueError(
-            f"config key 'participation': {cfg.algorithm} bipartitions all of a cluster's clients every round, "
-            f"so every client takes part (participation: 1.0), got {cfg.participation}"
-        )
-
-
 @dataclass
 class SplitState:
     # a checkpoint written before the field was renamed names it by its old name
@@ -90,6 +83,7 @@ State = SplitState  # the clusters, their models, the layers, the split history
 
 def check_config(cfg: Any, hp: Hparams) -> None:
     check_participation(cfg)
+    check_size(cfg)
 
 
 def init(fed: Federation, hp: Hparams) -> State:

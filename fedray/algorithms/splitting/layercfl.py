@@ -32,13 +32,13 @@ from fedray.algorithms.splitting import cfl
 from fedray.algorithms.splitting.cfl import (  # noqa: F401 - CFL's evaluation and saved models
     SplitHparams,
     SplitState,
-    check_participation,
     evaluate,
     init_state,
     models,
 )
 from fedray.algorithms.splitting.layers import PRESETS, is_preset, select
 from fedray.algorithms.splitting.measures import Similarity
+from fedray.algorithms.splitting.scale import check_participation, check_size
 from fedray.federation import Federation
 from fedray.hparams import bound, one_of
 from fedray.records import Record
@@ -52,6 +52,7 @@ def check_config(cfg: Any, hp: Hparams) -> None:
     from fedray.models import build_model
 
     check_participation(cfg)
+    check_size(cfg)  # the updates travel whole; the similarity reads some layers
     info = dataset_info(cfg)
     select(build_model(cfg.model, tuple(info.input_shape), info.num_classes, cfg.head_bias), hp.layers)
 
