@@ -1,13 +1,14 @@
 """One round's local training of many clients, one client at a time against batched (fedray/batched.py).
 
-    python -m jobs.bench_batched jobs/configs/bench_gpu_c2.yaml [--device cuda] [--clients 40] [--repeat 3]
+    python -m jobs.bench_batched jobs/configs/bench_gpu_c2.yaml [--device cuda] [--clients 40] [--repeat 3] [--profile 15]
 
 Builds the run's clients in this process (no Ray), then times FedAvg's local update of the first
 ``--clients`` clients from the same model: the per-client path (`local_update` on each client in
 turn) and the batched one (`local_update_batched`: every client in one stack), each ``--repeat``
 times after a warm-up, and prints the median seconds, the speed-up, the optimizer steps, the time
 per stacked step, and how far the two paths' trained parameters are apart (largest absolute
-difference, relative to the largest parameter). Needs no GPU (``--device cpu``, the default); on
+difference, relative to the largest parameter); ``--profile N`` adds where one batched call's
+time goes, operator by operator (torch.profiler). Needs no GPU (``--device cpu``, the default); on
 a GPU it synchronises before reading the clock.
 """
 
@@ -28,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=40, help="clients trained (default 40)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as one actor)")
+    ap.add_argument("--profile", type=int, default=0, metavar="ROWS",
+                    help="also profile one batched call (torch.profiler) and print its ROWS costliest "
+                         "operators by self time, on the host and on the device")  # fmt: skip
     args = ap.parse_args(argv)
 
     import numpy as np
@@ -92,6 +96,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"speed-up    {pc / bt:8.2f}x")
     print(f"largest |parameter difference| {diff:.3g} (largest parameter {scale:.3g})")
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device.startswith("cuda") else [])
+        with profile(activities=acts) as prof:
+            batched()
+            sync()
+        for key in ["self_cpu_time_total"] + (["self_cuda_time_total"] if len(acts) > 1 else []):
+            print(f"\nbatched call, by {key}:")
+            print(prof.key_averages().table(sort_by=key, row_limit=args.profile))
     return 0
 
 
