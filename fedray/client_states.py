@@ -29,13 +29,18 @@ from fedray.params import payload_nbytes
 PREFIX = "fedray-client-state-"
 
 
-def default_budget_mb() -> float:
-    """A quarter of this machine's memory (what ``client_state_memory_mb: 0`` means)."""
+def machine_memory() -> int:
+    """Bytes of physical memory of this machine (8 GiB where the system does not say)."""
     try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
-        total = 8 << 30
-    return total / 4 / (1 << 20)
+        return 8 << 30
+
+
+def default_budget_mb() -> float:
+    """What ``client_state_memory_mb: 0`` means: a quarter of this machine's memory shared out over
+    its cores, so that a worker on every core keeps at most a quarter of the memory between them."""
+    return machine_memory() / 4 / max(1, os.cpu_count() or 1) / (1 << 20)
 
 
 def _alive(pid: int) -> bool:

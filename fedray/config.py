@@ -141,8 +141,9 @@ class Config:
     # Clients' persistent state (SCAFFOLD's c_i, kept SGD buffers, FedEM/FedRC's weights, ...) held in
     # memory per worker up to this many MB; beyond it, the least recently used go to local disk and
     # come back exactly when their client is next sampled (fedray/client_states.py). 0 = a quarter
-    # of the machine's memory. Changes no number.
-    client_state_memory_mb: float = field(default=0.0, metadata=bound(ge=0, note="0 = a quarter of the machine's memory"))  # per worker, MB
+    # of the machine's memory over its cores (a worker on every core: a quarter between them).
+    # Changes no number.
+    client_state_memory_mb: float = field(default=0.0, metadata=bound(ge=0, note="0 = a quarter of the machine's memory per core"))  # per worker, MB
     placement_timeout_s: float = field(default=300.0, metadata=bound(gt=0))  # give up (loudly) if the actors cannot be placed within this time (a local Ray fedray started fails at once)
 
     # --- output (docs/output.md#output) -------------------------------------------------------------------------

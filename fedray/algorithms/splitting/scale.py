@@ -10,9 +10,9 @@ from typing import Any
 
 def machine_memory() -> int:
     """Bytes of memory of this machine (the coordinator runs on the driver's node)."""
-    from fedray.client_states import default_budget_mb
+    from fedray.client_states import machine_memory as physical
 
-    return int(default_budget_mb() * 4 * (1 << 20))
+    return physical()
 
 
 def check_participation(cfg: Any) -> None:
