@@ -221,11 +221,12 @@ def stream_run(
             num_actors = _actors_that_fit(cfg, actors)
             yield Recovered(run_id, failures, cfg.max_failures, str(error), num_actors)
     finally:
-        if done and pool is not None and handle.group is not None and not handle.cancelled:
-            group, handle.group = handle.group, None
-            handle.free()  # the coordinator
-            pool.give(group)
+        kept = handle.group if done and pool is not None and not handle.cancelled else None
+        if kept is not None:
+            handle.group = None  # free() below then stops only the coordinator
         handle.free()
+        if kept is not None:
+            pool.give(kept)
         if not ended:  # Ctrl-C, SIGTERM, a cancelled sweep: the coordinator was killed, not asked
             mark_ended(cfg.output, run_id, "interrupted", rounds_done, STOPPED)
 

@@ -38,7 +38,7 @@ class RayLauncher:
         avail = ray.available_resources()
         with self._lock:
             handles = dict(self._handles)
-        idle_cpus, idle_gpus = self.pool.held()  # idle actors give way to the next run (`_actors_for`)
+        idle_cpus, idle_gpus = self.pool.held()  # idle actors give way to the next run (`stream_run`)
         cpus, gpus = avail.get("CPU", 0.0) + idle_cpus, avail.get("GPU", 0.0) + idle_gpus
         for index, (c, g) in running.items():
             if index not in self._placed:

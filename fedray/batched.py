@@ -146,21 +146,10 @@ def train_stacked(
     if corrections is not None:
         corr = {n: t * lr for n, t in stack(corrections, names).items()}
     buf = None
-    if mom:
+    if mom:  # SGD's momentum buffers: the given ones (`optimizer_state`'s form), else zeros
         given = buffers or [None] * n_all
-        buf = {
-            n: torch.from_numpy(
-                np.stack(
-                    [
-                        np.asarray(g[f"{n}/momentum_buffer"], np.float32)
-                        if g
-                        else np.zeros_like(starts[i][n], np.float32)
-                        for i, g in enumerate(given)
-                    ]
-                )  # fmt: skip
-            ).to(device)
-            for n in names
-        }
+        buf = stack([{n: g[f"{n}/momentum_buffer"] for n in names} if g else {n: np.zeros_like(s[n]) for n in names}
+                     for g, s in zip(given, starts, strict=True)], names)  # fmt: skip
     w_all = None
     if weights is not None and any(w is not None for w in weights):
         w_all = [
@@ -191,22 +180,24 @@ def train_stacked(
     )
     rows = list(range(n_all))  # the clients still stacked, in stack order
     rows_dev = torch.arange(n_all, device=device)
-    done: dict[int, dict[str, torch.Tensor]] = {}
-    done_buf: dict[int, dict[str, torch.Tensor]] = {}
     # each stacked client's summed cross-entropy and correct predictions (rows: as p's)
     acc = {"loss": torch.zeros(n_all, dtype=torch.float64, device=device),
            "correct": torch.zeros(n_all, dtype=torch.int64, device=device)}  # fmt: skip
-    done_acc: dict[int, dict[str, torch.Tensor]] = {}
+    done: dict[int, dict[str, dict[str, torch.Tensor]]] = {}  # client -> its final rows
+
+    def row(j: int) -> dict[str, dict[str, torch.Tensor]]:
+        """Stack row j's parameters, sums and buffers (views: the stack is replaced, not changed, after)."""
+        return {"p": {n: v[j] for n, v in p.items()}, "acc": {n: v[j] for n, v in acc.items()},
+                "buf": {n: v[j] for n, v in buf.items()} if buf is not None else {}}  # fmt: skip
+
     t = 0
     while rows:
         leaving = [j for j, i in enumerate(rows) if steps[i] <= t]
         if leaving:
             for j in leaving:
-                done[rows[j]] = {n: v[j] for n, v in p.items()}
-                done_acc[rows[j]] = {n: v[j] for n, v in acc.items()}
-                if buf is not None:
-                    done_buf[rows[j]] = {n: v[j] for n, v in buf.items()}
-            stay = [j for j in range(len(rows)) if steps[rows[j]] > t]
+                done[rows[j]] = row(j)
+            gone = set(leaving)
+            stay = [j for j in range(len(rows)) if j not in gone]
             if not stay:
                 break
             idx = torch.tensor(stay, device=device)
@@ -237,24 +228,21 @@ def train_stacked(
             acc["correct"] += ((pred == y) & (mask > 0)).sum(1)
         t += 1
     for j, i in enumerate(rows):  # the clients with the most steps, still stacked
-        done.setdefault(i, {n: v[j] for n, v in p.items()})
-        done_acc.setdefault(i, {n: v[j] for n, v in acc.items()})
-        if buf is not None:
-            done_buf.setdefault(i, {n: v[j] for n, v in buf.items()})
+        done.setdefault(i, row(j))
     out = []
     for i in range(n_all):
-        trained = {n: v.detach().cpu().numpy().copy() for n, v in done[i].items()}
+        trained = {n: v.detach().cpu().numpy().copy() for n, v in done[i]["p"].items()}
         params = {
             key: trained[key] if key in trained else np.array(val, copy=True)
             for key, val in starts[i].items()
         }
-        got = done_acc[i]
+        got = done[i]["acc"]
         stats = TrainStats(
             samples=feed.samples[i], loss_sum=float(got["loss"]), correct=int(got["correct"]), steps=steps[i]
         )
         kept = None
         if keep and buf is not None:
-            kept = {f"{n}/momentum_buffer": v.detach().cpu().numpy().copy() for n, v in done_buf[i].items()}
+            kept = {f"{n}/momentum_buffer": v.detach().cpu().numpy().copy() for n, v in done[i]["buf"].items()}
         elif keep:
             kept = {}
         out.append(Trained(params, stats, kept))
@@ -273,7 +261,7 @@ class Resident:
             ys.append(y)
             offsets.append(total)
             total += len(y)
-        self.x = torch.cat(xs).to(device) if xs else None
+        self.x = torch.cat(xs).to(device)
         self.y = torch.cat(ys).to(device)
         self.w = torch.cat(w_all).to(device) if w_all else None
         # the plan: step t of client i takes rows index[t, i, :count[t, i]] of the stacked splits

@@ -95,9 +95,12 @@ class ClientHost:
         ix = self._indices[cid]
         return Client(cid, self.task, self._data, ix.train, ix.test, self.device, self._model_cache)
 
-    def run(self, fn: ClientFn, cid: int, msg: Any) -> tuple[Any, CallMeta]:
+    def _check_hosted(self, cid: int) -> None:
         if cid not in self._indices:
             raise ClientError(cid, f"not hosted here (this host has clients {self.client_ids[:10]}...)")
+
+    def run(self, fn: ClientFn, cid: int, msg: Any) -> tuple[Any, CallMeta]:
+        self._check_hosted(cid)
         t0 = time.perf_counter()
         try:
             reply, new_state = fn(self.client(cid), self._state.get(cid), msg)
@@ -118,10 +121,9 @@ class ClientHost:
         many = batched.batched_version(fn) if len(pairs) > 1 and self.trains_batched() else None
         if many is None:
             return [self.run(fn, cid, msg) for cid, msg in pairs]
-        for cid, _ in pairs:
-            if cid not in self._indices:
-                raise ClientError(cid, f"not hosted here (this host has clients {self.client_ids[:10]}...)")
         cids = [cid for cid, _ in pairs]
+        for cid in cids:
+            self._check_hosted(cid)
         t0 = time.perf_counter()
         try:
             results = many([self.client(c) for c in cids], [self._state.get(c) for c in cids], [m for _, m in pairs])
@@ -148,8 +150,7 @@ class ClientHost:
 
     def set_state(self, cid: int, state: Any) -> None:
         """Restore client ``cid``'s persistent state (from a checkpoint)."""
-        if cid not in self._indices:
-            raise ClientError(cid, f"not hosted here (this host has clients {self.client_ids[:10]}...)")
+        self._check_hosted(cid)
         self._state.set(cid, state)
 
     def relay(self, fn: ClientFn, cid: int, carry: Any, common: Any) -> tuple[Any, Any, CallMeta]:

@@ -95,11 +95,20 @@ def local_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
     return local_sgd_reply(client, msg["params"], msg["round"]), cstate
 
 
+def stacked_replies(
+    clients: Sequence[Client], cstates: Sequence[Any], msgs: Sequence[dict], **train: Any
+) -> list[tuple[dict, Any]]:
+    """FedAvg's replies of many clients trained at once from their messages' ``params``
+    (`fedray.batched.train_stacked` with ``train``'s options: a proximal term, a logit adjustment),
+    their states unchanged: the batched form of every `local_sgd_reply` client function."""
+    trained = train_stacked(clients, [m["params"] for m in msgs], msgs[0]["round"], **train)
+    return [(train_reply(c, t.params, t.stats), s) for c, t, s in zip(clients, trained, cstates, strict=True)]
+
+
 @register_batched(local_update)
 def local_update_batched(clients: Sequence[Client], cstates: Sequence[Any], msgs: Sequence[dict]) -> list[tuple[dict, Any]]:
     """`local_update` for many clients at once (fedray/batched.py)."""
-    trained = train_stacked(clients, [m["params"] for m in msgs], msgs[0]["round"])
-    return [(train_reply(c, t.params, t.stats), s) for c, t, s in zip(clients, trained, cstates, strict=True)]
+    return stacked_replies(clients, cstates, msgs)
 
 
 def kept_optimizer_batched(

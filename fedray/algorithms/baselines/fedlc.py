@@ -19,8 +19,8 @@ import torch
 
 from fedray.algorithms.baselines import fedavg
 from fedray.algorithms.baselines.fedavg import State, evaluate, init, models  # noqa: F401 - FedAvg's, part of the record
-from fedray.algorithms.rounds import class_count_update, train_reply
-from fedray.batched import register_batched, train_stacked
+from fedray.algorithms.rounds import class_count_update, stacked_replies
+from fedray.batched import register_batched
 from fedray.client import Client
 from fedray.federation import Federation
 from fedray.hparams import bound
@@ -58,9 +58,7 @@ def fedlc_update(client: Client, cstate: Any, msg: dict, tau: float) -> tuple[di
 @register_batched(fedlc_update)
 def fedlc_update_batched(clients: list[Client], cstates: list[Any], msgs: list[dict], tau: float) -> list[tuple[dict, Any]]:
     offsets = [calibration(c.label_counts(), tau) for c in clients]
-    trained = train_stacked(clients, [m["params"] for m in msgs], msgs[0]["round"],
-                            adjust=lambda out, v, params: out - v, per_client=offsets)  # fmt: skip
-    return [(train_reply(c, t.params, t.stats), s) for c, t, s in zip(clients, trained, cstates, strict=True)]
+    return stacked_replies(clients, cstates, msgs, adjust=lambda out, v, params: out - v, per_client=offsets)
 
 
 def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001

@@ -14,8 +14,8 @@ from typing import Any
 
 from fedray.algorithms.baselines import fedavg
 from fedray.algorithms.baselines.fedavg import State, evaluate, init, models  # noqa: F401 - FedAvg's, part of the record
-from fedray.algorithms.rounds import local_sgd_reply, train_reply
-from fedray.batched import register_batched, train_stacked
+from fedray.algorithms.rounds import local_sgd_reply, stacked_replies
+from fedray.batched import register_batched
 from fedray.client import Client
 from fedray.federation import Federation
 from fedray.hparams import bound
@@ -37,8 +37,7 @@ def prox_update(client: Client, cstate: Any, msg: dict, mu: float) -> tuple[dict
 
 @register_batched(prox_update)
 def prox_update_batched(clients: list[Client], cstates: list[Any], msgs: list[dict], mu: float) -> list[tuple[dict, Any]]:
-    trained = train_stacked(clients, [m["params"] for m in msgs], msgs[0]["round"], prox_mu=mu)
-    return [(train_reply(c, t.params, t.stats), s) for c, t, s in zip(clients, trained, cstates, strict=True)]
+    return stacked_replies(clients, cstates, msgs, prox_mu=mu)
 
 
 def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001

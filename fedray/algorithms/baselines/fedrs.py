@@ -20,8 +20,8 @@ import torch
 
 from fedray.algorithms.baselines import fedavg
 from fedray.algorithms.baselines.fedavg import State, evaluate, init, models  # noqa: F401 - FedAvg's, part of the record
-from fedray.algorithms.rounds import class_count_update, train_reply
-from fedray.batched import register_batched, train_stacked
+from fedray.algorithms.rounds import class_count_update, stacked_replies
+from fedray.batched import register_batched
 from fedray.client import Client
 from fedray.federation import Federation
 from fedray.hparams import bound
@@ -68,9 +68,7 @@ def scaled_logits(out: torch.Tensor, scales: torch.Tensor, params) -> torch.Tens
 @register_batched(fedrs_update)
 def fedrs_update_batched(clients: list[Client], cstates: list[Any], msgs: list[dict], alpha: float) -> list[tuple[dict, Any]]:
     scales = [class_scales(c.label_counts(), alpha) for c in clients]
-    trained = train_stacked(clients, [m["params"] for m in msgs], msgs[0]["round"], adjust=scaled_logits,
-                            per_client=scales)  # fmt: skip
-    return [(train_reply(c, t.params, t.stats), s) for c, t, s in zip(clients, trained, cstates, strict=True)]
+    return stacked_replies(clients, cstates, msgs, adjust=scaled_logits, per_client=scales)
 
 
 def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001

@@ -7,12 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-
-def machine_memory() -> int:
-    """Bytes of memory of this machine (the coordinator runs on the driver's node)."""
-    from fedray.client_states import machine_memory as physical
-
-    return physical()
+from fedray.client_states import machine_memory  # the driver's node: the coordinator runs there
 
 
 def check_participation(cfg: Any) -> None:
