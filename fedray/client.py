@@ -209,6 +209,24 @@ class Client:
         x = self.task.layout(self.task.spec.to_tensor(self._data.x[self.train_idx]))
         return x, torch.from_numpy(self._data.y[self.train_idx])
 
+    def device_train_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """`train_tensors` on the client's device. On CUDA they are kept on the device across
+        calls (a host's clients' splits, up to a quarter of the device's memory left when the first
+        is kept), so batched training does not convert and move them again every round."""
+        if self.device.type != "cuda":
+            return tuple(t.to(self.device) for t in self.train_tensors())
+        kept = self._model_cache.get(("train_tensors", self.cid))
+        if kept is None:
+            kept = tuple(t.to(self.device) for t in self.train_tensors())
+            size = sum(t.numel() * t.element_size() for t in kept)
+            budget = self._model_cache.setdefault(
+                ("train_tensors_budget",), [torch.cuda.mem_get_info(self.device)[0] // 4]
+            )
+            if size <= budget[0]:
+                budget[0] -= size
+                self._model_cache[("train_tensors", self.cid)] = kept
+        return kept
+
     def train_order(self, rnd: int, epoch: int) -> np.ndarray:
         """Positions into the training split in this epoch's shuffled order, drawn from (seed,
         loader, client, round, epoch). Batches of anything aligned with the split (precomputed

@@ -53,9 +53,11 @@ def _close(a, b, atol=2e-6):
         np.testing.assert_allclose(a[k], b[k], rtol=0, atol=atol, err_msg=k)
 
 
-@pytest.mark.parametrize("augment", ["none", "crop_flip"])  # the resident feeder, and the streamed one
+# the resident feeder shrinking the stack as clients finish (CPU), the same with a fixed stack
+# (CUDA's, whose steps replay as one graph), and the streamed feeder (augmented data)
+@pytest.mark.parametrize("augment,fixed", [("none", False), ("none", True), ("crop_flip", False)])
 @pytest.mark.parametrize("case", ["plain", "prox", "correction", "buffers", "weights"])
-def test_each_client_trains_as_local_train_trains_it_alone(augment, case):
+def test_each_client_trains_as_local_train_trains_it_alone(augment, fixed, case):
     host = _host(augment)
     cids = host.client_ids
     starts = _starts(host, len(cids))
@@ -76,7 +78,7 @@ def test_each_client_trains_as_local_train_trains_it_alone(augment, case):
         prox_mu=mu if case == "prox" else 0.0,
         corrections=corrections if case == "correction" else None,
         buffers=buffers if case == "buffers" else None, keep=case == "buffers",
-        weights=weights if case == "weights" else None, drop_last=case == "weights",
+        weights=weights if case == "weights" else None, drop_last=case == "weights", fixed=fixed,
     )  # fmt: skip
     for i, c in enumerate(cids):
         client = host.client(c)
