@@ -136,6 +136,17 @@ def test_a_run_recorded_before_a_key_existed_groups_with_later_runs_of_its_setti
     assert cells["mean"].iloc[0] == pytest.approx(0.75)
 
 
+def test_seeds_run_on_other_placements_share_one_cell(tmp_path):
+    # a sweep's seeds run on different GPU shares and CPU counts (a second device session with more
+    # runs side by side): one cell of two seeds, not a column per placement
+    out = tmp_path / "out"
+    base = {**small_config(tmp_path).to_dict(), "experiment": "t"}
+    write_run(out, {**base, "seed": 0, "num_gpus_per_actor": 0.5, "num_cpus_per_actor": 4}, final(0.70))
+    write_run(out, {**base, "seed": 1, "num_gpus_per_actor": 0.25, "num_cpus_per_actor": 3}, final(0.80))
+    cells = pivot(run_values(out))
+    assert cells[["col", "n"]].values.tolist() == [["fedavg", 2]]
+
+
 def test_rows_and_columns_are_chosen_by_flags(results):
     t = table(results, rows=("algorithm",), cols=("partition", "hp"))["table"]
     # a run at its algorithm's default hp is labelled by the other fields alone
