@@ -115,6 +115,7 @@ def train_stacked(
     adjust: Callable[[torch.Tensor, torch.Tensor, Mapping[str, torch.Tensor]], torch.Tensor] | None = None,
     per_client: Sequence[np.ndarray] | None = None,
     fixed: bool | None = None,
+    epochs: Sequence[int | None] | None = None,
 ) -> list[Trained]:
     """`local_train` of ``starts[i]`` on ``clients[i]`` for the task's local epochs, every client at once.
 
@@ -125,7 +126,8 @@ def train_stacked(
     client's training split (the weighted objective's (1/|B|) sum w_b CE_b). ``drop_last`` as in
     `local_train`. ``adjust(logits, v, params)``: the logits the loss sees, from the model's and
     client i's vector ``per_client[i]`` (FedLC's offsets, FedRS's scales); the reported logits (train
-    accuracy) stay the model's.
+    accuracy) stay the model's. ``epochs[i]``: client i's local epochs where not None (a
+    straggler's), else the task's.
 
     ``fixed`` (default: on a CUDA device, for data without augmentation): the stack keeps every
     client to the end, a client that has taken all its steps going on with masked batches (its
@@ -182,8 +184,8 @@ def train_stacked(
     in_dims = (0, 0, 0, 0, 0, 0 if w_all else None, 0 if anchor else None, 0 if vec is not None else None)
     grads = vmap(grad(loss_one, has_aux=True), in_dims=in_dims)
 
-    epochs = task.local_epochs
-    steps = [sum(num_steps(c.num_examples, bs, drop_last) for _ in range(epochs)) for c in clients]
+    epochs = [task.local_epochs if e is None else e for e in (epochs or [None] * n_all)]
+    steps = [num_steps(c.num_examples, bs, drop_last) * e for c, e in zip(clients, epochs, strict=True)]
     resident = task.spec.augment == "none"
     feed = (Resident if resident else Streamed)(clients, rnd, epochs, bs, drop_last, w_all, device)
     if fixed is None:
@@ -296,9 +298,9 @@ class Resident:
         self.w = torch.cat(w_all).to(device) if w_all else None
         # the plan: step t of client i takes rows index[t, i, :count[t, i]] of the stacked splits
         plans = []
-        for c, off in zip(clients, offsets, strict=True):
+        for c, off, n_epochs in zip(clients, offsets, epochs, strict=True):
             chunks = []
-            for e in range(epochs):
+            for e in range(n_epochs):
                 order = c.train_order(rnd, e)
                 stop = num_steps(len(order), bs, drop_last) * bs
                 chunks += [order[s : s + bs] + off for s in range(0, stop, bs)]
@@ -372,11 +374,11 @@ class Streamed:
     padded and stacked on the host, then moved to the device."""
 
     def __init__(self, clients, rnd, epochs, bs, drop_last, w_all, device) -> None:
-        def batches(c: Client):
-            for e in range(epochs):
+        def batches(c: Client, n_epochs: int):
+            for e in range(n_epochs):
                 yield from c.host_batches(rnd, e, bs, drop_last)
 
-        self.streams = [batches(c) for c in clients]
+        self.streams = [batches(c, e) for c, e in zip(clients, epochs, strict=True)]
         self.shape = tuple(clients[0].task.spec.input_shape)
         self.bs, self.w_all, self.device = bs, w_all, device
         self.samples = [0] * len(clients)

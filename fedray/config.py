@@ -64,6 +64,10 @@ class Config:
     emnist_split: str = "byclass"  # EMNIST split: byclass | bymerge | balanced | letters | digits | mnist
     synthetic_size: int = field(default=2000, metadata=bound(ge=10))  # synthetic only: number of training samples (test set is a quarter of it)
     synthetic_shape: list[int] = field(default_factory=lambda: [1, 8, 8])  # synthetic only: [C, H, W] or [D]
+    # fedprox_synthetic (FedProx's Synthetic(alpha, beta), fedray/data/fedprox_synthetic.py): how far
+    # the clients' models (alpha) and their inputs (beta) differ; its clients come with it
+    synthetic_alpha: float = field(default=1.0, metadata=bound(ge=0))  # fedprox_synthetic only: alpha
+    synthetic_beta: float = field(default=1.0, metadata=bound(ge=0))  # fedprox_synthetic only: beta
 
     # --- partition across clients (docs/algorithms/partitions.md#partitions) -------------------------------------------
     num_clients: int = field(default=10, metadata=bound(ge=1))  # N
@@ -209,7 +213,7 @@ NOT_IN_RUN_ID = (
 # out of the run id, so every earlier run keeps its id (and a re-submitted sweep skips it).
 ADDED_LATER = {"shift": "none", "partition_file": "", "channels_last": False, "eval_train": True, "cuda_deterministic": True, "head_bias": True,
                "model_init": "derived", "init_model": "", "plugins": [],
-               "batched_clients": "auto"}
+               "batched_clients": "auto", "synthetic_alpha": 1.0, "synthetic_beta": 1.0}
 # Keys of a sweep file that are not config keys (fedray/sweep_file.py expands them into runs).
 SWEEP_KEYS = ("grid", "seeds", "cases", "max_concurrent_runs")
 # What other tools (and papers) call a key: an unknown key named here says "did you mean ...?"

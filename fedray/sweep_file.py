@@ -397,7 +397,7 @@ def _check_partitions(valid: list[tuple[str, Config]], problems: dict[str, list[
             *_values(cfg, PARTITIONS[cfg.partition].keys),
         )
         key = (*source, *drawing)
-        if cfg.dataset == "client_files":  # the files are the clients: read and checked once
+        if DATASETS[cfg.dataset].own_clients:  # the data set's own clients: built and checked once
             if key not in drawn:
                 try:
                     check_partition(cfg)

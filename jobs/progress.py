@@ -52,13 +52,14 @@ def placed(pl: dict) -> str:
 
 def run_lines(ev: Any, cfg: Any, quiet: bool, t0: float) -> list[tuple[str, bool]]:
     """`fedray run`: the lines one event of a run prints, each with whether it goes to stderr."""
+    from fedray.data import partition_label
     from fedray.experiment import Checkpointed, Finished, Recovered, RoundDone, Started
 
     if isinstance(ev, Started):
         where = "in-process" if ev.placement.get("mode") == "local" else placed(ev.placement)
         lines = [
             (
-                f"run {ev.run_id}: {cfg.algorithm} on {cfg.dataset} ({cfg.partition}), {ev.num_clients} clients, {where}",
+                f"run {ev.run_id}: {cfg.algorithm} on {cfg.dataset} ({partition_label(cfg.to_dict())}), {ev.num_clients} clients, {where}",
                 False,
             )
         ]

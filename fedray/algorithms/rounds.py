@@ -33,13 +33,15 @@ def local_sgd_reply(
     objective: Objective = cross_entropy,
     after_step: AfterStep | None = None,
     model: torch.nn.Module | None = None,
+    epochs: int | None = None,
 ) -> dict[str, Any]:
-    """Load ``params``, run the local epochs, and report the new params with the training stats.
+    """Load ``params``, run the local epochs (``epochs``, else the task's), and report the new
+    params with the training stats.
 
     ``model``: the module to train (already loaded), when it is not the task's model in the main slot.
     """
     model = client.model(params) if model is None else model
-    stats = local_train(model, client, rnd, objective=objective, after_step=after_step)
+    stats = local_train(model, client, rnd, epochs=epochs, objective=objective, after_step=after_step)
     return train_reply(client, get_params(model), stats)
 
 
@@ -90,9 +92,16 @@ def kept_optimizer_update(
     return train_reply(client, get_params(model), stats), (optimizer_state(opt, model) if keep else None)
 
 
+def msg_epochs(client: Client, msg: Mapping[str, Any]) -> int | None:
+    """The local epochs a round's message gives this client (a straggler's, FedAvg's
+    ``hp.stragglers``), or None: the task's."""
+    return msg.get("epochs", {}).get(client.cid)
+
+
 def local_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
-    """FedAvg's client function: train the received ``params`` for the round's local epochs."""
-    return local_sgd_reply(client, msg["params"], msg["round"]), cstate
+    """FedAvg's client function: train the received ``params`` for the round's local epochs (a
+    straggler's fewer, where the message names it)."""
+    return local_sgd_reply(client, msg["params"], msg["round"], epochs=msg_epochs(client, msg)), cstate
 
 
 def stacked_replies(
@@ -101,7 +110,8 @@ def stacked_replies(
     """FedAvg's replies of many clients trained at once from their messages' ``params``
     (`fedray.batched.train_stacked` with ``train``'s options: a proximal term, a logit adjustment),
     their states unchanged: the batched form of every `local_sgd_reply` client function."""
-    trained = train_stacked(clients, [m["params"] for m in msgs], msgs[0]["round"], **train)
+    trained = train_stacked(clients, [m["params"] for m in msgs], msgs[0]["round"],
+                            epochs=[msg_epochs(c, m) for c, m in zip(clients, msgs, strict=True)], **train)  # fmt: skip
     return [(train_reply(c, t.params, t.stats), s) for c, t, s in zip(clients, trained, cstates, strict=True)]
 
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from fedray import seeding
 from fedray.data import arrays as _arrays  # noqa: F401 - registers dataset 'arrays'
+from fedray.data import fedprox_synthetic as _fedprox_synthetic  # noqa: F401 - registers dataset 'fedprox_synthetic'
 from fedray.data.datasets import (
     DATASETS,
     ArrayDataset,
@@ -151,16 +152,18 @@ def check_partition(cfg: Config) -> None:
     draw is a pure function of the labels and the seed, so the run draws the same one later): a
     partition that cannot be drawn fails before Ray or any actor starts. Client files are read and
     checked instead (their clients are the partition)."""
-    if cfg.dataset == "client_files":
-        _client_files(cfg)
+    kind = DATASETS[cfg.dataset]
+    if kind.own_clients:
+        kind.federate(cfg)
         return
     labels, num_classes = train_labels(cfg)
     draw_partition(cfg, labels, num_classes)
 
 
 def build_federated_data(cfg: Config) -> FederatedData:
-    if cfg.dataset == "client_files":
-        return _client_files(cfg)
+    kind = DATASETS[cfg.dataset]
+    if kind.own_clients:  # the data set comes with its clients (client_files, fedprox_synthetic)
+        return kind.federate(cfg)
     ds = load_dataset(cfg)
     part = draw_partition(cfg, ds.train.y, ds.spec.num_classes)
     if cfg.shift != "none":
@@ -215,7 +218,7 @@ def _shifted(cfg: Config, ds: Dataset, parts: list[np.ndarray]) -> FederatedData
     return FederatedData(shifted, clients, groups, test_clients, all_shifts, origin, len(ds.train))
 
 
-def _client_files(cfg: Config) -> FederatedData:
+def client_files_data(cfg: Config) -> FederatedData:
     """A dataset given as one file per client (`fedray.data.client_files`): every client's arrays
     laid out one after another (training split, then its test split), test clients last."""
     from pathlib import Path

@@ -357,6 +357,9 @@ class DatasetKind:
     check: Callable[[Config], None] | None = None
     # Its files are the clients (client_files): no partition is drawn, so no partition key is read.
     own_clients: bool = False
+    # own_clients: (cfg) -> FederatedData, the data set with its clients (instead of load + a
+    # partition drawn over it). Required with own_clients.
+    federate: Callable[[Config], Any] | None = None
     # How reports name the partition of its runs (own_clients: "files:FOLDER"), from the config mapping.
     partition_label: Callable[[Mapping[str, Any]], str] | None = None
 
@@ -368,6 +371,8 @@ def register_dataset(kind: DatasetKind) -> DatasetKind:
     """Add a dataset, which ``dataset: NAME`` then chooses (the built-ins are added the same way)."""
     if kind.name in DATASETS:
         raise ValueError(f"dataset {kind.name!r} is registered already")
+    if kind.own_clients and kind.federate is None:
+        raise ValueError(f"dataset {kind.name!r} has its own clients, so it needs federate(cfg)")
     for key in kind.keys:  # its own keys: other datasets refuse them, so none that all datasets read
         if key not in FIELDS or key in ("dataset", "data_root", "download") or key.startswith("partition"):
             raise ValueError(f"dataset {kind.name!r}: {key!r} is not a config key of its own")
@@ -423,6 +428,12 @@ def _client_files_available(cfg: Config) -> None:
         raise DatasetMissing(str(e)) from None
 
 
+def _client_files_federated(cfg: Config) -> Any:
+    from fedray.data import client_files_data  # the package builds FederatedData
+
+    return client_files_data(cfg)
+
+
 def _client_files_label(config: Mapping[str, Any]) -> str:
     return f"files:{Path(config.get('data_root') or 'client_files').name}"
 
@@ -434,6 +445,7 @@ register_dataset(
         _client_files_info,
         available=_client_files_available,
         own_clients=True,
+        federate=_client_files_federated,
         partition_label=_client_files_label,
     )
 )

@@ -169,6 +169,13 @@ def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: int = 200) -> En
     return EncoderHead(encoder, nn.Linear(hidden, num_classes), hidden)
 
 
+def logreg(input_shape: tuple[int, ...], num_classes: int) -> EncoderHead:
+    """Multinomial logistic regression (FedProx's model for its synthetic data, MNIST and FEMNIST):
+    softmax(W x + b) over the flattened input; the encoder only flattens."""
+    d = math.prod(input_shape)
+    return EncoderHead(nn.Flatten(), nn.Linear(d, num_classes), d)
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     build: Callable[[tuple[int, ...], int], EncoderHead]
@@ -209,6 +216,7 @@ register_model("resnet18", _image_problem(8, "ResNet-18's three stride-2 stages"
 register_model("mobilenet_v2", _image_problem(8, "MobileNetV2's stride-2 stages"))(mobilenet_v2)
 register_model("vgg16", _image_problem(32, "VGG-16's five 2x2 pools"))(vgg16)
 register_model("mlp")(mlp)
+register_model("logreg")(logreg)
 
 
 def build_model(

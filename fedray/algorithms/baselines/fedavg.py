@@ -15,6 +15,7 @@ NIID-Bench; the same two options as IFCA's, FeSEM's and CFL's.
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,9 +45,28 @@ class ServerHparams:
 
 
 @dataclass
-class Hparams(ServerHparams):
+class StragglerHparams:
+    """FedProx's systems heterogeneity (Li et al. 2020, Sec. 5.2): this fraction of each round's
+    sampled clients are stragglers, each running a number of local epochs drawn uniformly from
+    1..E-1 instead of E (the same clients and epochs for every algorithm of a seed). FedAvg drops
+    them (its round waits for no one: their work is lost); FedProx keeps their partial work."""
+
+    stragglers: float = field(default=0.0, metadata=bound(ge=0, lt=1))  # fraction of each round's clients
+    drop_stragglers: bool = True  # the server leaves the stragglers' updates out (FedAvg)
+
+
+@dataclass
+class Hparams(ServerHparams, StragglerHparams):
     persistent_optimizer: bool = False  # each client keeps its SGD buffers across rounds (the FedRC code)
     drop_last: bool = False  # drop each epoch's last partial batch (the FedRC code's loaders)
+
+
+def check_config(cfg: Any, hp: Any) -> None:
+    """Stragglers need E >= 2 (their epochs are drawn from 1..E-1), and the plain local update."""
+    if hp.stragglers and cfg.local_epochs < 2:
+        raise ValueError(f"hp.stragglers: a straggler runs 1..E-1 local epochs, so local_epochs must be 2 or more, got {cfg.local_epochs}")
+    if hp.stragglers and (getattr(hp, "persistent_optimizer", False) or getattr(hp, "drop_last", False)):
+        raise ValueError("hp.stragglers: not with hp.persistent_optimizer or hp.drop_last (the FedRC code's update)")
 
 
 @dataclass
@@ -77,8 +97,27 @@ def fedavg_round(
     ``update`` with functools.partial, so the messages, and the bytes counted, stay FedAvg's);
     ``extra`` goes into the message too."""
     cids = fed.sample(fed.task.participation, fed.task.rng("sample", rnd=rnd))
+    slow = stragglers(fed, hp, cids, rnd)
+    if slow and getattr(hp, "drop_stragglers", False):
+        cids, slow = [c for c in cids if c not in slow], {}
+        if not cids:  # every sampled client straggled: nothing arrives, the model stays
+            return state, []
+    if slow:
+        extra = {**extra, "epochs": slow}
     replies = fed.map(update, cids, {"params": state.params, "round": rnd, **extra})
     return State(server_step(state.params, fedavg_aggregate(replies), hp.server_lr)), train_records(replies)
+
+
+def stragglers(fed: Federation, hp: Any, cids: list[int], rnd: int) -> dict[int, int]:
+    """Round ``rnd``'s stragglers among ``cids`` and their local epochs: round(|cids| x
+    hp.stragglers) of them, each with epochs uniform in 1..E-1, drawn from the round's own stream
+    (so every algorithm of a seed gets the same ones); {} without ``hp.stragglers``."""
+    frac = getattr(hp, "stragglers", 0.0)
+    if not frac:
+        return {}
+    g = fed.task.rng("stragglers", rnd=rnd)
+    slow = sorted(int(c) for c in g.choice(cids, builtins.round(len(cids) * frac), replace=False))
+    return {c: int(g.integers(1, fed.task.local_epochs)) for c in slow}
 
 
 def kept_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:

@@ -13,8 +13,8 @@ from functools import partial
 from typing import Any
 
 from fedray.algorithms.baselines import fedavg
-from fedray.algorithms.baselines.fedavg import State, evaluate, init, models  # noqa: F401 - FedAvg's, part of the record
-from fedray.algorithms.rounds import local_sgd_reply, stacked_replies
+from fedray.algorithms.baselines.fedavg import State, check_config, evaluate, init, models  # noqa: F401 - FedAvg's, part of the record
+from fedray.algorithms.rounds import local_sgd_reply, msg_epochs, stacked_replies
 from fedray.batched import register_batched
 from fedray.client import Client
 from fedray.federation import Federation
@@ -24,15 +24,17 @@ from fedray.train import proximal
 
 
 @dataclass
-class Hparams(fedavg.ServerHparams):
+class Hparams(fedavg.ServerHparams, fedavg.StragglerHparams):
     # proximal weight (NIID-Bench default; FedConcat tunes {0.001, 0.01}, FedCat up to 1)
     mu: float = field(default=0.001, metadata=bound(ge=0))
+    drop_stragglers: bool = False  # FedProx keeps the stragglers' partial work (hp.stragglers)
 
 
 def prox_update(client: Client, cstate: Any, msg: dict, mu: float) -> tuple[dict, Any]:
     model = client.model(msg["params"])
     anchor = {name: p.detach().clone() for name, p in model.named_parameters()}  # w^t, as received
-    return local_sgd_reply(client, msg["params"], msg["round"], proximal(mu, anchor), model=model), cstate
+    return local_sgd_reply(client, msg["params"], msg["round"], proximal(mu, anchor), model=model,
+                           epochs=msg_epochs(client, msg)), cstate  # fmt: skip
 
 
 @register_batched(prox_update)
