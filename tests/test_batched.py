@@ -127,12 +127,14 @@ def test_a_client_that_keeps_its_optimizer_without_momentum_keeps_no_buffers():
 
 # Every algorithm whose client function has a batched version (local_update: FedAvg, FedNova,
 # CluSamp, cluster-wise FedAvg, FedConcat's encoder stage; FedAvg's kept optimizer; FedProx;
-# SCAFFOLD; IFCA; FedRS; FedLC), on a CNN, momentum and weight decay on, clients of unequal sizes.
+# SCAFFOLD; IFCA; FedRS; FedLC; FedEM's and FedRC's K models of a client), on a CNN, momentum and weight decay on, clients of unequal sizes.
 COVERED = {
     "fedavg": {},
     "fedavg-kept": {"algorithm": "fedavg", "hp": {"persistent_optimizer": True, "drop_last": True}},
     **{a: {"algorithm": a, "hp": ALGORITHM_HP[a], **CONFIG_OVER.get(a, {})}
-       for a in ("fedprox", "scaffold", "fednova", "clusamp", "clusterfedavg", "fedconcat", "ifca", "fedrs", "fedlc")},
+       for a in ("fedprox", "scaffold", "fednova", "clusamp", "clusterfedavg", "fedconcat", "ifca", "fedrs", "fedlc",
+                 "fedem", "fedrc")},
+    "fedem-kept": {"algorithm": "fedem", "hp": {**ALGORITHM_HP["fedem"], "persistent_optimizer": True, "drop_last": True}},
 }  # fmt: skip
 
 

@@ -14,7 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from fedray import batched
 from fedray.algorithms import mixture
+from fedray.batched import train_stacked
 from fedray.client import Client
 from fedray.params import Params, get_params
 from fedray.train import TrainStats, load_optimizer_state, local_train, optimizer_state, sample_losses, sgd
@@ -64,10 +66,31 @@ def e_step(client: Client, state: ClientMixture, models: list[Params], msg: dict
     return replace(state, gamma=gamma, omega=mixture.omega_update(gamma), nu=nu, a=a)
 
 
+def _add(total: TrainStats, stats: TrainStats) -> None:
+    for f in ("samples", "loss_sum", "correct", "steps"):
+        setattr(total, f, getattr(total, f) + getattr(stats, f))
+
+
 def train_models(
     client: Client, state: ClientMixture, models: list[Params], msg: dict
 ) -> tuple[list, TrainStats]:
-    """Each model with omega_k > 0 trained on the gamma-weighted loss; None for skipped models."""
+    """Each model with omega_k > 0 trained on the gamma-weighted loss; None for skipped models.
+    Where the client's host trains batched (`batched_clients`), the live models train as one stack
+    on the client's batches (`fedray.batched.train_stacked`), each with its own weights and buffers."""
+    live = [row for row in range(len(state.ids)) if state.omega[row] > 0]
+    keep = msg["persistent_optimizer"]
+    if len(live) > 1 and client.kept("trains_batched", None, lambda: batched.enabled(
+            client.task.batched_clients, client.device, client.task.build_model())):  # fmt: skip
+        trained = train_stacked([client] * len(live), [models[r] for r in live], msg["round"],
+                                buffers=[state.opt.get(state.ids[r]) if keep else None for r in live], keep=keep,
+                                drop_last=msg["drop_last"], weights=[state.gamma[r] for r in live])  # fmt: skip
+        out, total = [None] * len(state.ids), TrainStats()
+        for r, t in zip(live, trained, strict=True):
+            out[r] = t.params
+            if keep:
+                state.opt[state.ids[r]] = t.buffers
+            _add(total, t.stats)
+        return out, total
     out, total = [], TrainStats()
     for row, (mid, params) in enumerate(zip(state.ids, models, strict=True)):
         if state.omega[row] <= 0:
@@ -82,8 +105,7 @@ def train_models(
         if msg["persistent_optimizer"]:
             state.opt[mid] = optimizer_state(opt, model)
         out.append(get_params(model))
-        for f in ("samples", "loss_sum", "correct", "steps"):
-            setattr(total, f, getattr(total, f) + getattr(stats, f))
+        _add(total, stats)
     return out, total
 
 
