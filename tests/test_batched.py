@@ -134,6 +134,8 @@ COVERED = {
     **{a: {"algorithm": a, "hp": ALGORITHM_HP[a], **CONFIG_OVER.get(a, {})}
        for a in ("fedprox", "scaffold", "fednova", "clusamp", "clusterfedavg", "fedconcat", "ifca", "fedrs", "fedlc",
                  "fedem", "fedrc")},
+    **{a: {"algorithm": a, "hp": {**ALGORITHM_HP[a], "persistent_optimizer": True}, **CONFIG_OVER.get(a, {})}
+       for a in ("cfl", "layercfl")},
     "fedem-kept": {"algorithm": "fedem", "hp": {**ALGORITHM_HP["fedem"], "persistent_optimizer": True, "drop_last": True}},
 }  # fmt: skip
 
@@ -152,8 +154,8 @@ def _compare(off, on):
 
 @pytest.mark.parametrize("name", list(COVERED))
 def test_batched_runs_give_the_per_client_numbers(tmp_path, name):
-    over = dict(dataset="digits", model="mcmahan_cnn", num_clients=8, participation=0.5, rounds=3, local_epochs=2,
-                lr=0.02, momentum=0.9, weight_decay=1e-4, seed=3, **{"algorithm": "fedavg", **COVERED[name]})  # fmt: skip
+    over = {**dict(dataset="digits", model="mcmahan_cnn", num_clients=8, participation=0.5, rounds=3, local_epochs=2,
+                   lr=0.02, momentum=0.9, weight_decay=1e-4, seed=3, algorithm="fedavg"), **COVERED[name]}  # fmt: skip
     runs = {}
     for mode in ("off", "on"):
         cfg = small_config(tmp_path / mode, batched_clients=mode, **over)
