@@ -210,11 +210,12 @@ def test_every_dataset_is_one_record_with_the_keys_only_it_reads():
     from fedray.data import DATASETS
 
     keys = {name: kind.keys for name, kind in DATASETS.items() if kind.keys}
-    assert keys == {"synthetic": ("synthetic_size", "synthetic_shape"), "emnist": ("emnist_split",)}
+    assert keys == {"synthetic": ("synthetic_size", "synthetic_shape"), "emnist": ("emnist_split",),
+                    "fedprox_synthetic": ("synthetic_alpha", "synthetic_beta")}  # fmt: skip
     assert set(DATASETS) == {"client_files", "digits", "synthetic", "fmnist", "mnist", "emnist", "cifar10",
-                             "cifar100", "svhn", "arrays"}  # fmt: skip
-    assert [n for n, kind in DATASETS.items() if kind.own_clients] == ["client_files"]
-    assert [n for n, kind in DATASETS.items() if kind.available is None] == ["digits", "synthetic"]
+                             "cifar100", "svhn", "arrays", "fedprox_synthetic"}  # fmt: skip
+    assert sorted(n for n, kind in DATASETS.items() if kind.own_clients) == ["client_files", "fedprox_synthetic"]
+    assert sorted(n for n, kind in DATASETS.items() if kind.available is None) == ["digits", "fedprox_synthetic", "synthetic"]
     # Their own keys' checks, as before the registry.
     with pytest.raises(
         ConfigError, match=r"'emnist_split': unknown value 'letter'; did you mean 'letters'\?"
