@@ -183,6 +183,11 @@ def test_every_config_key_bound_is_declared_and_refused_with_the_one_message(tmp
 
     readers = [p.name for p in PARTITIONS.values() if key in p.keys]
     choice = {"partition": readers[0]} if readers and "dirichlet" not in readers else {}  # one that reads it
+    from fedray.data import DATASETS
+
+    own = [d.name for d in DATASETS.values() if key in d.keys]
+    if own and "synthetic" not in own:  # a data set's own key, set with that data set
+        choice["dataset"] = own[0]
     with pytest.raises(
         ConfigError,
         match=rf"^config key '{key}': must be {re.escape(rule.describe() + note)}, got ",

@@ -331,10 +331,6 @@ def _torchvision_missing_message(name: str, root: str, detail: str = "") -> str:
     )
 
 
-def _client_files(cfg: Config) -> Dataset:
-    raise RuntimeError("dataset client_files is read with its clients by fedray.data.build_federated_data")
-
-
 # ----------------------------------------------------------------------------------------------------
 # The registry
 # ----------------------------------------------------------------------------------------------------
@@ -412,43 +408,6 @@ def _torchvision_available(name: str) -> Callable[[Config], None]:
     return available
 
 
-def _client_files_info(cfg: Config) -> DatasetInfo:
-    from fedray.data.client_files import read_meta
-
-    meta = read_meta(cfg.resolved_data_root())
-    return DatasetInfo(meta.input_shape, meta.num_classes, None, meta.mean is not None)
-
-
-def _client_files_available(cfg: Config) -> None:
-    from fedray.data.client_files import ClientFilesError, client_paths
-
-    try:
-        client_paths(Path(cfg.resolved_data_root()))
-    except (ClientFilesError, OSError) as e:
-        raise DatasetMissing(str(e)) from None
-
-
-def _client_files_federated(cfg: Config) -> Any:
-    from fedray.data import client_files_data  # the package builds FederatedData
-
-    return client_files_data(cfg)
-
-
-def _client_files_label(config: Mapping[str, Any]) -> str:
-    return f"files:{Path(config.get('data_root') or 'client_files').name}"
-
-
-register_dataset(
-    DatasetKind(
-        "client_files",
-        _client_files,
-        _client_files_info,
-        available=_client_files_available,
-        own_clients=True,
-        federate=_client_files_federated,
-        partition_label=_client_files_label,
-    )
-)
 register_dataset(DatasetKind("digits", _digits, lambda cfg: DatasetInfo((1, 8, 8), 10, 1257)))
 register_dataset(
     DatasetKind(

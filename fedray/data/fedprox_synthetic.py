@@ -17,13 +17,14 @@ logistic regression of the paper is ``model: logreg``; ``mlp`` works on it too.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fedray import seeding
 from fedray.coercion import ConfigError
 from fedray.data.datasets import ArrayDataset, Dataset, DatasetInfo, DatasetKind, DataSpec, register_dataset
+from fedray.data.federated import ClientIndices, FederatedData
 
 if TYPE_CHECKING:
     from fedray.config import Config
@@ -52,9 +53,7 @@ def client_arrays(seed: int, alpha: float, beta: float, cid: int) -> tuple[np.nd
     return x[order].astype(np.float32), y[order].astype(np.int64), int(TRAIN_FRACTION * n)
 
 
-def _build(cfg: Config) -> tuple[Dataset, dict[int, Any]]:
-    from fedray.data import ClientIndices
-
+def _build(cfg: Config) -> tuple[Dataset, dict[int, ClientIndices]]:
     xs, ys, tests, clients, start = [], [], [], {}, 0
     for cid in range(cfg.num_clients):
         x, y, n_train = client_arrays(cfg.seed, cfg.synthetic_alpha, cfg.synthetic_beta, cid)
@@ -69,10 +68,8 @@ def _build(cfg: Config) -> tuple[Dataset, dict[int, Any]]:
     return Dataset("fedprox_synthetic", ArrayDataset(x, y), ArrayDataset(x[pooled], y[pooled]), spec), clients
 
 
-def federated(cfg: Config) -> Any:
-    """The data set with its clients (`fedray.data.FederatedData`)."""
-    from fedray.data import FederatedData
-
+def federated(cfg: Config) -> FederatedData:
+    """The data set with its clients."""
     ds, clients = _build(cfg)
     return FederatedData(ds, clients, None)
 

@@ -1,0 +1,110 @@
+"""Dataset ``client_files`` (one file per client, read by `fedray.data.client_files`) registered as a
+data set with its own clients: its files are the clients, so no partition is drawn."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fedray import seeding
+from fedray.data.client_files import ClientFilesError, client_paths, read_client, read_global_test, read_meta
+from fedray.data.datasets import (
+    ArrayDataset,
+    Dataset,
+    DatasetInfo,
+    DatasetKind,
+    DatasetMissing,
+    DataSpec,
+    register_dataset,
+)
+from fedray.data.federated import ClientIndices, FederatedData
+from fedray.data.partitions import split_train_test
+
+if TYPE_CHECKING:
+    from fedray.config import Config
+
+
+def client_files_data(cfg: Config) -> FederatedData:
+    """A dataset given as one file per client (`fedray.data.client_files`): every client's arrays
+    laid out one after another (training split, then its test split), test clients last."""
+    root = Path(cfg.resolved_data_root())
+    meta = read_meta(root)
+    train_paths, test_paths = client_paths(root)
+    arrays = [read_client(p, meta, False) for p in train_paths] + [
+        read_client(p, meta, True) for p in test_paths
+    ]
+    dtypes = {a.x_train.dtype for a in arrays}
+    if len(dtypes) > 1:
+        raise ClientFilesError(
+            f"dataset client_files: the clients' images mix dtypes {sorted(map(str, dtypes))} in {str(root)!r}"
+        )
+    global_test = read_global_test(root, meta)
+    if global_test is None and not test_paths:
+        raise ClientFilesError(
+            f"dataset client_files: {str(root)!r} has neither global_test.npz nor test clients, so nothing measures accuracy"
+        )
+    xs, ys, clients, start = [], [], {}, 0
+    for cid, a in enumerate(arrays):
+        n_tr, n_te = len(a.y_train), len(a.y_test)
+        xs += [a.x_train, a.x_test]
+        ys += [a.y_train, a.y_test]
+        train = np.arange(start, start + n_tr, dtype=np.int64)
+        test = np.arange(start + n_tr, start + n_tr + n_te, dtype=np.int64)
+        if n_te == 0 and cfg.client_test_fraction > 0 and cid < len(train_paths):
+            train, test = split_train_test(
+                train, cfg.client_test_fraction, seeding.rng(cfg.seed, "client_test_split", cid)
+            )
+        clients[cid] = ClientIndices(train, test)
+        start += n_tr + n_te
+    groups = [a.group for a in arrays[: len(train_paths)]]
+    if any(g >= 0 for g in groups) and not all(g >= 0 for g in groups):
+        raise ClientFilesError(
+            f"dataset client_files: 'group' is in some client files of {str(root)!r} but not in all"
+        )
+    spec = DataSpec(meta.input_shape, meta.num_classes, meta.scale, meta.mean, meta.std)
+    dtype = next(iter(dtypes))
+    gx, gy = (
+        global_test
+        if global_test is not None
+        else (np.zeros((0, *meta.input_shape), dtype=dtype), np.zeros(0, np.int64))
+    )
+    ds = Dataset(
+        "client_files",
+        ArrayDataset(np.concatenate(xs), np.concatenate(ys)),
+        ArrayDataset(gx.astype(dtype), gy),
+        spec,
+    )
+    test_clients = list(range(len(train_paths), len(arrays)))
+    return FederatedData(ds, clients, np.array(groups) if groups and groups[0] >= 0 else None, test_clients)
+
+
+def _client_files_info(cfg: Config) -> DatasetInfo:
+    meta = read_meta(cfg.resolved_data_root())
+    return DatasetInfo(meta.input_shape, meta.num_classes, None, meta.mean is not None)
+
+
+def _client_files_available(cfg: Config) -> None:
+    try:
+        client_paths(Path(cfg.resolved_data_root()))
+    except (ClientFilesError, OSError) as e:
+        raise DatasetMissing(str(e)) from None
+
+
+def _client_files_label(config: Mapping[str, Any]) -> str:
+    return f"files:{Path(config.get('data_root') or 'client_files').name}"
+
+
+register_dataset(
+    DatasetKind(
+        "client_files",
+        lambda cfg: client_files_data(cfg).dataset,
+        _client_files_info,
+        available=_client_files_available,
+        own_clients=True,
+        federate=client_files_data,
+        partition_label=_client_files_label,
+    )
+)
