@@ -94,6 +94,9 @@ def field_label(config: dict, name: str) -> str:
     if name == "hp":
         return ",".join(hp_pairs(config)) or "-"
     flat = flat_config(config)
+    if name not in flat and name.startswith("hp."):  # an hp the run left at its default: that value
+        full = run_flat(config, None)
+        return value_text(full[name]) if name in full else "-"  # "-": its algorithm has no such hp
     if name not in flat:
         raise ReportError(f"unknown field {name!r} for --rows/--cols (fields: partition, hp, and the config keys: "
                           f"{', '.join(sorted(flat))})")  # fmt: skip

@@ -147,6 +147,19 @@ def test_seeds_run_on_other_placements_share_one_cell(tmp_path):
     assert cells[["col", "n"]].values.tolist() == [["fedavg", 2]]
 
 
+def test_rows_by_one_hp_key_read_a_default_as_its_value(tmp_path):
+    # FedAvg's stragglers at 0.5, and at their default 0 (left out of the config); SCAFFOLD has no
+    # such key: its row reads "-"
+    out = tmp_path / "out"
+    base = {**small_config(tmp_path).to_dict(), "experiment": "t"}
+    write_run(out, {**base, "hp": {"stragglers": 0.5}}, final(0.60))
+    write_run(out, {**base, "hp": {}}, final(0.70))
+    write_run(out, {**base, "algorithm": "scaffold", "hp": {}}, final(0.65))
+    cells = pivot(run_values(out), rows=("hp.stragglers",))
+    got = {(r, c): m for r, c, m in cells[["hp.stragglers", "col", "mean"]].itertuples(index=False)}
+    assert got == {("0.5", "fedavg"): 0.60, ("0", "fedavg"): 0.70, ("-", "scaffold"): 0.65}
+
+
 def test_rows_and_columns_are_chosen_by_flags(results):
     t = table(results, rows=("algorithm",), cols=("partition", "hp"))["table"]
     # a run at its algorithm's default hp is labelled by the other fields alone
