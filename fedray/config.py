@@ -55,8 +55,9 @@ class Config:
 
     # --- data ------------------------------------------------------------------------------------
     # A name from fedray.data.DATASETS: digits | fmnist | mnist | emnist | cifar10 | cifar100 | svhn |
-    # synthetic | client_files (one file per client in data_root, fedray/data/client_files.py: the
-    # files are the clients, so no partition key may be set and num_clients must match them)
+    # synthetic | fedprox_synthetic (FedProx's Synthetic(alpha, beta), which comes with its clients) |
+    # client_files (one file per client in data_root, fedray/data/client_files.py: the files are the
+    # clients, so no partition key may be set and num_clients must match them)
     dataset: str = "digits"  # the dataset
     # "" = the dataset's default: fmnist -> /usr/share/datasets/fashion-mnist (Debian), others -> ./data
     data_root: str = ""  # folder with the dataset files
