@@ -159,7 +159,7 @@ class Unread:
     what: str  # "partition" | "dataset": the key whose choice does not read it
     chosen: str  # the run's partition (dataset)
     readers: tuple[str, ...]  # the partitions (datasets) that read it
-    why: str = ""  # said instead of the readers (client_files: its files are the clients)
+    why: str = ""  # said instead of the readers (a data set that comes with its own clients)
 
     def message(self, chosen: Iterable[str] = ()) -> str:
         """``config key 'partition_k' is not read by partition 'dirichlet' (it is read by: labels)``;
@@ -187,7 +187,7 @@ def unread_keys(values: Mapping[str, Any], include_defaults: bool = False) -> di
         if kind is not None and kind.own_clients and (key in by_partition or key == "partition"):
             readers = by_partition.get(key, ())
             out[key] = Unread(
-                key, "dataset", kind.name, readers, "its files are the clients: no partition is drawn"
+                key, "dataset", kind.name, readers, f"{kind.clients_why}: no partition is drawn"
             )
         elif scheme is not None and key in by_partition and key not in scheme.keys:
             out[key] = Unread(key, "partition", scheme.name, by_partition[key])

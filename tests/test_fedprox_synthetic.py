@@ -79,6 +79,8 @@ def test_its_clients_come_with_it_the_config_says_so_and_reports_name_it(tmp_pat
                      ({"synthetic_alpha": -1.0}, "synthetic_alpha")):  # fmt: skip
         with pytest.raises(ConfigError, match=key):
             _cfg(tmp_path, **bad)
+    with pytest.raises(ConfigError, match=r"'partition_k' is not read by dataset 'fedprox_synthetic' \(it comes with its own clients"):
+        _cfg(tmp_path, partition_k=3)
     with pytest.raises(ConfigError, match="synthetic_alpha"):  # another data set's key
         small_config(tmp_path, synthetic_alpha=0.5)
     cfg = _cfg(tmp_path, synthetic_alpha=0.5, synthetic_beta=0.0)

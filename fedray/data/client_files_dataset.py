@@ -103,8 +103,8 @@ register_dataset(
         lambda cfg: client_files_data(cfg).dataset,
         _client_files_info,
         available=_client_files_available,
-        own_clients=True,
         federate=client_files_data,
+        clients_why="its files are the clients",
         partition_label=_client_files_label,
     )
 )

@@ -351,13 +351,18 @@ class DatasetKind:
     available: Callable[[Config], None] | None = None
     # (cfg) -> None: the checks of its keys; raises ConfigError naming the key. Optional.
     check: Callable[[Config], None] | None = None
-    # Its files are the clients (client_files): no partition is drawn, so no partition key is read.
-    own_clients: bool = False
-    # own_clients: (cfg) -> FederatedData, the data set with its clients (instead of load + a
-    # partition drawn over it). Required with own_clients.
+    # (cfg) -> FederatedData: a data set that comes with its clients (client_files: its files are
+    # the clients) builds them here, instead of load + a partition drawn over it; no partition key
+    # is read then, and a config that sets one is told ``clients_why``.
     federate: Callable[[Config], Any] | None = None
-    # How reports name the partition of its runs (own_clients: "files:FOLDER"), from the config mapping.
+    clients_why: str = "it comes with its own clients"
+    # How reports name the partition of its runs (client_files: "files:FOLDER"), from the config mapping.
     partition_label: Callable[[Mapping[str, Any]], str] | None = None
+
+    @property
+    def own_clients(self) -> bool:
+        """Whether it comes with its clients (``federate``): no partition is drawn over it."""
+        return self.federate is not None
 
 
 DATASETS: dict[str, DatasetKind] = {}
@@ -367,8 +372,6 @@ def register_dataset(kind: DatasetKind) -> DatasetKind:
     """Add a dataset, which ``dataset: NAME`` then chooses (the built-ins are added the same way)."""
     if kind.name in DATASETS:
         raise ValueError(f"dataset {kind.name!r} is registered already")
-    if kind.own_clients and kind.federate is None:
-        raise ValueError(f"dataset {kind.name!r} has its own clients, so it needs federate(cfg)")
     for key in kind.keys:  # its own keys: other datasets refuse them, so none that all datasets read
         if key not in FIELDS or key in ("dataset", "data_root", "download") or key.startswith("partition"):
             raise ValueError(f"dataset {kind.name!r}: {key!r} is not a config key of its own")

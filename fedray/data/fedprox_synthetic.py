@@ -34,16 +34,21 @@ TRAIN_FRACTION = 0.9
 _SCALE = np.arange(1, DIM + 1, dtype=np.float64) ** -0.6  # sqrt of Sigma's diagonal, j^-1.2
 
 
+def _size(g: np.random.Generator) -> int:
+    """n_k = floor(LogNormal(4, 2)) + 50: the first draw of a client's stream."""
+    return int(g.lognormal(4, 2)) + 50
+
+
 def client_size(seed: int, cid: int) -> int:
-    """n_k: client ``cid``'s number of samples (train and test), the first draw of its stream."""
-    return int(seeding.rng(seed, "fedprox_synthetic", cid).lognormal(4, 2)) + 50
+    """n_k: client ``cid``'s number of samples (train and test), without drawing the rest."""
+    return _size(seeding.rng(seed, "fedprox_synthetic", cid))
 
 
 def client_arrays(seed: int, alpha: float, beta: float, cid: int) -> tuple[np.ndarray, np.ndarray, int]:
     """Client ``cid``'s samples (float32 inputs, int64 labels), training samples first, and how
     many of them are for training."""
     g = seeding.rng(seed, "fedprox_synthetic", cid)
-    n = int(g.lognormal(4, 2)) + 50
+    n = _size(g)
     u, b_shift = g.normal(0, alpha), g.normal(0, beta)
     v = g.normal(b_shift, 1, DIM)
     w, b = g.normal(u, 1, (DIM, CLASSES)), g.normal(u, 1, CLASSES)
@@ -91,7 +96,6 @@ register_dataset(
         lambda cfg: DatasetInfo((DIM,), CLASSES, None),
         keys=("synthetic_alpha", "synthetic_beta"),
         check=_check,
-        own_clients=True,
         federate=federated,
         partition_label=label,
     )
