@@ -92,6 +92,13 @@ def enabled(mode: str, device: torch.device, model: nn.Module) -> bool:
     return True  # "on": validated before the run starts (validation refuses a model it cannot do)
 
 
+def trains_batched(task: Any, device: torch.device) -> bool:
+    """Whether a worker of ``task`` on ``device`` trains batched (config key batched_clients, with
+    the task's model): what `ClientHost` decides once, and a client function that stacks its own
+    models (FedEM's and FedRC's K models) asks."""
+    return enabled(task.batched_clients, device, task.build_model())
+
+
 @dataclass
 class Trained:
     """One client's result of `train_stacked`."""

@@ -141,7 +141,7 @@ class ClientHost:
     def trains_batched(self) -> bool:
         """Whether this host runs batched client functions (config key batched_clients)."""
         if self._batched is None:
-            self._batched = batched.enabled(self.task.batched_clients, self.device, self.task.build_model())
+            self._batched = batched.trains_batched(self.task, self.device)
         return self._batched
 
     def get_state(self, cid: int) -> Any:

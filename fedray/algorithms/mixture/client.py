@@ -79,8 +79,7 @@ def train_models(
     on the client's batches (`fedray.batched.train_stacked`), each with its own weights and buffers."""
     live = [row for row in range(len(state.ids)) if state.omega[row] > 0]
     keep = msg["persistent_optimizer"]
-    if len(live) > 1 and client.kept("trains_batched", None, lambda: batched.enabled(
-            client.task.batched_clients, client.device, client.task.build_model())):  # fmt: skip
+    if len(live) > 1 and client.kept("trains_batched", None, lambda: batched.trains_batched(client.task, client.device)):
         trained = train_stacked([client] * len(live), [models[r] for r in live], msg["round"],
                                 buffers=[state.opt.get(state.ids[r]) if keep else None for r in live], keep=keep,
                                 drop_last=msg["drop_last"], weights=[state.gamma[r] for r in live])  # fmt: skip
