@@ -62,7 +62,7 @@ class ClientActor:
 
         ctx = ray.get_runtime_context()
         return {
-            "clients": self.host.client_ids if self.host else [],
+            "clients": self.host.client_ids if self.host else [],  # a range for clients made on demand
             "device": str(self.device),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
             "resources": ctx.get_assigned_resources(),
@@ -85,6 +85,9 @@ class ClientActor:
 
     def run_test(self, fn: ClientFn, start: int, stop: int, msg: Any) -> Any:
         return self.host.run_test(fn, start, stop, msg)
+
+    def stateful_ids(self) -> list[int]:
+        return self.host.stateful_ids()
 
     def get_state(self, cid: int) -> Any:
         return self.host.get_state(cid)

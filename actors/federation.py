@@ -11,7 +11,7 @@ from actors.launch import ActorGroup, launch_actors
 from fedray.catalog import ClientCatalog, check_groups
 from fedray.client import Task
 from fedray.config import Config
-from fedray.data import FederatedData
+from fedray.data import FederatedData, SourcedClients
 from fedray.federation import Baton, ClientError, ClientFn, FoldFn, WorkerLost
 from fedray.host import ClientHost, test_shards
 from fedray.params import payload_nbytes
@@ -33,6 +33,18 @@ def unwrap(error: BaseException) -> BaseException:
     return error
 
 
+class _EveryNth:
+    """Which actor hosts a client when actor a hosts every n-th client of ``ids`` from the a-th."""
+
+    def __init__(self, actors: Sequence[Any], ids: range) -> None:
+        self._actors, self._ids = list(actors), ids
+
+    def __getitem__(self, cid: int) -> Any:
+        if cid not in self._ids:
+            raise KeyError(cid)
+        return self._actors[self._ids.index(cid) % len(self._actors)]
+
+
 class RayFederation(ClientCatalog):
     """The Federation protocol over an `ActorGroup` of client actors."""
 
@@ -40,7 +52,10 @@ class RayFederation(ClientCatalog):
         self.task = Task.from_config(cfg, data.dataset.spec)
         # Metadata (sizes, label counts) comes from a host that never trains; it reads the same arrays.
         super().__init__(
-            ClientHost(self.task, data.dataset.train, data.clients), data.groups, data.test_clients
+            ClientHost(self.task, data.dataset.train, data.clients),
+            data.groups,
+            data.test_clients,
+            data.eval_clients,
         )
         self._test_size = len(data.dataset.test)
         self._own_group = group is None  # a group given to it is its caller's to close (or reuse)
@@ -49,11 +64,20 @@ class RayFederation(ClientCatalog):
         self.actors = self._group.actors
         # Each array goes into the object store once; every actor reads it zero-copy.
         train_ref, test_ref = ray.put(data.dataset.train), ray.put(data.dataset.test)
-        groups = assign_clients(dict(self._all_examples), len(self.actors))  # test clients are hosted too
-        self._actor_of: dict[int, Any] = {c: a for a, g in zip(self.actors, groups, strict=True) for c in g}
+        if isinstance(data.clients, SourcedClients):
+            # Clients made on demand: actor a hosts every A-th client from a (a range: nothing is
+            # sent or kept per client, whatever their number), and makes each one when it is used.
+            n = len(self.actors)
+            shares = [data.clients.part(data.clients.ids[a::n]) for a in range(n)]
+            self._actor_of: Any = _EveryNth(self.actors, data.clients.ids)
+        else:
+            sizes = dict(zip(self._hosted_ids.tolist(), self._hosted_train.tolist(), strict=True))
+            groups = assign_clients(sizes, len(self.actors))  # test clients are hosted too
+            shares = [{c: data.clients[c] for c in g} for g in groups]
+            self._actor_of = {c: a for a, g in zip(self.actors, groups, strict=True) for c in g}
         setups = [
-            a.setup.remote(self.task, train_ref, test_ref, {c: data.clients[c] for c in g})
-            for a, g in zip(self.actors, groups, strict=True)
+            a.setup.remote(self.task, train_ref, test_ref, share)
+            for a, share in zip(self.actors, shares, strict=True)
         ]
         self.actor_info = self._get(setups)
 
@@ -160,8 +184,9 @@ class RayFederation(ClientCatalog):
         return [r for part in self._get(refs) for r in part]
 
     def client_states(self) -> Iterator[tuple[int, Any]]:
-        # A few at a time, in client order: a checkpoint never holds every client's state at once.
-        cids = sorted(self._actor_of)
+        # The clients that hold state (a million clients of which a few thousand have trained: only
+        # those), a few at a time, in client order: a checkpoint never holds every state at once.
+        cids = sorted(c for ids in self._get([a.stateful_ids.remote() for a in self.actors]) for c in ids)
         refs = {c: self._actor_of[c].get_state.remote(c) for c in cids[:_STATE_WINDOW]}
         for i, cid in enumerate(cids):
             if i + _STATE_WINDOW < len(cids):

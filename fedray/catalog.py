@@ -4,19 +4,15 @@ label counts, ground-truth groups, sampling, the traffic meter, the batons), the
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from fedray.batons import BatonStore
-from fedray.federation import Traffic, sample_clients
+from fedray.federation import Traffic, sample_sorted
 from fedray.host import ClientHost
 from fedray.traffic import TrafficMeter
-
-
-def _select(d: Mapping[int, Any], cids: Sequence[int] | None) -> dict[int, Any]:
-    return {c: d[c] for c in (sorted(d) if cids is None else cids)}
 
 
 def check_groups(groups: Sequence[tuple[Sequence[int], Any]]) -> None:
@@ -32,35 +28,56 @@ def check_groups(groups: Sequence[tuple[Sequence[int], Any]]) -> None:
 class ClientCatalog:
     """What a federation knows about its clients without running them, the same in every federation:
     ids, sizes, label counts, ground-truth groups, sampling and the traffic meter. Reads a
-    `ClientHost`'s indices only."""
+    `ClientHost`'s indices only. Per client it holds two sizes in arrays, nothing more: a million
+    clients made on demand (`fedray.data.SourcedClients`) cost 16 MB here, and their ids a range."""
 
     def __init__(
-        self, catalog: ClientHost, groups: np.ndarray | None = None, test_clients: Sequence[int] = ()
+        self,
+        catalog: ClientHost,
+        groups: np.ndarray | None = None,
+        test_clients: Sequence[int] = (),
+        eval_clients: Sequence[int] | None = None,
     ) -> None:
         self._catalog = catalog
         self.test_client_ids = sorted(test_clients)
-        testing = set(test_clients)
-        self.client_ids = [c for c in catalog.client_ids if c not in testing]
-        self.groups = None if groups is None else {c: int(groups[c]) for c in self.client_ids}
+        ids, train, test = catalog.sizes()
+        self._hosted_ids, self._hosted_train = ids, train  # every hosted client, the test clients too
+        keep = ~np.isin(ids, np.asarray(self.test_client_ids, dtype=np.int64))
         # Sizes of the training clients; the test clients' are apart (they never train or get sampled).
-        self._all_examples = catalog.num_examples()
-        self._num_examples = {c: self._all_examples[c] for c in self.client_ids}
-        self._num_test = {c: n for c, n in catalog.num_test_examples().items() if c not in testing}
+        self._ids, self._train, self._test = ids[keep], train[keep], test[keep]
+        hosted = catalog.client_ids
+        self.client_ids: Sequence[int] = hosted if isinstance(hosted, range) and keep.all() else self._ids.tolist()
+        self.eval_client_ids: Sequence[int] = self.client_ids if eval_clients is None else list(eval_clients)
+        self.groups = None if groups is None else {c: int(groups[c]) for c in self.client_ids}
         self._traffic = TrafficMeter()
         self._batons = BatonStore()
 
+    def _positions(self, cids: Sequence[int] | None) -> tuple[np.ndarray, np.ndarray]:
+        """The training clients ``cids`` (all, by default) and their positions in the size arrays;
+        KeyError for one that is not a training client."""
+        if cids is None:
+            return self._ids, np.arange(len(self._ids))
+        want = np.asarray(cids, dtype=np.int64).reshape(-1)
+        pos = np.searchsorted(self._ids, want)
+        bad = (pos >= len(self._ids)) | (self._ids[np.minimum(pos, len(self._ids) - 1)] != want)
+        if bad.any():
+            raise KeyError(int(want[bad][0]))
+        return want, pos
+
     def num_examples(self, cids: Sequence[int] | None = None) -> dict[int, int]:
-        return _select(self._num_examples, cids)
+        want, pos = self._positions(cids)
+        return dict(zip(want.tolist(), self._train[pos].tolist(), strict=True))
 
     def num_test_examples(self, cids: Sequence[int] | None = None) -> dict[int, int]:
-        return _select(self._num_test, cids)
+        want, pos = self._positions(cids)
+        return dict(zip(want.tolist(), self._test[pos].tolist(), strict=True))
 
     def label_counts(self, cids: Sequence[int] | None = None) -> dict[int, np.ndarray]:
-        counts = self._catalog.label_counts()
-        return _select({c: counts[c] for c in self.client_ids} if cids is None else counts, cids)
+        want, _ = self._positions(cids)
+        return self._catalog.label_counts(want.tolist())
 
     def sample(self, fraction: float, rng: np.random.Generator) -> list[int]:
-        return sample_clients(self.client_ids, fraction, rng)
+        return sample_sorted(self._ids, fraction, rng)
 
     def take_traffic(self) -> Traffic:
         return self._traffic.take()

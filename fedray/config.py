@@ -122,6 +122,11 @@ class Config:
     # training split, as many samples as the training set (on 100 FMNIST clients 60,000, three times
     # the global test set). false skips them: `fedray report --at best-train` then has nothing to read.
     eval_train: bool = True  # train_accuracy / train_loss at each evaluation (see above)
+    # The training clients an evaluation walks for local_accuracy and train_accuracy: this many,
+    # drawn once from the seed; with fedprox_synthetic also the clients whose test splits pool into
+    # the global test set. Cross-device runs (10^5 clients and more) need it: otherwise every
+    # evaluation visits every client. 0 = every client.
+    eval_clients: int = field(default=0, metadata=bound(ge=0))  # clients the evaluation walks, drawn once; 0 = all
     # Images (and convolution weights) in channels-last memory format: 1.35-1.56x faster CNN steps on
     # a CPU thread (jobs/bench.py --memory-format). It changes the float sums, so runs differ in the
     # last bits from false, which is how runs were computed before this key existed.
@@ -214,7 +219,7 @@ NOT_IN_RUN_ID = (
 # out of the run id, so every earlier run keeps its id (and a re-submitted sweep skips it).
 ADDED_LATER = {"shift": "none", "partition_file": "", "channels_last": False, "eval_train": True, "cuda_deterministic": True, "head_bias": True,
                "model_init": "derived", "init_model": "", "plugins": [],
-               "batched_clients": "auto", "synthetic_alpha": 1.0, "synthetic_beta": 1.0}
+               "batched_clients": "auto", "synthetic_alpha": 1.0, "synthetic_beta": 1.0, "eval_clients": 0}
 # Keys of a sweep file that are not config keys (fedray/sweep_file.py expands them into runs).
 SWEEP_KEYS = ("grid", "seeds", "cases", "max_concurrent_runs")
 # What other tools (and papers) call a key: an unknown key named here says "did you mean ...?"

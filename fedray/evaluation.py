@@ -147,16 +147,16 @@ def hard_cluster_records(
     ``local_accuracy`` of each client with a test split, with its assigned model (the lowest-loss one
     if it has none yet)."""
     records = cluster_global_records(fed, models, stage)
-    with_test = [c for c, n in fed.num_test_examples().items() if n > 0]
+    with_test = [c for c, n in fed.num_test_examples(fed.eval_client_ids).items() if n > 0]
     if with_test:
         msg = {"models": list(models), "assigned": {c: assigned[c] for c in with_test if c in assigned}}
         records += own_data_records(fed, [(with_test, msg)], lowest_loss_eval, "local_accuracy", stage)
     msg = {
         "models": list(models),
-        "assigned": {c: assigned[c] for c in fed.client_ids if c in assigned},
+        "assigned": {c: assigned[c] for c in fed.eval_client_ids if c in assigned},
         "on": "train",
     }
-    return records + train_split_records(fed, [(fed.client_ids, msg)], lowest_loss_eval, stage)
+    return records + train_split_records(fed, [(fed.eval_client_ids, msg)], lowest_loss_eval, stage)
 
 
 def lowest_loss_records(fed: Federation, models: Sequence[Params], stage: str = "") -> list[Record]:
@@ -188,13 +188,13 @@ def single_model_records(
     else:
         g = evaluate_global(fed, params, arch, test)
         records = [rec("accuracy", g.accuracy, stage=stage), rec("loss", g.loss, stage=stage)]
-    with_test = [c for c, n in fed.num_test_examples().items() if n > 0]
+    with_test = [c for c, n in fed.num_test_examples(fed.eval_client_ids).items() if n > 0]
     if with_test:
         records += own_data_records(
             fed, [(with_test, model_msg(params, arch))], local_eval, "local_accuracy", stage
         )
     fn, msg = train or (None, model_msg(params, arch))
-    return records + train_split_records(fed, [(fed.client_ids, msg)], fn, stage=stage)
+    return records + train_split_records(fed, [(fed.eval_client_ids, msg)], fn, stage=stage)
 
 
 def own_data_records(
@@ -252,13 +252,13 @@ def cluster_model_records(
     def groups(cids: Sequence[int]) -> list[tuple[list[int], dict]]:
         return [([c for c in cids if assignment[c] == k], model_msg(m)) for k, m in enumerate(models)]
 
-    with_test = [c for c, n in fed.num_test_examples().items() if n > 0]
+    with_test = [c for c, n in fed.num_test_examples(fed.eval_client_ids).items() if n > 0]
     if with_test:
         records += own_data_records(
             fed, groups(with_test), local_eval, "local_accuracy", stage, per_group=True
         )
     if members:
         records += own_data_records(
-            fed, groups(fed.client_ids), member_eval, "member_accuracy", stage, per_group=True
+            fed, groups(fed.eval_client_ids), member_eval, "member_accuracy", stage, per_group=True
         )
-    return records + train_split_records(fed, groups(fed.client_ids), stage=stage)
+    return records + train_split_records(fed, groups(fed.eval_client_ids), stage=stage)

@@ -15,6 +15,8 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
+
 from fedray.algorithms import ALGORITHMS
 from fedray.checkpoint import Checkpoint, CheckpointError, Checkpoints
 from fedray.config import Config
@@ -146,10 +148,18 @@ def run_rounds(
     return state
 
 
-def client_rows(data: FederatedData) -> list[dict[str, Any]]:
-    """One row per client for ``DIR/clients/``: its role, sizes, ground-truth group and shift."""
+def client_rows(data: FederatedData) -> dict[str, Any]:
+    """``DIR/clients/``'s columns, one entry per client: its role, sizes, ground-truth group and
+    shift. Columns, not rows: a million clients made on demand are a few arrays here."""
     from fedray.data.shift import CONCEPTS
 
+    if data.sourced:  # no groups, shifts or test clients: the sizes alone, straight from the source
+        ids = np.arange(len(data.clients), dtype=np.int64)
+        n_train, n_test = data.clients.source.sizes(ids)
+        n = len(ids)
+        return {"client": ids, "role": np.full(n, "train", dtype=object), "num_train": n_train, "num_test": n_test,
+                "group": np.full(n, -1), "concept": np.full(n, "", dtype=object),
+                "corruption": np.full(n, "", dtype=object), "severity": np.zeros(n, np.int64)}  # fmt: skip
     rows = []
     for cid, ix in sorted(data.clients.items()):
         s = data.shifts[cid] if data.shifts else None
@@ -162,7 +172,7 @@ def client_rows(data: FederatedData) -> list[dict[str, Any]]:
         rows.append({"client": cid, "role": "test" if test else "train", "num_train": len(ix.train),
                      "num_test": len(ix.test), "group": group, "concept": CONCEPTS[s.concept] if s else "",
                      "corruption": s.corruption if s else "", "severity": s.severity if s else 0})  # fmt: skip
-    return rows
+    return {k: [r[k] for r in rows] for k in rows[0]} if rows else {}
 
 
 def summarize(history: list[RoundDone], total_seconds: float, placement: dict[str, Any]) -> dict[str, Any]:
@@ -230,14 +240,15 @@ def execute(
         # Only now, with the checkpoint read, are the earlier attempt's rows of later rounds removed.
         writer.start(keep_through=None if latest is None else start)
         writer.write_clients(client_rows(data))
-        train_size = data.origin_train_size if data.origin is not None else len(data.dataset.train)
-        writer.write_partition(data.partition_rows(), train_size, cfg.dataset)
+        if not data.sourced:  # clients made on demand are in no data set's arrays: no partition to write
+            train_size = data.origin_train_size if data.origin is not None else len(data.dataset.train)
+            writer.write_partition(data.partition_rows(), train_size, cfg.dataset)
         if latest is not None:
             writer.set_elapsed(latest.extra["elapsed"])
             writer.event("resumed", start, reason or "started again")
             writer.write_progress(summarize(history, writer.elapsed(), placement))
         fed.take_traffic()
-        yield Started(run_id, len(data.clients) - len(data.test_clients), placement, start, timings)
+        yield Started(run_id, len(fed.client_ids), placement, start, timings)
 
         def save(rounds_done: int, state: Any) -> Checkpointed:
             extra = {"history": [dataclasses.asdict(h) for h in history], "elapsed": writer.elapsed()}

@@ -69,10 +69,14 @@ class Federation(Protocol):
     """What an algorithm may do with the clients (docs/architecture.md)."""
 
     task: Task
-    client_ids: list[int]
+    client_ids: Sequence[int]  # a list, or a range for clients made on demand
 
     groups: dict[int, int] | None
     """Ground-truth client groups of the partition (``dominant``), else None. Only an oracle may read it."""
+
+    eval_client_ids: Sequence[int]
+    """The training clients an evaluation walks (local and training-split accuracy): every client,
+    or the fixed sample config key ``eval_clients`` draws. Evaluation helpers read it; training never."""
 
     test_client_ids: list[int]
     """Clients that never train and are never sampled (FedRC's test clients, `shift`); hosted like
@@ -134,6 +138,10 @@ def participants(num_clients: int, fraction: float) -> int:
 
 def sample_clients(client_ids: Sequence[int], fraction: float, rng: np.random.Generator) -> list[int]:
     """NIID-Bench sampling: the first `participants` ids of a random permutation, sorted."""
-    ids = np.asarray(sorted(client_ids))
+    return sample_sorted(np.asarray(sorted(client_ids)), fraction, rng)
+
+
+def sample_sorted(ids: np.ndarray, fraction: float, rng: np.random.Generator) -> list[int]:
+    """`sample_clients` of ids given already sorted, as an array (no copy of a million ids)."""
     k = participants(len(ids), fraction)
     return sorted(int(c) for c in rng.permutation(ids)[:k])

@@ -10,6 +10,7 @@ import math
 import os
 import time
 import traceback
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -20,7 +21,7 @@ import torch
 from fedray import batched
 from fedray.client import Client, Task
 from fedray.client_states import ClientStates
-from fedray.data import ArrayDataset, ClientIndices
+from fedray.data import ArrayDataset, ClientIndices, SourcedClients
 from fedray.federation import TEST_SHARD, ClientError, ClientFn
 from fedray.params import payload_nbytes
 
@@ -67,7 +68,16 @@ def test_shards(num_samples: int, batch_size: int, workers: int) -> list[tuple[i
     return [(int(p[0]) * batch_size, min(int(p[-1] + 1) * batch_size, num_samples)) for p in parts]
 
 
+# Samples of clients made on demand (a ClientSource's) that a host keeps for reuse, least recently
+# used dropped first: a client's training call and its evaluation right after use one making.
+MADE_BYTES = 128 << 20
+
+
 class ClientHost:
+    """Some clients, their data and their persistent state. ``clients`` maps each hosted client to
+    its indices into ``data``; or it is `SourcedClients`, whose samples the host makes when a client
+    is used (``data`` then goes unused) and keeps up to `MADE_BYTES` of."""
+
     def __init__(
         self,
         task: Task,
@@ -82,18 +92,52 @@ class ClientHost:
             cuda_determinism(task.cuda_deterministic)
         self._data = data
         self._test = test
-        self._indices = dict(clients)
+        self._sourced = isinstance(clients, SourcedClients)
+        self._indices = clients if self._sourced else dict(clients)
+        self._made: OrderedDict[int, ArrayDataset] = OrderedDict()
+        self._made_bytes = 0
         self._state = ClientStates(task.client_state_memory_mb)
         self._model_cache: dict = {}
         self._batched: bool | None = None  # batched client training here (decided on first use)
 
     @property
-    def client_ids(self) -> list[int]:
-        return sorted(self._indices)
+    def client_ids(self) -> Sequence[int]:
+        """The hosted clients in order (a range for clients made on demand)."""
+        return self._indices.ids if self._sourced else sorted(self._indices)
 
     def client(self, cid: int) -> Client:
         ix = self._indices[cid]
-        return Client(cid, self.task, self._data, ix.train, ix.test, self.device, self._model_cache)
+        data = self._samples(cid) if self._sourced else self._data
+        return Client(cid, self.task, data, ix.train, ix.test, self.device, self._model_cache)
+
+    def _samples(self, cid: int) -> ArrayDataset:
+        """Client ``cid``'s samples, made by the source (or kept from an earlier call)."""
+        made = self._made.get(cid)
+        if made is not None:
+            self._made.move_to_end(cid)
+            return made
+        made = self._indices.source.samples(cid)
+        size = made.x.nbytes + made.y.nbytes
+        self._made[cid] = made
+        self._made_bytes += size
+        while self._made_bytes > MADE_BYTES and len(self._made) > 1:
+            _, old = self._made.popitem(last=False)
+            self._made_bytes -= old.x.nbytes + old.y.nbytes
+        return made
+
+    def sizes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The hosted clients' ids (sorted), training sizes and test sizes, as int64 arrays."""
+        if self._sourced:
+            ids = np.arange(self._indices.ids.start, self._indices.ids.stop, self._indices.ids.step, dtype=np.int64)
+            return (ids, *self._indices.source.sizes(ids))
+        ids = np.array(self.client_ids, dtype=np.int64)
+        train = np.array([len(self._indices[c].train) for c in self.client_ids], dtype=np.int64)
+        test = np.array([len(self._indices[c].test) for c in self.client_ids], dtype=np.int64)
+        return ids, train, test
+
+    def stateful_ids(self) -> list[int]:
+        """The hosted clients that hold persistent state, in order (what a checkpoint saves)."""
+        return list(self._state.cids())
 
     def _check_hosted(self, cid: int) -> None:
         if cid not in self._indices:
@@ -187,11 +231,6 @@ class ClientHost:
                 traceback.format_exc(),
             ) from e
 
-    def num_examples(self) -> dict[int, int]:
-        return {cid: len(ix.train) for cid, ix in self._indices.items()}
-
-    def num_test_examples(self) -> dict[int, int]:
-        return {cid: len(ix.test) for cid, ix in self._indices.items()}
-
-    def label_counts(self) -> dict[int, np.ndarray]:
-        return {cid: self.client(cid).label_counts() for cid in self._indices}
+    def label_counts(self, cids: Sequence[int] | None = None) -> dict[int, np.ndarray]:
+        """Class counts of the training splits of ``cids`` (every hosted client by default)."""
+        return {cid: self.client(cid).label_counts() for cid in (self.client_ids if cids is None else cids)}

@@ -28,12 +28,13 @@ class LocalFederation(ClientCatalog):
         num_threads: float = 1.0,
         groups: np.ndarray | None = None,
         test_clients: Sequence[int] = (),
+        eval_clients: Sequence[int] | None = None,
     ):
         set_torch_threads(num_threads)  # same thread count as one actor: same floating-point path
         self.task = task
         self.host = ClientHost(task, train, clients, test=test)
         self._test_size = len(test)
-        super().__init__(self.host, groups, test_clients)
+        super().__init__(self.host, groups, test_clients, eval_clients)
 
     def map(self, fn: ClientFn, cids: Sequence[int], msg: Any) -> dict[int, Any]:
         return self.map_groups(fn, [(cids, msg)])
@@ -79,7 +80,7 @@ class LocalFederation(ClientCatalog):
         return self.host.run_test(fn, 0, self._test_size, msg)
 
     def client_states(self) -> Iterator[tuple[int, Any]]:
-        for cid in self.host.client_ids:
+        for cid in self.host.stateful_ids():  # a client without state has nothing to save
             yield cid, self.host.get_state(cid)
 
     def restore_client_states(self, states: Iterable[tuple[int, Any]]) -> None:
@@ -107,5 +108,6 @@ def make_local_federation(cfg: Any, data: Any) -> tuple[LocalFederation, dict[st
         num_threads=cfg.num_cpus_per_actor,
         groups=data.groups,
         test_clients=data.test_clients,
+        eval_clients=data.eval_clients,
     )
     return fed, {"mode": "local", "actors": 0, "torch_threads": torch.get_num_threads()}

@@ -20,7 +20,7 @@ import platform
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -392,13 +392,17 @@ class ResultsWriter:
         if time.monotonic() - self._last_flush >= self.flush_every_s:
             self.flush()
 
-    def write_clients(self, rows: Iterable[dict[str, Any]]) -> None:
-        """The run's clients (``DIR/clients/``, one file per run): role, sizes, ground truth, shift."""
-        table = [{**self._const, "run_id": self.run_id, **r} for r in rows]
-        write_atomic(
-            pa.Table.from_pylist(table, schema=CLIENTS_SCHEMA),
-            self.root / "clients" / f"{self.run_id}-clients.parquet",
-        )
+    def write_clients(self, rows: Iterable[dict[str, Any]] | Mapping[str, Any]) -> None:
+        """The run's clients (``DIR/clients/``, one file per run): role, sizes, ground truth, shift;
+        given as rows, or as columns (a million clients)."""
+        if isinstance(rows, Mapping):
+            n = len(rows.get("client", ()))
+            const = {**self._const, "run_id": self.run_id}
+            cols = {f.name: rows[f.name] if f.name in rows else [const.get(f.name)] * n for f in CLIENTS_SCHEMA}
+            table = pa.table(cols, schema=CLIENTS_SCHEMA)
+        else:
+            table = pa.Table.from_pylist([{**self._const, "run_id": self.run_id, **r} for r in rows], schema=CLIENTS_SCHEMA)
+        write_atomic(table, self.root / "clients" / f"{self.run_id}-clients.parquet")
 
     def write_partition(self, rows: dict[str, Any], train_size: int, dataset: str) -> None:
         """The run's partition (``DIR/partitions/RUN_ID.parquet``): one row per client, split and

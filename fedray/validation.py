@@ -293,6 +293,11 @@ def validate(cfg: Config) -> None:
             f"{cfg.num_clients} clients but {cfg.dataset} has only {info.train_size} training samples",
         )
     _check(
+        cfg.eval_clients <= cfg.num_clients,
+        "eval_clients",
+        f"{cfg.eval_clients} clients to evaluate on, but the run has {cfg.num_clients} (0 evaluates on every client)",
+    )
+    _check(
         cfg.shift == "none" or tuple(info.input_shape) == (1, 28, 28),
         "shift",
         f"{cfg.shift}'s FMNIST-C corruptions need 1x28x28 images (fmnist, mnist, emnist); "

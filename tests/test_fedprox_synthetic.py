@@ -31,21 +31,45 @@ def _cfg(tmp_path, **over):
 def test_each_client_is_drawn_from_the_seed_and_its_id_alone(tmp_path):
     few = build_federated_data(_cfg(tmp_path, num_clients=3))
     many = build_federated_data(_cfg(tmp_path, num_clients=7))
+    assert few.sourced and len(few.dataset.train) == 0  # nothing made before a client is used
+    src = many.clients.source
     for cid in range(3):  # the same client whatever the others: it can be made when it is sampled
-        for split in ("train", "test"):
-            a, b = getattr(few.clients[cid], split), getattr(many.clients[cid], split)
-            np.testing.assert_array_equal(few.dataset.train.x[a], many.dataset.train.x[b])
-            np.testing.assert_array_equal(few.dataset.train.y[a], many.dataset.train.y[b])
+        a, b = few.clients.source.samples(cid), src.samples(cid)
+        np.testing.assert_array_equal(a.x, b.x)
+        np.testing.assert_array_equal(a.y, b.y)
         n = len(many.clients[cid].train) + len(many.clients[cid].test)
         assert n == client_size(0, cid) >= 50 and len(many.clients[cid].train) == int(0.9 * n)
+        assert src.split(cid) == (len(many.clients[cid].train), len(many.clients[cid].test))
+        np.testing.assert_array_equal(many.clients[cid].test, np.arange(int(0.9 * n), n))
     other = build_federated_data(_cfg(tmp_path, num_clients=3, seed=1))
-    assert len(other.dataset.train) != len(few.dataset.train) or not np.array_equal(
-        other.dataset.train.x, few.dataset.train.x
-    )
-    # the global test set is every client's test split, pooled
-    pooled = np.concatenate([many.clients[c].test for c in range(7)])
-    np.testing.assert_array_equal(many.dataset.test.x, many.dataset.train.x[pooled])
-    assert many.dataset.train.x.shape[1:] == (DIM,) and many.dataset.train.x.dtype == np.float32
+    assert not np.array_equal(other.clients.source.samples(0).x[:10], few.clients.source.samples(0).x[:10])
+    # the global test set is every client's test split, pooled in client order
+    pooled = [src.samples(c) for c in range(7)]
+    x = np.concatenate([p.x[src.split(c)[0]:] for c, p in enumerate(pooled)])
+    np.testing.assert_array_equal(many.dataset.test.x, x)
+    assert many.dataset.test.x.shape[1:] == (DIM,) and many.dataset.test.x.dtype == np.float32
+
+
+def test_a_million_clients_cost_a_seed_until_they_are_used(tmp_path):
+    """The data of a run over 10^6 clients is a source and a range: building it makes no client
+    (beyond the evaluated ones' test splits), its clients pickle in bytes, and any client is made
+    on demand, equal to the one a 30-client run makes."""
+    import pickle
+
+    cfg = _cfg(tmp_path, num_clients=1_000_000, eval_clients=20, participation=1e-4)
+    data = build_federated_data(cfg)
+    assert len(data.clients) == 1_000_000 and len(pickle.dumps(data.clients)) < 500
+    assert data.eval_clients == sorted(data.eval_clients) and len(data.eval_clients) == 20
+    assert len(data.dataset.test) == sum(data.clients.source.split(c)[1] for c in data.eval_clients)
+    small = build_federated_data(_cfg(tmp_path, num_clients=30)).clients.source
+    np.testing.assert_array_equal(data.clients.source.samples(17).x, small.samples(17).x)
+    assert data.clients[999_999].train.shape == (data.clients.source.split(999_999)[0],)
+    with pytest.raises(KeyError):
+        data.clients[1_000_000]
+    with pytest.raises(ConfigError, match="eval_clients"):  # every client's test split pooled: refused
+        _cfg(tmp_path, num_clients=20_000)
+    with pytest.raises(ConfigError, match="eval_clients"):
+        _cfg(tmp_path, num_clients=10, eval_clients=11)
 
 
 def test_a_clients_labels_are_a_linear_argmax_and_its_inputs_have_the_papers_covariance():

@@ -26,7 +26,13 @@ from fedray.data.datasets import (
     register_dataset,
     train_labels,
 )
-from fedray.data.federated import ClientIndices, FederatedData
+from fedray.data.federated import (
+    ClientIndices,
+    ClientSource,
+    FederatedData,
+    SourcedClients,
+    evaluation_clients,
+)
 from fedray.data.partition_file import PartitionFileError
 from fedray.data.partitions import (
     GROUPED_PARTITIONS,
@@ -51,6 +57,7 @@ __all__ = [
     "PARTITIONS",
     "ArrayDataset",
     "ClientIndices",
+    "ClientSource",
     "DataSpec",
     "Dataset",
     "DatasetInfo",
@@ -62,6 +69,7 @@ __all__ = [
     "PartitionFileError",
     "PartitionParams",
     "PartitionScheme",
+    "SourcedClients",
     "build_federated_data",
     "check_partition",
     "check_available",
@@ -116,6 +124,15 @@ def check_partition(cfg: Config) -> None:
 
 
 def build_federated_data(cfg: Config) -> FederatedData:
+    """The run's data and clients, and the clients its evaluation walks (config key eval_clients)."""
+    data = _federate(cfg)
+    if data.eval_clients is None and cfg.eval_clients:
+        training = [c for c in sorted(data.clients) if c not in set(data.test_clients)]
+        data.eval_clients = evaluation_clients(cfg.seed, training, cfg.eval_clients)
+    return data
+
+
+def _federate(cfg: Config) -> FederatedData:
     kind = DATASETS[cfg.dataset]
     if kind.own_clients:  # the data set comes with its clients (client_files, fedprox_synthetic)
         return kind.federate(cfg)

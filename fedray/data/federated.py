@@ -1,15 +1,25 @@
 """A run's federated data: the data set and every client's samples in it (`FederatedData`), built by
-`fedray.data.build_federated_data` or by a data set that comes with its own clients."""
+`fedray.data.build_federated_data` or by a data set that comes with its own clients.
+
+Clients come in two forms. Most data sets hold every sample in two arrays, and a client is a list
+of indices into them (`ClientIndices`). A data set of very many clients (a million) cannot: a
+`ClientSource` makes one client's samples when that client is used, from something small (a seed),
+and `SourcedClients` lists its clients without holding anything per client.
+"""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fedray import seeding
+
 if TYPE_CHECKING:
-    from fedray.data.datasets import Dataset
+    from fedray.data.datasets import ArrayDataset, Dataset
     from fedray.data.shift import ClientShift
 
 
@@ -19,10 +29,74 @@ class ClientIndices:
     test: np.ndarray  # the client's own test split (also into the training arrays); may be empty
 
 
+class ClientSource(ABC):
+    """Clients whose samples are made on demand, each from the source alone (so any host can make
+    any client, in any order, and gets the same samples). Small and picklable: it travels to every
+    worker instead of the samples. A client's samples are its training split, then its test split."""
+
+    num_clients: int
+
+    @abstractmethod
+    def split(self, cid: int) -> tuple[int, int]:
+        """Client ``cid``'s training and test sizes, without making its samples."""
+
+    @abstractmethod
+    def samples(self, cid: int) -> ArrayDataset:
+        """Client ``cid``'s samples: the training split first, then the test split."""
+
+    def sizes(self, cids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Training and test sizes of ``cids``, as two int64 arrays."""
+        got = np.array([self.split(int(c)) for c in cids], dtype=np.int64).reshape(-1, 2)
+        return got[:, 0], got[:, 1]
+
+
+class SourcedClients(Mapping[int, ClientIndices]):
+    """The clients ``ids`` of a `ClientSource` as a run's client mapping, holding nothing per client:
+    a client's indices are positions in its own samples (training split first), made when asked."""
+
+    def __init__(self, source: ClientSource, ids: range | None = None) -> None:
+        self.source = source
+        self.ids = range(source.num_clients) if ids is None else ids
+
+    def __getitem__(self, cid: int) -> ClientIndices:
+        if cid not in self.ids:
+            raise KeyError(cid)
+        n_train, n_test = self.source.split(cid)
+        return ClientIndices(np.arange(n_train), np.arange(n_train, n_train + n_test))
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.ids)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __contains__(self, cid: object) -> bool:
+        return cid in self.ids
+
+    def part(self, ids: range) -> SourcedClients:
+        """The same source's clients ``ids`` (a worker's share)."""
+        return SourcedClients(self.source, ids)
+
+    def __reduce__(self):  # pickles as the source and a range, whatever the client count
+        return (SourcedClients, (self.source, self.ids))
+
+
+def evaluation_clients(seed: int, ids: Sequence[int], count: int) -> list[int] | None:
+    """The clients a run evaluates on (config key ``eval_clients``): ``count`` of ``ids`` drawn once
+    from the run's seed, sorted; None (every client) for a count of 0 or of all of them."""
+    if count <= 0 or count >= len(ids):
+        return None
+    picked = seeding.rng(seed, "eval_clients").choice(len(ids), count, replace=False)
+    return sorted(int(ids[i]) for i in picked)
+
+
 @dataclass
 class FederatedData:
     dataset: Dataset
-    clients: dict[int, ClientIndices]  # every client, the test clients too
+    # every client, the test clients too: a dict of indices into the data set's arrays, or
+    # SourcedClients (a ClientSource's clients, each made on demand; the data set's training arrays
+    # are then empty)
+    clients: Mapping[int, ClientIndices]
     groups: np.ndarray | None  # ground-truth client groups, when the partition (or the shift) has them
     test_clients: list[int] = field(default_factory=list)  # non-participating test clients (FedRC's shift)
     shifts: list[ClientShift] | None = None  # each client's concept and corruption, test clients last
@@ -31,11 +105,22 @@ class FederatedData:
     # its test set (FedRC's test clients). None: the rows are the dataset's training set itself.
     origin: np.ndarray | None = None
     origin_train_size: int = 0
+    # the training clients the evaluation walks (their local test splits, their training splits):
+    # a fixed sample (config key eval_clients); None: every client
+    eval_clients: list[int] | None = None
+
+    @property
+    def sourced(self) -> bool:
+        """Whether the clients are made on demand (`SourcedClients`) rather than indices into arrays."""
+        return isinstance(self.clients, SourcedClients)
 
     def partition_rows(self) -> dict[str, np.ndarray]:
         """Every client's samples as the dataset indexes them, one row per (client, split, index):
         what ``DIR/partitions/`` holds, and what ``partition: file`` reads back. ``source`` says
-        which of the dataset's sets the index is into (train, or test for FedRC's test clients)."""
+        which of the dataset's sets the index is into (train, or test for FedRC's test clients).
+        Clients made on demand have none (their samples are in no data set's arrays)."""
+        if self.sourced:
+            raise ValueError("clients made on demand (a ClientSource) index no data set: no partition rows")
         client, split, index = [], [], []
         for cid, ix in sorted(self.clients.items()):
             for name, rows in (("train", ix.train), ("test", ix.test)):

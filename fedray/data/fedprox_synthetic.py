@@ -11,12 +11,16 @@ Client k's data, drawn from (seed, k) alone, so any client can be made without t
   N(B_k, 1) and B_k ~ N(0, beta): beta sets how far the clients' inputs differ;
 - a shuffle, then the first 90% of its samples for training and the rest for testing.
 
-The global test set is every client's test samples pooled, as FedProx evaluates. The multinomial
+The global test set is every client's test samples pooled, as FedProx evaluates (with
+``eval_clients``: those clients' test samples). Nothing is generated for a client until it is used
+(`SyntheticSource`, a `fedray.data.federated.ClientSource`): a run over a million clients holds a
+seed, not their samples. The multinomial
 logistic regression of the paper is ``model: logreg``; ``mlp`` works on it too.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -24,7 +28,7 @@ import numpy as np
 from fedray import seeding
 from fedray.coercion import ConfigError
 from fedray.data.datasets import ArrayDataset, Dataset, DatasetInfo, DatasetKind, DataSpec, register_dataset
-from fedray.data.federated import ClientIndices, FederatedData
+from fedray.data.federated import ClientSource, FederatedData, SourcedClients, evaluation_clients
 
 if TYPE_CHECKING:
     from fedray.config import Config
@@ -58,30 +62,56 @@ def client_arrays(seed: int, alpha: float, beta: float, cid: int) -> tuple[np.nd
     return x[order].astype(np.float32), y[order].astype(np.int64), int(TRAIN_FRACTION * n)
 
 
-def _build(cfg: Config) -> tuple[Dataset, dict[int, ClientIndices]]:
-    xs, ys, tests, clients, start = [], [], [], {}, 0
-    for cid in range(cfg.num_clients):
-        x, y, n_train = client_arrays(cfg.seed, cfg.synthetic_alpha, cfg.synthetic_beta, cid)
-        xs.append(x)
-        ys.append(y)
-        clients[cid] = ClientIndices(np.arange(start, start + n_train), np.arange(start + n_train, start + len(y)))
-        tests.append(clients[cid].test)
-        start += len(y)
-    x, y = np.concatenate(xs), np.concatenate(ys)
-    pooled = np.concatenate(tests)
-    spec = DataSpec((DIM,), CLASSES, scale=1.0)
-    return Dataset("fedprox_synthetic", ArrayDataset(x, y), ArrayDataset(x[pooled], y[pooled]), spec), clients
+@dataclass(frozen=True)
+class SyntheticSource(ClientSource):
+    """The clients of one Synthetic(alpha, beta) run, each made from (seed, client) when used."""
+
+    seed: int
+    alpha: float
+    beta: float
+    num_clients: int
+
+    def split(self, cid: int) -> tuple[int, int]:
+        n = client_size(self.seed, cid)
+        return int(TRAIN_FRACTION * n), n - int(TRAIN_FRACTION * n)
+
+    def samples(self, cid: int) -> ArrayDataset:
+        x, y, _ = client_arrays(self.seed, self.alpha, self.beta, cid)
+        return ArrayDataset(x, y)
 
 
 def federated(cfg: Config) -> FederatedData:
-    """The data set with its clients."""
-    ds, clients = _build(cfg)
-    return FederatedData(ds, clients, None)
+    """The data set with its clients: made on demand; the global test set is the evaluated
+    clients' test splits pooled (every client's, unless ``eval_clients`` picks some)."""
+    source = SyntheticSource(cfg.seed, cfg.synthetic_alpha, cfg.synthetic_beta, cfg.num_clients)
+    clients = SourcedClients(source)
+    chosen = evaluation_clients(cfg.seed, clients.ids, cfg.eval_clients)
+    xs, ys = [np.zeros((0, DIM), np.float32)], [np.zeros(0, np.int64)]
+    for cid in clients.ids if chosen is None else chosen:
+        made, n_train = source.samples(cid), source.split(cid)[0]
+        xs.append(made.x[n_train:])
+        ys.append(made.y[n_train:])
+    empty = ArrayDataset(np.zeros((0, DIM), np.float32), np.zeros(0, np.int64))
+    test = ArrayDataset(np.concatenate(xs), np.concatenate(ys))
+    dataset = Dataset("fedprox_synthetic", empty, test, DataSpec((DIM,), CLASSES, scale=1.0))
+    return FederatedData(dataset, clients, None, eval_clients=chosen)
+
+
+# Beyond this many clients a run must name the clients it evaluates on (eval_clients): every
+# client's test split pooled is about 45 samples a client, and each evaluation would visit them all.
+MAX_POOLED_CLIENTS = 10_000
 
 
 def _check(cfg: Config) -> None:
     if cfg.shift != "none":
         raise ConfigError("config key 'shift': fedprox_synthetic makes its own clients; a shift preset does not apply")
+    if cfg.num_clients > MAX_POOLED_CLIENTS and cfg.eval_clients == 0:
+        raise ConfigError(
+            f"config key 'eval_clients': fedprox_synthetic over {cfg.num_clients} clients evaluates on every "
+            f"client's test split unless told otherwise (more than {MAX_POOLED_CLIENTS} clients: about 45 samples "
+            "each, all visited at every evaluation); set eval_clients (e.g. 1000) to evaluate on that many, "
+            "drawn once from the seed"
+        )
 
 
 def label(config: dict) -> str:
@@ -92,7 +122,7 @@ def label(config: dict) -> str:
 register_dataset(
     DatasetKind(
         "fedprox_synthetic",
-        lambda cfg: _build(cfg)[0],
+        lambda cfg: federated(cfg).dataset,
         lambda cfg: DatasetInfo((DIM,), CLASSES, None),
         keys=("synthetic_alpha", "synthetic_beta"),
         check=_check,

@@ -147,13 +147,13 @@ def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, 
 
 def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Record]:
     records = cluster_global_records(fed, state.models)
-    with_test = [c for c, k in fed.num_test_examples().items() if k > 0]
+    with_test = [c for c, k in fed.num_test_examples(fed.eval_client_ids).items() if k > 0]
     if with_test:
         msg = {"models": state.models, "u": {c: state.u[c] for c in with_test if c in state.u}}
         records += own_data_records(fed, [(with_test, msg)], personal_eval, "local_accuracy", "")
     msg = {
         "models": state.models,
-        "u": {c: state.u[c] for c in fed.client_ids if c in state.u},
+        "u": {c: state.u[c] for c in fed.eval_client_ids if c in state.u},
         "on": "train",
     }
-    return records + train_split_records(fed, [(fed.client_ids, msg)], personal_eval)
+    return records + train_split_records(fed, [(fed.eval_client_ids, msg)], personal_eval)

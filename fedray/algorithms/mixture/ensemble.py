@@ -94,7 +94,7 @@ def evaluate(fed: Federation, live: dict[int, Params], hard: bool) -> list[Recor
         samples = sum(p["samples"] for p in parts)
         records = [rec("accuracy", sum(p["correct"] for p in parts) / samples),
                    rec("loss", sum(p["loss_sum"] for p in parts) / samples)]  # fmt: skip
-    own = fed.map(own_ensemble_eval, fed.client_ids, {"ids": ids, "models": models, "hard": hard})
+    own = fed.map(own_ensemble_eval, fed.eval_client_ids, {"ids": ids, "models": models, "hard": hard})
     records.append(rec("train_accuracy", pooled(own, "train")))  # FedRC's, to pick the reported round
     records.append(rec("train_loss", sum(r["train"]["loss_sum"] for r in own.values())
                        / max(1, sum(r["train"]["samples"] for r in own.values()))))  # fmt: skip

@@ -125,7 +125,7 @@ def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Recor
     records = ensemble.evaluate(fed, state.models, hp.hard_predict)
     if hp.finetune:  # after FedEM's evaluation: test clients fine-tune with the gamma of its E-step
         ids = sorted(state.models)
-        with_test = [c for c, k in fed.num_test_examples().items() if k > 0]
+        with_test = [c for c, k in fed.num_test_examples(fed.eval_client_ids).items() if k > 0]
         msg = {"ids": ids, "models": [state.models[i] for i in ids], "hard": hp.hard_predict, "round": rnd,
                "drop_last": hp.drop_last}  # fmt: skip
         tuned = fed.map(finetuned_eval, with_test, msg)
