@@ -81,3 +81,6 @@ class ClientCatalog:
 
     def take_traffic(self) -> Traffic:
         return self._traffic.take()
+
+    def take_client_seconds(self) -> float:
+        return self._traffic.take_client_seconds()

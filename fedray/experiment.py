@@ -84,6 +84,10 @@ class HostedFederation(Federation, Protocol):
     def restore_client_states(self, states: Iterable[tuple[int, Any]]) -> None:
         """Give clients back the states `client_states` produced (in a new federation: a resumed run)."""
 
+    def take_client_seconds(self) -> float:
+        """Seconds the clients spent in their client functions since the last call, summed over the
+        calls, then reset: what a round cost beyond its clients' own work is the rest."""
+
     def peek_baton(self, baton: Baton) -> Any:
         """The value behind ``baton``, which stays usable (a checkpoint of a State holding Batons)."""
 
@@ -130,6 +134,7 @@ def run_rounds(
             rec("bytes_up", traffic.up, stage=stage),
             rec("bytes_received", traffic.received, stage=stage),
             rec("seconds", seconds, stage=stage),
+            rec("client_seconds", fed.take_client_seconds(), stage=stage),
         ]
         # Evaluated: every eval_every rounds, the last round, the last round of every stage, and
         # where the algorithm asks (FedCat after each aggregation).
@@ -139,6 +144,7 @@ def run_rounds(
             t1 = time.perf_counter()
             records += alg.evaluate(state, fed, hp, rnd)
             fed.take_traffic()  # evaluation traffic is not training traffic
+            fed.take_client_seconds()
             records.append(rec("eval_seconds", time.perf_counter() - t1, stage=stage))
         writer.add(rnd + 1, records)
         yield RoundDone(rnd + 1, cfg.rounds, seconds, _global(records), stage)
@@ -154,8 +160,7 @@ def client_rows(data: FederatedData) -> dict[str, Any]:
     from fedray.data.shift import CONCEPTS
 
     if data.sourced:  # no groups, shifts or test clients: the sizes alone, straight from the source
-        ids = np.arange(len(data.clients), dtype=np.int64)
-        n_train, n_test = data.clients.source.sizes(ids)
+        ids, n_train, n_test = data.clients.sizes()
         n = len(ids)
         return {"client": ids, "role": np.full(n, "train", dtype=object), "num_train": n_train, "num_test": n_test,
                 "group": np.full(n, -1), "concept": np.full(n, "", dtype=object),
@@ -248,6 +253,7 @@ def execute(
             writer.event("resumed", start, reason or "started again")
             writer.write_progress(summarize(history, writer.elapsed(), placement))
         fed.take_traffic()
+        fed.take_client_seconds()
         yield Started(run_id, len(fed.client_ids), placement, start, timings)
 
         def save(rounds_done: int, state: Any) -> Checkpointed:

@@ -128,8 +128,7 @@ class ClientHost:
     def sizes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The hosted clients' ids (sorted), training sizes and test sizes, as int64 arrays."""
         if self._sourced:
-            ids = np.arange(self._indices.ids.start, self._indices.ids.stop, self._indices.ids.step, dtype=np.int64)
-            return (ids, *self._indices.source.sizes(ids))
+            return self._indices.sizes()
         ids = np.array(self.client_ids, dtype=np.int64)
         train = np.array([len(self._indices[c].train) for c in self.client_ids], dtype=np.int64)
         test = np.array([len(self._indices[c].test) for c in self.client_ids], dtype=np.int64)
@@ -145,9 +144,10 @@ class ClientHost:
 
     def run(self, fn: ClientFn, cid: int, msg: Any) -> tuple[Any, CallMeta]:
         self._check_hosted(cid)
+        client, cstate = self.client(cid), self._state.get(cid)  # made and read outside the timing
         t0 = time.perf_counter()
         try:
-            reply, new_state = fn(self.client(cid), self._state.get(cid), msg)
+            reply, new_state = fn(client, cstate, msg)
         except Exception as e:  # noqa: BLE001 - re-raised with the client id attached
             raise ClientError(cid, f"{type(e).__name__}: {e}", traceback.format_exc()) from e
         self._state.set(cid, new_state)
@@ -168,9 +168,10 @@ class ClientHost:
         cids = [cid for cid, _ in pairs]
         for cid in cids:
             self._check_hosted(cid)
+        clients, cstates = [self.client(c) for c in cids], [self._state.get(c) for c in cids]
         t0 = time.perf_counter()
         try:
-            results = many([self.client(c) for c in cids], [self._state.get(c) for c in cids], [m for _, m in pairs])
+            results = many(clients, cstates, [m for _, m in pairs])
         except Exception as e:  # noqa: BLE001 - re-raised with the clients named
             raise ClientError(
                 cids[0], f"batched training of clients {cids}: {type(e).__name__}: {e}", traceback.format_exc()

@@ -11,6 +11,8 @@ from typing import Any
 Record = dict[str, Any]
 
 GLOBAL_ENTITY = -1
+# Metrics that are wall times: they differ between two runs of one config, and are never compared.
+TIMING_METRICS = frozenset({"seconds", "eval_seconds", "client_seconds"})
 
 
 def rec(

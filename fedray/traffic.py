@@ -20,6 +20,7 @@ class TrafficMeter:
         self.down = 0
         self.up = 0
         self.received = 0
+        self.client_seconds = 0.0
 
     def broadcast(self, msg: Any, receivers: int) -> None:
         self.down += payload_nbytes(msg) * receivers
@@ -27,6 +28,7 @@ class TrafficMeter:
     def replies(self, metas: Sequence[CallMeta]) -> None:
         self.up += sum(m.bytes_out for m in metas)
         self.received += sum(m.bytes_out + payload_nbytes(m) for m in metas)
+        self.client_seconds += sum(m.seconds for m in metas)
 
     def relay_hops(
         self, carry_sizes: Sequence[int], common: Any, infos: Sequence[Any], metas: Sequence[CallMeta]
@@ -36,6 +38,13 @@ class TrafficMeter:
         self.down += sum(carry_sizes) + payload_nbytes(common) * len(carry_sizes)
         self.up += sum(m.bytes_out for m in metas)
         self.received += sum(payload_nbytes(i) + payload_nbytes(m) for i, m in zip(infos, metas, strict=True))
+        self.client_seconds += sum(m.seconds for m in metas)
+
+    def take_client_seconds(self) -> float:
+        """Seconds the clients spent in their client functions since the last call, summed over
+        the calls (a client's samples being made, queues and messages are not in it), then reset."""
+        out, self.client_seconds = self.client_seconds, 0.0
+        return out
 
     def fetched(self, sizes: Sequence[int]) -> None:
         self.received += sum(sizes)

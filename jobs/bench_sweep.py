@@ -26,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from fedray.config import dump_yaml
+from fedray.records import TIMING_METRICS
 from fedray.sweep_file import load_sweep
 
 VARIANTS = ("sweep", "sweep-serial", "runs")
@@ -48,7 +49,7 @@ def _commands(variant: str, config: str, sets: list[str], out: Path, work: Path)
 
 def _metrics(out: Path) -> pd.DataFrame:
     df = pd.read_parquet(out / "metrics")
-    df = df[~df["metric"].isin(["seconds", "eval_seconds"])]
+    df = df[~df["metric"].isin(TIMING_METRICS)]
     return df.sort_values(["run_id", "round", "metric", "scope", "entity"])[
         ["run_id", "round", "metric", "scope", "entity", "value"]
     ].reset_index(drop=True)

@@ -16,10 +16,10 @@ import numpy as np
 from analysis import load_metrics
 from fedray.experiment import execute
 from fedray.local import make_local_federation
-from fedray.records import rec
+from fedray.records import TIMING_METRICS, rec
 from fedray.results import ResultsWriter
 
-TIMING = {"seconds", "eval_seconds"}  # metrics that measure time: never compared
+TIMING = TIMING_METRICS  # metrics that measure time: never compared
 
 
 def num_parameters(params) -> int:

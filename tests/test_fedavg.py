@@ -10,6 +10,7 @@ from fedray.algorithms.baselines import fedavg
 from fedray.algorithms.rounds import fedavg_aggregate
 from fedray.client import Task
 from fedray.data import ArrayDataset, ClientIndices, DataSpec
+from fedray.federation import sample_clients
 from fedray.local import LocalFederation
 from fedray.params import WeightedSum, get_params, set_params, weighted_average
 
@@ -100,12 +101,12 @@ def test_one_full_batch_step_equals_one_centralised_gradient_step():
 def test_partial_participation_samples_first_floor_n_p_of_a_permutation():
     fed = _two_client_federation(local_epochs=1, batch_size=8)
     ids = list(range(10))
-    picks = [
-        tuple(LocalFederation.sample(type("F", (), {"client_ids": ids})(), 0.35, np.random.default_rng(s)))
-        for s in range(20)
-    ]
+    picks = [tuple(sample_clients(ids, 0.35, np.random.default_rng(s))) for s in range(20)]
     assert all(len(p) == 3 and list(p) == sorted(p) for p in picks)  # floor(10 * 0.35) = 3, sorted
     assert len(set(picks)) > 5
+    for s in range(5):  # a federation samples its sorted id array the same way: the same draws
+        rng = np.random.default_rng(s)
+        assert fed.sample(0.5, rng) == sample_clients(fed.client_ids, 0.5, np.random.default_rng(s))
     assert fed.sample(0.01, np.random.default_rng(0)) in ([0], [1])  # at least one client
 
 

@@ -11,6 +11,7 @@ import pytest
 from fedray.config import ConfigError
 from fedray.experiment import execute
 from fedray.local import make_local_federation
+from fedray.records import TIMING_METRICS
 from fedray.validation import from_dict
 from tests.conftest import ROOT, small_config
 
@@ -156,7 +157,7 @@ def test_eval_train_false_skips_only_the_training_split_evaluation(tmp_path):
     a, b = (load_metrics(c.output, scope="global").set_index(["round", "metric"])["value"] for c in (on, off))
     assert {"train_accuracy", "train_loss"} <= set(a.index.get_level_values("metric"))
     assert not {"train_accuracy", "train_loss"} & set(b.index.get_level_values("metric"))
-    timing = {"seconds", "eval_seconds"}
+    timing = TIMING_METRICS
     keep = [k for k in a.index if k[1] not in timing | {"train_accuracy", "train_loss"}]
     assert a[keep].equals(b[keep])
     assert on.run_id() != off.run_id()

@@ -57,6 +57,14 @@ class SourcedClients(Mapping[int, ClientIndices]):
     def __init__(self, source: ClientSource, ids: range | None = None) -> None:
         self.source = source
         self.ids = range(source.num_clients) if ids is None else ids
+        self._sizes: tuple[np.ndarray, np.ndarray] | None = None
+
+    def sizes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The clients' ids, training sizes and test sizes (int64 arrays), asked of the source once."""
+        ids = np.arange(self.ids.start, self.ids.stop, self.ids.step, dtype=np.int64)
+        if self._sizes is None:
+            self._sizes = self.source.sizes(ids)
+        return (ids, *self._sizes)
 
     def __getitem__(self, cid: int) -> ClientIndices:
         if cid not in self.ids:
