@@ -89,8 +89,10 @@ class ClientActor:
     def stateful_ids(self) -> list[int]:
         return self.host.stateful_ids()
 
-    def get_state(self, cid: int) -> Any:
-        return self.host.get_state(cid)
+    def get_state(self, cid: int, node: str | None = None) -> Any:
+        """Client ``cid``'s state; for a caller on this actor's node (``node``), a spilled state as
+        its file (`fedray.checkpoint.StateFile`), which the caller can link."""
+        return self.host.checkpoint_state(cid, files=node == ray.get_runtime_context().get_node_id())
 
     def set_state(self, cid: int, state: Any) -> None:
         self.host.set_state(cid, state)

@@ -183,15 +183,16 @@ class RayFederation(ClientCatalog):
         ]
         return [r for part in self._get(refs) for r in part]
 
-    def client_states(self) -> Iterator[tuple[int, Any]]:
+    def client_states(self, files: bool = False) -> Iterator[tuple[int, Any]]:
         # The clients that hold state (a million clients of which a few thousand have trained: only
         # those), a few at a time, in client order: a checkpoint never holds every state at once.
         cids = sorted(c for ids in self._get([a.stateful_ids.remote() for a in self.actors]) for c in ids)
-        refs = {c: self._actor_of[c].get_state.remote(c) for c in cids[:_STATE_WINDOW]}
+        node = ray.get_runtime_context().get_node_id() if files else None  # spilled files on this node: linked
+        refs = {c: self._actor_of[c].get_state.remote(c, node) for c in cids[:_STATE_WINDOW]}
         for i, cid in enumerate(cids):
             if i + _STATE_WINDOW < len(cids):
                 nxt = cids[i + _STATE_WINDOW]
-                refs[nxt] = self._actor_of[nxt].get_state.remote(nxt)
+                refs[nxt] = self._actor_of[nxt].get_state.remote(nxt, node)
             yield cid, self._get(refs.pop(cid))
 
     def restore_client_states(self, states: Iterable[tuple[int, Any]]) -> None:

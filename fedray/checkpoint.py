@@ -266,6 +266,29 @@ def _fsync_dir(path: Path) -> None:
 
 
 @dataclass(frozen=True)
+class StateFile:
+    """A client's state that is already a file in the checkpoints' format (spilled to disk,
+    `fedray.client_states`): a checkpoint takes the file itself, hard-linked where it is on the same
+    file system (nothing copied: the spilled file is never written again, a new spill is a new file)
+    and copied otherwise, instead of reading the state and writing it again."""
+
+    path: str
+
+
+def _take_file(src: StateFile, dest: Path, where: str) -> str:
+    """``src``'s file as ``dest`` (a hard link, else a copy), made durable; its SHA-256."""
+    try:
+        os.link(src.path, dest)
+    except FileNotFoundError:
+        raise CheckpointError(f"{where}: its spilled file {src.path} is gone") from None
+    except OSError:  # another file system (or links not allowed): copy it
+        shutil.copyfile(src.path, dest)
+    with open(dest, "rb") as f:
+        os.fsync(f.fileno())  # spilled files are written without fsync; the checkpoint's must survive
+    return sha256(dest)
+
+
+@dataclass(frozen=True)
 class Checkpoint:
     """One complete checkpoint on disk (its manifest read and its files verified)."""
 
@@ -315,8 +338,10 @@ class Checkpoints:
         try:
             files = {"state.npz": write_blob(tmp / "state.npz", state, "state", baton)}
             for cid, cstate in client_states:
-                if cstate is not None:
-                    name = f"clients/{cid:06d}.npz"
+                name = f"clients/{cid:06d}.npz"
+                if isinstance(cstate, StateFile):  # spilled: the file itself, linked
+                    files[name] = _take_file(cstate, tmp / name, f"client {cid} state")
+                elif cstate is not None:
                     files[name] = write_blob(tmp / name, cstate, f"client {cid} state")
             manifest = {
                 "format": FORMAT,

@@ -91,6 +91,19 @@ class ClientStates:
             return state
         return None
 
+    def peek(self, cid: int) -> Any:
+        """``cid``'s state, left where it is: a spilled one is read from its file and stays on disk,
+        and nothing in memory moves (a checkpoint reads every state once, and must not turn the
+        whole spill over)."""
+        if cid in self._memory:
+            return self._memory[cid][0]
+        return read_blob(self._path(cid)) if cid in self._disk else None
+
+    def file(self, cid: int) -> Path | None:
+        """The file ``cid``'s state is spilled to, None where it is in memory (or has none). The
+        file is never written again: a later spill of that client writes a new one."""
+        return self._path(cid) if cid in self._disk else None
+
     def set(self, cid: int, state: Any) -> None:
         self._drop(cid)
         if state is not None:
@@ -118,7 +131,9 @@ class ClientStates:
         while self._bytes > self.budget and len(self._memory) > 1:
             old, (value, n) = self._memory.popitem(last=False)
             self._bytes -= n
-            write_blob(self._path(old), value, f"client {old}'s state", sync=False)
+            path = self._path(old)
+            path.unlink(missing_ok=True)  # a new file, never the old one rewritten: a checkpoint may link it
+            write_blob(path, value, f"client {old}'s state", sync=False)
             self._disk.add(old)
             self.spilled += 1
 

@@ -78,8 +78,10 @@ class HostedFederation(Federation, Protocol):
     """A Federation as the round loop holds it: the algorithm's calls, plus what checkpoints, resume,
     saved personal models and shutdown need. Algorithms never see these."""
 
-    def client_states(self) -> Iterator[tuple[int, Any]]:
-        """Every hosted client's persistent state (test clients too), in client order, one at a time."""
+    def client_states(self, files: bool = False) -> Iterator[tuple[int, Any]]:
+        """Every hosted client's persistent state (test clients too), in client order, one at a time;
+        clients without state are left out. ``files``: a state spilled to a file this process can
+        reach comes as that file (`fedray.checkpoint.StateFile`), which a checkpoint links."""
 
     def restore_client_states(self, states: Iterable[tuple[int, Any]]) -> None:
         """Give clients back the states `client_states` produced (in a new federation: a resumed run)."""
@@ -258,7 +260,7 @@ def execute(
 
         def save(rounds_done: int, state: Any) -> Checkpointed:
             extra = {"history": [dataclasses.asdict(h) for h in history], "elapsed": writer.elapsed()}
-            st = ckpts.save(rounds_done, state, fed.client_states(), fed.peek_baton, extra, versions())
+            st = ckpts.save(rounds_done, state, fed.client_states(files=True), fed.peek_baton, extra, versions())
             return Checkpointed(st.round, st.seconds, st.bytes)
 
         rounds = run_rounds(cfg, fed, writer, state, start, save if cfg.checkpoint_every > 0 else None)

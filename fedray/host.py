@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from fedray import batched
+from fedray.checkpoint import StateFile
 from fedray.client import Client, Task
 from fedray.client_states import ClientStates
 from fedray.data import ArrayDataset, ClientIndices, SourcedClients
@@ -190,8 +191,15 @@ class ClientHost:
         return self._batched
 
     def get_state(self, cid: int) -> Any:
-        """Client ``cid``'s persistent state (None if it has none): what a checkpoint saves."""
-        return self._state.get(cid)
+        """Client ``cid``'s persistent state (None if it has none): what a checkpoint saves. A state
+        on disk is read and stays there (`ClientStates.peek`)."""
+        return self._state.peek(cid)
+
+    def checkpoint_state(self, cid: int, files: bool = False) -> Any:
+        """What a checkpoint saves of client ``cid``: its state, or with ``files`` where the state
+        is spilled, the file it is in (`fedray.checkpoint.StateFile`, for the checkpoint to link)."""
+        path = self._state.file(cid) if files else None
+        return StateFile(str(path)) if path is not None else self._state.peek(cid)
 
     def set_state(self, cid: int, state: Any) -> None:
         """Restore client ``cid``'s persistent state (from a checkpoint)."""

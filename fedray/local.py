@@ -79,9 +79,9 @@ class LocalFederation(ClientCatalog):
     def test_map(self, fn: ClientFn, msg: Any) -> list[Any]:
         return self.host.run_test(fn, 0, self._test_size, msg)
 
-    def client_states(self) -> Iterator[tuple[int, Any]]:
+    def client_states(self, files: bool = False) -> Iterator[tuple[int, Any]]:
         for cid in self.host.stateful_ids():  # a client without state has nothing to save
-            yield cid, self.host.get_state(cid)
+            yield cid, self.host.checkpoint_state(cid, files)
 
     def restore_client_states(self, states: Iterable[tuple[int, Any]]) -> None:
         for cid, state in states:

@@ -398,7 +398,8 @@ class ResultsWriter:
         if isinstance(rows, Mapping):
             n = len(rows.get("client", ()))
             const = {**self._const, "run_id": self.run_id}
-            cols = {f.name: rows[f.name] if f.name in rows else [const.get(f.name)] * n for f in CLIENTS_SCHEMA}
+            cols = {f.name: rows[f.name] if f.name in rows else pa.repeat(pa.scalar(const.get(f.name), f.type), n)
+                    for f in CLIENTS_SCHEMA}  # fmt: skip
             table = pa.table(cols, schema=CLIENTS_SCHEMA)
         else:
             table = pa.Table.from_pylist([{**self._const, "run_id": self.run_id, **r} for r in rows], schema=CLIENTS_SCHEMA)

@@ -56,6 +56,19 @@ def test_states_beyond_the_budget_go_to_disk_and_come_back_exactly():
     assert not folder.exists()  # the folder goes with its host
 
 
+def test_a_checkpoint_reads_spilled_states_where_they_are():
+    """peek (what a checkpoint reads) gives every state exactly, and moves none: nothing on disk is
+    read back into memory and nothing in memory spills."""
+    store = ClientStates(budget_mb=0.01)
+    for i in range(20):
+        store.set(i, _state(i))
+    on_disk, in_memory, spilled = store.on_disk, list(store._memory), store.spilled
+    for i in range(20):
+        _same(store.peek(i), _state(i))
+    assert store.peek(99) is None
+    assert (store.on_disk, list(store._memory), store.spilled, store.loaded) == (on_disk, in_memory, spilled, 0)
+
+
 def test_a_dead_processs_spill_folder_is_removed_by_the_next_host(tmp_path, monkeypatch):
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     import tempfile
@@ -104,3 +117,41 @@ def test_spilled_state_on_ray_and_through_a_checkpoint(ray_session, tmp_path):
     list(execute(cfg, make_ray_federation))
     assert round_metrics(cfg.output).equals(round_metrics(ref.output))
     assert any(Path(cfg.output, "checkpoints").rglob("clients/*.npz"))  # spilled states were checkpointed
+
+
+def test_a_checkpoint_links_spilled_states_and_a_run_resumes_from_them_bit_identically(tmp_path):
+    """A spilled state goes into the checkpoint as its file, hard-linked (the same inode, nothing
+    written again), and a run stopped there resumes to the same numbers as one never stopped."""
+    from fedray.checkpoint import Checkpoints
+    from fedray.experiment import Checkpointed
+
+    over = dict(algorithm="scaffold", num_clients=8, participation=0.5, rounds=4, seed=4, checkpoint_every=2,
+                keep_checkpoints=3)  # fmt: skip
+    ref = small_config(tmp_path / "ref", **over)
+    list(execute(ref, make_local_federation))
+    cfg = small_config(tmp_path / "spill", client_state_memory_mb=0.001, **over)
+    feds = []
+
+    def factory(cfg, data):
+        fed, placement = make_local_federation(cfg, data)
+        feds.append(fed)
+        return fed, placement
+
+    events = execute(cfg, factory)
+    for ev in events:
+        if isinstance(ev, Checkpointed) and ev.round == 2:
+            break
+    store = feds[0].host._state
+    ckpt = Checkpoints(cfg.output, cfg.run_id(), 3).latest()
+    spilled = {cid: store.file(cid) for cid in store.cids() if store.file(cid) is not None}
+    assert spilled, "some states were on disk at the checkpoint"
+    for cid, path in spilled.items():
+        saved = ckpt.path / f"clients/{cid:06d}.npz"
+        assert saved.stat().st_ino == path.stat().st_ino  # linked, not written again
+    in_memory = [cid for cid in store.cids() if cid not in spilled]
+    assert all((ckpt.path / f"clients/{c:06d}.npz").stat().st_nlink == 1 for c in in_memory)
+    events.close()  # stopped as Ctrl-C would: the spill folder goes, the checkpoint keeps its links
+    assert all((ckpt.path / f"clients/{c:06d}.npz").is_file() for c in spilled)
+    assert Checkpoints(cfg.output, cfg.run_id(), 3).latest() is not None  # its checksums still hold
+    list(execute(cfg, factory))
+    assert round_metrics(cfg.output).equals(round_metrics(ref.output))
