@@ -129,18 +129,33 @@ class RayFederation(ClientCatalog):
         self._traffic.replies([m for _, m in results])
         return {m.cid: r for r, m in sorted(results, key=lambda rm: rm[1].cid)}
 
-    def map_fold(self, fn: ClientFn, cids: Sequence[int], msg: Any, fold: FoldFn, acc: Any) -> Any:
+    def map_fold(
+        self, fn: ClientFn, cids: Sequence[int], msg: Any, fold: FoldFn, acc: Any, chunk: int = 1
+    ) -> Any:
         msg_ref = ray.put(msg)
         cids = sorted(cids)
-        # One call per client, all submitted at once (each actor runs its clients in order); the
-        # replies are fetched and folded in client order, each released as soon as it is folded.
-        calls = [self._actor_of[c].run.options(num_returns=2).remote(fn, c, msg_ref) for c in cids]
+        # Each actor's clients in calls of ``chunk``, all submitted at once (an actor runs its calls
+        # in order); the replies are fetched and folded in client order, a call's replies released
+        # once all of them are folded.
+        mine: dict[Any, list[int]] = {}
+        for c in cids:
+            mine.setdefault(self._actor_of[c], []).append(c)
+        calls, call_of = [], {}
+        for a, part in mine.items():
+            for start in range(0, len(part), max(1, chunk)):
+                group = part[start : start + max(1, chunk)]
+                call_of.update(dict.fromkeys(group, len(calls)))
+                calls.append(a.run_groups.remote(fn, [(group, msg_ref)]))
         self._traffic.broadcast(msg, len(cids))
-        for i, cid in enumerate(cids):
-            reply_ref, meta_ref = calls[i]
-            reply, meta = self._get([reply_ref, meta_ref])
-            calls[i] = None  # drop our refs: Ray frees the reply once nothing holds it
-            del reply_ref, meta_ref
+        got: dict[int, dict[int, Any]] = {}
+        for cid in cids:
+            i = call_of[cid]
+            if i not in got:
+                got[i] = {m.cid: (r, m) for r, m in self._get(calls[i])}
+                calls[i] = None  # drop our ref: Ray frees the replies once nothing holds them
+            reply, meta = got[i].pop(cid)
+            if not got[i]:
+                del got[i]
             self._traffic.replies([meta])
             acc = fold(acc, cid, reply)
             del reply

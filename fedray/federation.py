@@ -90,13 +90,18 @@ class Federation(Protocol):
         parallel dispatch (cluster-wise FedAvg trains every cluster in the same round). A client
         appears in one group at most. Replies by client id."""
 
-    def map_fold(self, fn: ClientFn, cids: Sequence[int], msg: Any, fold: FoldFn, acc: Any) -> Any:
+    def map_fold(
+        self, fn: ClientFn, cids: Sequence[int], msg: Any, fold: FoldFn, acc: Any, chunk: int = 1
+    ) -> Any:
         """`map` whose replies are folded into ``acc`` one at a time, in sorted client order
         (``acc = fold(acc, cid, reply)``), each dropped once folded; returns the final ``acc``. The
         caller holds one reply at a time, not all of them (FedRC: 300 clients x 3 models of 8.7 MB
-        each would be 7.8 GB), and the fold order, hence every float, is the same in-process and
-        under Ray with any number of actors. Under Ray a reply's arrays are zero-copy views of its
-        object: what ``fold`` keeps of a reply must be copied, or the whole reply stays in memory."""
+        each would be 7.8 GB; SCAFFOLD over 1,000 clients a round), and the fold order, hence every
+        float, is the same in-process and under Ray with any number of actors. ``chunk``: a worker
+        gets its clients this many to a call (trained at once where it trains batched), so about
+        ``chunk`` replies per worker are in memory at a time. Under Ray a reply's arrays are
+        zero-copy views of its object: what ``fold`` keeps of a reply must be copied, or the whole
+        reply stays in memory."""
 
     def relay(self, fn: ClientFn, hops: Sequence[tuple[int, Any]], common: Any) -> list[tuple[Baton, Any]]:
         """One hop per ``(cid, carry)``, all hops in parallel: ``fn(client, cstate, (carry, common))``

@@ -48,13 +48,15 @@ class LocalFederation(ClientCatalog):
         self._traffic.replies([m for _, m in results])
         return {m.cid: r for r, m in sorted(results, key=lambda rm: rm[1].cid)}
 
-    def map_fold(self, fn: ClientFn, cids: Sequence[int], msg: Any, fold: FoldFn, acc: Any) -> Any:
+    def map_fold(
+        self, fn: ClientFn, cids: Sequence[int], msg: Any, fold: FoldFn, acc: Any, chunk: int = 1
+    ) -> Any:
         cids = sorted(cids)
         self._traffic.broadcast(msg, len(cids))
-        for cid in cids:
-            reply, meta = self.host.run(fn, cid, msg)
-            self._traffic.replies([meta])
-            acc = fold(acc, cid, reply)
+        for start in range(0, len(cids), max(1, chunk)):
+            for reply, meta in self.host.run_groups(fn, [(cids[start : start + max(1, chunk)], msg)]):
+                self._traffic.replies([meta])
+                acc = fold(acc, meta.cid, reply)
         return acc
 
     def relay(self, fn: ClientFn, hops: Sequence[tuple[int, Any]], common: Any) -> list[tuple[Baton, Any]]:

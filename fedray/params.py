@@ -52,18 +52,43 @@ def weighted_average(
         raise ValueError("weighted_average of no states")
     if len(states) != len(weights):
         raise ValueError(f"{len(states)} states but {len(weights)} weights")
-    w = np.asarray(weights, dtype=np.float64)
-    if np.any(w < 0) or w.sum() <= 0:
-        raise ValueError(f"aggregation weights must be >= 0 with a positive sum, got {w.tolist()}")
-    w = w / w.sum()
-    out: Params = {}
-    for k in states[0]:
-        acc = np.zeros(np.shape(states[0][k]), dtype=np.float64)
-        for wi, s in zip(w, states, strict=True):
-            acc += wi * np.asarray(s[k], dtype=np.float64)
-        dtype = np.asarray((states[0] if like is None else like)[k]).dtype
-        out[k] = (np.rint(acc) if np.issubdtype(dtype, np.integer) else acc).astype(dtype)
-    return out
+    avg = OrderedAverage(weights, like)
+    for s in states:
+        avg.add(s)
+    return avg.result()
+
+
+class OrderedAverage:
+    """`weighted_average` one state at a time (`Federation.map_fold`): the weights are known up
+    front and normalised once, as there, and the states come in the same order, so the result is
+    `weighted_average`'s bit for bit, while only one float64 copy of a state is held."""
+
+    def __init__(self, weights: Sequence[float], like: Mapping[str, np.ndarray] | None = None) -> None:
+        w = np.asarray(weights, dtype=np.float64)
+        if np.any(w < 0) or w.sum() <= 0:
+            raise ValueError(f"aggregation weights must be >= 0 with a positive sum, got {w.tolist()}")
+        self._w = w / w.sum()
+        self._like = like
+        self._acc: dict[str, np.ndarray] = {}
+        self._dtypes: dict[str, np.dtype] = {}
+        self.count = 0
+
+    def add(self, state: Mapping[str, np.ndarray]) -> None:
+        if self.count == len(self._w):
+            raise ValueError(f"more states than the {len(self._w)} weights")
+        wi = self._w[self.count]
+        for k in state if not self.count else self._acc:
+            if k not in self._acc:
+                self._acc[k] = np.zeros(np.shape(state[k]), dtype=np.float64)
+                self._dtypes[k] = np.asarray((state if self._like is None else self._like)[k]).dtype
+            self._acc[k] += wi * np.asarray(state[k], dtype=np.float64)
+        self.count += 1
+
+    def result(self) -> Params:
+        if self.count != len(self._w):
+            raise ValueError(f"{self.count} states but {len(self._w)} weights")
+        return {k: (np.rint(acc) if np.issubdtype(self._dtypes[k], np.integer) else acc).astype(self._dtypes[k])
+                for k, acc in self._acc.items()}  # fmt: skip
 
 
 class WeightedSum:

@@ -126,3 +126,21 @@ def test_a_round_records_its_clients_seconds(tmp_path):
         row = m[m["round"] == rnd].set_index("metric")["value"]
         assert 0 < row["client_seconds"] <= row["seconds"]
     assert sum(isinstance(e, RoundDone) for e in events) == 2
+
+
+def test_an_average_built_one_state_at_a_time_is_the_average_of_all_bit_for_bit():
+    from fedray.params import OrderedAverage, weighted_average
+
+    g = np.random.default_rng(0)
+    states = [{"w": g.normal(size=(7, 3)).astype(np.float32), "n": np.array(g.integers(0, 9))} for _ in range(5)]
+    weights = [3, 0, 11, 5, 2]
+    avg = OrderedAverage(weights)
+    for s in states:
+        avg.add(s)
+    got, want = avg.result(), weighted_average(states, weights)
+    assert all(np.array_equal(got[k], want[k]) and got[k].dtype == want[k].dtype for k in want)
+    with pytest.raises(ValueError, match="4 states but 5"):
+        short = OrderedAverage(weights)
+        for s in states[:4]:
+            short.add(s)
+        short.result()

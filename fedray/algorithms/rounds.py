@@ -137,6 +137,21 @@ def kept_optimizer_batched(
     return [(train_reply(c, t.params, t.stats), t.buffers if keep else None) for c, t in zip(clients, trained, strict=True)]
 
 
+# Replies a worker holds at once in a folded round (`Federation.map_fold`'s chunk), in bytes.
+FOLD_BYTES = 64 << 20
+
+
+def fold_chunk(params: Params, copies: int = 1) -> int:
+    """Clients per call in a folded round whose replies carry ``copies`` models like ``params``:
+    about `FOLD_BYTES` of replies per worker at a time (and stacks that large where it trains batched)."""
+    return max(1, FOLD_BYTES // max(1, copies * sum(np.asarray(v).nbytes for v in params.values())))
+
+
+def train_stats(reply: Mapping[str, Any]) -> dict[str, Any]:
+    """What `train_records` reads of a reply (a folded round keeps this much of each)."""
+    return {k: reply[k] for k in ("train_loss_sum", "train_correct", "train_samples")}
+
+
 def fedavg_aggregate(replies: Mapping[int, Mapping[str, Any]]) -> Params:
     """w = sum_i (n_i / sum_j n_j) w_i over the replies, in sorted client order."""
     cids = sorted(replies)
