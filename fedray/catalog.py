@@ -28,8 +28,9 @@ def check_groups(groups: Sequence[tuple[Sequence[int], Any]]) -> None:
 class ClientCatalog:
     """What a federation knows about its clients without running them, the same in every federation:
     ids, sizes, label counts, ground-truth groups, sampling and the traffic meter. Reads a
-    `ClientHost`'s indices only. Per client it holds two sizes in arrays, nothing more: a million
-    clients made on demand (`fedray.data.SourcedClients`) cost 16 MB here, and their ids a range."""
+    `ClientHost`'s indices only. Per client it holds its id and sizes in arrays, nothing more: a
+    million clients made on demand (`fedray.data.SourcedClients`) cost tens of MB here, and the
+    federation's ``client_ids`` are a range."""
 
     def __init__(
         self,

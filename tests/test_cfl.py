@@ -247,7 +247,7 @@ def test_relative_rule_splits_when_the_mean_update_falls_below_its_fraction_of_t
 
 @pytest.mark.parametrize("algorithm", ["cfl", "layercfl"])
 def test_a_federation_too_big_for_the_similarities_is_refused_before_anything_starts(tmp_path, monkeypatch, algorithm):
-    from fedray.algorithms.splitting import scale
+    from fedray.algorithms import scale
     from fedray.coercion import ConfigError
     from tests.conftest import small_config
 

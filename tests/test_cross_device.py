@@ -144,3 +144,27 @@ def test_an_average_built_one_state_at_a_time_is_the_average_of_all_bit_for_bit(
         for s in states[:4]:
             short.add(s)
         short.result()
+
+
+@pytest.mark.parametrize(
+    "algorithm, hp, holds",
+    [("clusamp", {}, r"keeps every drawn client's last update \([\d,]+ values\) and builds the N x N distances each round"),
+     ("clusamp", {"similarity": "none"}, "builds m x N strata each round"),
+     ("fedcat", {}, "keeps an N x K table of counts")],  # fmt: skip
+)
+def test_a_cross_silo_method_too_big_for_this_machine_is_refused_before_anything_starts(tmp_path, monkeypatch,
+                                                                                       algorithm, hp, holds):  # fmt: skip
+    from fedray.algorithms import scale
+    from fedray.coercion import ConfigError
+
+    # rounds: FedCat's runs are whole cycles of its K = 200 groups
+    over = dict(algorithm=algorithm, hp=hp, num_clients=2000, participation=0.1, partition_min_size=1,
+                synthetic_size=4000, rounds=200)  # fmt: skip
+    monkeypatch.setattr(scale, "machine_memory", lambda: 1 << 20)  # a 1 MiB machine
+    with pytest.raises(ConfigError, match=rf"config key 'num_clients': {algorithm} {holds}: about [\d.]+ GB, more "
+                                          r"than half .* cross-silo method .* fits at most about [\d,]+ clients"):  # fmt: skip
+        small_config(tmp_path, **over)
+    monkeypatch.setattr(scale, "machine_memory", lambda: 1 << 34)
+    assert small_config(tmp_path, **over).num_clients == 2000
+    most = scale.most_clients(lambda n: 8 * n * n, 800)
+    assert (most, 8 * most * most <= 800 < 8 * (most + 1) ** 2) == (10, True)

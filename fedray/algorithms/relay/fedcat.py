@@ -33,6 +33,7 @@ import numpy as np
 
 from fedray.algorithms.relay.selection import latin_square, select_devices
 from fedray.algorithms.rounds import kept_optimizer_update, local_sgd_reply, train_records
+from fedray.algorithms.scale import check_fits
 from fedray.client import Client
 from fedray.evaluation import single_model_records
 from fedray.export import SavedModel, global_model
@@ -73,6 +74,8 @@ def check_config(cfg, hp: Hparams) -> None:
             f"{cfg.num_clients} clients is {k_from_p}; set participation: {hp.num_groups / cfg.num_clients:g} "
             "or leave hp.num_groups at 0 (derived from participation)"
         )
+    # counts: how often each client trained in each group, N x K int64, copied every round
+    check_fits(cfg, lambda n: 16.0 * n * num_groups(hp, n, cfg.participation), "keeps an N x K table of counts")
     if hp.optimizer_state == "carried" and not hp.concatenation:
         raise ValueError(
             "config key 'hp.optimizer_state': carried moves the momentum with a copy from device to device, "

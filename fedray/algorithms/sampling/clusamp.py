@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -32,6 +33,7 @@ from fedray.algorithms.sampling.strata import (
     similarity_strata,
     update_distances,
 )
+from fedray.algorithms.scale import check_fits, trainable_values
 from fedray.evaluation import single_model_records
 from fedray.export import SavedModel, global_model
 from fedray.federation import Federation, participants
@@ -56,6 +58,17 @@ class State:
     updates: dict[int, np.ndarray] = field(
         default_factory=dict
     )  # client -> its last update, flattened (Alg. 2)
+
+
+def check_config(cfg: Any, hp: Hparams) -> None:
+    """Algorithm 2 keeps every drawn client's last update and builds the N x N distances each round:
+    a cross-silo cost, refused beyond half this machine's memory (Algorithm 1's strata are m x N)."""
+    if hp.similarity == "none":
+        return check_fits(cfg, lambda n: 8.0 * n * (hp.num_strata or participants(n, cfg.participation)),
+                          "builds m x N strata each round")  # fmt: skip
+    dims = trainable_values(cfg)
+    check_fits(cfg, lambda n: 8.0 * n * dims + 8.0 * n * n,
+               f"keeps every drawn client's last update ({dims:,} values) and builds the N x N distances each round")  # fmt: skip
 
 
 def models(state: State, hp: Hparams) -> list[SavedModel]:
