@@ -38,6 +38,7 @@ class Task:
     channels_last: bool = False  # images and convolution weights in channels-last memory format
     eval_train: bool = True  # train_accuracy / train_loss at each evaluation (config key eval_train)
     cuda_deterministic: bool = True  # deterministic CUDA kernels when the clients run on a GPU
+    cuda_tf32: bool = True  # cuDNN's TF32 convolutions on an Ampere+ GPU (torch's default)
     head_bias: bool = True  # the model's last layer has a bias (config key head_bias)
     model_init: str = "derived"  # how initial models are seeded (config key model_init)
     batched_clients: str = "auto"  # batched client training: off | on | auto (fedray/batched.py)

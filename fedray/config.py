@@ -141,6 +141,11 @@ class Config:
     # default kernels, some of which sum in a varying order (runs then differ in the last bits, and
     # an unstable algorithm amplifies that). No effect on the CPU, which is deterministic anyway.
     cuda_deterministic: bool = True  # deterministic CUDA kernels on a GPU (see above)
+    # On an Ampere or later GPU, cuDNN's convolutions in TF32 (10-bit mantissas), torch's default and
+    # how the papers' code ran. false: float32 throughout. TF32 is what sets batched and per-client
+    # GPU training apart (their parameters 0.25 apart after 2 epochs of the #C=2 CNN, 1.3e-4 with
+    # false), at 6-12% more time a step (docs/benchmark.md). No effect on the CPU.
+    cuda_tf32: bool = True  # TF32 convolutions on an Ampere+ GPU (torch's default); false: float32
     # Batched client training (fedray/batched.py): the clients a worker runs in one call train as
     # one stacked model, each on its own batches, through torch.func.vmap: on a GPU many small
     # models per step instead of one. The numbers equal the per-client path's up to float
@@ -219,7 +224,8 @@ NOT_IN_RUN_ID = (
 # out of the run id, so every earlier run keeps its id (and a re-submitted sweep skips it).
 ADDED_LATER = {"shift": "none", "partition_file": "", "channels_last": False, "eval_train": True, "cuda_deterministic": True, "head_bias": True,
                "model_init": "derived", "init_model": "", "plugins": [],
-               "batched_clients": "auto", "synthetic_alpha": 1.0, "synthetic_beta": 1.0, "eval_clients": 0}
+               "batched_clients": "auto", "synthetic_alpha": 1.0, "synthetic_beta": 1.0, "eval_clients": 0,
+               "cuda_tf32": True}
 # Keys of a sweep file that are not config keys (fedray/sweep_file.py expands them into runs).
 SWEEP_KEYS = ("grid", "seeds", "cases", "max_concurrent_runs")
 # What other tools (and papers) call a key: an unknown key named here says "did you mean ...?"

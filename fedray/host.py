@@ -50,11 +50,15 @@ def set_torch_threads(num_cpus: float) -> int:
     return n
 
 
-def cuda_determinism(deterministic: bool) -> None:
+def cuda_determinism(deterministic: bool, tf32: bool = True) -> None:
     """Deterministic CUDA kernels (or not) for this process, before its first CUDA call: cuBLAS
     needs a fixed workspace (CUBLAS_WORKSPACE_CONFIG) for reproducible sums, cuDNN must not pick
     its algorithms by timing them, and torch then chooses deterministic kernels (warning, not
-    failing, for an operation that has none)."""
+    failing, for an operation that has none). ``tf32``: cuDNN's convolutions may use TF32 (torch's
+    default; matrix products stay float32, torch's default too); false: float32 everywhere."""
+    torch.backends.cudnn.allow_tf32 = tf32
+    if not tf32:
+        torch.backends.cuda.matmul.allow_tf32 = False
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.backends.cudnn.benchmark = False
@@ -90,7 +94,7 @@ class ClientHost:
         self.task = task
         self.device = torch.device(device)
         if self.device.type == "cuda":
-            cuda_determinism(task.cuda_deterministic)
+            cuda_determinism(task.cuda_deterministic, task.cuda_tf32)
         self._data = data
         self._test = test
         self._sourced = isinstance(clients, SourcedClients)

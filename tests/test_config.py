@@ -346,7 +346,7 @@ def test_task_from_config_carries_every_field_from_the_key_of_its_name():
     defaults = Config()
     changed = {"seed": 7, "model": "simple_cnn", "local_epochs": 3, "batch_size": 17, "lr": 0.3, "momentum": 0.5,
                "weight_decay": 0.01, "participation": 0.5, "eval_batch_size": 99, "channels_last": False,
-               "eval_train": False, "cuda_deterministic": False, "head_bias": False, "model_init": "seed_plus_k",
+               "eval_train": False, "cuda_deterministic": False, "cuda_tf32": False, "head_bias": False, "model_init": "seed_plus_k",
                "batched_clients": "on", "client_state_memory_mb": 64.0}  # fmt: skip
     assert sorted(changed) == sorted(names)  # a new Task field: give it a value here
     assert all(changed[n] != getattr(defaults, n) for n in names)

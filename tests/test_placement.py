@@ -100,9 +100,15 @@ def test_clients_on_a_gpu_get_deterministic_cuda_kernels_unless_the_config_says_
         )
         assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        assert torch.backends.cudnn.allow_tf32 and "cuda_tf32" not in cfg.run_id()  # torch's default, as before
         off = Task.from_config(small_config(tmp_path, cuda_deterministic=False), data.dataset.spec)
         ClientHost(off, data.dataset.train, {}, device="cuda")
         assert not torch.are_deterministic_algorithms_enabled() and not torch.backends.cudnn.deterministic
+        no_tf32 = small_config(tmp_path, cuda_tf32=False)
+        assert "cuda_tf32" in no_tf32.run_id() or no_tf32.run_id() != cfg.run_id()
+        ClientHost(Task.from_config(no_tf32, data.dataset.spec), data.dataset.train, {}, device="cuda")
+        assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
     finally:
         torch.use_deterministic_algorithms(before[0])
         torch.backends.cudnn.deterministic = before[1]
+        torch.backends.cudnn.allow_tf32 = True
