@@ -226,3 +226,64 @@ def test_the_plugin_path_of_a_config_is_relative_to_the_config(tmp_path, isolate
 
     cfg = load_config(EXAMPLE / "config.yaml", ["rounds=1"])
     assert cfg.plugins == [str(EXAMPLE / "fedavgm.py")] and Path(cfg.plugins[0]).is_absolute()
+
+
+SOURCED = '''
+"""A plug-in data set of clients made on demand: each client's blobs drawn from (seed, client)."""
+from dataclasses import dataclass
+
+import numpy as np
+
+import fedray
+
+
+@dataclass(frozen=True)
+class Blobs(fedray.ClientSource):
+    seed: int
+    num_clients: int
+
+    def split(self, cid):
+        return 20 + cid % 7, 5
+
+    def samples(self, cid):
+        g = np.random.default_rng([self.seed, cid])
+        n = sum(self.split(cid))
+        y = g.integers(0, 3, n)
+        return fedray.ArrayDataset((g.normal(size=(n, 4)) + 2 * y[:, None]).astype(np.float32), y)
+
+
+def federate(cfg):
+    clients = fedray.SourcedClients(Blobs(cfg.seed, cfg.num_clients))
+    test = [clients.source.samples(c) for c in range(3)]
+    x, y = np.concatenate([t.x for t in test]), np.concatenate([t.y for t in test])
+    empty = fedray.ArrayDataset(np.zeros((0, 4), np.float32), np.zeros(0, np.int64))
+    spec = fedray.DataSpec((4,), 3, scale=1.0)
+    return fedray.FederatedData(fedray.Dataset("blobs", empty, fedray.ArrayDataset(x, y), spec), clients, None)
+
+
+fedray.register_dataset(fedray.DatasetKind(
+    "blobs", lambda cfg: federate(cfg).dataset, lambda cfg: fedray.DatasetInfo((4,), 3, None), federate=federate))
+'''
+
+
+@pytest.mark.ray
+def test_a_plugin_data_set_of_clients_made_on_demand_runs_on_ray_with_the_in_process_numbers(
+    tmp_path, isolated, ray_session
+):
+    """The plug-in's ClientSource travels to the actors by reference (the plug-in is imported
+    there first), every actor makes the clients it runs, and the numbers are the in-process ones."""
+    from analysis import load_clients, load_runs
+    from jobs.api import run
+
+    plugin = tmp_path / "blobs_plug.py"
+    plugin.write_text(SOURCED)
+    cfg = dict(dataset="blobs", model="logreg", algorithm="scaffold", num_clients=12, participation=0.5, rounds=3,
+               local_epochs=1, batch_size=8, lr=0.1, plugins=[str(plugin)])  # fmt: skip
+    run(cfg, local=True, output=str(tmp_path / "local"))
+    run(cfg, output=str(tmp_path / "ray"), num_actors=2)
+    local, ray_ = metrics(tmp_path / "local"), metrics(tmp_path / "ray")
+    assert len(local) > 10 and local.equals(ray_)
+    assert load_runs(tmp_path / "ray").iloc[0]["summary"]["placement"]["clients_per_actor"] == [6, 6]
+    clients = load_clients(tmp_path / "ray")
+    assert list(clients["num_train"]) == [20 + c % 7 for c in range(12)] and (clients["num_test"] == 5).all()
+    assert not (tmp_path / "ray" / "partitions").exists()  # clients made on demand index no arrays
