@@ -36,7 +36,6 @@ from fedray.config import (
     read_yaml,
 )
 from fedray.data import DATASETS, PARTITIONS, dataset_info, partition_keys
-from fedray.data.client_files import ClientFilesError, client_paths
 from fedray.data.partitions import readers
 from fedray.data.shift import SHIFTS
 from fedray.export import initial_params
@@ -272,8 +271,8 @@ def validate(cfg: Config) -> None:
         info = dataset_info(cfg)
     except ValueError as e:  # client_files: a missing or bad meta.json
         raise ConfigError(f"config key 'data_root': {e}") from None
-    if cfg.dataset == "client_files":
-        _check_client_files(cfg)
+    if kind.check_info is not None:  # what needs the data set's info first (client_files: its files)
+        kind.check_info(cfg, info)
     if cfg.model in SELF_NORMALIZING:
         mean, std = SELF_NORMALIZING[cfg.model]
         _check(
@@ -333,24 +332,3 @@ def validate(cfg: Config) -> None:
     cfg.hp = {k: getattr(hp, k) for k in sorted(cfg.hp) if getattr(hp, k) != getattr(defaults, k)}
 
 
-def _check_client_files(cfg: Config) -> None:
-    """The clients are the files: their count is num_clients; nothing else draws or splits them."""
-    try:
-        train, _ = client_paths(cfg.resolved_data_root())
-    except (ClientFilesError, OSError) as e:
-        raise ConfigError(f"config key 'data_root': {e}") from None
-    _check(
-        cfg.num_clients == len(train),
-        "num_clients",
-        f"data_root {cfg.resolved_data_root()!r} holds {len(train)} client files; set num_clients: {len(train)}",
-    )
-    _check(
-        cfg.partition != "file",
-        "partition",
-        "client_files are their own partition; partition: file cannot apply",
-    )
-    _check(
-        cfg.shift == "none",
-        "shift",
-        "a shift preset builds its own clients; it does not apply to client_files",
-    )

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedray import seeding
+from fedray.coercion import ConfigError
 from fedray.data.client_files import ClientFilesError, client_paths, read_client, read_global_test, read_meta
 from fedray.data.datasets import (
     ArrayDataset,
@@ -86,6 +87,23 @@ def _client_files_info(cfg: Config) -> DatasetInfo:
     return DatasetInfo(meta.input_shape, meta.num_classes, None, meta.mean is not None)
 
 
+def _check_files(cfg: Config, info: DatasetInfo) -> None:
+    """The clients are the files: their count is num_clients; nothing else draws or splits them."""
+    try:
+        train, _ = client_paths(cfg.resolved_data_root())
+    except (ClientFilesError, OSError) as e:
+        raise ConfigError(f"config key 'data_root': {e}") from None
+    if cfg.num_clients != len(train):
+        raise ConfigError(
+            f"config key 'num_clients': data_root {cfg.resolved_data_root()!r} holds {len(train)} client files; "
+            f"set num_clients: {len(train)}"
+        )
+    if cfg.partition == "file":
+        raise ConfigError("config key 'partition': client_files are their own partition; partition: file cannot apply")
+    if cfg.shift != "none":
+        raise ConfigError("config key 'shift': a shift preset builds its own clients; it does not apply to client_files")
+
+
 def _client_files_available(cfg: Config) -> None:
     try:
         client_paths(Path(cfg.resolved_data_root()))
@@ -103,6 +121,7 @@ register_dataset(
         lambda cfg: client_files_data(cfg).dataset,
         _client_files_info,
         available=_client_files_available,
+        check_info=_check_files,
         federate=client_files_data,
         clients_why="its files are the clients",
         partition_label=_client_files_label,

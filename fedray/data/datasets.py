@@ -351,6 +351,9 @@ class DatasetKind:
     available: Callable[[Config], None] | None = None
     # (cfg) -> None: the checks of its keys; raises ConfigError naming the key. Optional.
     check: Callable[[Config], None] | None = None
+    # (cfg, info) -> None: checks that need its `info` first (client_files: as many clients as
+    # files); raises ConfigError naming the key. Optional.
+    check_info: Callable[[Config, DatasetInfo], None] | None = None
     # (cfg) -> FederatedData: a data set that comes with its clients (client_files: its files are
     # the clients) builds them here, instead of load + a partition drawn over it; no partition key
     # is read then, and a config that sets one is told ``clients_why``.
