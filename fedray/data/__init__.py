@@ -127,7 +127,8 @@ def build_federated_data(cfg: Config) -> FederatedData:
     """The run's data and clients, and the clients its evaluation walks (config key eval_clients)."""
     data = _federate(cfg)
     if data.eval_clients is None and cfg.eval_clients:
-        training = [c for c in sorted(data.clients) if c not in set(data.test_clients)]
+        testing = set(data.test_clients)
+        training = [c for c in sorted(data.clients) if c not in testing]
         data.eval_clients = evaluation_clients(cfg.seed, training, cfg.eval_clients)
     return data
 
