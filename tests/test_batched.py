@@ -249,3 +249,19 @@ def test_every_covered_client_function_is_named_in_the_docs():
     for name in batched.covered():
         assert f"`{name}`" in page, name
     assert local_update in batched._BATCHED
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
+def test_clients_made_on_demand_train_batched_to_the_per_client_numbers(tmp_path, algorithm):
+    """fedprox_synthetic's clients are made when used (a ClientSource): stacked from their own
+    samples, they give the per-client numbers (SCAFFOLD: folded in chunks, each chunk a stack)."""
+    over = dict(dataset="fedprox_synthetic", model="mlp", num_clients=30, participation=0.3, rounds=3, local_epochs=2,
+                batch_size=10, lr=0.02, momentum=0.9, weight_decay=0.0, seed=5, algorithm=algorithm, eval_clients=10)  # fmt: skip
+    runs = {}
+    for mode in ("off", "on"):
+        cfg = small_config(tmp_path / mode, batched_clients=mode, **over)
+        list(execute(cfg, make_local_federation))
+        runs[mode] = round_metrics(cfg.output)
+    m = _compare(runs["off"], runs["on"])
+    sgd = m[m.metric == "sgd_loss"]
+    assert (sgd.value_off != sgd.value_on).any()
