@@ -149,7 +149,7 @@ class ClientHost:
 
     def run(self, fn: ClientFn, cid: int, msg: Any) -> tuple[Any, CallMeta]:
         self._check_hosted(cid)
-        client, cstate = self.client(cid), self._state.get(cid)  # made and read outside the timing
+        client, cstate = self._prepared(cid)  # made and read outside the timing
         t0 = time.perf_counter()
         try:
             reply, new_state = fn(client, cstate, msg)
@@ -173,10 +173,10 @@ class ClientHost:
         cids = [cid for cid, _ in pairs]
         for cid in cids:
             self._check_hosted(cid)
-        clients, cstates = [self.client(c) for c in cids], [self._state.get(c) for c in cids]
+        clients, cstates = zip(*[self._prepared(c) for c in cids], strict=True)
         t0 = time.perf_counter()
         try:
-            results = many(clients, cstates, [m for _, m in pairs])
+            results = many(list(clients), list(cstates), [m for _, m in pairs])
         except Exception as e:  # noqa: BLE001 - re-raised with the clients named
             raise ClientError(
                 cids[0], f"batched training of clients {cids}: {type(e).__name__}: {e}", traceback.format_exc()
@@ -187,6 +187,15 @@ class ClientHost:
             self._state.set(cid, new_state)
             out.append((reply, CallMeta(cid, payload_nbytes(reply), seconds)))
         return out
+
+    def _prepared(self, cid: int) -> tuple[Client, Any]:
+        """Client ``cid`` (its samples made, where a source makes them) and its state (read back,
+        where it was spilled); a failure of either names the client."""
+        try:
+            return self.client(cid), self._state.get(cid)
+        except Exception as e:  # noqa: BLE001 - re-raised with the client id attached
+            raise ClientError(cid, f"making its data or reading its state: {type(e).__name__}: {e}",
+                              traceback.format_exc()) from e  # fmt: skip
 
     def trains_batched(self) -> bool:
         """Whether this host runs batched client functions (config key batched_clients)."""

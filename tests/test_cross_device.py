@@ -168,3 +168,22 @@ def test_a_cross_silo_method_too_big_for_this_machine_is_refused_before_anything
     assert small_config(tmp_path, **over).num_clients == 2000
     most = scale.most_clients(lambda n: 8 * n * n, 800)
     assert (most, 8 * most * most <= 800 < 8 * (most + 1) ** 2) == (10, True)
+
+
+def test_a_source_that_fails_to_make_a_client_names_the_client(tmp_path):
+    """A ClientSource's error while making a client is the run's error, with the client's id."""
+    from fedray.client import Task
+    from fedray.federation import ClientError
+
+    class Broken(_Counting):
+        def samples(self, cid):
+            if cid == 7:
+                raise OSError("the shard of client 7 is unreadable")
+            return super().samples(cid)
+
+    task = Task.from_config(small_config(tmp_path), build_federated_data(small_config(tmp_path)).dataset.spec)
+    host = ClientHost(task, ArrayDataset(np.zeros((0, 2)), np.zeros(0, np.int64)), SourcedClients(Broken(10)))
+    with pytest.raises(ClientError, match="client 7: making its data or reading its state: OSError: the shard of client 7") as e:
+        host.run_many(lambda c, s, m: (c.num_examples, s), [3, 7], None)
+    assert e.value.cid == 7 and "samples" in e.value.remote_traceback
+    assert host.run(lambda c, s, m: (c.num_examples, s), 3, None)[0] == 4
