@@ -131,7 +131,8 @@ class ClientHost:
         return made
 
     def sizes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The hosted clients' ids (sorted), training sizes and test sizes, as int64 arrays."""
+        """The hosted clients' ids (sorted, int64), training sizes and test sizes (int64; int32 for
+        clients made on demand, as their source gives them)."""
         if self._sourced:
             return self._indices.sizes()
         ids = np.array(self.client_ids, dtype=np.int64)
