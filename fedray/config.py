@@ -144,7 +144,8 @@ class Config:
     # On an Ampere or later GPU, cuDNN's convolutions in TF32 (10-bit mantissas), torch's default and
     # how the papers' code ran. false: float32 throughout. TF32 is what sets batched and per-client
     # GPU training apart (their parameters 0.25 apart after 2 epochs of the #C=2 CNN, 1.3e-4 with
-    # false), at 6-12% more time a step (docs/benchmark.md). No effect on the CPU.
+    # false; an unstable cell still amplifies 1e-4 into points over rounds), at 6-12% more time a
+    # step (docs/benchmark.md). No effect on the CPU.
     cuda_tf32: bool = True  # TF32 convolutions on an Ampere+ GPU (torch's default); false: float32
     # Batched client training (fedray/batched.py): the clients a worker runs in one call train as
     # one stacked model, each on its own batches, through torch.func.vmap: on a GPU many small
