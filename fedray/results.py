@@ -394,16 +394,16 @@ class ResultsWriter:
 
     def write_clients(self, rows: Iterable[dict[str, Any]] | Mapping[str, Any]) -> None:
         """The run's clients (``DIR/clients/``, one file per run): role, sizes, ground truth, shift;
-        given as rows, or as columns (a million clients)."""
-        if isinstance(rows, Mapping):
-            n = len(rows.get("client", ()))
-            const = {**self._const, "run_id": self.run_id}
-            cols = {f.name: rows[f.name] if f.name in rows else pa.repeat(pa.scalar(const.get(f.name), f.type), n)
-                    for f in CLIENTS_SCHEMA}  # fmt: skip
-            table = pa.table(cols, schema=CLIENTS_SCHEMA)
-        else:
-            table = pa.Table.from_pylist([{**self._const, "run_id": self.run_id, **r} for r in rows], schema=CLIENTS_SCHEMA)
-        write_atomic(table, self.root / "clients" / f"{self.run_id}-clients.parquet")
+        given as columns (a million clients), or as rows; a column not given is the run's constant,
+        or null."""
+        if not isinstance(rows, Mapping):
+            rows = list(rows)
+            rows = {f.name: [r.get(f.name) for r in rows] for f in CLIENTS_SCHEMA if any(f.name in r for r in rows)}
+        n = len(next(iter(rows.values()), ()))
+        const = {**self._const, "run_id": self.run_id}
+        cols = {f.name: rows[f.name] if f.name in rows else pa.repeat(pa.scalar(const.get(f.name), f.type), n)
+                for f in CLIENTS_SCHEMA}  # fmt: skip
+        write_atomic(pa.table(cols, schema=CLIENTS_SCHEMA), self.root / "clients" / f"{self.run_id}-clients.parquet")
 
     def write_partition(self, rows: dict[str, Any], train_size: int, dataset: str) -> None:
         """The run's partition (``DIR/partitions/RUN_ID.parquet``): one row per client, split and
