@@ -11,7 +11,7 @@ from actors.launch import ActorGroup, launch_actors
 from fedray.catalog import ClientCatalog, check_groups
 from fedray.client import Task
 from fedray.config import Config
-from fedray.data import FederatedData, SourcedClients
+from fedray.data import FederatedData
 from fedray.federation import Baton, ClientError, ClientFn, FoldFn, WorkerLost
 from fedray.host import ClientHost, test_shards
 from fedray.params import payload_nbytes
@@ -64,7 +64,7 @@ class RayFederation(ClientCatalog):
         self.actors = self._group.actors
         # Each array goes into the object store once; every actor reads it zero-copy.
         train_ref, test_ref = ray.put(data.dataset.train), ray.put(data.dataset.test)
-        if isinstance(data.clients, SourcedClients):
+        if data.sourced:
             # Clients made on demand: actor a hosts every A-th client from a (a range: nothing is
             # sent or kept per client, whatever their number), and makes each one when it is used.
             n = len(self.actors)
@@ -140,10 +140,10 @@ class RayFederation(ClientCatalog):
         mine: dict[Any, list[int]] = {}
         for c in cids:
             mine.setdefault(self._actor_of[c], []).append(c)
-        calls, call_of = [], {}
+        calls, call_of, step = [], {}, max(1, chunk)
         for a, part in mine.items():
-            for start in range(0, len(part), max(1, chunk)):
-                group = part[start : start + max(1, chunk)]
+            for start in range(0, len(part), step):
+                group = part[start : start + step]
                 call_of.update(dict.fromkeys(group, len(calls)))
                 calls.append(a.run_groups.remote(fn, [(group, msg_ref)]))
         self._traffic.broadcast(msg, len(cids))

@@ -51,10 +51,10 @@ class LocalFederation(ClientCatalog):
     def map_fold(
         self, fn: ClientFn, cids: Sequence[int], msg: Any, fold: FoldFn, acc: Any, chunk: int = 1
     ) -> Any:
-        cids = sorted(cids)
+        cids, step = sorted(cids), max(1, chunk)
         self._traffic.broadcast(msg, len(cids))
-        for start in range(0, len(cids), max(1, chunk)):
-            for reply, meta in self.host.run_groups(fn, [(cids[start : start + max(1, chunk)], msg)]):
+        for start in range(0, len(cids), step):
+            for reply, meta in self.host.run_groups(fn, [(cids[start : start + step], msg)]):
                 self._traffic.replies([meta])
                 acc = fold(acc, meta.cid, reply)
         return acc
