@@ -156,13 +156,18 @@ def _compare(off, on):
 def test_batched_runs_give_the_per_client_numbers(tmp_path, name):
     over = {**dict(dataset="digits", model="mcmahan_cnn", num_clients=8, participation=0.5, rounds=3, local_epochs=2,
                    lr=0.02, momentum=0.9, weight_decay=1e-4, seed=3, algorithm="fedavg"), **COVERED[name]}  # fmt: skip
+    _off_and_on_agree(tmp_path, over)
+
+
+def _off_and_on_agree(tmp_path, over):
+    """``over`` run per client and batched: `_compare`'s agreement, and batched for real (the SGD
+    losses differ in the last bits; the same bits would mean it never ran)."""
     runs = {}
     for mode in ("off", "on"):
         cfg = small_config(tmp_path / mode, batched_clients=mode, **over)
         list(execute(cfg, make_local_federation))
         runs[mode] = round_metrics(cfg.output)
     m = _compare(runs["off"], runs["on"])
-    # batched for real: the SGD losses differ in the last bits (the same bits would mean it never ran)
     sgd = m[m.metric == "sgd_loss"]
     assert (sgd.value_off != sgd.value_on).any()
 
@@ -257,11 +262,4 @@ def test_clients_made_on_demand_train_batched_to_the_per_client_numbers(tmp_path
     samples, they give the per-client numbers (SCAFFOLD: folded in chunks, each chunk a stack)."""
     over = dict(dataset="fedprox_synthetic", model="mlp", num_clients=30, participation=0.3, rounds=3, local_epochs=2,
                 batch_size=10, lr=0.02, momentum=0.9, weight_decay=0.0, seed=5, algorithm=algorithm, eval_clients=10)  # fmt: skip
-    runs = {}
-    for mode in ("off", "on"):
-        cfg = small_config(tmp_path / mode, batched_clients=mode, **over)
-        list(execute(cfg, make_local_federation))
-        runs[mode] = round_metrics(cfg.output)
-    m = _compare(runs["off"], runs["on"])
-    sgd = m[m.metric == "sgd_loss"]
-    assert (sgd.value_off != sgd.value_on).any()
+    _off_and_on_agree(tmp_path, over)
