@@ -38,6 +38,7 @@ import torch
 from fedray.config import Config
 from fedray.data import build_federated_data, check_available
 from fedray.validation import from_dict
+from jobs import one_run
 
 WORKLOAD = dict(
     experiment="bench", dataset="fmnist", model="simple_cnn", num_clients=40, partition="dirichlet", partition_beta=0.5,
@@ -243,10 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--memory-format", choices=("channels_last", "contiguous"), default="channels_last",
                     help="images and conv weights in every variant (fedray: config key channels_last)")  # fmt: skip
     args = ap.parse_args(argv)
-    names = [n.strip() for n in args.only.split(",") if n.strip()]
-    unknown = [n for n in names if n not in VARIANTS]
-    if unknown:
-        print(f"fedray bench: unknown variant(s) {unknown}; choose from {list(VARIANTS)}", file=sys.stderr)
+    names = one_run.picked_names(args.only, VARIANTS, "fedray bench", "variant")
+    if names is None:
         return 2
     cfg = from_dict(
         {

@@ -42,6 +42,7 @@ import pandas as pd
 from fedray.client_states import PREFIX
 from fedray.config import dump_yaml
 from fedray.validation import load_config
+from jobs import one_run
 
 FEDAVG, SCAFFOLD = "jobs/configs/scale_fedavg_1m.yaml", "jobs/configs/scale_scaffold_100k.yaml"
 # case -> (config, keys set on it): the two target runs are these configs as they stand
@@ -167,10 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default="", help="folder for the runs' configs and results (default: a temporary one)")
     ap.add_argument("--json", help="also write the figures to this JSON file")
     args = ap.parse_args(argv)
-    names = [n.strip() for n in args.only.split(",") if n.strip()]
-    unknown = [n for n in names if n not in CASES]
-    if unknown:
-        print(f"bench_scale: unknown case(s) {unknown}; choose from {list(CASES)}", file=sys.stderr)
+    names = one_run.picked_names(args.only, list(CASES), "bench_scale", "case")
+    if names is None:
         return 2
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="fedray-bench-scale-"))
     work.mkdir(parents=True, exist_ok=True)

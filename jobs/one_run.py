@@ -1,5 +1,7 @@
-"""The config of one run picked from a run or sweep file, for the benchmark scripts that take one:
-``CONFIG [--set KEY=VALUE] [--only KEY=VALUE]`` (jobs/bench_checkpoint.py, jobs/bench_cuda.py)."""
+"""What the benchmark scripts pick to run: the config of one run from a run or sweep file, for those
+that take one (``CONFIG [--set KEY=VALUE] [--only KEY=VALUE]``: jobs/bench_checkpoint.py,
+jobs/bench_cuda.py), and the named variants or cases of ``--only A,B`` (jobs/bench.py,
+jobs/bench_scale.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,16 @@ import argparse
 import sys
 from collections.abc import Sequence
 from typing import Any
+
+
+def picked_names(only: str, choices: Sequence[str], prog: str, what: str) -> list[str] | None:
+    """The names of ``--only A,B``, or None (said on stderr, naming ``what``) when one is not a choice."""
+    names = [n.strip() for n in only.split(",") if n.strip()]
+    unknown = [n for n in names if n not in choices]
+    if unknown:
+        print(f"{prog}: unknown {what}(s) {unknown}; choose from {list(choices)}", file=sys.stderr)
+        return None
+    return names
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
