@@ -80,8 +80,13 @@ class ClientActor:
         got = ray.get([msg for _, msg in groups])
         return self.host.run_groups(fn, [(cids, msg) for (cids, _), msg in zip(groups, got, strict=True)])
 
-    def relay(self, fn: ClientFn, cid: int, carry: Any, common: Any) -> tuple[Any, Any, CallMeta]:
-        return self.host.relay(fn, cid, carry, common)
+    def relay(self, fn: ClientFn, cids: Sequence[int], common: Any, *carries: Any) -> tuple[Any, ...]:
+        """This actor's hops of a relay (``cids[i]`` gets ``carries[i]``; top-level arguments, so Ray
+        resolves a carry left on another actor and hands it over directly), trained as one call.
+        Returns the carries, then the infos, then the metas: 3 x len(cids) values, which the caller
+        asks for as that many returns, so each carry can stay here as its own object."""
+        got = self.host.relay(fn, list(zip(cids, carries, strict=True)), common)
+        return (*[c for c, _, _ in got], *[i for _, i, _ in got], *[m for _, _, m in got])
 
     def run_test(self, fn: ClientFn, start: int, stop: int, msg: Any) -> Any:
         return self.host.run_test(fn, start, stop, msg)

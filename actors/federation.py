@@ -164,19 +164,30 @@ class RayFederation(ClientCatalog):
     def relay(self, fn: ClientFn, hops: Sequence[tuple[int, Any]], common: Any) -> list[tuple[Baton, Any]]:
         common_ref = ray.put(common)
         put: dict[int, tuple[Any, int]] = {}  # a value given for several hops goes into the store once
-        carries, sizes, infos, metas = [], [], [], []
-        for cid, carry in hops:
+        args, sizes = [], []
+        for _, carry in hops:
             if isinstance(carry, Baton):
                 arg, size = self._batons.take(carry)  # an ObjectRef: Ray hands its value actor to actor
             else:
                 if id(carry) not in put:
                     put[id(carry)] = (ray.put(carry), payload_nbytes(carry))
                 arg, size = put[id(carry)]
-            c, i, m = self._actor_of[cid].relay.options(num_returns=3).remote(fn, cid, arg, common_ref)
-            carries.append(c)
-            infos.append(i)
-            metas.append(m)
+            args.append(arg)
             sizes.append(size)
+        # one call per actor with its hops (trained together where it trains batched), in hop order
+        by_actor: dict[Any, list[int]] = {}
+        for h, (cid, _) in enumerate(hops):
+            by_actor.setdefault(self._actor_of[cid], []).append(h)
+        carries: list[Any] = [None] * len(hops)
+        infos: list[Any] = [None] * len(hops)
+        metas: list[Any] = [None] * len(hops)
+        for actor, mine in by_actor.items():
+            k = len(mine)
+            refs = actor.relay.options(num_returns=3 * k).remote(
+                fn, [hops[h][0] for h in mine], common_ref, *[args[h] for h in mine]
+            )
+            for j, h in enumerate(mine):
+                carries[h], infos[h], metas[h] = refs[j], refs[k + j], refs[2 * k + j]
         got = self._get(infos + metas)  # the carries are never fetched here
         infos, metas = got[: len(hops)], got[len(hops) :]
         self._traffic.relay_hops(sizes, common, infos, metas)

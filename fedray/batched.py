@@ -1,75 +1,51 @@
-"""Batched client training: one optimizer step trains many clients' models at once.
+"""The stacked engine: many clients' `fedray.update.LocalUpdate`s trained as one model.
 
 On a GPU the papers' small CNNs are kernel-launch bound: a client's step is a few dozen tiny
-kernels, and one model at a time leaves the device idle. Here the clients a host runs in one call
-(`ClientHost.run_groups`: a `map`'s clients, every group of a `map_groups`) train together: their parameters are stacked along a leading client axis
-and one step runs the model over every client's own mini-batch through `torch.func.functional_call`
-under `torch.func.vmap` (a convolution becomes one grouped convolution, a linear layer one batched
-matrix product), with every client's SGD update applied to its own slice.
+kernels, and one model at a time leaves the device idle. Here the updates a host's clients yield in
+one call (`ClientHost.run_groups`: a `map`'s clients, every group of a `map_groups`, a relay's hops,
+the K models of a FedEM client) train together: their parameters are stacked along a leading axis
+and one step runs every update's objective on its own mini-batch through
+`torch.func.functional_call` under `torch.func.vmap` (a convolution becomes one grouped
+convolution, a linear layer one batched matrix product), with every update's SGD step applied to its
+own slice.
 
-The numbers are the per-client path's (`fedray.train.local_train`) up to float round-off: each
-client sees the same batches in the same order (`Client.host_batches`), the same augmentation draws
+The numbers are the per-client engine's (`fedray.train.train_update`) up to float round-off: each
+update sees the same batches in the same order (`Client.host_batches`), the same augmentation draws
 and the same SGD rule (`torch.optim.SGD`'s: weight decay added to the gradient, the momentum buffer
-started at the first gradient, dampening 0), a fresh optimizer per call unless buffers are given,
-and its loss is the mean over its own batch (a partial last batch is padded and masked). A client
-that has taken all its steps leaves the stack, so unequal client sizes cost no idle steps.
+started at the first gradient, dampening 0), a fresh optimizer unless buffers are given, and its
+loss reduced over its own batch (a partial last batch is padded and masked: `Batch`). The objective
+is the description's own, called with a `View` of the stacked model in place of the module.
+
+A stack holds updates of one shape (`signature`: architecture, objective, trainable parameters, the
+kinds of their context, weights, correction, inputs); the host stacks each such set. A context
+value that is the same object for every update of a stack (the global model MOON's clients compare
+with) is shared, not copied per row.
 
 Models whose training mutates buffers or draws randomness (BatchNorm's running statistics,
 dropout) are refused by `refusal`: `batched_clients: on` names the layer, `auto` falls back to the
-per-client path. A client function opts in by registering its batched version
-(`register_batched`), built-in and plug-in functions alike; the config key `batched_clients`
-(off | on | auto; auto: on where the clients run on a GPU) decides whether hosts use them.
+per-client engine. The config key `batched_clients` (off | on | auto; auto: on where the clients run
+on a GPU) decides which engine a host uses.
 """
 
 from __future__ import annotations
 
 import functools
+import numbers
 import warnings
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
+from torch.utils._pytree import tree_map
 
 from fedray.client import Client, num_steps
-from fedray.params import Params
 from fedray.train import TrainStats
+from fedray.update import Batch, Frozen, LocalUpdate, Trained
 
 MODES = ("off", "on", "auto")
-
-# fn(clients, states, msgs) -> [(reply, new_state)] per client, in the order given; msgs[i] is the
-# message client i received (one object for all the clients of a `map`, one per group of `map_groups`)
-BatchedFn = Callable[[Sequence[Client], Sequence[Any], Sequence[Any]], list[tuple[Any, Any]]]
-_BATCHED: dict[Callable, BatchedFn] = {}
-
-
-def register_batched(fn: Callable) -> Callable[[BatchedFn], BatchedFn]:
-    """Declare ``batched(clients, states, msgs)`` as client function ``fn``'s batched version: the
-    same replies and states as ``fn(clients[i], states[i], msgs[i])`` for each i (up to float
-    round-off)."""
-
-    def deco(batched: BatchedFn) -> BatchedFn:
-        _BATCHED[fn] = batched
-        return batched
-
-    return deco
-
-
-def batched_version(fn: Callable) -> BatchedFn | None:
-    """``fn``'s registered batched version; a `functools.partial` of a registered function gets
-    the batched version with the same keyword arguments bound."""
-    if isinstance(fn, functools.partial) and not fn.args:
-        base = _BATCHED.get(fn.func)
-        return functools.partial(base, **fn.keywords) if base is not None else None
-    return _BATCHED.get(fn)
-
-
-def covered() -> list[str]:
-    """The client functions that have a batched version, as module.name."""
-    return sorted(f"{f.__module__}.{f.__qualname__}" for f in _BATCHED)
 
 
 def refusal(model: nn.Module) -> str | None:
@@ -94,129 +70,242 @@ def enabled(mode: str, device: torch.device, model: nn.Module) -> bool:
 
 def trains_batched(task: Any, device: torch.device) -> bool:
     """Whether a worker of ``task`` on ``device`` trains batched (config key batched_clients, with
-    the task's model): what `ClientHost` decides once, and a client function that stacks its own
-    models (FedEM's and FedRC's K models) asks."""
+    the task's model): what `ClientHost` decides once."""
     return enabled(task.batched_clients, device, task.build_model())
 
 
-@dataclass
-class Trained:
-    """One client's result of `train_stacked`."""
+class View:
+    """A module called with given tensors for its parameters and buffers (`functional_call`): the
+    stacked engine's stand-in for the module an objective gets, one row of the stack under vmap.
+    ``view(x)`` runs the module, ``view.encoder`` is the view of a submodule, ``view.head.weight``
+    the tensor given for that parameter, ``view.named_parameters()`` the module's parameters by
+    name, as the module's own would be."""
 
-    params: Params  # the trained model, every state-dict entry, in the start's key order
-    stats: TrainStats
-    buffers: dict[str, np.ndarray] | None  # `fedray.train.optimizer_state`'s form, when asked to keep
+    def __init__(self, module: nn.Module, tensors: Mapping[str, torch.Tensor], prefix: str = "") -> None:
+        self._module, self._tensors, self._prefix = module, tensors, prefix
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        n = len(self._prefix)
+        own = {k[n:]: v for k, v in self._tensors.items() if k.startswith(self._prefix)}
+        return functional_call(self._module, own, args, kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        key = self._prefix + name
+        if key in self._tensors:
+            return self._tensors[key]
+        attr = getattr(self._module, name)
+        if isinstance(attr, nn.Module):
+            return View(attr, self._tensors, key + ".")
+        return attr
+
+    def named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, _ in self._module.named_parameters():
+            yield name, self._tensors[self._prefix + name]
+
+    def parameters(self) -> Iterator[torch.Tensor]:
+        for _, t in self.named_parameters():
+            yield t
 
 
-def train_stacked(
-    clients: Sequence[Client],
-    starts: Sequence[Params],
-    rnd: int,
-    *,
-    prox_mu: float = 0.0,
-    corrections: Sequence[Mapping[str, np.ndarray]] | None = None,
-    buffers: Sequence[Mapping[str, np.ndarray] | None] | None = None,
-    keep: bool = False,
-    drop_last: bool = False,
-    weights: Sequence[np.ndarray | None] | None = None,
-    adjust: Callable[[torch.Tensor, torch.Tensor, Mapping[str, torch.Tensor]], torch.Tensor] | None = None,
-    per_client: Sequence[np.ndarray] | None = None,
-    fixed: bool | None = None,
-    epochs: Sequence[int | None] | None = None,
-) -> list[Trained]:
-    """`local_train` of ``starts[i]`` on ``clients[i]`` for the task's local epochs, every client at once.
+def _callable_key(fn: Any) -> Any:
+    """A hashable identity of an objective: a `functools.partial` by its function and arguments."""
+    if isinstance(fn, functools.partial):
+        try:
+            return (_callable_key(fn.func), fn.args, tuple(sorted(fn.keywords.items())))
+        except TypeError:  # unhashable arguments: the object itself
+            return id(fn)
+    return fn
 
-    ``prox_mu``: FedProx's (mu/2)||w - start||^2 over the parameters. ``corrections``: per-client
-    tensors subtracted, times lr, after every step (SCAFFOLD's c - c_i). ``buffers``: per-client
-    momentum buffers to continue from (`optimizer_state`'s form; None = a fresh optimizer), and
-    ``keep`` returns the final ones. ``weights``: per-sample loss weights aligned with each
-    client's training split (the weighted objective's (1/|B|) sum w_b CE_b). ``drop_last`` as in
-    `local_train`. ``adjust(logits, v, params)``: the logits the loss sees, from the model's and
-    client i's vector ``per_client[i]`` (FedLC's offsets, FedRS's scales); the reported logits (train
-    accuracy) stay the model's. ``epochs[i]``: client i's local epochs where not None (a
-    straggler's), else the task's.
+
+def _kind(value: Any) -> Any:
+    """What a context value is, for `signature` (values of one kind stack together)."""
+    if value is None:
+        return None
+    if isinstance(value, Frozen):
+        return ("frozen", value.arch)
+    if isinstance(value, np.ndarray):
+        return ("array", value.shape, value.dtype.str)
+    if isinstance(value, Mapping):
+        return ("params", tuple(value))
+    if isinstance(value, numbers.Number):
+        return "scalar"
+    return ("object", type(value).__qualname__)
+
+
+def signature(update: LocalUpdate) -> Any:
+    """Updates with equal signatures can share a stack."""
+    return (
+        update.arch,
+        _callable_key(update.objective),
+        None if update.trainable is None else tuple(update.trainable),
+        tuple((k, _kind(v)) for k, v in update.context.items()),
+        update.weights is not None,
+        None if update.correction is None else tuple(update.correction),
+        None if update.inputs is None else update.inputs.shape[1:],
+        update.drop_last,
+    )
+
+
+def _same(values: Sequence[Any]) -> bool:
+    first = values[0]
+    if isinstance(first, Frozen):
+        return all(isinstance(v, Frozen) and v.params is first.params for v in values)
+    if isinstance(first, numbers.Number):
+        return all(v == first for v in values)
+    return all(v is first for v in values)
+
+
+def _tensors(params: Mapping[str, Any], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: torch.as_tensor(np.asarray(v), device=device) for k, v in params.items()}
+
+
+def _stacked(rows: Sequence[Mapping[str, Any]], keys: Sequence[str], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: torch.from_numpy(np.stack([np.asarray(r[k]) for r in rows])).to(device) for k in keys}
+
+
+def train_stacked(clients: Sequence[Client], updates: Sequence[LocalUpdate], fixed: bool | None = None) -> list[Trained]:
+    """``updates[i]`` trained on ``clients[i]``, every update at once; the updates share a
+    `signature` (a client may appear more than once: the K models of one client).
 
     ``fixed`` (default: on a CUDA device, for data without augmentation): the stack keeps every
-    client to the end, a client that has taken all its steps going on with masked batches (its
-    rows are taken when it leaves), so every step has the same shapes and, on CUDA, the steps after
-    two warm-up steps replay as one captured CUDA graph: one launch a step instead of hundreds,
-    which is what the papers' small models are bound by. Otherwise a leaving client's rows leave
-    the stack (no work wasted on a CPU, which is bound by arithmetic). The numbers are the same.
+    update to the end, one that has taken all its steps going on with masked batches (its rows are
+    taken when it leaves), so every step has the same shapes and, on CUDA, the steps after two
+    warm-up steps replay as one captured CUDA graph: one launch a step instead of hundreds, which is
+    what the papers' small models are bound by. Otherwise a leaving update's rows leave the stack (no
+    work wasted on a CPU, which is bound by arithmetic). The numbers are the same.
     """
     if not clients:
         return []
+    first = updates[0]
     task, device = clients[0].task, clients[0].device
-    template = clients[0].model(starts[0], slot="batched")
-    names = [n for n, _ in template.named_parameters()]
-    frozen = {n: b.detach() for n, b in template.named_buffers()}
+    template = clients[0].model(first.params, slot="batched", arch=first.arch)
+    all_names = [n for n, _ in template.named_parameters()]
+    names = all_names if first.trainable is None else [n for n in all_names if n in set(first.trainable)]
+    fixed_names = [n for n in all_names if n not in set(names)]
+    module_buffers = {n: b.detach() for n, b in template.named_buffers()}
     n_all, bs = len(clients), task.batch_size
     lr, mom, wd = task.lr, task.momentum, task.weight_decay
 
-    def stack(rows: Sequence[Mapping[str, np.ndarray]], keys: Sequence[str]) -> dict[str, torch.Tensor]:
-        return {
-            k: torch.from_numpy(np.stack([np.asarray(r[k], np.float32) for r in rows])).to(device)
-            for k in keys
-        }
-
-    p = stack(starts, names)
-    anchor = {n: t.clone() for n, t in p.items()} if prox_mu else None
+    p = _stacked([u.params for u in updates], names, device)
+    held = _stacked([u.params for u in updates], fixed_names, device)  # parameters that do not train
     corr = None
-    if corrections is not None:
-        corr = {n: t * lr for n, t in stack(corrections, names).items()}
+    if first.correction is not None:
+        keys = [k for k in first.correction if k in set(names)]
+        corr = {n: t * lr for n, t in _stacked([u.correction for u in updates], keys, device).items()}
     buf = None
     if mom:  # SGD's momentum buffers: the given ones (`optimizer_state`'s form), else zeros
-        given = buffers or [None] * n_all
-        buf = stack([{n: g[f"{n}/momentum_buffer"] for n in names} if g else {n: np.zeros_like(s[n]) for n in names}
-                     for g, s in zip(given, starts, strict=True)], names)  # fmt: skip
-    w_all = None
-    if weights is not None and any(w is not None for w in weights):
-        w_all = [
-            torch.ones(c.num_examples) if w is None else torch.as_tensor(np.asarray(w), dtype=torch.float32)
-            for c, w in zip(clients, weights, strict=True)
-        ]
+        buf = _stacked(
+            [
+                {n: u.buffers[f"{n}/momentum_buffer"] for n in names}
+                if u.buffers
+                else {n: np.zeros_like(np.asarray(u.params[n])) for n in names}
+                for u in updates
+            ],
+            names,
+            device,
+        )
 
-    vec = None
-    if adjust is not None:
-        vec = torch.from_numpy(np.stack([np.asarray(v, np.float32) for v in per_client])).to(device)
+    # the context: a value the same for every update is shared (captured, not mapped over); the
+    # rest are stacked rows
+    shared: dict[str, Any] = {}
+    rows_ctx: dict[str, Any] = {}
+    frozen_templates: dict[str, nn.Module] = {}
+    for key, value in first.context.items():
+        values = [u.context[key] for u in updates]
+        if isinstance(value, Frozen):
+            t = clients[0].model(value.params, slot=f"batched-frozen/{key}", arch=value.arch)
+            t.eval()
+            frozen_templates[key] = t
+            tensors = {**{n: b.detach() for n, b in t.named_buffers()}}
+            if _same(values):
+                shared[key] = View(t, {**tensors, **_tensors(value.params, device)})
+            else:
+                rows_ctx[key] = _stacked([v.params for v in values], list(value.params), device)
+        elif value is None or _same(values):
+            if isinstance(value, np.ndarray):
+                shared[key] = torch.as_tensor(value, device=device)
+            elif isinstance(value, Mapping):
+                shared[key] = _tensors(value, device)
+            else:
+                shared[key] = value
+        elif isinstance(value, np.ndarray):
+            rows_ctx[key] = torch.from_numpy(np.stack(values)).to(device)
+        elif isinstance(value, Mapping):
+            rows_ctx[key] = _stacked(values, list(value), device)
+        elif isinstance(value, numbers.Number):
+            rows_ctx[key] = torch.tensor([float(v) for v in values], device=device)
+        else:
+            raise TypeError(
+                f"context {key!r}: a {type(value).__name__} that differs between the stacked updates "
+                "(give arrays, parameter dicts, numbers or Frozen models)"
+            )
 
-    def loss_one(params, x, y, mask, count, w, a, v):
-        out = functional_call(template, (params, frozen), (x,))
-        each = nn.functional.cross_entropy(out if v is None else adjust(out, v, params), y, reduction="none")
-        ce = (each * mask).sum() / count
-        loss = ce if w is None else (each * w * mask).sum() / count
-        if a is not None:
-            loss = loss + prox_mu / 2 * sum(((params[n] - a[n]) ** 2).sum() for n in params)
-        return loss, (out.argmax(1), ce)
+    def context_of(row: Mapping[str, Any]) -> dict[str, Any]:
+        out = dict(shared)
+        for key, value in row.items():
+            if key in frozen_templates:
+                t = frozen_templates[key]
+                out[key] = View(t, {**{n: b.detach() for n, b in t.named_buffers()}, **value})
+            else:
+                out[key] = value
+        return out
 
-    in_dims = (0, 0, 0, 0, 0, 0 if w_all else None, 0 if anchor else None, 0 if vec is not None else None)
+    objective = first.objective
+
+    def loss_one(params, held_row, x, y, mask, count, w, ctx_row):
+        model = View(template, {**module_buffers, **held_row, **params})
+        step = objective(model, Batch(x, y, w, mask, count), context_of(ctx_row))
+        return step.loss, (step.logits.argmax(1), step.ce)
+
+    with_w = first.weights is not None
+    in_dims = (0, 0, 0, 0, 0, 0, 0 if with_w else None, 0)
     grads = vmap(grad(loss_one, has_aux=True), in_dims=in_dims)
 
-    epochs = [task.local_epochs if e is None else e for e in (epochs or [None] * n_all)]
-    steps = [num_steps(c.num_examples, bs, drop_last) * e for c, e in zip(clients, epochs, strict=True)]
-    resident = task.spec.augment == "none"
-    feed = (Resident if resident else Streamed)(clients, rnd, epochs, bs, drop_last, w_all, device)
+    epochs = [task.local_epochs if u.epochs is None else u.epochs for u in updates]
+    steps = [
+        min(
+            num_steps(c.num_examples, bs, first.drop_last) * e,
+            u.max_steps if u.max_steps is not None else 1 << 62,
+        )
+        for c, u, e in zip(clients, updates, epochs, strict=True)
+    ]
+    w_all = None
+    if with_w:
+        w_all = [torch.as_tensor(np.asarray(u.weights), dtype=torch.float32) for u in updates]
+    inputs = None if first.inputs is None else [u.inputs for u in updates]
+    resident = task.spec.augment == "none" or inputs is not None
+    feed = (Resident if resident else Streamed)(
+        clients, [u.round for u in updates], epochs, steps, bs, first.drop_last, w_all, device, inputs
+    )
     if fixed is None:
         fixed = resident and device.type == "cuda"
     if fixed and not resident:
         raise ValueError("a fixed stack needs data without augmentation (the resident feeder)")
-    rows = list(range(n_all))  # the clients still stacked, in stack order
+    rows = list(range(n_all))  # the updates still stacked, in stack order
     rows_dev = torch.arange(n_all, device=device)
-    # each stacked client's summed cross-entropy and correct predictions (rows: as p's)
-    acc = {"loss": torch.zeros(n_all, dtype=torch.float64, device=device),
-           "correct": torch.zeros(n_all, dtype=torch.int64, device=device)}  # fmt: skip
-    done: dict[int, dict[str, dict[str, torch.Tensor]]] = {}  # client -> its final rows
+    # each stacked update's summed cross-entropy and correct predictions (rows: as p's)
+    acc = {
+        "loss": torch.zeros(n_all, dtype=torch.float64, device=device),
+        "correct": torch.zeros(n_all, dtype=torch.int64, device=device),
+    }
+    done: dict[int, dict[str, dict[str, torch.Tensor]]] = {}  # update -> its final rows
 
     def row(j: int, copy: bool = False) -> dict[str, dict[str, torch.Tensor]]:
         """Stack row j's parameters, sums and buffers: views where the stack is replaced, not changed,
         after (a shrinking stack), copies where it goes on changing in place (a fixed one)."""
         take = (lambda v: v[j].clone()) if copy else (lambda v: v[j])
-        return {"p": {n: take(v) for n, v in p.items()}, "acc": {n: take(v) for n, v in acc.items()},
-                "buf": {n: take(v) for n, v in buf.items()} if buf is not None else {}}  # fmt: skip
+        return {
+            "p": {n: take(v) for n, v in p.items()},
+            "acc": {n: take(v) for n, v in acc.items()},
+            "buf": {n: take(v) for n, v in buf.items()} if buf is not None else {},
+        }
 
     def step(x, y, mask, count, w) -> None:
-        """One SGD step of every stacked client, in place."""
-        g, (pred, ce) = grads(p, x, y, mask, count, w, anchor, vec)
-        with torch.no_grad():  # torch.optim.SGD's rule (foreach form), every client's slice at once
+        """One SGD step of every stacked update, in place."""
+        g, (pred, ce) = grads(p, held, x, y, mask, count, w, rows_ctx)
+        with torch.no_grad():  # torch.optim.SGD's rule (foreach form), every update's slice at once
             ps, gs = [p[n] for n in names], [g[n] for n in names]
             if wd:
                 torch._foreach_add_(gs, ps, alpha=wd)
@@ -227,13 +316,12 @@ def train_stacked(
                 gs = bufs
             torch._foreach_add_(ps, gs, alpha=-lr)
             if corr is not None:
-                torch._foreach_sub_(ps, [corr[n] for n in names])
+                torch._foreach_sub_([p[n] for n in corr], list(corr.values()))
             acc["loss"].add_(ce.double() * count.double())
             acc["correct"].add_(((pred == y) & (mask > 0)).sum(1))
 
     if fixed:
-        t_max = max(steps)
-        for t in range(t_max):
+        for t in range(max(steps)):
             for i in range(n_all):
                 if steps[i] == t:
                     done[i] = row(i, copy=True)
@@ -252,10 +340,9 @@ def train_stacked(
             if not stay:
                 break
             idx = torch.tensor(stay, device=device)
-            p = {n: v.index_select(0, idx) for n, v in p.items()}
-            if vec is not None:
-                vec = vec.index_select(0, idx)
-            for d in (anchor, corr, buf, acc):
+            keep_rows = functools.partial(torch.index_select, dim=0, index=idx)
+            p, held, rows_ctx = (tree_map(keep_rows, d) for d in (p, held, rows_ctx))
+            for d in (corr, buf, acc):
                 if d is not None:
                     for n in d:
                         d[n] = d[n].index_select(0, idx)
@@ -263,24 +350,19 @@ def train_stacked(
             rows_dev = rows_dev.index_select(0, idx)
         step(*feed.batch(t, rows, rows_dev))
         t += 1
-    for j, i in enumerate(rows):  # the clients with the most steps, still stacked
+    for j, i in enumerate(rows):  # the updates with the most steps, still stacked
         done.setdefault(i, row(j))
     out = []
-    for i in range(n_all):
+    for i, u in enumerate(updates):
         trained = {n: v.detach().cpu().numpy().copy() for n, v in done[i]["p"].items()}
-        params = {
-            key: trained[key] if key in trained else np.array(val, copy=True)
-            for key, val in starts[i].items()
-        }
+        params = {key: trained[key] if key in trained else np.array(val, copy=True) for key, val in u.params.items()}
         got = done[i]["acc"]
         stats = TrainStats(
             samples=feed.samples[i], loss_sum=float(got["loss"]), correct=int(got["correct"]), steps=steps[i]
         )
         kept = None
-        if keep and buf is not None:
+        if u.keep_buffers:
             kept = {f"{n}/momentum_buffer": v.detach().cpu().numpy().copy() for n, v in done[i]["buf"].items()}
-        elif keep:
-            kept = {}
         out.append(Trained(params, stats, kept))
     return out
 
@@ -289,10 +371,14 @@ class Resident:
     """The clients' training splits on the device once per call (no augmentation to draw), and
     each step's batches gathered by index: one gather for every client's batch."""
 
-    def __init__(self, clients, rnd, epochs, bs, drop_last, w_all, device) -> None:
+    def __init__(self, clients, rounds, epochs, steps, bs, drop_last, w_all, device, inputs=None) -> None:
         xs, ys, offsets, total = [], [], [], 0
-        for c in clients:
-            x, y = c.device_train_tensors()
+        for i, c in enumerate(clients):
+            if inputs is None:
+                x, y = c.device_train_tensors()
+            else:  # precomputed inputs in place of the images
+                x = torch.from_numpy(np.asarray(inputs[i])).to(device)
+                y = torch.from_numpy(c.train_labels()).to(device)
             xs.append(x)
             ys.append(y)
             offsets.append(total)
@@ -303,15 +389,15 @@ class Resident:
         self._t = torch.zeros(1, dtype=torch.int64, device=device)  # a fixed stack's step, on the device
         self._side = self._graph = None
         self.w = torch.cat(w_all).to(device) if w_all else None
-        # the plan: step t of client i takes rows index[t, i, :count[t, i]] of the stacked splits
+        # the plan: step t of update i takes rows index[t, i, :count[t, i]] of the stacked splits
         plans = []
-        for c, off, n_epochs in zip(clients, offsets, epochs, strict=True):
+        for c, rnd, off, n_epochs, n_steps in zip(clients, rounds, offsets, epochs, steps, strict=True):
             chunks = []
             for e in range(n_epochs):
                 order = c.train_order(rnd, e)
                 stop = num_steps(len(order), bs, drop_last) * bs
                 chunks += [order[s : s + bs] + off for s in range(0, stop, bs)]
-            plans.append(chunks)
+            plans.append(chunks[:n_steps])
         t_max, n = max((len(pl) for pl in plans), default=0), len(clients)
         index = np.zeros((t_max, n, bs), np.int64)
         count = np.ones((t_max, n), np.float32)
@@ -380,12 +466,12 @@ class Streamed:
     """Each client's batches as `Client.host_batches` draws them (its augmentation included),
     padded and stacked on the host, then moved to the device."""
 
-    def __init__(self, clients, rnd, epochs, bs, drop_last, w_all, device) -> None:
-        def batches(c: Client, n_epochs: int):
+    def __init__(self, clients, rounds, epochs, steps, bs, drop_last, w_all, device, inputs=None) -> None:
+        def batches(c: Client, rnd: int, n_epochs: int):
             for e in range(n_epochs):
                 yield from c.host_batches(rnd, e, bs, drop_last)
 
-        self.streams = [batches(c, e) for c, e in zip(clients, epochs, strict=True)]
+        self.streams = [batches(c, r, e) for c, r, e in zip(clients, rounds, epochs, strict=True)]
         self.shape = tuple(clients[0].task.spec.input_shape)
         self.bs, self.w_all, self.device = bs, w_all, device
         self.samples = [0] * len(clients)

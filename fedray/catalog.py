@@ -86,3 +86,6 @@ class ClientCatalog:
 
     def take_client_seconds(self) -> float:
         return self._traffic.take_client_seconds()
+
+    def take_batched_calls(self) -> int:
+        return self._traffic.take_batched_calls()

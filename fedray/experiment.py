@@ -45,6 +45,7 @@ class RoundDone:
     seconds: float
     metrics: dict[str, float] = field(default_factory=dict)  # the round's global-scope values, by metric
     stage: str = ""  # the stage the round ran in (multi-stage algorithms)
+    batched_calls: int = 0  # client calls of the round (its evaluation too) whose training ran stacked
 
 
 @dataclass
@@ -89,6 +90,9 @@ class HostedFederation(Federation, Protocol):
     def take_client_seconds(self) -> float:
         """Seconds the clients spent in their client functions since the last call, summed over the
         calls, then reset: what a round cost beyond its clients' own work is the rest."""
+
+    def take_batched_calls(self) -> int:
+        """Client calls since the last call whose training ran in the stacked engine, then reset."""
 
     def peek_baton(self, baton: Baton) -> Any:
         """The value behind ``baton``, which stays usable (a checkpoint of a State holding Batons)."""
@@ -149,7 +153,7 @@ def run_rounds(
             fed.take_client_seconds()
             records.append(rec("eval_seconds", time.perf_counter() - t1, stage=stage))
         writer.add(rnd + 1, records)
-        yield RoundDone(rnd + 1, cfg.rounds, seconds, _global(records), stage)
+        yield RoundDone(rnd + 1, cfg.rounds, seconds, _global(records), stage, fed.take_batched_calls())
         if save is not None and checkpoint_due(cfg, rnd + 1):
             writer.flush()
             yield save(rnd + 1, state)
@@ -189,6 +193,8 @@ def summarize(history: list[RoundDone], total_seconds: float, placement: dict[st
         "rounds_done": len(history),
         "total_seconds": total_seconds,
         "placement": placement,
+        # client calls whose training ran in the stacked engine (0: every client trained on its own)
+        "batched_calls": sum(h.batched_calls for h in history),
     }
     if seconds:
         out["mean_round_seconds"] = sum(seconds) / len(seconds)
@@ -256,6 +262,7 @@ def execute(
             writer.write_progress(summarize(history, writer.elapsed(), placement))
         fed.take_traffic()
         fed.take_client_seconds()
+        fed.take_batched_calls()
         yield Started(run_id, len(fed.client_ids), placement, start, timings)
 
         def save(rounds_done: int, state: Any) -> Checkpointed:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedray import batched
+from fedray import batched, drive
 from fedray.checkpoint import StateFile
 from fedray.client import Client, Task
 from fedray.client_states import ClientStates
@@ -40,6 +40,7 @@ class CallMeta:
     bytes_out: int
     seconds: float
     carry_bytes: int = 0  # relay calls: the size of the carry the client left behind (part of bytes_out)
+    stacked: bool = False  # the call's training ran in the stacked engine (fedray/batched.py)
 
 
 def set_torch_threads(num_cpus: float) -> int:
@@ -149,45 +150,42 @@ class ClientHost:
             raise ClientError(cid, f"not hosted here (this host has clients {self.client_ids[:10]}...)")
 
     def run(self, fn: ClientFn, cid: int, msg: Any) -> tuple[Any, CallMeta]:
-        self._check_hosted(cid)
-        client, cstate = self._prepared(cid)  # made and read outside the timing
-        t0 = time.perf_counter()
-        try:
-            reply, new_state = fn(client, cstate, msg)
-        except Exception as e:  # noqa: BLE001 - re-raised with the client id attached
-            raise ClientError(cid, f"{type(e).__name__}: {e}", traceback.format_exc()) from e
-        self._state.set(cid, new_state)
-        meta = CallMeta(cid, payload_nbytes(reply), time.perf_counter() - t0)
-        return reply, meta
+        return self.run_groups(fn, [([cid], msg)])[0]
 
     def run_many(self, fn: ClientFn, cids: Sequence[int], msg: Any) -> list[tuple[Any, CallMeta]]:
         return self.run_groups(fn, [(cids, msg)])
 
     def run_groups(self, fn: ClientFn, groups: Sequence[tuple[Sequence[int], Any]]) -> list[tuple[Any, CallMeta]]:
-        """``fn`` on each group's clients with the group's message, in the order given; every
-        client of every group at once through ``fn``'s batched version (`fedray.batched`) where it
-        has one and this host trains batched (cluster-wise FedAvg: all clusters in one stack)."""
+        """``fn`` on each group's clients with the group's message, in the order given.
+
+        A client function that trains yields its `fedray.update.LocalUpdate`s (`fedray.drive`):
+        where this host trains batched, every update its clients yield at one point (every client
+        of every group: cluster-wise FedAvg's clusters in one stack) trains in the stacked engine;
+        else each client runs to its end in turn, each update in the per-client engine."""
         pairs = [(cid, msg) for cids, msg in groups for cid in cids]
-        many = batched.batched_version(fn) if len(pairs) > 1 and self.trains_batched() else None
-        if many is None:
-            return [self.run(fn, cid, msg) for cid, msg in pairs]
-        cids = [cid for cid, _ in pairs]
-        for cid in cids:
+        for cid, _ in pairs:
             self._check_hosted(cid)
-        clients, cstates = zip(*[self._prepared(c) for c in cids], strict=True)
+        batched_here = self.trains_batched()
+        if not batched_here:
+            return [self._run_one(fn, cid, msg) for cid, msg in pairs]
+        prepared = [self._prepared(cid) for cid, _ in pairs]
         t0 = time.perf_counter()
-        try:
-            results = many(list(clients), list(cstates), [m for _, m in pairs])
-        except Exception as e:  # noqa: BLE001 - re-raised with the clients named
-            raise ClientError(
-                cids[0], f"batched training of clients {cids}: {type(e).__name__}: {e}", traceback.format_exc()
-            ) from e
-        seconds = (time.perf_counter() - t0) / len(cids)  # the call's time, shared out
+        results, stacked = drive.run_stacked(
+            fn, [c for c, _ in prepared], [s for _, s in prepared], [m for _, m in pairs], self.task.batched_clients
+        )
+        seconds = (time.perf_counter() - t0) / max(1, len(pairs))  # the call's time, shared out
         out = []
-        for cid, (reply, new_state) in zip(cids, results, strict=True):
+        for (cid, _), (reply, new_state), on in zip(pairs, results, stacked, strict=True):
             self._state.set(cid, new_state)
-            out.append((reply, CallMeta(cid, payload_nbytes(reply), seconds)))
+            out.append((reply, CallMeta(cid, payload_nbytes(reply), seconds, stacked=on)))
         return out
+
+    def _run_one(self, fn: ClientFn, cid: int, msg: Any) -> tuple[Any, CallMeta]:
+        client, cstate = self._prepared(cid)  # made and read outside the timing
+        t0 = time.perf_counter()
+        reply, new_state = drive.run_one(fn, client, cstate, msg)
+        self._state.set(cid, new_state)
+        return reply, CallMeta(cid, payload_nbytes(reply), time.perf_counter() - t0)
 
     def _prepared(self, cid: int) -> tuple[Client, Any]:
         """Client ``cid`` (its samples made, where a source makes them) and its state (read back,
@@ -220,17 +218,29 @@ class ClientHost:
         self._check_hosted(cid)
         self._state.set(cid, state)
 
-    def relay(self, fn: ClientFn, cid: int, carry: Any, common: Any) -> tuple[Any, Any, CallMeta]:
-        """One relay hop (see `Federation.relay`): ``fn`` gets ``(carry, common)`` and returns
-        ``(carry_out, info)``; the three results travel separately, so a caller can leave
-        ``carry_out`` where it is and take only ``info`` and the meta."""
-        reply, meta = self.run(fn, cid, (carry, common))
-        if not (isinstance(reply, tuple) and len(reply) == 2):
-            raise ClientError(
-                cid, f"a relay client function returns (carry, info), got {type(reply).__name__}"
-            )
-        out, info = reply
-        return out, info, replace(meta, carry_bytes=payload_nbytes(out))
+    def relay(self, fn: ClientFn, hops: Sequence[tuple[int, Any]], common: Any) -> list[tuple[Any, Any, CallMeta]]:
+        """Relay hops (see `Federation.relay`), in the given order: ``fn`` gets ``(carry, common)``
+        and returns ``(carry_out, info)``; per hop, the three results travel separately, so a
+        caller can leave ``carry_out`` where it is and take only ``info`` and the meta. Hops to
+        distinct clients run as one call (trained in one stack where this host trains batched);
+        a client's second hop runs after its first."""
+        out: list[tuple[Any, Any, CallMeta]] = []
+        start = 0
+        while start < len(hops):
+            seen: set[int] = set()
+            stop = start
+            while stop < len(hops) and hops[stop][0] not in seen:
+                seen.add(hops[stop][0])
+                stop += 1
+            wave = hops[start:stop]
+            got = self.run_groups(fn, [([cid], (carry, common)) for cid, carry in wave])
+            for (cid, _), (reply, meta) in zip(wave, got, strict=True):
+                if not (isinstance(reply, tuple) and len(reply) == 2):
+                    raise ClientError(cid, f"a relay client function returns (carry, info), got {type(reply).__name__}")
+                carry_out, info = reply
+                out.append((carry_out, info, replace(meta, carry_bytes=payload_nbytes(carry_out))))
+            start = stop
+        return out
 
     def run_test(self, fn: ClientFn, start: int, stop: int, msg: Any) -> Any:
         """Run ``fn`` on test-set samples [start, stop) posing as client TEST_SHARD's own test split."""

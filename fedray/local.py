@@ -60,17 +60,16 @@ class LocalFederation(ClientCatalog):
         return acc
 
     def relay(self, fn: ClientFn, hops: Sequence[tuple[int, Any]], common: Any) -> list[tuple[Baton, Any]]:
-        out, sizes, infos, metas = [], [], [], []
-        for cid, carry in hops:
+        carries, sizes = [], []
+        for _, carry in hops:
             carry, size = (
                 self._batons.take(carry) if isinstance(carry, Baton) else (carry, payload_nbytes(carry))
             )
-            value, info, meta = self.host.relay(fn, cid, carry, common)
-            out.append((self._batons.park(value, meta.carry_bytes), info))
+            carries.append(carry)
             sizes.append(size)
-            infos.append(info)
-            metas.append(meta)
-        self._traffic.relay_hops(sizes, common, infos, metas)
+        got = self.host.relay(fn, [(cid, c) for (cid, _), c in zip(hops, carries, strict=True)], common)
+        out = [(self._batons.park(value, meta.carry_bytes), info) for value, info, meta in got]
+        self._traffic.relay_hops(sizes, common, [i for _, i, _ in got], [m for _, _, m in got])
         return out
 
     def fetch(self, batons: Sequence[Baton]) -> list[Any]:

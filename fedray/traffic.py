@@ -21,6 +21,7 @@ class TrafficMeter:
         self.up = 0
         self.received = 0
         self.client_seconds = 0.0
+        self.batched_calls = 0  # client calls whose training ran in the stacked engine
 
     def broadcast(self, msg: Any, receivers: int) -> None:
         self.down += payload_nbytes(msg) * receivers
@@ -29,6 +30,7 @@ class TrafficMeter:
         self.up += sum(m.bytes_out for m in metas)
         self.received += sum(m.bytes_out + payload_nbytes(m) for m in metas)
         self.client_seconds += sum(m.seconds for m in metas)
+        self.batched_calls += sum(m.stacked for m in metas)
 
     def relay_hops(
         self, carry_sizes: Sequence[int], common: Any, infos: Sequence[Any], metas: Sequence[CallMeta]
@@ -39,11 +41,17 @@ class TrafficMeter:
         self.up += sum(m.bytes_out for m in metas)
         self.received += sum(payload_nbytes(i) + payload_nbytes(m) for i, m in zip(infos, metas, strict=True))
         self.client_seconds += sum(m.seconds for m in metas)
+        self.batched_calls += sum(m.stacked for m in metas)
 
     def take_client_seconds(self) -> float:
         """Seconds the clients spent in their client functions since the last call, summed over
         the calls (a client's samples being made, queues and messages are not in it), then reset."""
         out, self.client_seconds = self.client_seconds, 0.0
+        return out
+
+    def take_batched_calls(self) -> int:
+        """Client calls since the last call whose training ran stacked, then reset."""
+        out, self.batched_calls = self.batched_calls, 0
         return out
 
     def fetched(self, sizes: Sequence[int]) -> None:

@@ -1,62 +1,19 @@
-"""Local training and evaluation loops (NIID-Bench semantics, docs/algorithms/common.md#the-fedavg-core)."""
+"""The per-client engine of a `fedray.update.LocalUpdate` (NIID-Bench's local SGD,
+docs/algorithms/common.md#the-fedavg-core), and the evaluation loops."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from fedray.client import Client
-from fedray.params import Params
-
-
-@dataclass
-class Step:
-    """What an objective computes for one batch."""
-
-    logits: torch.Tensor  # the model's predictions: train accuracy is counted on these
-    ce: torch.Tensor  # the batch's mean cross-entropy, reported as sgd_loss
-    loss: torch.Tensor  # what the optimizer minimises
-
-
-# The local objective: (model, x, y) -> Step. FedProx adds a proximal term, MOON a contrastive
-# term, FedRS and FedLC adjust the logits the loss sees; the default is plain cross-entropy.
-Objective = Callable[[nn.Module, torch.Tensor, torch.Tensor], Step]
-# Called after every optimizer step with the model (SCAFFOLD's control-variate correction).
-AfterStep = Callable[[nn.Module], None]
-
-
-def cross_entropy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Step:
-    out = model(x)
-    ce = nn.functional.cross_entropy(out, y)
-    return Step(out, ce, ce)
-
-
-def proximal(mu: float, anchor: Mapping[str, torch.Tensor]) -> Objective:
-    """Cross-entropy plus (mu/2) ||w - anchor||^2 over the parameters (FedProx; FedSoft with its
-    importance-weighted anchor)."""
-
-    def objective(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Step:
-        step = cross_entropy(model, x, y)
-        prox = sum(((p - anchor[name]) ** 2).sum() for name, p in model.named_parameters())
-        return Step(step.logits, step.ce, step.loss + mu / 2 * prox)
-
-    return objective
-
-
-def weighted_cross_entropy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> Step:
-    """(1/|B|) sum_b w_b CE_b: per-sample weights, divided by the batch size and not by the weights'
-    sum (FedEM/FedRC's gamma-weighted loss, docs/algorithms/mixture.md#fedems-round step 2d)."""
-    out = model(x)
-    each = nn.functional.cross_entropy(out, y, reduction="none")
-    return Step(out, each.mean(), (w * each).sum() / len(y))
-
-
-# The weighted objective: (model, x, y, per-sample weights of the batch) -> Step.
-WeightedObjective = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], Step]
+from fedray.params import Params, get_params
+from fedray.update import Batch, Frozen, LocalUpdate, Trained
 
 
 @dataclass
@@ -78,66 +35,119 @@ class EvalStats:
 class TrainStats(EvalStats):
     steps: int = 0  # optimizer steps taken
 
+    def add(self, other: TrainStats) -> None:
+        self.samples += other.samples
+        self.loss_sum += other.loss_sum
+        self.correct += other.correct
+        self.steps += other.steps
+
 
 def sgd(params: Iterable[nn.Parameter], client: Client) -> torch.optim.SGD:
     t = client.task
     return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
 
 
-# Batches of one epoch: epoch -> (inputs, labels) pairs.
-Batches = Callable[[int], Iterable[tuple[torch.Tensor, torch.Tensor]]]
+# Batches of one epoch: epoch -> (inputs, labels, positions in the training split) triples.
+Batches = Callable[[int], Iterable[tuple[torch.Tensor, torch.Tensor, np.ndarray | None]]]
 
 
-def local_train(
+def train_update(client: Client, update: LocalUpdate) -> Trained:
+    """The per-client engine: ``update`` run on one model with `torch.optim.SGD` (the task's lr,
+    momentum and weight decay; fresh unless the update gives buffers), one batch at a time.
+
+    The model is the client's module for the update's architecture, loaded with its start; its
+    parameters outside ``trainable`` are fixed (no gradient, not in the optimizer). Each epoch walks
+    the client's shuffled training batches (or ``inputs`` in the same order and sizes), stopping
+    after ``max_steps``; after every step the ``correction`` times lr is subtracted from its
+    state-dict entries. Frozen models of the context are the client's modules in eval mode.
+    """
+    model = client.model(update.params, arch=update.arch)
+    trainable = None if update.trainable is None else set(update.trainable)
+    for name, p in model.named_parameters():
+        p.requires_grad_(trainable is None or name in trainable)
+    opt = sgd([p for _, p in model.named_parameters() if p.requires_grad], client)
+    if update.buffers:
+        load_optimizer_state(opt, model, update.buffers)
+    after_step = None
+    if update.correction is not None:
+        entries = model.state_dict()  # tensors that share the model's storage
+        lr = client.task.lr
+        correction = [
+            (entries[k], torch.from_numpy(np.asarray(v)).to(client.device) * lr) for k, v in update.correction.items()
+        ]
+
+        def after_step() -> None:
+            with torch.no_grad():
+                for entry, step in correction:
+                    entry.sub_(step)
+
+    batches = None if update.inputs is None else feature_batches(client, update.inputs, update.round)
+    stats = _local_steps(
+        model,
+        client,
+        update,
+        opt,
+        device_context(client, update.context),
+        after_step,
+        batches,
+    )
+    buffers = optimizer_state(opt, model) if update.keep_buffers else None
+    return Trained(get_params(model), stats, buffers)
+
+
+def device_context(client: Client, context: Mapping[str, Any]) -> dict[str, Any]:
+    """An update's context as its objective sees it in the per-client engine: arrays as tensors on
+    the client's device (their dtype kept), parameter dicts as dicts of them, frozen models as the
+    client's modules (one slot per name) in eval mode without gradients; scalars and None as given."""
+
+    def one(name: str, value: Any) -> Any:
+        if isinstance(value, Frozen):
+            model = client.model(value.params, slot=f"frozen/{name}", arch=value.arch)
+            model.eval()
+            model.requires_grad_(False)
+            return model
+        if isinstance(value, np.ndarray):
+            return torch.as_tensor(value, device=client.device)
+        if isinstance(value, Mapping):
+            return {k: torch.as_tensor(np.asarray(v), device=client.device) for k, v in value.items()}
+        return value
+
+    return {name: one(name, value) for name, value in context.items()}
+
+
+def _local_steps(
     model: nn.Module,
     client: Client,
-    rnd: int,
-    epochs: int | None = None,
-    optimizer: torch.optim.Optimizer | None = None,
-    objective: Objective = cross_entropy,
-    after_step: AfterStep | None = None,
-    batches: Batches | None = None,
-    max_steps: int | None = None,
-    weights: np.ndarray | None = None,
-    weighted_objective: WeightedObjective = weighted_cross_entropy,
-    drop_last: bool = False,
+    update: LocalUpdate,
+    opt: torch.optim.Optimizer,
+    context: Mapping[str, Any],
+    after_step: Callable[[], None] | None,
+    batches: Batches | None,
 ) -> TrainStats:
-    """``epochs`` full passes of mini-batch SGD on the client's training split.
-
-    A fresh optimizer per call unless one is given (NIID-Bench re-creates it every round); give one
-    over some parameters only to train those (the others stay frozen). ``objective`` is the loss
-    (cross-entropy unless an algorithm says otherwise); ``after_step`` runs after each optimizer
-    step. ``batches(epoch)`` replaces the client's shuffled training batches (e.g. precomputed
-    features, `feature_batches`). ``max_steps`` stops after that many optimizer steps (FedConcat's
-    classifier rounds: 3). ``weights`` (one per training sample, aligned with the client's training
-    split) weight each sample's loss through ``weighted_objective`` (FedEM/FedRC's gamma);
-    ``drop_last`` drops each epoch's last partial batch (FedRC's loaders).
-    """
-    opt = optimizer or sgd(model.parameters(), client)
+    """The update's epochs of mini-batch SGD on ``model`` (NIID-Bench's loop)."""
     model.train()
     stats = TrainStats()
     w_all = (
         None
-        if weights is None
-        else torch.as_tensor(np.asarray(weights), dtype=torch.float32, device=client.device)
+        if update.weights is None
+        else torch.as_tensor(np.asarray(update.weights), dtype=torch.float32, device=client.device)
     )
-    for epoch in range(client.task.local_epochs if epochs is None else epochs):
+    epochs = client.task.local_epochs if update.epochs is None else update.epochs
+    for epoch in range(epochs):
         if batches is not None:
-            epoch_batches = ((x, y, None) for x, y in batches(epoch))
+            epoch_batches = batches(epoch)
         else:
-            epoch_batches = client.train_batches_at(rnd, epoch, drop_last=drop_last)
+            epoch_batches = client.train_batches_at(update.round, epoch, drop_last=update.drop_last)
         for x, y, pos in epoch_batches:
-            if max_steps is not None and stats.steps >= max_steps:
+            if update.max_steps is not None and stats.steps >= update.max_steps:
                 break
             opt.zero_grad(set_to_none=True)
-            if w_all is None:
-                step = objective(model, x, y)
-            else:
-                step = weighted_objective(model, x, y, w_all[torch.from_numpy(pos).to(client.device)])
+            w = None if w_all is None else w_all[torch.from_numpy(pos).to(client.device)]
+            step = update.objective(model, Batch(x, y, w), context)
             step.loss.backward()
             opt.step()
             if after_step is not None:
-                after_step(model)
+                after_step()
             n = len(y)
             stats.steps += 1
             stats.samples += n
@@ -175,13 +185,14 @@ def feature_batches(client: Client, features: np.ndarray, rnd: int) -> Batches:
     labels = client.train_labels()
     bs = client.task.batch_size
 
-    def epoch_batches(epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def epoch_batches(epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, np.ndarray]]:
         order = client.train_order(rnd, epoch)
         for start in range(0, len(order), bs):
             pos = order[start : start + bs]
             yield (
                 torch.from_numpy(features[pos]).to(client.device),
                 torch.from_numpy(labels[pos]).to(client.device),
+                pos,
             )
 
     return epoch_batches

@@ -1,5 +1,5 @@
-"""Batched client training (fedray/batched.py): the per-client path's numbers, for every client
-function it covers, in-process and on Ray; which models and devices use it; its errors."""
+"""The stacked engine (fedray/batched.py): the per-client engine's numbers for every kind of local
+update and every algorithm, in-process and on Ray; which models and devices use it; its errors."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from analysis import load_runs
 from fedray import batched
-from fedray.algorithms.rounds import local_update
 from fedray.client import Task
 from fedray.coercion import ConfigError
 from fedray.data import ArrayDataset, ClientIndices, DataSpec
@@ -20,7 +20,9 @@ from fedray.federation import ClientError
 from fedray.host import ClientHost
 from fedray.local import make_local_federation
 from fedray.params import get_params
-from fedray.train import load_optimizer_state, local_train, optimizer_state, sgd
+from fedray.models import Arch
+from fedray.train import optimizer_state, sgd, train_update
+from fedray.update import Frozen, LocalUpdate, Step, cross_entropy, proximal
 from fedray.validation import from_dict
 from tests.conftest import small_config
 from tests.helpers import ALGORITHM_HP, CONFIG_OVER, round_metrics
@@ -53,90 +55,133 @@ def _close(a, b, atol=2e-6):
         np.testing.assert_allclose(a[k], b[k], rtol=0, atol=atol, err_msg=k)
 
 
+def _contrastive(model, batch, context):
+    """MOON's form on the MLP: CE + mu * a cross-entropy over cosine similarities of the encoder's
+    features with a frozen shared model's and a frozen per-client model's."""
+    z = model.encoder(batch.x)
+    logits = model.head(z)
+    ce = batch.cross_entropy(logits)
+    with torch.no_grad():
+        others = [context["glob"].encoder(batch.x), context["prev"].encoder(batch.x)]
+    sims = torch.stack([torch.nn.functional.cosine_similarity(z, o, dim=1) for o in others], dim=1)
+    target = torch.zeros(len(batch.y), dtype=torch.long, device=batch.y.device)
+    return Step(logits, ce, ce + context["mu"] * batch.cross_entropy(sims / 0.5, target))
+
+
+def _offsets(model, batch, context):
+    """FedLC's form: the loss on the logits minus a per-client vector."""
+    out = model(batch.x)
+    ce = batch.cross_entropy(out - context["per_class"])
+    return Step(out, ce, ce)
+
+
+def _updates(host, case, starts, rnd):
+    """One update per client of ``host`` for ``case``, with real SGD buffers and per-client values."""
+    cids = host.client_ids
+    g = np.random.default_rng(1)
+    updates = []
+    for i, c in enumerate(cids):
+        client, start = host.client(c), starts[i]
+        kw = {}
+        if case == "prox":
+            kw.update(objective=proximal, context={"anchor": start, "mu": 0.3 if i % 2 else 0.1})
+        elif case == "correction":
+            kw["correction"] = {k: g.normal(0, 0.01, v.shape).astype(np.float32) for k, v in start.items()}
+        elif case == "buffers":  # one step's worth on the client's data
+            m = client.model(start)
+            opt = sgd(m.parameters(), client)
+            m(torch.zeros(1, 3, 6, 6)).sum().backward()
+            opt.step()
+            kw.update(buffers=optimizer_state(opt, m), keep_buffers=True)
+        elif case == "weights":
+            kw.update(weights=g.random(client.num_examples), drop_last=True)
+        elif case == "epochs":  # a straggler's fewer epochs, a cap on steps
+            kw.update(epochs=1 + i % 2, max_steps=None if i % 3 else 3)
+        elif case == "trainable":
+            kw["trainable"] = ["head.weight", "head.bias"]
+        elif case == "frozen":
+            glob = Frozen(starts[0])  # one model shared by every client, one of its own each
+            kw.update(objective=_contrastive, context={"mu": 0.5, "glob": glob, "prev": Frozen(starts[-1 - i])})
+        elif case == "per_class":
+            kw.update(objective=_offsets, context={"per_class": g.random(4).astype(np.float32)})
+        updates.append(LocalUpdate(start, rnd, **kw))
+    return updates
+
+
 # the resident feeder shrinking the stack as clients finish (CPU), the same with a fixed stack
 # (CUDA's, whose steps replay as one graph), and the streamed feeder (augmented data)
 @pytest.mark.parametrize("augment,fixed", [("none", False), ("none", True), ("crop_flip", False)])
-@pytest.mark.parametrize("case", ["plain", "prox", "correction", "buffers", "weights"])
-def test_each_client_trains_as_local_train_trains_it_alone(augment, fixed, case):
+@pytest.mark.parametrize(
+    "case", ["plain", "prox", "correction", "buffers", "weights", "epochs", "trainable", "frozen", "per_class"]
+)
+def test_each_update_trains_in_the_stack_as_the_per_client_engine_trains_it(augment, fixed, case):
     host = _host(augment)
     cids = host.client_ids
     starts = _starts(host, len(cids))
-    rnd, mu = 3, 0.3
-    g = np.random.default_rng(1)
-    corrections = [{k: g.normal(0, 0.01, v.shape).astype(np.float32) for k, v in s.items()} for s in starts]
-    buffers = []
-    for c, s in zip(cids, starts, strict=True):  # real SGD buffers: one step's worth on the client's data
-        m = host.client(c).model(s)
-        opt = sgd(m.parameters(), host.client(c))
-        m(torch.zeros(1, 3, 6, 6)).sum().backward()
-        opt.step()
-        buffers.append(optimizer_state(opt, m))
-    weights = [g.random(host.client(c).num_examples) for c in cids]
-
-    got = batched.train_stacked(
-        [host.client(c) for c in cids], starts, rnd,
-        prox_mu=mu if case == "prox" else 0.0,
-        corrections=corrections if case == "correction" else None,
-        buffers=buffers if case == "buffers" else None, keep=case == "buffers",
-        weights=weights if case == "weights" else None, drop_last=case == "weights", fixed=fixed,
-    )  # fmt: skip
+    updates = _updates(host, case, starts, 3)
+    got = batched.train_stacked([host.client(c) for c in cids], updates, fixed=fixed)
     for i, c in enumerate(cids):
-        client = host.client(c)
-        model = client.model(starts[i])
-        anchor = {n: p.detach().clone() for n, p in model.named_parameters()}
-        opt = sgd(model.parameters(), client)
-        if case == "buffers":
-            load_optimizer_state(opt, model, buffers[i])
-        kw = {}
-        if case == "prox":
-            from fedray.train import proximal
-
-            kw["objective"] = proximal(mu, anchor)
-        if case == "correction":
-            entries = model.state_dict()
-
-            def correct(m, i=i, entries=entries, client=client):
-                with torch.no_grad():
-                    for k, v in corrections[i].items():
-                        entries[k].sub_(torch.from_numpy(v) * client.task.lr)
-
-            kw["after_step"] = correct
-        if case == "weights":
-            kw.update(weights=weights[i], drop_last=True)
-        stats = local_train(model, client, rnd, optimizer=opt, **kw)
-        _close(get_params(model), got[i].params)
+        alone = train_update(host.client(c), updates[i])
+        _close(alone.params, got[i].params)
         assert (got[i].stats.steps, got[i].stats.samples, got[i].stats.correct) == (
-            stats.steps,
-            stats.samples,
-            stats.correct,
+            alone.stats.steps,
+            alone.stats.samples,
+            alone.stats.correct,
         )
-        assert got[i].stats.loss_sum == pytest.approx(stats.loss_sum, rel=1e-5, abs=1e-6)
+        assert got[i].stats.loss_sum == pytest.approx(alone.stats.loss_sum, rel=1e-5, abs=1e-6)
         if case == "buffers":
-            _close(optimizer_state(opt, model), got[i].buffers)
+            _close(alone.buffers, got[i].buffers)
         else:
             assert got[i].buffers is None
+        if case == "trainable":
+            assert all(np.array_equal(got[i].params[k], starts[i][k]) for k in starts[i] if k.startswith("encoder."))
     assert got[3].stats.steps == 0 and got[3].params.keys() == starts[3].keys()  # the client without data
     _close(got[3].params, starts[3], atol=0)
 
 
-def test_a_client_that_keeps_its_optimizer_without_momentum_keeps_no_buffers():
-    host = _host(momentum=0.0)
-    got = batched.train_stacked([host.client(c) for c in (0, 1)], _starts(host, 2), 0, keep=True)
-    assert [t.buffers for t in got] == [{}, {}]  # as optimizer_state of an SGD without momentum
+def test_the_k_models_of_one_client_and_features_in_place_of_images_stack_too():
+    host = _host()
+    client = host.client(4)
+    starts = _starts(host, 3)
+    width = host.task.build_model(arch=Arch(1, head_only=True)).in_features
+    feats = np.random.default_rng(2).random((client.num_examples, width)).astype(np.float32)
+    head = [{"weight": np.full((4, width), 0.01 * k, np.float32), "bias": np.zeros(4, np.float32)} for k in range(3)]
+    cases = [
+        [LocalUpdate(s, 1, weights=np.full(client.num_examples, 0.5 + k)) for k, s in enumerate(starts)],
+        [LocalUpdate(h, 1, arch=Arch(1, head_only=True), inputs=feats, epochs=1, max_steps=4) for h in head],
+    ]
+    for updates in cases:
+        got = batched.train_stacked([client] * 3, updates)
+        for u, t in zip(updates, got, strict=True):
+            _close(train_update(client, u).params, t.params)
 
 
-# Every algorithm whose client function has a batched version (local_update: FedAvg, FedNova,
-# CluSamp, cluster-wise FedAvg, FedConcat's encoder stage; FedAvg's kept optimizer; FedProx;
-# SCAFFOLD; IFCA; FedRS; FedLC; FedEM's and FedRC's K models of a client), on a CNN, momentum and weight decay on, clients of unequal sizes.
-COVERED = {
+def test_updates_of_different_shapes_have_different_signatures():
+    host = _host()
+    s = _starts(host, 1)[0]
+    plain = batched.signature(LocalUpdate(s, 0))
+    assert batched.signature(LocalUpdate(s, 1, epochs=3)) == plain  # per-update values stack
+    assert batched.signature(LocalUpdate(s, 0, objective=proximal, context={"anchor": s, "mu": 1.0})) != plain
+    assert batched.signature(LocalUpdate(s, 0, weights=np.ones(3))) != plain
+    assert batched.signature(LocalUpdate(s, 0, context={"prev": None})) != batched.signature(
+        LocalUpdate(s, 0, context={"prev": Frozen(s)})
+    )
+
+
+# Every algorithm (FedAvg's two local updates; IFCA, FeSEM and CFL with kept buffers; FedEM with
+# its kept buffers and dropped batches too), on a CNN with weight decay, clients of unequal sizes,
+# momentum 0 (the stable setting: momentum amplifies round-off into whole runs on some cells).
+ALL = {
     "fedavg": {},
     "fedavg-kept": {"algorithm": "fedavg", "hp": {"persistent_optimizer": True, "drop_last": True}},
-    **{a: {"algorithm": a, "hp": ALGORITHM_HP[a], **CONFIG_OVER.get(a, {})}
-       for a in ("fedprox", "scaffold", "fednova", "clusamp", "clusterfedavg", "fedconcat", "ifca", "fedrs", "fedlc",
-                 "fedem", "fedrc")},
-    **{a: {"algorithm": a, "hp": {**ALGORITHM_HP[a], "persistent_optimizer": True}, **CONFIG_OVER.get(a, {})}
-       for a in ("cfl", "layercfl")},
+    **{a: {"algorithm": a, "hp": hp, **CONFIG_OVER.get(a, {})} for a, hp in ALGORITHM_HP.items()},
     "fedem-kept": {"algorithm": "fedem", "hp": {**ALGORITHM_HP["fedem"], "persistent_optimizer": True, "drop_last": True}},
+    "fedconcat-uncached": {"algorithm": "fedconcat", "hp": {**ALGORITHM_HP["fedconcat"], "cache_features": False}},
+    "fedcat-carried": {"algorithm": "fedcat", "hp": {**ALGORITHM_HP["fedcat"], "optimizer_state": "carried"},
+                       **CONFIG_OVER["fedcat"]},
+}
+ALL = {
+    name: {**over, "rounds": 4} if over.get("algorithm") == "fedcat" else over for name, over in ALL.items()
 }  # fmt: skip
 
 
@@ -152,24 +197,26 @@ def _compare(off, on):
     return m
 
 
-@pytest.mark.parametrize("name", list(COVERED))
+@pytest.mark.parametrize("name", list(ALL))
 def test_batched_runs_give_the_per_client_numbers(tmp_path, name):
     over = {**dict(dataset="digits", model="mcmahan_cnn", num_clients=8, participation=0.5, rounds=3, local_epochs=2,
-                   lr=0.02, momentum=0.9, weight_decay=1e-4, seed=3, algorithm="fedavg"), **COVERED[name]}  # fmt: skip
+                   lr=0.05, momentum=0.0, weight_decay=1e-4, seed=3, algorithm="fedavg"), **ALL[name]}  # fmt: skip
     _off_and_on_agree(tmp_path, over)
 
 
 def _off_and_on_agree(tmp_path, over):
-    """``over`` run per client and batched: `_compare`'s agreement, and batched for real (the SGD
-    losses differ in the last bits; the same bits would mean it never ran)."""
-    runs = {}
+    """``over`` run per client and batched: `_compare`'s agreement, and batched for real (the runs'
+    summaries count stacked calls, and the SGD losses differ in the last bits)."""
+    runs, calls = {}, {}
     for mode in ("off", "on"):
         cfg = small_config(tmp_path / mode, batched_clients=mode, **over)
-        list(execute(cfg, make_local_federation))
+        calls[mode] = [ev for ev in execute(cfg, make_local_federation)][-1].summary["batched_calls"]
         runs[mode] = round_metrics(cfg.output)
+        assert load_runs(cfg.output)["summary"].iloc[0]["batched_calls"] == calls[mode]  # the runs/ table
     m = _compare(runs["off"], runs["on"])
     sgd = m[m.metric == "sgd_loss"]
     assert (sgd.value_off != sgd.value_on).any()
+    assert calls["off"] == 0 and calls["on"] > 0
 
 
 def test_auto_trains_one_client_at_a_time_on_the_cpu_and_on_means_on(tmp_path):
@@ -222,38 +269,67 @@ def test_yaml_reads_a_bare_on_and_off_as_the_words(tmp_path):
         assert load_config(path).batched_clients == word
 
 
-def _fails(client, cstate, msg):
-    return {"n": client.num_examples}, cstate
-
-
-def test_a_failing_batched_function_names_its_clients():
-    def broken(clients, states, msgs):
+def _raises_when_stacked(model, batch, context):
+    if not isinstance(model, torch.nn.Module):  # the stacked engine's view
         raise RuntimeError("out of memory")
-
-    batched.register_batched(_fails)(broken)
-    try:
-        host = _host()
-        host = ClientHost(dataclasses.replace(host.task, batched_clients="on"), host._data, host._indices)
-        with pytest.raises(
-            ClientError,
-            match=r"client 0: batched training of clients \[0, 1, 2\]: RuntimeError: out of memory",
-        ):
-            host.run_groups(_fails, [([0, 1], {}), ([2], {})])
-        assert [r for r, _ in host.run_groups(_fails, [([1], {})])] == [{"n": 64}]  # one client: no batch
-    finally:
-        batched._BATCHED.pop(_fails)
+    return cross_entropy(model, batch, context)
 
 
-def test_every_covered_client_function_is_named_in_the_docs():
-    from pathlib import Path
+def _trains_with(client, cstate, msg):
+    trained = yield LocalUpdate(msg["params"], 0, objective=_raises_when_stacked)
+    return {"steps": trained.stats.steps}, cstate
 
-    import fedray.algorithms  # noqa: F401 - registers the built-in batched versions
 
-    page = (Path(__file__).resolve().parents[1] / "docs" / "batched.md").read_text()
-    assert batched.covered()
-    for name in batched.covered():
-        assert f"`{name}`" in page, name
-    assert local_update in batched._BATCHED
+def _on_host(mode: str) -> ClientHost:
+    host = _host()
+    return ClientHost(dataclasses.replace(host.task, batched_clients=mode), host._data, host._indices)
+
+
+def test_a_failing_stacked_training_names_its_clients():
+    host = _on_host("on")
+    msg = {"params": _starts(host, 1)[0]}
+    with pytest.raises(
+        ClientError, match=r"client 0: batched training of clients \[0, 1, 2\]: RuntimeError: out of memory"
+    ):
+        host.run_groups(_trains_with, [([0, 1], msg), ([2], msg)])
+    assert [r for r, _ in host.run_groups(_trains_with, [([1], msg)])] == [{"steps": 8}]  # alone: per client
+
+
+def _trains_by_itself(client, cstate, msg):
+    """A client function that runs its own optimizer: nothing the stacked engine can stack."""
+    model = client.model(msg["params"])
+    opt = sgd(model.parameters(), client)
+    for x, y in client.train_batches(0, 0):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return {"params": get_params(model)}, cstate
+
+
+def test_a_function_that_trains_by_itself_is_named_under_on_and_runs_per_client_under_auto(capfd):
+    msg = {"params": _starts(_host(), 1)[0]}
+    with pytest.raises(ClientError, match=r"client 0: Unstackable: client function (tests\.)?test_batched\._trains_by_itself "
+                                          r"trains a model itself .* batched_clients: on cannot stack"):  # fmt: skip
+        _on_host("on").run_groups(_trains_by_itself, [([0, 1], msg)])
+    auto = _on_host("auto")
+    auto._batched = True  # as on a GPU
+    got = [r for r, _ in auto.run_groups(_trains_by_itself, [([0, 1], msg)])]
+    again = [r for r, _ in auto.run_groups(_trains_by_itself, [([0, 1], msg)])]
+    alone = [r for r, _ in _on_host("off").run_groups(_trains_by_itself, [([0, 1], msg)])]
+    for a, b, c in zip(got, again, alone, strict=True):
+        _close(a["params"], c["params"], atol=0)
+        _close(b["params"], c["params"], atol=0)
+    err = capfd.readouterr().err
+    assert err.count("test_batched._trains_by_itself trains a model itself") == 1
+
+
+def test_a_plug_in_objective_trains_batched_with_no_extra_code(tmp_path):
+    """examples/plugin/fedavg_ls.py (label smoothing, its own loss term) runs stacked, to the
+    per-client numbers."""
+    plugin = Path(__file__).resolve().parents[1] / "examples" / "plugin" / "fedavg_ls.py"
+    over = dict(dataset="digits", model="mcmahan_cnn", num_clients=8, participation=0.5, rounds=3, local_epochs=2,
+                lr=0.05, momentum=0.0, seed=3, algorithm="fedavg_ls", hp={"smoothing": 0.2}, plugins=[str(plugin)])  # fmt: skip
+    _off_and_on_agree(tmp_path, over)
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])

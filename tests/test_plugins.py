@@ -287,3 +287,19 @@ def test_a_plugin_data_set_of_clients_made_on_demand_runs_on_ray_with_the_in_pro
     clients = load_clients(tmp_path / "ray")
     assert list(clients["num_train"]) == [20 + c % 7 for c in range(12)] and (clients["num_test"] == 5).all()
     assert not (tmp_path / "ray" / "partitions").exists()  # clients made on demand index no arrays
+
+
+def test_label_smoothing_with_no_smoothing_is_fedavg_exactly(tmp_path, isolated):
+    """examples/plugin/fedavg_ls.py's reduces-to test: eps = 0 is FedAvg, value for value, and
+    eps > 0 moves the numbers."""
+    from tests.conftest import small_config
+    from tests.helpers import run_metrics
+
+    plugin = [str(EXAMPLE / "fedavg_ls.py")]
+    keep = ["accuracy", "loss", "train_accuracy", "sgd_loss"]
+    fedavg = run_metrics(small_config(tmp_path / "a"))
+    b = fedavg[fedavg["metric"].isin(keep)].reset_index(drop=True)
+    for eps, same in ((0.0, True), (0.3, False)):
+        ls = run_metrics(small_config(tmp_path / f"ls{eps}", algorithm="fedavg_ls", plugins=plugin, hp={"smoothing": eps}))
+        a = ls[ls["metric"].isin(keep)].reset_index(drop=True)
+        assert len(a) and a.equals(b) == same

@@ -1,4 +1,6 @@
-"""The shared trainer's hooks: a fixed number of steps, batches of precomputed features, frozen layers."""
+"""The per-client engine of a local-update description (fedray.train.train_update): a cap on
+steps, precomputed inputs, frozen parameters, sample weights, a correction after each step, kept
+optimizer buffers."""
 
 from __future__ import annotations
 
@@ -7,8 +9,10 @@ import torch
 
 from fedray.data import build_federated_data
 from fedray.local import make_local_federation
+from fedray.models import Arch
 from fedray.params import get_params
-from fedray.train import feature_batches, local_train, sgd
+from fedray.train import feature_batches, sgd, train_update
+from fedray.update import LocalUpdate
 from tests.conftest import small_config
 
 
@@ -20,38 +24,32 @@ def one_client(tmp_path, **over):
 
 def test_max_steps_stops_after_that_many_optimizer_steps(tmp_path):
     client = one_client(tmp_path, local_epochs=3)
-    model = client.model(get_params(client.task.build_model()))
-    stats = local_train(model, client, rnd=0, max_steps=3)
+    init = get_params(client.task.build_model())
+    stats = train_update(client, LocalUpdate(init, 0, max_steps=3)).stats
     assert stats.steps == 3 and stats.samples == 3 * 16
-    full = local_train(model, client, rnd=0, epochs=1)
+    full = train_update(client, LocalUpdate(init, 0, epochs=1)).stats
     assert full.steps == -(-client.num_examples // 16)  # last partial batch kept
 
 
 def test_head_on_cached_features_follows_the_image_batches_of_a_frozen_encoder(tmp_path):
     client = one_client(tmp_path)
     init = get_params(client.task.build_model())
-    # (a) the whole model, only the head in the optimizer (the encoder is frozen), images in
-    a = client.model(init, slot="a")
-    for p in a.encoder.parameters():
-        p.requires_grad_(False)
-    local_train(a, client, rnd=2, epochs=1, optimizer=sgd(a.head.parameters(), client), max_steps=3)
+    # (a) the whole model, only the head trains (the encoder is fixed), images in
+    a = train_update(client, LocalUpdate(init, 2, trainable=["head.weight", "head.bias"], epochs=1, max_steps=3))
     # (b) features computed once, the head alone trained on them
-    b = client.model(init, slot="b")
+    model = client.model(init)
     with torch.no_grad():
-        feats = np.concatenate([b.encoder(x).numpy() for x, _ in client.eval_train_batches()])
-    labels = [y for _, y in feature_batches(client, feats, rnd=2)(0)]
+        feats = np.concatenate([model.encoder(x).numpy() for x, _ in client.eval_train_batches()])
+    labels = [y for _, y, _ in feature_batches(client, feats, rnd=2)(0)]
     assert torch.equal(torch.cat(labels), torch.cat([y for _, y in client.train_batches(2, 0)]))
-    head = b.head
-    local_train(head, client, rnd=2, epochs=1, optimizer=sgd(head.parameters(), client),
-                batches=feature_batches(client, feats, rnd=2), max_steps=3)  # fmt: skip
-    assert torch.equal(a.encoder.fc1.weight, b.encoder.fc1.weight)  # frozen
-    assert torch.allclose(a.head.weight, b.head.weight, atol=1e-6) and not torch.equal(
-        a.head.weight, init_head(init)
+    head = {"weight": init["head.weight"], "bias": init["head.bias"]}
+    b = train_update(
+        client, LocalUpdate(head, 2, arch=Arch(1, head_only=True), inputs=feats, epochs=1, max_steps=3)
     )
-
-
-def init_head(params):
-    return torch.from_numpy(params["head.weight"])
+    assert all(np.array_equal(a.params[k], init[k]) for k in init if k.startswith("encoder."))  # fixed
+    np.testing.assert_allclose(a.params["head.weight"], b.params["weight"], atol=1e-6)
+    assert not np.array_equal(a.params["head.weight"], init["head.weight"])
+    assert a.stats.steps == b.stats.steps == 3
 
 
 def _params_equal(a, b) -> bool:
@@ -61,59 +59,62 @@ def _params_equal(a, b) -> bool:
 def test_per_sample_weights_scale_each_samples_gradient(tmp_path):
     # (1/|B|) sum w_b CE_b with w = 0.5 everywhere at lr is plain CE at lr / 2 (SGD without momentum
     # or weight decay; halving is exact in floating point), and w = 0 leaves the model unchanged
-    client = one_client(tmp_path, momentum=0.0, weight_decay=0.0, lr=0.2)
+    plain = dict(momentum=0.0, weight_decay=0.0)
+    client = one_client(tmp_path / "a", lr=0.2, **plain)
     init = get_params(client.task.build_model())
-    half = np.full(client.num_examples, 0.5)
-    a = client.model(init, slot="a")
-    local_train(a, client, rnd=0, epochs=1, weights=half)
-    b = client.model(init, slot="b")
-    local_train(b, client, rnd=0, epochs=1, optimizer=torch.optim.SGD(b.parameters(), lr=0.1))
-    assert _params_equal(get_params(a), get_params(b))
-    c = client.model(init, slot="c")
-    stats = local_train(c, client, rnd=0, epochs=1, weights=np.zeros(client.num_examples))
-    assert _params_equal(get_params(c), init) and stats.steps > 0
+    a = train_update(client, LocalUpdate(init, 0, epochs=1, weights=np.full(client.num_examples, 0.5)))
+    b = train_update(one_client(tmp_path / "b", lr=0.1, **plain), LocalUpdate(init, 0, epochs=1))
+    assert _params_equal(a.params, b.params)
+    c = train_update(client, LocalUpdate(init, 0, epochs=1, weights=np.zeros(client.num_examples)))
+    assert _params_equal(c.params, init) and c.stats.steps > 0
     # one sample's weight matters only where it sits: weights aligned with the training split
     w = np.ones(client.num_examples)
     w[0] = 0.0
-    d = client.model(init, slot="d")
-    local_train(d, client, rnd=0, epochs=1, weights=w)
-    e = client.model(init, slot="e")
-    local_train(e, client, rnd=0, epochs=1, weights=np.ones(client.num_examples))
-    assert not _params_equal(get_params(d), get_params(e))
+    d = train_update(client, LocalUpdate(init, 0, epochs=1, weights=w))
+    e = train_update(client, LocalUpdate(init, 0, epochs=1, weights=np.ones(client.num_examples)))
+    assert not _params_equal(d.params, e.params)
+
+
+def test_a_correction_moves_the_model_by_lr_times_it_after_every_step(tmp_path):
+    # with every sample weighted 0 the gradient is 0, so K steps of SGD (no momentum, no weight
+    # decay) with correction c move w to w - K lr c, worked out by hand in float32
+    client = one_client(tmp_path, momentum=0.0, weight_decay=0.0, lr=0.25)
+    init = get_params(client.task.build_model())
+    c = {k: np.full(v.shape, 0.5, np.float32) for k, v in init.items()}
+    got = train_update(client, LocalUpdate(init, 0, epochs=1, weights=np.zeros(client.num_examples), correction=c))
+    k = got.stats.steps
+    assert k == -(-client.num_examples // 16)
+    want = dict(init)
+    for _ in range(k):  # each step subtracts lr * c = 0.125, exact in float32 steps
+        want = {n: (v - np.float32(0.125)).astype(np.float32) for n, v in want.items()}
+    assert _params_equal(got.params, want)
 
 
 def test_drop_last_drops_the_partial_batch(tmp_path):
     client = one_client(tmp_path)
-    model = client.model(get_params(client.task.build_model()))
     n = client.num_examples
     assert n % 16  # a partial last batch exists
-    stats = local_train(model, client, rnd=0, epochs=1, drop_last=True)
+    stats = train_update(client, LocalUpdate(get_params(client.task.build_model()), 0, epochs=1, drop_last=True)).stats
     assert stats.steps == n // 16 and stats.samples == (n // 16) * 16
 
 
-def test_optimizer_state_survives_as_arrays_between_rounds(tmp_path):
-    from fedray.train import load_optimizer_state, optimizer_state
-
+def test_kept_buffers_continue_one_optimizer_across_rounds(tmp_path):
     client = one_client(tmp_path, momentum=0.9)
     init = get_params(client.task.build_model())
-    # one optimizer kept across two rounds ...
-    a = client.model(init, slot="a")
-    opt = sgd(a.parameters(), client)
-    local_train(a, client, rnd=0, epochs=1, optimizer=opt)
-    local_train(a, client, rnd=1, epochs=1, optimizer=opt)
-    # ... equals a fresh optimizer that gets the first one's buffers back as plain arrays
-    b = client.model(init, slot="b")
-    first = sgd(b.parameters(), client)
-    local_train(b, client, rnd=0, epochs=1, optimizer=first)
-    saved = optimizer_state(first, b)
-    assert saved and all(isinstance(v, np.ndarray) for v in saved.values())
-    assert "head.weight/momentum_buffer" in saved
-    second = sgd(b.parameters(), client)
-    load_optimizer_state(second, b, saved)
-    local_train(b, client, rnd=1, epochs=1, optimizer=second)
-    assert _params_equal(get_params(a), get_params(b))
+    # one torch.optim.SGD kept across two rounds, by hand ...
+    model = client.model(init, slot="by-hand")
+    opt = sgd(model.parameters(), client)
+    for rnd in (0, 1):
+        for x, y in client.train_batches(rnd, 0):
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    # ... equals two updates, the second going on from the first's buffers (plain arrays)
+    first = train_update(client, LocalUpdate(init, 0, epochs=1, keep_buffers=True))
+    assert first.buffers and all(isinstance(v, np.ndarray) for v in first.buffers.values())
+    assert "head.weight/momentum_buffer" in first.buffers
+    second = train_update(client, LocalUpdate(first.params, 1, epochs=1, buffers=first.buffers))
+    assert _params_equal(get_params(model), second.params) and second.buffers is None
     # without the buffers the second round differs (momentum restarts)
-    c = client.model(init, slot="c")
-    local_train(c, client, rnd=0, epochs=1)
-    local_train(c, client, rnd=1, epochs=1)
-    assert not _params_equal(get_params(a), get_params(c))
+    fresh = train_update(client, LocalUpdate(first.params, 1, epochs=1))
+    assert not _params_equal(second.params, fresh.params)

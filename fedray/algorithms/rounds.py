@@ -3,27 +3,16 @@ stats, and the cluster-wise FedAvg round (docs/algorithms/fedconcat.md#stage-2-c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
-from fedray.batched import register_batched, train_stacked
 from fedray.client import Client
 from fedray.federation import Federation
-from fedray.params import Params, get_params, weighted_average
+from fedray.params import Params, weighted_average
 from fedray.records import Record, rec
-from fedray.train import (
-    AfterStep,
-    Objective,
-    TrainStats,
-    cross_entropy,
-    load_optimizer_state,
-    local_train,
-    optimizer_state,
-    sgd,
-)
+from fedray.update import LocalUpdate, Objective, Trained, cross_entropy
 
 
 def local_sgd_reply(
@@ -31,18 +20,14 @@ def local_sgd_reply(
     params: Params,
     rnd: int,
     objective: Objective = cross_entropy,
-    after_step: AfterStep | None = None,
-    model: torch.nn.Module | None = None,
-    epochs: int | None = None,
-) -> dict[str, Any]:
-    """Load ``params``, run the local epochs (``epochs``, else the task's), and report the new
-    params with the training stats.
-
-    ``model``: the module to train (already loaded), when it is not the task's model in the main slot.
-    """
-    model = client.model(params) if model is None else model
-    stats = local_train(model, client, rnd, epochs=epochs, objective=objective, after_step=after_step)
-    return train_reply(client, get_params(model), stats)
+    context: Mapping[str, Any] | None = None,
+    **update: Any,
+) -> Generator[LocalUpdate, Trained, dict[str, Any]]:
+    """Train ``params`` for the local epochs on ``objective`` (with its ``context``; ``update``: the
+    other `LocalUpdate` fields) and give FedAvg's reply: the new params with the training stats. A
+    client function says ``reply = yield from local_sgd_reply(...)``."""
+    trained = yield LocalUpdate(params, rnd, objective, dict(context or {}), **update)
+    return train_reply(client, trained.params, trained.stats)
 
 
 def class_count_update(
@@ -50,15 +35,16 @@ def class_count_update(
     cstate: Any,
     msg: dict,
     per_class: Callable[[np.ndarray], np.ndarray],
-    objective: Callable[[torch.Tensor], Objective],
-) -> tuple[dict, Any]:
-    """FedAvg's client update whose objective is built from a per-class vector of the client's own
-    label counts (FedRS's softmax scales, FedLC's logit offsets): ``objective(per_class(counts))``."""
-    v = torch.as_tensor(per_class(client.label_counts()), dtype=torch.float32, device=client.device)
-    return local_sgd_reply(client, msg["params"], msg["round"], objective(v)), cstate
+    objective: Objective,
+) -> Generator[LocalUpdate, Trained, tuple[dict, Any]]:
+    """FedAvg's client update whose objective reads a per-class vector of the client's own label
+    counts (FedRS's softmax scales, FedLC's logit offsets) as its context ``per_class``, in float32."""
+    v = np.asarray(per_class(client.label_counts()), dtype=np.float32)
+    reply = yield from local_sgd_reply(client, msg["params"], msg["round"], objective, {"per_class": v})
+    return reply, cstate
 
 
-def train_reply(client: Client, params: Params, stats: TrainStats) -> dict[str, Any]:
+def train_reply(client: Client, params: Params, stats: Any) -> dict[str, Any]:
     """What a client sends back after local training: its parameters, its size and the training stats."""
     return {
         "params": params,
@@ -79,17 +65,20 @@ def kept_optimizer_update(
     keep: bool,
     drop_last: bool = False,
     weights: np.ndarray | None = None,
-) -> tuple[dict[str, Any], dict | None]:
+) -> Generator[LocalUpdate, Trained, tuple[dict[str, Any], dict | None]]:
     """Train ``params`` for the local epochs with SGD whose buffers (momentum) continue from
     ``buffers`` when ``keep`` (the client's own optimizer across rounds: CFL, IFCA as the FedRC code
-    runs them); returns FedAvg's reply and the buffers to keep (None without ``keep``). ``weights``:
-    per-sample loss weights, as `local_train`'s."""
-    model = client.model(params)
-    opt = sgd(model.parameters(), client)
-    if keep and buffers:
-        load_optimizer_state(opt, model, buffers)
-    stats = local_train(model, client, rnd, optimizer=opt, drop_last=drop_last, weights=weights)
-    return train_reply(client, get_params(model), stats), (optimizer_state(opt, model) if keep else None)
+    runs them); gives FedAvg's reply and the buffers to keep (None without ``keep``). ``weights``:
+    per-sample loss weights. A client function says ``reply, kept = yield from ...``."""
+    trained = yield LocalUpdate(
+        params,
+        rnd,
+        drop_last=drop_last,
+        weights=weights,
+        buffers=buffers if keep else None,
+        keep_buffers=keep,
+    )
+    return train_reply(client, trained.params, trained.stats), (trained.buffers if keep else None)
 
 
 def msg_epochs(client: Client, msg: Mapping[str, Any]) -> int | None:
@@ -98,43 +87,11 @@ def msg_epochs(client: Client, msg: Mapping[str, Any]) -> int | None:
     return msg.get("epochs", {}).get(client.cid)
 
 
-def local_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+def local_update(client: Client, cstate: Any, msg: dict) -> Generator[LocalUpdate, Trained, tuple[dict, Any]]:
     """FedAvg's client function: train the received ``params`` for the round's local epochs (a
     straggler's fewer, where the message names it)."""
-    return local_sgd_reply(client, msg["params"], msg["round"], epochs=msg_epochs(client, msg)), cstate
-
-
-def stacked_replies(
-    clients: Sequence[Client], cstates: Sequence[Any], msgs: Sequence[dict], **train: Any
-) -> list[tuple[dict, Any]]:
-    """FedAvg's replies of many clients trained at once from their messages' ``params``
-    (`fedray.batched.train_stacked` with ``train``'s options: a proximal term, a logit adjustment),
-    their states unchanged: the batched form of every `local_sgd_reply` client function."""
-    trained = train_stacked(clients, [m["params"] for m in msgs], msgs[0]["round"],
-                            epochs=[msg_epochs(c, m) for c, m in zip(clients, msgs, strict=True)], **train)  # fmt: skip
-    return [(train_reply(c, t.params, t.stats), s) for c, t, s in zip(clients, trained, cstates, strict=True)]
-
-
-@register_batched(local_update)
-def local_update_batched(clients: Sequence[Client], cstates: Sequence[Any], msgs: Sequence[dict]) -> list[tuple[dict, Any]]:
-    """`local_update` for many clients at once (fedray/batched.py)."""
-    return stacked_replies(clients, cstates, msgs)
-
-
-def kept_optimizer_batched(
-    clients: Sequence[Client],
-    starts: Sequence[Params],
-    rnd: int,
-    buffers: Sequence[dict | None],
-    *,
-    keep: bool,
-    drop_last: bool = False,
-) -> list[tuple[dict[str, Any], dict | None]]:
-    """`kept_optimizer_update` for many clients at once: client i trains ``starts[i]`` from its
-    ``buffers[i]`` (fedray/batched.py)."""
-    trained = train_stacked(clients, starts, rnd, buffers=[b if keep else None for b in buffers],
-                            keep=keep, drop_last=drop_last)  # fmt: skip
-    return [(train_reply(c, t.params, t.stats), t.buffers if keep else None) for c, t in zip(clients, trained, strict=True)]
+    reply = yield from local_sgd_reply(client, msg["params"], msg["round"], epochs=msg_epochs(client, msg))
+    return reply, cstate
 
 
 # Replies a worker holds at once in a folded round (`Federation.map_fold`'s chunk), in bytes.

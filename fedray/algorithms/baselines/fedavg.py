@@ -19,14 +19,7 @@ import builtins
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedray.algorithms.rounds import (
-    fedavg_aggregate,
-    kept_optimizer_batched,
-    kept_optimizer_update,
-    local_update,
-    train_records,
-)
-from fedray.batched import register_batched
+from fedray.algorithms.rounds import fedavg_aggregate, kept_optimizer_update, local_update, train_records
 from fedray.client import Client
 from fedray.evaluation import single_model_records
 from fedray.export import SavedModel, global_model
@@ -120,25 +113,26 @@ def stragglers(fed: Federation, hp: Any, cids: list[int], rnd: int) -> dict[int,
     return {c: int(g.integers(1, fed.task.local_epochs)) for c in slow}
 
 
-def kept_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+def kept_update(client: Client, cstate: Any, msg: dict):
     """Client function with the FedRC code's local SGD: the client's momentum buffers carried over
     (its state) with ``persistent_optimizer``, the last partial batch dropped with ``drop_last``."""
-    reply, kept = kept_optimizer_update(client, msg["params"], msg["round"], cstate,
-                                        keep=msg["persistent_optimizer"], drop_last=msg["drop_last"])  # fmt: skip
-    return reply, kept
-
-
-@register_batched(kept_update)
-def kept_update_batched(clients: list[Client], cstates: list[Any], msgs: list[dict]) -> list[tuple[dict, Any]]:
-    msg = msgs[0]  # the options and the round are the run's, the same in every message
-    return kept_optimizer_batched(clients, [m["params"] for m in msgs], msg["round"], cstates,
-                                  keep=msg["persistent_optimizer"], drop_last=msg["drop_last"])  # fmt: skip
+    return (
+        yield from kept_optimizer_update(
+            client,
+            msg["params"],
+            msg["round"],
+            cstate,
+            keep=msg["persistent_optimizer"],
+            drop_last=msg["drop_last"],
+        )
+    )
 
 
 def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
     if hp.persistent_optimizer or hp.drop_last:
-        return fedavg_round(state, fed, hp, rnd, kept_update, persistent_optimizer=hp.persistent_optimizer,
-                            drop_last=hp.drop_last)  # fmt: skip
+        return fedavg_round(
+            state, fed, hp, rnd, kept_update, persistent_optimizer=hp.persistent_optimizer, drop_last=hp.drop_last
+        )
     return fedavg_round(state, fed, hp, rnd)
 
 

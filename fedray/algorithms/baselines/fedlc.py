@@ -15,17 +15,15 @@ from functools import partial
 from typing import Any
 
 import numpy as np
-import torch
 
 from fedray.algorithms.baselines import fedavg
 from fedray.algorithms.baselines.fedavg import State, evaluate, init, models  # noqa: F401 - FedAvg's, part of the record
-from fedray.algorithms.rounds import class_count_update, stacked_replies
-from fedray.batched import register_batched
+from fedray.algorithms.rounds import class_count_update
 from fedray.client import Client
 from fedray.federation import Federation
 from fedray.hparams import bound
 from fedray.records import Record
-from fedray.train import Objective, Step
+from fedray.update import Batch, Step
 
 FLOOR = 1e-8  # the floor on class counts (FL-bench)
 
@@ -41,24 +39,17 @@ def calibration(counts: np.ndarray, tau: float) -> np.ndarray:
     return tau * np.maximum(np.asarray(counts, dtype=np.float64), FLOOR) ** -0.25
 
 
-def calibrated(offset: torch.Tensor) -> Objective:
-    def objective(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Step:
-        out = model(x)
-        ce = torch.nn.functional.cross_entropy(out - offset, y)
-        return Step(out, ce, ce)
+def calibrated(model: Any, batch: Batch, context: dict) -> Step:
+    """Cross-entropy on the logits minus the offsets (context ``per_class``); the reported logits
+    are the raw ones."""
+    out = model(batch.x)
+    ce = batch.cross_entropy(out - context["per_class"])
+    return Step(out, ce, ce)
 
-    return objective
 
-
-def fedlc_update(client: Client, cstate: Any, msg: dict, tau: float) -> tuple[dict, Any]:
+def fedlc_update(client: Client, cstate: Any, msg: dict, tau: float):
     """FedAvg's client update with the loss on logits minus the client's calibration offsets."""
-    return class_count_update(client, cstate, msg, partial(calibration, tau=tau), calibrated)
-
-
-@register_batched(fedlc_update)
-def fedlc_update_batched(clients: list[Client], cstates: list[Any], msgs: list[dict], tau: float) -> list[tuple[dict, Any]]:
-    offsets = [calibration(c.label_counts(), tau) for c in clients]
-    return stacked_replies(clients, cstates, msgs, adjust=lambda out, v, params: out - v, per_client=offsets)
+    return (yield from class_count_update(client, cstate, msg, partial(calibration, tau=tau), calibrated))
 
 
 def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001

@@ -14,13 +14,12 @@ from typing import Any
 
 from fedray.algorithms.baselines import fedavg
 from fedray.algorithms.baselines.fedavg import State, check_config, evaluate, init, models  # noqa: F401 - FedAvg's, part of the record
-from fedray.algorithms.rounds import local_sgd_reply, msg_epochs, stacked_replies
-from fedray.batched import register_batched
+from fedray.algorithms.rounds import local_sgd_reply, msg_epochs
 from fedray.client import Client
 from fedray.federation import Federation
 from fedray.hparams import bound
 from fedray.records import Record
-from fedray.train import proximal
+from fedray.update import proximal
 
 
 @dataclass
@@ -30,16 +29,11 @@ class Hparams(fedavg.ServerHparams, fedavg.StragglerHparams):
     drop_stragglers: bool = False  # FedProx keeps the stragglers' partial work (hp.stragglers)
 
 
-def prox_update(client: Client, cstate: Any, msg: dict, mu: float) -> tuple[dict, Any]:
-    model = client.model(msg["params"])
-    anchor = {name: p.detach().clone() for name, p in model.named_parameters()}  # w^t, as received
-    return local_sgd_reply(client, msg["params"], msg["round"], proximal(mu, anchor), model=model,
-                           epochs=msg_epochs(client, msg)), cstate  # fmt: skip
-
-
-@register_batched(prox_update)
-def prox_update_batched(clients: list[Client], cstates: list[Any], msgs: list[dict], mu: float) -> list[tuple[dict, Any]]:
-    return stacked_replies(clients, cstates, msgs, prox_mu=mu)
+def prox_update(client: Client, cstate: Any, msg: dict, mu: float):
+    """Client function: the proximal objective anchored at w^t, the model as received."""
+    context = {"anchor": msg["params"], "mu": mu}
+    reply = yield from local_sgd_reply(client, msg["params"], msg["round"], proximal, context, epochs=msg_epochs(client, msg))
+    return reply, cstate
 
 
 def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001

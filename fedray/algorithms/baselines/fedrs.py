@@ -20,13 +20,12 @@ import torch
 
 from fedray.algorithms.baselines import fedavg
 from fedray.algorithms.baselines.fedavg import State, evaluate, init, models  # noqa: F401 - FedAvg's, part of the record
-from fedray.algorithms.rounds import class_count_update, stacked_replies
-from fedray.batched import register_batched
+from fedray.algorithms.rounds import class_count_update
 from fedray.client import Client
 from fedray.federation import Federation
 from fedray.hparams import bound
 from fedray.records import Record
-from fedray.train import Objective, Step
+from fedray.update import Batch, Step
 
 
 @dataclass
@@ -41,34 +40,19 @@ def class_scales(counts: np.ndarray, alpha: float) -> np.ndarray:
     return alpha + (1 - alpha) * counts / counts.max()
 
 
-def restricted_softmax(scales: torch.Tensor) -> Objective:
-    """Cross-entropy on logits s_c <w_c, h> + b_c; the reported logits are the unscaled ones."""
-
-    def objective(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Step:
-        h = model.encoder(x)
-        head = model.head
-        scaled = torch.nn.functional.linear(h, head.weight * scales[:, None], head.bias)
-        ce = torch.nn.functional.cross_entropy(scaled, y)
-        return Step(head(h), ce, ce)
-
-    return objective
+def restricted_softmax(model: Any, batch: Batch, context: dict) -> Step:
+    """Cross-entropy on logits s_c <w_c, h> + b_c (context ``per_class``: the scales s); the
+    reported logits are the unscaled ones."""
+    h = model.encoder(batch.x)
+    head = model.head
+    scaled = torch.nn.functional.linear(h, head.weight * context["per_class"][:, None], head.bias)
+    ce = batch.cross_entropy(scaled)
+    return Step(head(h), ce, ce)
 
 
-def fedrs_update(client: Client, cstate: Any, msg: dict, alpha: float) -> tuple[dict, Any]:
+def fedrs_update(client: Client, cstate: Any, msg: dict, alpha: float):
     """FedAvg's client update with the restricted softmax of the client's own class scales."""
-    return class_count_update(client, cstate, msg, partial(class_scales, alpha=alpha), restricted_softmax)
-
-
-def scaled_logits(out: torch.Tensor, scales: torch.Tensor, params) -> torch.Tensor:
-    """s_c <w_c, h> + b_c from the model's logits <w_c, h> + b_c (batched training's form)."""
-    bias = params.get("head.bias")
-    return scales * out if bias is None else scales * (out - bias) + bias
-
-
-@register_batched(fedrs_update)
-def fedrs_update_batched(clients: list[Client], cstates: list[Any], msgs: list[dict], alpha: float) -> list[tuple[dict, Any]]:
-    scales = [class_scales(c.label_counts(), alpha) for c in clients]
-    return stacked_replies(clients, cstates, msgs, adjust=scaled_logits, per_client=scales)
+    return (yield from class_count_update(client, cstate, msg, partial(class_scales, alpha=alpha), restricted_softmax))
 
 
 def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001

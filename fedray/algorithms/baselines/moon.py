@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 import torch
 
@@ -33,7 +34,7 @@ from fedray.hparams import bound
 from fedray.models import Arch
 from fedray.params import Params, get_params
 from fedray.records import Record
-from fedray.train import Objective, Step
+from fedray.update import Batch, Frozen, Step
 
 
 @dataclass
@@ -57,47 +58,31 @@ def models(state: State, hp: Hparams) -> list[SavedModel]:
     return global_model(state.params, arch(hp))  # with its projection head, as trained
 
 
-def contrastive(
-    mu: float, temperature: float, glob: torch.nn.Module, prev: torch.nn.Module | None
-) -> Objective:
-    """CE + mu * l_con: a cross-entropy over [cos(z, z_glob), cos(z, z_prev)] / T with target 0."""
-
-    def objective(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Step:
-        z = model.encoder(x)
-        logits = model.head(z)
-        ce = torch.nn.functional.cross_entropy(logits, y)
-        with torch.no_grad():
-            others = [glob.encoder(x)] + ([prev.encoder(x)] if prev is not None else [])
-        sims = torch.stack([torch.nn.functional.cosine_similarity(z, o, dim=1) for o in others], dim=1)
-        target = torch.zeros(len(y), dtype=torch.long, device=y.device)
-        l_con = torch.nn.functional.cross_entropy(sims / temperature, target)
-        return Step(logits, ce, ce + mu * l_con)
-
-    return objective
+def contrastive(model: Any, batch: Batch, context: dict) -> Step:
+    """CE + mu * l_con: a cross-entropy over [cos(z, z_glob), cos(z, z_prev)] / T with target 0.
+    Context: ``mu``, ``temperature``, the frozen models ``glob`` and ``prev`` (None: no negative)."""
+    z = model.encoder(batch.x)
+    logits = model.head(z)
+    ce = batch.cross_entropy(logits)
+    glob, prev = context["glob"], context["prev"]
+    with torch.no_grad():
+        others = [glob.encoder(batch.x)] + ([prev.encoder(batch.x)] if prev is not None else [])
+    sims = torch.stack([torch.nn.functional.cosine_similarity(z, o, dim=1) for o in others], dim=1)
+    target = torch.zeros(len(batch.y), dtype=torch.long, device=batch.y.device)
+    l_con = batch.cross_entropy(sims / context["temperature"], target)
+    return Step(logits, ce, ce + context["mu"] * l_con)
 
 
-def frozen(model: torch.nn.Module) -> torch.nn.Module:
-    model.eval()
-    model.requires_grad_(False)
-    return model
-
-
-def moon_update(
-    client: Client, cstate: Params | None, msg: dict, mu: float, temperature: float, arch: Arch
-) -> tuple[dict, Params]:
+def moon_update(client: Client, cstate: Params | None, msg: dict, mu: float, temperature: float, arch: Arch):
     """Client function; its state is its local model from the last round it took part in."""
-    model = client.model(msg["params"], arch=arch)
-    model.requires_grad_(True)
-    glob = frozen(client.model(msg["params"], slot="moon_global", arch=arch))
     if cstate is not None:
-        prev = frozen(client.model(cstate, slot="moon_previous", arch=arch))
+        prev = Frozen(cstate, arch)
     elif msg["round"] > 0:  # not in the pool's first round: the initial model it still holds
-        prev = frozen(client.model(arch=arch))
+        prev = Frozen(client.kept("moon-initial", arch, lambda: get_params(client.task.build_model(arch=arch))), arch)
     else:
         prev = None
-    reply = local_sgd_reply(
-        client, msg["params"], msg["round"], contrastive(mu, temperature, glob, prev), model=model
-    )
+    context = {"mu": mu, "temperature": temperature, "glob": Frozen(msg["params"], arch), "prev": prev}
+    reply = yield from local_sgd_reply(client, msg["params"], msg["round"], contrastive, context, arch=arch)
     return reply, reply["params"]
 
 

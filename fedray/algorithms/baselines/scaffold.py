@@ -17,12 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from fedray.algorithms.baselines import fedavg
 from fedray.algorithms.baselines.fedavg import evaluate, models, server_step  # noqa: F401 - FedAvg's evaluation, part of the record
-from fedray.algorithms.rounds import fold_chunk, local_sgd_reply, train_records, train_reply, train_stats
-from fedray.batched import register_batched, train_stacked
+from fedray.algorithms.rounds import fold_chunk, local_sgd_reply, train_records, train_stats
 from fedray.client import Client
 from fedray.federation import Federation
 from fedray.hparams import one_of
@@ -53,22 +51,12 @@ def init(fed: Federation, hp: Hparams) -> State:
     return State(params, zeros_like(params))
 
 
-def scaffold_update(client: Client, cstate: Params | None, msg: dict) -> tuple[dict, Params]:
-    """Client function; its state is c_i."""
+def scaffold_update(client: Client, cstate: Params | None, msg: dict):
+    """Client function; its state is c_i. After every step the model moves by -lr (c - c_i)."""
     w, c = msg["params"], msg["c"]
     ci = zeros_like(c) if cstate is None else cstate
-    lr = client.task.lr
-    model = client.model(w)
-    entries = model.state_dict()  # tensors that share the model's storage
-    correction = [(entries[k], torch.from_numpy(c[k] - ci[k]).to(client.device) * lr) for k in c]
-
-    def correct(m: torch.nn.Module) -> None:
-        with torch.no_grad():
-            for entry, step in correction:
-                entry.sub_(step)
-
-    reply = local_sgd_reply(client, w, msg["round"], after_step=correct, model=model)
-    return with_control(reply, w, c, ci, lr)
+    reply = yield from local_sgd_reply(client, w, msg["round"], correction={k: c[k] - ci[k] for k in c})
+    return with_control(reply, w, c, ci, client.task.lr)
 
 
 def with_control(reply: dict, w: Params, c: Params, ci: Params, lr: float) -> tuple[dict, Params]:
@@ -77,16 +65,6 @@ def with_control(reply: dict, w: Params, c: Params, ci: Params, lr: float) -> tu
     new_ci = {k: (ci[k] - c[k] + (w[k] - wi[k]) / (steps * lr)).astype(c[k].dtype) for k in c}
     reply["delta_c"] = {k: new_ci[k] - ci[k] for k in c}
     return reply, new_ci
-
-
-@register_batched(scaffold_update)
-def scaffold_update_batched(clients: list[Client], cstates: list[Params | None], msgs: list[dict]) -> list[tuple[dict, Params]]:
-    lr = clients[0].task.lr
-    cis = [zeros_like(m["c"]) if s is None else s for m, s in zip(msgs, cstates, strict=True)]
-    corrections = [{k: m["c"][k] - ci[k] for k in m["c"]} for m, ci in zip(msgs, cis, strict=True)]
-    trained = train_stacked(clients, [m["params"] for m in msgs], msgs[0]["round"], corrections=corrections)
-    return [with_control(train_reply(cl, t.params, t.stats), m["params"], m["c"], ci, lr)
-            for cl, t, m, ci in zip(clients, trained, msgs, cis, strict=True)]  # fmt: skip
 
 
 def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001

@@ -12,7 +12,8 @@ from fedray.algorithms.rounds import local_sgd_reply
 from fedray.client import Client
 from fedray.params import Params, weighted_average
 from fedray.train import evaluate as eval_model
-from fedray.train import proximal, sample_losses
+from fedray.train import sample_losses
+from fedray.update import proximal
 
 
 def importance(losses: np.ndarray, sigma: float) -> np.ndarray:
@@ -35,18 +36,13 @@ def estimate(client: Client, cstate: Any, msg: dict) -> tuple[np.ndarray, Any]:
     return importance(sample_losses(client, msg["models"], client.eval_train_batches), msg["sigma"]), cstate
 
 
-def personal_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+def personal_update(client: Client, cstate: Any, msg: dict):
     """Client function: the personal model (theta_bar the first time) trained with the proximal pull."""
     u, models = np.asarray(msg["u"][client.cid]), msg["models"]
     bar = anchor(models, u)
     start = bar if cstate is None else cstate
-    model = client.model(start)
-    target = {
-        n: torch.as_tensor(np.asarray(bar[n]), device=client.device) for n, _ in model.named_parameters()
-    }
-    reply = local_sgd_reply(
-        client, start, msg["round"], proximal(msg["lam"] * float(u.sum()), target), model=model
-    )
+    context = {"anchor": bar, "mu": msg["lam"] * float(u.sum())}
+    reply = yield from local_sgd_reply(client, start, msg["round"], proximal, context)
     return reply, reply["params"]
 
 

@@ -30,13 +30,14 @@ from typing import Any
 import numpy as np
 
 from fedray.algorithms.clustered import ifca
-from fedray.algorithms.rounds import kept_optimizer_update
+from fedray.algorithms.rounds import kept_optimizer_update, train_reply
 from fedray.client import Client
 from fedray.evaluation import mean_losses
 from fedray.federation import Federation
 from fedray.hparams import one_of
 from fedray.params import Params
 from fedray.records import Record
+from fedray.update import LocalUpdate
 
 
 @dataclass
@@ -65,16 +66,17 @@ def center_distance(local: Params, center: Params) -> float:
     )
 
 
-def fesem_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+def fesem_update(client: Client, cstate: Any, msg: dict):
     """Client function: train the assigned centre (every centre, first time) and reassign."""
     models, k, buffers = msg["models"], msg["assigned"], dict(cstate or {})
     keep, rnd, last = msg["persistent_optimizer"], msg["round"], msg["drop_last"]
-    if k is None:  # first participation: a trained copy of every centre, keep the lowest-loss one
+    if k is None:  # first participation: a trained copy of every centre (all at once), keep the lowest-loss one
         split = np.full(client.num_examples, 1.0 / len(models)) if msg["first_round"] == "split" else None
-        tried = [
-            kept_optimizer_update(client, m, rnd, buffers.get(j), keep=keep, drop_last=last, weights=split)
+        trained = yield [
+            LocalUpdate(m, rnd, drop_last=last, weights=split, buffers=buffers.get(j) if keep else None, keep_buffers=keep)
             for j, m in enumerate(models)
         ]
+        tried = [(train_reply(client, t.params, t.stats), t.buffers if keep else None) for t in trained]
         losses = [mean_losses(client, [r["params"]])[0] for r, _ in tried]
         new = int(np.argmin(losses))
         for j, (_, kept) in enumerate(tried):
@@ -82,7 +84,7 @@ def fesem_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
                 buffers[j] = kept
         reply = tried[new][0]
     else:
-        reply, kept = kept_optimizer_update(client, models[k], rnd, buffers.get(k), keep=keep, drop_last=last)
+        reply, kept = yield from kept_optimizer_update(client, models[k], rnd, buffers.get(k), keep=keep, drop_last=last)
         if kept is not None:
             buffers[k] = kept
         new = int(np.argmin([center_distance(reply["params"], m) for m in models]))

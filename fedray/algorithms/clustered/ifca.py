@@ -27,13 +27,7 @@ from typing import Any
 import numpy as np
 
 from fedray.algorithms.clustering import purity
-from fedray.algorithms.rounds import (
-    fedavg_aggregate,
-    kept_optimizer_batched,
-    kept_optimizer_update,
-    train_records,
-)
-from fedray.batched import register_batched
+from fedray.algorithms.rounds import fedavg_aggregate, kept_optimizer_update, train_records
 from fedray.client import Client
 from fedray.evaluation import hard_cluster_records, mean_losses
 from fedray.export import SavedModel, cluster_models, members_of
@@ -74,12 +68,12 @@ def init(fed: Federation, hp: Hparams) -> State:
     return State([models[k] for k in range(hp.num_clusters)])
 
 
-def ifca_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+def ifca_update(client: Client, cstate: Any, msg: dict):
     """Client function: pick the lowest-loss model, train it (its kept SGD buffers, if any)."""
     losses = mean_losses(client, msg["models"])
     k = int(np.argmin(losses))
     buffers = dict(cstate or {})
-    reply, kept = kept_optimizer_update(
+    reply, kept = yield from kept_optimizer_update(
         client,
         msg["models"][k],
         msg["round"],
@@ -90,24 +84,6 @@ def ifca_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
     if kept is not None:
         buffers[k] = kept
     return {**reply, "cluster": k, "losses": losses}, (buffers or None)
-
-
-@register_batched(ifca_update)
-def ifca_update_batched(clients: list[Client], cstates: list[Any], msgs: list[dict]) -> list[tuple[dict, Any]]:
-    """`ifca_update` for many clients: each picks its model as above, then all train at once."""
-    losses = [mean_losses(c, m["models"]) for c, m in zip(clients, msgs, strict=True)]
-    ks = [int(np.argmin(ls)) for ls in losses]
-    kept = [dict(s or {}) for s in cstates]
-    msg = msgs[0]  # the options and the round are the run's, the same in every message
-    trained = kept_optimizer_batched(clients, [m["models"][k] for m, k in zip(msgs, ks, strict=True)], msg["round"],
-                                     [b.get(k) for b, k in zip(kept, ks, strict=True)],
-                                     keep=msg["persistent_optimizer"], drop_last=msg["drop_last"])  # fmt: skip
-    out = []
-    for (reply, buf), k, ls, b in zip(trained, ks, losses, kept, strict=True):
-        if buf is not None:
-            b[k] = buf
-        out.append(({**reply, "cluster": k, "losses": ls}, (b or None)))
-    return out
 
 
 def zeroed(params: Params) -> Params:

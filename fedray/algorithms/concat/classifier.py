@@ -23,15 +23,8 @@ from fedray.federation import Federation
 from fedray.models import Arch, concat_params, head_from_clusters
 from fedray.params import Params, get_params, params_digest, weighted_average
 from fedray.records import Record
-from fedray.train import (
-    EvalStats,
-    eval_feature_batches,
-    evaluate,
-    evaluate_batches,
-    feature_batches,
-    local_train,
-    sgd,
-)
+from fedray.train import EvalStats, eval_feature_batches, evaluate, evaluate_batches
+from fedray.update import LocalUpdate
 
 
 def receive_encoders(client: Client, cstate: Any, msg: dict) -> tuple[None, Any]:
@@ -55,19 +48,26 @@ def encoded(
         return np.concatenate([net.encoder(x).cpu().numpy() for x, _ in batches])
 
 
-def classifier_update(client: Client, cstate: dict, msg: dict) -> tuple[dict, dict]:
+def classifier_update(client: Client, cstate: dict, msg: dict):
     """Client function: ``steps`` mini-batch steps of fresh SGD on the global classifier only."""
     k, rnd = msg["k"], msg["round"]
-    if "features" in cstate:
-        net = client.model(msg["head"], slot="head", arch=Arch(k, head_only=True))
-        head, batches = net, feature_batches(client, cstate["features"], rnd)
+    if "features" in cstate:  # the classifier alone, on the kept features
+        trained = yield LocalUpdate(
+            msg["head"], rnd, arch=Arch(k, head_only=True), epochs=1, max_steps=msg["steps"], inputs=cstate["features"]
+        )
+        head = trained.params
     else:  # the reference code: frozen encoders run on every (augmented) batch, in train mode
-        net = client.model(concat_params(cstate["models"], msg["head"]), slot="concat", arch=Arch(k))
-        net.encoder.requires_grad_(False)
-        head, batches = net.head, None
-    stats = local_train(net, client, rnd, epochs=1, optimizer=sgd(head.parameters(), client), batches=batches,
-                        max_steps=msg["steps"])  # fmt: skip
-    return train_reply(client, get_params(head), stats), cstate
+        params = concat_params(cstate["models"], msg["head"])
+        trained = yield LocalUpdate(
+            params,
+            rnd,
+            arch=Arch(k),
+            trainable=[f"head.{n}" for n in msg["head"]],
+            epochs=1,
+            max_steps=msg["steps"],
+        )
+        head = {n: trained.params[f"head.{n}"] for n in msg["head"]}
+    return train_reply(client, head, trained.stats), cstate
 
 
 def train_split_eval(client: Client, cstate: dict, msg: dict) -> tuple[dict, dict]:

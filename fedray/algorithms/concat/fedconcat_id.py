@@ -77,9 +77,9 @@ def inferred_distribution(client: Client, model: torch.nn.Module, n: int) -> np.
     return (total / n).numpy()
 
 
-def train_and_infer(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+def train_and_infer(client: Client, cstate: Any, msg: dict):
     """Client function, round 0: train the shared init, then report the inferred label distribution."""
-    reply = local_sgd_reply(client, msg["params"], msg["round"])
+    reply = yield from local_sgd_reply(client, msg["params"], msg["round"])
     reply["inferred"] = inferred_distribution(client, client.model(reply["params"]), msg["random_inputs"])
     return reply, cstate
 

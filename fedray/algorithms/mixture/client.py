@@ -14,12 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from fedray import batched
 from fedray.algorithms import mixture
-from fedray.batched import train_stacked
 from fedray.client import Client
-from fedray.params import Params, get_params
-from fedray.train import TrainStats, load_optimizer_state, local_train, optimizer_state, sample_losses, sgd
+from fedray.params import Params
+from fedray.train import TrainStats, sample_losses
+from fedray.update import LocalUpdate
 
 
 @dataclass
@@ -66,49 +65,34 @@ def e_step(client: Client, state: ClientMixture, models: list[Params], msg: dict
     return replace(state, gamma=gamma, omega=mixture.omega_update(gamma), nu=nu, a=a)
 
 
-def _add(total: TrainStats, stats: TrainStats) -> None:
-    for f in ("samples", "loss_sum", "correct", "steps"):
-        setattr(total, f, getattr(total, f) + getattr(stats, f))
-
-
-def train_models(
-    client: Client, state: ClientMixture, models: list[Params], msg: dict
-) -> tuple[list, TrainStats]:
-    """Each model with omega_k > 0 trained on the gamma-weighted loss; None for skipped models.
-    Where the client's host trains batched (`batched_clients`), the live models train as one stack
-    on the client's batches (`fedray.batched.train_stacked`), each with its own weights and buffers."""
+def train_models(client: Client, state: ClientMixture, models: list[Params], msg: dict):
+    """Each model with omega_k > 0 trained on the gamma-weighted loss (its kept SGD buffers with
+    ``persistent_optimizer``), all of them yielded at once (one stack where the host trains
+    batched); gives the trained models (None for skipped ones) and the summed training stats."""
     live = [row for row in range(len(state.ids)) if state.omega[row] > 0]
     keep = msg["persistent_optimizer"]
-    if len(live) > 1 and client.kept("trains_batched", None, lambda: batched.trains_batched(client.task, client.device)):
-        trained = train_stacked([client] * len(live), [models[r] for r in live], msg["round"],
-                                buffers=[state.opt.get(state.ids[r]) if keep else None for r in live], keep=keep,
-                                drop_last=msg["drop_last"], weights=[state.gamma[r] for r in live])  # fmt: skip
-        out, total = [None] * len(state.ids), TrainStats()
-        for r, t in zip(live, trained, strict=True):
-            out[r] = t.params
-            if keep:
-                state.opt[state.ids[r]] = t.buffers
-            _add(total, t.stats)
-        return out, total
-    out, total = [], TrainStats()
-    for row, (mid, params) in enumerate(zip(state.ids, models, strict=True)):
-        if state.omega[row] <= 0:
-            out.append(None)
-            continue
-        model = client.model(params)
-        opt = sgd(model.parameters(), client)
-        if msg["persistent_optimizer"] and mid in state.opt:
-            load_optimizer_state(opt, model, state.opt[mid])
-        stats = local_train(model, client, msg["round"], optimizer=opt, weights=state.gamma[row],
-                            drop_last=msg["drop_last"])  # fmt: skip
-        if msg["persistent_optimizer"]:
-            state.opt[mid] = optimizer_state(opt, model)
-        out.append(get_params(model))
-        _add(total, stats)
+    updates = [
+        LocalUpdate(
+            models[r],
+            msg["round"],
+            weights=state.gamma[r],
+            drop_last=msg["drop_last"],
+            buffers=state.opt.get(state.ids[r]) if keep else None,
+            keep_buffers=keep,
+        )
+        for r in live
+    ]
+    trained = (yield updates) if updates else []
+    out, total = [None] * len(state.ids), TrainStats()
+    for r, t in zip(live, trained, strict=True):
+        out[r] = t.params
+        if keep:
+            state.opt[state.ids[r]] = t.buffers
+        total.add(t.stats)
     return out, total
 
 
-def mixture_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+def mixture_update(client: Client, cstate: Any, msg: dict):
     """Client function: E-step, omega, label statistics, then the weighted training of each model."""
     ids, models = msg["ids"], msg["models"]
     state = e_step(client, aligned(cstate, ids, client.num_examples), models, msg)
@@ -117,7 +101,7 @@ def mixture_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
         stats = stats + client.task.rng("fedrc/noise", client.cid, msg["round"]).normal(
             0.0, msg["xi"], stats.shape
         )
-    trained, ts = train_models(client, state, models, msg)
+    trained, ts = yield from train_models(client, state, models, msg)
     reply = {
         "models": trained,
         "num_examples": client.num_examples,

@@ -43,9 +43,8 @@ from fedray.client import Client
 from fedray.evaluation import test_client_records
 from fedray.federation import Federation
 from fedray.hparams import bound, one_of
-from fedray.params import get_params
 from fedray.records import Record, rec
-from fedray.train import local_train
+from fedray.update import LocalUpdate
 
 ADAM = {"off": None, "paper": mixture.PAPER_ADAM, "code": mixture.CODE_ADAM}
 
@@ -106,18 +105,19 @@ def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, 
     return new, records
 
 
-def finetuned_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+def finetuned_eval(client: Client, cstate: Any, msg: dict):
     """Client function (FedRC-FT): copies of the live models fine-tuned for one epoch on the client's
     gamma-weighted loss, then its ensemble on its test split. The client's state is unchanged."""
     state = aligned(cstate, msg["ids"], client.num_examples)
-    tuned = []
-    for row, params in enumerate(msg["models"]):
-        model = client.model(params)
-        if state.omega[row] > 0:
-            local_train(
-                model, client, msg["round"], epochs=1, weights=state.gamma[row], drop_last=msg["drop_last"]
-            )
-        tuned.append(get_params(model))
+    live = [row for row in range(len(msg["models"])) if state.omega[row] > 0]
+    updates = [
+        LocalUpdate(msg["models"][r], msg["round"], epochs=1, weights=state.gamma[r], drop_last=msg["drop_last"])
+        for r in live
+    ]
+    trained = (yield updates) if updates else []
+    tuned = list(msg["models"])
+    for r, t in zip(live, trained, strict=True):
+        tuned[r] = t.params
     return ensemble.ensemble_eval(client, state, tuned, msg["hard"], client.test_batches), cstate
 
 

@@ -111,16 +111,17 @@ def init(fed: Federation, hp: Hparams) -> State:
     return State(get_params(fed.task.build_model()), np.zeros((len(fed.client_ids), k), dtype=np.int64))
 
 
-def train_copy(client: Client, cstate: Any, msg: tuple[Any, dict]) -> tuple[tuple[Any, dict], Any]:
+def train_copy(client: Client, cstate: Any, msg: tuple[Any, dict]):
     """Relay client function: train the copy it is handed for the round's local epochs; the copy
     goes on (left behind), only the size and training stats come back. With ``carried`` optimizer
-    state the copy is ``(params, momentum buffers)`` (plain params at a cycle start: no buffers)."""
+    state the copy is ``(params, momentum buffers)`` (plain params at a cycle start: no buffers).
+    The K copies of a round train on K devices at once: one stack where a worker trains batched."""
     carry, common = msg
     if common.get("optimizer_state") == "carried":
         params, buffers = carry if isinstance(carry, tuple) else (carry, None)
-        reply, buffers = kept_optimizer_update(client, params, common["round"], buffers, keep=True)
+        reply, buffers = yield from kept_optimizer_update(client, params, common["round"], buffers, keep=True)
         return ((reply.pop("params"), buffers), reply), cstate
-    reply = local_sgd_reply(client, carry, common["round"])
+    reply = yield from local_sgd_reply(client, carry, common["round"])
     return (reply.pop("params"), reply), cstate
 
 

@@ -29,12 +29,11 @@ from typing import Any
 import numpy as np
 
 from fedray.algorithms import clustering
-from fedray.algorithms.rounds import kept_optimizer_batched, kept_optimizer_update, train_records
+from fedray.algorithms.rounds import kept_optimizer_update, train_records
 from fedray.algorithms.splitting.layers import flatten as flat
 from fedray.algorithms.splitting.layers import layer_params, select
 from fedray.algorithms.splitting.measures import Similarity, evaluate, models, truth_records  # noqa: F401 - the record's
 from fedray.algorithms.splitting.scale import check_participation, check_size
-from fedray.batched import register_batched
 from fedray.client import Client
 from fedray.federation import Federation
 from fedray.hparams import bound, one_of
@@ -97,16 +96,13 @@ def init_state(fed: Federation, spec: str | list[str]) -> SplitState:
     return SplitState([sorted(fed.client_ids)], [get_params(model)], layer_params(model), select(model, spec))
 
 
-def persistent_update(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+def persistent_update(client: Client, cstate: Any, msg: dict):
     """Client function: train ``params`` for the local epochs (SGD buffers kept with ``persistent_optimizer``)."""
-    return kept_optimizer_update(client, msg["params"], msg["round"], cstate,
-                                 keep=msg["persistent_optimizer"], drop_last=msg["drop_last"])  # fmt: skip
-
-
-@register_batched(persistent_update)
-def persistent_update_batched(clients: list[Client], cstates: list[Any], msgs: list[dict]) -> list[tuple[dict, Any]]:
-    return kept_optimizer_batched(clients, [m["params"] for m in msgs], msgs[0]["round"], cstates,
-                                  keep=msgs[0]["persistent_optimizer"], drop_last=msgs[0]["drop_last"])  # fmt: skip
+    return (
+        yield from kept_optimizer_update(
+            client, msg["params"], msg["round"], cstate, keep=msg["persistent_optimizer"], drop_last=msg["drop_last"]
+        )
+    )
 
 
 def thresholds(hp: SplitHparams, peak_mean_norm: float) -> tuple[float, float]:

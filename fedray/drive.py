@@ -1,0 +1,179 @@
+"""Running client functions: the generators that yield `fedray.update.LocalUpdate`s, and the rest.
+
+A client function is ``fn(client, cstate, msg) -> (reply, new_cstate)``. One that trains is a
+generator: it yields a `LocalUpdate` (or a list of them) where it would train, receives the
+`Trained` result (or the list), and returns its reply and state (fedray/update.py). `run_one` runs
+one client to its end with the per-client engine; `run_stacked` runs many at once, advancing every
+client to its next yield and training everything they yielded together in the stacked engine.
+
+A client function that trains by itself (an optimizer step inside it, not a yielded update) cannot
+be stacked: under ``batched_clients: on`` its first step fails, naming the function; under
+``auto`` it runs one client at a time and says so once.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from functools import partial
+from typing import Any
+
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from fedray import batched
+from fedray.client import Client
+from fedray.federation import ClientError
+from fedray.train import train_update
+from fedray.update import LocalUpdate, Trained, requests
+
+
+def fn_name(fn: Callable) -> str:
+    """A client function's name as module.qualname (a partial's function)."""
+    while isinstance(fn, partial):
+        fn = fn.func
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _failed(cid: int, e: Exception) -> ClientError:
+    if isinstance(e, ClientError):
+        return e
+    return ClientError(cid, f"{type(e).__name__}: {e}", traceback.format_exc())
+
+
+def _answer(yielded: Any, trained: list[Trained]) -> Trained | list[Trained]:
+    """The result sent back into a client function: one `Trained` for one update, else a list."""
+    return trained[0] if isinstance(yielded, LocalUpdate) else trained
+
+
+def run_one(fn: Callable, client: Client, cstate: Any, msg: Any) -> tuple[Any, Any]:
+    """``fn`` on one client to its end; every update it yields trained by the per-client engine,
+    in order. A failure names the client."""
+    try:
+        out = fn(client, cstate, msg)
+        if not inspect.isgenerator(out):
+            return out
+        answer = None
+        while True:
+            try:
+                yielded = out.send(answer)
+            except StopIteration as stop:
+                return stop.value
+            answer = _answer(yielded, [train_update(client, u) for u in requests(yielded)])
+    except Exception as e:  # noqa: BLE001 - re-raised with the client id attached
+        raise _failed(client.cid, e) from e
+
+
+class Unstackable(RuntimeError):
+    """A client function trained by itself where the stacked engine was asked for."""
+
+
+_watched: list[tuple[str, str]] = []  # (function name, mode) of the plain client function running
+_said: set[str] = set()  # functions already reported (auto) in this process
+_hooked = False
+
+
+def _step_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+    if not _watched:
+        return
+    name, mode = _watched[-1]
+    if mode == "on":
+        raise Unstackable(
+            f"client function {name} trains a model itself (an optimizer step inside it), so "
+            "batched_clients: on cannot stack its clients; yield a fedray.LocalUpdate where it trains "
+            "(docs/extending.md#a-local-objective), or set batched_clients: auto or off"
+        )
+    if name not in _said:
+        _said.add(name)
+        print(
+            f"fedray: client function {name} trains a model itself (not a yielded LocalUpdate): "
+            "its clients train one at a time",
+            file=sys.stderr,
+            flush=True,
+        )
+    _watched[-1] = (name, "said")
+
+
+@contextmanager
+def _watching(fn: Callable, mode: str) -> Iterator[None]:
+    """Notice an optimizer step taken while ``fn`` (a plain client function) runs."""
+    global _hooked
+    if not _hooked:
+        register_optimizer_step_pre_hook(_step_hook)
+        _hooked = True
+    _watched.append((fn_name(fn), mode))
+    try:
+        yield
+    finally:
+        _watched.pop()
+
+
+def run_stacked(
+    fn: Callable, clients: Sequence[Client], cstates: Sequence[Any], msgs: Sequence[Any], mode: str = "on"
+) -> tuple[list[tuple[Any, Any]], list[bool]]:
+    """``fn`` on every client at once: each is advanced to its next yield, then everything yielded
+    trains, updates of one `fedray.batched.signature` in one stack (an update alone in its shape
+    by the per-client engine), and the results go back; until every client has returned. Returns
+    the ``(reply, new_cstate)`` of each client and whether its training ran stacked."""
+    n = len(clients)
+    results: list[Any] = [None] * n
+    stacked = [False] * n
+    gens: dict[int, Any] = {}
+    for i, (client, cstate, msg) in enumerate(zip(clients, cstates, msgs, strict=True)):
+        try:
+            with _watching(fn, mode):
+                out = fn(client, cstate, msg)
+        except Exception as e:  # noqa: BLE001 - re-raised with the client id attached
+            raise _failed(client.cid, e) from e
+        if inspect.isgenerator(out):
+            gens[i] = out
+        else:
+            results[i] = out
+    answers: dict[int, Any] = dict.fromkeys(gens)
+    while gens:
+        asked: dict[int, tuple[Any, list[LocalUpdate]]] = {}
+        for i, gen in list(gens.items()):
+            try:
+                with _watching(fn, mode):
+                    yielded = gen.send(answers[i])
+                asked[i] = (yielded, requests(yielded))
+            except StopIteration as stop:
+                results[i] = stop.value
+                del gens[i]
+            except Exception as e:  # noqa: BLE001 - re-raised with the client id attached
+                raise _failed(clients[i].cid, e) from e
+        if not asked:
+            break
+        # every update yielded, as (client index, position in its request), by shape
+        shapes: dict[Any, list[tuple[int, int]]] = {}
+        for i, (_, updates) in asked.items():
+            for j, u in enumerate(updates):
+                shapes.setdefault(batched.signature(u), []).append((i, j))
+        trained: dict[tuple[int, int], Trained] = {}
+        for members in shapes.values():
+            us = [asked[i][1][j] for i, j in members]
+            cs = [clients[i] for i, _ in members]
+            if len(members) == 1:
+                i = members[0][0]
+                try:
+                    trained[members[0]] = train_update(cs[0], us[0])
+                except Exception as e:  # noqa: BLE001
+                    raise _failed(clients[i].cid, e) from e
+                continue
+            try:
+                got = batched.train_stacked(cs, us)
+            except Exception as e:  # noqa: BLE001 - re-raised with the clients named
+                cids = sorted({c.cid for c in cs})
+                raise ClientError(
+                    cids[0], f"batched training of clients {cids}: {type(e).__name__}: {e}", traceback.format_exc()
+                ) from e
+            for m, t in zip(members, got, strict=True):
+                trained[m] = t
+                stacked[m[0]] = True
+        answers = {
+            i: _answer(yielded, [trained[(i, j)] for j in range(len(updates))])
+            for i, (yielded, updates) in asked.items()
+        }
+    return results, stacked

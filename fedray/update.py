@@ -1,0 +1,175 @@
+"""One description of a client's local update, run by two engines.
+
+A client function that trains does not train: it says what to train and gets the result back. It
+is a generator that yields a `LocalUpdate` (or a list of them: several models of one client, FedEM's
+K components) and receives the `Trained` result (or a list), then returns ``(reply, new_cstate)``::
+
+    def prox_update(client, cstate, msg, mu):
+        trained = yield LocalUpdate(msg["params"], msg["round"], objective=proximal,
+                                    context={"anchor": msg["params"], "mu": mu})
+        return train_reply(client, trained), cstate
+
+The host that runs it (`fedray.host.ClientHost`) picks the engine: the per-client engine
+(`fedray.train.train_update`: one model, `torch.optim.SGD`, the client's batches one at a time) or
+the stacked engine (`fedray.batched.train_stacked`: every update the host's clients yielded in one
+call, stacked along a leading axis and stepped together under `torch.func.vmap`). Both run the
+same description, so an algorithm, built-in or plug-in, is written once and trains batched where
+the config asks (``batched_clients``).
+
+What a description can say (every field below): the start model and its architecture; the loss, an
+`Objective` over a module-like model, the batch and a context of named values (tensors per client or
+shared, frozen models, scalars); the parameters that train (the others stay fixed); the local
+epochs or a cap on steps; per-sample loss weights; a correction subtracted after every step
+(SCAFFOLD's); the optimizer's momentum buffers in and out; inputs that replace the training images
+(precomputed features). The optimizer is the task's SGD (lr, momentum, weight decay).
+
+An objective is written once for both engines: ``model`` is the real `nn.Module` in the per-client
+engine and a functional view of it (`fedray.batched.View`) in the stacked one, so it may call the
+model and its submodules (``model.encoder(x)``), read its parameters (``model.head.weight``) and
+walk ``model.named_parameters()``; reductions over the batch go through ``batch`` (`Batch`), which
+knows which of a stacked batch's rows are padding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedray.models import TASK, Arch
+from fedray.params import Params
+
+if TYPE_CHECKING:
+    from fedray.train import TrainStats
+
+
+@dataclass
+class Step:
+    """What an objective computes for one batch."""
+
+    logits: torch.Tensor  # the model's predictions: train accuracy is counted on these
+    ce: torch.Tensor  # the batch's mean cross-entropy, reported as sgd_loss
+    loss: torch.Tensor  # what the optimizer minimises
+
+
+class Batch:
+    """One client's mini-batch as an objective sees it: inputs ``x``, labels ``y``, per-sample loss
+    weights ``w`` (None without weights), and the batch's reductions. In the per-client engine every
+    row is a sample; in the stacked engine a client's last batch is padded to the stack's batch size
+    and ``mask`` says which rows count."""
+
+    def __init__(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        w: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        count: torch.Tensor | None = None,
+    ) -> None:
+        self.x, self.y, self.w = x, y, w
+        self._mask, self._count = mask, count
+
+    def cross_entropy(self, logits: torch.Tensor, target: torch.Tensor | None = None) -> torch.Tensor:
+        """The mean cross-entropy of ``logits`` against ``target`` (the labels by default) over the
+        batch's samples."""
+        target = self.y if target is None else target
+        if self._mask is None:
+            return nn.functional.cross_entropy(logits, target)
+        return self.mean(nn.functional.cross_entropy(logits, target, reduction="none"))
+
+    def mean(self, values: torch.Tensor) -> torch.Tensor:
+        """The mean of per-sample ``values`` over the batch's samples."""
+        if self._mask is None:
+            return values.mean()
+        return (values * self._mask).sum() / self._count
+
+    def weighted(self, values: torch.Tensor) -> torch.Tensor:
+        """(1/|B|) sum_b w_b values_b: per-sample values weighted by the sample weights and divided
+        by the batch size, not by the weights' sum (FedEM's and FedRC's gamma-weighted loss); the
+        plain mean without weights."""
+        if self.w is None:
+            return self.mean(values)
+        if self._mask is None:
+            return (self.w * values).sum() / len(self.y)
+        return (values * self.w * self._mask).sum() / self._count
+
+
+# The local objective: (model, batch, context) -> Step. ``context`` maps the description's context
+# names to their values on the device: tensors, scalars, frozen models (module-like, eval mode).
+Objective = Callable[[Any, Batch, Mapping[str, Any]], Step]
+
+
+def cross_entropy(model: Any, batch: Batch, context: Mapping[str, Any]) -> Step:
+    """The plain objective: the batch's cross-entropy (with sample weights, the weighted mean)."""
+    out = model(batch.x)
+    if batch.w is None:
+        ce = batch.cross_entropy(out)
+        return Step(out, ce, ce)
+    each = nn.functional.cross_entropy(out, batch.y, reduction="none")
+    return Step(out, batch.mean(each), batch.weighted(each))
+
+
+def proximal(model: Any, batch: Batch, context: Mapping[str, Any]) -> Step:
+    """Cross-entropy plus (mu/2) ||w - anchor||^2 over the model's parameters (FedProx, with the
+    model it received as the anchor; FedSoft, with its importance-weighted one). Context: ``anchor``
+    (a parameter dict), ``mu``."""
+    step = cross_entropy(model, batch, context)
+    anchor = context["anchor"]
+    prox = sum(((p - anchor[name]) ** 2).sum() for name, p in model.named_parameters())
+    return Step(step.logits, step.ce, step.loss + context["mu"] / 2 * prox)
+
+
+@dataclass(frozen=True, eq=False)
+class Frozen:
+    """A model in an update's context that does not train (MOON's global and previous models): the
+    objective gets it as a module-like callable in eval mode, without gradients. The same Frozen
+    object given to several clients is one model shared by the stack; different objects, one each."""
+
+    params: Params
+    arch: Arch = TASK
+
+
+@dataclass
+class LocalUpdate:
+    """One client's local training, as data (see the module's docstring)."""
+
+    params: Params  # the model to start from: every state-dict entry
+    round: int  # the round: the client's batch order and augmentation are drawn from it
+    objective: Objective = cross_entropy
+    # named values the objective reads: numpy arrays (as tensors), parameter dicts (as dicts of
+    # tensors), Python scalars, `Frozen` models, None
+    context: Mapping[str, Any] = field(default_factory=dict)
+    arch: Arch = TASK  # the network ``params`` belong to
+    trainable: Sequence[str] | None = None  # the parameter names that train (the rest stay fixed); None: all
+    epochs: int | None = None  # local epochs; None: the task's
+    max_steps: int | None = None  # stop after this many optimizer steps
+    drop_last: bool = False  # drop each epoch's last partial batch
+    weights: np.ndarray | None = None  # one loss weight per training sample, in the split's order
+    correction: Params | None = None  # subtracted, times lr, from these entries after every step (SCAFFOLD)
+    buffers: Mapping[str, np.ndarray] | None = None  # momentum buffers to go on from (`optimizer_state`'s form)
+    keep_buffers: bool = False  # return the final momentum buffers
+    inputs: np.ndarray | None = None  # per-sample inputs aligned with the training split, replacing its images
+
+
+@dataclass
+class Trained:
+    """What a `LocalUpdate` gives back."""
+
+    params: Params  # the trained model, every state-dict entry, in the start's key order
+    stats: TrainStats
+    buffers: dict[str, np.ndarray] | None = None  # the final momentum buffers, when asked to keep them
+
+
+def requests(yielded: Any) -> list[LocalUpdate]:
+    """What a client function yielded, as a list of updates (one or several)."""
+    if isinstance(yielded, LocalUpdate):
+        return [yielded]
+    if isinstance(yielded, (list, tuple)) and all(isinstance(u, LocalUpdate) for u in yielded):
+        return list(yielded)
+    raise TypeError(
+        f"a client function yields a fedray.LocalUpdate or a list of them, got {type(yielded).__name__}"
+    )
