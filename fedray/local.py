@@ -29,10 +29,11 @@ class LocalFederation(ClientCatalog):
         groups: np.ndarray | None = None,
         test_clients: Sequence[int] = (),
         eval_clients: Sequence[int] | None = None,
+        device: str = "cpu",
     ):
         set_torch_threads(num_threads)  # same thread count as one actor: same floating-point path
         self.task = task
-        self.host = ClientHost(task, train, clients, test=test)
+        self.host = ClientHost(task, train, clients, device, test=test)
         self._test_size = len(test)
         super().__init__(self.host, groups, test_clients, eval_clients)
 

@@ -1,112 +1,205 @@
-"""One round's local training of many clients, one client at a time against batched (fedray/batched.py).
+"""Whole rounds of one algorithm, its clients trained one at a time against stacked (fedray/batched.py).
 
-    python -m jobs.bench_batched jobs/configs/bench_gpu_c2.yaml [--device cuda] [--clients 40] [--repeat 3] [--profile 15]
+    python -m jobs.bench_batched CONFIG [--only KEY=VALUE] [--set KEY=VALUE] [--device cuda]
+        [--rounds 3] [--engines per-client,batched] [--profile ROWS]
 
-Builds the run's clients in this process (no Ray), then times FedAvg's local update of the first
-``--clients`` clients from the same model: the per-client path (`local_update` on each client in
-turn) and the batched one (`local_update_batched`: every client in one stack), each ``--repeat``
-times after a warm-up, and prints the median seconds, the speed-up, the optimizer steps, the time
-per stacked step, and how far the two paths' trained parameters are apart (largest absolute
-difference, relative to the largest parameter); ``--profile N`` adds where one batched call's
-time goes, operator by operator (torch.profiler). Needs no GPU (``--device cpu``, the default); on
-a GPU it synchronises before reading the clock.
+Builds the run's clients in this process (no Ray, one host holding every client, as ``--local``)
+and runs the config's algorithm for ``--rounds`` rounds with each engine from the same start: the
+per-client engine (``batched_clients: off``) and the stacked one (``on``). The first round is a
+warm-up (caches, CUDA graphs, MOON's first round has no previous model) and is not timed. Prints,
+for each engine: seconds a round (median of the timed rounds), the real sample-steps a round (the
+samples every local step took, summed) and their rate, the achieved FLOP/s (a training step taken
+as forward + backward, counted by `torch.utils.flop_counter` on one batch) against the device's
+float32 peak where it is known, and ``stacked work: R x the real sample-steps`` (the rows the stacks
+stepped, padding included, over the real ones; 1.00 when no step is padded). Then the speed-up and
+how far the two engines' models are after the first round (largest |difference| over the largest
+parameter). ``--profile N`` adds where one stacked round's time goes, operator by operator
+(torch.profiler). Needs no GPU (``--device cpu``, the default); on a GPU it synchronises before
+reading the clock.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
+from typing import Any
 
 from jobs import one_run
+
+ENGINES = {"per-client": "off", "batched": "on"}
+# float32 peaks (dense, no tensor cores), FLOP/s, by the device name's telling part
+PEAKS = {"H100": 67e12, "H200": 67e12, "A100": 19.5e12}
+
+
+class Work:
+    """Sample-steps counted from the engines' own results: the real ones, and the rows stepped."""
+
+    def __init__(self) -> None:
+        self.samples = 0
+        self.rows = 0
+
+    def install(self) -> None:
+        import torch
+
+        from fedray import batched, drive
+
+        train_update, train_stacked = drive.train_update, batched.train_stacked
+
+        def one(client, update):
+            got = train_update(client, update)
+            self.samples += got.stats.samples
+            self.rows += got.stats.samples
+            return got
+
+        def stacked(clients, updates, fixed=None):
+            got = train_stacked(clients, updates, fixed)
+            steps = [t.stats.steps for t in got]
+            bs = clients[0].task.batch_size
+            self.samples += sum(t.stats.samples for t in got)
+            on_cuda = clients[0].device.type == "cuda" if fixed is None else fixed
+            resident = on_cuda and (clients[0].task.spec.augment == "none" or updates[0].inputs is not None)
+            # a fixed stack steps every row until the longest is done; a shrinking one each row its own steps
+            self.rows += bs * (len(got) * max(steps, default=0) if resident else sum(steps))
+            return got
+
+        drive.train_update = one
+        drive.batched.train_stacked = stacked
+        self._torch = torch
+
+    def take(self) -> tuple[int, int]:
+        out = (self.samples, self.rows)
+        self.samples = self.rows = 0
+        return out
+
+
+def step_flops(task: Any, arch: Any = None) -> float:
+    """FLOPs of one training sample-step (forward and backward) of the task's model."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from fedray.models import TASK
+
+    model = task.build_model(arch=arch or TASK)
+    x = torch.zeros((8, *task.spec.input_shape))
+    with FlopCounterMode(display=False) as counter:
+        torch.nn.functional.cross_entropy(model(x), torch.zeros(8, dtype=torch.long)).backward()
+    return counter.get_total_flops() / 8
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m jobs.bench_batched", description=__doc__.split("\n\n")[0])
     one_run.add_args(ap)
     ap.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    ap.add_argument("--clients", type=int, default=40, help="clients trained (default 40)")
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="rounds per engine, the first untimed (default 3)")
+    ap.add_argument("--engines", default="per-client,batched", help="which engines (default both)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as one actor)")
     ap.add_argument("--profile", type=int, default=0, metavar="ROWS",
-                    help="also profile one batched call (torch.profiler) and print its ROWS costliest "
+                    help="also profile one stacked round (torch.profiler) and print its ROWS costliest "
                          "operators by self time, on the host and on the device")  # fmt: skip
     args = ap.parse_args(argv)
+    engines = one_run.picked_names(args.engines, list(ENGINES), ap.prog, "engine")
+    if engines is None:
+        return 2
+    if args.rounds < 2:
+        print(f"{ap.prog}: --rounds must be 2 or more (the first is a warm-up)", file=sys.stderr)
+        return 2
 
     import numpy as np
     import torch
 
-    from fedray.algorithms.rounds import local_update, local_update_batched
+    from fedray.algorithms import ALGORITHMS
     from fedray.client import Task
     from fedray.data import build_federated_data
-    from fedray.host import ClientHost
-    from fedray.params import get_params
+    from fedray.local import LocalFederation
 
     cfg = one_run.picked(args, args.sets)
     if cfg is None:
         return 2
-    torch.set_num_threads(args.threads)
     data = build_federated_data(cfg)
-    task = Task.from_config(cfg, data.dataset.spec)
-    host = ClientHost(task, data.dataset.train, data.clients, args.device, test=data.dataset.test)
-    cids = host.client_ids[: args.clients]
-    msg = {"params": get_params(task.build_model()), "round": 0}
+    alg = ALGORITHMS[cfg.algorithm]
+    hp = alg.make_hparams(cfg.hp)
+    work = Work()
+    work.install()
 
     def sync() -> None:
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
 
-    def per_client():
-        return [local_update(host.client(c), None, msg)[0] for c in cids]
+    def federation(mode: str) -> LocalFederation:
+        task = dataclasses.replace(Task.from_config(cfg, data.dataset.spec), batched_clients=mode)
+        fed = LocalFederation(task, data.dataset.train, data.dataset.test, data.clients, num_threads=args.threads,
+                              groups=data.groups, test_clients=data.test_clients, eval_clients=data.eval_clients,
+                              device=args.device)  # fmt: skip
+        torch.set_num_threads(args.threads)
+        return fed
 
-    def batched():
-        return [
-            r
-            for r, _ in local_update_batched(
-                [host.client(c) for c in cids], [None] * len(cids), [msg] * len(cids)
-            )
-        ]
-
-    times: dict[str, list[float]] = {}
-    got = {}
-    for name, fn in (("per-client", per_client), ("batched", batched)):
-        got[name] = fn()  # warm-up (and the replies compared below)
-        for _ in range(args.repeat):
+    flops = step_flops(Task.from_config(cfg, data.dataset.spec))
+    name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    peak = next((v for k, v in PEAKS.items() if k in name), None)
+    print(f"{cfg.algorithm} on {cfg.dataset} ({cfg.partition}), {cfg.model}, {len(data.clients)} clients at "
+          f"participation {cfg.participation}, {cfg.local_epochs} local epochs of batch {cfg.batch_size}; "
+          f"device {name}, {args.threads} thread(s); {flops / 1e6:.2f} MFLOP a sample-step")  # fmt: skip
+    seconds, first_models = {}, {}
+    for engine in engines:
+        fed = federation(ENGINES[engine])
+        state = alg.init(fed, hp)
+        times, samples, rows = [], [], []
+        for rnd in range(args.rounds):
             sync()
             t0 = time.perf_counter()
-            fn()
+            state, _ = alg.round(state, fed, hp, rnd)
             sync()
-            times.setdefault(name, []).append(time.perf_counter() - t0)
-    steps = [r["steps"] for r in got["per-client"]]
-    a, b = got["per-client"], got["batched"]
-    scale = max(float(np.abs(r["params"][k]).max()) for r in a for k in r["params"])
-    diff = max(
-        float(np.abs(x["params"][k] - y["params"][k]).max())
-        for x, y in zip(a, b, strict=True)
-        for k in x["params"]
-    )
-    pc, bt = statistics.median(times["per-client"]), statistics.median(times["batched"])
-    print(f"{cfg.model} on {cfg.dataset}, {len(cids)} clients, {cfg.local_epochs} local epochs of batch "
-          f"{cfg.batch_size}, device {args.device}, {args.threads} thread(s)")  # fmt: skip
-    print(f"steps per client: min {min(steps)}, max {max(steps)}, total {sum(steps)}")
-    print(f"per-client  {pc:8.3f} s  ({1000 * pc / sum(steps):.2f} ms per client step)")
-    print(
-        f"batched     {bt:8.3f} s  ({1000 * bt / max(steps):.2f} ms per stacked step of up to {len(cids)} clients)"
-    )
-    print(f"speed-up    {pc / bt:8.2f}x")
-    print(f"largest |parameter difference| {diff:.3g} (largest parameter {scale:.3g})")
-    if args.profile:
-        from torch.profiler import ProfilerActivity, profile
+            took = time.perf_counter() - t0
+            real, stepped = work.take()
+            if rnd == 0:
+                first_models[engine] = params_of(state)
+                continue
+            times.append(took)
+            samples.append(real)
+            rows.append(stepped)
+        sec = statistics.median(times)
+        seconds[engine] = sec
+        rate = statistics.median(s / t for s, t in zip(samples, times, strict=True))
+        achieved = rate * flops
+        vs_peak = f" ({100 * achieved / peak:.2f}% of the float32 peak {peak / 1e12:.0f} TFLOP/s)" if peak else ""
+        print(f"{engine:10s}  {sec:8.3f} s a round   {statistics.median(samples):,.0f} sample-steps a round   "
+              f"{rate:,.0f} sample-steps/s   {achieved / 1e12:.3f} TFLOP/s{vs_peak}")  # fmt: skip
+        print(f"{'':10s}  stacked work: {sum(rows) / max(1, sum(samples)):.2f} x the real sample-steps")
+        if args.profile and engine == "batched":
+            from torch.profiler import ProfilerActivity, profile
 
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device.startswith("cuda") else [])
-        with profile(activities=acts) as prof:
-            batched()
-            sync()
-        for key in ["self_cpu_time_total"] + (["self_cuda_time_total"] if len(acts) > 1 else []):
-            print(f"\nbatched call, by {key}:")
-            print(prof.key_averages().table(sort_by=key, row_limit=args.profile))
+            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device.startswith("cuda") else [])
+            with profile(activities=acts) as prof:
+                alg.round(state, fed, hp, args.rounds)
+                sync()
+            for key in ["self_cpu_time_total"] + (["self_cuda_time_total"] if len(acts) > 1 else []):
+                print(f"\nstacked round, by {key}:")
+                print(prof.key_averages().table(sort_by=key, row_limit=args.profile))
+    if len(seconds) == 2:
+        print(f"speed-up    {seconds['per-client'] / seconds['batched']:8.2f}x")
+        a, b = first_models["per-client"], first_models["batched"]
+        scale = max(float(np.abs(v).max()) for v in a.values()) or 1.0
+        diff = max(float(np.abs(a[k] - b[k]).max()) for k in a)
+        print(f"after round 1: largest |parameter difference| {diff:.3g} (largest parameter {scale:.3g})")
     return 0
+
+
+def params_of(state: Any) -> dict:
+    """The first model a state holds (FedAvg's params, a cluster's, FedCat's m_glb), as float arrays."""
+    import numpy as np
+
+    for name in ("params", "models", "encoders"):
+        value = getattr(state, name, None)
+        if isinstance(value, dict) and value and isinstance(next(iter(value.values())), np.ndarray):
+            return value
+        if isinstance(value, (list, dict)) and value:
+            first = value[0] if isinstance(value, list) else next(iter(value.values()))
+            if isinstance(first, dict):
+                return first
+    return {}
 
 
 if __name__ == "__main__":
