@@ -161,11 +161,15 @@ def _tensors(params: Mapping[str, Any], device: torch.device) -> dict[str, torch
     return {k: torch.as_tensor(np.asarray(v), device=device) for k, v in params.items()}
 
 
-def _stacked(rows: Sequence[Mapping[str, Any]], keys: Sequence[str], device: torch.device) -> dict[str, torch.Tensor]:
+def _stacked(
+    rows: Sequence[Mapping[str, Any]], keys: Sequence[str], device: torch.device
+) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(np.stack([np.asarray(r[k]) for r in rows])).to(device) for k in keys}
 
 
-def train_stacked(clients: Sequence[Client], updates: Sequence[LocalUpdate], fixed: bool | None = None) -> list[Trained]:
+def train_stacked(
+    clients: Sequence[Client], updates: Sequence[LocalUpdate], fixed: bool | None = None
+) -> list[Trained]:
     """``updates[i]`` trained on ``clients[i]``, every update at once; the updates share a
     `signature` (a client may appear more than once: the K models of one client).
 
@@ -355,14 +359,18 @@ def train_stacked(clients: Sequence[Client], updates: Sequence[LocalUpdate], fix
     out = []
     for i, u in enumerate(updates):
         trained = {n: v.detach().cpu().numpy().copy() for n, v in done[i]["p"].items()}
-        params = {key: trained[key] if key in trained else np.array(val, copy=True) for key, val in u.params.items()}
+        params = {
+            key: trained[key] if key in trained else np.array(val, copy=True) for key, val in u.params.items()
+        }
         got = done[i]["acc"]
         stats = TrainStats(
             samples=feed.samples[i], loss_sum=float(got["loss"]), correct=int(got["correct"]), steps=steps[i]
         )
         kept = None
         if u.keep_buffers:
-            kept = {f"{n}/momentum_buffer": v.detach().cpu().numpy().copy() for n, v in done[i]["buf"].items()}
+            kept = {
+                f"{n}/momentum_buffer": v.detach().cpu().numpy().copy() for n, v in done[i]["buf"].items()
+            }
         out.append(Trained(params, stats, kept))
     return out
 
@@ -433,7 +441,9 @@ class Resident:
                     with torch.cuda.graph(graph):
                         step(*self._fixed_batch())
                 except RuntimeError as e:  # nothing ran: capture records only
-                    warnings.warn(f"batched training: CUDA graph capture failed ({e}); stepping eagerly", stacklevel=2)
+                    warnings.warn(
+                        f"batched training: CUDA graph capture failed ({e}); stepping eagerly", stacklevel=2
+                    )
                     self._graph = False
                     step(*self._fixed_batch())
                     return

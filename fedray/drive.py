@@ -167,7 +167,9 @@ def run_stacked(
             except Exception as e:  # noqa: BLE001 - re-raised with the clients named
                 cids = sorted({c.cid for c in cs})
                 raise ClientError(
-                    cids[0], f"batched training of clients {cids}: {type(e).__name__}: {e}", traceback.format_exc()
+                    cids[0],
+                    f"batched training of clients {cids}: {type(e).__name__}: {e}",
+                    traceback.format_exc(),
                 ) from e
             for m, t in zip(members, got, strict=True):
                 trained[m] = t

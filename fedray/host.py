@@ -155,7 +155,9 @@ class ClientHost:
     def run_many(self, fn: ClientFn, cids: Sequence[int], msg: Any) -> list[tuple[Any, CallMeta]]:
         return self.run_groups(fn, [(cids, msg)])
 
-    def run_groups(self, fn: ClientFn, groups: Sequence[tuple[Sequence[int], Any]]) -> list[tuple[Any, CallMeta]]:
+    def run_groups(
+        self, fn: ClientFn, groups: Sequence[tuple[Sequence[int], Any]]
+    ) -> list[tuple[Any, CallMeta]]:
         """``fn`` on each group's clients with the group's message, in the order given.
 
         A client function that trains yields its `fedray.update.LocalUpdate`s (`fedray.drive`):
@@ -171,7 +173,11 @@ class ClientHost:
         prepared = [self._prepared(cid) for cid, _ in pairs]
         t0 = time.perf_counter()
         results, stacked = drive.run_stacked(
-            fn, [c for c, _ in prepared], [s for _, s in prepared], [m for _, m in pairs], self.task.batched_clients
+            fn,
+            [c for c, _ in prepared],
+            [s for _, s in prepared],
+            [m for _, m in pairs],
+            self.task.batched_clients,
         )
         seconds = (time.perf_counter() - t0) / max(1, len(pairs))  # the call's time, shared out
         out = []
@@ -193,8 +199,9 @@ class ClientHost:
         try:
             return self.client(cid), self._state.get(cid)
         except Exception as e:  # noqa: BLE001 - re-raised with the client id attached
-            raise ClientError(cid, f"making its data or reading its state: {type(e).__name__}: {e}",
-                              traceback.format_exc()) from e  # fmt: skip
+            raise ClientError(
+                cid, f"making its data or reading its state: {type(e).__name__}: {e}", traceback.format_exc()
+            ) from e
 
     def trains_batched(self) -> bool:
         """Whether this host runs batched client functions (config key batched_clients)."""
@@ -218,7 +225,9 @@ class ClientHost:
         self._check_hosted(cid)
         self._state.set(cid, state)
 
-    def relay(self, fn: ClientFn, hops: Sequence[tuple[int, Any]], common: Any) -> list[tuple[Any, Any, CallMeta]]:
+    def relay(
+        self, fn: ClientFn, hops: Sequence[tuple[int, Any]], common: Any
+    ) -> list[tuple[Any, Any, CallMeta]]:
         """Relay hops (see `Federation.relay`), in the given order: ``fn`` gets ``(carry, common)``
         and returns ``(carry_out, info)``; per hop, the three results travel separately, so a
         caller can leave ``carry_out`` where it is and take only ``info`` and the meta. Hops to
@@ -236,7 +245,9 @@ class ClientHost:
             got = self.run_groups(fn, [([cid], (carry, common)) for cid, carry in wave])
             for (cid, _), (reply, meta) in zip(wave, got, strict=True):
                 if not (isinstance(reply, tuple) and len(reply) == 2):
-                    raise ClientError(cid, f"a relay client function returns (carry, info), got {type(reply).__name__}")
+                    raise ClientError(
+                        cid, f"a relay client function returns (carry, info), got {type(reply).__name__}"
+                    )
                 carry_out, info = reply
                 out.append((carry_out, info, replace(meta, carry_bytes=payload_nbytes(carry_out))))
             start = stop

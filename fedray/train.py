@@ -73,7 +73,8 @@ def train_update(client: Client, update: LocalUpdate) -> Trained:
         entries = model.state_dict()  # tensors that share the model's storage
         lr = client.task.lr
         correction = [
-            (entries[k], torch.from_numpy(np.asarray(v)).to(client.device) * lr) for k, v in update.correction.items()
+            (entries[k], torch.from_numpy(np.asarray(v)).to(client.device) * lr)
+            for k, v in update.correction.items()
         ]
 
         def after_step() -> None:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,9 +42,6 @@ from torch import nn
 
 from fedray.models import TASK, Arch
 from fedray.params import Params
-
-if TYPE_CHECKING:
-    from fedray.train import TrainStats
 
 
 @dataclass
@@ -150,9 +147,11 @@ class LocalUpdate:
     drop_last: bool = False  # drop each epoch's last partial batch
     weights: np.ndarray | None = None  # one loss weight per training sample, in the split's order
     correction: Params | None = None  # subtracted, times lr, from these entries after every step (SCAFFOLD)
-    buffers: Mapping[str, np.ndarray] | None = None  # momentum buffers to go on from (`optimizer_state`'s form)
+    # momentum buffers to go on from (`fedray.train.optimizer_state`'s form)
+    buffers: Mapping[str, np.ndarray] | None = None
     keep_buffers: bool = False  # return the final momentum buffers
-    inputs: np.ndarray | None = None  # per-sample inputs aligned with the training split, replacing its images
+    # per-sample inputs aligned with the training split, replacing its images (precomputed features)
+    inputs: np.ndarray | None = None
 
 
 @dataclass
@@ -160,7 +159,7 @@ class Trained:
     """What a `LocalUpdate` gives back."""
 
     params: Params  # the trained model, every state-dict entry, in the start's key order
-    stats: TrainStats
+    stats: Any  # fedray.train.TrainStats: samples, loss_sum, correct, steps
     buffers: dict[str, np.ndarray] | None = None  # the final momentum buffers, when asked to keep them
 
 

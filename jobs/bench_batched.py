@@ -96,9 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="rounds per engine, the first untimed (default 3)")
     ap.add_argument("--engines", default="per-client,batched", help="which engines (default both)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as one actor)")
-    ap.add_argument("--profile", type=int, default=0, metavar="ROWS",
-                    help="also profile one stacked round (torch.profiler) and print its ROWS costliest "
-                         "operators by self time, on the host and on the device")  # fmt: skip
+    ap.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="ROWS",
+        help="also profile one stacked round (torch.profiler) and print its ROWS costliest "
+        "operators by self time, on the host and on the device",
+    )
     args = ap.parse_args(argv)
     engines = one_run.picked_names(args.engines, list(ENGINES), ap.prog, "engine")
     if engines is None:
@@ -130,18 +135,28 @@ def main(argv: list[str] | None = None) -> int:
 
     def federation(mode: str) -> LocalFederation:
         task = dataclasses.replace(Task.from_config(cfg, data.dataset.spec), batched_clients=mode)
-        fed = LocalFederation(task, data.dataset.train, data.dataset.test, data.clients, num_threads=args.threads,
-                              groups=data.groups, test_clients=data.test_clients, eval_clients=data.eval_clients,
-                              device=args.device)  # fmt: skip
+        fed = LocalFederation(
+            task,
+            data.dataset.train,
+            data.dataset.test,
+            data.clients,
+            num_threads=args.threads,
+            groups=data.groups,
+            test_clients=data.test_clients,
+            eval_clients=data.eval_clients,
+            device=args.device,
+        )
         torch.set_num_threads(args.threads)
         return fed
 
     flops = step_flops(Task.from_config(cfg, data.dataset.spec))
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     peak = next((v for k, v in PEAKS.items() if k in name), None)
-    print(f"{cfg.algorithm} on {cfg.dataset} ({cfg.partition}), {cfg.model}, {len(data.clients)} clients at "
-          f"participation {cfg.participation}, {cfg.local_epochs} local epochs of batch {cfg.batch_size}; "
-          f"device {name}, {args.threads} thread(s); {flops / 1e6:.2f} MFLOP a sample-step")  # fmt: skip
+    print(
+        f"{cfg.algorithm} on {cfg.dataset} ({cfg.partition}), {cfg.model}, {len(data.clients)} clients at "
+        f"participation {cfg.participation}, {cfg.local_epochs} local epochs of batch {cfg.batch_size}; "
+        f"device {name}, {args.threads} thread(s); {flops / 1e6:.2f} MFLOP a sample-step"
+    )
     seconds, first_models = {}, {}
     for engine in engines:
         fed = federation(ENGINES[engine])
@@ -164,14 +179,20 @@ def main(argv: list[str] | None = None) -> int:
         seconds[engine] = sec
         rate = statistics.median(s / t for s, t in zip(samples, times, strict=True))
         achieved = rate * flops
-        vs_peak = f" ({100 * achieved / peak:.2f}% of the float32 peak {peak / 1e12:.0f} TFLOP/s)" if peak else ""
-        print(f"{engine:10s}  {sec:8.3f} s a round   {statistics.median(samples):,.0f} sample-steps a round   "
-              f"{rate:,.0f} sample-steps/s   {achieved / 1e12:.3f} TFLOP/s{vs_peak}")  # fmt: skip
+        vs_peak = (
+            f" ({100 * achieved / peak:.2f}% of the float32 peak {peak / 1e12:.0f} TFLOP/s)" if peak else ""
+        )
+        print(
+            f"{engine:10s}  {sec:8.3f} s a round   {statistics.median(samples):,.0f} sample-steps a round   "
+            f"{rate:,.0f} sample-steps/s   {achieved / 1e12:.3f} TFLOP/s{vs_peak}"
+        )
         print(f"{'':10s}  stacked work: {sum(rows) / max(1, sum(samples)):.2f} x the real sample-steps")
         if args.profile and engine == "batched":
             from torch.profiler import ProfilerActivity, profile
 
-            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device.startswith("cuda") else [])
+            acts = [ProfilerActivity.CPU] + (
+                [ProfilerActivity.CUDA] if args.device.startswith("cuda") else []
+            )
             with profile(activities=acts) as prof:
                 alg.round(state, fed, hp, args.rounds)
                 sync()

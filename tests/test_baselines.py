@@ -4,6 +4,7 @@ checked against numbers worked out by hand."""
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 import pytest
@@ -12,9 +13,11 @@ import torch
 from fedray.algorithms import ALGORITHMS
 from fedray.algorithms.baselines import fedlc, fednova, fedrs, moon, scaffold
 from fedray.data import build_federated_data
+from fedray.drive import run_one
 from fedray.local import make_local_federation
 from fedray.models import EncoderHead
 from fedray.params import get_params, set_params
+from fedray.update import Batch
 from tests.conftest import small_config
 from tests.helpers import run_metrics
 
@@ -178,13 +181,13 @@ def test_moon_contrastive_loss_matches_the_formula():
     with torch.no_grad():
         glob.encoder.weight.copy_(torch.tensor([[1.0, 1.0], [1.0, 1.0]]))  # z_glob: (1, 1), (2, 2)
         prev.encoder.weight.copy_(torch.tensor([[0.0, 1.0], [1.0, 0.0]]))  # z_prev: (0, 1), (2, 0)
-    step = moon.contrastive(mu=2.0, temperature=0.5, glob=glob, prev=prev)(model, z, y)
+    step = moon.contrastive(model, Batch(z, y), {"mu": 2.0, "temperature": 0.5, "glob": glob, "prev": prev})
     # both samples: cos(z, z_glob) = 1/sqrt(2), cos(z, z_prev) = 0 -> l_con = log(1 + exp(-sqrt(2))) = 0.217 63
     l_con = math.log(1 + math.exp(-math.sqrt(2)))
     ce = torch.nn.functional.cross_entropy(z, y).item()  # logits = z (identity head)
     assert step.ce.item() == pytest.approx(ce)
     assert step.loss.item() == pytest.approx(ce + 2.0 * l_con, rel=1e-6)
-    first = moon.contrastive(mu=2.0, temperature=0.5, glob=glob, prev=None)(model, z, y)
+    first = moon.contrastive(model, Batch(z, y), {"mu": 2.0, "temperature": 0.5, "glob": glob, "prev": None})
     assert first.loss.item() == pytest.approx(ce)  # no previous model yet: l_con = -log(1) = 0
 
 
@@ -193,7 +196,7 @@ def test_fedrs_scales_the_logits_of_missing_and_rare_classes():
     assert s.tolist() == [0.5, 0.75, 1.0]  # alpha + (1 - alpha) n_c / max n
     model = identity_model([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], [0.1, 0.2, 0.3])
     h, y = torch.tensor([[2.0, 4.0]]), torch.tensor([2])
-    step = fedrs.restricted_softmax(torch.tensor(s, dtype=torch.float32))(model, h, y)
+    step = fedrs.restricted_softmax(model, Batch(h, y), {"per_class": torch.tensor(s, dtype=torch.float32)})
     # W h = (2, 4, 6); scaled: (1, 3, 6) + b = (1.1, 3.2, 6.3); reported logits unscaled: (2.1, 4.2, 6.3)
     scaled = np.array([1.1, 3.2, 6.3])
     expected = -scaled[2] + math.log(np.exp(scaled).sum())
@@ -207,7 +210,7 @@ def test_fedrs_without_a_head_bias_is_fedrepos_restricted_softmax():
     model = identity_model([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], [0.0, 0.0, 0.0])
     model.head.register_parameter("bias", None)
     h, y = torch.tensor([[2.0, 4.0]]), torch.tensor([0])
-    step = fedrs.restricted_softmax(torch.tensor(s, dtype=torch.float32))(model, h, y)
+    step = fedrs.restricted_softmax(model, Batch(h, y), {"per_class": torch.tensor(s, dtype=torch.float32)})
     scaled = np.array([0.5 * 2.0, 0.75 * 4.0, 1.0 * 6.0])  # W h = (2, 4, 6), scales (0.5, 0.75, 1)
     assert step.ce.item() == pytest.approx(-scaled[0] + math.log(np.exp(scaled).sum()), rel=1e-6)
     np.testing.assert_allclose(step.logits.detach().numpy(), [[2.0, 4.0, 6.0]])
@@ -219,7 +222,7 @@ def test_fedlc_calibrates_the_logits_by_the_class_counts():
     np.testing.assert_allclose(offset, [200.0, 2.0, 1.0])
     model = identity_model([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]], [0.0, 0.0, 0.0])
     x, y = torch.tensor([[3.0, 2.0, 1.0]]), torch.tensor([1])
-    step = fedlc.calibrated(torch.tensor(offset, dtype=torch.float32))(model, x, y)
+    step = fedlc.calibrated(model, Batch(x, y), {"per_class": torch.tensor(offset, dtype=torch.float32)})
     cal = np.array([3.0 - 200.0, 2.0 - 2.0, 1.0 - 1.0])
     assert step.ce.item() == pytest.approx(-cal[1] + math.log(np.exp(cal).sum()), rel=1e-6)
     np.testing.assert_allclose(step.logits.detach().numpy(), [[3.0, 2.0, 1.0]])  # evaluation sees raw logits
@@ -257,7 +260,9 @@ def test_moon_negative_of_a_client_that_has_not_taken_part_yet_is_the_initial_mo
 
     def update(cstate, rnd):
         msg = {"params": glob, "round": rnd}
-        return moon.moon_update(client, cstate, msg, hp.mu, hp.temperature, moon.arch(hp))[0]["params"]
+        update = partial(moon.moon_update, mu=hp.mu, temperature=hp.temperature, arch=moon.arch(hp))
+        reply, _ = run_one(update, client, cstate, msg)
+        return reply["params"]
 
     def gap(a, b):
         return max(float(np.abs(a[k] - b[k]).max()) for k in a)

@@ -19,8 +19,8 @@ from fedray.experiment import execute
 from fedray.federation import ClientError
 from fedray.host import ClientHost
 from fedray.local import make_local_federation
-from fedray.params import get_params
 from fedray.models import Arch
+from fedray.params import get_params
 from fedray.train import optimizer_state, sgd, train_update
 from fedray.update import Frozen, LocalUpdate, Step, cross_entropy, proximal
 from fedray.validation import from_dict
@@ -34,8 +34,16 @@ def _host(augment: str = "none", sizes=(37, 64, 5, 0, 90), momentum=0.9, wd=1e-3
     n = sum(sizes)
     data = ArrayDataset(g.random((n, 3, 6, 6)).astype(np.float32), g.integers(0, 4, n))
     spec = DataSpec((3, 6, 6), 4, 1.0, mean=(0.5, 0.4, 0.3), std=(0.2, 0.3, 0.4), augment=augment)
-    cfg = small_config(Path("/tmp/unused"), model="mlp", batch_size=16, local_epochs=2, lr=0.05, momentum=momentum,
-                       weight_decay=wd, channels_last=False)  # fmt: skip
+    cfg = small_config(
+        Path("/tmp/unused"),
+        model="mlp",
+        batch_size=16,
+        local_epochs=2,
+        lr=0.05,
+        momentum=momentum,
+        weight_decay=wd,
+        channels_last=False,
+    )
     task = Task.from_config(cfg, spec)
     bounds = np.cumsum((0, *sizes))
     clients = {
@@ -101,7 +109,9 @@ def _updates(host, case, starts, rnd):
             kw["trainable"] = ["head.weight", "head.bias"]
         elif case == "frozen":
             glob = Frozen(starts[0])  # one model shared by every client, one of its own each
-            kw.update(objective=_contrastive, context={"mu": 0.5, "glob": glob, "prev": Frozen(starts[-1 - i])})
+            kw.update(
+                objective=_contrastive, context={"mu": 0.5, "glob": glob, "prev": Frozen(starts[-1 - i])}
+            )
         elif case == "per_class":
             kw.update(objective=_offsets, context={"per_class": g.random(4).astype(np.float32)})
         updates.append(LocalUpdate(start, rnd, **kw))
@@ -112,7 +122,8 @@ def _updates(host, case, starts, rnd):
 # (CUDA's, whose steps replay as one graph), and the streamed feeder (augmented data)
 @pytest.mark.parametrize("augment,fixed", [("none", False), ("none", True), ("crop_flip", False)])
 @pytest.mark.parametrize(
-    "case", ["plain", "prox", "correction", "buffers", "weights", "epochs", "trainable", "frozen", "per_class"]
+    "case",
+    ["plain", "prox", "correction", "buffers", "weights", "epochs", "trainable", "frozen", "per_class"],
 )
 def test_each_update_trains_in_the_stack_as_the_per_client_engine_trains_it(augment, fixed, case):
     host = _host(augment)
@@ -134,7 +145,9 @@ def test_each_update_trains_in_the_stack_as_the_per_client_engine_trains_it(augm
         else:
             assert got[i].buffers is None
         if case == "trainable":
-            assert all(np.array_equal(got[i].params[k], starts[i][k]) for k in starts[i] if k.startswith("encoder."))
+            assert all(
+                np.array_equal(got[i].params[k], starts[i][k]) for k in starts[i] if k.startswith("encoder.")
+            )
     assert got[3].stats.steps == 0 and got[3].params.keys() == starts[3].keys()  # the client without data
     _close(got[3].params, starts[3], atol=0)
 
@@ -145,7 +158,10 @@ def test_the_k_models_of_one_client_and_features_in_place_of_images_stack_too():
     starts = _starts(host, 3)
     width = host.task.build_model(arch=Arch(1, head_only=True)).in_features
     feats = np.random.default_rng(2).random((client.num_examples, width)).astype(np.float32)
-    head = [{"weight": np.full((4, width), 0.01 * k, np.float32), "bias": np.zeros(4, np.float32)} for k in range(3)]
+    head = [
+        {"weight": np.full((4, width), 0.01 * k, np.float32), "bias": np.zeros(4, np.float32)}
+        for k in range(3)
+    ]
     cases = [
         [LocalUpdate(s, 1, weights=np.full(client.num_examples, 0.5 + k)) for k, s in enumerate(starts)],
         [LocalUpdate(h, 1, arch=Arch(1, head_only=True), inputs=feats, epochs=1, max_steps=4) for h in head],
@@ -175,14 +191,23 @@ ALL = {
     "fedavg": {},
     "fedavg-kept": {"algorithm": "fedavg", "hp": {"persistent_optimizer": True, "drop_last": True}},
     **{a: {"algorithm": a, "hp": hp, **CONFIG_OVER.get(a, {})} for a, hp in ALGORITHM_HP.items()},
-    "fedem-kept": {"algorithm": "fedem", "hp": {**ALGORITHM_HP["fedem"], "persistent_optimizer": True, "drop_last": True}},
-    "fedconcat-uncached": {"algorithm": "fedconcat", "hp": {**ALGORITHM_HP["fedconcat"], "cache_features": False}},
-    "fedcat-carried": {"algorithm": "fedcat", "hp": {**ALGORITHM_HP["fedcat"], "optimizer_state": "carried"},
-                       **CONFIG_OVER["fedcat"]},
+    "fedem-kept": {
+        "algorithm": "fedem",
+        "hp": {**ALGORITHM_HP["fedem"], "persistent_optimizer": True, "drop_last": True},
+    },
+    "fedconcat-uncached": {
+        "algorithm": "fedconcat",
+        "hp": {**ALGORITHM_HP["fedconcat"], "cache_features": False},
+    },
+    "fedcat-carried": {
+        "algorithm": "fedcat",
+        "hp": {**ALGORITHM_HP["fedcat"], "optimizer_state": "carried"},
+        **CONFIG_OVER["fedcat"],
+    },
 }
 ALL = {
     name: {**over, "rounds": 4} if over.get("algorithm") == "fedcat" else over for name, over in ALL.items()
-}  # fmt: skip
+}
 
 
 def _compare(off, on):
@@ -199,8 +224,22 @@ def _compare(off, on):
 
 @pytest.mark.parametrize("name", list(ALL))
 def test_batched_runs_give_the_per_client_numbers(tmp_path, name):
-    over = {**dict(dataset="digits", model="mcmahan_cnn", num_clients=8, participation=0.5, rounds=3, local_epochs=2,
-                   lr=0.05, momentum=0.0, weight_decay=1e-4, seed=3, algorithm="fedavg"), **ALL[name]}  # fmt: skip
+    over = {
+        **dict(
+            dataset="digits",
+            model="mcmahan_cnn",
+            num_clients=8,
+            participation=0.5,
+            rounds=3,
+            local_epochs=2,
+            lr=0.05,
+            momentum=0.0,
+            weight_decay=1e-4,
+            seed=3,
+            algorithm="fedavg",
+        ),
+        **ALL[name],
+    }
     _off_and_on_agree(tmp_path, over)
 
 
@@ -250,10 +289,19 @@ def test_batched_on_ray_gives_the_per_client_numbers(ray_session, tmp_path):
 
 
 def test_a_model_that_cannot_train_batched_is_refused_before_the_run(tmp_path):
-    base = dict(dataset="synthetic", synthetic_size=200, synthetic_shape=[3, 16, 16], model="resnet18",
-                num_clients=4, output=str(tmp_path))  # fmt: skip
-    with pytest.raises(ConfigError, match=r"config key 'batched_clients': on: model resnet18 cannot train batched: "
-                                          r"layer '.*' is BatchNorm2d"):  # fmt: skip
+    base = dict(
+        dataset="synthetic",
+        synthetic_size=200,
+        synthetic_shape=[3, 16, 16],
+        model="resnet18",
+        num_clients=4,
+        output=str(tmp_path),
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"config key 'batched_clients': on: model resnet18 cannot train batched: "
+        r"layer '.*' is BatchNorm2d",
+    ):
         from_dict({**base, "batched_clients": "on"})
     assert from_dict({**base, "batched_clients": "auto"}).batched_clients == "auto"
     with pytest.raises(ConfigError, match="batched_clients"):
@@ -308,8 +356,11 @@ def _trains_by_itself(client, cstate, msg):
 
 def test_a_function_that_trains_by_itself_is_named_under_on_and_runs_per_client_under_auto(capfd):
     msg = {"params": _starts(_host(), 1)[0]}
-    with pytest.raises(ClientError, match=r"client 0: Unstackable: client function (tests\.)?test_batched\._trains_by_itself "
-                                          r"trains a model itself .* batched_clients: on cannot stack"):  # fmt: skip
+    with pytest.raises(
+        ClientError,
+        match=r"client 0: Unstackable: client function (tests\.)?test_batched\._trains_by_itself "
+        r"trains a model itself .* batched_clients: on cannot stack",
+    ):
         _on_host("on").run_groups(_trains_by_itself, [([0, 1], msg)])
     auto = _on_host("auto")
     auto._batched = True  # as on a GPU
@@ -323,19 +374,23 @@ def test_a_function_that_trains_by_itself_is_named_under_on_and_runs_per_client_
     assert err.count("test_batched._trains_by_itself trains a model itself") == 1
 
 
-def test_a_plug_in_objective_trains_batched_with_no_extra_code(tmp_path):
-    """examples/plugin/fedavg_ls.py (label smoothing, its own loss term) runs stacked, to the
-    per-client numbers."""
-    plugin = Path(__file__).resolve().parents[1] / "examples" / "plugin" / "fedavg_ls.py"
-    over = dict(dataset="digits", model="mcmahan_cnn", num_clients=8, participation=0.5, rounds=3, local_epochs=2,
-                lr=0.05, momentum=0.0, seed=3, algorithm="fedavg_ls", hp={"smoothing": 0.2}, plugins=[str(plugin)])  # fmt: skip
-    _off_and_on_agree(tmp_path, over)
-
-
 @pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
 def test_clients_made_on_demand_train_batched_to_the_per_client_numbers(tmp_path, algorithm):
     """fedprox_synthetic's clients are made when used (a ClientSource): stacked from their own
     samples, they give the per-client numbers (SCAFFOLD: folded in chunks, each chunk a stack)."""
-    over = dict(dataset="fedprox_synthetic", model="mlp", num_clients=30, participation=0.3, rounds=3, local_epochs=2,
-                batch_size=10, lr=0.02, momentum=0.9, weight_decay=0.0, seed=5, algorithm=algorithm, eval_clients=10)  # fmt: skip
+    over = dict(
+        dataset="fedprox_synthetic",
+        model="mlp",
+        num_clients=30,
+        participation=0.3,
+        rounds=3,
+        local_epochs=2,
+        batch_size=10,
+        lr=0.02,
+        momentum=0.9,
+        weight_decay=0.0,
+        seed=5,
+        algorithm=algorithm,
+        eval_clients=10,
+    )
     _off_and_on_agree(tmp_path, over)

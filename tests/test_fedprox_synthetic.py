@@ -16,7 +16,8 @@ from fedray.data.fedprox_synthetic import DIM, client_arrays, client_size
 from fedray.local import make_local_federation
 from fedray.models import build_model
 from fedray.params import get_params, weighted_average
-from fedray.train import local_train
+from fedray.train import train_update
+from fedray.update import LocalUpdate
 from fedray.validation import from_dict
 from tests.conftest import small_config
 from tests.helpers import run_metrics
@@ -130,10 +131,7 @@ def _one_round(cfg):
 
 
 def _trained(fed, cid, start, epochs):
-    client = fed.host.client(cid)
-    model = client.model(start)
-    local_train(model, client, 0, epochs=epochs)
-    return get_params(model)
+    return train_update(fed.host.client(cid), LocalUpdate(start, 0, epochs=epochs)).params
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedprox"])
@@ -190,7 +188,8 @@ def test_batched_training_gives_a_straggler_its_own_epochs(tmp_path):
     fed, _ = make_local_federation(cfg, build_federated_data(cfg))
     start = get_params(fed.task.build_model())
     epochs = [1, None, 2, None, 1, 3]
-    got = train_stacked([fed.host.client(c) for c in range(6)], [start] * 6, 0, epochs=epochs)
+    updates = [LocalUpdate(start, 0, epochs=e) for e in epochs]
+    got = train_stacked([fed.host.client(c) for c in range(6)], updates)
     for c, e in enumerate(epochs):
         want = _trained(fed, c, start, e)
         for k in want:

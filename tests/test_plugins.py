@@ -303,3 +303,14 @@ def test_label_smoothing_with_no_smoothing_is_fedavg_exactly(tmp_path, isolated)
         ls = run_metrics(small_config(tmp_path / f"ls{eps}", algorithm="fedavg_ls", plugins=plugin, hp={"smoothing": eps}))
         a = ls[ls["metric"].isin(keep)].reset_index(drop=True)
         assert len(a) and a.equals(b) == same
+
+
+def test_a_plug_in_objective_trains_batched_with_no_extra_code(tmp_path, isolated):
+    """examples/plugin/fedavg_ls.py (label smoothing, its own loss term) runs stacked, to the
+    per-client numbers."""
+    from tests.test_batched import _off_and_on_agree
+
+    plugin = EXAMPLE / "fedavg_ls.py"
+    over = dict(dataset="digits", model="mcmahan_cnn", num_clients=8, participation=0.5, rounds=3, local_epochs=2,
+                lr=0.05, momentum=0.0, seed=3, algorithm="fedavg_ls", hp={"smoothing": 0.2}, plugins=[str(plugin)])  # fmt: skip
+    _off_and_on_agree(tmp_path, over)

@@ -35,7 +35,9 @@ def test_head_on_cached_features_follows_the_image_batches_of_a_frozen_encoder(t
     client = one_client(tmp_path)
     init = get_params(client.task.build_model())
     # (a) the whole model, only the head trains (the encoder is fixed), images in
-    a = train_update(client, LocalUpdate(init, 2, trainable=["head.weight", "head.bias"], epochs=1, max_steps=3))
+    a = train_update(
+        client, LocalUpdate(init, 2, trainable=["head.weight", "head.bias"], epochs=1, max_steps=3)
+    )
     # (b) features computed once, the head alone trained on them
     model = client.model(init)
     with torch.no_grad():
@@ -81,7 +83,9 @@ def test_a_correction_moves_the_model_by_lr_times_it_after_every_step(tmp_path):
     client = one_client(tmp_path, momentum=0.0, weight_decay=0.0, lr=0.25)
     init = get_params(client.task.build_model())
     c = {k: np.full(v.shape, 0.5, np.float32) for k, v in init.items()}
-    got = train_update(client, LocalUpdate(init, 0, epochs=1, weights=np.zeros(client.num_examples), correction=c))
+    got = train_update(
+        client, LocalUpdate(init, 0, epochs=1, weights=np.zeros(client.num_examples), correction=c)
+    )
     k = got.stats.steps
     assert k == -(-client.num_examples // 16)
     want = dict(init)
@@ -94,7 +98,9 @@ def test_drop_last_drops_the_partial_batch(tmp_path):
     client = one_client(tmp_path)
     n = client.num_examples
     assert n % 16  # a partial last batch exists
-    stats = train_update(client, LocalUpdate(get_params(client.task.build_model()), 0, epochs=1, drop_last=True)).stats
+    stats = train_update(
+        client, LocalUpdate(get_params(client.task.build_model()), 0, epochs=1, drop_last=True)
+    ).stats
     assert stats.steps == n // 16 and stats.samples == (n // 16) * 16
 
 

@@ -49,7 +49,9 @@ def smoothed_update(client, cstate, msg):
 
 def round(state, fed, hp: Hparams, rnd: int):  # noqa: A001
     cids = fed.sample(fed.task.participation, fed.task.rng("sample", rnd=rnd))
-    replies = fed.map(smoothed_update, cids, {"params": state.params, "round": rnd, "smoothing": hp.smoothing})
+    replies = fed.map(
+        smoothed_update, cids, {"params": state.params, "round": rnd, "smoothing": hp.smoothing}
+    )
     return State(fedavg_aggregate(replies)), train_records(replies)
 
 

@@ -78,7 +78,9 @@ def moon_update(client: Client, cstate: Params | None, msg: dict, mu: float, tem
     if cstate is not None:
         prev = Frozen(cstate, arch)
     elif msg["round"] > 0:  # not in the pool's first round: the initial model it still holds
-        prev = Frozen(client.kept("moon-initial", arch, lambda: get_params(client.task.build_model(arch=arch))), arch)
+        prev = Frozen(
+            client.kept("moon-initial", arch, lambda: get_params(client.task.build_model(arch=arch))), arch
+        )
     else:
         prev = None
     context = {"mu": mu, "temperature": temperature, "glob": Frozen(msg["params"], arch), "prev": prev}
