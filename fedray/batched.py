@@ -222,9 +222,10 @@ def train_stacked(
             t = clients[0].model(value.params, slot=f"batched-frozen/{key}", arch=value.arch)
             t.eval()
             frozen_templates[key] = t
-            tensors = {**{n: b.detach() for n, b in t.named_buffers()}}
             if _same(values):
-                shared[key] = View(t, {**tensors, **_tensors(value.params, device)})
+                shared[key] = View(
+                    t, {**{n: b.detach() for n, b in t.named_buffers()}, **_tensors(value.params, device)}
+                )
             else:
                 rows_ctx[key] = _stacked([v.params for v in values], list(value.params), device)
         elif value is None or _same(values):

@@ -99,17 +99,21 @@ class LocalFederation(ClientCatalog):
         """Nothing to release in-process."""
 
 
-def make_local_federation(cfg: Any, data: Any) -> tuple[LocalFederation, dict[str, Any]]:
-    """The `execute` factory for ``--local``: every client in this process, one at a time."""
+def make_local_federation(
+    cfg: Any, data: Any, device: str = "cpu", num_threads: float | None = None
+) -> tuple[LocalFederation, dict[str, Any]]:
+    """The `execute` factory for ``--local``: every client in this process, one at a time, on
+    ``device`` (the CPU), with ``num_threads`` torch threads (the config's CPUs per actor)."""
     task = Task.from_config(cfg, data.dataset.spec)
     fed = LocalFederation(
         task,
         data.dataset.train,
         data.dataset.test,
         data.clients,
-        num_threads=cfg.num_cpus_per_actor,
+        num_threads=cfg.num_cpus_per_actor if num_threads is None else num_threads,
         groups=data.groups,
         test_clients=data.test_clients,
         eval_clients=data.eval_clients,
+        device=device,
     )
     return fed, {"mode": "local", "actors": 0, "torch_threads": torch.get_num_threads()}

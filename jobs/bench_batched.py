@@ -42,8 +42,6 @@ class Work:
         self.rows = 0
 
     def install(self) -> None:
-        import torch
-
         from fedray import batched, drive
 
         train_update, train_stacked = drive.train_update, batched.train_stacked
@@ -67,7 +65,6 @@ class Work:
 
         drive.train_update = one
         drive.batched.train_stacked = stacked
-        self._torch = torch
 
     def take(self) -> tuple[int, int]:
         out = (self.samples, self.rows)
@@ -118,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     from fedray.algorithms import ALGORITHMS
     from fedray.client import Task
     from fedray.data import build_federated_data
-    from fedray.local import LocalFederation
+    from fedray.local import LocalFederation, make_local_federation
 
     cfg = one_run.picked(args, args.sets)
     if cfg is None:
@@ -134,20 +131,9 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
 
     def federation(mode: str) -> LocalFederation:
-        task = dataclasses.replace(Task.from_config(cfg, data.dataset.spec), batched_clients=mode)
-        fed = LocalFederation(
-            task,
-            data.dataset.train,
-            data.dataset.test,
-            data.clients,
-            num_threads=args.threads,
-            groups=data.groups,
-            test_clients=data.test_clients,
-            eval_clients=data.eval_clients,
-            device=args.device,
-        )
-        torch.set_num_threads(args.threads)
-        return fed
+        return make_local_federation(
+            dataclasses.replace(cfg, batched_clients=mode), data, args.device, args.threads
+        )[0]
 
     flops = step_flops(Task.from_config(cfg, data.dataset.spec))
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
