@@ -30,9 +30,13 @@ def add_args(ap: argparse.ArgumentParser) -> None:
 def picked(args: argparse.Namespace, sets: Sequence[str]) -> Any | None:
     """The one run ``args.config`` with ``sets`` and ``args.only`` gives, or None (said on stderr)
     when it gives none or several."""
-    from fedray.sweep_file import load_sweep
+    from fedray.sweep_file import SweepError, load_sweep
 
-    runs = load_sweep(args.config, sets, only=args.only).runs
+    try:
+        runs = load_sweep(args.config, sets, only=args.only).runs
+    except SweepError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None
     if len(runs) != 1:
         print(f"{args.config} with {args.only} gives {len(runs)} runs; pick one with --only", file=sys.stderr)
         return None

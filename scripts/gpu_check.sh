@@ -2,21 +2,55 @@
 # The prepared GPU check (run first whenever a GPU is lent; never in CI). From the repository root
 # on the GPU machine, with the carried .gpu/ folder (Ray, wheels, Fashion-MNIST: .gpu/setup.sh):
 #
-#   bash scripts/gpu_check.sh            # about 4 minutes on one H200; writes $OUT/gpu_check.log
+#   bash scripts/gpu_check.sh          # about 8 minutes on one H200; writes $OUT/gpu_check.log
+#   bash scripts/gpu_check.sh engines  # the engines' comparison alone (about 5 minutes)
 #
-# 1. FedAvg at the FedConcat paper's budget on Dir(0.1), per client against stacked, and one
-#    stacked round profiled (where the time goes);
-# 2. MOON (mu 1) on the same cell, per client against stacked;
-# 3. FedCat at its paper's budget (100 clients, K = 10 copies, 5 local epochs of batch 50).
+# table (default), the GPU table's issue, each part under its own time limit:
+#   1. the stacked engine's round at the FedConcat paper's budget on Dir(0.1) for FedAvg, FedProx,
+#      FedRS, FedLC (bench_batched: s a round, FLOP/s against the peak, stacked work);
+#   2. one partition row of that paper's table (jobs/configs/bench_table1_row.yaml: Dir(0.1), 14 runs,
+#      one seed, 3 rounds each) through `fedray sweep` on Ray, timed end to end, and what it says the
+#      whole table would take at the paper's budget (scripts/row_times.py);
+#   3. FedRC, FedEM and FedAvg at the FedRC paper's budget (FMNIST-C, 300 clients), stacked rounds.
+# engines: per client against stacked for FedAvg (profiled), MOON and FedCat at their papers' budgets.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source .gpu/setup.sh || exit 1
 export PYTHONUNBUFFERED=1
 log=${OUT:-/tmp}/gpu_check.log
 nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$log"
-bench() { echo "== $*" | tee -a "$log"; /usr/bin/time -f "(%e s wall)" python3 -m jobs.bench_batched "$@" --device cuda 2>&1 | tee -a "$log"; }
+say() { echo "== $*" | tee -a "$log"; }
+bench() {
+    local limit=$1
+    shift
+    say "bench_batched $*"
+    timeout "$limit" /usr/bin/time -f "(%e s wall)" python3 -m jobs.bench_batched "$@" --device cuda 2>&1 | tee -a "$log"
+}
 cell=jobs/configs/bench_gpu_dir01.yaml
-bench $cell --rounds 2 --profile 12
-bench $cell --rounds 2 --set algorithm=moon --set hp.mu=1
-bench $cell --rounds 3 --set algorithm=fedcat --set num_clients=100 --set participation=0.1 --set local_epochs=5 \
-  --set batch_size=50 --set model=mcmahan_cnn --set weight_decay=0 --set rounds=500
+
+if [ "${1:-table}" = engines ]; then
+    bench 200 $cell --rounds 2 --profile 12
+    bench 200 $cell --rounds 2 --set algorithm=moon --set hp.mu=1
+    bench 100 $cell --rounds 3 --set algorithm=fedcat --set num_clients=100 --set participation=0.1 \
+        --set local_epochs=5 --set batch_size=50 --set model=mcmahan_cnn --set weight_decay=0 --set rounds=500
+    exit 0
+fi
+
+for algo in "fedavg" "fedprox --set hp.mu=0.01" "fedrs --set hp.alpha=0.5" "fedlc --set hp.tau=1"; do
+    # shellcheck disable=SC2086
+    bench 60 $cell --rounds 3 --engines batched --set algorithm=$algo
+done
+
+row=/tmp/table1-row
+say "fedray sweep jobs/configs/bench_table1_row.yaml (one actor a run, a quarter of the GPU each, 4 runs at once)"
+start=$(date +%s)
+timeout 260 python3 -m jobs.cli sweep jobs/configs/bench_table1_row.yaml --output $row \
+    --set num_gpus_per_actor=0.25 --set num_cpus_per_actor=2 --max-concurrent-runs 4 2>&1 | tail -20 | tee -a "$log"
+say "sweep wall $(($(date +%s) - start)) s"
+python3 scripts/row_times.py $row 2>&1 | tee -a "$log"
+
+rc=jobs/configs/fedrc_fmnist.yaml
+for pick in "algorithm=fedrc --only hp.finetune=false" algorithm=fedem algorithm=fedavg; do
+    # shellcheck disable=SC2086
+    bench 90 $rc --rounds 3 --engines batched --only lr=0.06 --only seed=0 --only $pick
+done
