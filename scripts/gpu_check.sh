@@ -44,7 +44,7 @@ done
 row=/tmp/table1-row
 say "fedray sweep jobs/configs/bench_table1_row.yaml (one actor a run, a quarter of the GPU each, 4 runs at once)"
 start=$(date +%s)
-timeout 260 python3 -m jobs.cli sweep jobs/configs/bench_table1_row.yaml --output $row \
+timeout 240 python3 -m jobs.cli sweep jobs/configs/bench_table1_row.yaml --output $row \
     --set num_gpus_per_actor=0.25 --set num_cpus_per_actor=2 --max-concurrent-runs 4 2>&1 | tail -20 | tee -a "$log"
 say "sweep wall $(($(date +%s) - start)) s"
 python3 scripts/row_times.py $row 2>&1 | tee -a "$log"
@@ -52,5 +52,5 @@ python3 scripts/row_times.py $row 2>&1 | tee -a "$log"
 rc=jobs/configs/fedrc_fmnist.yaml
 for pick in "algorithm=fedrc --only hp.finetune=false" algorithm=fedem algorithm=fedavg; do
     # shellcheck disable=SC2086
-    bench 90 $rc --rounds 3 --engines batched --only lr=0.06 --only seed=0 --only $pick
+    bench 70 $rc --rounds 3 --engines batched --only lr=0.06 --only seed=0 --only $pick
 done
