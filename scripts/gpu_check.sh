@@ -2,8 +2,9 @@
 # The prepared GPU check (run first whenever a GPU is lent; never in CI). From the repository root
 # on the GPU machine, with the carried .gpu/ folder (Ray, wheels, Fashion-MNIST: .gpu/setup.sh):
 #
-#   bash scripts/gpu_check.sh          # about 8 minutes on one H200; writes $OUT/gpu_check.log
-#   bash scripts/gpu_check.sh engines  # the engines' comparison alone (about 5 minutes)
+#   bash scripts/gpu_check.sh          # about 4 minutes on one H200; writes $OUT/gpu_check.log
+#   bash scripts/gpu_check.sh fedrc    # FedRC's budget (about 5 minutes)
+#   bash scripts/gpu_check.sh engines  # the engines' comparison (about 5 minutes)
 #
 # table (default), the GPU table's issue, each part under its own time limit:
 #   1. the stacked engine's round at the FedConcat paper's budget on Dir(0.1) for FedAvg, FedProx,
@@ -11,7 +12,7 @@
 #   2. one partition row of that paper's table (jobs/configs/bench_table1_row.yaml: Dir(0.1), 14 runs,
 #      one seed, 3 rounds each) through `fedray sweep` on Ray, timed end to end, and what it says the
 #      whole table would take at the paper's budget (scripts/row_times.py);
-#   3. FedRC, FedEM and FedAvg at the FedRC paper's budget (FMNIST-C, 300 clients), stacked rounds.
+# fedrc: FedRC, FedEM and FedAvg at the FedRC paper's budget (FMNIST-C, 300 clients), stacked rounds.
 # engines: per client against stacked for FedAvg (profiled), MOON and FedCat at their papers' budgets.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +29,13 @@ bench() {
 }
 cell=jobs/configs/bench_gpu_dir01.yaml
 
+if [ "${1:-table}" = fedrc ]; then
+    for pick in "algorithm=fedrc --only hp.finetune=false" algorithm=fedem algorithm=fedavg; do
+        # shellcheck disable=SC2086
+        bench 190 jobs/configs/fedrc_fmnist.yaml --rounds 2 --engines batched --only lr=0.06 --only seed=0 --only $pick
+    done
+    exit 0
+fi
 if [ "${1:-table}" = engines ]; then
     bench 200 $cell --rounds 2 --profile 12
     bench 200 $cell --rounds 2 --set algorithm=moon --set hp.mu=1
@@ -47,10 +55,6 @@ start=$(date +%s)
 timeout 240 python3 -m jobs.cli sweep jobs/configs/bench_table1_row.yaml --output $row \
     --set num_gpus_per_actor=0.25 --set num_cpus_per_actor=2 --max-concurrent-runs 4 2>&1 | tail -20 | tee -a "$log"
 say "sweep wall $(($(date +%s) - start)) s"
-python3 scripts/row_times.py $row 2>&1 | tee -a "$log"
+python3 scripts/row_times.py $row 4 2>&1 | tee -a "$log"
 
-rc=jobs/configs/fedrc_fmnist.yaml
-for pick in "algorithm=fedrc --only hp.finetune=false" algorithm=fedem algorithm=fedavg; do
-    # shellcheck disable=SC2086
-    bench 70 $rc --rounds 3 --engines batched --only lr=0.06 --only seed=0 --only $pick
-done
+

@@ -1,12 +1,13 @@
 """Where a short sweep's time went, and what the full budget would take (scripts/gpu_check.sh).
 
-    python scripts/row_times.py RESULTS_FOLDER
+    python scripts/row_times.py RESULTS_FOLDER [RUNS_AT_ONCE]
 
 For each finished run: its training round's seconds (the first round apart: CUDA graphs and data
 come in it), its evaluation's seconds, batched_calls, its wall time, and the estimate of the same
 run at the paper's budget (50 rounds; FedConcat's 31 encoder + 200 classifier rounds), each
 round's steady time with its evaluation. The last line sums the estimate for the whole table
-(4 partitions x 3 seeds of this row), one run after another on one device.
+(4 partitions x 3 seeds of this row) on the same device with RUNS_AT_ONCE runs sharing it, as the
+sweep ran them (default 1): the runs' seconds summed, over RUNS_AT_ONCE.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ ROUNDS = 50
 TABLE_COPIES = 4 * 3  # partitions x seeds of jobs/configs/table1_fmnist.yaml
 
 
-def main(folder: str) -> None:
+def main(folder: str, at_once: int = 1) -> None:
     runs = pd.read_parquet(f"{folder}/runs")
     metrics = pd.read_parquet(f"{folder}/metrics")
     timing = metrics[metrics.metric.isin(["seconds", "eval_seconds"])]
@@ -70,4 +71,4 @@ def main(folder: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], *(int(a) for a in sys.argv[2:3]))
