@@ -9,8 +9,10 @@ From Python (docs/extending.md):
     result = fedray.run("jobs/configs/digits.yaml", rounds=5, local=True)   # or a dict, a Config
     result.final_accuracy, result.metrics                                  # float, pandas DataFrame
 
-``fedray.run`` and ``fedray.sweep`` are the command line's own entry points (`jobs.api`), looked up
-by name when called, so importing fedray stays light and the library still never imports Ray. The
+``fedray.run`` and ``fedray.sweep`` (`fedray/api.py`) are the command line's own path; like every
+name here they are imported on first use, so ``import fedray`` stays light. `fedray/api.py` is the
+package's front door, the one module that reaches the Ray layer (`actors/`, inside its functions)
+and the results readers (`analysis/`); the library below it never imports Ray. The
 registration functions (``register_algorithm``, ``register_model``, ``register_dataset``,
 ``register_partition``) are how plug-ins and the built-ins alike add what a config can name.
 """
@@ -53,9 +55,9 @@ _API = {
     "ConfigError": "fedray.config",
     "load_config": "fedray.validation",
     "from_dict": "fedray.validation",
-    "run": "jobs.api",
-    "sweep": "jobs.api",
-    "RunResult": "jobs.api",
+    "run": "fedray.api",
+    "sweep": "fedray.api",
+    "RunResult": "fedray.api",
 }
 __all__ = sorted(_API)
 

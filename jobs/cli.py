@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-from jobs import progress
+from fedray import progress
 
 EXIT_USAGE = 2  # bad config, bad data path: the user's input
 EXIT_FAILED = 1  # the run itself failed
@@ -42,12 +42,12 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from fedray.api import events as run_events
+    from fedray.api import prepare
     from fedray.config import ConfigError
     from fedray.data import DatasetMissing, PartitionError
     from fedray.data.client_files import ClientFilesError
     from fedray.results import run_state
-    from jobs.api import events as run_events
-    from jobs.api import prepare
 
     try:
         cfg = prepare(args.config, args.sets, args.plugins, output=args.output)

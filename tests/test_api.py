@@ -16,12 +16,17 @@ def values(metrics):
     return m.set_index(["round", "metric", "scope", "entity"])["value"].sort_index()
 
 
-def test_run_gives_the_clis_numbers_and_returns_its_results(tmp_path):
+def test_run_gives_the_clis_numbers_and_returns_its_results(tmp_path, capsys):
     from jobs.cli import main
 
     cfg = ROOT / "jobs" / "configs" / "digits.yaml"
     assert main(["run", str(cfg), "--local", "--set", "rounds=2", "--output", str(tmp_path / "cli")]) == 0
+    cli_lines = [line.split("  ")[0] for line in capsys.readouterr().out.splitlines() if line.startswith("round")]
     res = fedray.run(cfg, local=True, rounds=2, output=str(tmp_path / "api"))
+    # a notebook sees the run as the command line shows it: a line a round, then the summary
+    out = capsys.readouterr().out
+    assert [line.split("  ")[0] for line in out.splitlines() if line.startswith("round")] == cli_lines
+    assert cli_lines == ["round 1/2", "round 2/2"] and "done: final accuracy" in out
     from analysis import load_metrics
 
     assert values(res.metrics).equals(values(load_metrics(tmp_path / "cli")))
@@ -36,12 +41,16 @@ def test_run_gives_the_clis_numbers_and_returns_its_results(tmp_path):
         fedray.run(local=True, learning_rate=0.1)
 
 
-def test_sweep_returns_every_runs_results(tmp_path):
+def test_sweep_returns_every_runs_results(tmp_path, capsys):
     path = tmp_path / "sweep.yaml"
     path.write_text("dataset: digits\nrounds: 1\ngrid:\n  lr: [0.05, 0.1]\nseeds: [0]\n")
-    results = fedray.sweep(path, local=True, output=str(tmp_path / "out"))
+    results = fedray.sweep(path, local=True, output=str(tmp_path / "out"), quiet=True)
+    assert capsys.readouterr().out == ""  # quiet: nothing printed
     assert [r.status for r in results] == ["finished", "finished"]
     assert {r.config.lr for r in results} == {0.05, 0.1}
+    fedray.sweep(path, local=True, output=str(tmp_path / "out"), force=True)  # as `fedray sweep` shows it
+    out = capsys.readouterr().out
+    assert "#1 start" in out and "#2 done   [2/2]" in out
 
 
 def test_your_own_arrays_and_torch_datasets_are_a_data_set(tmp_path):

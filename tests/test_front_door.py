@@ -221,7 +221,7 @@ def test_an_unreachable_ray_address_fails_in_seconds_naming_it(tmp_path, monkeyp
 
 
 def test_ctrl_c_before_the_first_checkpoint_promises_none(tmp_path, monkeypatch, capsys):
-    from jobs import api
+    from fedray import api
     from jobs.cli import main
 
     def interrupted(*args, **kwargs):  # stopped during Ray's start-up, before any round

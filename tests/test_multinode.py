@@ -49,7 +49,7 @@ fed.close()
 # A plug-in outside the package (examples/plugin), on the nodes that are left: the same numbers as in-process.
 # fedray attaches to the cluster itself, so the plug-in's file goes with the job (py_modules).
 ray.shutdown()
-from jobs.api import run
+from fedray.api import run
 cfg = str(Path("examples/plugin/config.yaml").resolve())
 on_ray = run(cfg, rounds=2, num_actors=2, output=str(out / "ray"), address=cluster.address)
 shipped = ray.get_runtime_context().runtime_env.get("py_modules") or []

@@ -137,8 +137,8 @@ fedray.register_algorithm("fedavg_copy", fedavg)
 @pytest.mark.ray
 def test_a_plugin_that_does_not_import_in_the_workers_fails_the_run_in_seconds_naming_it(tmp_path, isolated, ray_session):
     from analysis import load_runs
+    from fedray.api import run
     from fedray.plugins import PluginError
-    from jobs.api import run
 
     plugin = tmp_path / "labplug.py"
     plugin.write_text(FAILS_IN_ACTORS)
@@ -273,7 +273,7 @@ def test_a_plugin_data_set_of_clients_made_on_demand_runs_on_ray_with_the_in_pro
     """The plug-in's ClientSource travels to the actors by reference (the plug-in is imported
     there first), every actor makes the clients it runs, and the numbers are the in-process ones."""
     from analysis import load_clients, load_runs
-    from jobs.api import run
+    from fedray.api import run
 
     plugin = tmp_path / "blobs_plug.py"
     plugin.write_text(SOURCED)

@@ -1,6 +1,7 @@
-"""fedray from Python (a notebook, a script): `run` and `sweep`, which ``fedray.run`` and
-``fedray.sweep_file`` are. The same path as the command line (`jobs.cli` calls `prepare` and `events`),
-so the same config and seed give the same numbers; errors are raised, not printed.
+"""fedray from Python (a notebook, a script): ``fedray.run`` and ``fedray.sweep``. The command line
+(`jobs/cli.py`) goes through the same `prepare` and `events`, so the same config and seed give the
+same numbers; errors are raised, not printed. Progress prints as `fedray run` prints it (one line a
+round), ``quiet=True`` prints nothing.
 
     import fedray
     result = fedray.run("jobs/configs/digits.yaml", rounds=5, local=True)
@@ -129,18 +130,21 @@ def run(
     address: str | None = None,
     force: bool = False,
     restart: bool = False,
-    verbose: bool = False,
+    quiet: bool = False,
     **overrides: Any,
 ) -> RunResult:
     """Run one experiment (or find it finished in its output folder) and return its results.
 
     ``local``: in this process, no Ray; else on Ray. ``force``: run a finished run again;
-    ``restart``: start an unfinished one over instead of going on from its checkpoint. ``verbose``:
-    print a line per round as `fedray run` does. Raises ConfigError (and DatasetMissing,
-    PartitionError) for bad input before anything runs, and the run's own error if it fails.
+    ``restart``: start an unfinished one over instead of going on from its checkpoint. It prints
+    what `fedray run` prints (where it runs, a line a round, the summary); ``quiet``: nothing. Raises
+    ConfigError (and DatasetMissing, PartitionError) for bad input before anything runs, and the
+    run's own error if it fails.
     """
+    import sys
+
+    from fedray import progress
     from fedray.results import run_state
-    from jobs import progress
 
     cfg = prepare(config, sets, plugins, **overrides)
     state = run_state(cfg.output, cfg.run_id())
@@ -151,9 +155,9 @@ def run(
         evs = events(cfg, local, address, restart or state == "finished")
         try:
             for ev in evs:
-                if verbose:
-                    for line, _ in progress.run_lines(ev, cfg, False, t0):
-                        print(line, flush=True)
+                if not quiet:
+                    for line, to_stderr in progress.run_lines(ev, cfg, False, t0):
+                        print(line, file=sys.stderr if to_stderr else sys.stdout, flush=True)
         finally:
             evs.close()
     return result(cfg)
@@ -182,11 +186,15 @@ def sweep(
     max_concurrent_runs: int | None = None,
     force: bool = False,
     verbose: bool = False,
+    quiet: bool = False,
 ) -> list[RunResult]:
     """Run every run of a sweep file (finished ones are skipped unless ``force``) and return their
-    results, in the sweep's order. A run that fails is in the list with its status."""
+    results, in the sweep's order. A run that fails is in the list with its status. It prints what
+    `fedray sweep` prints (a line as each run starts and ends); ``verbose``: every round of every
+    run too; ``quiet``: nothing."""
     from dataclasses import replace
 
+    from fedray import progress
     from fedray.scheduler import LocalLauncher, run_sweep
     from fedray.sweep_file import load_sweep, plan
 
@@ -201,11 +209,12 @@ def sweep(
 
             launcher = RayLauncher(address, sorted({p for r in todo for p in r.config.plugins}))
         limit = sw.max_concurrent_runs if max_concurrent_runs is None else max_concurrent_runs
+        shown = progress.SweepProgress(len(todo), local, verbose)
         evs = run_sweep(todo, launcher, limit)
         try:
             for ev in evs:
-                if verbose:
-                    print(ev, flush=True)
+                for line in [] if quiet else shown.lines(ev):
+                    print(line, flush=True)
         finally:
             evs.close()
             close = getattr(launcher, "close", None)
