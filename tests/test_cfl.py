@@ -9,7 +9,7 @@ import pytest
 
 from analysis import layer_gaps, load_assignments
 from fedray.algorithms import clustering
-from fedray.algorithms.splitting import cfl, layers
+from fedray.algorithms.splitting import cfl, geometry, layers
 from fedray.config import ConfigError
 from fedray.data import build_federated_data
 from fedray.data.rotation import rotate
@@ -30,24 +30,24 @@ S = np.array(
 
 
 def test_bipartition_of_a_hand_made_similarity_matrix():
-    assert clustering.bipartition(1.0 - S).tolist() == [0, 0, 0, 1, 1]
+    assert geometry.bipartition(1.0 - S).tolist() == [0, 0, 0, 1, 1]
     # the same groups, rows shuffled: the half holding the first row is 0
     order = [3, 0, 4, 1, 2]
-    assert clustering.bipartition(1.0 - S[np.ix_(order, order)]).tolist() == [0, 1, 0, 1, 1]
+    assert geometry.bipartition(1.0 - S[np.ix_(order, order)]).tolist() == [0, 1, 0, 1, 1]
 
 
 def test_gap_by_hand():
     truth = [0, 0, 0, 1, 1]
     # intra min = 0.7 (clients 3, 4), cross max = 0.1: gap 0.6
-    assert clustering.gap_cos(S, truth) == pytest.approx(0.6)
+    assert geometry.gap_cos(S, truth) == pytest.approx(0.6)
     # a wrong grouping {0, 2, 4}, {1, 3}: intra min 0.0 (clients 0 and 4), cross max 0.9 (clients 0 and 1)
-    assert clustering.gap_cos(S, [0, 1, 0, 1, 0]) == pytest.approx(0.0 - 0.9)
+    assert geometry.gap_cos(S, [0, 1, 0, 1, 0]) == pytest.approx(0.0 - 0.9)
     # L2: points 0, 1 on a line and 10, 12: d_cross_min = 9, d_intra_max = 2
     x = np.array([[0.0], [1.0], [10.0], [12.0]])
-    assert clustering.gap_l2(clustering.euclidean_distances(x), [0, 0, 1, 1]) == pytest.approx(7.0)
-    np.testing.assert_allclose(clustering.euclidean_distances(x)[2], [10, 9, 0, 2])
+    assert geometry.gap_l2(geometry.euclidean_distances(x), [0, 0, 1, 1]) == pytest.approx(7.0)
+    np.testing.assert_allclose(geometry.euclidean_distances(x)[2], [10, 9, 0, 2])
     # cosine with the zero-update guard: a zero row is at similarity 0 from everyone, and finite
-    c = clustering.cosine_similarity(np.array([[1.0, 0.0], [2.0, 0.0], [0.0, 0.0]]))
+    c = geometry.cosine_similarity(np.array([[1.0, 0.0], [2.0, 0.0], [0.0, 0.0]]))
     assert c[0, 1] == pytest.approx(1.0) and c[0, 2] == 0.0 and np.isfinite(c).all()
 
 
@@ -62,11 +62,11 @@ def test_purity_by_hand():
 
 def test_split_norms_by_hand():
     u = np.array([[3.0, 4.0], [-3.0, -4.0], [0.0, 0.5]])
-    mean_norm, max_norm = clustering.split_norms(u, "norm")
+    mean_norm, max_norm = geometry.split_norms(u, "norm")
     assert mean_norm == pytest.approx(0.5 / 3) and max_norm == pytest.approx(
         5.0
     )  # ||(0, 0.5/3)||, ||(3, 4)||
-    assert clustering.split_norms(u, "coordinate")[1] == 4.0  # the FedRC code's largest |coordinate|
+    assert geometry.split_norms(u, "coordinate")[1] == 4.0  # the FedRC code's largest |coordinate|
 
 
 def test_layer_selection_of_the_simple_cnn_and_vgg16():
@@ -206,10 +206,10 @@ def test_cfl_needs_every_client_every_round(tmp_path):
 def test_theorem_1_check_by_hand():
     halves = np.array([0, 0, 0, 1, 1])
     # alpha_cross_max of S's true split is 0.1: sqrt((1 - 0.1) / 2) = 0.671
-    assert clustering.split_is_safe(S, halves, 0.5) == (True, pytest.approx(0.1))
-    assert clustering.split_is_safe(S, halves, 0.7)[0] is False
+    assert geometry.split_is_safe(S, halves, 0.5) == (True, pytest.approx(0.1))
+    assert geometry.split_is_safe(S, halves, 0.7)[0] is False
     # a wrong split {0, 2, 4} | {1, 3} has clients 0 and 1 across at 0.9: sqrt(0.05) = 0.224 < 0.5
-    assert clustering.split_is_safe(S, np.array([0, 1, 0, 1, 0]), 0.5) == (False, pytest.approx(0.9))
+    assert geometry.split_is_safe(S, np.array([0, 1, 0, 1, 0]), 0.5) == (False, pytest.approx(0.9))
 
 
 def test_relative_thresholds_by_hand(tmp_path):
@@ -246,7 +246,9 @@ def test_relative_rule_splits_when_the_mean_update_falls_below_its_fraction_of_t
 
 
 @pytest.mark.parametrize("algorithm", ["cfl", "layercfl"])
-def test_a_federation_too_big_for_the_similarities_is_refused_before_anything_starts(tmp_path, monkeypatch, algorithm):
+def test_a_federation_too_big_for_the_similarities_is_refused_before_anything_starts(
+    tmp_path, monkeypatch, algorithm
+):
     from fedray.algorithms import scale
     from fedray.coercion import ConfigError
     from tests.conftest import small_config

@@ -44,7 +44,9 @@ class StragglerHparams:
     1..E-1 instead of E (the same clients and epochs for every algorithm of a seed). FedAvg drops
     them (its round waits for no one: their work is lost); FedProx keeps their partial work."""
 
-    stragglers: float = field(default=0.0, metadata=bound(ge=0, lt=1))  # fraction of each round's clients that straggle: 1..E-1 local epochs (FedProx's systems heterogeneity)
+    stragglers: float = field(
+        default=0.0, metadata=bound(ge=0, lt=1)
+    )  # fraction of each round's clients that straggle: 1..E-1 local epochs (FedProx's systems heterogeneity)
     drop_stragglers: bool = True  # the server leaves the stragglers' updates out (FedAvg)
 
 
@@ -57,9 +59,13 @@ class Hparams(ServerHparams, StragglerHparams):
 def check_config(cfg: Any, hp: Any) -> None:
     """Stragglers need E >= 2 (their epochs are drawn from 1..E-1), and the plain local update."""
     if hp.stragglers and cfg.local_epochs < 2:
-        raise ValueError(f"hp.stragglers: a straggler runs 1..E-1 local epochs, so local_epochs must be 2 or more, got {cfg.local_epochs}")
+        raise ValueError(
+            f"hp.stragglers: a straggler runs 1..E-1 local epochs, so local_epochs must be 2 or more, got {cfg.local_epochs}"
+        )
     if hp.stragglers and (getattr(hp, "persistent_optimizer", False) or getattr(hp, "drop_last", False)):
-        raise ValueError("hp.stragglers: not with hp.persistent_optimizer or hp.drop_last (the FedRC code's update)")
+        raise ValueError(
+            "hp.stragglers: not with hp.persistent_optimizer or hp.drop_last (the FedRC code's update)"
+        )
 
 
 @dataclass
@@ -131,7 +137,13 @@ def kept_update(client: Client, cstate: Any, msg: dict):
 def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
     if hp.persistent_optimizer or hp.drop_last:
         return fedavg_round(
-            state, fed, hp, rnd, kept_update, persistent_optimizer=hp.persistent_optimizer, drop_last=hp.drop_last
+            state,
+            fed,
+            hp,
+            rnd,
+            kept_update,
+            persistent_optimizer=hp.persistent_optimizer,
+            drop_last=hp.drop_last,
         )
     return fedavg_round(state, fed, hp, rnd)
 

@@ -32,7 +32,9 @@ class Hparams(fedavg.ServerHparams, fedavg.StragglerHparams):
 def prox_update(client: Client, cstate: Any, msg: dict, mu: float):
     """Client function: the proximal objective anchored at w^t, the model as received."""
     context = {"anchor": msg["params"], "mu": mu}
-    reply = yield from local_sgd_reply(client, msg["params"], msg["round"], proximal, context, epochs=msg_epochs(client, msg))
+    reply = yield from local_sgd_reply(
+        client, msg["params"], msg["round"], proximal, context, epochs=msg_epochs(client, msg)
+    )
     return reply, cstate
 
 

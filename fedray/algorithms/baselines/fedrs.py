@@ -52,7 +52,11 @@ def restricted_softmax(model: Any, batch: Batch, context: dict) -> Step:
 
 def fedrs_update(client: Client, cstate: Any, msg: dict, alpha: float):
     """FedAvg's client update with the restricted softmax of the client's own class scales."""
-    return (yield from class_count_update(client, cstate, msg, partial(class_scales, alpha=alpha), restricted_softmax))
+    return (
+        yield from class_count_update(
+            client, cstate, msg, partial(class_scales, alpha=alpha), restricted_softmax
+        )
+    )
 
 
 def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001

@@ -70,10 +70,19 @@ def fesem_update(client: Client, cstate: Any, msg: dict):
     """Client function: train the assigned centre (every centre, first time) and reassign."""
     models, k, buffers = msg["models"], msg["assigned"], dict(cstate or {})
     keep, rnd, last = msg["persistent_optimizer"], msg["round"], msg["drop_last"]
-    if k is None:  # first participation: a trained copy of every centre (all at once), keep the lowest-loss one
+    if (
+        k is None
+    ):  # first participation: a trained copy of every centre (all at once), keep the lowest-loss one
         split = np.full(client.num_examples, 1.0 / len(models)) if msg["first_round"] == "split" else None
         trained = yield [
-            LocalUpdate(m, rnd, drop_last=last, weights=split, buffers=buffers.get(j) if keep else None, keep_buffers=keep)
+            LocalUpdate(
+                m,
+                rnd,
+                drop_last=last,
+                weights=split,
+                buffers=buffers.get(j) if keep else None,
+                keep_buffers=keep,
+            )
             for j, m in enumerate(models)
         ]
         tried = [(train_reply(client, t.params, t.stats), t.buffers if keep else None) for t in trained]
@@ -84,7 +93,9 @@ def fesem_update(client: Client, cstate: Any, msg: dict):
                 buffers[j] = kept
         reply = tried[new][0]
     else:
-        reply, kept = yield from kept_optimizer_update(client, models[k], rnd, buffers.get(k), keep=keep, drop_last=last)
+        reply, kept = yield from kept_optimizer_update(
+            client, models[k], rnd, buffers.get(k), keep=keep, drop_last=last
+        )
         if kept is not None:
             buffers[k] = kept
         new = int(np.argmin([center_distance(reply["params"], m) for m in models]))

@@ -53,7 +53,12 @@ def classifier_update(client: Client, cstate: dict, msg: dict):
     k, rnd = msg["k"], msg["round"]
     if "features" in cstate:  # the classifier alone, on the kept features
         trained = yield LocalUpdate(
-            msg["head"], rnd, arch=Arch(k, head_only=True), epochs=1, max_steps=msg["steps"], inputs=cstate["features"]
+            msg["head"],
+            rnd,
+            arch=Arch(k, head_only=True),
+            epochs=1,
+            max_steps=msg["steps"],
+            inputs=cstate["features"],
         )
         head = trained.params
     else:  # the reference code: frozen encoders run on every (augmented) batch, in train mode

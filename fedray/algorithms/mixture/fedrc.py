@@ -111,7 +111,9 @@ def finetuned_eval(client: Client, cstate: Any, msg: dict):
     state = aligned(cstate, msg["ids"], client.num_examples)
     live = [row for row in range(len(msg["models"])) if state.omega[row] > 0]
     updates = [
-        LocalUpdate(msg["models"][r], msg["round"], epochs=1, weights=state.gamma[r], drop_last=msg["drop_last"])
+        LocalUpdate(
+            msg["models"][r], msg["round"], epochs=1, weights=state.gamma[r], drop_last=msg["drop_last"]
+        )
         for r in live
     ]
     trained = (yield updates) if updates else []

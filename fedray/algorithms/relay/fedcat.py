@@ -75,7 +75,9 @@ def check_config(cfg, hp: Hparams) -> None:
             "or leave hp.num_groups at 0 (derived from participation)"
         )
     # counts: how often each client trained in each group, N x K int64, copied every round
-    check_fits(cfg, lambda n: 16.0 * n * num_groups(hp, n, cfg.participation), "keeps an N x K table of counts")
+    check_fits(
+        cfg, lambda n: 16.0 * n * num_groups(hp, n, cfg.participation), "keeps an N x K table of counts"
+    )
     if hp.optimizer_state == "carried" and not hp.concatenation:
         raise ValueError(
             "config key 'hp.optimizer_state': carried moves the momentum with a copy from device to device, "

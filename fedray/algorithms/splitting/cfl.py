@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from fedray.algorithms import clustering
 from fedray.algorithms.rounds import kept_optimizer_update, train_records
+from fedray.algorithms.splitting import geometry
 from fedray.algorithms.splitting.layers import flatten as flat
 from fedray.algorithms.splitting.layers import layer_params, select
 from fedray.algorithms.splitting.measures import Similarity, evaluate, models, truth_records  # noqa: F401 - the record's
@@ -100,7 +100,12 @@ def persistent_update(client: Client, cstate: Any, msg: dict):
     """Client function: train ``params`` for the local epochs (SGD buffers kept with ``persistent_optimizer``)."""
     return (
         yield from kept_optimizer_update(
-            client, msg["params"], msg["round"], cstate, keep=msg["persistent_optimizer"], drop_last=msg["drop_last"]
+            client,
+            msg["params"],
+            msg["round"],
+            cstate,
+            keep=msg["persistent_optimizer"],
+            drop_last=msg["drop_last"],
         )
     )
 
@@ -132,9 +137,9 @@ def round(  # noqa: A001
     records = train_records(replies)
     clusters, history, norms = [list(m) for m in state.clusters], list(state.history), []
     for k, members in enumerate(state.clusters):
-        mean_norm, max_norm = clustering.split_norms((update(c, trainable) for c in members), hp.max_norm)
+        mean_norm, max_norm = geometry.split_norms((update(c, trainable) for c in members), hp.max_norm)
         if state.selected != trainable:  # LayerCFL: the largest update on the selected layers
-            _, max_norm = clustering.split_norms((update(c, state.selected) for c in members), hp.max_norm)
+            _, max_norm = geometry.split_norms((update(c, state.selected) for c in members), hp.max_norm)
         records += [rec("mean_update_norm", mean_norm, scope="cluster", entity=k),
                     rec("max_update_norm", max_norm, scope="cluster", entity=k)]  # fmt: skip
         norms.append((mean_norm, max_norm))
@@ -149,14 +154,12 @@ def round(  # noqa: A001
         ):
             continue
         # the one matrix a split needs (two when the distance is on the weights, not the updates)
-        moved = clustering.stacked_rows(members, lambda c: update(c, state.selected))
-        on = moved if sim.distance.startswith("delta") else clustering.stacked_rows(
+        moved = geometry.stacked_rows(members, lambda c: update(c, state.selected))
+        on = moved if sim.distance.startswith("delta") else geometry.stacked_rows(
             members, lambda c: flat(replies[c]["params"], state.selected))  # fmt: skip
-        halves = clustering.bipartition(clustering.pairwise_distances(on, sim.distance))
+        halves = geometry.bipartition(geometry.pairwise_distances(on, sim.distance))
         if sim.gamma_max is not None:
-            safe, cross_max = clustering.split_is_safe(
-                clustering.cosine_similarity(moved), halves, sim.gamma_max
-            )
+            safe, cross_max = geometry.split_is_safe(geometry.cosine_similarity(moved), halves, sim.gamma_max)
             records.append(rec("alpha_cross_max", cross_max, scope="cluster", entity=k))
             if not safe:  # the theorem does not vouch for this split: roll back, train on unsplit
                 records.append(rec("split_rejected", 1, scope="cluster", entity=k))

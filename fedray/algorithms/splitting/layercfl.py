@@ -27,7 +27,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedray.algorithms.clustering import DISTANCES
 from fedray.algorithms.splitting import cfl
 from fedray.algorithms.splitting.cfl import (  # noqa: F401 - CFL's evaluation and saved models
     SplitHparams,
@@ -36,6 +35,7 @@ from fedray.algorithms.splitting.cfl import (  # noqa: F401 - CFL's evaluation a
     init_state,
     models,
 )
+from fedray.algorithms.splitting.geometry import DISTANCES
 from fedray.algorithms.splitting.layers import PRESETS, is_preset, select
 from fedray.algorithms.splitting.measures import Similarity
 from fedray.algorithms.splitting.scale import check_participation, check_size

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from fedray.algorithms import clustering
+from fedray.algorithms.splitting import geometry
 from fedray.evaluation import cluster_model_records, lowest_loss_global, lowest_loss_records
 from fedray.export import SavedModel, cluster_models
 from fedray.federation import Federation
@@ -27,7 +28,7 @@ from fedray.records import Record, rec
 
 @dataclass(frozen=True)
 class Similarity:
-    """How clients are compared: the distance (`fedray.algorithms.clustering.DISTANCES`, on the updates or the
+    """How clients are compared: the distance (`fedray.algorithms.splitting.geometry.DISTANCES`, on the updates or the
     weights of ``SplitState.selected``) and, if ``gamma_max`` is set, the check a split must pass to
     be kept (LayerCFL's Theorem 1)."""
 
@@ -51,9 +52,9 @@ def truth_records(
         ("", state.selected),
         *((f"/{layer}", ps) for layer, ps in state.layer_params.items()),
     ]:
-        x = clustering.stacked_rows(cids, lambda c, names=names: update(c, names))
-        records += [rec(f"gap{name}", clustering.gap_cos(clustering.cosine_similarity(x), truth)),
-                    rec(f"gap_l2{name}", clustering.gap_l2(clustering.euclidean_distances(x), truth))]  # fmt: skip
+        x = geometry.stacked_rows(cids, lambda c, names=names: update(c, names))
+        records += [rec(f"gap{name}", geometry.gap_cos(geometry.cosine_similarity(x), truth)),
+                    rec(f"gap_l2{name}", geometry.gap_l2(geometry.euclidean_distances(x), truth))]  # fmt: skip
     return records
 
 
