@@ -74,7 +74,9 @@ class ClientActor:
     def run(self, fn: ClientFn, cid: int, msg: Any) -> tuple[Any, CallMeta]:
         return self.host.run(fn, cid, msg)
 
-    def run_groups(self, fn: ClientFn, groups: Sequence[tuple[Sequence[int], Any]]) -> list[tuple[Any, CallMeta]]:
+    def run_groups(
+        self, fn: ClientFn, groups: Sequence[tuple[Sequence[int], Any]]
+    ) -> list[tuple[Any, CallMeta]]:
         """Each group's message is an ObjectRef inside the list (Ray resolves only top-level
         arguments): fetched here, zero-copy, once per group."""
         got = ray.get([msg for _, msg in groups])

@@ -41,7 +41,9 @@ class Coordinator:
         from fedray.plugins import activate
         from fedray.validation import from_dict
 
-        activate(config.get("plugins") or [], where=f"the coordinator on node {ray.util.get_node_ip_address()}")
+        activate(
+            config.get("plugins") or [], where=f"the coordinator on node {ray.util.get_node_ip_address()}"
+        )
         cfg = from_dict(config)
         set_torch_threads(cfg.num_cpus_per_actor)
         yield from execute(cfg, partial(make_ray_federation, group=group), restart, reason, failures_left)

@@ -213,7 +213,8 @@ class RayFederation(ClientCatalog):
         # The clients that hold state (a million clients of which a few thousand have trained: only
         # those), a few at a time, in client order: a checkpoint never holds every state at once.
         cids = sorted(c for ids in self._get([a.stateful_ids.remote() for a in self.actors]) for c in ids)
-        node = ray.get_runtime_context().get_node_id() if files else None  # spilled files on this node: linked
+        # spilled files on this node: linked
+        node = ray.get_runtime_context().get_node_id() if files else None
         refs = {c: self._actor_of[c].get_state.remote(c, node) for c in cids[:_STATE_WINDOW]}
         for i, cid in enumerate(cids):
             if i + _STATE_WINDOW < len(cids):

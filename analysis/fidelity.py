@@ -77,9 +77,13 @@ def agreement(a: Any, b: Any) -> dict[str, float | bool]:
     samples of per-seed values (fractions; the rule is in percentage points)."""
     a, b = pd.Series(a, dtype=float).dropna() * 100, pd.Series(b, dtype=float).dropna() * 100
     out: dict[str, float | bool] = {
-        "mean_a": a.mean(), "std_a": a.std(ddof=1) if len(a) > 1 else math.nan, "n_a": len(a),
-        "mean_b": b.mean(), "std_b": b.std(ddof=1) if len(b) > 1 else math.nan, "n_b": len(b),
-    }  # fmt: skip
+        "mean_a": a.mean(),
+        "std_a": a.std(ddof=1) if len(a) > 1 else math.nan,
+        "n_a": len(a),
+        "mean_b": b.mean(),
+        "std_b": b.std(ddof=1) if len(b) > 1 else math.nan,
+        "n_b": len(b),
+    }
     out["diff"] = out["mean_a"] - out["mean_b"]
     # a side with one seed has no spread of its own: it borrows the other side's seed variance (the
     # two systems run the same method, so their seeds scatter alike); with one seed on both, none
@@ -149,11 +153,24 @@ def cells(
     keys = ["partition", "algorithm", *by, "source"]
     columns = [*keys, "values", "seconds", "rounds", "diverged", *(["setting", "grid"] if tuned else [])]
     try:
-        values = run_values(results, read.get("metric", "accuracy"), read.get("at", "final"), read.get("round"),
-                            read.get("stage"))  # fmt: skip
-        picks = values if tuned_by is None else run_values(
-            results, tuned_by.get("metric", "accuracy"), tuned_by.get("at", "final"), tuned_by.get("round"),
-            tuned_by.get("stage"))  # fmt: skip
+        values = run_values(
+            results,
+            read.get("metric", "accuracy"),
+            read.get("at", "final"),
+            read.get("round"),
+            read.get("stage"),
+        )
+        picks = (
+            values
+            if tuned_by is None
+            else run_values(
+                results,
+                tuned_by.get("metric", "accuracy"),
+                tuned_by.get("at", "final"),
+                tuned_by.get("round"),
+                tuned_by.get("stage"),
+            )
+        )
     except ReportError as e:
         raise FidelityError(f"{results}: {e}") from None
     runs = selected(load_runs(results), where)
@@ -176,8 +193,10 @@ def cells(
                 raise FidelityError(
                     f"tuned: {key!r} is " + ("also in by:" if key in by else "no run's config key")
                 )
-        used = [run_flat(c, sm.get("hparams") if isinstance(sm, dict) else None)
-                for c, sm in zip(runs["config"], runs["summary"], strict=True)]  # fmt: skip
+        used = [
+            run_flat(c, sm.get("hparams") if isinstance(sm, dict) else None)
+            for c, sm in zip(runs["config"], runs["summary"], strict=True)
+        ]
         runs["setting"] = [
             " ".join(f"{k}={value_text(f[k]) if k in f else 'default'}" for k in tuned) for f in used
         ]
@@ -206,8 +225,14 @@ def cells(
         groups = dict(list(g.groupby("setting", sort=False)))
         settings = {s: one(gs) for s, gs in groups.items()}
         best = tuned_choice({s: pick(gs) for s, gs in groups.items()})
-        rows.append({**dict(zip(keys, key, strict=True)), **settings[best], "setting": best,
-                     "grid": {s: (v["values"], v["diverged"]) for s, v in settings.items()}})  # fmt: skip
+        rows.append(
+            {
+                **dict(zip(keys, key, strict=True)),
+                **settings[best],
+                "setting": best,
+                "grid": {s: (v["values"], v["diverged"]) for s, v in settings.items()},
+            }
+        )
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -301,8 +326,12 @@ def grid_table(c: pd.DataFrame, by: list[str] | tuple[str, ...] = ()) -> pd.Data
     settings = sorted(dict.fromkeys(s for g in c["grid"] for s in g), key=setting_order)
     rows = []
     for r in c.to_dict("records"):
-        row = {"partition": r["partition"], "algorithm": r["algorithm"], **{b: r[b] for b in by},
-               "source": r["source"]}  # fmt: skip
+        row = {
+            "partition": r["partition"],
+            "algorithm": r["algorithm"],
+            **{b: r[b] for b in by},
+            "source": r["source"],
+        }
         for name in settings:
             if name not in r["grid"]:
                 row[name] = "-"
@@ -369,10 +398,24 @@ def claim_table(
                         pairs.append(f"{a} − {b}: {s['diff']:+.1f} (2 SE {2 * s['se']:.1f})")
                         verdicts.append(_pair_verdict(s["diff"], s["se"], a, b))
                 lost = [v for v in verdicts if v.startswith("below")]
-                verdict = ("not run" if "not run" in verdicts else f"does not hold ({'; '.join(v[7:] for v in lost)})"
-                           if lost else "holds" if all(v == "clear" for v in verdicts) else "holds in the means")  # fmt: skip
-                rows.append({"claim": claim.get("claim", ""), "source": source, "partition": part,
-                             "differences (points)": "; ".join(pairs), "verdict": verdict})  # fmt: skip
+                verdict = (
+                    "not run"
+                    if "not run" in verdicts
+                    else f"does not hold ({'; '.join(v[7:] for v in lost)})"
+                    if lost
+                    else "holds"
+                    if all(v == "clear" for v in verdicts)
+                    else "holds in the means"
+                )
+                rows.append(
+                    {
+                        "claim": claim.get("claim", ""),
+                        "source": source,
+                        "partition": part,
+                        "differences (points)": "; ".join(pairs),
+                        "verdict": verdict,
+                    }
+                )
     return pd.DataFrame(rows, columns=["claim", "source", "partition", "differences (points)", "verdict"])
 
 
@@ -423,8 +466,10 @@ def _ordered(c: pd.DataFrame, names: Mapping[str, str] | None, by: list[str]) ->
         except (TypeError, ValueError):
             return v
 
-    key = [(p, order.get(a, len(order)), a, *(number(v) for v in rest))
-           for p, a, *rest in c[["partition", "algorithm", *by]].itertuples(index=False)]  # fmt: skip
+    key = [
+        (p, order.get(a, len(order)), a, *(number(v) for v in rest))
+        for p, a, *rest in c[["partition", "algorithm", *by]].itertuples(index=False)
+    ]
     return c.iloc[sorted(range(len(c)), key=lambda i: key[i])].reset_index(drop=True)
 
 
@@ -476,9 +521,13 @@ def render(
             parts += [f"Results: `{_shown(folder)}`; read: {_read_text(sec.get('read'))}.", ""]
             if tuned:
                 on = f" of {_reading(tuned_by)}" if tuned_by else ""
-                parts += [f"Every setting of {', '.join(tuned)}, mean ± std over seeds (each side's cell in bold: "
-                          f"of the settings run with the most seeds, the fewest diverged, then the best mean{on}):", "",
-                          grid_table(c, by).to_markdown(index=False, disable_numparse=True), ""]  # fmt: skip
+                parts += [
+                    f"Every setting of {', '.join(tuned)}, mean ± std over seeds (each side's cell in bold: "
+                    f"of the settings run with the most seeds, the fewest diverged, then the best mean{on}):",
+                    "",
+                    grid_table(c, by).to_markdown(index=False, disable_numparse=True),
+                    "",
+                ]
             if sec.get("claims"):
                 claims = claim_table(c, list(sec["claims"]), by)
                 parts += ["The paper's orderings on these runs:", "", claims.to_markdown(index=False), ""]

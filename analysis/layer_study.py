@@ -84,10 +84,19 @@ def gap_onset(folder: str | Path) -> pd.DataFrame:
     for (rid, dist, layers), x in g.groupby(["run_id", "distance", "layers"], sort=False):
         positive = x.loc[x["value"] > 0, "round"]
         first = x.iloc[0]
-        rows.append({"partition": first["partition"], "size": int(first["size"]), "distance": dist,
-                     "layers": layers, "seed": int(first["seed"]), "run_id": rid, "rounds": int(first["rounds"]),
-                     "onset": float(positive.min()) if len(positive) else math.nan,
-                     "positive": int(len(positive))})  # fmt: skip
+        rows.append(
+            {
+                "partition": first["partition"],
+                "size": int(first["size"]),
+                "distance": dist,
+                "layers": layers,
+                "seed": int(first["seed"]),
+                "run_id": rid,
+                "rounds": int(first["rounds"]),
+                "onset": float(positive.min()) if len(positive) else math.nan,
+                "positive": int(len(positive)),
+            }
+        )
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -140,11 +149,20 @@ def purity_onset(folder: str | Path) -> pd.DataFrame:
         right = per_round[(per_round["num_clusters"] == groups) & (per_round["purity"] >= 1.0)]
         splits = sorted(x.loc[(x["metric"] == "split") & (x["scope"] == "cluster"), "round"].astype(int))
         last = per_round.iloc[-1]
-        rows.append({"partition": r.partition, "algorithm": r.algorithm, "size": r.size, "seed": r.seed,
-                     "run_id": r.run_id, "groups": int(groups),
-                     "onset": float(right.index.min()) if len(right) else math.nan,
-                     "purity": float(last["purity"]), "clusters": int(last["num_clusters"]),
-                     "splits": splits})  # fmt: skip
+        rows.append(
+            {
+                "partition": r.partition,
+                "algorithm": r.algorithm,
+                "size": r.size,
+                "seed": r.seed,
+                "run_id": r.run_id,
+                "groups": int(groups),
+                "onset": float(right.index.min()) if len(right) else math.nan,
+                "purity": float(last["purity"]),
+                "clusters": int(last["num_clusters"]),
+                "splits": splits,
+            }
+        )
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -178,12 +196,18 @@ def purity_table(p: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     rows = []
     for (part, alg), x in p.groupby(["partition", "algorithm"], sort=True):
-        rows.append({"partition": part, "algorithm": alg,
-                     "rounds until the true clustering": _mean_cell(x["onset"]),
-                     "final purity": f"{x['purity'].mean():.2f}",
-                     "final clusters (per seed)": ", ".join(str(c) for c in x.sort_values("seed")["clusters"]),
-                     "split rounds (per seed)": "; ".join(",".join(map(str, s)) or "-" for s in
-                                                          x.sort_values("seed")["splits"])})  # fmt: skip
+        rows.append(
+            {
+                "partition": part,
+                "algorithm": alg,
+                "rounds until the true clustering": _mean_cell(x["onset"]),
+                "final purity": f"{x['purity'].mean():.2f}",
+                "final clusters (per seed)": ", ".join(str(c) for c in x.sort_values("seed")["clusters"]),
+                "split rounds (per seed)": "; ".join(
+                    ",".join(map(str, s)) or "-" for s in x.sort_values("seed")["splits"]
+                ),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -216,8 +240,15 @@ def write_figures(
             for (dist, layers), x in sub.groupby(["distance", "layers"], sort=False):
                 y = x.assign(onset=x["onset"].fillna(cap + 1)).groupby("size")["onset"].mean()
                 color = "black" if layers == ALL else plt.get_cmap("tab10")(layer_order.index(layers) % 10)
-                ax.plot(y.index, y.values, "-o" if dist == "Delta-cos" else "--s", color=color, markersize=4,
-                        linewidth=2.2 if layers == ALL else 1.2, label=f"{dist}, {layers}")  # fmt: skip
+                ax.plot(
+                    y.index,
+                    y.values,
+                    "-o" if dist == "Delta-cos" else "--s",
+                    color=color,
+                    markersize=4,
+                    linewidth=2.2 if layers == ALL else 1.2,
+                    label=f"{dist}, {layers}",
+                )
             ax.set_xscale("log")
             ax.axhline(cap + 1, color="grey", linewidth=0.8, linestyle=":")
             ax.set_title(part)
@@ -239,8 +270,13 @@ def write_figures(
                 names = list(dict.fromkeys(x["layers"]))
                 for b, r in enumerate(rounds):
                     y = x[x["round"] == r].set_index("layers").reindex(names)
-                    ax.bar([n + (b - (len(rounds) - 1) / 2) * width for n in range(len(names))], y["mean"],
-                           width, yerr=y["std"].fillna(0), label=f"round {r}")  # fmt: skip
+                    ax.bar(
+                        [n + (b - (len(rounds) - 1) / 2) * width for n in range(len(names))],
+                        y["mean"],
+                        width,
+                        yerr=y["std"].fillna(0),
+                        label=f"round {r}",
+                    )
                 ax.set_xticks(range(len(names)), [n.replace("encoder.", "") for n in names], fontsize=8)
                 ax.axhline(0, color="black", linewidth=0.8)
                 ax.set_title(f"{part}: {dist} gap ({size} samples/client)")
@@ -289,25 +325,50 @@ def section(folder: str | Path, out_dir: Path | None, options: Mapping[str, Any]
     onsets = gap_onset(folder)
     onset = onset_table(onsets)
     if not onset.empty:
-        parts += ["**Rounds until gap > 0** (never-splitting runs; the first round whose gap is positive, mean ± std "
-                  "over seeds, the number of seeds; never = not within the run's rounds):", "",
-                  onset.to_markdown(index=False, disable_numparse=True), ""]  # fmt: skip
+        parts += [
+            "**Rounds until gap > 0** (never-splitting runs; the first round whose gap is positive, mean ± std "
+            "over seeds, the number of seeds; never = not within the run's rounds):",
+            "",
+            onset.to_markdown(index=False, disable_numparse=True),
+            "",
+        ]
         positive = onset_table(onsets, "positive")
-        parts += ["**Rounds with gap > 0** (of the run's rounds: whether a separation, once there, lasts):", "",
-                  positive.to_markdown(index=False, disable_numparse=True), ""]  # fmt: skip
+        parts += [
+            "**Rounds with gap > 0** (of the run's rounds: whether a separation, once there, lasts):",
+            "",
+            positive.to_markdown(index=False, disable_numparse=True),
+            "",
+        ]
     gaps = gaps_at(folder, rounds, size)
     if not gaps.empty:
-        t = gaps.assign(cell=[f"{m:+.3f} ± {s:.3f}" if not math.isnan(s) else f"{m:+.3f}"
-                              for m, s in zip(gaps["mean"], gaps["std"], strict=True)])  # fmt: skip
-        t = t.pivot_table(index=["partition", "distance", "round"], columns="layers", values="cell", aggfunc="first",
-                          sort=False)  # fmt: skip
-        parts += [f"**Gap per layer** at rounds {', '.join(map(str, rounds))} ({size} samples per client, "
-                  "never-splitting runs, mean ± std over seeds; positive: the layer's updates separate the groups):", "",
-                  t.reset_index().to_markdown(index=False, disable_numparse=True), ""]  # fmt: skip
+        t = gaps.assign(
+            cell=[
+                f"{m:+.3f} ± {s:.3f}" if not math.isnan(s) else f"{m:+.3f}"
+                for m, s in zip(gaps["mean"], gaps["std"], strict=True)
+            ]
+        )
+        t = t.pivot_table(
+            index=["partition", "distance", "round"],
+            columns="layers",
+            values="cell",
+            aggfunc="first",
+            sort=False,
+        )
+        parts += [
+            f"**Gap per layer** at rounds {', '.join(map(str, rounds))} ({size} samples per client, "
+            "never-splitting runs, mean ± std over seeds; positive: the layer's updates separate the groups):",
+            "",
+            t.reset_index().to_markdown(index=False, disable_numparse=True),
+            "",
+        ]
     purity = purity_table(purity_onset(folder))
     if not purity.empty:
-        parts += ["**Clustering** (splitting runs; the true clustering: as many clusters as groups, purity 1):", "",
-                  purity.to_markdown(index=False, disable_numparse=True), ""]  # fmt: skip
+        parts += [
+            "**Clustering** (splitting runs; the true clustering: as many clusters as groups, purity 1):",
+            "",
+            purity.to_markdown(index=False, disable_numparse=True),
+            "",
+        ]
     if out_dir is not None:
         for path in write_figures(folder, out_dir, prefix, rounds, size, onsets, gaps):
             parts += [f"![{path.stem}]({path.name})", ""]

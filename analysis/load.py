@@ -19,8 +19,13 @@ from fedray.results import (
     run_state,
 )
 
-_SCHEMAS = {"metrics": METRICS_SCHEMA, "runs": RUNS_SCHEMA, "clients": CLIENTS_SCHEMA,
-            "assignments": ASSIGNMENTS_SCHEMA, "partitions": PARTITION_SCHEMA}  # fmt: skip
+_SCHEMAS = {
+    "metrics": METRICS_SCHEMA,
+    "runs": RUNS_SCHEMA,
+    "clients": CLIENTS_SCHEMA,
+    "assignments": ASSIGNMENTS_SCHEMA,
+    "partitions": PARTITION_SCHEMA,
+}
 
 
 def _read_dir(path: Path, where: ds.Expression | None = None) -> pd.DataFrame | None:
@@ -48,8 +53,25 @@ def load_metrics(out_dir: str | Path, scope: str | None = None) -> pd.DataFrame:
         raise FileNotFoundError(f"results folder {str(root)!r} does not exist")
     df = _read_dir(root / "metrics", None if scope is None else ds.field("scope") == scope)
     if df is None:
-        return pd.DataFrame(columns=["run_id", "experiment", "algorithm", "dataset", "partition", "model", "seed", "source",
-                                     "round", "stage", "scope", "entity", "metric", "value", "elapsed"])  # fmt: skip
+        return pd.DataFrame(
+            columns=[
+                "run_id",
+                "experiment",
+                "algorithm",
+                "dataset",
+                "partition",
+                "model",
+                "seed",
+                "source",
+                "round",
+                "stage",
+                "scope",
+                "entity",
+                "metric",
+                "value",
+                "elapsed",
+            ]
+        )
     return df.sort_values(["run_id", "round", "metric", "scope", "entity"], kind="stable").reset_index(
         drop=True
     )
@@ -89,8 +111,19 @@ def load_clients(out_dir: str | Path) -> pd.DataFrame:
     with FedRC's shift its concept, corruption and severity (a groupby key for per-client metrics)."""
     df = _read_dir(Path(out_dir) / "clients")
     if df is None:
-        return pd.DataFrame(columns=["run_id", "client", "role", "num_train", "num_test", "group", "concept",
-                                     "corruption", "severity"])  # fmt: skip
+        return pd.DataFrame(
+            columns=[
+                "run_id",
+                "client",
+                "role",
+                "num_train",
+                "num_test",
+                "group",
+                "concept",
+                "corruption",
+                "severity",
+            ]
+        )
     return df.sort_values(["run_id", "client"], kind="stable").reset_index(drop=True)
 
 

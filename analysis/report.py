@@ -98,8 +98,10 @@ def field_label(config: dict, name: str) -> str:
         full = run_flat(config, None)
         return value_text(full[name]) if name in full else "-"  # "-": its algorithm has no such hp
     if name not in flat:
-        raise ReportError(f"unknown field {name!r} for --rows/--cols (fields: partition, hp, and the config keys: "
-                          f"{', '.join(sorted(flat))})")  # fmt: skip
+        raise ReportError(
+            f"unknown field {name!r} for --rows/--cols (fields: partition, hp, and the config keys: "
+            f"{', '.join(sorted(flat))})"
+        )
     return value_text(flat[name])
 
 

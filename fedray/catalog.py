@@ -46,9 +46,13 @@ class ClientCatalog:
         keep = ~np.isin(ids, np.asarray(self.test_client_ids, dtype=np.int64))
         # Sizes of the training clients; the test clients' are apart (they never train or get sampled).
         # Without test clients these are the host's own arrays, not copies (a million clients: 16 MB).
-        self._ids, self._train, self._test = (ids, train, test) if keep.all() else (ids[keep], train[keep], test[keep])
+        self._ids, self._train, self._test = (
+            (ids, train, test) if keep.all() else (ids[keep], train[keep], test[keep])
+        )
         hosted = catalog.client_ids
-        self.client_ids: Sequence[int] = hosted if isinstance(hosted, range) and keep.all() else self._ids.tolist()
+        self.client_ids: Sequence[int] = (
+            hosted if isinstance(hosted, range) and keep.all() else self._ids.tolist()
+        )
         self.eval_client_ids: Sequence[int] = self.client_ids if eval_clients is None else list(eval_clients)
         self.groups = None if groups is None else {c: int(groups[c]) for c in self.client_ids}
         self._traffic = TrafficMeter()

@@ -45,21 +45,25 @@ _CHUNK = 1 << 22
 # server and CFL's recursion into their algorithms' files. A file naming an old module reads back
 # as the class that lives in the new one.
 MOVED_MODULES = {
-    **{f"fedray.algorithms.{name}": f"fedray.algorithms.{family}.{name}" for family, names in {
-        "baselines": ("fedavg", "fedprox", "scaffold", "fednova", "moon", "fedrs", "fedlc"),
-        "clustered": ("clusterfedavg", "ifca", "fesem", "fedsoft"),
-        "concat": ("fedconcat", "fedconcat_id"),
-        "mixture": ("fedem", "fedrc"),
-        "relay": ("fedcat",),
-        "sampling": ("clusamp",),
-        "splitting": ("cfl", "layercfl"),
-    }.items() for name in names},
+    **{
+        f"fedray.algorithms.{name}": f"fedray.algorithms.{family}.{name}"
+        for family, names in {
+            "baselines": ("fedavg", "fedprox", "scaffold", "fednova", "moon", "fedrs", "fedlc"),
+            "clustered": ("clusterfedavg", "ifca", "fesem", "fedsoft"),
+            "concat": ("fedconcat", "fedconcat_id"),
+            "mixture": ("fedem", "fedrc"),
+            "relay": ("fedcat",),
+            "sampling": ("clusamp",),
+            "splitting": ("cfl", "layercfl"),
+        }.items()
+        for name in names
+    },
     "fedray.clustering": "fedray.algorithms.clustering",
     "fedray.splitting": "fedray.algorithms.splitting.cfl",
     "fedray.mixture": "fedray.algorithms.mixture",
     "fedray.mixture.client": "fedray.algorithms.mixture.client",
     "fedray.mixture.server": "fedray.algorithms.mixture.fedem",
-}  # fmt: skip
+}
 
 
 class CheckpointError(RuntimeError):
@@ -114,8 +118,10 @@ def encode(obj: Any, arrays: list[np.ndarray], where: str, baton: Callable[[Any]
             raise CheckpointError(
                 f"{where}: {cls.__module__}.{cls.__qualname__} is not a dataclass of fedray or of the run's plug-ins"
             )
-        fields = {f.name: encode(getattr(obj, f.name), arrays, f"{where}.{f.name}", baton)
-                  for f in dataclasses.fields(obj)}  # fmt: skip
+        fields = {
+            f.name: encode(getattr(obj, f.name), arrays, f"{where}.{f.name}", baton)
+            for f in dataclasses.fields(obj)
+        }
         return {"__dataclass__": f"{cls.__module__}:{cls.__qualname__}", "fields": fields}
     raise CheckpointError(
         f"{where}: a {type(obj).__module__}.{type(obj).__qualname__} cannot be checkpointed (State and "
@@ -390,8 +396,13 @@ class Checkpoints:
         try:
             m = json.loads(where.read_text())
             rnd, files, extra = m["round"], m["files"], m["extra"]
-            ok = (m.get("format") == FORMAT and isinstance(rnd, int) and isinstance(files, dict)
-                  and isinstance(extra, dict) and "state.npz" in files)  # fmt: skip
+            ok = (
+                m.get("format") == FORMAT
+                and isinstance(rnd, int)
+                and isinstance(files, dict)
+                and isinstance(extra, dict)
+                and "state.npz" in files
+            )
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise CheckpointError(f"{where}: unreadable ({type(e).__name__}: {e}){hint}") from None
         if not ok:

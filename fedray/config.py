@@ -28,17 +28,33 @@ from fedray.coercion import ConfigError
 from fedray.hparams import bound
 
 __all__ = [
-    "ADDED_LATER", "Config", "ConfigError", "DEFAULT_FMNIST_ROOT", "FIELDS", "MISNAMED", "NAME_KEYS",
-    "NOT_IN_RUN_ID", "SWEEP_KEYS", "dump_yaml", "field_default", "field_type", "file_digest", "flatten", "merge",
-    "init_model_file", "parse_sets", "partition_file_for", "read_yaml", "set_dotted",
-]  # fmt: skip
+    "ADDED_LATER",
+    "Config",
+    "ConfigError",
+    "DEFAULT_FMNIST_ROOT",
+    "FIELDS",
+    "MISNAMED",
+    "NAME_KEYS",
+    "NOT_IN_RUN_ID",
+    "SWEEP_KEYS",
+    "dump_yaml",
+    "field_default",
+    "field_type",
+    "file_digest",
+    "flatten",
+    "merge",
+    "init_model_file",
+    "parse_sets",
+    "partition_file_for",
+    "read_yaml",
+    "set_dotted",
+]
 
 DEFAULT_FMNIST_ROOT = "/usr/share/datasets/fashion-mnist"
 # Names people write unquoted (experiment: 2024, output: 1): a number there means its text.
 NAME_KEYS = ("experiment", "output", "data_root", "partition_file", "partition_name", "init_model")
 
 
-# fmt: off
 @dataclass
 class Config:
     # --- what to run -------------------------------------------------------------------------
@@ -51,7 +67,8 @@ class Config:
     # Algorithm hyperparameters, `hp.<name>`; checked against the chosen algorithm's Hparams. The
     # resolved config keeps those that differ from the algorithm's defaults (the run summary has all).
     hp: dict[str, Any] = field(default_factory=dict)  # e.g. {server_lr: 0.5} for fedavg
-    seed: int = field(default=0, metadata=bound(ge=0))  # master seed; every random stream derives from (seed, purpose, client, round)
+    # master seed; every random stream derives from (seed, purpose, client, round)
+    seed: int = field(default=0, metadata=bound(ge=0))
 
     # --- data ------------------------------------------------------------------------------------
     # A name from fedray.data.DATASETS: digits | fmnist | mnist | emnist | cifar10 | cifar100 | svhn |
@@ -63,7 +80,8 @@ class Config:
     data_root: str = ""  # folder with the dataset files
     download: bool = False  # let torchvision download a missing dataset into data_root (needs internet)
     emnist_split: str = "byclass"  # EMNIST split: byclass | bymerge | balanced | letters | digits | mnist
-    synthetic_size: int = field(default=2000, metadata=bound(ge=10))  # synthetic only: number of training samples (test set is a quarter of it)
+    # synthetic only: number of training samples (test set is a quarter of it)
+    synthetic_size: int = field(default=2000, metadata=bound(ge=10))
     synthetic_shape: list[int] = field(default_factory=lambda: [1, 8, 8])  # synthetic only: [C, H, W] or [D]
     # fedprox_synthetic (FedProx's Synthetic(alpha, beta), fedray/data/fedprox_synthetic.py): how far
     # the clients' models (alpha) and their inputs (beta) differ; its clients come with it
@@ -80,11 +98,15 @@ class Config:
     partition_file: str = ""  # JSON or Parquet; its content, not its path, goes into the run id
     partition_name: str = ""  # file: how reports name the partition (e.g. "#C=2"); "" = the file's name
     partition_k: int = 2  # labels: classes per client (#C=k)
-    partition_beta: float = field(default=0.5, metadata=bound(gt=0))  # Dirichlet concentration; for dominant: the dominant-class fraction
+    # Dirichlet concentration; for dominant: the dominant-class fraction
+    partition_beta: float = field(default=0.5, metadata=bound(gt=0))
     partition_clusters: int = 4  # dominant / rotation: groups i mod K (own dominant class / c*360/K degrees)
-    partition_size: int = field(default=0, metadata=bound(ge=0, note="0 = automatic"))  # dominant / rotation: samples per client (0 = the most the pools allow, <= n/N)
-    partition_min_size: int = field(default=10, metadata=bound(ge=1))  # dirichlet/quantity: redraw until every client has this many samples
-    client_test_fraction: float = field(default=0.0, metadata=bound(ge=0, lt=1))  # share of each client's samples kept as its test split (FedRC: 0.1)
+    # dominant / rotation: samples per client (0 = the most the pools allow, <= n/N)
+    partition_size: int = field(default=0, metadata=bound(ge=0, note="0 = automatic"))
+    # dirichlet/quantity: redraw until every client has this many samples
+    partition_min_size: int = field(default=10, metadata=bound(ge=1))
+    # share of each client's samples kept as its test split (FedRC: 0.1)
+    client_test_fraction: float = field(default=0.0, metadata=bound(ge=0, lt=1))
     # FedRC's shift benchmark on top of the partition (fedray/data/shift.py): corruptions and label
     # maps per client, plus 3 non-participating test clients. A preset keeps 10% of each client's data
     # as its test split (client_test_fraction: 0.1, FedRC's protocol) unless client_test_fraction is set.
@@ -93,9 +115,12 @@ class Config:
     # --- model and local training (docs/algorithms/common.md#the-fedavg-core) ------------------------------------------------
     # The defaults are the embedded default run (digits, MLP; about 96% in 30 rounds). Paper
     # settings (NIID-Bench/FedConcat: lr 0.01, batch 64, momentum 0.9, 10 epochs) are in jobs/configs/.
-    model: str = "mlp"  # a name from fedray.models.MODELS (mlp, simple_cnn, mcmahan_cnn, fedrc_cnn, resnet18, mobilenet_v2, vgg16)
+    # a name from fedray.models.MODELS (mlp, simple_cnn, mcmahan_cnn, fedrc_cnn, resnet18, mobilenet_v2,
+    # vgg16)
+    model: str = "mlp"
     # FedConcat's concatenated heads always keep theirs (head_bias: false is refused there).
-    head_bias: bool = True  # false: the model's last layer has no bias (FedRepo's models: FedRS's reference code)
+    # false: the model's last layer has no bias (FedRepo's models: FedRS's reference code)
+    head_bias: bool = True
     # How the initial model(s) are drawn. derived: model k from its own stream of (seed, k), so no two
     # seeds share a model. seed_plus_k: model k right after torch.manual_seed(seed + k), as the
     # FedEM/FedRC code draws its K learners: bit for bit its models, and seeds s and s + 1 then share
@@ -109,15 +134,20 @@ class Config:
     init_model: str = ""  # "" = a fresh draw (model_init)
     rounds: int = field(default=30, metadata=bound(ge=1))  # communication rounds
     local_epochs: int = field(default=5, metadata=bound(ge=1))  # full passes over the local data per round
-    batch_size: int = field(default=32, metadata=bound(ge=1))  # local mini-batch size (last partial batch kept, as in NIID-Bench)
+    # local mini-batch size (last partial batch kept, as in NIID-Bench)
+    batch_size: int = field(default=32, metadata=bound(ge=1))
     lr: float = field(default=0.05, metadata=bound(gt=0))  # local SGD learning rate
-    momentum: float = field(default=0.9, metadata=bound(ge=0, lt=1))  # local SGD momentum (optimizer re-created every round)
+    # local SGD momentum (optimizer re-created every round)
+    momentum: float = field(default=0.9, metadata=bound(ge=0, lt=1))
     weight_decay: float = field(default=1e-5, metadata=bound(ge=0))  # local SGD weight decay
-    participation: float = field(default=1.0, metadata=bound(gt=0, le=1))  # fraction of clients sampled per round (first floor(N * p) of a permutation)
+    # fraction of clients sampled per round (first floor(N * p) of a permutation)
+    participation: float = field(default=1.0, metadata=bound(gt=0, le=1))
 
     # --- evaluation --------------------------------------------------------------------------------
-    eval_every: int = field(default=1, metadata=bound(ge=1))  # evaluate every this many rounds (the last round, and each stage's last, always)
-    eval_batch_size: int = field(default=512, metadata=bound(ge=1))  # batch size for evaluation (does not change the numbers)
+    # evaluate every this many rounds (the last round, and each stage's last, always)
+    eval_every: int = field(default=1, metadata=bound(ge=1))
+    # batch size for evaluation (does not change the numbers)
+    eval_batch_size: int = field(default=512, metadata=bound(ge=1))
     # train_accuracy and train_loss at each evaluation: every training client's predictor on its own
     # training split, as many samples as the training set (on 100 FMNIST clients 60,000, three times
     # the global test set). false skips them: `fedray report --at best-train` then has nothing to read.
@@ -126,16 +156,20 @@ class Config:
     # drawn once from the seed; with fedprox_synthetic also the clients whose test splits pool into
     # the global test set. Cross-device runs (10^5 clients and more) need it: otherwise every
     # evaluation visits every client. 0 = every client.
-    eval_clients: int = field(default=0, metadata=bound(ge=0))  # clients the evaluation walks, drawn once; 0 = all
+    # clients the evaluation walks, drawn once; 0 = all
+    eval_clients: int = field(default=0, metadata=bound(ge=0))
     # Images (and convolution weights) in channels-last memory format: 1.35-1.56x faster CNN steps on
     # a CPU thread (jobs/bench.py --memory-format). It changes the float sums, so runs differ in the
     # last bits from false, which is how runs were computed before this key existed.
     channels_last: bool = True  # channels-last memory format for images and convolution weights
 
     # --- placement (docs/cluster.md#placement-fractional-gpus) -----------------------------------------------------------------------
-    num_cpus_per_actor: float = field(default=1.0, metadata=bound(gt=0))  # CPUs reserved per client actor; torch threads = max(1, floor(this))
-    num_gpus_per_actor: float = field(default=0.0, metadata=bound(ge=0))  # GPUs per client actor, fractional (e.g. 0.25 puts 4 actors on a GPU)
-    num_actors: int = field(default=0, metadata=bound(ge=0, note="0 = from resources"))  # client actors to start; 0 = as many as the cluster's resources allow (at most N)
+    # CPUs reserved per client actor; torch threads = max(1, floor(this))
+    num_cpus_per_actor: float = field(default=1.0, metadata=bound(gt=0))
+    # GPUs per client actor, fractional (e.g. 0.25 puts 4 actors on a GPU)
+    num_gpus_per_actor: float = field(default=0.0, metadata=bound(ge=0))
+    # client actors to start; 0 = as many as the cluster's resources allow (at most N)
+    num_actors: int = field(default=0, metadata=bound(ge=0, note="0 = from resources"))
     # On a GPU, CUDA's deterministic kernels (torch.use_deterministic_algorithms, cuDNN without
     # autotuning): the same config and seed give the same numbers run after run. false: CUDA's
     # default kernels, some of which sum in a varying order (runs then differ in the last bits, and
@@ -159,8 +193,13 @@ class Config:
     # come back exactly when their client is next sampled (fedray/client_states.py). 0 = a quarter
     # of the machine's memory over its cores (a worker on every core: a quarter between them).
     # Changes no number.
-    client_state_memory_mb: float = field(default=0.0, metadata=bound(ge=0, note="0 = a quarter of the machine's memory per core"))  # per worker, MB
-    placement_timeout_s: float = field(default=300.0, metadata=bound(gt=0))  # give up (loudly) if the actors cannot be placed within this time (a local Ray fedray started fails at once)
+    # per worker, MB
+    client_state_memory_mb: float = field(
+        default=0.0, metadata=bound(ge=0, note="0 = a quarter of the machine's memory per core")
+    )
+    # give up (loudly) if the actors cannot be placed within this time (a local Ray fedray started fails
+    # at once)
+    placement_timeout_s: float = field(default=300.0, metadata=bound(gt=0))
 
     # --- output (docs/output.md#output) -------------------------------------------------------------------------
     output: str = "out"  # results folder: metrics/, runs/, configs/, checkpoints/, models/
@@ -168,15 +207,19 @@ class Config:
 
     # --- surviving failures (none of these changes a number, so none is in the run id) ---------------
     # An unfinished run started again goes on from its latest checkpoint (--restart starts over).
-    checkpoint_every: int = field(default=10, metadata=bound(ge=0, note="0 = never"))  # checkpoint every this many rounds, and after the last; 0 = never
-    keep_checkpoints: int = field(default=1, metadata=bound(ge=1))  # how many of the latest checkpoints DIR/checkpoints/RUN_ID/ keeps
-    keep_finished_checkpoints: bool = True  # false: a run's checkpoints are removed once it has finished (its rows and models written); an unfinished run keeps them
+    # checkpoint every this many rounds, and after the last; 0 = never
+    checkpoint_every: int = field(default=10, metadata=bound(ge=0, note="0 = never"))
+    # how many of the latest checkpoints DIR/checkpoints/RUN_ID/ keeps
+    keep_checkpoints: int = field(default=1, metadata=bound(ge=1))
+    # false: a run's checkpoints are removed once it has finished (its rows and models written); an
+    # unfinished run keeps them
+    keep_finished_checkpoints: bool = True
     # Ray runs only: after losing client actors (a node lost, out of memory), new actors on what is
     # left of the cluster go on from the latest checkpoint.
-    max_failures: int = field(default=3, metadata=bound(ge=0))  # times a run goes on after such a loss; 0 = fail at the first
+    # times a run goes on after such a loss; 0 = fail at the first
+    max_failures: int = field(default=3, metadata=bound(ge=0))
 
     # ------------------------------------------------------------------------------------------------
-    # fmt: on
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -197,7 +240,8 @@ class Config:
             from fedray.plugins import describe, digest
 
             d["plugins"] = [f"{describe(s).name}:sha256:{digest(s)}" for s in self.plugins]
-        if self.dataset == "arrays" and self.data_root:  # the user's arrays (fedray.from_arrays), wherever they lie
+        # the user's arrays (fedray.from_arrays), wherever they lie
+        if self.dataset == "arrays" and self.data_root:
             d["data_root"] = "sha256:" + file_digest(self.data_root)
         if self.init_model:  # the model the file holds, wherever it lies
             d["init_model"] = "sha256:" + file_digest(init_model_file(self.init_model))
@@ -218,30 +262,71 @@ class Config:
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Config)}
 NOT_IN_RUN_ID = (
-    "output", "num_actors", "placement_timeout_s", "save_models", "checkpoint_every", "keep_checkpoints", "max_failures",
-    "partition_name", "keep_finished_checkpoints", "client_state_memory_mb",
-)  # fmt: skip
+    "output",
+    "num_actors",
+    "placement_timeout_s",
+    "save_models",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "max_failures",
+    "partition_name",
+    "keep_finished_checkpoints",
+    "client_state_memory_mb",
+)
 # Keys added after results existed, with the value that means "as before": at that value they stay
 # out of the run id, so every earlier run keeps its id (and a re-submitted sweep skips it).
-ADDED_LATER = {"shift": "none", "partition_file": "", "channels_last": False, "eval_train": True, "cuda_deterministic": True, "head_bias": True,
-               "model_init": "derived", "init_model": "", "plugins": [],
-               "batched_clients": "auto", "synthetic_alpha": 1.0, "synthetic_beta": 1.0, "eval_clients": 0,
-               "cuda_tf32": True}
+ADDED_LATER = {
+    "shift": "none",
+    "partition_file": "",
+    "channels_last": False,
+    "eval_train": True,
+    "cuda_deterministic": True,
+    "head_bias": True,
+    "model_init": "derived",
+    "init_model": "",
+    "plugins": [],
+    "batched_clients": "auto",
+    "synthetic_alpha": 1.0,
+    "synthetic_beta": 1.0,
+    "eval_clients": 0,
+    "cuda_tf32": True,
+}
 # Keys of a sweep file that are not config keys (fedray/sweep_file.py expands them into runs).
 SWEEP_KEYS = ("grid", "seeds", "cases", "max_concurrent_runs")
 # What other tools (and papers) call a key: an unknown key named here says "did you mean ...?"
 # (close misspellings are suggested without this table; algorithm hyperparameters written without
 # their hp. are found in the algorithm registry).
 MISNAMED = {
-    "learning_rate": "lr", "local_lr": "lr", "client_lr": "lr", "epochs": "local_epochs", "local_epoch": "local_epochs",
-    "num_rounds": "rounds", "comm_rounds": "rounds", "n_rounds": "rounds", "clients": "num_clients",
-    "n_clients": "num_clients", "n_parties": "num_clients", "num_users": "num_clients", "batch": "batch_size",
-    "bs": "batch_size", "wd": "weight_decay", "frac": "participation", "sample_fraction": "participation",
-    "client_fraction": "participation", "alpha": "partition_beta", "beta": "partition_beta",
-    "dirichlet_alpha": "partition_beta", "dirichlet_beta": "partition_beta", "partition_alpha": "partition_beta",
-    "classes_per_client": "partition_k", "datadir": "data_root", "data_dir": "data_root", "random_seed": "seed",
-    "output_dir": "output", "out_dir": "output",
-}  # fmt: skip
+    "learning_rate": "lr",
+    "local_lr": "lr",
+    "client_lr": "lr",
+    "epochs": "local_epochs",
+    "local_epoch": "local_epochs",
+    "num_rounds": "rounds",
+    "comm_rounds": "rounds",
+    "n_rounds": "rounds",
+    "clients": "num_clients",
+    "n_clients": "num_clients",
+    "n_parties": "num_clients",
+    "num_users": "num_clients",
+    "batch": "batch_size",
+    "bs": "batch_size",
+    "wd": "weight_decay",
+    "frac": "participation",
+    "sample_fraction": "participation",
+    "client_fraction": "participation",
+    "alpha": "partition_beta",
+    "beta": "partition_beta",
+    "dirichlet_alpha": "partition_beta",
+    "dirichlet_beta": "partition_beta",
+    "partition_alpha": "partition_beta",
+    "classes_per_client": "partition_k",
+    "datadir": "data_root",
+    "data_dir": "data_root",
+    "random_seed": "seed",
+    "output_dir": "output",
+    "out_dir": "output",
+}
 
 
 def field_default(name: str) -> Any:

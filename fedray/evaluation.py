@@ -51,8 +51,10 @@ def evaluate_global(
 def model_global_records(fed: Federation, params: Params, k: int, stage: str = "") -> list[Record]:
     """Cluster model k on the global test set: ``accuracy`` and ``loss`` rows of scope cluster."""
     g = evaluate_global(fed, params)
-    return [rec("accuracy", g.accuracy, scope="cluster", entity=k, stage=stage),
-            rec("loss", g.loss, scope="cluster", entity=k, stage=stage)]  # fmt: skip
+    return [
+        rec("accuracy", g.accuracy, scope="cluster", entity=k, stage=stage),
+        rec("loss", g.loss, scope="cluster", entity=k, stage=stage),
+    ]
 
 
 def local_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
@@ -64,8 +66,10 @@ def local_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
 def test_client_records(replies: Mapping[int, Mapping[str, Any]], stage: str = "") -> list[Record]:
     """FedRC's global accuracy: each test client's accuracy on its held-out part (scope client) and
     their mean (``accuracy``, ``loss``), from replies of ``correct``, ``samples``, ``loss_sum``."""
-    records = [rec("accuracy", r["correct"] / r["samples"], scope="client", entity=c, stage=stage)
-               for c, r in replies.items()]  # fmt: skip
+    records = [
+        rec("accuracy", r["correct"] / r["samples"], scope="client", entity=c, stage=stage)
+        for c, r in replies.items()
+    ]
     acc = sum(r["correct"] / r["samples"] for r in replies.values()) / len(replies)
     loss = sum(r["loss_sum"] / r["samples"] for r in replies.values()) / len(replies)
     return [*records, rec("accuracy", acc, stage=stage), rec("loss", loss, stage=stage)]
@@ -107,8 +111,10 @@ def train_split_records(
     samples = sum(r["samples"] for r in replies.values())
     if not samples:
         return []
-    return [rec("train_accuracy", sum(r["correct"] for r in replies.values()) / samples, stage=stage),
-            rec("train_loss", sum(r["loss_sum"] for r in replies.values()) / samples, stage=stage)]  # fmt: skip
+    return [
+        rec("train_accuracy", sum(r["correct"] for r in replies.values()) / samples, stage=stage),
+        rec("train_loss", sum(r["loss_sum"] for r in replies.values()) / samples, stage=stage),
+    ]
 
 
 def cluster_global_records(fed: Federation, models: Sequence[Params], stage: str = "") -> list[Record]:
@@ -135,8 +141,12 @@ def lowest_loss_global(records: list[Record], stage: str = "") -> list[Record]:
     if not per:
         return records
     best = min(sorted(per), key=lambda k: per[k]["loss"])
-    return [*records, rec("accuracy", per[best]["accuracy"], stage=stage), rec("loss", per[best]["loss"], stage=stage),
-            rec("global_model", best, stage=stage)]  # fmt: skip
+    return [
+        *records,
+        rec("accuracy", per[best]["accuracy"], stage=stage),
+        rec("loss", per[best]["loss"], stage=stage),
+        rec("global_model", best, stage=stage),
+    ]
 
 
 def hard_cluster_records(
@@ -164,8 +174,13 @@ def lowest_loss_records(fed: Federation, models: Sequence[Params], stage: str = 
     lowest loss on its labelled part; `test_client_records` of that, plus the model each took
     (``test_client_model``, scope client)."""
     replies = fed.map(lowest_loss_eval, fed.test_client_ids, {"models": list(models)})
-    return [*test_client_records(replies, stage),
-            *(rec("test_client_model", r["model"], scope="client", entity=c, stage=stage) for c, r in replies.items())]  # fmt: skip
+    return [
+        *test_client_records(replies, stage),
+        *(
+            rec("test_client_model", r["model"], scope="client", entity=c, stage=stage)
+            for c, r in replies.items()
+        ),
+    ]
 
 
 def single_model_records(

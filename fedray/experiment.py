@@ -168,9 +168,16 @@ def client_rows(data: FederatedData) -> dict[str, Any]:
     if data.sourced:  # no groups, shifts or test clients: the sizes alone, straight from the source
         ids, n_train, n_test = data.clients.sizes()
         n = len(ids)
-        return {"client": ids, "role": np.full(n, "train", dtype=object), "num_train": n_train, "num_test": n_test,
-                "group": np.full(n, -1), "concept": np.full(n, "", dtype=object),
-                "corruption": np.full(n, "", dtype=object), "severity": np.zeros(n, np.int64)}  # fmt: skip
+        return {
+            "client": ids,
+            "role": np.full(n, "train", dtype=object),
+            "num_train": n_train,
+            "num_test": n_test,
+            "group": np.full(n, -1),
+            "concept": np.full(n, "", dtype=object),
+            "corruption": np.full(n, "", dtype=object),
+            "severity": np.zeros(n, np.int64),
+        }
     rows = []
     for cid, ix in sorted(data.clients.items()):
         s = data.shifts[cid] if data.shifts else None
@@ -180,9 +187,18 @@ def client_rows(data: FederatedData) -> dict[str, Any]:
             if s
             else (int(data.groups[cid]) if data.groups is not None and cid < len(data.groups) else -1)
         )
-        rows.append({"client": cid, "role": "test" if test else "train", "num_train": len(ix.train),
-                     "num_test": len(ix.test), "group": group, "concept": CONCEPTS[s.concept] if s else "",
-                     "corruption": s.corruption if s else "", "severity": s.severity if s else 0})  # fmt: skip
+        rows.append(
+            {
+                "client": cid,
+                "role": "test" if test else "train",
+                "num_train": len(ix.train),
+                "num_test": len(ix.test),
+                "group": group,
+                "concept": CONCEPTS[s.concept] if s else "",
+                "corruption": s.corruption if s else "",
+                "severity": s.severity if s else 0,
+            }
+        )
     return {k: [r[k] for r in rows] for k in rows[0]} if rows else {}
 
 
@@ -267,7 +283,9 @@ def execute(
 
         def save(rounds_done: int, state: Any) -> Checkpointed:
             extra = {"history": [dataclasses.asdict(h) for h in history], "elapsed": writer.elapsed()}
-            st = ckpts.save(rounds_done, state, fed.client_states(files=True), fed.peek_baton, extra, versions())
+            st = ckpts.save(
+                rounds_done, state, fed.client_states(files=True), fed.peek_baton, extra, versions()
+            )
             return Checkpointed(st.round, st.seconds, st.bytes)
 
         rounds = run_rounds(cfg, fed, writer, state, start, save if cfg.checkpoint_every > 0 else None)

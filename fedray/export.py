@@ -116,9 +116,12 @@ def save_models(
             with open(tmp / f"{m.name}.npz", "wb") as f:
                 np.savez(f, **{k: np.asarray(v) for k, v in m.params.items()})
             index["models"][m.name] = {
-                "file": f"{m.name}.npz", "kind": m.kind, "entity": m.entity,
-                "arch": dataclasses.asdict(m.arch), **m.info,
-            }  # fmt: skip
+                "file": f"{m.name}.npz",
+                "kind": m.kind,
+                "entity": m.entity,
+                "arch": dataclasses.asdict(m.arch),
+                **m.info,
+            }
         (tmp / "index.json").write_text(json.dumps(index, indent=1))
         write_text_atomic(yaml.safe_dump(cfg.to_dict(), sort_keys=False), tmp / "config.yaml")
         if final.exists():
@@ -157,8 +160,13 @@ def load_models(folder: str | Path, names: list[str] | None = None) -> dict[str,
     unknown = [n for n in names or [] if n not in available]
     if unknown:
         raise KeyError(f"{folder}: no model {unknown[0]!r}; it has {', '.join(sorted(available))}")
-    task_model = partial(build_model, index["model"], tuple(index["input_shape"]), index["num_classes"],
-                         head_bias=index.get("head_bias", True))  # fmt: skip
+    task_model = partial(
+        build_model,
+        index["model"],
+        tuple(index["input_shape"]),
+        index["num_classes"],
+        head_bias=index.get("head_bias", True),
+    )
     out = {}
     for name in names or sorted(available):
         entry = available[name]

@@ -87,8 +87,10 @@ class OrderedAverage:
     def result(self) -> Params:
         if self.count != len(self._w):
             raise ValueError(f"{self.count} states but {len(self._w)} weights")
-        return {k: (np.rint(acc) if np.issubdtype(self._dtypes[k], np.integer) else acc).astype(self._dtypes[k])
-                for k, acc in self._acc.items()}  # fmt: skip
+        return {
+            k: (np.rint(acc) if np.issubdtype(self._dtypes[k], np.integer) else acc).astype(self._dtypes[k])
+            for k, acc in self._acc.items()
+        }
 
 
 class WeightedSum:

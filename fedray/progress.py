@@ -11,8 +11,13 @@ def round_line(ev: Any) -> str:
     """One line per round: its number, the global metrics it has, its wall time."""
     m = ev.metrics
     parts = [f"round {ev.round:>{len(str(ev.rounds))}}/{ev.rounds}" + (f" {ev.stage}" if ev.stage else "")]
-    for key, label, fmt in (("accuracy", "acc", "{:.4f}"), ("loss", "loss", "{:.4f}"), ("local_accuracy", "local_acc", "{:.4f}"),
-                            ("train_accuracy", "train_acc", "{:.4f}"), ("sgd_loss", "sgd_loss", "{:.4f}")):  # fmt: skip
+    for key, label, fmt in (
+        ("accuracy", "acc", "{:.4f}"),
+        ("loss", "loss", "{:.4f}"),
+        ("local_accuracy", "local_acc", "{:.4f}"),
+        ("train_accuracy", "train_acc", "{:.4f}"),
+        ("sgd_loss", "sgd_loss", "{:.4f}"),
+    ):
         if key in m:
             parts.append(f"{label} {fmt.format(m[key])}")
     parts.append(f"{ev.seconds:.2f}s")
@@ -20,13 +25,16 @@ def round_line(ev: Any) -> str:
 
 
 def resumed_line(ev: Any, cfg: Any) -> str:
-    return (f"resuming from the checkpoint after round {ev.resumed_from} of {cfg.rounds} "
-            f"(--restart starts over)")  # fmt: skip
+    return (
+        f"resuming from the checkpoint after round {ev.resumed_from} of {cfg.rounds} (--restart starts over)"
+    )
 
 
 def recovered_line(ev: Any) -> str:
-    return (f"fedray: client actors lost ({ev.error.splitlines()[0] if ev.error else '?'}); going on from the "
-            f"latest checkpoint on {ev.actors} new actor(s), recovery {ev.failures} of max_failures={ev.max_failures}")  # fmt: skip
+    return (
+        f"fedray: client actors lost ({ev.error.splitlines()[0] if ev.error else '?'}); going on from the "
+        f"latest checkpoint on {ev.actors} new actor(s), recovery {ev.failures} of max_failures={ev.max_failures}"
+    )
 
 
 def duration(seconds: float) -> str:
@@ -72,8 +80,13 @@ def run_lines(ev: Any, cfg: Any, quiet: bool, t0: float) -> list[tuple[str, bool
         return [(recovered_line(ev), True)]
     if isinstance(ev, Finished):
         s = ev.summary
-        return [(f"done: {outcome(s, 'final accuracy')}; {s['rounds_done']} rounds, {s.get('steady_round_seconds', 0):.2f} s/round, "
-                 f"{time.perf_counter() - t0:.1f} s in all; results in {cfg.output}/ (fedray report {cfg.output})", False)]  # fmt: skip
+        return [
+            (
+                f"done: {outcome(s, 'final accuracy')}; {s['rounds_done']} rounds, {s.get('steady_round_seconds', 0):.2f} s/round, "
+                f"{time.perf_counter() - t0:.1f} s in all; results in {cfg.output}/ (fedray report {cfg.output})",
+                False,
+            )
+        ]
     return []
 
 
@@ -97,8 +110,10 @@ class SweepProgress:
             actors = "in-process" if self.local else f"{ev.actors} actor{'s' if ev.actors != 1 else ''}"
             return [f"{tag} start  {ev.run.label}  ({ev.run.run_id}, {actors}; {self.in_flight} running)"]
         if isinstance(ev, Waiting):
-            return [f"waiting: {ev.free_cpus:g} CPUs and {ev.free_gpus:g} GPUs are free, too little for the next "
-                    "run; other jobs on the cluster hold the rest"]  # fmt: skip
+            return [
+                f"waiting: {ev.free_cpus:g} CPUs and {ev.free_gpus:g} GPUs are free, too little for the next "
+                "run; other jobs on the cluster hold the rest"
+            ]
         if isinstance(ev, RunProgress):
             inner = ev.event
             if isinstance(inner, Recovered):

@@ -262,8 +262,12 @@ def mark_ended(
         "detail": detail,
     }
     summary["events"] = [*summary.get("events", []), ev]
-    row.update(status="interrupted", error=f"interrupted after {rounds_done} of {row['rounds']} rounds ({detail})",
-               summary=json.dumps(summary, sort_keys=True), finished=_now())  # fmt: skip
+    row.update(
+        status="interrupted",
+        error=f"interrupted after {rounds_done} of {row['rounds']} rounds ({detail})",
+        summary=json.dumps(summary, sort_keys=True),
+        finished=_now(),
+    )
     write_atomic(pa.Table.from_pylist([row], schema=RUNS_SCHEMA), path)
     return True
 
@@ -398,12 +402,20 @@ class ResultsWriter:
         or null."""
         if not isinstance(rows, Mapping):
             rows = list(rows)
-            rows = {f.name: [r.get(f.name) for r in rows] for f in CLIENTS_SCHEMA if any(f.name in r for r in rows)}
+            rows = {
+                f.name: [r.get(f.name) for r in rows]
+                for f in CLIENTS_SCHEMA
+                if any(f.name in r for r in rows)
+            }
         n = len(next(iter(rows.values()), ()))
         const = {**self._const, "run_id": self.run_id}
-        cols = {f.name: rows[f.name] if f.name in rows else pa.repeat(pa.scalar(const.get(f.name), f.type), n)
-                for f in CLIENTS_SCHEMA}  # fmt: skip
-        write_atomic(pa.table(cols, schema=CLIENTS_SCHEMA), self.root / "clients" / f"{self.run_id}-clients.parquet")
+        cols = {
+            f.name: rows[f.name] if f.name in rows else pa.repeat(pa.scalar(const.get(f.name), f.type), n)
+            for f in CLIENTS_SCHEMA
+        }
+        write_atomic(
+            pa.table(cols, schema=CLIENTS_SCHEMA), self.root / "clients" / f"{self.run_id}-clients.parquet"
+        )
 
     def write_partition(self, rows: dict[str, Any], train_size: int, dataset: str) -> None:
         """The run's partition (``DIR/partitions/RUN_ID.parquet``): one row per client, split and
@@ -411,8 +423,11 @@ class ResultsWriter:
         from fedray.data.partition_file import DATASET_KEY, TRAIN_SIZE_KEY
 
         n = len(rows["index"])
-        cols = {"run_id": [self.run_id] * n, **{k: rows[k] for k in ("client", "split", "index", "source")},
-                "group": rows.get("group", [-1] * n)}  # fmt: skip
+        cols = {
+            "run_id": [self.run_id] * n,
+            **{k: rows[k] for k in ("client", "split", "index", "source")},
+            "group": rows.get("group", [-1] * n),
+        }
         table = pa.table(cols, schema=PARTITION_SCHEMA).replace_schema_metadata(
             {TRAIN_SIZE_KEY: str(train_size).encode(), DATASET_KEY: dataset.encode()}
         )

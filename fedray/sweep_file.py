@@ -265,12 +265,10 @@ def load_sweep(
             sources = {k: "" for k in base}
             for c in combo:
                 sources.update({k.split(".")[0]: w for k, w in c.sources.items()})
-            unread.add(
-                sources, unread_keys(file_tree, include_defaults=True), file_tree
-            )  # the file's keys: read by its runs?
-            unread.add(
-                {k: "--set" for k in over}, unread_keys(tree, include_defaults=True), tree
-            )  # --set's: by the runs as set
+            # the file's keys: read by its runs?
+            unread.add(sources, unread_keys(file_tree, include_defaults=True), file_tree)
+            # --set's: by the runs as set
+            unread.add({k: "--set" for k in over}, unread_keys(tree, include_defaults=True), tree)
             for key in unread_keys(tree, include_defaults=True):
                 del tree[key]  # for this run's partition (dataset) the key is not there
             valid.append((label, from_dict(tree)))
@@ -327,9 +325,8 @@ class _Unread:
 
     def __init__(self) -> None:
         self.read: dict[tuple[str, str], bool] = {}
-        self.unread: dict[
-            tuple[str, str], list[Unread]
-        ] = {}  # (where, key) -> in the runs that do not read it
+        # (where, key) -> in the runs that do not read it
+        self.unread: dict[tuple[str, str], list[Unread]] = {}
         self.changed: set[tuple[str, str]] = set()  # set to another value than the default in some run
 
     def add(

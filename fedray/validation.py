@@ -306,10 +306,15 @@ def validate(cfg: Config) -> None:
     if problem:
         raise ConfigError(f"config key 'model': {cfg.model} cannot take {cfg.dataset} inputs: {problem}")
     if cfg.batched_clients == "on":
-        why = refusal(build_model(cfg.model, tuple(info.input_shape), info.num_classes, head_bias=cfg.head_bias))
-        _check(why is None, "batched_clients",
-               f"on: model {cfg.model} cannot train batched: {why}; use batched_clients: off, or auto "
-               "(which trains such a model one client at a time)")  # fmt: skip
+        why = refusal(
+            build_model(cfg.model, tuple(info.input_shape), info.num_classes, head_bias=cfg.head_bias)
+        )
+        _check(
+            why is None,
+            "batched_clients",
+            f"on: model {cfg.model} cannot train batched: {why}; use batched_clients: off, or auto "
+            "(which trains such a model one client at a time)",
+        )
     if cfg.init_model:  # the file exists and holds a model of this run's architecture
         try:
             initial_params(
@@ -330,5 +335,3 @@ def validate(cfg: Config) -> None:
     # and the report's settings agree; the full hp is in the run's summary.
     defaults = alg.Hparams()
     cfg.hp = {k: getattr(hp, k) for k in sorted(cfg.hp) if getattr(hp, k) != getattr(defaults, k)}
-
-

@@ -41,13 +41,24 @@ from fedray.validation import from_dict
 from jobs import one_run
 
 WORKLOAD = dict(
-    experiment="bench", dataset="fmnist", model="simple_cnn", num_clients=40, partition="dirichlet", partition_beta=0.5,
-    local_epochs=1, rounds=3, batch_size=64, lr=0.01, momentum=0.9, weight_decay=1e-5, eval_batch_size=1000,
+    experiment="bench",
+    dataset="fmnist",
+    model="simple_cnn",
+    num_clients=40,
+    partition="dirichlet",
+    partition_beta=0.5,
+    local_epochs=1,
+    rounds=3,
+    batch_size=64,
+    lr=0.01,
+    momentum=0.9,
+    weight_decay=1e-5,
+    eval_batch_size=1000,
     num_cpus_per_actor=1.0,
     # The plain loops evaluate the global model on the test set only; fedray's default also
     # evaluates every client's training split (60,000 samples a round, six times the test set).
     eval_train=False,
-)  # fmt: skip
+)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -65,11 +76,20 @@ def _fedray(cfg: Config, events, t0: float) -> dict[str, Any]:
         if isinstance(ev, Started):
             now, wall = time.perf_counter(), time.time()
             begun = now - (wall - ev.timings["begun"])  # execute's start on this clock (same machine)
-            start = {"before execute": begun - t0, "data": ev.timings["data"], "federation": ev.timings["federation"],
-                     "until the first round": now - t0}  # fmt: skip
+            start = {
+                "before execute": begun - t0,
+                "data": ev.timings["data"],
+                "federation": ev.timings["federation"],
+                "until the first round": now - t0,
+            }
         elif isinstance(ev, RoundDone):
-            rounds.append((ev.seconds + ev.metrics.get("eval_seconds", 0.0), ev.metrics["accuracy"],
-                           ev.metrics.get("eval_seconds", 0.0)))  # fmt: skip
+            rounds.append(
+                (
+                    ev.seconds + ev.metrics.get("eval_seconds", 0.0),
+                    ev.metrics["accuracy"],
+                    ev.metrics.get("eval_seconds", 0.0),
+                )
+            )
         elif isinstance(ev, Finished):
             placement = ev.summary["placement"]
     return {
@@ -98,9 +118,12 @@ def bench_ray(cfg: Config) -> dict[str, Any]:
         ray.shutdown()
     coordinator = out["start"]["before execute"] - (started - t0)
     out["placement"] = {**out["placement"], "ray": "started here" if ours else "attached (ray start)"}
-    out["start"] = {"import ray": imported - t0, ("ray.init" if ours else "ray.init (attach)"): started - imported,
-                    "coordinator and actors start": coordinator,
-                    **{k: v for k, v in out["start"].items() if k != "before execute"}}  # fmt: skip
+    out["start"] = {
+        "import ray": imported - t0,
+        ("ray.init" if ours else "ray.init (attach)"): started - imported,
+        "coordinator and actors start": coordinator,
+        **{k: v for k, v in out["start"].items() if k != "before execute"},
+    }
     return out
 
 
@@ -225,9 +248,12 @@ def _run_variant(name: str, cfg_dict: dict, queue) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="fedray bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=WORKLOAD["rounds"])
-    ap.add_argument("--eval-train", action="store_true",
-                    help="fedray also evaluates every client's training split each round (its default; "
-                         "the plain loops do not, so it is off here)")  # fmt: skip
+    ap.add_argument(
+        "--eval-train",
+        action="store_true",
+        help="fedray also evaluates every client's training split each round (its default; "
+        "the plain loops do not, so it is off here)",
+    )
     ap.add_argument("--clients", type=int, default=WORKLOAD["num_clients"])
     ap.add_argument(
         "--only", default=",".join(VARIANTS), help=f"comma-separated subset of {','.join(VARIANTS)}"
@@ -241,8 +267,12 @@ def main(argv: list[str] | None = None) -> int:
         help="run every variant this many times (order alternates), report the best",
     )
     ap.add_argument("--json", help="also write the figures to this JSON file")
-    ap.add_argument("--memory-format", choices=("channels_last", "contiguous"), default="channels_last",
-                    help="images and conv weights in every variant (fedray: config key channels_last)")  # fmt: skip
+    ap.add_argument(
+        "--memory-format",
+        choices=("channels_last", "contiguous"),
+        default="channels_last",
+        help="images and conv weights in every variant (fedray: config key channels_last)",
+    )
     args = ap.parse_args(argv)
     names = one_run.picked_names(args.only, VARIANTS, "fedray bench", "variant")
     if names is None:
@@ -261,8 +291,11 @@ def main(argv: list[str] | None = None) -> int:
     check_available(cfg)
     build_federated_data(cfg)  # warm the page cache so no variant pays for the first disk read
 
-    print(f"workload: {cfg.dataset}, {cfg.num_clients} clients, Dir({cfg.partition_beta}), {cfg.model}, "
-          f"{cfg.local_epochs} local epoch, {cfg.rounds} rounds, batch {cfg.batch_size}, {args.memory_format}; {os.cpu_count()} CPUs", flush=True)  # fmt: skip
+    print(
+        f"workload: {cfg.dataset}, {cfg.num_clients} clients, Dir({cfg.partition_beta}), {cfg.model}, "
+        f"{cfg.local_epochs} local epoch, {cfg.rounds} rounds, batch {cfg.batch_size}, {args.memory_format}; {os.cpu_count()} CPUs",
+        flush=True,
+    )
     results: dict[str, dict[str, Any]] = {}
     ctx = mp.get_context("spawn")
     for rep in range(args.repeat):
@@ -280,13 +313,21 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             rs = res["round_seconds"]
             res["steady_round"] = float(np.mean(rs[1:] if len(rs) > 1 else rs))
-            print(f"{name:>11}: steady round {res['steady_round']:6.2f} s   end to end {res['end_to_end']:6.1f} s   "
-                  f"rounds {', '.join(f'{s:.2f}' for s in rs)}   accuracy {res['accuracy']:.4f}   {res['placement']}", flush=True)  # fmt: skip
+            print(
+                f"{name:>11}: steady round {res['steady_round']:6.2f} s   end to end {res['end_to_end']:6.1f} s   "
+                f"rounds {', '.join(f'{s:.2f}' for s in rs)}   accuracy {res['accuracy']:.4f}   {res['placement']}",
+                flush=True,
+            )
             if res.get("eval_seconds"):
                 ev = res["eval_seconds"]
                 steady_eval = float(np.mean(ev[1:] if len(ev) > 1 else ev))
-                print(" " * 13 + f"steady round: training and aggregation {res['steady_round'] - steady_eval:.2f} s, "
-                      f"evaluation {steady_eval:.2f} s", flush=True)  # fmt: skip
+                print(
+                    " "
+                    * 13
+                    + f"steady round: training and aggregation {res['steady_round'] - steady_eval:.2f} s, "
+                    f"evaluation {steady_eval:.2f} s",
+                    flush=True,
+                )
             if res.get("start"):
                 print(
                     " " * 13 + "start: " + ", ".join(f"{k} {v:.1f} s" for k, v in res["start"].items()),

@@ -42,8 +42,14 @@ def main(argv: list[str] | None = None) -> int:
     from fedray.validation import from_dict
 
     out = Path(args.output or tempfile.mkdtemp(prefix="fedray-ckpt-"))
-    sets = [*args.sets, f"rounds={args.rounds}", f"checkpoint_every={args.every}", "keep_checkpoints=1",
-            "save_models=false", f"output={out}"]  # fmt: skip
+    sets = [
+        *args.sets,
+        f"rounds={args.rounds}",
+        f"checkpoint_every={args.every}",
+        "keep_checkpoints=1",
+        "save_models=false",
+        f"output={out}",
+    ]
     cfg = one_run.picked(args, sets)
     if cfg is None:
         return 2
@@ -61,15 +67,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for ev in events:
             if isinstance(ev, Started):
-                print(f"{cfg.algorithm} on {cfg.dataset}, {ev.num_clients} clients, {ev.placement.get('actors')} actors; "
-                      f"{args.rounds} rounds, a checkpoint every {args.every}", flush=True)  # fmt: skip
+                print(
+                    f"{cfg.algorithm} on {cfg.dataset}, {ev.num_clients} clients, {ev.placement.get('actors')} actors; "
+                    f"{args.rounds} rounds, a checkpoint every {args.every}",
+                    flush=True,
+                )
             elif isinstance(ev, RoundDone):
                 rounds.append(ev.seconds)
                 print(f"  round {ev.round}: {ev.seconds:.2f} s", flush=True)
             elif isinstance(ev, Checkpointed):
                 ckpts.append(ev)
-                print(f"  checkpoint after round {ev.round}: {ev.bytes / 1e6:.1f} MB in {ev.seconds:.2f} s "
-                      f"({ev.bytes / 1e6 / max(ev.seconds, 1e-9):.0f} MB/s)", flush=True)  # fmt: skip
+                print(
+                    f"  checkpoint after round {ev.round}: {ev.bytes / 1e6:.1f} MB in {ev.seconds:.2f} s "
+                    f"({ev.bytes / 1e6 / max(ev.seconds, 1e-9):.0f} MB/s)",
+                    flush=True,
+                )
         t0 = time.perf_counter()
         latest = Checkpoints(cfg.output, cfg.run_id()).latest()
         verify = time.perf_counter() - t0
@@ -83,10 +95,14 @@ def main(argv: list[str] | None = None) -> int:
         round_s = sum(steady) / len(steady)
         ck_s = sum(c.seconds for c in ckpts) / len(ckpts)
         size = ckpts[-1].bytes
-        print(f"checkpoint: {size / 1e6:.1f} MB ({len(latest.files)} files), written in {ck_s:.2f} s on average; "
-              f"verified (SHA-256) in {verify:.2f} s, read back in {read:.2f} s")  # fmt: skip
-        print(f"round: {round_s:.2f} s (steady); overhead at checkpoint_every={default_every}: "
-              f"{100 * ck_s / (default_every * round_s):.1f}% of the round time")  # fmt: skip
+        print(
+            f"checkpoint: {size / 1e6:.1f} MB ({len(latest.files)} files), written in {ck_s:.2f} s on average; "
+            f"verified (SHA-256) in {verify:.2f} s, read back in {read:.2f} s"
+        )
+        print(
+            f"round: {round_s:.2f} s (steady); overhead at checkpoint_every={default_every}: "
+            f"{100 * ck_s / (default_every * round_s):.1f}% of the round time"
+        )
     finally:
         if not args.output and not args.keep:
             shutil.rmtree(out, ignore_errors=True)

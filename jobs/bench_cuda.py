@@ -43,8 +43,11 @@ def run_side(cfg, label: str, placement: dict | None = None) -> tuple[list[str],
             devices = list(ev.placement.get("devices", []))
             if placement is not None:
                 placement.update(ev.placement)
-            print(f"{label}: {cfg.algorithm} on {cfg.dataset}, {ev.num_clients} clients, "
-                  f"{ev.placement.get('actors')} actors on {devices}", flush=True)  # fmt: skip
+            print(
+                f"{label}: {cfg.algorithm} on {cfg.dataset}, {ev.num_clients} clients, "
+                f"{ev.placement.get('actors')} actors on {devices}",
+                flush=True,
+            )
         elif isinstance(ev, RoundDone):
             rounds[ev.round] = {"stage": ev.stage, "seconds": ev.seconds, **ev.metrics}
     return devices, rounds
@@ -79,8 +82,10 @@ def compare_sides(args: argparse.Namespace, out: Path) -> int:
         if cfg is None:
             return 2
         sides.append((label, cfg))
-    header = (f"{'side':18s} {'actors':>6s} {'GPU each':>8s} {'batched':>7s} {'devices':12s} {'s/round':>8s} "
-              f"{'x first':>7s} {'wall s':>7s} {'final acc':>9s} {'max|dacc|':>9s} {'max rel dloss':>13s}  by stage")  # fmt: skip
+    header = (
+        f"{'side':18s} {'actors':>6s} {'GPU each':>8s} {'batched':>7s} {'devices':12s} {'s/round':>8s} "
+        f"{'x first':>7s} {'wall s':>7s} {'final acc':>9s} {'max|dacc|':>9s} {'max rel dloss':>13s}  by stage"
+    )
     ref: dict[int, dict] = {}
     failed = False
     for n, (label, cfg) in enumerate(sides):
@@ -92,13 +97,25 @@ def compare_sides(args: argparse.Namespace, out: Path) -> int:
             ref = rounds
             print(header)
         common = sorted(set(rounds) & set(ref))
-        dacc = max((abs(rounds[r]["accuracy"] - ref[r]["accuracy"]) for r in common if "accuracy" in rounds[r]), default=0.0)
-        dloss = max((abs(rounds[r]["loss"] - ref[r]["loss"]) / abs(ref[r]["loss"]) for r in common
-                     if "loss" in rounds[r] and ref[r]["loss"]), default=0.0)  # fmt: skip
+        dacc = max(
+            (abs(rounds[r]["accuracy"] - ref[r]["accuracy"]) for r in common if "accuracy" in rounds[r]),
+            default=0.0,
+        )
+        dloss = max(
+            (
+                abs(rounds[r]["loss"] - ref[r]["loss"]) / abs(ref[r]["loss"])
+                for r in common
+                if "loss" in rounds[r] and ref[r]["loss"]
+            ),
+            default=0.0,
+        )
         final = rounds[max(rounds)].get("accuracy", float("nan")) if rounds else float("nan")
-        print(f"{label:18s} {place.get('actors', 0):6d} {cfg.num_gpus_per_actor:8.4g} {cfg.batched_clients:>7s} "
-              f"{','.join(devices):12s} {steady(rounds):8.3f} {steady(ref) / steady(rounds):7.2f} {wall:7.1f} "
-              f"{final:9.4f} {dacc:9.5f} {dloss:13.2e}  {round_times(rounds)}", flush=True)  # fmt: skip
+        print(
+            f"{label:18s} {place.get('actors', 0):6d} {cfg.num_gpus_per_actor:8.4g} {cfg.batched_clients:>7s} "
+            f"{','.join(devices):12s} {steady(rounds):8.3f} {steady(ref) / steady(rounds):7.2f} {wall:7.1f} "
+            f"{final:9.4f} {dacc:9.5f} {dloss:13.2e}  {round_times(rounds)}",
+            flush=True,
+        )
         if cfg.num_gpus_per_actor > 0 and devices != ["cuda:0"]:
             print(f"{label}: asked for GPUs, trained on {devices}", file=sys.stderr)
             failed = True
@@ -112,9 +129,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpus-per-actor", type=float, default=2.0)
     ap.add_argument("--actors", type=int, default=4)
     ap.add_argument("--output", help="results folder (default: a scratch folder, removed at the end)")
-    ap.add_argument("--side", dest="sides", action="append", default=[], metavar="LABEL:KEY=VALUE,...",
-                    help="instead of GPU/GPU/CPU: run once per side with these keys set, then compare "
-                         "(e.g. per-client:batched_clients=off,num_actors=4,num_gpus_per_actor=0.25)")  # fmt: skip
+    ap.add_argument(
+        "--side",
+        dest="sides",
+        action="append",
+        default=[],
+        metavar="LABEL:KEY=VALUE,...",
+        help="instead of GPU/GPU/CPU: run once per side with these keys set, then compare "
+        "(e.g. per-client:batched_clients=off,num_actors=4,num_gpus_per_actor=0.25)",
+    )
     args = ap.parse_args(argv)
     if args.sides:
         out = Path(args.output or tempfile.mkdtemp(prefix="fedray-cuda-"))
@@ -158,11 +181,16 @@ def main(argv: list[str] | None = None) -> int:
             (abs(gpu[r][m] - again[r][m]) for r in set(gpu) & set(again) for m in shown if m in gpu[r]),
             default=0.0,
         )
-        print(f"GPU run twice (cuda_deterministic={cfg.cuda_deterministic}): "
-              + ("bit-identical" if same else f"differ, by up to {drift:.6f}"))  # fmt: skip
+        print(
+            f"GPU run twice (cuda_deterministic={cfg.cuda_deterministic}): "
+            + ("bit-identical" if same else f"differ, by up to {drift:.6f}")
+        )
         if gpu_dev != ["cuda:0"] or cpu_dev != ["cpu"]:
-            print(f"the GPU side trained on {gpu_dev} and the CPU side on {cpu_dev}: "
-                  "expected ['cuda:0'] and ['cpu'] (does Ray see a GPU? is torch a CUDA build?)", file=sys.stderr)  # fmt: skip
+            print(
+                f"the GPU side trained on {gpu_dev} and the CPU side on {cpu_dev}: "
+                "expected ['cuda:0'] and ['cpu'] (does Ray see a GPU? is torch a CUDA build?)",
+                file=sys.stderr,
+            )
             return 1
         if cfg.cuda_deterministic and not same:
             print("cuda_deterministic is on, yet the two GPU runs differ", file=sys.stderr)

@@ -22,10 +22,20 @@ import sys
 import tempfile
 
 WORKLOAD = dict(
-    experiment="bench-fedcat", dataset="fmnist", model="mcmahan_cnn", num_clients=100, participation=0.1,
-    partition="clientwise_dirichlet", partition_beta=0.5, batch_size=50, lr=0.01, momentum=0.9,
-    weight_decay=0.0, eval_batch_size=1000, num_cpus_per_actor=1.0,
-)  # fmt: skip
+    experiment="bench-fedcat",
+    dataset="fmnist",
+    model="mcmahan_cnn",
+    num_clients=100,
+    participation=0.1,
+    partition="clientwise_dirichlet",
+    partition_beta=0.5,
+    batch_size=50,
+    lr=0.01,
+    momentum=0.9,
+    weight_decay=0.0,
+    eval_batch_size=1000,
+    num_cpus_per_actor=1.0,
+)
 
 
 def measure(algorithm: str, cycles: int, epochs: int, actors: int, out: str) -> dict:
@@ -38,8 +48,17 @@ def measure(algorithm: str, cycles: int, epochs: int, actors: int, out: str) -> 
     from fedray.validation import from_dict
 
     k = int(WORKLOAD["num_clients"] * WORKLOAD["participation"])
-    cfg = from_dict({**WORKLOAD, "algorithm": algorithm, "rounds": cycles * k, "local_epochs": epochs,
-                     "eval_every": k, "num_actors": actors, "output": out})  # fmt: skip
+    cfg = from_dict(
+        {
+            **WORKLOAD,
+            "algorithm": algorithm,
+            "rounds": cycles * k,
+            "local_epochs": epochs,
+            "eval_every": k,
+            "num_actors": actors,
+            "output": out,
+        }
+    )
     list(run_on_ray(cfg))
     m = pd.read_parquet(f"{out}/metrics")
     m = m[(m["run_id"] == cfg.run_id()) & (m["scope"] == "global")]
@@ -77,12 +96,16 @@ def main(argv: list[str] | None = None) -> int:
             r = measure(algorithm, args.cycles, args.epochs, args.actors, out)
             results.append(r)
             mb = r["model_bytes"] / 1e6
-            print(f"{algorithm}: {r['steady_round_seconds']:.2f} s/round steady ({r['first_round_seconds']:.2f} s first), "
-                  f"accuracy {r['final_accuracy']:.4f}; one model = {mb:.2f} MB, K copies = {10 * mb:.1f} MB")  # fmt: skip
+            print(
+                f"{algorithm}: {r['steady_round_seconds']:.2f} s/round steady ({r['first_round_seconds']:.2f} s first), "
+                f"accuracy {r['final_accuracy']:.4f}; one model = {mb:.2f} MB, K copies = {10 * mb:.1f} MB"
+            )
             for i, c in enumerate(r["per_cycle"]):
-                print(f"  cycle {i + 1}: down {c['bytes_down'] / 1e6:.1f} MB, up {c['bytes_up'] / 1e6:.1f} MB, "
-                      f"coordinator received {c['bytes_received'] / 1e6:.2f} MB "
-                      f"({c['bytes_received'] / (10 * r['model_bytes']):.2f} x K models)")  # fmt: skip
+                print(
+                    f"  cycle {i + 1}: down {c['bytes_down'] / 1e6:.1f} MB, up {c['bytes_up'] / 1e6:.1f} MB, "
+                    f"coordinator received {c['bytes_received'] / 1e6:.2f} MB "
+                    f"({c['bytes_received'] / (10 * r['model_bytes']):.2f} x K models)"
+                )
             per_round = ", ".join(f"{b / 1e3:.0f}" for b in r["received_per_round"])
             print(f"  coordinator received per round (kB): {per_round}")
     if args.json:

@@ -68,7 +68,9 @@ def _proc(pid: int) -> tuple[int, str, int, int] | None:
         rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
     except OSError:
         return None
-    fields = dict(line.split(":", 1) for line in [*status.splitlines(), *rollup.splitlines()[1:]] if ":" in line)
+    fields = dict(
+        line.split(":", 1) for line in [*status.splitlines(), *rollup.splitlines()[1:]] if ":" in line
+    )
     kb = lambda k: int(fields.get(k, "0 kB").split()[0]) * 1024  # noqa: E731
     return int(fields["PPid"]), cmd, kb("VmHWM"), kb("Pss")
 
@@ -112,7 +114,9 @@ def _folder_bytes(paths: list[Path]) -> int:
     return total
 
 
-def run_case(name: str, config: str, over: dict[str, Any], rounds: int, actors: int, work: Path) -> dict[str, Any]:
+def run_case(
+    name: str, config: str, over: dict[str, Any], rounds: int, actors: int, work: Path
+) -> dict[str, Any]:
     cfg = load_config(config, **{**over, "rounds": rounds, "eval_every": rounds, "num_actors": actors})
     out = work / name
     shutil.rmtree(out, ignore_errors=True)
@@ -131,12 +135,17 @@ def run_case(name: str, config: str, over: dict[str, Any], rounds: int, actors: 
             role = _role(pid, proc.pid, cmdline)
             peaks[role] = max(peaks.get(role, 0), hwm)  # of one process (Ray's own: the largest)
         total_peak = max(total_peak, sum(pss for _, _, pss in tree.values()))
-        spill_peak = max(spill_peak, _folder_bytes([p for p in spill_root.glob(PREFIX + "*") if p not in before]))
+        spill_peak = max(
+            spill_peak, _folder_bytes([p for p in spill_root.glob(PREFIX + "*") if p not in before])
+        )
         time.sleep(0.5)  # VmHWM is a high-water mark; the sums are sampled (the poll costs CPU)
     wall = time.perf_counter() - t0
     log = proc.stdout.read()
     if proc.returncode != 0:
-        return {"case": name, "error": log.strip().splitlines()[-1] if log.strip() else f"exit {proc.returncode}"}
+        return {
+            "case": name,
+            "error": log.strip().splitlines()[-1] if log.strip() else f"exit {proc.returncode}",
+        }
     m = pd.read_parquet(out / "metrics")
     m = m[m["scope"] == "global"].pivot_table(index="round", columns="metric", values="value")
     steady = m.iloc[1:] if len(m) > 1 else m
@@ -165,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--actors", type=int, default=1, help="client actors per run (1: the overhead is exact)")
-    ap.add_argument("--work", default="", help="folder for the runs' configs and results (default: a temporary one)")
+    ap.add_argument(
+        "--work", default="", help="folder for the runs' configs and results (default: a temporary one)"
+    )
     ap.add_argument("--json", help="also write the figures to this JSON file")
     args = ap.parse_args(argv)
     names = one_run.picked_names(args.only, list(CASES), "bench_scale", "case")
@@ -173,7 +184,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="fedray-bench-scale-"))
     work.mkdir(parents=True, exist_ok=True)
-    print(f"{os.cpu_count()} CPUs; {args.rounds} rounds a case, {args.actors} client actor(s); runs in {work}", flush=True)
+    print(
+        f"{os.cpu_count()} CPUs; {args.rounds} rounds a case, {args.actors} client actor(s); runs in {work}",
+        flush=True,
+    )
     results = []
     for name in names:
         res = run_case(name, *CASES[name], args.rounds, args.actors, work)
@@ -182,10 +196,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:>19}: FAILED {res['error']}", flush=True)
             continue
         mem = ", ".join(f"{k} {_gb(v)}" for k, v in res["peak_bytes"].items())
-        print(f"{name:>19}: {res['clients']:>9,} clients, {res['participants']:>4} a round: {res['round_s']:6.2f} s/round, "
-              f"overhead {res['overhead_ms']:.2f} ms/participant; peak GB: {mem}; all processes {_gb(res['total_rss_peak'])}; "
-              f"spilled state peak {res['spill_peak_bytes'] / 2**20:.0f} MB, results {res['results_bytes'] / 2**20:.1f} MB; "
-              f"{res['wall_s']:.0f} s end to end", flush=True)  # fmt: skip
+        print(
+            f"{name:>19}: {res['clients']:>9,} clients, {res['participants']:>4} a round: {res['round_s']:6.2f} s/round, "
+            f"overhead {res['overhead_ms']:.2f} ms/participant; peak GB: {mem}; all processes {_gb(res['total_rss_peak'])}; "
+            f"spilled state peak {res['spill_peak_bytes'] / 2**20:.0f} MB, results {res['results_bytes'] / 2**20:.1f} MB; "
+            f"{res['wall_s']:.0f} s end to end",
+            flush=True,
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     if not args.work:

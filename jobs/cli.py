@@ -24,11 +24,23 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "config", nargs="?", help="experiment YAML (default: the embedded default, digits + FedAvg)"
     )
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key, dotted for hp (e.g. --set hp.server_lr=0.5); repeatable")  # fmt: skip
+    p.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, dotted for hp (e.g. --set hp.server_lr=0.5); repeatable",
+    )
     p.add_argument("--output", help="results folder (config key output)")
-    p.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="FILE|MODULE",
-                   help="a plug-in to import first: a .py file, a package folder or a module name (docs/extending.md); repeatable")  # fmt: skip
+    p.add_argument(
+        "--plugin",
+        dest="plugins",
+        action="append",
+        default=[],
+        metavar="FILE|MODULE",
+        help="a plug-in to import first: a .py file, a package folder or a module name (docs/extending.md); repeatable",
+    )
     p.add_argument("--local", action="store_true", help="run in-process without Ray (debugging, tests)")
     p.add_argument(
         "--address", help="Ray address to attach to (default: RAY_ADDRESS, else start a local Ray)"
@@ -36,8 +48,11 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--force", action="store_true", help="re-run even if this run already finished in the output folder"
     )
-    p.add_argument("--restart", action="store_true",
-                   help="start an unfinished run over instead of going on from its latest checkpoint")  # fmt: skip
+    p.add_argument(
+        "--restart",
+        action="store_true",
+        help="start an unfinished run over instead of going on from its latest checkpoint",
+    )
     p.add_argument("--quiet", action="store_true", help="print only the summary")
 
 
@@ -82,11 +97,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         except Exception:  # noqa: BLE001 - only what to tell the user depends on it
             latest = None
         if latest is None:  # stopped before its first checkpoint (Ray's start-up, the first rounds)
-            print(f"fedray: interrupted before run {run_id} wrote a checkpoint; `fedray run` with the same "
-                  "config starts it from the beginning", file=sys.stderr)  # fmt: skip
+            print(
+                f"fedray: interrupted before run {run_id} wrote a checkpoint; `fedray run` with the same "
+                "config starts it from the beginning",
+                file=sys.stderr,
+            )
         else:
-            print(f"fedray: interrupted; `fedray run` with the same config goes on from run {run_id}'s "
-                  f"checkpoint after round {latest.round} (in {cfg.output}/checkpoints/)", file=sys.stderr)  # fmt: skip
+            print(
+                f"fedray: interrupted; `fedray run` with the same config goes on from run {run_id}'s "
+                f"checkpoint after round {latest.round} (in {cfg.output}/checkpoints/)",
+                file=sys.stderr,
+            )
         return 130
     except Exception as e:  # noqa: BLE001 - reported to the user with the real cause
         from fedray.federation import ClientError
@@ -135,8 +156,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         counts[p.state] = counts.get(p.state, 0) + 1
     collapsed = f" ({sweep.collapsed} more identical to one of them, run once)" if sweep.collapsed else ""
     print(f"sweep {sweep.source}: {len(sweep.runs)} runs{collapsed}, results in {sweep.output}/")
-    print("  " + ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
-          + f"; to run: {len(todo)}" + ("" if args.force else " (finished runs are skipped; --force runs them again)"))  # fmt: skip
+    print(
+        "  "
+        + ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+        + f"; to run: {len(todo)}"
+        + ("" if args.force else " (finished runs are skipped; --force runs them again)")
+    )
     if args.dry_run or not todo:
         width = max(len(p.run.run_id) for p in planned)
         print(f"  {'#':>3}  {'state':<11}  {'action':<6}  {'run id':<{width}}  settings")
@@ -161,9 +186,19 @@ def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int) -> int:
             return EXIT_USAGE
     limit = sweep.max_concurrent_runs if args.max_concurrent_runs is None else args.max_concurrent_runs
     res = launcher.resources()
-    where = "in-process, one at a time" if args.local else "on " + (
-        f"Ray with {res.get('CPU', 0):g} CPUs and {res.get('GPU', 0):g} GPUs; "
-        + (f"at most {limit} runs at once" if limit else "as many runs at once as fit (max_concurrent_runs=0)"))  # fmt: skip
+    where = (
+        "in-process, one at a time"
+        if args.local
+        else "on "
+        + (
+            f"Ray with {res.get('CPU', 0):g} CPUs and {res.get('GPU', 0):g} GPUs; "
+            + (
+                f"at most {limit} runs at once"
+                if limit
+                else "as many runs at once as fit (max_concurrent_runs=0)"
+            )
+        )
+    )
     print(f"running {len(todo)} runs {where}", flush=True)
     shown = progress.SweepProgress(len(todo), args.local, args.verbose)
     events = run_sweep(todo, launcher, limit)
@@ -173,16 +208,21 @@ def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int) -> int:
                 print(line, flush=True)
     except KeyboardInterrupt:
         events.close()
-        print(f"fedray: sweep interrupted; {shown.in_flight} runs in flight were stopped and run again on the next "
-              "submission", file=sys.stderr)  # fmt: skip
+        print(
+            f"fedray: sweep interrupted; {shown.in_flight} runs in flight were stopped and run again on the next "
+            "submission",
+            file=sys.stderr,
+        )
         return 130
     finally:
         close = getattr(launcher, "close", None)
         if close is not None:
             close()
     failed = [e for e in shown.ended if not e.ok]
-    print(f"sweep done in {progress.duration(time.perf_counter() - shown.t0)}: {len(shown.ended) - len(failed)} finished, "
-          f"{len(failed)} failed, {skipped} skipped")  # fmt: skip
+    print(
+        f"sweep done in {progress.duration(time.perf_counter() - shown.t0)}: {len(shown.ended) - len(failed)} finished, "
+        f"{len(failed)} failed, {skipped} skipped"
+    )
     for e in failed:
         print(f"  FAILED #{e.run.index} {e.run.label} ({e.run.run_id}): {type(e.error).__name__}: {e.error}")
     print(f"results: {sweep.output}/  (fedray report {sweep.output})")
@@ -241,8 +281,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         chosen = cells[cells["setting"] != ""]
         if args.tuned:
             on = f" of {args.tuned_by}" if args.tuned_by else ""
-            print(f"tuned: each cell is its column's best hp (and lr) setting (best mean{on} over seeds, of the settings run with the most seeds), here:" if len(chosen)
-                  else "tuned: no cell had hp settings to choose from")  # fmt: skip
+            print(
+                f"tuned: each cell is its column's best hp (and lr) setting (best mean{on} over seeds, of the settings run with the most seeds), here:"
+                if len(chosen)
+                else "tuned: no cell had hp settings to choose from"
+            )
             for _, c in chosen.iterrows():
                 where = " ".join(str(c[f]) for f in rows)
                 print(f"  {c['experiment']}: {where} {c['col']}: {c['setting']}")
@@ -343,21 +386,45 @@ def build_parser() -> argparse.ArgumentParser:
         "sweep", help="run every run of a sweep file (grid x cases x seeds), several at once"
     )
     p_sw.add_argument("config", help="sweep YAML: an experiment config plus grid:, seeds:, cases:")
-    p_sw.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                      help="override a config key in every run (e.g. --set rounds=5); repeatable")  # fmt: skip
-    p_sw.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
-                      help="run only the runs whose config has this value (e.g. --only algorithm=fedavg); repeatable")  # fmt: skip
+    p_sw.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key in every run (e.g. --set rounds=5); repeatable",
+    )
+    p_sw.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="run only the runs whose config has this value (e.g. --only algorithm=fedavg); repeatable",
+    )
     p_sw.add_argument("--output", help="results folder for every run (config key output)")
-    p_sw.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="FILE|MODULE",
-                      help="a plug-in every run imports first (docs/extending.md); repeatable")  # fmt: skip
+    p_sw.add_argument(
+        "--plugin",
+        dest="plugins",
+        action="append",
+        default=[],
+        metavar="FILE|MODULE",
+        help="a plug-in every run imports first (docs/extending.md); repeatable",
+    )
     p_sw.add_argument(
         "--dry-run", action="store_true", help="list the runs, their state and what would run; run nothing"
     )
     p_sw.add_argument("--force", action="store_true", help="run finished runs again too (from the start)")
-    p_sw.add_argument("--restart", action="store_true",
-                      help="start unfinished runs over instead of going on from their latest checkpoints")  # fmt: skip
-    p_sw.add_argument("--max-concurrent-runs", type=int, metavar="N",
-                      help="runs at once (default: the file's max_concurrent_runs; 0 = as many as the resources allow)")  # fmt: skip
+    p_sw.add_argument(
+        "--restart",
+        action="store_true",
+        help="start unfinished runs over instead of going on from their latest checkpoints",
+    )
+    p_sw.add_argument(
+        "--max-concurrent-runs",
+        type=int,
+        metavar="N",
+        help="runs at once (default: the file's max_concurrent_runs; 0 = as many as the resources allow)",
+    )
     p_sw.add_argument("--local", action="store_true", help="run in-process without Ray, one run at a time")
     p_sw.add_argument(
         "--address", help="Ray address to attach to (default: RAY_ADDRESS, else start a local Ray)"
@@ -380,19 +447,28 @@ def build_parser() -> argparse.ArgumentParser:
     when.add_argument(
         "--round", type=int, metavar="R", help="the value at round R (within --stage S when given)"
     )
-    when.add_argument("--at", choices=("final", "best-train", "best"),
-                      help="final round (default), round of best train_accuracy (FedRC's protocol), or best value")  # fmt: skip
+    when.add_argument(
+        "--at",
+        choices=("final", "best-train", "best"),
+        help="final round (default), round of best train_accuracy (FedRC's protocol), or best value",
+    )
     p_rep.add_argument(
         "--rows", default="dataset,partition", help="fields for rows (default dataset,partition)"
     )
     p_rep.add_argument("--cols", default="algorithm", help="fields for columns (default algorithm)")
     p_rep.add_argument("--format", choices=("text", "markdown", "csv", "latex"), default="text")
-    p_rep.add_argument("--tuned", action="store_true",
-                       help="runs that differ only in hp (or lr) share a cell, which shows the best setting of those run with "
-                            "the most seeds (listed below the table)")  # fmt: skip
-    p_rep.add_argument("--tuned-by", metavar="METRIC",
-                       help="with --tuned: choose each cell's setting by this metric, read as --at/--round/--stage say (e.g. "
-                            "--metric purity --tuned --tuned-by accuracy: purity at the lr accuracy picks)")  # fmt: skip
+    p_rep.add_argument(
+        "--tuned",
+        action="store_true",
+        help="runs that differ only in hp (or lr) share a cell, which shows the best setting of those run with "
+        "the most seeds (listed below the table)",
+    )
+    p_rep.add_argument(
+        "--tuned-by",
+        metavar="METRIC",
+        help="with --tuned: choose each cell's setting by this metric, read as --at/--round/--stage say (e.g. "
+        "--metric purity --tuned --tuned-by accuracy: purity at the lr accuracy picks)",
+    )
     p_rep.add_argument("--all", action="store_true", help="include failed and unfinished runs")
     p_rep.add_argument("--no-plots", action="store_true", help="only print the table")
     p_rep.set_defaults(func=cmd_report)
@@ -407,12 +483,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--root", help="folder the spec's relative results folders are in (default: its root:)"
     )
     p_fid.add_argument("-o", "--output", help="the page (default: the spec's output:, else docs/fidelity.md)")
-    p_fid.add_argument("--archive", action="append", default=[], metavar="DIR",
-                       help="first copy results folder DIR's finished and diverged runs (tables and configs, no checkpoints) "
-                            "into ROOT/NAME, NAME being DIR's name; repeatable")  # fmt: skip
-    p_fid.add_argument("--keep-missing", action="store_true",
-                       help="a section whose results folder is not here is kept as the page has it (marked so), "
-                            "instead of an error")  # fmt: skip
+    p_fid.add_argument(
+        "--archive",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="first copy results folder DIR's finished and diverged runs (tables and configs, no checkpoints) "
+        "into ROOT/NAME, NAME being DIR's name; repeatable",
+    )
+    p_fid.add_argument(
+        "--keep-missing",
+        action="store_true",
+        help="a section whose results folder is not here is kept as the page has it (marked so), "
+        "instead of an error",
+    )
     p_fid.set_defaults(func=cmd_fidelity)
     p_docs = sub.add_parser(
         "docs", description="write docs/algorithms.md's tables from the algorithm registry (jobs/docs.py)"

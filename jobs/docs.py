@@ -42,7 +42,8 @@ class HpKey:
     type: str
     default: Any
     meaning: str
-    defined_in: str  # the algorithm whose Hparams declares the field (fedavg for FedProx's server_lr), or a shared module
+    # the algorithm whose Hparams declares the field (fedavg for FedProx's server_lr), or a shared module
+    defined_in: str
 
 
 @dataclasses.dataclass(frozen=True)

@@ -72,8 +72,9 @@ def run_sweep(tree: Path, out: Path, python: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     cfg.write_text(SWEEP)
     cmd = [python, "-m", "jobs.cli", "sweep", str(cfg), "--output", str(out / "runs"), "--local"]
-    subprocess.run(cmd, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
-                   stdout=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run(
+        cmd, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True, stdout=subprocess.DEVNULL
+    )
 
 
 def metrics(out: Path):
@@ -105,8 +106,12 @@ def main(argv: list[str] | None = None) -> int:
 def run_both(rev: str, out: Path, python: str) -> None:
     """The sweep at ``rev`` (a detached worktree of it, removed after) and in this working tree."""
     before_tree = out / "tree"
-    subprocess.run(["git", "worktree", "add", "--detach", "-f", str(before_tree), rev], cwd=ROOT,
-                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        ["git", "worktree", "add", "--detach", "-f", str(before_tree), rev],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     try:
         run_sweep(before_tree, out / "before", python)
     finally:

@@ -15,9 +15,19 @@ ROOT = Path(__file__).resolve().parents[1]
 def small_config(tmp_path: Path, **over) -> Config:
     """A fast, learnable run: synthetic 8x8 data, MLP, a few clients and rounds."""
     base = dict(
-        dataset="synthetic", synthetic_size=600, model="mlp", num_clients=6, partition="dirichlet", partition_beta=0.5,
-        rounds=3, local_epochs=1, batch_size=32, lr=0.05, output=str(tmp_path / "out"), partition_min_size=10,
-    )  # fmt: skip
+        dataset="synthetic",
+        synthetic_size=600,
+        model="mlp",
+        num_clients=6,
+        partition="dirichlet",
+        partition_beta=0.5,
+        rounds=3,
+        local_epochs=1,
+        batch_size=32,
+        lr=0.05,
+        output=str(tmp_path / "out"),
+        partition_min_size=10,
+    )
     base.update(over)
     if base["dataset"] != "synthetic" and "synthetic_size" not in over:
         del base["synthetic_size"]  # a key only the synthetic dataset reads

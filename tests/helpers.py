@@ -108,8 +108,10 @@ def write_run(
     error: str = "RuntimeError: boom",
 ) -> str:
     """One run with the given records per round; ``cfg`` is a full config dict (edited freely)."""
-    run_id = f"{cfg['algorithm']}-{cfg['experiment']}-{cfg['partition']}{cfg['partition_k']}{cfg['partition_beta']}" \
-             f"-{sorted(cfg['hp'].items())}-lr{cfg['lr']}-s{cfg['seed']}"  # fmt: skip
+    run_id = (
+        f"{cfg['algorithm']}-{cfg['experiment']}-{cfg['partition']}{cfg['partition_k']}{cfg['partition_beta']}"
+        f"-{sorted(cfg['hp'].items())}-lr{cfg['lr']}-s{cfg['seed']}"
+    )
     if cfg.get("source", "fedray") != "fedray":  # a reference's run beside fedray's
         run_id += "-" + cfg["source"].replace("/", "_")
     if cfg.get("head_bias", True) is False:
@@ -172,8 +174,12 @@ def mnist_like(root: Path, names: dict[str, str], n_train=50, n_test=20, classes
     return xs, ys
 
 
-FMNIST_NAMES = {"train_x": "train-images-idx3-ubyte", "train_y": "train-labels-idx1-ubyte",
-                "test_x": "t10k-images-idx3-ubyte", "test_y": "t10k-labels-idx1-ubyte"}  # fmt: skip
+FMNIST_NAMES = {
+    "train_x": "train-images-idx3-ubyte",
+    "train_y": "train-labels-idx1-ubyte",
+    "test_x": "t10k-images-idx3-ubyte",
+    "test_y": "t10k-labels-idx1-ubyte",
+}
 
 
 CHECK_NO_RAY = (

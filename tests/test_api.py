@@ -21,7 +21,9 @@ def test_run_gives_the_clis_numbers_and_returns_its_results(tmp_path, capsys):
 
     cfg = ROOT / "jobs" / "configs" / "digits.yaml"
     assert main(["run", str(cfg), "--local", "--set", "rounds=2", "--output", str(tmp_path / "cli")]) == 0
-    cli_lines = [line.split("  ")[0] for line in capsys.readouterr().out.splitlines() if line.startswith("round")]
+    cli_lines = [
+        line.split("  ")[0] for line in capsys.readouterr().out.splitlines() if line.startswith("round")
+    ]
     res = fedray.run(cfg, local=True, rounds=2, output=str(tmp_path / "api"))
     # a notebook sees the run as the command line shows it: a line a round, then the summary
     out = capsys.readouterr().out
@@ -33,7 +35,9 @@ def test_run_gives_the_clis_numbers_and_returns_its_results(tmp_path, capsys):
     assert res.status == "finished" and res.final_accuracy == res.curve().iloc[-1] and len(res.curve()) == 2
     assert len(res.clients) == res.config.num_clients and res.output == tmp_path / "api"
     # a mapping, with --set strings and keyword overrides; the finished run is found, not run again
-    again = fedray.run({"dataset": "digits", "rounds": 2}, sets=["lr=0.05"], local=True, output=str(tmp_path / "api"))
+    again = fedray.run(
+        {"dataset": "digits", "rounds": 2}, sets=["lr=0.05"], local=True, output=str(tmp_path / "api")
+    )
     assert again.run_id == fedray.load_config(None, ["rounds=2"]).run_id()
     as_config = fedray.run(fedray.load_config(None, ["rounds=2"]), local=True, output=str(tmp_path / "api"))
     assert as_config.run_id == again.run_id and as_config.status == "finished"  # a Config is a config too

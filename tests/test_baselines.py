@@ -43,8 +43,13 @@ def test_reduces_to_fedavg_exactly(tmp_path, algorithm, hp):
 def test_the_variants_do_change_the_training(tmp_path):
     over = dict(partition="labels", partition_k=2, rounds=2, seed=1)
     ref = run_metrics(small_config(tmp_path / "fedavg", **over))["value"]
-    for algorithm, hp in (("fedprox", {"mu": 0.5}), ("moon", {"mu": 1.0, "out_dim": 0}), ("fedrs", {"alpha": 0.5}),
-                          ("fedlc", {"tau": 1.0}), ("scaffold", {})):  # fmt: skip
+    for algorithm, hp in (
+        ("fedprox", {"mu": 0.5}),
+        ("moon", {"mu": 1.0, "out_dim": 0}),
+        ("fedrs", {"alpha": 0.5}),
+        ("fedlc", {"tau": 1.0}),
+        ("scaffold", {}),
+    ):
         got = run_metrics(small_config(tmp_path / algorithm, algorithm=algorithm, hp=hp, **over))["value"]
         assert len(got) != len(ref) or not np.allclose(got, ref), algorithm
 
@@ -67,8 +72,22 @@ def full_gradient(fed, cid, params):
 
 def scaffold_config(tmp_path, **over):
     # one full-batch step per round: lr 0.1, no momentum, no weight decay
-    return small_config(tmp_path, **{**dict(algorithm="scaffold", num_clients=2, partition="iid", batch_size=10_000,
-                        local_epochs=1, momentum=0.0, weight_decay=0.0, lr=0.1), **over})  # fmt: skip
+    return small_config(
+        tmp_path,
+        **{
+            **dict(
+                algorithm="scaffold",
+                num_clients=2,
+                partition="iid",
+                batch_size=10_000,
+                local_epochs=1,
+                momentum=0.0,
+                weight_decay=0.0,
+                lr=0.1,
+            ),
+            **over,
+        },
+    )
 
 
 def run_two_rounds(fed, cfg):
@@ -153,10 +172,15 @@ def test_scaffold_control_variates_travel_and_the_server_update_options(tmp_path
 def test_fednova_normalised_average_by_hand():
     # w = 0; w_1 = 1 after 1 step on 1 sample, w_2 = 3 after 2 steps on 3 samples: p = (1/4, 3/4),
     # a_eff = 1/4 + 3/4 * 2 = 1.75; d = (-1, -1.5); w <- 0 - 1.75 * (-1/4 - 3/4 * 1.5) = 2.40625 (FedAvg: 2.5)
-    out = fednova.nova_average({"w": np.zeros(1, np.float32), "n": np.array(2, np.int64)},
-                               [{"w": np.ones(1, np.float32), "n": np.array(3, np.int64)},
-                                {"w": np.full(1, 3.0, np.float32), "n": np.array(5, np.int64)}],
-                               [1, 3], [1.0, 2.0])  # fmt: skip
+    out = fednova.nova_average(
+        {"w": np.zeros(1, np.float32), "n": np.array(2, np.int64)},
+        [
+            {"w": np.ones(1, np.float32), "n": np.array(3, np.int64)},
+            {"w": np.full(1, 3.0, np.float32), "n": np.array(5, np.int64)},
+        ],
+        [1, 3],
+        [1.0, 2.0],
+    )
     assert out["w"].tolist() == [2.40625] and out["w"].dtype == np.float32
     # integer entries by the same rule, rounded: 2 + 1.75 * (1/4 * (3 - 2) / 1 + 3/4 * (5 - 2) / 2) = 4.40625
     assert out["n"] == 4 and out["n"].dtype == np.int64
@@ -289,8 +313,9 @@ def test_scaffold_server_control_variate_by_hand_at_half_participation(tmp_path,
     for k in g[took_part[0]]:
         np.testing.assert_allclose(state.c[k], sum(g[c][k] for c in took_part) / divisor, rtol=0, atol=1e-5)
         # c = c_i = 0 in the first round: the model step is FedAvg's
-        np.testing.assert_allclose(state.params[k], sum(p[c] * (w0[k] - 0.1 * g[c][k]) for c in took_part),
-                                   rtol=0, atol=2e-6)  # fmt: skip
+        np.testing.assert_allclose(
+            state.params[k], sum(p[c] * (w0[k] - 0.1 * g[c][k]) for c in took_part), rtol=0, atol=2e-6
+        )
 
 
 @pytest.mark.parametrize("weights", ["samples", "batches"])
@@ -302,8 +327,17 @@ def test_fednova_round_with_momentum_and_unequal_steps_by_hand(tmp_path, weights
 
     from fedray.algorithms.rounds import local_update
 
-    cfg = small_config(tmp_path, algorithm="fednova", partition="dirichlet", partition_beta=0.5, momentum=0.5,
-                       batch_size=16, local_epochs=1, seed=4, hp={"weights": weights})  # fmt: skip
+    cfg = small_config(
+        tmp_path,
+        algorithm="fednova",
+        partition="dirichlet",
+        partition_beta=0.5,
+        momentum=0.5,
+        batch_size=16,
+        local_epochs=1,
+        seed=4,
+        hp={"weights": weights},
+    )
     fed, _ = make_local_federation(cfg, build_federated_data(cfg))
     hp = ALGORITHMS["fednova"].make_hparams(cfg.hp)
     w = get_params(fed.task.build_model())

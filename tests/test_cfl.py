@@ -63,9 +63,8 @@ def test_purity_by_hand():
 def test_split_norms_by_hand():
     u = np.array([[3.0, 4.0], [-3.0, -4.0], [0.0, 0.5]])
     mean_norm, max_norm = geometry.split_norms(u, "norm")
-    assert mean_norm == pytest.approx(0.5 / 3) and max_norm == pytest.approx(
-        5.0
-    )  # ||(0, 0.5/3)||, ||(3, 4)||
+    # ||(0, 0.5/3)||, ||(3, 4)||
+    assert mean_norm == pytest.approx(0.5 / 3) and max_norm == pytest.approx(5.0)
     assert geometry.split_norms(u, "coordinate")[1] == 4.0  # the FedRC code's largest |coordinate|
 
 
@@ -124,8 +123,14 @@ def np_batch(channels: int):
 
 
 def test_rotation_clusters_rotate_each_groups_images(tmp_path):
-    cfg = small_config(tmp_path, dataset="digits", partition="rotation", partition_clusters=4, num_clients=8,
-                       participation=1.0)  # fmt: skip
+    cfg = small_config(
+        tmp_path,
+        dataset="digits",
+        partition="rotation",
+        partition_clusters=4,
+        num_clients=8,
+        participation=1.0,
+    )
     data = build_federated_data(cfg)
     assert data.groups.tolist() == [0, 1, 2, 3, 0, 1, 2, 3]
     x = np.arange(16).reshape(1, 1, 4, 4)
@@ -151,11 +156,20 @@ OVER = dict(rounds=3, participation=1.0, client_test_fraction=0.2, seed=4)
 
 def test_cfl_that_never_splits_is_fedavg(tmp_path):
     ref = run_metrics(small_config(tmp_path / "fedavg", **OVER))
-    got = run_metrics(small_config(tmp_path / "cfl", algorithm="cfl", hp={"eps1": 0.0, "persistent_optimizer": False},
-                               **OVER))  # fmt: skip
-    for name, scope in [("accuracy", "cluster"), ("loss", "cluster"), ("local_accuracy", "global"),
-                        ("train_loss", "global"), ("train_accuracy", "global"), ("sgd_loss", "global"),
-                        ("sgd_accuracy", "global")]:  # fmt: skip
+    got = run_metrics(
+        small_config(
+            tmp_path / "cfl", algorithm="cfl", hp={"eps1": 0.0, "persistent_optimizer": False}, **OVER
+        )
+    )
+    for name, scope in [
+        ("accuracy", "cluster"),
+        ("loss", "cluster"),
+        ("local_accuracy", "global"),
+        ("train_loss", "global"),
+        ("train_accuracy", "global"),
+        ("sgd_loss", "global"),
+        ("sgd_accuracy", "global"),
+    ]:
         a = ref[(ref["metric"] == name) & (ref["scope"] == "global")]["value"].tolist()
         b = got[(got["metric"] == name) & (got["scope"] == scope)]["value"].tolist()
         assert len(a) == 3 and a == b, name
@@ -166,15 +180,29 @@ def test_layercfl_on_all_layers_without_its_check_is_cfl(tmp_path):
     over = dict(OVER, partition="dominant", partition_clusters=2, num_clients=8, lr=0.1)
     hp = {"eps1": 10.0, "eps2": 0.0}  # split whenever there are more than two members
     ref = run_metrics(small_config(tmp_path / "cfl", algorithm="cfl", hp=hp, **over))
-    got = run_metrics(small_config(tmp_path / "layercfl", algorithm="layercfl",
-                               hp={**hp, "layers": "all", "check_split": False}, **over))  # fmt: skip
+    got = run_metrics(
+        small_config(
+            tmp_path / "layercfl",
+            algorithm="layercfl",
+            hp={**hp, "layers": "all", "check_split": False},
+            **over,
+        )
+    )
     assert got.equals(ref), got.compare(ref)
     assert ref[ref["metric"] == "num_clusters"]["value"].max() > 1
 
 
 def test_splits_assignments_gap_and_purity_on_dominant_clusters(tmp_path):
-    cfg = small_config(tmp_path, algorithm="layercfl", hp={"eps1": 10.0, "eps2": 0.0, "layers": "fc", "max_clusters": 2},
-                       partition="dominant", partition_clusters=2, num_clients=8, lr=0.1, **{**OVER, "rounds": 2})  # fmt: skip
+    cfg = small_config(
+        tmp_path,
+        algorithm="layercfl",
+        hp={"eps1": 10.0, "eps2": 0.0, "layers": "fc", "max_clusters": 2},
+        partition="dominant",
+        partition_clusters=2,
+        num_clients=8,
+        lr=0.1,
+        **{**OVER, "rounds": 2},
+    )
     m = run_metrics(cfg)
     g = m[m["scope"] == "global"].set_index(["round", "metric"])["value"]
     assert g[(1, "num_clusters")] == 2 and g[(2, "num_clusters")] == 2  # capped at max_clusters
@@ -193,12 +221,10 @@ def test_splits_assignments_gap_and_purity_on_dominant_clusters(tmp_path):
 def test_cfl_needs_every_client_every_round(tmp_path):
     with pytest.raises(ConfigError, match=r"'participation'.*cfl.*1\.0"):
         small_config(tmp_path, algorithm="cfl", participation=0.5)
-    with pytest.raises(
-        ConfigError, match=r"'hp.layers'.*'conv'.*no such layer"
-    ):  # at config time, before Ray
-        small_config(
-            tmp_path, algorithm="layercfl", participation=1.0, hp={"layers": "conv"}
-        )  # the MLP has none
+    # at config time, before Ray
+    with pytest.raises(ConfigError, match=r"'hp.layers'.*'conv'.*no such layer"):
+        # the MLP has none
+        small_config(tmp_path, algorithm="layercfl", participation=1.0, hp={"layers": "conv"})
     with pytest.raises(ConfigError, match=r"'hp.distance'"):
         small_config(tmp_path, algorithm="layercfl", participation=1.0, hp={"distance": "cosine"})
 
@@ -214,8 +240,11 @@ def test_theorem_1_check_by_hand():
 
 def test_relative_thresholds_by_hand(tmp_path):
     relative = cfl.Hparams(eps1=0.1, eps2=0.3, eps_rule="relative")
-    assert cfl.thresholds(relative, 2.0) == (pytest.approx(0.2), pytest.approx(0.6))
-    assert cfl.thresholds(cfl.Hparams(eps1=0.4, eps2=1.6), 2.0) == (0.4, 1.6)  # absolute: the norms
+    assert geometry.split_thresholds(relative.eps1, relative.eps2, relative.eps_rule, 2.0) == (
+        pytest.approx(0.2),
+        pytest.approx(0.6),
+    )
+    assert geometry.split_thresholds(0.4, 1.6, "absolute", 2.0) == (0.4, 1.6)  # absolute: the norms
     with pytest.raises(ConfigError, match=r"'hp.eps_rule'.*absolute, relative.*'tenth'"):
         small_config(tmp_path, algorithm="cfl", participation=1.0, hp={"eps_rule": "tenth"})
 
@@ -225,8 +254,12 @@ def test_relative_rule_splits_when_the_mean_update_falls_below_its_fraction_of_t
     round's eps1 row, and where the splits fall, follow from the norm rows by that rule (here the
     mean norm rises for 5 rounds and falls in the 6th: the first split)."""
     over = dict(OVER, partition="dominant", partition_clusters=2, num_clients=8, lr=0.1, rounds=6)
-    cfg = small_config(tmp_path, algorithm="layercfl", hp={"eps1": 0.99, "eps2": 0.0, "eps_rule": "relative",
-                                                           "layers": "fc", "check_split": False}, **over)  # fmt: skip
+    cfg = small_config(
+        tmp_path,
+        algorithm="layercfl",
+        hp={"eps1": 0.99, "eps2": 0.0, "eps_rule": "relative", "layers": "fc", "check_split": False},
+        **over,
+    )
     m = run_metrics(cfg)
     a = load_assignments(cfg.output)
     peak, expected = 0.0, []
@@ -257,8 +290,11 @@ def test_a_federation_too_big_for_the_similarities_is_refused_before_anything_st
     over = {"algorithm": algorithm, "participation": 1.0, "num_clients": 6}
     if algorithm == "layercfl":
         over["hp"] = {"layers": "fc"}
-    with pytest.raises(ConfigError, match=r"config key 'num_clients': .* holds every client's update each round "
-                                          r"\(6 clients x [\d,]+ values\).*cross-silo method.*fits at most about \d+ clients"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"config key 'num_clients': .* holds every client's update each round "
+        r"\(6 clients x [\d,]+ values\).*cross-silo method.*fits at most about \d+ clients",
+    ):
         small_config(tmp_path, **over)
     monkeypatch.setattr(scale, "machine_memory", lambda: 1 << 34)
     assert small_config(tmp_path, **over).num_clients == 6

@@ -111,18 +111,46 @@ def test_a_checkpoint_written_before_a_class_moved_or_a_field_was_renamed_reads_
     from fedray.algorithms.splitting.cfl import SplitState
 
     arrays = [np.ones(2), np.full((1, 2), 0.5), np.ones(1)]
-    old = {"__dataclass__": "fedray.algorithms.fedem:State", "fields": {
-        "models": {"__dict__": [[0, {"__dict__": [["w", {"__array__": 0}]]}]]},
-        "prior": None, "stats": {"__dict__": []}, "shares": None}}  # fmt: skip
+    old = {
+        "__dataclass__": "fedray.algorithms.fedem:State",
+        "fields": {
+            "models": {"__dict__": [[0, {"__dict__": [["w", {"__array__": 0}]]}]]},
+            "prior": None,
+            "stats": {"__dict__": []},
+            "shares": None,
+        },
+    }
     state = decode(old, arrays)
     assert type(state) is MixtureState and state.models[0]["w"].tolist() == [1.0, 1.0] and state.prior is None
-    client = decode({"__dataclass__": "fedray.algorithms.fedem:ClientMixture", "fields": {
-        "ids": [0], "gamma": {"__array__": 1}, "omega": {"__array__": 2}, "nu": None, "a": None,
-        "opt": {"__dict__": []}}}, arrays)  # fmt: skip
+    client = decode(
+        {
+            "__dataclass__": "fedray.algorithms.fedem:ClientMixture",
+            "fields": {
+                "ids": [0],
+                "gamma": {"__array__": 1},
+                "omega": {"__array__": 2},
+                "nu": None,
+                "a": None,
+                "opt": {"__dict__": []},
+            },
+        },
+        arrays,
+    )
     assert type(client) is ClientMixture and client.gamma.shape == (1, 2)
-    cfl = decode({"__dataclass__": "fedray.algorithms.cfl:State", "fields": {
-        "clusters": [[0, 1]], "models": [], "layers": {"__dict__": [["fc", ["fc.weight"]]]},
-        "selected": ["fc.weight"], "history": [], "peak_mean_norm": 0.0}}, arrays)  # fmt: skip
+    cfl = decode(
+        {
+            "__dataclass__": "fedray.algorithms.cfl:State",
+            "fields": {
+                "clusters": [[0, 1]],
+                "models": [],
+                "layers": {"__dict__": [["fc", ["fc.weight"]]]},
+                "selected": ["fc.weight"],
+                "history": [],
+                "peak_mean_norm": 0.0,
+            },
+        },
+        arrays,
+    )
     assert type(cfl) is SplitState and cfl.layer_params == {"fc": ["fc.weight"]}
     with pytest.raises(ValueError, match=r"SplitState has fields .* \(written by another fedray version\?\)"):
         decode({"__dataclass__": "fedray.splitting:SplitState", "fields": {"clusters": []}}, arrays)
@@ -137,8 +165,11 @@ def test_every_class_of_a_moved_module_reads_back_under_its_old_name(old):
     import inspect
 
     new = importlib.import_module(MOVED_MODULES[old])
-    classes = [c for _, c in inspect.getmembers(new, inspect.isclass)
-               if dataclasses.is_dataclass(c) and c.__module__ == new.__name__]  # fmt: skip
+    classes = [
+        c
+        for _, c in inspect.getmembers(new, inspect.isclass)
+        if dataclasses.is_dataclass(c) and c.__module__ == new.__name__
+    ]
     for cls in classes:
         assert _dataclass(f"{old}:{cls.__qualname__}") is cls
     for alias in ("State", "Hparams"):  # the names the registry's modules give them
@@ -163,8 +194,15 @@ def test_a_baton_is_stored_with_its_value_and_given_back():
 
 
 def _config(tmp_path, algorithm, **over):
-    base = dict(algorithm=algorithm, hp=ALGORITHM_HP.get(algorithm, {}), rounds=4, participation=0.5,
-                client_test_fraction=0.2, seed=3, checkpoint_every=2)  # fmt: skip
+    base = dict(
+        algorithm=algorithm,
+        hp=ALGORITHM_HP.get(algorithm, {}),
+        rounds=4,
+        participation=0.5,
+        client_test_fraction=0.2,
+        seed=3,
+        checkpoint_every=2,
+    )
     base.update(CONFIG_OVER.get(algorithm, {}))
     base.update(over)
     return small_config(tmp_path, **base)
@@ -260,7 +298,9 @@ def test_the_checkpoints_go_while_the_finished_run_still_holds_its_lock(tmp_path
     seen = []
     w = ResultsWriter(tmp_path, "r1", small_config(tmp_path).to_dict())
     w.start()
-    w.finish({}, then=lambda: seen.append((run_state(tmp_path, "r1"), RunLock(tmp_path, "r1").held_elsewhere())))
+    w.finish(
+        {}, then=lambda: seen.append((run_state(tmp_path, "r1"), RunLock(tmp_path, "r1").held_elsewhere()))
+    )
     assert seen == [("finished", True)] and not RunLock(tmp_path, "r1").held_elsewhere()
 
 
@@ -421,9 +461,23 @@ def test_clustered_and_concatenated_models_are_saved_by_name(tmp_path):
 
 
 def test_a_run_killed_with_sigkill_goes_on_from_its_checkpoint_with_the_same_command(tmp_path):
-    args = ["--set", "dataset=synthetic", "--set", "synthetic_size=600", "--set", "num_clients=6",
-            "--set", "rounds=30", "--set", "local_epochs=5", "--set", "checkpoint_every=3", "--set", "algorithm=scaffold",
-            "--local"]  # fmt: skip
+    args = [
+        "--set",
+        "dataset=synthetic",
+        "--set",
+        "synthetic_size=600",
+        "--set",
+        "num_clients=6",
+        "--set",
+        "rounds=30",
+        "--set",
+        "local_epochs=5",
+        "--set",
+        "checkpoint_every=3",
+        "--set",
+        "algorithm=scaffold",
+        "--local",
+    ]
     ref = [sys.executable, "-m", "jobs.cli", "run", *args, "--output", str(tmp_path / "ref"), "--quiet"]
     subprocess.run(ref, cwd=ROOT, check=True, capture_output=True)
     out = tmp_path / "cut"

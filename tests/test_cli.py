@@ -45,9 +45,8 @@ def test_fedray_run_local_then_skip_then_report(tmp_path):
     )
     rep = run([*FEDRAY, "report", str(out)], cwd=ROOT)
     assert rep.returncode == 0, rep.stderr
-    assert (
-        "fedavg" in rep.stdout and "dirichlet(0.5)" in rep.stdout and "±" in rep.stdout
-    )  # two seeds: mean ± std
+    # two seeds: mean ± std
+    assert "fedavg" in rep.stdout and "dirichlet(0.5)" in rep.stdout and "±" in rep.stdout
     assert "(2)" in rep.stdout and "runs: 2 finished" in rep.stdout  # a cell of two seeds
     png = out / "plots" / "default-accuracy.png"
     assert f"plots: {png}" in rep.stdout and png.stat().st_size > 5000  # one curve with a ±std band
@@ -59,10 +58,21 @@ def test_jobs_run_attaches_to_a_running_ray(ray_session, tmp_path):
     address = ray_session.get_runtime_context().gcs_address
     out = tmp_path / "out"
     p = run(
-        [sys.executable, "-m", "jobs.run", str(ROOT / "jobs" / "configs" / "digits.yaml"), "--set", "rounds=2",
-         "--set", "num_actors=2", "--output", str(out)],
-        cwd=ROOT, env={"RAY_ADDRESS": address},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "jobs.run",
+            str(ROOT / "jobs" / "configs" / "digits.yaml"),
+            "--set",
+            "rounds=2",
+            "--set",
+            "num_actors=2",
+            "--output",
+            str(out),
+        ],
+        cwd=ROOT,
+        env={"RAY_ADDRESS": address},
+    )
     assert p.returncode == 0, p.stderr
     assert "2 actors on 1 node(s)" in p.stdout and "done: final accuracy" in p.stdout
     runs = pd.read_parquet(out / "runs")

@@ -40,8 +40,17 @@ def folder(tmp_path, n_clients=4, tests=1, **over):
 
 
 def config(tmp_path, root, **over):
-    base = dict(dataset="client_files", data_root=str(root), num_clients=4, model="mlp", rounds=2, local_epochs=1,
-                batch_size=8, lr=0.05, output=str(tmp_path / "out"))  # fmt: skip
+    base = dict(
+        dataset="client_files",
+        data_root=str(root),
+        num_clients=4,
+        model="mlp",
+        rounds=2,
+        local_epochs=1,
+        batch_size=8,
+        lr=0.05,
+        output=str(tmp_path / "out"),
+    )
     return from_dict({**base, **over})
 
 
@@ -70,28 +79,76 @@ def test_a_run_on_client_files_learns_and_reports_the_test_clients_accuracy(tmp_
 BAD = [
     ("no meta", lambda root: (root / "meta.json").unlink(), "meta.json' does not exist"),
     ("gap in the files", lambda root: (root / "client_0002.npz").unlink(), "client_0002.npz' is missing"),
-    ("shape mismatch", lambda root: np.savez(root / "client_0001.npz", x_train=np.zeros((5, 7, 7), np.uint8),
-                                             y_train=np.zeros(5, np.int64)), "samples of shape [1, 7, 7]"),
-    ("labels out of range", lambda root: np.savez(root / "client_0001.npz", x_train=np.zeros((5, 6, 6), np.uint8),
-                                                  y_train=np.array([0, 1, 2, 3, 0])), "y_train has label 3, outside 0 .. 2"),
-    ("length mismatch", lambda root: np.savez(root / "client_0001.npz", x_train=np.zeros((5, 6, 6), np.uint8),
-                                              y_train=np.zeros(4, np.int64)), "x_train has 5 samples but y_train has 4"),
-    ("empty client", lambda root: np.savez(root / "client_0001.npz", x_train=np.zeros((0, 6, 6), np.uint8),
-                                           y_train=np.zeros(0, np.int64)), "the client has no training samples"),
-    ("a pickle", lambda root: np.savez(root / "client_0001.npz", x_train=np.array([{"x": 1}], dtype=object),
-                                       y_train=np.zeros(1, np.int64)), "without pickles"),
-]  # fmt: skip
+    (
+        "shape mismatch",
+        lambda root: np.savez(
+            root / "client_0001.npz", x_train=np.zeros((5, 7, 7), np.uint8), y_train=np.zeros(5, np.int64)
+        ),
+        "samples of shape [1, 7, 7]",
+    ),
+    (
+        "labels out of range",
+        lambda root: np.savez(
+            root / "client_0001.npz", x_train=np.zeros((5, 6, 6), np.uint8), y_train=np.array([0, 1, 2, 3, 0])
+        ),
+        "y_train has label 3, outside 0 .. 2",
+    ),
+    (
+        "length mismatch",
+        lambda root: np.savez(
+            root / "client_0001.npz", x_train=np.zeros((5, 6, 6), np.uint8), y_train=np.zeros(4, np.int64)
+        ),
+        "x_train has 5 samples but y_train has 4",
+    ),
+    (
+        "empty client",
+        lambda root: np.savez(
+            root / "client_0001.npz", x_train=np.zeros((0, 6, 6), np.uint8), y_train=np.zeros(0, np.int64)
+        ),
+        "the client has no training samples",
+    ),
+    (
+        "a pickle",
+        lambda root: np.savez(
+            root / "client_0001.npz",
+            x_train=np.array([{"x": 1}], dtype=object),
+            y_train=np.zeros(1, np.int64),
+        ),
+        "without pickles",
+    ),
+]
 
 
 @pytest.mark.parametrize("name,spoil,message", BAD, ids=[b[0] for b in BAD])
 def test_a_bad_client_file_is_an_error_naming_it_before_ray(tmp_path, name, spoil, message):
     root = folder(tmp_path)
     spoil(root)
-    no_ray = ("import sys; from jobs.cli import main; rc = main(sys.argv[1:]); "
-              "assert 'ray' not in sys.modules, 'ray was imported'; sys.exit(rc)")  # fmt: skip
-    p = subprocess.run([sys.executable, "-c", no_ray, "run", "--set", "dataset=client_files", "--set", f"data_root={root}",
-                        "--set", "num_clients=4", "--set", "model=mlp", "--output", str(tmp_path / "out")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+    no_ray = (
+        "import sys; from jobs.cli import main; rc = main(sys.argv[1:]); "
+        "assert 'ray' not in sys.modules, 'ray was imported'; sys.exit(rc)"
+    )
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            no_ray,
+            "run",
+            "--set",
+            "dataset=client_files",
+            "--set",
+            f"data_root={root}",
+            "--set",
+            "num_clients=4",
+            "--set",
+            "model=mlp",
+            "--output",
+            str(tmp_path / "out"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2, p.stderr
     assert message in p.stderr, p.stderr
 

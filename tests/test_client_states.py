@@ -19,8 +19,12 @@ from tests.helpers import round_metrics
 
 def _state(i: int) -> dict:
     g = np.random.default_rng(i)
-    return {"c": {"w": g.normal(size=(10, 100)).astype(np.float32), "b": g.normal(size=10)},
-            "steps": i, "k": [i, float(i) / 3], "none": None}  # fmt: skip
+    return {
+        "c": {"w": g.normal(size=(10, 100)).astype(np.float32), "b": g.normal(size=10)},
+        "steps": i,
+        "k": [i, float(i) / 3],
+        "none": None,
+    }
 
 
 def _same(a, b) -> None:
@@ -66,7 +70,12 @@ def test_a_checkpoint_reads_spilled_states_where_they_are():
     for i in range(20):
         _same(store.peek(i), _state(i))
     assert store.peek(99) is None
-    assert (store.on_disk, list(store._memory), store.spilled, store.loaded) == (on_disk, in_memory, spilled, 0)
+    assert (store.on_disk, list(store._memory), store.spilled, store.loaded) == (
+        on_disk,
+        in_memory,
+        spilled,
+        0,
+    )
 
 
 def test_a_dead_processs_spill_folder_is_removed_by_the_next_host(tmp_path, monkeypatch):
@@ -74,7 +83,9 @@ def test_a_dead_processs_spill_folder_is_removed_by_the_next_host(tmp_path, monk
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", None)
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     stale = tmp_path / f"{PREFIX}{int(dead.stdout)}-abc"
     stale.mkdir()
     (stale / "00000001.npz").write_bytes(b"x")
@@ -88,7 +99,9 @@ def test_a_dead_processs_spill_folder_is_removed_by_the_next_host(tmp_path, monk
 
 @pytest.mark.parametrize("algorithm", ["scaffold", "fedem", "ifca"])
 def test_a_run_whose_client_state_spills_gives_the_same_numbers(tmp_path, algorithm):
-    hp = {"fedem": {"num_clusters": 2}, "ifca": {"num_clusters": 2, "persistent_optimizer": True}}.get(algorithm, {})
+    hp = {"fedem": {"num_clusters": 2}, "ifca": {"num_clusters": 2, "persistent_optimizer": True}}.get(
+        algorithm, {}
+    )
     over = dict(algorithm=algorithm, hp=hp, num_clients=8, participation=0.5, rounds=4, seed=2)
     runs, feds = {}, {}
     for name, mb in (("memory", 0.0), ("disk", 0.001)):
@@ -125,8 +138,15 @@ def test_a_checkpoint_links_spilled_states_and_a_run_resumes_from_them_bit_ident
     from fedray.checkpoint import Checkpoints
     from fedray.experiment import Checkpointed
 
-    over = dict(algorithm="scaffold", num_clients=8, participation=0.5, rounds=4, seed=4, checkpoint_every=2,
-                keep_checkpoints=3)  # fmt: skip
+    over = dict(
+        algorithm="scaffold",
+        num_clients=8,
+        participation=0.5,
+        rounds=4,
+        seed=4,
+        checkpoint_every=2,
+        keep_checkpoints=3,
+    )
     ref = small_config(tmp_path / "ref", **over)
     list(execute(ref, make_local_federation))
     cfg = small_config(tmp_path / "spill", client_state_memory_mb=0.001, **over)

@@ -67,15 +67,24 @@ def test_one_stratum_per_client_is_fedavg_with_full_participation(tmp_path):
     # each weighted 1/m = n_i / n
     over = dict(partition="iid", rounds=3, participation=1.0, client_test_fraction=0.2, seed=2)
     ref = run_metrics(small_config(tmp_path / "fedavg", **over))
-    got = run_metrics(small_config(tmp_path / "clusamp", algorithm="clusamp",
-                               hp={"similarity": "none", "num_strata": 6}, **over))  # fmt: skip
+    got = run_metrics(
+        small_config(
+            tmp_path / "clusamp", algorithm="clusamp", hp={"similarity": "none", "num_strata": 6}, **over
+        )
+    )
     got = got[got["metric"] != "draws"].reset_index(drop=True)
     assert got.equals(ref), got.compare(ref)
 
 
 def test_a_client_drawn_twice_counts_twice_and_updates_are_kept(tmp_path):
-    cfg = small_config(tmp_path, algorithm="clusamp", participation=0.5, seed=1, partition="iid",
-                       hp={"similarity": "arccos", "num_strata": 8})  # fmt: skip
+    cfg = small_config(
+        tmp_path,
+        algorithm="clusamp",
+        participation=0.5,
+        seed=1,
+        partition="iid",
+        hp={"similarity": "arccos", "num_strata": 8},
+    )
     fed, _ = make_local_federation(cfg, build_federated_data(cfg))
     hp = ALGORITHMS["clusamp"].make_hparams(cfg.hp)
     s0 = clusamp.init(fed, hp)

@@ -47,8 +47,15 @@ def test_one_cluster_is_fedavg_exactly(tmp_path):
 
 
 def test_each_cluster_is_a_fedavg_of_its_own_clients(tmp_path):
-    cfg = small_config(tmp_path, partition="dominant", partition_clusters=2, partition_beta=0.8, num_clients=6,
-                       algorithm="clusterfedavg", hp={"num_clusters": 2, "groups": "oracle"})  # fmt: skip
+    cfg = small_config(
+        tmp_path,
+        partition="dominant",
+        partition_clusters=2,
+        partition_beta=0.8,
+        num_clients=6,
+        algorithm="clusterfedavg",
+        hp={"num_clusters": 2, "groups": "oracle"},
+    )
     data = build_federated_data(cfg)
     fed, _ = make_local_federation(cfg, data)
     hp = ALGORITHMS["clusterfedavg"].make_hparams(cfg.hp)
@@ -71,8 +78,16 @@ def test_each_cluster_is_a_fedavg_of_its_own_clients(tmp_path):
 
 def test_kmeans_groups_follow_the_label_distributions(tmp_path):
     # dominant: 3 groups, each with its own dominant class (80%): the label distributions tell them apart
-    cfg = small_config(tmp_path, partition="dominant", partition_clusters=3, partition_beta=0.8, num_clients=9,
-                       algorithm="clusterfedavg", hp={"num_clusters": 3}, rounds=1)  # fmt: skip
+    cfg = small_config(
+        tmp_path,
+        partition="dominant",
+        partition_clusters=3,
+        partition_beta=0.8,
+        num_clients=9,
+        algorithm="clusterfedavg",
+        hp={"num_clusters": 3},
+        rounds=1,
+    )
     list(execute(cfg, make_local_federation))
     got = load_assignments(cfg.output).set_index("client")["cluster"]
     truth = build_federated_data(cfg).groups
@@ -85,13 +100,18 @@ def test_kmeans_groups_follow_the_label_distributions(tmp_path):
 @pytest.mark.parametrize(
     "over, pattern",
     [
-        (dict(hp={"groups": "oracle", "num_clusters": 2}), r"hp.groups': oracle needs a partition with ground-truth groups \(dominant, rotation\)"),
-        (dict(partition="dominant", partition_clusters=3, hp={"groups": "oracle", "num_clusters": 2}),
-         r"oracle has partition_clusters=3 groups; set hp.num_clusters: 3"),
+        (
+            dict(hp={"groups": "oracle", "num_clusters": 2}),
+            r"hp.groups': oracle needs a partition with ground-truth groups \(dominant, rotation\)",
+        ),
+        (
+            dict(partition="dominant", partition_clusters=3, hp={"groups": "oracle", "num_clusters": 2}),
+            r"oracle has partition_clusters=3 groups; set hp.num_clusters: 3",
+        ),
         (dict(hp={"num_clusters": 7}), r"7 clusters but only 6 clients"),
         (dict(hp={"groups": "kmean"}), r"hp.groups': must be one of kmeans, oracle"),
     ],
-)  # fmt: skip
+)
 def test_config_errors_name_the_keys(tmp_path, over, pattern):
     with pytest.raises(ConfigError, match=pattern):
         small_config(tmp_path, algorithm="clusterfedavg", **over)

@@ -18,10 +18,11 @@ from tests.helpers import CHECK_NO_RAY
 def test_embedded_default_is_valid_and_every_field_is_commented():
     cfg = load_config(None)
     assert cfg == Config()
-    src = (ROOT / "fedray" / "config.py").read_text()
+    from jobs.docs import _source_meanings  # a key's comment: the lines right above it, or its own
+
+    meanings = _source_meanings(Config)
     for name in Config.__dataclass_fields__:
-        line = next(ln for ln in src.splitlines() if ln.strip().startswith(f"{name}:"))
-        assert "#" in line, f"config key {name} has no comment"
+        assert meanings.get(name), f"config key {name} has no comment"
 
 
 def test_yaml_then_sets_then_overrides(tmp_path):
@@ -50,8 +51,13 @@ def test_names_and_paths_are_taken_as_typed_in_set_and_only():
 
 def test_parse_sets_nests_and_parses_yaml_scalars():
     assert parse_sets(["a=1", "b=0.5", "c=true", "hp.mu=1e-3", "s=abc", "l=[1, 2]"]) == {
-        "a": 1, "b": 0.5, "c": True, "hp": {"mu": "1e-3"}, "s": "abc", "l": [1, 2],
-    }  # fmt: skip
+        "a": 1,
+        "b": 0.5,
+        "c": True,
+        "hp": {"mu": "1e-3"},
+        "s": "abc",
+        "l": [1, 2],
+    }
     # ... and float keys take scientific notation, from --set and from YAML files alike.
     assert load_config(None, ["lr=1e-3", "weight_decay=5E-4", "hp.server_lr=2.5e-1"]).lr == 1e-3
     assert from_dict({"weight_decay": "5E-4", "hp": {"server_lr": "2.5e-1"}}).hp == {"server_lr": 0.25}
@@ -166,7 +172,7 @@ def test_run_id_is_stable_and_ignores_output_and_actor_count():
                 "partition_k=3",
             ],
             "config key 'partition_k' is not read by partition 'dirichlet' (it is read by: labels)",
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_cli_rejects_bad_input_fast_without_starting_ray(args, message, tmp_path):
@@ -209,18 +215,34 @@ def test_every_shipped_config_validates(path, tmp_path):
 @pytest.mark.parametrize(
     "raw,message",
     [
-        ({"partition_k": 11}, "config key 'partition_k' is not read by partition 'dirichlet' (it is read by: labels)"),
-        ({"partition": "iid", "partition_beta": 0.1}, "config key 'partition_beta' is not read by partition 'iid' "
-         "(it is read by: dirichlet, quantity, dominant, clientwise_dirichlet)"),
-        ({"partition": "labels", "partition_min_size": 5}, "'partition_min_size' is not read by partition 'labels' "
-         "(it is read by: dirichlet, quantity)"),
-        ({"partition_name": "#C=2"}, "config key 'partition_name' is not read by partition 'dirichlet' (it is read by: file)"),
+        (
+            {"partition_k": 11},
+            "config key 'partition_k' is not read by partition 'dirichlet' (it is read by: labels)",
+        ),
+        (
+            {"partition": "iid", "partition_beta": 0.1},
+            "config key 'partition_beta' is not read by partition 'iid' "
+            "(it is read by: dirichlet, quantity, dominant, clientwise_dirichlet)",
+        ),
+        (
+            {"partition": "labels", "partition_min_size": 5},
+            "'partition_min_size' is not read by partition 'labels' (it is read by: dirichlet, quantity)",
+        ),
+        (
+            {"partition_name": "#C=2"},
+            "config key 'partition_name' is not read by partition 'dirichlet' (it is read by: file)",
+        ),
         ({"partition": "rotation", "partition_beta": 0.1}, "not read by partition 'rotation'"),
-        ({"emnist_split": "letters"}, "config key 'emnist_split' is not read by dataset 'digits' (it is read by: emnist)"),
-        ({"dataset": "fmnist", "synthetic_shape": [1, 4, 4]},
-         "config key 'synthetic_shape' is not read by dataset 'fmnist' (it is read by: synthetic)"),
+        (
+            {"emnist_split": "letters"},
+            "config key 'emnist_split' is not read by dataset 'digits' (it is read by: emnist)",
+        ),
+        (
+            {"dataset": "fmnist", "synthetic_shape": [1, 4, 4]},
+            "config key 'synthetic_shape' is not read by dataset 'fmnist' (it is read by: synthetic)",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_key_the_partition_or_dataset_does_not_read_is_refused_naming_it_and_its_readers(raw, message):
     with pytest.raises(ConfigError) as e:
         from_dict(raw)
@@ -342,12 +364,28 @@ def test_task_from_config_carries_every_field_from_the_key_of_its_name():
     from fedray.client import Task
     from fedray.data import DataSpec
 
-    names = [f.name for f in dataclasses.fields(Task) if f.name not in ("spec", "init_params")]  # init_params: test_init_model.py
+    # init_params: test_init_model.py
+    names = [f.name for f in dataclasses.fields(Task) if f.name not in ("spec", "init_params")]
     defaults = Config()
-    changed = {"seed": 7, "model": "simple_cnn", "local_epochs": 3, "batch_size": 17, "lr": 0.3, "momentum": 0.5,
-               "weight_decay": 0.01, "participation": 0.5, "eval_batch_size": 99, "channels_last": False,
-               "eval_train": False, "cuda_deterministic": False, "cuda_tf32": False, "head_bias": False, "model_init": "seed_plus_k",
-               "batched_clients": "on", "client_state_memory_mb": 64.0}  # fmt: skip
+    changed = {
+        "seed": 7,
+        "model": "simple_cnn",
+        "local_epochs": 3,
+        "batch_size": 17,
+        "lr": 0.3,
+        "momentum": 0.5,
+        "weight_decay": 0.01,
+        "participation": 0.5,
+        "eval_batch_size": 99,
+        "channels_last": False,
+        "eval_train": False,
+        "cuda_deterministic": False,
+        "cuda_tf32": False,
+        "head_bias": False,
+        "model_init": "seed_plus_k",
+        "batched_clients": "on",
+        "client_state_memory_mb": 64.0,
+    }
     assert sorted(changed) == sorted(names)  # a new Task field: give it a value here
     assert all(changed[n] != getattr(defaults, n) for n in names)
     spec = DataSpec((1, 28, 28), 10, 1 / 255)

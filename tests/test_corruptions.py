@@ -10,8 +10,18 @@ from fedray.data.corruptions import CORRUPTIONS, SEVERITY_FREE, corrupt
 
 NAMES = sorted(CORRUPTIONS)
 CHANGING = [n for n in NAMES if n != "identity"]
-RANDOM = ["shot_noise", "impulse_noise", "glass_blur", "motion_blur", "shear", "rotate", "translate", "spatter",
-          "dotted_line", "zigzag"]  # fmt: skip
+RANDOM = [
+    "shot_noise",
+    "impulse_noise",
+    "glass_blur",
+    "motion_blur",
+    "shear",
+    "rotate",
+    "translate",
+    "spatter",
+    "dotted_line",
+    "zigzag",
+]
 
 
 def shapes(n: int = 16, seed: int = 0, low: int = 0) -> np.ndarray:
@@ -19,8 +29,14 @@ def shapes(n: int = 16, seed: int = 0, low: int = 0) -> np.ndarray:
     g = np.random.default_rng(seed)
     out = np.full((n, 28, 28), low, dtype=np.uint8)
     for img in out:
-        rr, cc = draw.ellipse(g.uniform(11, 16), g.uniform(11, 16), g.uniform(6, 10), g.uniform(4, 8),
-                              shape=img.shape, rotation=g.uniform(0, np.pi))  # fmt: skip
+        rr, cc = draw.ellipse(
+            g.uniform(11, 16),
+            g.uniform(11, 16),
+            g.uniform(6, 10),
+            g.uniform(4, 8),
+            shape=img.shape,
+            rotation=g.uniform(0, np.pi),
+        )
         img[rr, cc] = g.integers(120, 230)
         rr, cc = draw.rectangle((g.integers(5, 9), g.integers(8, 12)), extent=(3, 8), shape=img.shape)
         img[rr, cc] = g.integers(60, 200)

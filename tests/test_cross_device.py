@@ -18,8 +18,18 @@ from tests.helpers import round_metrics, run_metrics
 
 
 def _cfg(tmp_path, **over):
-    base = dict(dataset="fedprox_synthetic", model="logreg", num_clients=40, batch_size=10, lr=0.05,
-                momentum=0.0, weight_decay=0.0, local_epochs=1, rounds=3, participation=0.1)  # fmt: skip
+    base = dict(
+        dataset="fedprox_synthetic",
+        model="logreg",
+        num_clients=40,
+        batch_size=10,
+        lr=0.05,
+        momentum=0.0,
+        weight_decay=0.0,
+        local_epochs=1,
+        rounds=3,
+        participation=0.1,
+    )
     return small_config(tmp_path, **{**base, **over})
 
 
@@ -101,7 +111,9 @@ def test_evaluation_walks_only_the_eval_clients(tmp_path):
     assert got["local_accuracy"] == pytest.approx(sum(t.correct for t in test) / sum(t.samples for t in test))
     assert got["accuracy"] == pytest.approx(got["local_accuracy"])  # the pooled test splits: the same samples
     assert len(data.dataset.test) == sum(t.samples for t in test)
-    assert got["train_accuracy"] == pytest.approx(sum(t.correct for t in train) / sum(t.samples for t in train))
+    assert got["train_accuracy"] == pytest.approx(
+        sum(t.correct for t in train) / sum(t.samples for t in train)
+    )
 
 
 def test_an_indexed_data_sets_eval_clients_are_drawn_from_its_training_clients(tmp_path):
@@ -112,7 +124,15 @@ def test_an_indexed_data_sets_eval_clients_are_drawn_from_its_training_clients(t
     some = run_metrics(cfg)
     # training is the same; the evaluation over 3 clients differs from the one over all 10
     train = ~some["metric"].isin(["local_accuracy", "train_accuracy", "train_loss"])
-    assert some[train].reset_index(drop=True).equals(every[~every["metric"].isin(["local_accuracy", "train_accuracy", "train_loss"])].reset_index(drop=True))
+    assert (
+        some[train]
+        .reset_index(drop=True)
+        .equals(
+            every[~every["metric"].isin(["local_accuracy", "train_accuracy", "train_loss"])].reset_index(
+                drop=True
+            )
+        )
+    )
     assert not some.equals(every)
 
 
@@ -132,7 +152,9 @@ def test_an_average_built_one_state_at_a_time_is_the_average_of_all_bit_for_bit(
     from fedray.params import OrderedAverage, weighted_average
 
     g = np.random.default_rng(0)
-    states = [{"w": g.normal(size=(7, 3)).astype(np.float32), "n": np.array(g.integers(0, 9))} for _ in range(5)]
+    states = [
+        {"w": g.normal(size=(7, 3)).astype(np.float32), "n": np.array(g.integers(0, 9))} for _ in range(5)
+    ]
     weights = [3, 0, 11, 5, 2]
     avg = OrderedAverage(weights)
     for s in states:
@@ -148,21 +170,38 @@ def test_an_average_built_one_state_at_a_time_is_the_average_of_all_bit_for_bit(
 
 @pytest.mark.parametrize(
     "algorithm, hp, holds",
-    [("clusamp", {}, r"keeps every drawn client's last update \([\d,]+ values\) and builds the N x N distances each round"),
-     ("clusamp", {"similarity": "none"}, "builds m x N strata each round"),
-     ("fedcat", {}, "keeps an N x K table of counts")],  # fmt: skip
+    [
+        (
+            "clusamp",
+            {},
+            r"keeps every drawn client's last update \([\d,]+ values\) and builds the N x N distances each round",
+        ),
+        ("clusamp", {"similarity": "none"}, "builds m x N strata each round"),
+        ("fedcat", {}, "keeps an N x K table of counts"),
+    ],
 )
-def test_a_cross_silo_method_too_big_for_this_machine_is_refused_before_anything_starts(tmp_path, monkeypatch,
-                                                                                       algorithm, hp, holds):  # fmt: skip
+def test_a_cross_silo_method_too_big_for_this_machine_is_refused_before_anything_starts(
+    tmp_path, monkeypatch, algorithm, hp, holds
+):
     from fedray.algorithms import scale
     from fedray.coercion import ConfigError
 
     # rounds: FedCat's runs are whole cycles of its K = 200 groups
-    over = dict(algorithm=algorithm, hp=hp, num_clients=2000, participation=0.1, partition_min_size=1,
-                synthetic_size=4000, rounds=200)  # fmt: skip
+    over = dict(
+        algorithm=algorithm,
+        hp=hp,
+        num_clients=2000,
+        participation=0.1,
+        partition_min_size=1,
+        synthetic_size=4000,
+        rounds=200,
+    )
     monkeypatch.setattr(scale, "machine_memory", lambda: 1 << 20)  # a 1 MiB machine
-    with pytest.raises(ConfigError, match=rf"config key 'num_clients': {algorithm} {holds}: about [\d.]+ GB, more "
-                                          r"than half .* cross-silo method .* fits at most about [\d,]+ clients"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=rf"config key 'num_clients': {algorithm} {holds}: about [\d.]+ GB, more "
+        r"than half .* cross-silo method .* fits at most about [\d,]+ clients",
+    ):
         small_config(tmp_path, **over)
     monkeypatch.setattr(scale, "machine_memory", lambda: 1 << 34)
     assert small_config(tmp_path, **over).num_clients == 2000
@@ -183,7 +222,9 @@ def test_a_source_that_fails_to_make_a_client_names_the_client(tmp_path):
 
     task = Task.from_config(small_config(tmp_path), build_federated_data(small_config(tmp_path)).dataset.spec)
     host = ClientHost(task, ArrayDataset(np.zeros((0, 2)), np.zeros(0, np.int64)), SourcedClients(Broken(10)))
-    with pytest.raises(ClientError, match="client 7: making its data or reading its state: OSError: the shard of client 7") as e:
+    with pytest.raises(
+        ClientError, match="client 7: making its data or reading its state: OSError: the shard of client 7"
+    ) as e:
         host.run_many(lambda c, s, m: (c.num_examples, s), [3, 7], None)
     assert e.value.cid == 7 and "samples" in e.value.remote_traceback
     assert host.run(lambda c, s, m: (c.num_examples, s), 3, None)[0] == 4

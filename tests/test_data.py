@@ -56,8 +56,12 @@ def test_truncated_idx_file_is_a_clear_error(tmp_path):
 
 
 def test_torchvision_mnist_from_files(tmp_path):
-    names = {"train_x": "MNIST/raw/train-images-idx3-ubyte", "train_y": "MNIST/raw/train-labels-idx1-ubyte",
-             "test_x": "MNIST/raw/t10k-images-idx3-ubyte", "test_y": "MNIST/raw/t10k-labels-idx1-ubyte"}  # fmt: skip
+    names = {
+        "train_x": "MNIST/raw/train-images-idx3-ubyte",
+        "train_y": "MNIST/raw/train-labels-idx1-ubyte",
+        "test_x": "MNIST/raw/t10k-images-idx3-ubyte",
+        "test_y": "MNIST/raw/t10k-labels-idx1-ubyte",
+    }
     xs, ys = mnist_like(tmp_path, names)
     ds = load_dataset(from_dict({"dataset": "mnist", "data_root": str(tmp_path), "model": "simple_cnn"}))
     np.testing.assert_array_equal(ds.train.x[:, 0], xs["train"])
@@ -66,8 +70,12 @@ def test_torchvision_mnist_from_files(tmp_path):
 
 def test_torchvision_emnist_from_files_is_flipped_upright(tmp_path):
     pre = "EMNIST/raw/emnist-letters"
-    names = {"train_x": f"{pre}-train-images-idx3-ubyte", "train_y": f"{pre}-train-labels-idx1-ubyte",
-             "test_x": f"{pre}-test-images-idx3-ubyte", "test_y": f"{pre}-test-labels-idx1-ubyte"}  # fmt: skip
+    names = {
+        "train_x": f"{pre}-train-images-idx3-ubyte",
+        "train_y": f"{pre}-train-labels-idx1-ubyte",
+        "test_x": f"{pre}-test-images-idx3-ubyte",
+        "test_y": f"{pre}-test-labels-idx1-ubyte",
+    }
     xs, ys = mnist_like(tmp_path, names, classes=27)
     cfg = from_dict(
         {"dataset": "emnist", "emnist_split": "letters", "data_root": str(tmp_path), "model": "simple_cnn"}
@@ -103,9 +111,8 @@ def test_torchvision_cifar10_from_files(tmp_path, no_md5):
     _pickle(folder / "batches.meta", {"label_names": [str(i) for i in range(10)]})
     ds = load_dataset(from_dict({"dataset": "cifar10", "data_root": str(tmp_path), "model": "simple_cnn"}))
     assert ds.train.x.shape == (20, 3, 32, 32) and ds.test.x.shape == (4, 3, 32, 32)
-    np.testing.assert_array_equal(
-        ds.train.x[0], batches["data_batch_1"][0].reshape(3, 32, 32)
-    )  # CHW order kept
+    # CHW order kept
+    np.testing.assert_array_equal(ds.train.x[0], batches["data_batch_1"][0].reshape(3, 32, 32))
     assert ds.spec.augment == "crop_flip"
 
 
@@ -136,6 +143,7 @@ def test_torchvision_svhn_from_files(tmp_path, no_md5):
             tmp_path / f"{split}_32x32.mat", {"X": x, "y": np.array([[1], [2], [10], [4], [5], [10]])}
         )
     ds = load_dataset(from_dict({"dataset": "svhn", "data_root": str(tmp_path), "model": "simple_cnn"}))
+    # label 10 means digit 0
     assert ds.train.x.shape == (6, 3, 32, 32) and ds.train.y.tolist() == [
         1,
         2,
@@ -143,7 +151,7 @@ def test_torchvision_svhn_from_files(tmp_path, no_md5):
         4,
         5,
         0,
-    ]  # label 10 means digit 0
+    ]
 
 
 def test_missing_torchvision_dataset_suggests_download(tmp_path):
@@ -194,9 +202,8 @@ def test_rotation_keeps_the_centre_and_zero_angle_is_identity():
     assert r.shape == x.shape and torch.equal(
         r, rotate(x, torch.Generator().manual_seed(0), max_degrees=15.0)
     )
-    assert torch.equal(
-        r[:, :, 15:17, 15:17], x[:, :, 15:17, 15:17]
-    )  # a small rotation leaves the centre pixels
+    # a small rotation leaves the centre pixels
+    assert torch.equal(r[:, :, 15:17, 15:17], x[:, :, 15:17, 15:17])
     assert not torch.equal(r, x)
 
 
@@ -210,12 +217,33 @@ def test_every_dataset_is_one_record_with_the_keys_only_it_reads():
     from fedray.data import DATASETS
 
     keys = {name: kind.keys for name, kind in DATASETS.items() if kind.keys}
-    assert keys == {"synthetic": ("synthetic_size", "synthetic_shape"), "emnist": ("emnist_split",),
-                    "fedprox_synthetic": ("synthetic_alpha", "synthetic_beta")}  # fmt: skip
-    assert set(DATASETS) == {"client_files", "digits", "synthetic", "fmnist", "mnist", "emnist", "cifar10",
-                             "cifar100", "svhn", "arrays", "fedprox_synthetic"}  # fmt: skip
-    assert sorted(n for n, kind in DATASETS.items() if kind.own_clients) == ["client_files", "fedprox_synthetic"]
-    assert sorted(n for n, kind in DATASETS.items() if kind.available is None) == ["digits", "fedprox_synthetic", "synthetic"]
+    assert keys == {
+        "synthetic": ("synthetic_size", "synthetic_shape"),
+        "emnist": ("emnist_split",),
+        "fedprox_synthetic": ("synthetic_alpha", "synthetic_beta"),
+    }
+    assert set(DATASETS) == {
+        "client_files",
+        "digits",
+        "synthetic",
+        "fmnist",
+        "mnist",
+        "emnist",
+        "cifar10",
+        "cifar100",
+        "svhn",
+        "arrays",
+        "fedprox_synthetic",
+    }
+    assert sorted(n for n, kind in DATASETS.items() if kind.own_clients) == [
+        "client_files",
+        "fedprox_synthetic",
+    ]
+    assert sorted(n for n, kind in DATASETS.items() if kind.available is None) == [
+        "digits",
+        "fedprox_synthetic",
+        "synthetic",
+    ]
     # Their own keys' checks, as before the registry.
     with pytest.raises(
         ConfigError, match=r"'emnist_split': unknown value 'letter'; did you mean 'letters'\?"

@@ -110,8 +110,9 @@ def test_every_citation_of_the_algorithm_notes_finds_its_section():
     repository (the notes the code was first written from are not in it)."""
     import subprocess
 
-    files = subprocess.run(["git", "ls-files", "*.py", "*.yaml", "*.md"], cwd=ROOT, capture_output=True,
-                           text=True, check=True).stdout.split()  # fmt: skip
+    files = subprocess.run(
+        ["git", "ls-files", "*.py", "*.yaml", "*.md"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     anchors: dict[str, set[str]] = {}
     bad = []
     for f in files:
@@ -136,13 +137,14 @@ def test_every_citation_of_the_algorithm_notes_finds_its_section():
 
 # --- the dependency rule (docs/architecture.md) -------------------------------------------------
 
+# the library: no Ray, nothing above it (but its front door)
 FORBIDDEN = {
     "fedray": {
         "ray",
         "actors",
         "jobs",
         "analysis",
-    },  # the library: no Ray, nothing above it (but its front door)
+    },
     "actors": {"jobs", "analysis"},  # the Ray layer: fedray and ray only
     "analysis": {"ray", "actors", "jobs"},  # results: reads fedray's files, no Ray
 }
@@ -174,8 +176,14 @@ def test_every_algorithm_file_is_short():
             long[name] = n
     assert not long, f"algorithm files over 180 lines: {long}"
     assert {a.module.split(".")[2] for a in ALGORITHMS.values()} <= {
-        "baselines", "clustered", "concat", "mixture", "relay", "sampling", "splitting"
-    }, "every algorithm lives in its family's folder"  # fmt: skip
+        "baselines",
+        "clustered",
+        "concat",
+        "mixture",
+        "relay",
+        "sampling",
+        "splitting",
+    }, "every algorithm lives in its family's folder"
 
 
 # fedray.api, the Python front door (fedray.run, fedray.sweep), runs on Ray and reads results: it may
@@ -210,8 +218,10 @@ def _module_graph() -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 out |= {a.name for a in node.names if a.name in mods}
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in mods:
-                out |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in mods else node.module
-                        for a in node.names}  # fmt: skip
+                out |= {
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in mods else node.module
+                    for a in node.names
+                }
         graph[name] = out - {name}
     return graph
 

@@ -64,8 +64,18 @@ def _two_client_data() -> tuple[np.ndarray, np.ndarray]:
 
 def _two_client_federation(local_epochs: int, batch_size: int, momentum: float = 0.0) -> LocalFederation:
     x, y = _two_client_data()
-    task = Task(seed=0, model="mlp", spec=DataSpec((4,), 3, scale=1.0), local_epochs=local_epochs, batch_size=batch_size,
-                lr=0.1, momentum=momentum, weight_decay=0.0, participation=1.0, eval_batch_size=64)  # fmt: skip
+    task = Task(
+        seed=0,
+        model="mlp",
+        spec=DataSpec((4,), 3, scale=1.0),
+        local_epochs=local_epochs,
+        batch_size=batch_size,
+        lr=0.1,
+        momentum=momentum,
+        weight_decay=0.0,
+        participation=1.0,
+        eval_batch_size=64,
+    )
     clients = {
         0: ClientIndices(np.arange(0, 10), np.zeros(0, np.int64)),
         1: ClientIndices(np.arange(10, 30), np.zeros(0, np.int64)),
@@ -93,9 +103,8 @@ def test_one_full_batch_step_equals_one_centralised_gradient_step():
         np.testing.assert_allclose(new.params[k], expected[k], rtol=1e-5, atol=1e-6)
     recorded = {r["metric"]: r["value"] for r in records}
     assert recorded["participants"] == 2
-    assert recorded["sgd_loss"] == pytest.approx(
-        float(loss.detach()), rel=1e-5
-    )  # the same loss, sample-weighted
+    # the same loss, sample-weighted
+    assert recorded["sgd_loss"] == pytest.approx(float(loss.detach()), rel=1e-5)
 
 
 def test_partial_participation_samples_first_floor_n_p_of_a_permutation():
@@ -117,17 +126,26 @@ def test_traffic_counts_each_participant_download_and_upload():
     fedavg.round(state, fed, fedavg.Hparams(), rnd=0)
     down, up, _ = fed.take_traffic()
     model_bytes = sum(v.nbytes for v in state.params.values())
-    assert (
-        2 * model_bytes < down < 2 * model_bytes + 4000
-    )  # two clients received the model (+ pickle framing)
+    # two clients received the model (+ pickle framing)
+    assert 2 * model_bytes < down < 2 * model_bytes + 4000
     assert 2 * model_bytes < up < 2 * model_bytes + 4000
     assert fed.take_traffic() == (0, 0, 0)
 
 
 def _one_client_federation(momentum: float) -> LocalFederation:
     x, y = _two_client_data()
-    task = Task(seed=0, model="mlp", spec=DataSpec((4,), 3, scale=1.0), local_epochs=1, batch_size=1000, lr=0.1,
-                momentum=momentum, weight_decay=0.0, participation=1.0, eval_batch_size=64)  # fmt: skip
+    task = Task(
+        seed=0,
+        model="mlp",
+        spec=DataSpec((4,), 3, scale=1.0),
+        local_epochs=1,
+        batch_size=1000,
+        lr=0.1,
+        momentum=momentum,
+        weight_decay=0.0,
+        participation=1.0,
+        eval_batch_size=64,
+    )
     return LocalFederation(
         task, ArrayDataset(x, y), ArrayDataset(x, y), {0: ClientIndices(np.arange(30), np.zeros(0, np.int64))}
     )

@@ -74,8 +74,16 @@ def test_equal_groups_and_the_latin_square():
 
 
 def fedcat_config(tmp_path, **over):
-    base = dict(algorithm="fedcat", num_clients=9, participation=0.34, rounds=6, eval_every=100, seed=4,
-                partition="iid", hp={"regroup_cycles": 1})  # fmt: skip
+    base = dict(
+        algorithm="fedcat",
+        num_clients=9,
+        participation=0.34,
+        rounds=6,
+        eval_every=100,
+        seed=4,
+        partition="iid",
+        hp={"regroup_cycles": 1},
+    )
     base.update(over)
     return small_config(tmp_path, **base)
 
@@ -92,9 +100,8 @@ def test_each_copy_meets_one_device_of_every_group_per_cycle(tmp_path):
         group_of = dict(zip(drawn["entity"], drawn["value"], strict=True))
         assert sorted(np.bincount(list(map(int, group_of.values())))) == [3, 3, 3]  # equal groups
         cycle = a[a["round"].between(start, start + 2)]
-        assert (
-            cycle.groupby("round")["cluster"].apply(lambda s: sorted(s) == [0, 1, 2]).all()
-        )  # K copies a round
+        # K copies a round
+        assert cycle.groupby("round")["cluster"].apply(lambda s: sorted(s) == [0, 1, 2]).all()
         for copy, rows in cycle.groupby("cluster"):
             met = sorted(int(group_of[c]) for c in rows["client"])
             assert met == [0, 1, 2], f"copy {copy} met groups {met}"
@@ -164,16 +171,28 @@ def independent_chain(fed, start, devices, momentum_carried=False):
 def test_a_k10_cycle_is_ten_independent_chains_and_eq_3_bit_for_bit(tmp_path, optimizer_state):
     """K = 10: one whole cycle of FedCat (10 rounds, 10 copies, each through 10 devices, one of every
     group) equals, bit for bit, ten chains of local trainings written out by hand and eq. 3 over them."""
-    cfg = fedcat_config(tmp_path, num_clients=20, participation=0.5, rounds=10, local_epochs=2,
-                        hp={"optimizer_state": optimizer_state})  # fmt: skip
+    cfg = fedcat_config(
+        tmp_path,
+        num_clients=20,
+        participation=0.5,
+        rounds=10,
+        local_epochs=2,
+        hp={"optimizer_state": optimizer_state},
+    )
     fed, _ = make_local_federation(cfg, build_federated_data(cfg))
     hp = ALGORITHMS["fedcat"].make_hparams(cfg.hp)
     state = s0 = fedcat.init(fed, hp)
     routes = []
     for rnd in range(10):
         state, recs = fedcat.round(state, fed, hp, rnd)
-        routes.append([r["client"] for r in sorted((r for r in recs if r.get("kind") == "assignment"),
-                                                   key=lambda r: r["cluster"])])  # fmt: skip
+        routes.append(
+            [
+                r["client"]
+                for r in sorted(
+                    (r for r in recs if r.get("kind") == "assignment"), key=lambda r: r["cluster"]
+                )
+            ]
+        )
         if rnd < 9:
             assert len(state.copies) == 10
     assert state.copies == [] and np.array_equal(state.counts.sum(axis=0), [10] * 10)
@@ -181,8 +200,10 @@ def test_a_k10_cycle_is_ten_independent_chains_and_eq_3_bit_for_bit(tmp_path, op
     for i in range(10):  # copy i meets the device of group (o + i) mod K at offset o: all ten groups
         assert [group_of[routes[o][i]] for o in range(10)] == [(o + i) % 10 for o in range(10)]
     n = fed.num_examples()
-    chains = [independent_chain(fed, s0.params, [routes[o][i] for o in range(10)], optimizer_state == "carried")
-              for i in range(10)]  # fmt: skip
+    chains = [
+        independent_chain(fed, s0.params, [routes[o][i] for o in range(10)], optimizer_state == "carried")
+        for i in range(10)
+    ]
     expect = weighted_average(chains, [sum(n[routes[o][i]] for o in range(10)) for i in range(10)])
     for k in expect:
         np.testing.assert_array_equal(state.params[k], expect[k])
@@ -214,8 +235,11 @@ def test_chains_of_length_1_with_random_devices_are_fedavg_exactly(tmp_path):
         "participants",
     ]
     ref = run_metrics(small_config(tmp_path / "fedavg", **over))
-    got = run_metrics(small_config(tmp_path / "fedcat", algorithm="fedcat",
-                               hp={"grouping": False, "concatenation": False}, **over))  # fmt: skip
+    got = run_metrics(
+        small_config(
+            tmp_path / "fedcat", algorithm="fedcat", hp={"grouping": False, "concatenation": False}, **over
+        )
+    )
     ref, got = (df[df["metric"].isin(keep)].reset_index(drop=True) for df in (ref, got))
     assert len(ref) and got.equals(ref), got.compare(ref)
 

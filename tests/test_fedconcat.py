@@ -47,13 +47,24 @@ def test_one_cluster_and_no_classifier_stage_is_fedavg_exactly(tmp_path):
 
 
 def test_fedconcat_id_ranks_a_skewed_clients_majority_classes_first(tmp_path):
-    cfg = small_config(tmp_path, dataset="digits", num_clients=10, partition="labels", partition_k=2, local_epochs=5,
-                       algorithm="fedconcat_id", rounds=1, hp={"num_clusters": 5, "encoder_rounds": 1,
-                       "classifier_rounds": 0, "random_inputs": 2000})  # fmt: skip
+    cfg = small_config(
+        tmp_path,
+        dataset="digits",
+        num_clients=10,
+        partition="labels",
+        partition_k=2,
+        local_epochs=5,
+        algorithm="fedconcat_id",
+        rounds=1,
+        hp={"num_clusters": 5, "encoder_rounds": 1, "classifier_rounds": 0, "random_inputs": 2000},
+    )
     data = build_federated_data(cfg)
     fed, _ = make_local_federation(cfg, data)
-    replies = fed.map(fedconcat_id.train_and_infer, fed.client_ids, {"params": get_params(fed.task.build_model()),
-                      "round": 0, "random_inputs": 2000})  # fmt: skip
+    replies = fed.map(
+        fedconcat_id.train_and_infer,
+        fed.client_ids,
+        {"params": get_params(fed.task.build_model()), "round": 0, "random_inputs": 2000},
+    )
     for c, r in replies.items():
         counts = fed.label_counts([c])[c]
         mine = set(np.flatnonzero(counts))
@@ -76,9 +87,17 @@ def test_fedconcat_id_ranks_a_skewed_clients_majority_classes_first(tmp_path):
 def test_fedconcat_id_round_0_is_encoder_round_0_and_seeds_each_cluster_with_its_members_average(tmp_path):
     # docs/algorithms/fedconcat.md#d6-fedconcat-ids-inference-round-is-encoder-round-0: every client (participation says 0.5) trains the shared init once; each cluster
     # model is the data-size-weighted average of its members' round-0 models; T_e - 1 rounds follow.
-    cfg = small_config(tmp_path, dataset="digits", num_clients=8, partition="labels", partition_k=2,
-                       algorithm="fedconcat_id", rounds=3, participation=0.5,
-                       hp={"num_clusters": 3, "encoder_rounds": 2, "random_inputs": 500})  # fmt: skip
+    cfg = small_config(
+        tmp_path,
+        dataset="digits",
+        num_clients=8,
+        partition="labels",
+        partition_k=2,
+        algorithm="fedconcat_id",
+        rounds=3,
+        participation=0.5,
+        hp={"num_clusters": 3, "encoder_rounds": 2, "random_inputs": 500},
+    )
     fed, _ = make_local_federation(cfg, build_federated_data(cfg))
     hp = ALGORITHMS["fedconcat_id"].make_hparams(cfg.hp)
     state = fedconcat_id.init(fed, hp)
@@ -160,8 +179,14 @@ def test_cached_features_give_the_numbers_of_recomputing_them(tmp_path):
 
 
 def test_options_balanced_dp_elbow_and_classifier_init_run_and_are_recorded(tmp_path):
-    hp = {"num_clusters": 2, "encoder_rounds": 1, "balanced": True, "eps": 2.5, "elbow_range": [1, 4],
-          "init_from_clusters": True}  # fmt: skip
+    hp = {
+        "num_clusters": 2,
+        "encoder_rounds": 1,
+        "balanced": True,
+        "eps": 2.5,
+        "elbow_range": [1, 4],
+        "init_from_clusters": True,
+    }
     m = run(small_config(tmp_path, algorithm="fedconcat", rounds=3, hp=hp))
     k = int(m[m["metric"] == "num_clusters"]["value"].item())
     assert 1 <= k <= 4 and sorted(m[m["metric"] == "elbow_inertia"]["entity"]) == [1, 2, 3, 4]
@@ -172,17 +197,36 @@ def test_options_balanced_dp_elbow_and_classifier_init_run_and_are_recorded(tmp_
 @pytest.mark.parametrize(
     "over, pattern",
     [
-        (dict(rounds=10, hp={"encoder_rounds": 31}), r"'rounds': fedconcat runs hp.encoder_rounds=31 .* Set rounds: 231"),
-        (dict(rounds=50, hp={"encoder_rounds": 31, "classifier_rounds": 200}),
-         r"31 \+ 200 = 231 rounds, but rounds is 50; set rounds: 231"),
-        (dict(rounds=10, hp={"encoder_rounds": 2, "num_clusters": 7}), r"hp.num_clusters': 7 clusters but only 6"),
-        (dict(rounds=10, hp={"encoder_rounds": 2, "elbow_range": [3, 2]}), r"hp.elbow_range': must be \[lo, hi\]"),
-        (dict(rounds=10, hp={"encoder_rounds": 2, "clustering": "cfl"}), r"hp.clustering': must be one of kmeans, ifca, fesem, fedsoft"),
-        (dict(rounds=10, algorithm="fedconcat_id", hp={"encoder_rounds": 2, "eps": 1.0}), r"hp.eps': FedConcat-ID sends no"),
-        (dict(rounds=10, algorithm="fedconcat_id", hp={"encoder_rounds": 2, "clustering": "ifca"}),
-         r"hp.clustering': FedConcat-ID clusters the inferred distributions by K-means .* got 'ifca'"),
+        (
+            dict(rounds=10, hp={"encoder_rounds": 31}),
+            r"'rounds': fedconcat runs hp.encoder_rounds=31 .* Set rounds: 231",
+        ),
+        (
+            dict(rounds=50, hp={"encoder_rounds": 31, "classifier_rounds": 200}),
+            r"31 \+ 200 = 231 rounds, but rounds is 50; set rounds: 231",
+        ),
+        (
+            dict(rounds=10, hp={"encoder_rounds": 2, "num_clusters": 7}),
+            r"hp.num_clusters': 7 clusters but only 6",
+        ),
+        (
+            dict(rounds=10, hp={"encoder_rounds": 2, "elbow_range": [3, 2]}),
+            r"hp.elbow_range': must be \[lo, hi\]",
+        ),
+        (
+            dict(rounds=10, hp={"encoder_rounds": 2, "clustering": "cfl"}),
+            r"hp.clustering': must be one of kmeans, ifca, fesem, fedsoft",
+        ),
+        (
+            dict(rounds=10, algorithm="fedconcat_id", hp={"encoder_rounds": 2, "eps": 1.0}),
+            r"hp.eps': FedConcat-ID sends no",
+        ),
+        (
+            dict(rounds=10, algorithm="fedconcat_id", hp={"encoder_rounds": 2, "clustering": "ifca"}),
+            r"hp.clustering': FedConcat-ID clusters the inferred distributions by K-means .* got 'ifca'",
+        ),
     ],
-)  # fmt: skip
+)
 def test_config_errors_name_the_keys(tmp_path, over, pattern):
     with pytest.raises(ConfigError, match=pattern):
         small_config(tmp_path, **{"algorithm": "fedconcat", **over})
@@ -198,17 +242,22 @@ def test_the_classifier_is_the_unweighted_mean_of_the_participants_heads(tmp_pat
     """Register docs/algorithms/fedconcat.md#d2-three-classifier-steps-averaged-without-weights: every client takes the same 3 steps, so the server averages without weights."""
     from fedray.algorithms.concat import fedconcat
 
-    cfg = small_config(tmp_path, algorithm="fedconcat", rounds=2, partition="quantity", partition_beta=0.3,
-                       hp={"num_clusters": 2, "encoder_rounds": 1})  # fmt: skip
+    cfg = small_config(
+        tmp_path,
+        algorithm="fedconcat",
+        rounds=2,
+        partition="quantity",
+        partition_beta=0.3,
+        hp={"num_clusters": 2, "encoder_rounds": 1},
+    )
     fed, _ = make_local_federation(cfg, build_federated_data(cfg))
     sizes = fed.num_examples()
     assert len(set(sizes.values())) > 1  # clients of different sizes: a weighted mean would differ
     hp = ALGORITHMS["fedconcat"].make_hparams(cfg.hp)
     state, _ = fedconcat.round(fedconcat.init(fed, hp), fed, hp, 0)
     before = state.head
-    state, records = fedconcat.round(
-        state, fed, hp, 1
-    )  # the first classifier round: encoders sent, head trained
+    # the first classifier round: encoders sent, head trained
+    state, records = fedconcat.round(state, fed, hp, 1)
     # Each client's own update from the round's starting head, as the clients computed it:
     start = get_params(fed.task.build_model("classifier_init", fedconcat.Arch(2, head_only=True)))
     assert before is None
@@ -248,8 +297,15 @@ def test_dp_noise_is_added_by_each_client_so_the_server_sees_only_noised_distrib
 
 @pytest.mark.parametrize("clustering", ["ifca", "fesem", "fedsoft"])
 def test_a_clustered_algorithm_can_run_stage_2_and_its_models_become_the_encoders(tmp_path, clustering):
-    cfg = small_config(tmp_path, algorithm="fedconcat", rounds=3, partition="dominant", partition_clusters=2,
-                       client_test_fraction=0.2, hp={"num_clusters": 2, "encoder_rounds": 2, "clustering": clustering})  # fmt: skip
+    cfg = small_config(
+        tmp_path,
+        algorithm="fedconcat",
+        rounds=3,
+        partition="dominant",
+        partition_clusters=2,
+        client_test_fraction=0.2,
+        hp={"num_clusters": 2, "encoder_rounds": 2, "clustering": clustering},
+    )
     fed, _ = make_local_federation(cfg, build_federated_data(cfg))
     alg = ALGORITHMS["fedconcat"]
     hp = alg.make_hparams(cfg.hp)
@@ -288,8 +344,16 @@ def test_the_classifier_trains_on_the_features_of_the_encoders_stage_2_trained(t
     from fedray.models import Arch
 
     hp = {"num_clusters": 1, "encoder_rounds": 1, "classifier_rounds": 1, "classifier_steps": 1}
-    cfg = small_config(tmp_path, num_clients=1, algorithm="fedconcat", rounds=2, batch_size=1000, lr=0.5, weight_decay=0.0,
-                       hp=hp)  # fmt: skip
+    cfg = small_config(
+        tmp_path,
+        num_clients=1,
+        algorithm="fedconcat",
+        rounds=2,
+        batch_size=1000,
+        lr=0.5,
+        weight_decay=0.0,
+        hp=hp,
+    )
     data = build_federated_data(cfg)
     fed, _ = make_local_federation(cfg, data)
     alg = ALGORITHMS["fedconcat"]

@@ -24,8 +24,18 @@ from tests.helpers import run_metrics
 
 
 def _cfg(tmp_path, **over):
-    base = dict(dataset="fedprox_synthetic", model="logreg", num_clients=6, batch_size=10, lr=0.05,
-                momentum=0.0, weight_decay=0.0, local_epochs=3, rounds=2, participation=1.0)  # fmt: skip
+    base = dict(
+        dataset="fedprox_synthetic",
+        model="logreg",
+        num_clients=6,
+        batch_size=10,
+        lr=0.05,
+        momentum=0.0,
+        weight_decay=0.0,
+        local_epochs=3,
+        rounds=2,
+        participation=1.0,
+    )
     return small_config(tmp_path, **{**base, **over})
 
 
@@ -46,7 +56,7 @@ def test_each_client_is_drawn_from_the_seed_and_its_id_alone(tmp_path):
     assert not np.array_equal(other.clients.source.samples(0).x[:10], few.clients.source.samples(0).x[:10])
     # the global test set is every client's test split, pooled in client order
     pooled = [src.samples(c) for c in range(7)]
-    x = np.concatenate([p.x[src.split(c)[0]:] for c, p in enumerate(pooled)])
+    x = np.concatenate([p.x[src.split(c)[0] :] for c, p in enumerate(pooled)])
     np.testing.assert_array_equal(many.dataset.test.x, x)
     assert many.dataset.test.x.shape[1:] == (DIM,) and many.dataset.test.x.dtype == np.float32
 
@@ -100,11 +110,17 @@ def test_beta_spreads_the_clients_inputs_and_alpha_moves_no_label():
 
 
 def test_its_clients_come_with_it_the_config_says_so_and_reports_name_it(tmp_path):
-    for bad, key in (({"partition": "labels"}, "partition"), ({"shift": "fedrc_code"}, "shift"),
-                     ({"synthetic_alpha": -1.0}, "synthetic_alpha")):  # fmt: skip
+    for bad, key in (
+        ({"partition": "labels"}, "partition"),
+        ({"shift": "fedrc_code"}, "shift"),
+        ({"synthetic_alpha": -1.0}, "synthetic_alpha"),
+    ):
         with pytest.raises(ConfigError, match=key):
             _cfg(tmp_path, **bad)
-    with pytest.raises(ConfigError, match=r"'partition_k' is not read by dataset 'fedprox_synthetic' \(it comes with its own clients"):
+    with pytest.raises(
+        ConfigError,
+        match=r"'partition_k' is not read by dataset 'fedprox_synthetic' \(it comes with its own clients",
+    ):
         _cfg(tmp_path, partition_k=3)
     with pytest.raises(ConfigError, match="synthetic_alpha"):  # another data set's key
         small_config(tmp_path, synthetic_alpha=0.5)
@@ -143,7 +159,9 @@ def test_fedavg_drops_the_stragglers_and_fedprox_keeps_their_partial_work_by_han
     assert len(slow) == 3 and all(1 <= e <= 2 for e in slow.values())
     n = fed.num_examples()
     kept = [c for c in range(6) if c not in slow] if algorithm == "fedavg" else list(range(6))
-    expect = weighted_average([_trained(fed, c, state.params, slow.get(c)) for c in kept], [n[c] for c in kept])
+    expect = weighted_average(
+        [_trained(fed, c, state.params, slow.get(c)) for c in kept], [n[c] for c in kept]
+    )
     for k in expect:
         np.testing.assert_allclose(new.params[k], expect[k], rtol=0, atol=1e-6)
 
@@ -153,7 +171,9 @@ def test_the_stragglers_are_the_same_for_every_algorithm_of_a_seed_and_change_by
     fed, _ = make_local_federation(cfg, build_federated_data(cfg))
     hp = fedavg.Hparams(stragglers=0.9)
     cids = list(range(20))
-    assert fedavg.stragglers(fed, hp, cids, 4) == fedavg.stragglers(fed, fedprox.Hparams(stragglers=0.9), cids, 4)
+    assert fedavg.stragglers(fed, hp, cids, 4) == fedavg.stragglers(
+        fed, fedprox.Hparams(stragglers=0.9), cids, 4
+    )
     assert len(fedavg.stragglers(fed, hp, cids, 4)) == 18
     assert fedavg.stragglers(fed, hp, cids, 4) != fedavg.stragglers(fed, hp, cids, 5)
     assert fedavg.stragglers(fed, fedavg.Hparams(), cids, 4) == {}
@@ -164,7 +184,14 @@ def test_stragglers_reduce_to_fedavg(tmp_path):
     # and no stragglers is plain FedAvg (the stragglers' stream draws nothing)
     over = dict(rounds=3, participation=0.5)
     ref = run_metrics(_cfg(tmp_path / "a", algorithm="fedavg", hp={"stragglers": 0.5}, **over))
-    got = run_metrics(_cfg(tmp_path / "b", algorithm="fedprox", hp={"stragglers": 0.5, "mu": 0.0, "drop_stragglers": True}, **over))
+    got = run_metrics(
+        _cfg(
+            tmp_path / "b",
+            algorithm="fedprox",
+            hp={"stragglers": 0.5, "mu": 0.0, "drop_stragglers": True},
+            **over,
+        )
+    )
     assert got.equals(ref), got.compare(ref)
     plain = run_metrics(_cfg(tmp_path / "c", algorithm="fedavg", **over))
     zero = run_metrics(_cfg(tmp_path / "d", algorithm="fedprox", hp={"stragglers": 0.0, "mu": 0.0}, **over))
@@ -200,6 +227,16 @@ def test_batched_training_gives_a_straggler_its_own_epochs(tmp_path):
 
 
 def test_validation_accepts_the_papers_config():
-    cfg = from_dict({"dataset": "fedprox_synthetic", "model": "logreg", "num_clients": 30, "algorithm": "fedprox",
-                     "hp": {"mu": 1.0, "stragglers": 0.9}, "local_epochs": 20, "batch_size": 10, "output": "/tmp/x"})  # fmt: skip
+    cfg = from_dict(
+        {
+            "dataset": "fedprox_synthetic",
+            "model": "logreg",
+            "num_clients": 30,
+            "algorithm": "fedprox",
+            "hp": {"mu": 1.0, "stragglers": 0.9},
+            "local_epochs": 20,
+            "batch_size": 10,
+            "output": "/tmp/x",
+        }
+    )
     assert cfg.hp == {"mu": 1.0, "stragglers": 0.9}

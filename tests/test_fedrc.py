@@ -25,14 +25,25 @@ def metrics(cfg):
     return df[df["metric"] != "bytes_down"].reset_index(drop=True)
 
 
-OVER = dict(partition="dominant", partition_clusters=2, num_clients=6, rounds=3, participation=1.0,
-            client_test_fraction=0.2, seed=3, lr=0.1)  # fmt: skip
+OVER = dict(
+    partition="dominant",
+    partition_clusters=2,
+    num_clients=6,
+    rounds=3,
+    participation=1.0,
+    client_test_fraction=0.2,
+    seed=3,
+    lr=0.1,
+)
 
 
 def test_fedrc_without_its_label_prior_is_fedem(tmp_path):
     ref = metrics(small_config(tmp_path / "fedem", algorithm="fedem", hp={"num_clusters": 2}, **OVER))
-    got = metrics(small_config(tmp_path / "fedrc", algorithm="fedrc", hp={"num_clusters": 2, "label_prior": False},
-                               **OVER))  # fmt: skip
+    got = metrics(
+        small_config(
+            tmp_path / "fedrc", algorithm="fedrc", hp={"num_clusters": 2, "label_prior": False}, **OVER
+        )
+    )
     assert got.equals(ref), got.compare(ref)
 
 
@@ -114,9 +125,13 @@ def test_omega_of_every_participant_is_written_each_round(tmp_path):
 
 @pytest.mark.parametrize(
     "hp, match",
-    [({"adam": "yes"}, r"'hp.adam'.*off, paper, code"), ({"delta": 1.5}, r"'hp.delta'"), ({"xi": -1}, r"'hp.xi'"),
-     ({"num_clusters": 0}, r"'hp.num_clusters'")],
-)  # fmt: skip
+    [
+        ({"adam": "yes"}, r"'hp.adam'.*off, paper, code"),
+        ({"delta": 1.5}, r"'hp.delta'"),
+        ({"xi": -1}, r"'hp.xi'"),
+        ({"num_clusters": 0}, r"'hp.num_clusters'"),
+    ],
+)
 def test_bad_fedrc_settings_name_the_key(tmp_path, hp, match):
     with pytest.raises(ConfigError, match=match):
         small_config(tmp_path, algorithm="fedrc", hp=hp)
@@ -131,7 +146,6 @@ def test_every_sampled_client_enters_each_models_average_a_skipper_with_what_it_
     agg.add([{"w": np.array([3.0, 6.0])}, {"w": np.array([2.0, 6.0])}], 3)  # client B
     out = agg.result()
     np.testing.assert_allclose(out[0]["w"], [(1 * 1 + 3 * 3) / 4, (1 * 2 + 3 * 6) / 4])  # [2.5, 5]
-    np.testing.assert_allclose(
-        out[1]["w"], [(1 * 10 + 3 * 2) / 4, (1 * 10 + 3 * 6) / 4]
-    )  # [4, 7], not B's [2, 6]
+    # [4, 7], not B's [2, 6]
+    np.testing.assert_allclose(out[1]["w"], [(1 * 10 + 3 * 2) / 4, (1 * 10 + 3 * 6) / 4])
     assert agg.trained == {0: 2, 1: 1}

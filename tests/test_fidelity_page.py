@@ -51,8 +51,11 @@ def test_an_algorithm_with_hp_is_named_by_the_section(base):
 
 def test_a_papers_orderings_checked_per_partition(tmp_path, base):
     out = tmp_path / "out"
-    runs = {("fedcat", ()): [0.80, 0.82], ("fedcat", (("concatenation", False),)): [0.78, 0.82],
-            ("fedavg", ()): [0.60, 0.62]}  # fmt: skip
+    runs = {
+        ("fedcat", ()): [0.80, 0.82],
+        ("fedcat", (("concatenation", False),)): [0.78, 0.82],
+        ("fedavg", ()): [0.60, 0.62],
+    }
     for (alg, hp), accs in runs.items():
         for seed, acc in enumerate(accs):
             write_run(out, {**base, "algorithm": alg, "hp": dict(hp), "seed": seed}, final(acc))
@@ -128,21 +131,28 @@ def test_a_claim_in_a_section_with_by_fields_names_which_cell(tmp_path, base):
         write_run(out, {**base, "algorithm": "fedrs", "seed": seed}, final(with_bias))
         write_run(out, {**base, "algorithm": "fedrs", "seed": seed, "head_bias": False}, final(without))
         write_run(out, {**base, "algorithm": "fedavg", "seed": seed}, final(avg))
-        write_run(out, {**base, "algorithm": "fedrs", "seed": seed, "head_bias": False, "source": "authors/R"},
-                  final(ref))  # fmt: skip
+        write_run(
+            out,
+            {**base, "algorithm": "fedrs", "seed": seed, "head_bias": False, "source": "authors/R"},
+            final(ref),
+        )
     c = cells(out, by=["head_bias"])
-    with pytest.raises(FidelityError, match=r"fedrs has 2 cells on .*\(fedrs head_bias=true, fedrs head_bias=false|"
-                                            r"fedrs has 2 cells on .*\(fedrs head_bias=false, fedrs head_bias=true"):  # fmt: skip
+    with pytest.raises(
+        FidelityError,
+        match=r"fedrs has 2 cells on .*\(fedrs head_bias=true, fedrs head_bias=false|"
+        r"fedrs has 2 cells on .*\(fedrs head_bias=false, fedrs head_bias=true",
+    ):
         claim_table(c, [{"claim": "x", "above": ["fedrs"], "below": ["fedavg"]}], ["head_bias"])
     claim = {"claim": "x", "above": ["fedrs head_bias=false"], "below": ["fedavg"]}
     t = claim_table(c, [claim], ["head_bias"])
     # fedray without the bias: 61 against 65 (each var 2): -4.0, 2 SE 2.8; the reference has no FedAvg
-    assert t["differences (points)"].tolist() == ["fedrs head_bias=false − fedavg: -4.0 (2 SE 2.8)",
-                                                  "fedrs head_bias=false − fedavg: not run"]  # fmt: skip
+    assert t["differences (points)"].tolist() == [
+        "fedrs head_bias=false − fedavg: -4.0 (2 SE 2.8)",
+        "fedrs head_bias=false − fedavg: not run",
+    ]
     assert t["verdict"].tolist() == ["does not hold (fedrs head_bias=false not above fedavg)", "not run"]
-    with pytest.raises(
-        FidelityError, match="no cell named 'fedrs head_bias=False'"
-    ):  # a typo in the by-value
+    # a typo in the by-value
+    with pytest.raises(FidelityError, match="no cell named 'fedrs head_bias=False'"):
         claim_table(c, [{**claim, "above": ["fedrs head_bias=False"]}], ["head_bias"])
     with_bias = claim_table(c, [{**claim, "above": ["fedrs head_bias=true"]}], ["head_bias"])
     assert with_bias["differences (points)"].tolist()[0] == "fedrs head_bias=true − fedavg: +6.0 (2 SE 2.8)"
@@ -172,11 +182,15 @@ def test_a_tuned_section_takes_each_sides_best_learning_rate(tmp_path, base):
     # run with the most seeds, the fewest diverged, then the best mean; every lr's mean is shown.
     out = tmp_path / "out"
     runs = {  # (algorithm, source, lr): per-seed accuracy; None = diverged
-        ("fedavg", "fedray", 0.03): [0.60, 0.64], ("fedavg", "fedray", 0.06): [0.70, 0.66],
-        ("fedavg", "authors/X", 0.03): [0.50, 0.54], ("fedavg", "authors/X", 0.06): [0.40, 0.42],
+        ("fedavg", "fedray", 0.03): [0.60, 0.64],
+        ("fedavg", "fedray", 0.06): [0.70, 0.66],
+        ("fedavg", "authors/X", 0.03): [0.50, 0.54],
+        ("fedavg", "authors/X", 0.06): [0.40, 0.42],
         ("fedavg", "authors/X", 0.1): [0.90],  # one seed only: cannot win over two
-        ("fedrc", "fedray", 0.03): [0.50, 0.52], ("fedrc", "fedray", 0.1): [0.95, None],  # best mean, diverged once
-    }  # fmt: skip
+        # best mean, diverged once
+        ("fedrc", "fedray", 0.03): [0.50, 0.52],
+        ("fedrc", "fedray", 0.1): [0.95, None],
+    }
     for (alg, source, lr), accs in runs.items():
         for seed, acc in enumerate(accs):
             cfg = {**base, "algorithm": alg, "lr": lr, "seed": seed, "source": source}
@@ -190,15 +204,27 @@ def test_a_tuned_section_takes_each_sides_best_learning_rate(tmp_path, base):
     assert c.loc[("fedavg", "authors/X"), "setting"] == "lr=0.03"  # 52 against 41; lr 0.1 has one seed
     assert c.loc[("fedrc", "fedray"), "setting"] == "lr=0.03"  # lr 0.1 diverged once
     assert c.loc[("fedrc", "fedray"), "grid"]["lr=0.1"] == ([0.95], 1)
-    spec = {"sections": [{"title": "Tuned", "results": "out", "tuned": ["lr"],
-                          "claims": [{"claim": "c", "above": ["fedavg"], "below": ["fedrc"]}]}]}  # fmt: skip
+    spec = {
+        "sections": [
+            {
+                "title": "Tuned",
+                "results": "out",
+                "tuned": ["lr"],
+                "claims": [{"claim": "c", "above": ["fedavg"], "below": ["fedrc"]}],
+            }
+        ]
+    }
     page = render(spec, tmp_path)
     flat = re.sub(r" +", " ", page)
     # fedray 68.0 ± 2.8 against the reference's 52.0 ± 2.8: +16.0; each side's lr named
     assert "| fedavg | 68.0 ± 2.8 (2) | lr=0.06 | 52.0 ± 2.8 (2) [authors/X] | lr=0.03 | +16.0 |" in flat
     assert "| source | lr=0.03 | lr=0.06 | lr=0.1 |" in flat  # the settings by value
     assert sorted(["lr=0.1", "lr=0.06", "lr=1e-05", "lr=default"], key=setting_order) == [
-        "lr=1e-05", "lr=0.06", "lr=0.1", "lr=default"]  # fmt: skip
+        "lr=1e-05",
+        "lr=0.06",
+        "lr=0.1",
+        "lr=default",
+    ]
     assert "| fedavg | fedray | 62.0 ± 2.8 (2) | **68.0 ± 2.8 (2)** | - |" in flat
     assert "| fedavg | authors/X | **52.0 ± 2.8 (2)** | 41.0 ± 1.4 (2) | 90.0 (1) |" in flat
     assert "| fedrc | fedray | **51.0 ± 1.4 (2)** | - | 95.0 (1), 1 diverged |" in flat
@@ -223,9 +249,11 @@ def test_a_tuned_section_can_read_purity_at_the_lr_accuracy_picks(tmp_path, base
     # The paper tunes the lr on accuracy; its purity claim is read at that lr, on each side.
     out = tmp_path / "out"
     runs = {  # (source, lr): per-seed (accuracy, purity)
-        ("fedray", 0.03): [(0.20, 0.90), (0.22, 0.80)], ("fedray", 0.1): [(0.26, 0.70), (0.28, 0.60)],
-        ("authors/X", 0.03): [(0.24, 0.50), (0.26, 0.70)], ("authors/X", 0.1): [(0.10, 0.99), (0.12, 0.97)],
-    }  # fmt: skip
+        ("fedray", 0.03): [(0.20, 0.90), (0.22, 0.80)],
+        ("fedray", 0.1): [(0.26, 0.70), (0.28, 0.60)],
+        ("authors/X", 0.03): [(0.24, 0.50), (0.26, 0.70)],
+        ("authors/X", 0.1): [(0.10, 0.99), (0.12, 0.97)],
+    }
     for (source, lr), seeds in runs.items():
         for seed, (acc, pur) in enumerate(seeds):
             cfg = {**base, "algorithm": "fedrc", "lr": lr, "seed": seed, "source": source}
@@ -236,9 +264,20 @@ def test_a_tuned_section_can_read_purity_at_the_lr_accuracy_picks(tmp_path, base
     assert c.loc["authors/X", "setting"] == "lr=0.03" and sorted(c.loc["authors/X", "values"]) == [0.50, 0.70]
     assert c.loc["fedray", "grid"]["lr=0.03"] == ([0.90, 0.80], 0)  # the grid shows what is read
     by_purity = cells(out, read, tuned=["lr"]).set_index("source")  # without tuned_by: purity's own best
-    assert by_purity.loc["fedray", "setting"] == "lr=0.03" and by_purity.loc["authors/X", "setting"] == "lr=0.1"
-    spec = {"sections": [{"title": "Purity", "results": "out", "tuned": ["lr"], "read": read,
-                          "tuned_by": {"metric": "accuracy"}}]}  # fmt: skip
+    assert (
+        by_purity.loc["fedray", "setting"] == "lr=0.03" and by_purity.loc["authors/X", "setting"] == "lr=0.1"
+    )
+    spec = {
+        "sections": [
+            {
+                "title": "Purity",
+                "results": "out",
+                "tuned": ["lr"],
+                "read": read,
+                "tuned_by": {"metric": "accuracy"},
+            }
+        ]
+    }
     flat = re.sub(r" +", " ", render(spec, tmp_path))
     assert "then the best mean of accuracy at the final round):" in flat
     assert "| fedrc | fedray | 85.0 ± 7.1 (2) | **65.0 ± 7.1 (2)** |" in flat
@@ -251,8 +290,12 @@ def test_a_tuned_hp_key_is_the_setting_not_part_of_the_name_and_a_default_is_its
     # leaves mu at its default (0.001, which its summary records) is the same setting as mu=0.001
     out = tmp_path / "out"
     for seed, (low, high) in enumerate([(0.60, 0.70), (0.62, 0.72)]):
-        write_run(out, {**base, "algorithm": "fedprox", "seed": seed}, final(low),
-                  summary={"hparams": {"mu": 0.001}})  # fmt: skip
+        write_run(
+            out,
+            {**base, "algorithm": "fedprox", "seed": seed},
+            final(low),
+            summary={"hparams": {"mu": 0.001}},
+        )
         write_run(
             out, {**base, "algorithm": "fedprox", "seed": seed + 2, "hp": {"mu": 0.001}}, final(low + 0.02)
         )
@@ -314,16 +357,45 @@ def test_a_missing_results_folder_is_an_error_or_the_section_as_last_generated(t
 
 
 def _layer_run(out, base, seed, size, eps1, gaps, extra=None, groups=(0, 0, 1, 1)):
-    cfg = {**base, "algorithm": "cfl", "partition": "rotation", "partition_size": size, "seed": seed,
-           "hp": {"eps1": eps1}, "rounds": len(gaps)}  # fmt: skip
+    cfg = {
+        **base,
+        "algorithm": "cfl",
+        "partition": "rotation",
+        "partition_size": size,
+        "seed": seed,
+        "hp": {"eps1": eps1},
+        "rounds": len(gaps),
+    }
     run_id = f"cfl-{size}-{eps1}-s{seed}"
     w = ResultsWriter(out, run_id, cfg, flush_every_s=0)
     w.start()
-    w.write_clients([{"client": c, "role": "train", "num_train": size, "num_test": 0, "group": g, "concept": "",
-                      "corruption": "", "severity": 0} for c, g in enumerate(groups)])  # fmt: skip
+    w.write_clients(
+        [
+            {
+                "client": c,
+                "role": "train",
+                "num_train": size,
+                "num_test": 0,
+                "group": g,
+                "concept": "",
+                "corruption": "",
+                "severity": 0,
+            }
+            for c, g in enumerate(groups)
+        ]
+    )
     for r, (g_all, g_conv) in enumerate(gaps, start=1):
-        w.add(r, [rec("gap", g_all), rec("gap_l2", g_all / 2), rec("gap/conv1", g_conv), rec("gap_l2/conv1", g_conv),
-                  rec("accuracy", 0.5), *(extra or {}).get(r, [])])  # fmt: skip
+        w.add(
+            r,
+            [
+                rec("gap", g_all),
+                rec("gap_l2", g_all / 2),
+                rec("gap/conv1", g_conv),
+                rec("gap_l2/conv1", g_conv),
+                rec("accuracy", 0.5),
+                *(extra or {}).get(r, []),
+            ],
+        )
     w.finish({})
     return run_id
 
@@ -338,9 +410,11 @@ def test_layer_study_reads_rounds_until_separation_layer_gaps_and_the_true_clust
     # more data: separate at round 1
     _layer_run(out, base, 0, 500, 0.0, [(0.4, 0.1), (0.5, 0.2), (0.6, 0.3)])
     # a splitting run: one cluster, a wrong split, then the truth (2 clusters, purity 1) at round 3
-    per_round = {1: [rec("purity", 1.0), rec("num_clusters", 1)],
-                 2: [rec("purity", 0.5), rec("num_clusters", 2), rec("split", 1, scope="cluster", entity=0)],
-                 3: [rec("purity", 1.0), rec("num_clusters", 2)]}  # fmt: skip
+    per_round = {
+        1: [rec("purity", 1.0), rec("num_clusters", 1)],
+        2: [rec("purity", 0.5), rec("num_clusters", 2), rec("split", 1, scope="cluster", entity=0)],
+        3: [rec("purity", 1.0), rec("num_clusters", 2)],
+    }
     _layer_run(out, base, 0, 100, 0.4, [(0.0, 0.0)] * 3, per_round)
     onset = L.gap_onset(out).set_index(["size", "distance", "layers", "seed"])["onset"]
     assert onset[(100, "Delta-cos", L.ALL, 0)] == 2 and onset[(100, "Delta-cos", L.ALL, 1)] == 3

@@ -39,8 +39,18 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_anything_star
 
 def test_a_partition_that_cannot_be_drawn_fails_before_ray(tmp_path):
     # Dir(0.5) over 100 clients of 600 samples: some client always ends below 10 samples.
-    p = cli(tmp_path, "run", "--set", "dataset=synthetic", "--set", "synthetic_size=600", "--set", "num_clients=100",
-            "--output", str(tmp_path / "out"))  # fmt: skip
+    p = cli(
+        tmp_path,
+        "run",
+        "--set",
+        "dataset=synthetic",
+        "--set",
+        "synthetic_size=600",
+        "--set",
+        "num_clients=100",
+        "--output",
+        str(tmp_path / "out"),
+    )
     assert p.returncode == 2, p.stderr
     assert "config key 'partition_beta': Dir(0.5) over 100 clients gave a client with fewer than" in p.stderr
     assert not (tmp_path / "out" / "runs").exists()
@@ -77,8 +87,13 @@ def test_clustered_algorithms_record_a_global_accuracy_by_the_lowest_loss_rule(t
 
 
 def test_a_shift_preset_keeps_fedrcs_test_split_unless_the_user_sets_one():
-    base = {"dataset": "fmnist", "model": "fedrc_cnn", "num_clients": 300, "partition": "clientwise_dirichlet",
-            "partition_beta": 1.0}  # fmt: skip
+    base = {
+        "dataset": "fmnist",
+        "model": "fedrc_cnn",
+        "num_clients": 300,
+        "partition": "clientwise_dirichlet",
+        "partition_beta": 1.0,
+    }
     assert from_dict({**base, "shift": "fedrc_code"}).client_test_fraction == 0.1
     assert from_dict({**base, "shift": "fedrc_code", "client_test_fraction": 0.2}).client_test_fraction == 0.2
     assert from_dict({**base, "shift": "fedrc_code", "client_test_fraction": 0}).client_test_fraction == 0.0
@@ -92,8 +107,12 @@ def test_fedconcat_rounds_follow_its_stages_unless_set():
         from_dict({"algorithm": "fedconcat_id", "hp": {"encoder_rounds": 2, "classifier_rounds": 3}}).rounds
         == 5
     )
-    assert from_dict({"algorithm": "fedconcat", "hp": {"encoder_rounds": 12, "classifier_rounds": 57},
-                      "rounds": 69}).rounds == 69  # fmt: skip
+    assert (
+        from_dict(
+            {"algorithm": "fedconcat", "hp": {"encoder_rounds": 12, "classifier_rounds": 57}, "rounds": 69}
+        ).rounds
+        == 69
+    )
     with pytest.raises(
         ConfigError,
         match="hp.encoder_rounds \\+ hp.classifier_rounds = 12 \\+ 57 = 69 rounds, but rounds is 70",
@@ -194,7 +213,9 @@ def test_runs_last_line_says_how_to_look_and_report_says_when_runs_are_left_out(
     from jobs.cli import main
 
     out = tmp_path / "out"
-    assert main(["run", "--local", "--set", "rounds=1", "--set", "eval_train=false", "--output", str(out)]) == 0
+    assert (
+        main(["run", "--local", "--set", "rounds=1", "--set", "eval_train=false", "--output", str(out)]) == 0
+    )
     assert capsys.readouterr().out.rstrip().endswith(f"results in {out}/ (fedray report {out})")
     only_unfinished = tmp_path / "unfinished"
     cfg = small_config(only_unfinished)
@@ -203,7 +224,10 @@ def test_runs_last_line_says_how_to_look_and_report_says_when_runs_are_left_out(
     w.start()
     w.fail("RuntimeError: boom", {})
     assert main(["report", str(cfg.output), "--no-plots"]) == 0
-    assert "no finished runs in" in (text := capsys.readouterr().out) and "1 not finished: --all includes them" in text
+    assert (
+        "no finished runs in" in (text := capsys.readouterr().out)
+        and "1 not finished: --all includes them" in text
+    )
 
 
 def test_an_unreachable_ray_address_fails_in_seconds_naming_it(tmp_path, monkeypatch):
@@ -215,7 +239,9 @@ def test_an_unreachable_ray_address_fails_in_seconds_naming_it(tmp_path, monkeyp
     monkeypatch.setattr(driver.ray, "is_initialized", lambda: False)  # as in a fresh `fedray run` process
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")  # nothing listens on the discard port
     t0 = time.perf_counter()
-    with pytest.raises(ConnectionError, match=r"cannot reach the Ray cluster at 127.0.0.1:9 \(RAY_ADDRESS\).*--address local"):
+    with pytest.raises(
+        ConnectionError, match=r"cannot reach the Ray cluster at 127.0.0.1:9 \(RAY_ADDRESS\).*--address local"
+    ):
         driver.connect()
     assert time.perf_counter() - t0 < 5
 

@@ -67,9 +67,12 @@ def test_each_bound_kind_refuses_with_one_message(name, value, message):
 
 @pytest.mark.parametrize(
     "values",
-    [{}, {"a": 0.0, "b": 1e-9, "c": 1.0, "d": 0.999, "e": 0.0, "f": 1.0, "g": 0.0, "h": 0.5},
-     {"g": 1.0, "k": 1, "s": "code", "free": -100}],
-)  # fmt: skip
+    [
+        {},
+        {"a": 0.0, "b": 1e-9, "c": 1.0, "d": 0.999, "e": 0.0, "f": 1.0, "g": 0.0, "h": 0.5},
+        {"g": 1.0, "k": 1, "s": "code", "free": -100},
+    ],
+)
 def test_the_ends_a_bound_includes_pass(values):
     check_fields(dataclasses.replace(_Hp(), **values))
 
@@ -79,8 +82,16 @@ def test_declared_rules_and_bad_declarations():
     assert set(rules) == set("abcdefghks") | {"doc"} and "free" not in rules
     assert rules["e"] == Bound(ge=0, lt=1) and rules["s"] == OneOf(("paper", "code"))
     assert [rules[n].describe() for n in "abcdefghs"] == [
-        ">= 0", "> 0", "<= 1", "< 1", "in [0, 1)", "in (0, 1]", "in [0, 1]", "in (0, 1)", "one of paper, code",
-    ]  # fmt: skip
+        ">= 0",
+        "> 0",
+        "<= 1",
+        "< 1",
+        "in [0, 1)",
+        "in (0, 1]",
+        "in [0, 1]",
+        "in (0, 1)",
+        "one of paper, code",
+    ]
     assert dataclasses.fields(_Hp)[10].metadata["doc"] == "merges with other metadata"
     for bad in (dict(), dict(ge=0, gt=0), dict(le=1, lt=1)):
         with pytest.raises(TypeError):

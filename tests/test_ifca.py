@@ -30,9 +30,15 @@ OVER = dict(rounds=3, participation=0.5, client_test_fraction=0.2, seed=6)
 def test_one_cluster_is_fedavg(tmp_path, algorithm):
     ref = run_metrics(small_config(tmp_path / "fedavg", **OVER))
     got = run_metrics(small_config(tmp_path / algorithm, algorithm=algorithm, hp={"num_clusters": 1}, **OVER))
-    for name, scope in [("accuracy", "cluster"), ("loss", "cluster"), ("local_accuracy", "global"),
-                        ("train_loss", "global"), ("train_accuracy", "global"), ("sgd_loss", "global"),
-                        ("sgd_accuracy", "global")]:  # fmt: skip
+    for name, scope in [
+        ("accuracy", "cluster"),
+        ("loss", "cluster"),
+        ("local_accuracy", "global"),
+        ("train_loss", "global"),
+        ("train_accuracy", "global"),
+        ("sgd_loss", "global"),
+        ("sgd_accuracy", "global"),
+    ]:
         a = ref[(ref["metric"] == name) & (ref["scope"] == "global")]["value"].tolist()
         b = got[(got["metric"] == name) & (got["scope"] == scope)]["value"].tolist()
         assert len(a) == 3 and a == b, name
@@ -77,8 +83,9 @@ def test_empty_cluster_zero_overwrites_the_unpicked_model_with_zeros(tmp_path):
 
 
 def test_ifca_records_each_participants_choice(tmp_path):
-    cfg = small_config(tmp_path, algorithm="ifca", hp={"num_clusters": 2}, partition="dominant",
-                       partition_clusters=2, **OVER)  # fmt: skip
+    cfg = small_config(
+        tmp_path, algorithm="ifca", hp={"num_clusters": 2}, partition="dominant", partition_clusters=2, **OVER
+    )
     m = run_metrics(cfg)
     a = load_assignments(cfg.output)
     assert (a.groupby("round").size() == 3).all() and set(a["weight"]) == {1.0}
@@ -88,9 +95,8 @@ def test_ifca_records_each_participants_choice(tmp_path):
 def test_fesem_distance_by_hand():
     local_ = {"w": np.array([3.0, 4.0], np.float32), "b": np.array([1.0], np.float32), "n": np.array(5)}
     center = {"w": np.array([0.0, 0.0], np.float32), "b": np.array([-1.0], np.float32), "n": np.array(0)}
-    assert fesem.center_distance(local_, center) == pytest.approx(
-        5.0 + 2.0
-    )  # integers are no tensor to compare
+    # integers are no tensor to compare
+    assert fesem.center_distance(local_, center) == pytest.approx(5.0 + 2.0)
 
 
 def test_fesem_first_round_tries_every_centre_then_follows_distances(tmp_path):

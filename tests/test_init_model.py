@@ -82,14 +82,19 @@ def test_bad_init_models_are_refused_before_anything_runs(tmp_path, trained):
     _, folder = trained
     with pytest.raises(ConfigError, match=r"'init_model': .*nope: no such file or folder"):
         small_config(tmp_path, init_model=str(tmp_path / "nope"))
-    with pytest.raises(ConfigError, match=r"'init_model': .*another architecture \(mlp on 1x8x8 inputs, 10 "
-                                          r"classes\); this run builds mlp without head bias"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"'init_model': .*another architecture \(mlp on 1x8x8 inputs, 10 "
+        r"classes\); this run builds mlp without head bias",
+    ):
         small_config(tmp_path, init_model=str(folder), head_bias=False)
     (tmp_path / "stray.npz").write_bytes((folder / "global.npz").read_bytes())
     with pytest.raises(ConfigError, match=r"'init_model': .*no saved models"):  # no index.json beside it
         small_config(tmp_path, init_model=str(tmp_path / "stray.npz"))
     # FedConcat's concatenated global model is not of the task's architecture; its folder names the others
-    fc = small_config(tmp_path / "fc", algorithm="fedconcat", rounds=3, hp={"num_clusters": 2, "encoder_rounds": 2})
+    fc = small_config(
+        tmp_path / "fc", algorithm="fedconcat", rounds=3, hp={"num_clusters": 2, "encoder_rounds": 2}
+    )
     list(execute(fc, make_local_federation))
     fc_models = next((tmp_path / "fc" / "out" / "models").iterdir())
     with pytest.raises(ConfigError, match=r"'init_model': .*another architecture .*concatenated"):

@@ -99,8 +99,18 @@ def test_task_builds_each_arch_with_seeded_init():
     from fedray.models import Arch
 
     spec = DataSpec((1, 28, 28), 10, 1 / 255)
-    task = Task(seed=3, model="simple_cnn", spec=spec, local_epochs=1, batch_size=8, lr=0.1, momentum=0.0,
-                weight_decay=0.0, participation=1.0, eval_batch_size=8)  # fmt: skip
+    task = Task(
+        seed=3,
+        model="simple_cnn",
+        spec=spec,
+        local_epochs=1,
+        batch_size=8,
+        lr=0.1,
+        momentum=0.0,
+        weight_decay=0.0,
+        participation=1.0,
+        eval_batch_size=8,
+    )
     head = task.build_model("classifier_init", Arch(concat=5, head_only=True))
     assert isinstance(head, torch.nn.Linear) and head.weight.shape == (10, 420)
     again = task.build_model("classifier_init", Arch(concat=5, head_only=True))
@@ -169,9 +179,19 @@ def test_model_init_seed_plus_k_draws_model_k_after_torch_seed_seed_plus_k():
     from fedray.params import get_params
 
     def task(seed, init):
-        return Task(seed=seed, model="fedrc_cnn", spec=DataSpec((1, 28, 28), 10, 1 / 255), local_epochs=1,
-                    batch_size=8, lr=0.1, momentum=0.0, weight_decay=0.0, participation=1.0, eval_batch_size=8,
-                    model_init=init)  # fmt: skip
+        return Task(
+            seed=seed,
+            model="fedrc_cnn",
+            spec=DataSpec((1, 28, 28), 10, 1 / 255),
+            local_epochs=1,
+            batch_size=8,
+            lr=0.1,
+            momentum=0.0,
+            weight_decay=0.0,
+            participation=1.0,
+            eval_batch_size=8,
+            model_init=init,
+        )
 
     def same(a, b):
         return all(np.array_equal(a[k], b[k]) for k in a)
@@ -187,4 +207,7 @@ def test_model_init_seed_plus_k_draws_model_k_after_torch_seed_seed_plus_k():
     assert not any(same(a[i], b[j]) for i in range(3) for j in range(3))  # the default: none shared
     # FedAvg's single model is model 0: seed_plus_k draws it from the seed itself
     torch.manual_seed(7)
-    assert same(get_params(task(7, "seed_plus_k").build_model()), get_params(build_model("fedrc_cnn", (1, 28, 28), 10)))
+    assert same(
+        get_params(task(7, "seed_plus_k").build_model()),
+        get_params(build_model("fedrc_cnn", (1, 28, 28), 10)),
+    )

@@ -46,8 +46,10 @@ def test_a_runs_exported_partition_fed_back_gives_the_same_numbers_bit_for_bit(t
     b = small_config(tmp_path / "b", partition="file", partition_file=str(exported), rounds=2)
     run(b)
     assert b.run_id() != a.run_id()
-    pd.testing.assert_frame_equal(numbers(tmp_path / "a" / "out").reset_index(drop=True),
-                                  numbers(tmp_path / "b" / "out").reset_index(drop=True))  # fmt: skip
+    pd.testing.assert_frame_equal(
+        numbers(tmp_path / "a" / "out").reset_index(drop=True),
+        numbers(tmp_path / "b" / "out").reset_index(drop=True),
+    )
     # ... and the second run writes the same partition again
     again = load_partitions(tmp_path / "b" / "out")
     assert parts[["client", "split", "index"]].equals(again[["client", "split", "index"]])
@@ -98,18 +100,41 @@ BAD = [
     ("missing file", None, "does not exist"),
     ("not json", "{oops", "is not valid JSON"),
     ("no train_size", {"clients": {"0": {"train": [1]}}}, '"train_size" (an integer) is missing'),
-    ("unknown index", good(**{"1": {"train": [3, 600]}}), "client 1's train split has index 600, outside the training set"),
+    (
+        "unknown index",
+        good(**{"1": {"train": [3, 600]}}),
+        "client 1's train split has index 600, outside the training set",
+    ),
     ("negative index", good(**{"1": {"train": [-1]}}), "client 1's train split has index -1"),
-    ("duplicate across clients", good(**{"1": {"train": [2, 5]}}), "index 2 is in client 1's train split and in client 0"),
-    ("duplicate in train and test", good(**{"1": {"train": [5], "test": [5]}}), "index 5 is in client 1's test split and in its own other split"),
-    ("duplicate within a client", good(**{"1": {"train": [5, 5]}}), "client 1's train split lists index 5 more than once"),
+    (
+        "duplicate across clients",
+        good(**{"1": {"train": [2, 5]}}),
+        "index 2 is in client 1's train split and in client 0",
+    ),
+    (
+        "duplicate in train and test",
+        good(**{"1": {"train": [5], "test": [5]}}),
+        "index 5 is in client 1's test split and in its own other split",
+    ),
+    (
+        "duplicate within a client",
+        good(**{"1": {"train": [5, 5]}}),
+        "client 1's train split lists index 5 more than once",
+    ),
     ("empty client", good(**{"1": {"train": []}}), "client 1 has no training samples"),
     ("missing client", good(**{"1": None, "2": {"train": [9]}}), "client(s) 1 missing"),
     ("unknown field", good(**{"1": {"train": [4], "tset": [5]}}), "client 1: unknown field(s) tset"),
-    ("wrong dataset size", {"train_size": 60000, "clients": {"0": {"train": [1]}, "1": {"train": [2]}}},
-     "partitions a training set of 60000 samples, but synthetic has 600"),
-    ("wrong client count", {"train_size": TRAIN, "clients": {"0": {"train": [1]}}}, "holds 1 clients; set num_clients: 1"),
-]  # fmt: skip
+    (
+        "wrong dataset size",
+        {"train_size": 60000, "clients": {"0": {"train": [1]}, "1": {"train": [2]}}},
+        "partitions a training set of 60000 samples, but synthetic has 600",
+    ),
+    (
+        "wrong client count",
+        {"train_size": TRAIN, "clients": {"0": {"train": [1]}}},
+        "holds 1 clients; set num_clients: 1",
+    ),
+]
 
 
 @pytest.mark.parametrize("name,doc,message", BAD, ids=[b[0] for b in BAD])
@@ -141,14 +166,33 @@ def test_cli_rejects_a_bad_partition_file_before_ray_starts(tmp_path):
     import sys
 
     path = write(tmp_path, good(**{"1": {"train": [3, 999]}}))
-    no_ray = ("import sys; from jobs.cli import main; rc = main(sys.argv[1:]); "
-              "assert 'ray' not in sys.modules, 'ray was imported'; sys.exit(rc)")  # fmt: skip
+    no_ray = (
+        "import sys; from jobs.cli import main; rc = main(sys.argv[1:]); "
+        "assert 'ray' not in sys.modules, 'ray was imported'; sys.exit(rc)"
+    )
     out = subprocess.run(
-        [sys.executable, "-c", no_ray, "run", "--set", "dataset=synthetic", "--set", "synthetic_size=600",
-         "--set", "num_clients=2", "--set", "partition=file", "--set", f"partition_file={path}",
-         "--output", str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            no_ray,
+            "run",
+            "--set",
+            "dataset=synthetic",
+            "--set",
+            "synthetic_size=600",
+            "--set",
+            "num_clients=2",
+            "--set",
+            "partition=file",
+            "--set",
+            f"partition_file={path}",
+            "--output",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2, out.stderr
     assert f"partition file '{path}': client 1's train split has index 999" in out.stderr
     assert not (tmp_path / "out").exists()

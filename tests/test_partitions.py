@@ -40,9 +40,17 @@ def classes_present(parts):
     return np.mean([len(np.unique(LABELS[p])) for p in parts])
 
 
-@pytest.mark.parametrize("fn,kw", [(iid, {}), (by_labels, {"partition_k": 2}), (dirichlet, {"partition_beta": 0.5}),
-                                   (quantity, {"partition_beta": 0.5}), (clientwise_dirichlet, {"partition_beta": 1.0}),
-                                   (dominant, {"partition_beta": 0.5, "partition_clusters": 4})])  # fmt: skip
+@pytest.mark.parametrize(
+    "fn,kw",
+    [
+        (iid, {}),
+        (by_labels, {"partition_k": 2}),
+        (dirichlet, {"partition_beta": 0.5}),
+        (quantity, {"partition_beta": 0.5}),
+        (clientwise_dirichlet, {"partition_beta": 1.0}),
+        (dominant, {"partition_beta": 0.5, "partition_clusters": 4}),
+    ],
+)
 def test_same_generator_seed_gives_same_partition(fn, kw):
     a = fn(LABELS, params(fn, **kw), np.random.default_rng(3))
     b = fn(LABELS, params(fn, **kw), np.random.default_rng(3))
@@ -191,8 +199,14 @@ def test_every_partition_is_one_record_with_its_keys_and_label():
     from fedray.config import Config
 
     assert set(PARTITIONS) == set(EXPECTED)
-    config = {**Config().to_dict(), "partition_k": 3, "partition_beta": 0.25, "partition_clusters": 5,
-              "partition_name": "#C=2", "partition_file": "out/partitions/x.parquet"}  # fmt: skip
+    config = {
+        **Config().to_dict(),
+        "partition_k": 3,
+        "partition_beta": 0.25,
+        "partition_clusters": 5,
+        "partition_name": "#C=2",
+        "partition_file": "out/partitions/x.parquet",
+    }
     for name, (keys, label) in EXPECTED.items():
         scheme = PARTITIONS[name]
         assert scheme.name == name and scheme.keys == keys, name
@@ -235,8 +249,14 @@ def test_the_report_labels_come_from_the_registry():
     assert partition_label(base) == "dominant(0.5,K=2)"
     assert partition_label({**base, "partition": "gone"}) == "gone"  # a partition no longer registered
     # The keys the labels stand for (runs differing there are told apart by the label itself).
-    assert _covered(["partition"]) == {"partition", "partition_k", "partition_beta", "partition_clusters",
-                                       "partition_file", "partition_name"}  # fmt: skip
+    assert _covered(["partition"]) == {
+        "partition",
+        "partition_k",
+        "partition_beta",
+        "partition_clusters",
+        "partition_file",
+        "partition_name",
+    }
 
 
 def test_a_plugged_in_partition_is_chosen_validated_drawn_and_labelled(tmp_path):

@@ -100,7 +100,8 @@ def test_clients_on_a_gpu_get_deterministic_cuda_kernels_unless_the_config_says_
         )
         assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
-        assert torch.backends.cudnn.allow_tf32 and "cuda_tf32" not in cfg.run_id()  # torch's default, as before
+        # torch's default, as before
+        assert torch.backends.cudnn.allow_tf32 and "cuda_tf32" not in cfg.run_id()
         off = Task.from_config(small_config(tmp_path, cuda_deterministic=False), data.dataset.spec)
         ClientHost(off, data.dataset.train, {}, device="cuda")
         assert not torch.are_deterministic_algorithms_enabled() and not torch.backends.cudnn.deterministic

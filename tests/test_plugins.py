@@ -73,25 +73,39 @@ def test_fedavgm_with_no_momentum_is_fedavg_exactly(tmp_path, isolated):
     from tests.conftest import small_config
     from tests.helpers import run_metrics
 
-    fedavgm = run_metrics(small_config(tmp_path / "m", algorithm="fedavgm", plugins=[str(EXAMPLE / "fedavgm.py")],
-                                       hp={"beta": 0.0, "server_lr": 1.0}))  # fmt: skip
+    fedavgm = run_metrics(
+        small_config(
+            tmp_path / "m",
+            algorithm="fedavgm",
+            plugins=[str(EXAMPLE / "fedavgm.py")],
+            hp={"beta": 0.0, "server_lr": 1.0},
+        )
+    )
     fedavg = run_metrics(small_config(tmp_path / "a"))
     keep = ["accuracy", "loss", "train_accuracy", "sgd_loss"]
     a, b = (df[df["metric"].isin(keep)].reset_index(drop=True) for df in (fedavgm, fedavg))
     assert len(a) and a.equals(b), a.compare(b)
-    moved = run_metrics(small_config(tmp_path / "b", algorithm="fedavgm", plugins=[str(EXAMPLE / "fedavgm.py")]))
+    moved = run_metrics(
+        small_config(tmp_path / "b", algorithm="fedavgm", plugins=[str(EXAMPLE / "fedavgm.py")])
+    )
     assert not moved[moved["metric"].isin(keep)].reset_index(drop=True).equals(b)  # momentum changes it
 
 
-def test_a_plugins_bad_hyperparameter_is_refused_before_anything_runs_with_the_builtins_message(tmp_path, isolated):
+def test_a_plugins_bad_hyperparameter_is_refused_before_anything_runs_with_the_builtins_message(
+    tmp_path, isolated
+):
     from fedray.validation import load_config
 
     t0 = time.perf_counter()
-    with pytest.raises(ConfigError, match=r"unknown value 'fedavgm'"):  # without the plug-in, no such algorithm
+    # without the plug-in, no such algorithm
+    with pytest.raises(ConfigError, match=r"unknown value 'fedavgm'"):
         load_config(None, ["algorithm=fedavgm"])
     with pytest.raises(ConfigError, match=r"^config key 'hp.beta': must be in \[0, 1\), got 1.5$"):
         load_config(EXAMPLE / "config.yaml", ["hp.beta=1.5"], output=str(tmp_path))
-    with pytest.raises(ConfigError, match=r"unknown config key 'hp.mu' for algorithm fedavgm \(its hp keys: beta, server_lr\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown config key 'hp.mu' for algorithm fedavgm \(its hp keys: beta, server_lr\)",
+    ):
         load_config(EXAMPLE / "config.yaml", ["hp.mu=0.1"], output=str(tmp_path))
     with pytest.raises(ConfigError, match=r"plugin 'nope.py': no such file"):
         load_config(None, [], plugins=["nope.py"])
@@ -105,13 +119,26 @@ def test_a_changed_plugin_is_another_run_and_never_resumes_or_skips_the_old_one(
 
     mine = tmp_path / "mine"
     shutil.copytree(EXAMPLE, mine)
-    cmd = [sys.executable, "-m", "jobs.cli", "run", str(mine / "config.yaml"), "--local", "--set", "rounds=1",
-           "--output", str(tmp_path / "out")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "jobs.cli",
+        "run",
+        str(mine / "config.yaml"),
+        "--local",
+        "--set",
+        "rounds=1",
+        "--output",
+        str(tmp_path / "out"),
+    ]
     assert run(cmd, ROOT).returncode == 0
     first = load_runs(tmp_path / "out")["run_id"].tolist()
-    assert load_config(mine / "config.yaml", ["rounds=1"]).run_id() == first[0]  # unchanged: that run (skipped)
+    # unchanged: that run (skipped)
+    assert load_config(mine / "config.yaml", ["rounds=1"]).run_id() == first[0]
     source = mine / "fedavgm.py"
-    source.write_text(source.read_text().replace("w[k] - hp.server_lr * v[k]", "w[k] - 0.5 * hp.server_lr * v[k]"))
+    source.write_text(
+        source.read_text().replace("w[k] - hp.server_lr * v[k]", "w[k] - 0.5 * hp.server_lr * v[k]")
+    )
     # This process imported the old code, which is what would run here: refused, not mislabelled.
     with pytest.raises(ConfigError, match="changed since this process imported it"):
         load_config(mine / "config.yaml", ["rounds=1"])
@@ -123,7 +150,7 @@ def test_a_changed_plugin_is_another_run_and_never_resumes_or_skips_the_old_one(
     assert plugins.digest(str(copy / "fedavgm.py")) == plugins.digest(str(EXAMPLE / "fedavgm.py"))
 
 
-FAILS_IN_ACTORS = '''
+FAILS_IN_ACTORS = """
 import sys
 import fedray
 from fedray.algorithms.baselines import fedavg
@@ -131,11 +158,13 @@ from fedray.algorithms.baselines import fedavg
 if "default_worker" in " ".join(sys.argv):  # a Ray worker: the package is on the driver's machine only
     import secret_dependency_of_the_lab  # noqa: F401
 fedray.register_algorithm("fedavg_copy", fedavg)
-'''
+"""
 
 
 @pytest.mark.ray
-def test_a_plugin_that_does_not_import_in_the_workers_fails_the_run_in_seconds_naming_it(tmp_path, isolated, ray_session):
+def test_a_plugin_that_does_not_import_in_the_workers_fails_the_run_in_seconds_naming_it(
+    tmp_path, isolated, ray_session
+):
     from analysis import load_runs
     from fedray.api import run
     from fedray.plugins import PluginError
@@ -151,9 +180,9 @@ def test_a_plugin_that_does_not_import_in_the_workers_fails_the_run_in_seconds_n
     assert "ModuleNotFoundError" in text and "secret_dependency_of_the_lab" in text, text
     assert took < 30, took
     runs = load_runs(tmp_path / "out")
-    assert list(runs["status"]) == ["failed"] and "secret_dependency_of_the_lab" in runs["summary"].iloc[0].get(
-        "error", ""
-    ) + str(runs.iloc[0].to_dict())
+    assert list(runs["status"]) == ["failed"] and "secret_dependency_of_the_lab" in runs["summary"].iloc[
+        0
+    ].get("error", "") + str(runs.iloc[0].to_dict())
 
 
 def test_an_installed_package_registers_through_its_entry_point(tmp_path, isolated, monkeypatch):
@@ -175,7 +204,9 @@ def test_an_installed_package_registers_through_its_entry_point(tmp_path, isolat
     assert cfg.plugins == ["labmodels"]  # named in the resolved config, so in the run id by its source
     first = cfg.run_id()
     assert first != from_dict({"rounds": 1}).run_id()
-    (site / "labmodels" / "__init__.py").write_text((site / "labmodels" / "__init__.py").read_text() + "# v2\n")
+    (site / "labmodels" / "__init__.py").write_text(
+        (site / "labmodels" / "__init__.py").read_text() + "# v2\n"
+    )
     assert from_dict({"model": "lab_mlp", "rounds": 1}).run_id() != first  # a new version: another run
 
 
@@ -196,7 +227,9 @@ def test_a_registration_made_in_main_is_refused_with_what_to_do(isolated, monkey
 
     cell_model.__module__ = "__main__"
     fedray.register_model("cell_model")(cell_model)
-    with pytest.raises(ConfigError, match=r"module '__main__' registered, which has no source file.*plugins:"):
+    with pytest.raises(
+        ConfigError, match=r"module '__main__' registered, which has no source file.*plugins:"
+    ):
         from_dict({"model": "cell_model"})
 
 
@@ -277,8 +310,18 @@ def test_a_plugin_data_set_of_clients_made_on_demand_runs_on_ray_with_the_in_pro
 
     plugin = tmp_path / "blobs_plug.py"
     plugin.write_text(SOURCED)
-    cfg = dict(dataset="blobs", model="logreg", algorithm="scaffold", num_clients=12, participation=0.5, rounds=3,
-               local_epochs=1, batch_size=8, lr=0.1, plugins=[str(plugin)])  # fmt: skip
+    cfg = dict(
+        dataset="blobs",
+        model="logreg",
+        algorithm="scaffold",
+        num_clients=12,
+        participation=0.5,
+        rounds=3,
+        local_epochs=1,
+        batch_size=8,
+        lr=0.1,
+        plugins=[str(plugin)],
+    )
     run(cfg, local=True, output=str(tmp_path / "local"))
     run(cfg, output=str(tmp_path / "ray"), num_actors=2)
     local, ray_ = metrics(tmp_path / "local"), metrics(tmp_path / "ray")
@@ -300,7 +343,9 @@ def test_label_smoothing_with_no_smoothing_is_fedavg_exactly(tmp_path, isolated)
     fedavg = run_metrics(small_config(tmp_path / "a"))
     b = fedavg[fedavg["metric"].isin(keep)].reset_index(drop=True)
     for eps, same in ((0.0, True), (0.3, False)):
-        ls = run_metrics(small_config(tmp_path / f"ls{eps}", algorithm="fedavg_ls", plugins=plugin, hp={"smoothing": eps}))
+        ls = run_metrics(
+            small_config(tmp_path / f"ls{eps}", algorithm="fedavg_ls", plugins=plugin, hp={"smoothing": eps})
+        )
         a = ls[ls["metric"].isin(keep)].reset_index(drop=True)
         assert len(a) and a.equals(b) == same
 
@@ -311,6 +356,18 @@ def test_a_plug_in_objective_trains_batched_with_no_extra_code(tmp_path, isolate
     from tests.test_batched import _off_and_on_agree
 
     plugin = EXAMPLE / "fedavg_ls.py"
-    over = dict(dataset="digits", model="mcmahan_cnn", num_clients=8, participation=0.5, rounds=3, local_epochs=2,
-                lr=0.05, momentum=0.0, seed=3, algorithm="fedavg_ls", hp={"smoothing": 0.2}, plugins=[str(plugin)])  # fmt: skip
+    over = dict(
+        dataset="digits",
+        model="mcmahan_cnn",
+        num_clients=8,
+        participation=0.5,
+        rounds=3,
+        local_epochs=2,
+        lr=0.05,
+        momentum=0.0,
+        seed=3,
+        algorithm="fedavg_ls",
+        hp={"smoothing": 0.2},
+        plugins=[str(plugin)],
+    )
     _off_and_on_agree(tmp_path, over)

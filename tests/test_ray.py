@@ -145,9 +145,10 @@ def test_actors_beyond_a_ray_that_cannot_grow_fail_at_once_naming_the_keys(ray_s
     ):
         launch_actors(cfg.to_dict(), fixed=True)
     assert time.perf_counter() - t0 < 30  # at once, not after the 300 s placement timeout
+    # nothing was asked of Ray
     assert not ray.util.placement_group_table() or all(
         pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values()
-    )  # nothing was asked of Ray
+    )
 
 
 def test_a_dead_client_actor_is_an_error_not_a_hang(ray_session, tmp_path):
@@ -194,7 +195,9 @@ def three_actors(_ray, tmp_path_factory):
 
 class TestEveryAlgorithm:
     @pytest.mark.parametrize("algorithm", sorted(ALGORITHM_HP))
-    def test_every_algorithm_gives_identical_metrics_in_process_and_on_3_actors(self, three_actors, tmp_path, algorithm):
+    def test_every_algorithm_gives_identical_metrics_in_process_and_on_3_actors(
+        self, three_actors, tmp_path, algorithm
+    ):
         every_algorithm_on_3_actors(three_actors, tmp_path, algorithm)
 
 
@@ -204,8 +207,14 @@ def every_algorithm_on_3_actors(group, tmp_path, algorithm):
     from actors.federation import make_ray_federation
     from analysis import load_assignments
 
-    over = dict(algorithm=algorithm, hp=ALGORITHM_HP[algorithm], rounds=4, participation=0.5, client_test_fraction=0.2,
-                seed=3)  # fmt: skip
+    over = dict(
+        algorithm=algorithm,
+        hp=ALGORITHM_HP[algorithm],
+        rounds=4,
+        participation=0.5,
+        client_test_fraction=0.2,
+        seed=3,
+    )
     over.update(CONFIG_OVER.get(algorithm, {}))
     local = small_config(tmp_path / "local", **over)
     _run(local, make_local_federation)

@@ -102,8 +102,15 @@ def test_ctrl_c_then_sigterm_each_record_interrupted_exit_130_and_the_same_comma
     sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731 - see test_sweep_ray
 
     def stop_after(round_, stop):
-        p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             preexec_fn=sigint)  # fmt: skip
+        p = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=sigint,
+        )
         # After a checkpoint (every 3 rounds), however slow the machine: a signal sent before any
         # (a busy CI machine once took over 120 s to get there) leaves nothing to resume from.
         lines = []
@@ -176,8 +183,14 @@ def test_losing_a_node_mid_run_the_run_goes_on_on_the_nodes_left(ray_session, tm
     ref = small_config(tmp_path / "ref", **SLOW)
     list(execute(ref, make_local_federation))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    done = subprocess.run([sys.executable, "-c", NODE_LOSS, json.dumps(cfg.to_dict())], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=400)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", NODE_LOSS, json.dumps(cfg.to_dict())],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     seen = json.loads(done.stdout.split("RESULT ", 1)[1])
     starts = [s for s in seen if s.startswith("Started")]

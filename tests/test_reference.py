@@ -128,8 +128,21 @@ def niid_bench_checkout(checkout, tmp_path_factory) -> Path:
 
 def wrap(checkout: Path, out: Path, *flags: str) -> dict:
     result = out / "r.json"
-    cmd = [sys.executable, "-m", "jobs.reference.niid_wrapper", "--checkout", str(checkout), "--result", str(result),
-           *flags, "--", "experiments.py", str(checkout), "4", "3"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "jobs.reference.niid_wrapper",
+        "--checkout",
+        str(checkout),
+        "--result",
+        str(result),
+        *flags,
+        "--",
+        "experiments.py",
+        str(checkout),
+        "4",
+        "3",
+    ]
     subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, timeout=300)
     return json.loads(result.read_text())
 
@@ -195,8 +208,20 @@ def test_replayed_draws_equal_the_loaders_own():
 
 
 def cfg(tmp_path, **over):
-    base = dict(dataset="fmnist", model="simple_cnn", num_clients=40, partition="labels", partition_k=2, rounds=20,
-                local_epochs=2, batch_size=64, lr=0.01, momentum=0.9, weight_decay=1e-5, output=str(tmp_path))  # fmt: skip
+    base = dict(
+        dataset="fmnist",
+        model="simple_cnn",
+        num_clients=40,
+        partition="labels",
+        partition_k=2,
+        rounds=20,
+        local_epochs=2,
+        batch_size=64,
+        lr=0.01,
+        momentum=0.9,
+        weight_decay=1e-5,
+        output=str(tmp_path),
+    )
     return from_dict({**base, **over})
 
 
@@ -210,7 +235,12 @@ def test_a_fedray_config_becomes_the_scripts_arguments(tmp_path):
         and pairs["--alg"] == "fedavg"
     )
     assert (pairs["--epochs"], pairs["--batch-size"], pairs["--lr"], pairs["--rho"], pairs["--reg"]) == (
-        "2", "64", "0.01", "0.9", "1e-05")  # fmt: skip
+        "2",
+        "64",
+        "0.01",
+        "0.9",
+        "1e-05",
+    )
     assert pairs["--comm_round"] == "20" and pairs["--init_seed"] == "0" and pairs["--device"] == "cpu"
     dirichlet = FEDCONCAT.args(cfg(tmp_path, partition="dirichlet", partition_beta=0.1), d, logs)
     assert "noniid-labeldir" in dirichlet and dirichlet[dirichlet.index("--beta") + 1] == "0.1"
@@ -236,31 +266,55 @@ def test_a_fedray_config_becomes_the_scripts_arguments(tmp_path):
         ({"partition": "dominant", "partition_beta": 0.5}, "the script draws only"),
         ({"model": "mlp"}, "simple CNN"),
         ({"algorithm": "fedavg", "hp": {"server_lr": 0.5}}, "hp.server_lr: 1"),
-        ({"algorithm": "fedconcat", "rounds": 69, "hp": {"encoder_rounds": 12, "classifier_steps": 5}}, "hp.classifier_steps"),
+        (
+            {"algorithm": "fedconcat", "rounds": 69, "hp": {"encoder_rounds": 12, "classifier_steps": 5}},
+            "hp.classifier_steps",
+        ),
         ({"algorithm": "scaffold", "participation": 0.5}, "hp.server_update: code"),
         ({"algorithm": "fednova"}, "by their batches per epoch .*: set hp.weights: batches"),
         ({"partition": "dirichlet", "partition_min_size": 20}, "partition_min_size: 10"),
         ({"algorithm": "ifca"}, "has no such algorithm"),
     ],
-)  # fmt: skip
+)
 def test_what_the_script_cannot_run_is_refused_before_anything_runs(tmp_path, over, message):
     with pytest.raises(ReferenceError, match=message.replace("(", r"\(")):
         harness.plan_jobs(FEDCONCAT, [cfg(tmp_path, **over)], tmp_path, Path("/data"))
     with pytest.raises(ReferenceError, match="has no such algorithm"):
-        harness.plan_jobs(NIID_BENCH, [cfg(tmp_path, algorithm="fedconcat", rounds=69, hp={"encoder_rounds": 12})],
-                          tmp_path, Path("/data"))  # fmt: skip
+        harness.plan_jobs(
+            NIID_BENCH,
+            [cfg(tmp_path, algorithm="fedconcat", rounds=69, hp={"encoder_rounds": 12})],
+            tmp_path,
+            Path("/data"),
+        )
 
 
 def fake_record(partition: dict, accs: list[float]) -> dict:
-    return {"args": ["--alg", "fedavg"], "total_seconds": 12.0, "train_size": 60000, "partition": partition,
-            "evals": [{"accuracy": a, "seconds": 1.5, "model_sha256": f"h{i}"} for i, a in enumerate(accs)],
-            "skipped_logging_evals": 7, "state_dict": "copies", "kmeans_n_init": 10, "fast_data": True}  # fmt: skip
+    return {
+        "args": ["--alg", "fedavg"],
+        "total_seconds": 12.0,
+        "train_size": 60000,
+        "partition": partition,
+        "evals": [{"accuracy": a, "seconds": 1.5, "model_sha256": f"h{i}"} for i, a in enumerate(accs)],
+        "skipped_logging_evals": 7,
+        "state_dict": "copies",
+        "kmeans_n_init": 10,
+        "fast_data": True,
+    }
 
 
 def test_reference_runs_land_next_to_fedrays_and_report_side_by_side(tmp_path):
     out = tmp_path / "out"
-    ref = Reference("fake", "someone/fake", "abc", "experiments.py", "w", frozenset({"fedavg"}),
-                    lambda c, d, lg: [], lambda c, k: (k + 1, ""), lambda o: o)  # fmt: skip
+    ref = Reference(
+        "fake",
+        "someone/fake",
+        "abc",
+        "experiments.py",
+        "w",
+        frozenset({"fedavg"}),
+        lambda c, d, lg: [],
+        lambda c, k: (k + 1, ""),
+        lambda o: o,
+    )
     part = {str(c): list(range(c * 1500, (c + 1) * 1500)) for c in range(40)}
     for seed, accs in ((0, [0.5, 0.70]), (1, [0.4, 0.72])):
         c = cfg(out, seed=seed, rounds=2)
@@ -269,9 +323,8 @@ def test_reference_runs_land_next_to_fedrays_and_report_side_by_side(tmp_path):
         path = harness.save_partition(c, out, record)
         assert path.name == f"fmnist-labels2-n40-s{seed}.json"
         harness.import_run(ref, c, job, record, "abc1234", out)
-        with pytest.raises(
-            ReferenceError, match="drew other clients"
-        ):  # the same setting and seed, other clients
+        # the same setting and seed, other clients
+        with pytest.raises(ReferenceError, match="drew other clients"):
             harness.save_partition(c, out, fake_record({**part, "0": part["0"][:-1]}, accs))
     values = run_values(out)
     assert sorted(values["value"]) == [0.70, 0.72]
@@ -297,7 +350,9 @@ def test_reference_runs_land_next_to_fedrays_and_report_side_by_side(tmp_path):
     assert [(r.config.rounds, r.config.seed) for r in runs] == [(2, 0), (2, 1), (2, 2), (3, 0)]
     # A run written again with a setting outside the run id changed keeps its one entry and takes
     # the new setting.
-    harness.write_fedray_side("fake", [cfg(out, seed=1, rounds=2, keep_finished_checkpoints=False)], out, ref.repo)
+    harness.write_fedray_side(
+        "fake", [cfg(out, seed=1, rounds=2, keep_finished_checkpoints=False)], out, ref.repo
+    )
     runs = load_sweep(side).runs
     assert [(r.config.rounds, r.config.seed) for r in runs] == [(2, 0), (2, 1), (2, 2), (3, 0)]
     assert [r.config.keep_finished_checkpoints for r in runs] == [True, False, True, True]
@@ -322,8 +377,17 @@ def test_fidelity_table_from_a_results_folder(tmp_path):
     import pandas as pd
 
     out = tmp_path / "out"
-    ref = Reference("fake", "someone/fake", "abc", "experiments.py", "w", frozenset({"fedavg"}),
-                    lambda c, d, lg: [], lambda c, k: (k + 1, ""), lambda o: o)  # fmt: skip
+    ref = Reference(
+        "fake",
+        "someone/fake",
+        "abc",
+        "experiments.py",
+        "w",
+        frozenset({"fedavg"}),
+        lambda c, d, lg: [],
+        lambda c, k: (k + 1, ""),
+        lambda o: o,
+    )
     part = {str(c): list(range(c * 1500, (c + 1) * 1500)) for c in range(40)}
     for seed, acc in ((0, 0.78), (1, 0.79), (2, 0.80)):
         c = cfg(out, seed=seed, rounds=1)
@@ -357,8 +421,17 @@ def test_a_reference_run_that_went_nan_is_imported_as_diverged(tmp_path):
     assert not weights_finite(model)
 
     out = tmp_path / "out"
-    ref = Reference("fake", "someone/fake", "abc", "experiments.py", "w", frozenset({"fedavg"}),
-                    lambda c, d, lg: [], lambda c, k: (k + 1, ""), lambda o: o)  # fmt: skip
+    ref = Reference(
+        "fake",
+        "someone/fake",
+        "abc",
+        "experiments.py",
+        "w",
+        frozenset({"fedavg"}),
+        lambda c, d, lg: [],
+        lambda c, k: (k + 1, ""),
+        lambda o: o,
+    )
     part = {str(c): list(range(c * 1500, (c + 1) * 1500)) for c in range(40)}
     c = cfg(out, seed=0, rounds=3)
     record = fake_record(part, [0.6, 0.1, 0.1])

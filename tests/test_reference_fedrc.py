@@ -24,8 +24,11 @@ def generated(folder, n=10, n_test=20, seed=0):
     g = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
     for i in range(fedrc.NUM_CLIENTS):
-        c = {"images": g.integers(0, 256, (n, 28, 28)).astype(np.uint8),
-             "labels": (np.arange(n) + i).astype(np.uint8) % 10, "type": i % 6}  # fmt: skip
+        c = {
+            "images": g.integers(0, 256, (n, 28, 28)).astype(np.uint8),
+            "labels": (np.arange(n) + i).astype(np.uint8) % 10,
+            "type": i % 6,
+        }
         (folder / f"{i}.pkl").write_bytes(pickle.dumps(c))
     x = g.integers(0, 256, (n_test, 28, 28)).astype(np.uint8)
     y = np.arange(n_test) % 10
@@ -164,9 +167,8 @@ def test_the_generator_runs_seeded_with_todays_libraries(tmp_path, monkeypatch):
         clients = fedrc.main(checkout, tmp_path / name, seed, sys.executable)
         with np.load(clients / "client_0000.npz") as z:
             runs.append(z["x_train"].copy())
-    assert np.array_equal(runs[0], runs[1]) and not np.array_equal(
-        runs[0], runs[2]
-    )  # same seed, same clients
+    # same seed, same clients
+    assert np.array_equal(runs[0], runs[1]) and not np.array_equal(runs[0], runs[2])
     (checkout / fedrc.GENERATOR).write_text("raise SystemExit('no ImageMagick')")
     with pytest.raises(
         ReferenceError, match=r"(?s)generator failed \(exit 1; .*generator\.log\):\nno ImageMagick"
@@ -278,9 +280,11 @@ def test_reference_runs_on_the_same_clients_land_beside_fedrays(tmp_path, monkey
     out = tmp_path / "out"
     clients = fedrc.convert(generated(tmp_path / "gen"), out / "clients", seed=0)
     sweep = tmp_path / "sweep.yaml"
-    sweep.write_text(f"experiment: fc\ndataset: client_files\ndata_root: {clients}\nnum_clients: 300\n"
-                     "model: fedrc_cnn\nrounds: 3\nbatch_size: 4\nlr: 0.06\nmomentum: 0.9\nweight_decay: 5.0e-4\n"
-                     "algorithm: fedrc\nhp: {num_clusters: 3}\n")  # fmt: skip
+    sweep.write_text(
+        f"experiment: fc\ndataset: client_files\ndata_root: {clients}\nnum_clients: 300\n"
+        "model: fedrc_cnn\nrounds: 3\nbatch_size: 4\nlr: 0.06\nmomentum: 0.9\nweight_decay: 5.0e-4\n"
+        "algorithm: fedrc\nhp: {num_clusters: 3}\n"
+    )
     runs = [r.config for r in load_sweep(str(sweep), [], output=str(out)).runs]
     assert fedrc.script_args(runs[0], "x")[:6] == [
         "fmnist-c",

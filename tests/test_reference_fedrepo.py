@@ -73,12 +73,26 @@ def checkout(tmp_path, monkeypatch):
 
 
 def cfg(out: Path, **over):
-    base = dict(dataset="digits", model="mlp", num_clients=4, partition="labels", partition_k=2, algorithm="fedrs",
-                head_bias=False, rounds=2, local_epochs=1, batch_size=32, lr=0.05, output=str(out))  # fmt: skip
+    base = dict(
+        dataset="digits",
+        model="mlp",
+        num_clients=4,
+        partition="labels",
+        partition_k=2,
+        algorithm="fedrs",
+        head_bias=False,
+        rounds=2,
+        local_epochs=1,
+        batch_size=32,
+        lr=0.05,
+        output=str(out),
+    )
     return from_dict({**base, **over})
 
 
-def test_fedrs_runs_on_the_partitions_clients_with_a_bias_free_model_and_lands_beside_fedray(checkout, tmp_path):
+def test_fedrs_runs_on_the_partitions_clients_with_a_bias_free_model_and_lands_beside_fedray(
+    checkout, tmp_path
+):
     out = tmp_path / "out"
     c = cfg(out)
     parts = draw_partition(c)
@@ -92,8 +106,20 @@ def test_fedrs_runs_on_the_partitions_clients_with_a_bias_free_model_and_lands_b
     assert set(seen["local_test"].values()) == {1}  # the logging-only local test: one sample each
     assert "classifier.weight" in seen["params"] and "classifier.bias" not in seen["params"]
     a = seen["args"]
-    assert (a["c_ratio"], a["max_round"], a["test_round"], a["local_epochs"], a["local_steps"]) == (1.0, 2, 1, 1, None)
-    assert (a["alpha"], a["max_grad_norm"], a["lr"], a["optimizer"], a["cuda"]) == (0.5, 100.0, 0.05, "SGD", False)
+    assert (a["c_ratio"], a["max_round"], a["test_round"], a["local_epochs"], a["local_steps"]) == (
+        1.0,
+        2,
+        1,
+        1,
+        None,
+    )
+    assert (a["alpha"], a["max_grad_norm"], a["lr"], a["optimizer"], a["cuda"]) == (
+        0.5,
+        100.0,
+        0.05,
+        "SGD",
+        False,
+    )
     record = json.loads((out / "reference" / "results" / f"{run_id}.json").read_text())
     assert len(record["evals"]) == 2 and all(0 <= e["accuracy"] <= 1 for e in record["evals"])
     # the exact fraction right is imported; FedRepo's mean of batch means is kept beside it
@@ -111,8 +137,10 @@ def test_fedrs_runs_on_the_partitions_clients_with_a_bias_free_model_and_lands_b
 
     (run,) = load_sweep(side).runs
     assert run.config.partition == "file" and run.config.head_bias is False
-    assert Path(run.config.resolved_partition_file()).read_bytes() == Path(
-        partition_file_for(harness.partition_template(out, c), 0)).read_bytes()  # fmt: skip
+    assert (
+        Path(run.config.resolved_partition_file()).read_bytes()
+        == Path(partition_file_for(harness.partition_template(out, c), 0)).read_bytes()
+    )
 
 
 @pytest.mark.parametrize(

@@ -174,9 +174,14 @@ class FedLCServer(FedAvgServer):
 @pytest.fixture
 def checkout(tmp_path, monkeypatch):
     root = tmp_path / "FL-bench"
-    for path, text in {"config/defaults.yaml": DEFAULTS_YAML, "src/utils/functional.py": FUNCTIONAL,
-                       "src/utils/models.py": MODELS, "data/utils/datasets.py": DATASETS,
-                       "src/server/fedavg.py": FEDAVG, "src/server/fedlc.py": FEDLC}.items():  # fmt: skip
+    for path, text in {
+        "config/defaults.yaml": DEFAULTS_YAML,
+        "src/utils/functional.py": FUNCTIONAL,
+        "src/utils/models.py": MODELS,
+        "data/utils/datasets.py": DATASETS,
+        "src/server/fedavg.py": FEDAVG,
+        "src/server/fedlc.py": FEDLC,
+    }.items():
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text(text)
     monkeypatch.setenv("FEDRAY_REFERENCE_ANY_COMMIT", "1")  # not a git checkout of 06e658b
@@ -184,9 +189,22 @@ def checkout(tmp_path, monkeypatch):
 
 
 def cfg(out: Path, **over):
-    base = dict(dataset="digits", model="mlp", num_clients=4, partition="labels", partition_k=2, algorithm="fedlc",
-                hp={"tau": 0.5}, rounds=2, local_epochs=1, batch_size=32, lr=0.05, momentum=0.9, weight_decay=1e-4,
-                output=str(out))  # fmt: skip
+    base = dict(
+        dataset="digits",
+        model="mlp",
+        num_clients=4,
+        partition="labels",
+        partition_k=2,
+        algorithm="fedlc",
+        hp={"tau": 0.5},
+        rounds=2,
+        local_epochs=1,
+        batch_size=32,
+        lr=0.05,
+        momentum=0.9,
+        weight_decay=1e-4,
+        output=str(out),
+    )
     return from_dict({**base, **over})
 
 
@@ -208,9 +226,8 @@ def test_fedlc_runs_on_the_partitions_clients_through_flbench_files_and_config_a
     assert seen["separation"] == {"train": [0, 1, 2, 3], "val": [], "test": [], "total": 4}
     # the test split follows the training split in one data set, as FL-bench's own FashionMNIST
     assert seen["data_len"] == n + n_test and seen["test"] == list(range(n, n + n_test))
-    assert (
-        seen["data_range"] == [0.0, 1.0] and seen["transform"] == "None"
-    )  # fedray's x / 255, no normalisation
+    # fedray's x / 255, no normalisation
+    assert seen["data_range"] == [0.0, 1.0] and seen["transform"] == "None"
     assert seen["dataset_args"]["name"] == "digits" and seen["dataset_args"]["client_num"] == 4
     assert seen["output_dir"] == str(logs / "out")  # HydraConfig answers the run's folder
     assert "classifier.weight" in seen["params"] and "classifier.bias" in seen["params"]
@@ -273,8 +290,17 @@ def test_options_flbench_has_no_use_for_are_refused(tmp_path, capsys, flag):
 
 def test_a_missing_flbench_dependency_is_named_with_the_install_command(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(flbench_wrapper, "NEEDS", ("hydra", "no_such_module_here"))
-    rc = flbench_wrapper.main(["--checkout", str(tmp_path), "--result", str(tmp_path / "r.json"), "--",
-                               "src/server/fedlc.py", *harness_args(tmp_path)])  # fmt: skip
+    rc = flbench_wrapper.main(
+        [
+            "--checkout",
+            str(tmp_path),
+            "--result",
+            str(tmp_path / "r.json"),
+            "--",
+            "src/server/fedlc.py",
+            *harness_args(tmp_path),
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "no_such_module_here" in err and 'pip install -e ".[flbench]"' in err
     assert not (tmp_path / "r.json").exists()

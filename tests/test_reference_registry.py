@@ -45,9 +45,11 @@ def test_every_reference_is_one_record_type_in_one_registry():
 def test_building_the_command_line_imports_no_torch():
     # the registry is read when every `fedray` command line is built: no reference module may import
     # torch, the data sets or the algorithms at import time
-    code = ("import sys, jobs.cli; jobs.cli.build_parser(); "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch' or m.startswith(('fedray.data', "
-            "'fedray.algorithms'))))")  # fmt: skip
+    code = (
+        "import sys, jobs.cli; jobs.cli.build_parser(); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch' or m.startswith(('fedray.data', "
+        "'fedray.algorithms'))))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -79,8 +81,13 @@ def test_the_options_a_reference_takes_come_with_its_defaults():
         args = parser.parse_args(["reference", argv[0], "--checkout", ".", "--output", "o", *argv[1:]])
         return reference_options(REFERENCES[argv[0]], args)
 
-    assert opts("niid-bench") == {"force": False, "partitions_only": False, "keep_logging_evals": False,
-                                  "state_dict": "copies", "check": False}  # fmt: skip
+    assert opts("niid-bench") == {
+        "force": False,
+        "partitions_only": False,
+        "keep_logging_evals": False,
+        "state_dict": "copies",
+        "check": False,
+    }
     assert opts("fedconcat", "--state-dict", "views", "--force")["state_dict"] == "views"
     assert opts("fedrc", "--clients", "60") == {"seed": 0, "python": None, "clients": 60, "device": "cpu"}
     assert opts("fedrepo") == opts("fl-bench") == {"force": False}
@@ -89,17 +96,41 @@ def test_the_options_a_reference_takes_come_with_its_defaults():
 
 
 def _niid(**over):
-    base = dict(dataset="fmnist", model="simple_cnn", num_clients=10, partition="labels", partition_k=2, rounds=69,
-                local_epochs=1, batch_size=64, lr=0.01, momentum=0.9, weight_decay=1e-5)  # fmt: skip
+    base = dict(
+        dataset="fmnist",
+        model="simple_cnn",
+        num_clients=10,
+        partition="labels",
+        partition_k=2,
+        rounds=69,
+        local_epochs=1,
+        batch_size=64,
+        lr=0.01,
+        momentum=0.9,
+        weight_decay=1e-5,
+    )
     return from_dict({**base, **over})
 
 
 def _fedrc(algorithm: str):
-    script = {"persistent_optimizer": True, "drop_last": True, "empty_cluster": "zero", "switch": "untrained",
-              "first_round": "split"}  # fmt: skip
+    script = {
+        "persistent_optimizer": True,
+        "drop_last": True,
+        "empty_cluster": "zero",
+        "switch": "untrained",
+        "first_round": "split",
+    }
     hp = {k: v for k, v in script.items() if k in ALGORITHMS[algorithm].full_hparams({})}
-    cfg = from_dict({"dataset": "digits", "model": "mlp", "momentum": 0.9, "weight_decay": 5e-4,
-                     "algorithm": algorithm, "hp": hp})  # fmt: skip
+    cfg = from_dict(
+        {
+            "dataset": "digits",
+            "model": "mlp",
+            "momentum": 0.9,
+            "weight_decay": 5e-4,
+            "algorithm": algorithm,
+            "hp": hp,
+        }
+    )
     return replace(cfg, dataset="client_files")
 
 
@@ -112,12 +143,18 @@ def _harness_values(fedrc_algs: tuple[str, ...]) -> dict:
     d, logs = Path("/data"), Path("/logs")
     got = {("fedprox", "mu"): float(_pairs(FEDCONCAT.args(_niid(algorithm="fedprox"), d, logs))["--mu"])}
     moon = _pairs(NIID_BENCH.args(_niid(algorithm="moon"), d, logs))
-    got |= {("moon", "mu"): float(moon["--mu"]), ("moon", "temperature"): float(moon["--temperature"]),
-            ("moon", "out_dim"): int(moon["--out_dim"])}  # fmt: skip
+    got |= {
+        ("moon", "mu"): float(moon["--mu"]),
+        ("moon", "temperature"): float(moon["--temperature"]),
+        ("moon", "out_dim"): int(moon["--out_dim"]),
+    }
     concat = _pairs(FEDCONCAT.args(_niid(algorithm="fedconcat"), d, logs))
-    got |= {("fedconcat", "num_clusters"): int(concat["--n_clusters"]),
-            ("fedconcat", "encoder_rounds"): int(concat["--encoder_round"]), ("fedconcat", "eps"): float(concat["--eps"]),
-            ("fedconcat", "eval_round"): eval_round(_niid(algorithm="fedconcat"), 0)[0] - 1}  # fmt: skip
+    got |= {
+        ("fedconcat", "num_clusters"): int(concat["--n_clusters"]),
+        ("fedconcat", "encoder_rounds"): int(concat["--encoder_round"]),
+        ("fedconcat", "eps"): float(concat["--eps"]),
+        ("fedconcat", "eval_round"): eval_round(_niid(algorithm="fedconcat"), 0)[0] - 1,
+    }
     for alg in fedrc_algs:
         got[(alg, "num_clusters")] = int(_pairs(fedrc.script_args(_fedrc(alg), "x"))["--n_learners"])
     return got
@@ -128,8 +165,10 @@ FEDRC_K = ("fedem", "fedrc", "ifca", "fesem")
 
 def test_the_harness_hyperparameter_defaults_are_the_registrys(monkeypatch):
     got = _harness_values(FEDRC_K)
-    assert got == {(alg, key): ALGORITHMS[alg].full_hparams({})[key.replace("eval_round", "encoder_rounds")]
-                   for alg, key in got}  # fmt: skip
+    assert got == {
+        (alg, key): ALGORITHMS[alg].full_hparams({})[key.replace("eval_round", "encoder_rounds")]
+        for alg, key in got
+    }
     # and they follow the registry: a changed default changes what the harness writes
     configs = {alg: _fedrc(alg) for alg in FEDRC_K}  # validated before the registry changes
 
@@ -140,8 +179,11 @@ def test_the_harness_hyperparameter_defaults_are_the_registrys(monkeypatch):
         def full_hparams(self, values):
             return {**self.alg.full_hparams({}), **self.new, **values}
 
-    changes = {"fedprox": {"mu": 0.25}, "moon": {"mu": 2.0, "temperature": 0.75, "out_dim": 64},
-               "fedconcat": {"num_clusters": 4, "encoder_rounds": 20, "eps": 0.5}}  # fmt: skip
+    changes = {
+        "fedprox": {"mu": 0.25},
+        "moon": {"mu": 2.0, "temperature": 0.75, "out_dim": 64},
+        "fedconcat": {"num_clusters": 4, "encoder_rounds": 20, "eps": 0.5},
+    }
     changes |= {alg: {"num_clusters": 2} for alg in FEDRC_K}
     niid = {alg: _niid(algorithm=alg) for alg in ("fedprox", "moon", "fedconcat")}
     for alg, new in changes.items():
@@ -151,8 +193,12 @@ def test_the_harness_hyperparameter_defaults_are_the_registrys(monkeypatch):
     moon = _pairs(NIID_BENCH.args(niid["moon"], d, logs))
     assert (moon["--mu"], moon["--temperature"], moon["--out_dim"]) == ("2", "0.75", "64")
     concat = _pairs(FEDCONCAT.args(niid["fedconcat"], d, logs))
-    assert (concat["--n_clusters"], concat["--encoder_round"], concat["--classifier_round"], concat["--eps"]) == (
-        "4", "20", "49", "0.5")  # fmt: skip
+    assert (
+        concat["--n_clusters"],
+        concat["--encoder_round"],
+        concat["--classifier_round"],
+        concat["--eps"],
+    ) == ("4", "20", "49", "0.5")
     assert eval_round(niid["fedconcat"], 0) == (21, "classifier")
     for cfg in configs.values():
         assert _pairs(fedrc.script_args(cfg, "x"))["--n_learners"] == "2"
@@ -171,10 +217,13 @@ def test_the_wrapper_path_hands_the_options_to_the_wrapper(monkeypatch):
     defaults = {o.dest: o.default for o in NIID_BENCH.options}
     for given, want in [
         ({}, (["--state-dict", "copies"], False, False)),
-        ({"state_dict": "views", "keep_logging_evals": True}, (["--state-dict", "views", "--keep-logging-evals"], False, False)),
+        (
+            {"state_dict": "views", "keep_logging_evals": True},
+            (["--state-dict", "views", "--keep-logging-evals"], False, False),
+        ),
         ({"partitions_only": True}, (["--state-dict", "copies", "--partition-only"], True, True)),
         ({"force": True}, (["--state-dict", "copies"], True, False)),
-    ]:  # fmt: skip
+    ]:
         harness.run_wrapped(NIID_BENCH, [], Path("c"), Path("o"), 1, 0, defaults | given)
         assert seen.pop() == want
     harness.run_wrapped(REFERENCES["fedrepo"], [], Path("c"), Path("o"), 1, 0, {"force": False})
@@ -194,8 +243,17 @@ def test_a_record_with_its_own_clients_and_runner_is_driven_by_its_hooks(tmp_pat
         calls["run"] = (ref.name, [c.num_clients for c in runs], jobs, threads)
         return 1  # one run failed
 
-    fake = Reference("fake", "someone/fake", "abc", "run.py", "w", frozenset({"fedavg"}), clients=clients, run=run,
-                     check_run=lambda cfg: calls.setdefault("checked", []).append(cfg.seed))  # fmt: skip
+    fake = Reference(
+        "fake",
+        "someone/fake",
+        "abc",
+        "run.py",
+        "w",
+        frozenset({"fedavg"}),
+        clients=clients,
+        run=run,
+        check_run=lambda cfg: calls.setdefault("checked", []).append(cfg.seed),
+    )
     monkeypatch.setitem(REFERENCES, "fake", fake)
     monkeypatch.setenv("FEDRAY_REFERENCE_ANY_COMMIT", "1")
     checkout, out = tmp_path / "fake", tmp_path / "out"

@@ -44,8 +44,14 @@ def results(tmp_path):
         r: [rec("seconds", 1.0, stage="encoder"), rec("train_accuracy", 0.5, stage="encoder")]
         for r in (1, 2, 3)
     }
-    staged |= {r: [rec("seconds", 1.0, stage="classifier"), rec("accuracy", r / 10, stage="classifier"),
-                   rec("train_accuracy", 0.9, stage="classifier")] for r in range(4, 9)}  # fmt: skip
+    staged |= {
+        r: [
+            rec("seconds", 1.0, stage="classifier"),
+            rec("accuracy", r / 10, stage="classifier"),
+            rec("train_accuracy", 0.9, stage="classifier"),
+        ]
+        for r in range(4, 9)
+    }
     write_run(out, cfg(experiment="staged", algorithm="fedconcat", **labels), staged)
 
     # best-train: train accuracy peaks first at round 2; accuracy is only evaluated at rounds 2, 3, 4, 5.
@@ -77,9 +83,8 @@ def test_pivot_rows_settings_columns_algorithms_cells_mean_std_over_seeds(result
     assert cells.loc["#C=2", "fedprox hp.mu=0.01"] == "80.0 ± 1.4 (2)"
     assert cells.loc["dirichlet(0.5)", "fedprox hp.mu=0.01"] == "-"
     with_failed = table(results, include_unfinished=True)["table"].set_index("partition")
-    assert (
-        with_failed.loc["dirichlet(0.5)", "fedavg"] == "60.7 ± 43.9 (3)"
-    )  # mean (85 + 87 + 10) / 3, std sqrt(3852.7 / 2)
+    # mean (85 + 87 + 10) / 3, std sqrt(3852.7 / 2)
+    assert with_failed.loc["dirichlet(0.5)", "fedavg"] == "60.7 ± 43.9 (3)"
 
 
 def test_tuned_shows_each_cells_best_hp_setting_and_names_it(results):
@@ -120,7 +125,10 @@ def test_a_key_that_splits_one_algorithms_runs_labels_that_algorithm_only(tmp_pa
     write_run(out, {**base, "algorithm": "fedrs", "head_bias": True, "seed": 1}, final(0.65))
     cells = pivot(run_values(out))
     assert cells[["col", "mean"]].values.tolist() == [
-        ["fedavg", 0.70], ["fedrs head_bias=false", 0.60], ["fedrs head_bias=true", 0.65]]  # fmt: skip
+        ["fedavg", 0.70],
+        ["fedrs head_bias=false", 0.60],
+        ["fedrs head_bias=true", 0.65],
+    ]
 
 
 def test_a_run_recorded_before_a_key_existed_groups_with_later_runs_of_its_setting(tmp_path):
@@ -300,8 +308,18 @@ def test_tuned_picks_each_algorithms_best_learning_rate(tmp_path):
     assert cells.loc["fedavg", "setting"] == "lr=0.1" and cells.loc["fedavg", "n"] == 2
     # keys that cannot change a number never split a cell (keep_finished_checkpoints set on a sweep
     # under way: its earlier and later runs are seeds of one cell)
-    write_run(out, {**base, "algorithm": "fedavg", "lr": 0.1, "seed": 2, "keep_finished_checkpoints": False,
-                    "checkpoint_every": 0}, final(0.76))  # fmt: skip
+    write_run(
+        out,
+        {
+            **base,
+            "algorithm": "fedavg",
+            "lr": 0.1,
+            "seed": 2,
+            "keep_finished_checkpoints": False,
+            "checkpoint_every": 0,
+        },
+        final(0.76),
+    )
     cells = pivot(run_values(out), rows=("dataset",), tuned=True).set_index("col")
     assert list(cells.index) == ["fedavg", "fedem"] and cells.loc["fedavg", "n"] == 3
 
@@ -318,16 +336,39 @@ def test_tuned_by_reads_one_metric_at_the_setting_another_picks(tmp_path):
     }
     for lr, seeds in runs.items():
         for seed, (acc, pur) in enumerate(seeds):
-            write_run(out, {**base, "algorithm": "fedrc", "lr": lr, "seed": seed},
-                      {1: [rec("accuracy", acc), rec("purity", pur), rec("train_accuracy", 0.5)]})  # fmt: skip
+            write_run(
+                out,
+                {**base, "algorithm": "fedrc", "lr": lr, "seed": seed},
+                {1: [rec("accuracy", acc), rec("purity", pur), rec("train_accuracy", 0.5)]},
+            )
     by_purity = pivot(run_values(out, "purity"), rows=("dataset",), tuned=True).iloc[0]
     assert by_purity["setting"] == "lr=0.01" and by_purity["mean"] == pytest.approx(0.92)
-    at_accuracy = pivot(run_values(out, "purity"), rows=("dataset",), tuned=True, tuned_by=run_values(out)).iloc[0]
+    at_accuracy = pivot(
+        run_values(out, "purity"), rows=("dataset",), tuned=True, tuned_by=run_values(out)
+    ).iloc[0]
     assert at_accuracy["setting"] == "lr=0.1" and at_accuracy["mean"] == pytest.approx(0.62)
-    p = run([sys.executable, "-m", "jobs.cli", "report", str(out), "--metric", "purity", "--tuned", "--tuned-by",
-             "accuracy", "--no-plots", "--rows", "dataset"], cwd=ROOT)  # fmt: skip
+    p = run(
+        [
+            sys.executable,
+            "-m",
+            "jobs.cli",
+            "report",
+            str(out),
+            "--metric",
+            "purity",
+            "--tuned",
+            "--tuned-by",
+            "accuracy",
+            "--no-plots",
+            "--rows",
+            "dataset",
+        ],
+        cwd=ROOT,
+    )
     assert p.returncode == 0, p.stderr
-    assert "62.0 ± 2.8 (2)" in p.stdout and "best mean of accuracy" in p.stdout and "fedrc: lr=0.1" in p.stdout
+    assert (
+        "62.0 ± 2.8 (2)" in p.stdout and "best mean of accuracy" in p.stdout and "fedrc: lr=0.1" in p.stdout
+    )
     p = run([sys.executable, "-m", "jobs.cli", "report", str(out), "--tuned-by", "accuracy"], cwd=ROOT)
     assert p.returncode == 2 and "--tuned-by chooses the setting of a --tuned cell" in p.stderr
 
@@ -388,7 +429,10 @@ def test_the_partition_of_a_data_set_of_client_files_is_its_folder():
 def test_an_hp_added_after_a_run_reads_as_its_default_and_does_not_split_a_column():
     from analysis.report import run_flat
 
-    old = run_flat({"algorithm": "fedcat", "hp": {}}, {"num_groups": 0, "epsilon": 0.1})  # before optimizer_state
-    new = run_flat({"algorithm": "fedcat", "hp": {}}, {"num_groups": 0, "epsilon": 0.1, "optimizer_state": "fresh"})
+    # before optimizer_state
+    old = run_flat({"algorithm": "fedcat", "hp": {}}, {"num_groups": 0, "epsilon": 0.1})
+    new = run_flat(
+        {"algorithm": "fedcat", "hp": {}}, {"num_groups": 0, "epsilon": 0.1, "optimizer_state": "fresh"}
+    )
     assert old == new and old["hp.optimizer_state"] == "fresh"
     assert run_flat({"algorithm": "not_registered_here"}, {"a": 1})["hp.a"] == 1

@@ -78,8 +78,16 @@ def test_a_run_started_again_leaves_a_run_whose_id_extends_its_own_alone(tmp_pat
     # `fedray reference` imports the reference's run as RUN_ID-ref beside fedray's RUN_ID: fedray's
     # run starting (again) clears its own rows, not the reference's, and a resume truncates only its own
     def write(run_id, rounds, keep_through=None):
-        config = {"experiment": "e", "algorithm": "fedavg", "dataset": "digits", "partition": "iid", "model": "mlp",
-                  "seed": 0, "num_clients": 1, "rounds": 3}  # fmt: skip
+        config = {
+            "experiment": "e",
+            "algorithm": "fedavg",
+            "dataset": "digits",
+            "partition": "iid",
+            "model": "mlp",
+            "seed": 0,
+            "num_clients": 1,
+            "rounds": 3,
+        }
         w = ResultsWriter(tmp_path, run_id, config)
         w.start(keep_through)
         for r in rounds:

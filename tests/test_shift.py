@@ -44,9 +44,20 @@ def shift_config(tmp_path, data=None, **over):
     data = data or tmp_path / "data"
     if not data.exists():  # random images: written once, shared by the configs that name the folder
         mnist_like(data, FMNIST_NAMES, n_train=400, n_test=100)
-    base = dict(dataset="fmnist", data_root=str(data), model="simple_cnn", num_clients=10,
-                partition="clientwise_dirichlet", partition_beta=1.0, shift="fedrc_code", client_test_fraction=0.1,
-                rounds=2, local_epochs=1, batch_size=16, output=str(tmp_path / "out"))  # fmt: skip
+    base = dict(
+        dataset="fmnist",
+        data_root=str(data),
+        model="simple_cnn",
+        num_clients=10,
+        partition="clientwise_dirichlet",
+        partition_beta=1.0,
+        shift="fedrc_code",
+        client_test_fraction=0.1,
+        rounds=2,
+        local_epochs=1,
+        batch_size=16,
+        output=str(tmp_path / "out"),
+    )
     base.update(over)
     return from_dict(base)
 
@@ -139,12 +150,22 @@ def test_fedrc_global_accuracy_at_a_round_does_not_depend_on_eval_every(tmp_path
     # evaluation: evaluated every round or only at the end, round 4 reads the same.
     got = {}
     for every in (1, 2, 4):
-        cfg = shift_config(tmp_path, data=tmp_path / "data", algorithm="fedrc", rounds=4, eval_every=every,
-                           hp={"num_clusters": 2}, output=str(tmp_path / f"out{every}"))  # fmt: skip
+        cfg = shift_config(
+            tmp_path,
+            data=tmp_path / "data",
+            algorithm="fedrc",
+            rounds=4,
+            eval_every=every,
+            hp={"num_clusters": 2},
+            output=str(tmp_path / f"out{every}"),
+        )
         list(execute(cfg, make_local_federation))
         m = load_metrics(cfg.output, scope="global")
-        got[every] = m[(m["round"] == 4) & m["metric"].isin(["accuracy", "loss", "local_accuracy", "train_accuracy"])
-                       ].set_index("metric")["value"].to_dict()  # fmt: skip
+        got[every] = (
+            m[(m["round"] == 4) & m["metric"].isin(["accuracy", "loss", "local_accuracy", "train_accuracy"])]
+            .set_index("metric")["value"]
+            .to_dict()
+        )
     assert got[1] == got[2] == got[4] and set(got[1]) == {
         "accuracy",
         "loss",

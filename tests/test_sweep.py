@@ -125,13 +125,17 @@ def test_set_applies_to_every_run_and_identical_runs_are_run_once(tmp_path):
         ("seeds: [0, -1]\n", r"seeds: expected a non-empty list of integers >= 0"),
         ("cases: [1, 2]\n", r"cases\[0\]: a case must be a mapping"),
         ("max_concurrent_runs: -1\n", r"max_concurrent_runs: expected an integer >= 0"),
-        ("grid:\n  partition_beta: [0.1]\n  partition: [{partition: dirichlet, partition_beta: 0.5}]\n",
-         r"key 'partition_beta' is set by two axes, 'partition_beta' and 'partition'"),
+        (
+            "grid:\n  partition_beta: [0.1]\n  partition: [{partition: dirichlet, partition_beta: 0.5}]\n",
+            r"key 'partition_beta' is set by two axes, 'partition_beta' and 'partition'",
+        ),
         ("grid:\n  seed: [1]\nseeds: [0]\n", r"key 'seed' is set by two axes, 'seed' and 'seeds'"),
-        ("grid:\n  algorithm: [{algorithm: fedavg, hp.server_lr: 1, grid: {hp.server_lr: [2]}}]\n",
-         r"key 'hp.server_lr' is set by two axes"),
+        (
+            "grid:\n  algorithm: [{algorithm: fedavg, hp.server_lr: 1, grid: {hp.server_lr: [2]}}]\n",
+            r"key 'hp.server_lr' is set by two axes",
+        ),
     ],
-)  # fmt: skip
+)
 def test_malformed_sweeps_are_rejected_naming_the_key(tmp_path, body, pattern):
     with pytest.raises(SweepError, match=pattern):
         load_sweep(sweep_file(tmp_path, body))
@@ -252,16 +256,23 @@ def test_a_second_writer_of_a_live_run_fails_at_once_and_deletes_nothing(tmp_pat
     from fedray.results import RunLocked
 
     out = tmp_path / "out"
-    cfg = {"experiment": "x", "algorithm": "fedavg", "dataset": "d", "partition": "iid", "model": "mlp", "seed": 0,
-           "num_clients": 2, "rounds": 1}  # fmt: skip
+    cfg = {
+        "experiment": "x",
+        "algorithm": "fedavg",
+        "dataset": "d",
+        "partition": "iid",
+        "model": "mlp",
+        "seed": 0,
+        "num_clients": 2,
+        "rounds": 1,
+    }
     first = ResultsWriter(out, "r", cfg, flush_every_s=0)
     first.start()
     first.add(1, [rec("accuracy", 0.5)])
     with pytest.raises(RunLocked, match=r"run r is being written .* by another process \(pid \d+"):
         ResultsWriter(out, "r", cfg).start()
-    assert (
-        len(list((out / "metrics").glob("r-*.parquet"))) == 1
-    )  # the first writer's part file is still there
+    # the first writer's part file is still there
+    assert len(list((out / "metrics").glob("r-*.parquet"))) == 1
     first.finish({})
     assert not RunLock(out, "r").held_elsewhere()
 
@@ -313,10 +324,11 @@ def test_a_key_set_for_the_whole_grid_counts_only_for_the_runs_that_read_it(tmp_
     assert [r.run_id for r in via_set.runs] == [r.run_id for r in with_k.runs]
     # datasets too: synthetic_size is the synthetic dataset's key
     data = load_sweep(sweep_file(tmp_path / "d", "grid:\n  dataset: [synthetic, digits]\n"))
+    # 2000: the default
     assert settings(data, "dataset", "synthetic_size") == [
         ("synthetic", 600),
         ("digits", 2000),
-    ]  # 2000: the default
+    ]
     digits = {k: v for k, v in yaml.safe_load(SWEEP_BASE).items() if k != "synthetic_size"}
     assert data.runs[1].run_id == from_dict({**digits, "dataset": "digits"}).run_id()
 
@@ -330,23 +342,41 @@ def test_runs_that_differ_only_in_a_key_their_partition_does_not_read_are_one_ru
 @pytest.mark.parametrize(
     "body,sets,message",
     [  # an axis over a key no run's partition reads
-        ("grid:\n  partition_k: [2, 3]\n", [],
-         "grid.partition_k: config key 'partition_k' is not read by partition 'dirichlet' (it is read by: labels)"),
-        ("grid:\n  partition: [iid, rotation]\n  partition_min_size: [5, 20]\n", [],
-         "grid.partition_min_size: config key 'partition_min_size' is not read by partitions 'iid', 'rotation' "
-         "(it is read by: dirichlet, quantity)"),
+        (
+            "grid:\n  partition_k: [2, 3]\n",
+            [],
+            "grid.partition_k: config key 'partition_k' is not read by partition 'dirichlet' (it is read by: labels)",
+        ),
+        (
+            "grid:\n  partition: [iid, rotation]\n  partition_min_size: [5, 20]\n",
+            [],
+            "grid.partition_min_size: config key 'partition_min_size' is not read by partitions 'iid', 'rotation' "
+            "(it is read by: dirichlet, quantity)",
+        ),
         # a case that sets a key its own partition does not read (another case reads it)
-        ("grid:\n  partition:\n    - {partition: labels, partition_k: 3}\n    - {partition: dirichlet, partition_k: 4}\n",
-         [], "grid.partition[1]: config key 'partition_k' is not read by partition 'dirichlet'"),
+        (
+            "grid:\n  partition:\n    - {partition: labels, partition_k: 3}\n    - {partition: dirichlet, partition_k: 4}\n",
+            [],
+            "grid.partition[1]: config key 'partition_k' is not read by partition 'dirichlet'",
+        ),
         # the file's top level, and --set, reaching no run that reads the key
-        ("partition_beta: 0.1\ngrid:\n  partition: [iid, labels]\n", [],
-         "config key 'partition_beta' is not read by partitions 'iid', 'labels'"),
-        ("grid:\n  lr: [0.1, 0.2]\n", ["partition_k=3"],
-         "--set: config key 'partition_k' is not read by partition 'dirichlet' (it is read by: labels)"),
-        ("grid:\n  emnist_split: [letters, digits]\n", [],
-         "grid.emnist_split: config key 'emnist_split' is not read by dataset 'synthetic' (it is read by: emnist)"),
+        (
+            "partition_beta: 0.1\ngrid:\n  partition: [iid, labels]\n",
+            [],
+            "config key 'partition_beta' is not read by partitions 'iid', 'labels'",
+        ),
+        (
+            "grid:\n  lr: [0.1, 0.2]\n",
+            ["partition_k=3"],
+            "--set: config key 'partition_k' is not read by partition 'dirichlet' (it is read by: labels)",
+        ),
+        (
+            "grid:\n  emnist_split: [letters, digits]\n",
+            [],
+            "grid.emnist_split: config key 'emnist_split' is not read by dataset 'synthetic' (it is read by: emnist)",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_key_no_run_reads_is_an_error_naming_where_it_is_set(tmp_path, body, sets, message):
     with pytest.raises(SweepError) as e:
         load_sweep(sweep_file(tmp_path, body), sets=sets)

@@ -62,15 +62,25 @@ def test_python_m_jobs_sweep_attached_to_a_running_ray_then_resubmitted(ray_sess
     """`ray job submit -- python -m jobs.sweep CONFIG`: the driver attaches to the cluster it runs on."""
     address = ray_session.get_runtime_context().gcs_address
     path = sweep_file(tmp_path, "grid:\n  lr: [0.05, 0.1]\n")
-    cmd = [sys.executable, "-m", "jobs.sweep", str(path), "--set", "rounds=1", "--set", "num_cpus_per_actor=2",
-           "--max-concurrent-runs", "1", "--verbose"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "jobs.sweep",
+        str(path),
+        "--set",
+        "rounds=1",
+        "--set",
+        "num_cpus_per_actor=2",
+        "--max-concurrent-runs",
+        "1",
+        "--verbose",
+    ]
     p = run(cmd, cwd=ROOT, env={"RAY_ADDRESS": address})
     assert p.returncode == 0, p.stderr
     out = p.stdout
     assert "2 new; to run: 2" in out and "at most 1 runs at once" in out
-    assert (
-        "#1 start  lr=0.05  (" in out and "2 actors; 1 running)" in out
-    )  # one run at a time gets the whole cluster
+    # one run at a time gets the whole cluster
+    assert "#1 start  lr=0.05  (" in out and "2 actors; 1 running)" in out
     assert "#1 round 1/1  acc" in out and "#2 done   [2/2] acc" in out
     assert "sweep done in" in out and "2 finished, 0 failed, 0 skipped" in out
 
@@ -164,7 +174,9 @@ def test_a_sweep_hands_a_finished_runs_actors_to_its_next_run_of_the_same_shape(
     numbers a fresh run gets; the third (one actor) gets a new one; nothing is held at the end."""
     from actors.sweep import RayLauncher
 
-    path = sweep_file(tmp_path, "num_actors: 2\ncases:\n  - {lr: 0.05}\n  - {lr: 0.1}\n  - {lr: 0.2, num_actors: 1}\n")
+    path = sweep_file(
+        tmp_path, "num_actors: 2\ncases:\n  - {lr: 0.05}\n  - {lr: 0.1}\n  - {lr: 0.2, num_actors: 1}\n"
+    )
     sw = load_sweep(path)
     events = list(run_sweep(sw.runs, RayLauncher(), max_concurrent_runs=1, poll_s=0.2))
     ended = {e.run.index: e for e in events if isinstance(e, RunEnded)}

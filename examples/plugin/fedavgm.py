@@ -59,7 +59,11 @@ def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, 
     cids = fed.sample(fed.task.participation, fed.task.rng("sample", rnd=rnd))
     replies = fed.map(local_update, cids, {"params": state.params, "round": rnd})
     new = server_momentum(state, fedavg_aggregate(replies), hp)
-    norm = 0.0 if new.velocity is None else float(np.sqrt(sum(np.sum(v.astype(np.float64) ** 2) for v in new.velocity.values())))
+    norm = (
+        0.0
+        if new.velocity is None
+        else float(np.sqrt(sum(np.sum(v.astype(np.float64) ** 2) for v in new.velocity.values())))
+    )
     return new, [*train_records(replies), rec("velocity_norm", norm)]
 
 
@@ -68,11 +72,11 @@ def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, 
 fedray.register_algorithm("fedavgm", __import__(__name__))
 
 
-@fedray.register_model("digits_cnn", problem=lambda shape: None if len(shape) == 3 else "needs C x H x W images")
+@fedray.register_model(
+    "digits_cnn", problem=lambda shape: None if len(shape) == 3 else "needs C x H x W images"
+)
 def digits_cnn(input_shape: tuple[int, ...], num_classes: int) -> EncoderHead:
     c, h, w = input_shape
-    encoder = nn.Sequential(
-        nn.Conv2d(c, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten()
-    )
+    encoder = nn.Sequential(nn.Conv2d(c, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten())
     features = 16 * (h // 2) * (w // 2)
     return EncoderHead(encoder, nn.Linear(features, num_classes), features)

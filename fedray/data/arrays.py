@@ -38,7 +38,9 @@ KEYS = ("x_train", "y_train", "x_test", "y_test")
 def _header(z: zipfile.ZipFile, key: str) -> tuple[tuple[int, ...], np.dtype]:
     with z.open(f"{key}.npy") as f:
         version = np.lib.format.read_magic(f)
-        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        read = (
+            np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        )
         shape, _, dtype = read(f)  # the shape without reading the array
     return tuple(shape), np.dtype(dtype)
 

@@ -65,9 +65,13 @@ def read_meta(root: str | Path) -> Meta:
         )
     try:
         doc = json.loads(p.read_text())
-        meta = Meta(int(doc["num_classes"]), tuple(int(s) for s in doc["input_shape"]), float(doc.get("scale", 1.0)),
-                    tuple(doc["mean"]) if doc.get("mean") is not None else None,
-                    tuple(doc["std"]) if doc.get("std") is not None else None)  # fmt: skip
+        meta = Meta(
+            int(doc["num_classes"]),
+            tuple(int(s) for s in doc["input_shape"]),
+            float(doc.get("scale", 1.0)),
+            tuple(doc["mean"]) if doc.get("mean") is not None else None,
+            tuple(doc["std"]) if doc.get("std") is not None else None,
+        )
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise ClientFilesError(
             f"dataset client_files: {str(p)!r} must be JSON with num_classes and input_shape ({type(e).__name__}: {e})"

@@ -99,9 +99,13 @@ def _check_files(cfg: Config, info: DatasetInfo) -> None:
             f"set num_clients: {len(train)}"
         )
     if cfg.partition == "file":
-        raise ConfigError("config key 'partition': client_files are their own partition; partition: file cannot apply")
+        raise ConfigError(
+            "config key 'partition': client_files are their own partition; partition: file cannot apply"
+        )
     if cfg.shift != "none":
-        raise ConfigError("config key 'shift': a shift preset builds its own clients; it does not apply to client_files")
+        raise ConfigError(
+            "config key 'shift': a shift preset builds its own clients; it does not apply to client_files"
+        )
 
 
 def _client_files_available(cfg: Config) -> None:

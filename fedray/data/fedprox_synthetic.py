@@ -104,7 +104,9 @@ MAX_POOLED_CLIENTS = 10_000
 
 def _check(cfg: Config) -> None:
     if cfg.shift != "none":
-        raise ConfigError("config key 'shift': fedprox_synthetic makes its own clients; a shift preset does not apply")
+        raise ConfigError(
+            "config key 'shift': fedprox_synthetic makes its own clients; a shift preset does not apply"
+        )
     if cfg.num_clients > MAX_POOLED_CLIENTS and cfg.eval_clients == 0:
         raise ConfigError(
             f"config key 'eval_clients': fedprox_synthetic over {cfg.num_clients} clients evaluates on every "

@@ -431,7 +431,9 @@ def clientwise_dirichlet(labels: np.ndarray, p: PartitionParams, rng: np.random.
             q = np.where(cap > 0, q, 0.0)
             if (
                 q.sum() <= 0
-            ):  # guard from docs/algorithms/partitions.md#clientwise_dirichlet: the support of q is exhausted; fall back to what is left
+                # guard from docs/algorithms/partitions.md#clientwise_dirichlet: the support of q is exhausted;
+                # fall back to what is left
+            ):
                 q = (cap > 0).astype(np.float64)
             draw = rng.multinomial(todo, q / q.sum())
             take = np.minimum(draw, cap)

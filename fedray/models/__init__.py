@@ -37,13 +37,19 @@ def simple_cnn(input_shape: tuple[int, ...], num_classes: int) -> EncoderHead:
     flat = 16 * out_h * out_w
     encoder = nn.Sequential(
         OrderedDict(
-            conv1=nn.Conv2d(c, 6, 5), relu1=nn.ReLU(), pool1=nn.MaxPool2d(2),
-            conv2=nn.Conv2d(6, 16, 5), relu2=nn.ReLU(), pool2=nn.MaxPool2d(2),
+            conv1=nn.Conv2d(c, 6, 5),
+            relu1=nn.ReLU(),
+            pool1=nn.MaxPool2d(2),
+            conv2=nn.Conv2d(6, 16, 5),
+            relu2=nn.ReLU(),
+            pool2=nn.MaxPool2d(2),
             flatten=nn.Flatten(),
-            fc1=nn.Linear(flat, 120), relu3=nn.ReLU(),
-            fc2=nn.Linear(120, 84), relu4=nn.ReLU(),
+            fc1=nn.Linear(flat, 120),
+            relu3=nn.ReLU(),
+            fc2=nn.Linear(120, 84),
+            relu4=nn.ReLU(),
         )
-    )  # fmt: skip
+    )
     return EncoderHead(encoder, nn.Linear(84, num_classes), 84)
 
 
@@ -55,12 +61,17 @@ def mcmahan_cnn(input_shape: tuple[int, ...], num_classes: int) -> EncoderHead:
     flat = 64 * (h // 4) * (w // 4)
     encoder = nn.Sequential(
         OrderedDict(
-            conv1=nn.Conv2d(c, 32, 5, padding=2), relu1=nn.ReLU(), pool1=nn.MaxPool2d(2),
-            conv2=nn.Conv2d(32, 64, 5, padding=2), relu2=nn.ReLU(), pool2=nn.MaxPool2d(2),
+            conv1=nn.Conv2d(c, 32, 5, padding=2),
+            relu1=nn.ReLU(),
+            pool1=nn.MaxPool2d(2),
+            conv2=nn.Conv2d(32, 64, 5, padding=2),
+            relu2=nn.ReLU(),
+            pool2=nn.MaxPool2d(2),
             flatten=nn.Flatten(),
-            fc1=nn.Linear(flat, 512), relu3=nn.ReLU(),
+            fc1=nn.Linear(flat, 512),
+            relu3=nn.ReLU(),
         )
-    )  # fmt: skip
+    )
     return EncoderHead(encoder, nn.Linear(512, num_classes), 512)
 
 
@@ -92,12 +103,17 @@ def fedrc_cnn(input_shape: tuple[int, ...], num_classes: int) -> EncoderHead:
     encoder = nn.Sequential(
         OrderedDict(
             normalize=Normalize(*SELF_NORMALIZING["fedrc_cnn"]),
-            conv1=nn.Conv2d(c, 32, 5), relu1=nn.ReLU(), pool1=nn.MaxPool2d(2),
-            conv2=nn.Conv2d(32, 64, 5), relu2=nn.ReLU(), pool2=nn.MaxPool2d(2),
+            conv1=nn.Conv2d(c, 32, 5),
+            relu1=nn.ReLU(),
+            pool1=nn.MaxPool2d(2),
+            conv2=nn.Conv2d(32, 64, 5),
+            relu2=nn.ReLU(),
+            pool2=nn.MaxPool2d(2),
             flatten=nn.Flatten(),
-            fc1=nn.Linear(flat, 2048), relu3=nn.ReLU(),
+            fc1=nn.Linear(flat, 2048),
+            relu3=nn.ReLU(),
         )
-    )  # fmt: skip
+    )
     return EncoderHead(encoder, nn.Linear(2048, num_classes), 2048)
 
 

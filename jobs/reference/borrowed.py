@@ -33,12 +33,31 @@ def script_args(cfg: Config, out: Path) -> list[str]:
             f"--partitions-only --checkout NIID-Bench --output {out}"
         )
     return [
-        "--dataset", cfg.dataset, "--data-root", cfg.resolved_data_root(), "--partition-file", str(path),
-        "--model", cfg.model, "--rounds", str(cfg.rounds), "--local-epochs", str(cfg.local_epochs),
-        "--batch-size", str(cfg.batch_size), "--lr", f"{cfg.lr:g}", "--momentum", f"{cfg.momentum:g}",
-        "--weight-decay", f"{cfg.weight_decay:g}", "--participation", f"{cfg.participation:g}",
-        "--seed", str(cfg.seed),
-    ]  # fmt: skip
+        "--dataset",
+        cfg.dataset,
+        "--data-root",
+        cfg.resolved_data_root(),
+        "--partition-file",
+        str(path),
+        "--model",
+        cfg.model,
+        "--rounds",
+        str(cfg.rounds),
+        "--local-epochs",
+        str(cfg.local_epochs),
+        "--batch-size",
+        str(cfg.batch_size),
+        "--lr",
+        f"{cfg.lr:g}",
+        "--momentum",
+        f"{cfg.momentum:g}",
+        "--weight-decay",
+        f"{cfg.weight_decay:g}",
+        "--participation",
+        f"{cfg.participation:g}",
+        "--seed",
+        str(cfg.seed),
+    ]
 
 
 def hparams(cfg: Config, algorithm: str, reference: str) -> dict[str, Any]:
@@ -83,8 +102,17 @@ def client_data(a: argparse.Namespace, prog: str) -> tuple[Any, Any, dict[int, A
     from fedray.validation import from_dict
 
     n = len(partition_file.read(a.partition_file).train)
-    cfg = from_dict({"dataset": a.dataset, "data_root": a.data_root, "model": a.model, "partition": "file",
-                     "partition_file": a.partition_file, "num_clients": n, "client_test_fraction": 0.0})  # fmt: skip
+    cfg = from_dict(
+        {
+            "dataset": a.dataset,
+            "data_root": a.data_root,
+            "model": a.model,
+            "partition": "file",
+            "partition_file": a.partition_file,
+            "num_clients": n,
+            "client_test_fraction": 0.0,
+        }
+    )
     fd = build_federated_data(cfg)
     ds, spec = fd.dataset, fd.dataset.spec
     if spec.augment != "none":
@@ -103,6 +131,8 @@ def fraction_right(logits: Callable[[Any], Any], x: Any, y: Any, batch: int = 10
     import torch
 
     with torch.no_grad():
-        right = sum(int((logits(x[i : i + batch]).argmax(1) == torch.as_tensor(y[i : i + batch])).sum())
-                    for i in range(0, len(y), batch))  # fmt: skip
+        right = sum(
+            int((logits(x[i : i + batch]).argmax(1) == torch.as_tensor(y[i : i + batch])).sum())
+            for i in range(0, len(y), batch)
+        )
     return right / len(y)

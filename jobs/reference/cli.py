@@ -54,12 +54,18 @@ def add_parser(sub: argparse._SubParsersAction, run_sweep: Callable[[Path, bool]
     p.add_argument(
         "--fedray-only", action="store_true", help="run the fedray side only (partitions must exist)"
     )
-    p.add_argument("--local", action="store_true",
-                   help="run the fedray side in this process, one run at a time (as `fedray sweep --local`): "
-                        "Ray's workers run niced, so on a machine busy with other work they wait")  # fmt: skip
+    p.add_argument(
+        "--local",
+        action="store_true",
+        help="run the fedray side in this process, one run at a time (as `fedray sweep --local`): "
+        "Ray's workers run niced, so on a machine busy with other work they wait",
+    )
     for flag, opt in options().items():  # None (not given) for all: a reference that takes it has its default
-        how = {"action": "store_true", "default": None} if opt.switch else {"default": None, "type": opt.type,
-               "choices": opt.choices, "metavar": opt.metavar}  # fmt: skip
+        how = (
+            {"action": "store_true", "default": None}
+            if opt.switch
+            else {"default": None, "type": opt.type, "choices": opt.choices, "metavar": opt.metavar}
+        )
         p.add_argument(flag, help=f"{', '.join(takers(opt))}: {opt.help}", **how)
     p.set_defaults(func=cmd_reference, run_sweep=run_sweep)
 

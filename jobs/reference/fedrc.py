@@ -135,9 +135,14 @@ def convert(generated: Path, dst: Path, seed: int, clients: int = NUM_CLIENTS) -
     generated client it is (``reference_client``), and its 90/10 split is that client's."""
     from fedray.data import client_files
 
-    missing = [n for n in [*(f"{i}.pkl" for i in range(NUM_CLIENTS)),
-                           *(f"test-{j}.pkl" for j in range(1, NUM_TEST_CLIENTS + 1))]
-               if not (generated / n).is_file()]  # fmt: skip
+    missing = [
+        n
+        for n in [
+            *(f"{i}.pkl" for i in range(NUM_CLIENTS)),
+            *(f"test-{j}.pkl" for j in range(1, NUM_TEST_CLIENTS + 1)),
+        ]
+        if not (generated / n).is_file()
+    ]
     if missing:
         raise ReferenceError(
             f"{str(generated)!r}: the generator's {missing[0]} is missing ({len(missing)} files)"
@@ -149,9 +154,18 @@ def convert(generated: Path, dst: Path, seed: int, clients: int = NUM_CLIENTS) -
             raise ReferenceError(f"{str(generated / f'{i}.pkl')!r}: unknown type {t}")
         read.append((x, y, t))
     chosen = keep([t for _, _, t in read], clients)
-    out = [_client(read[i][0], read[i][1], seed, i, group=np.int64(CONCEPT_OF_TYPE[read[i][2]]),
-                   reference_type=np.int64(read[i][2]), reference_client=np.int64(i))
-           for i in chosen]  # fmt: skip
+    out = [
+        _client(
+            read[i][0],
+            read[i][1],
+            seed,
+            i,
+            group=np.int64(CONCEPT_OF_TYPE[read[i][2]]),
+            reference_type=np.int64(read[i][2]),
+            reference_client=np.int64(i),
+        )
+        for i in chosen
+    ]
     tests = []
     for j in range(NUM_TEST_CLIENTS):  # test-1, -2, -3: types 0, 1, 2 are the three concepts
         x, y, t = read_generated(generated / f"test-{j + 1}.pkl")
@@ -173,8 +187,13 @@ def generate(checkout: Path, out: Path, seed: int, python: str) -> Path:
     env = {**os.environ, "PYTHONPATH": str(root)}
     log = work / "generator.log"
     with open(log, "w") as f:
-        p = subprocess.run([python, "-m", "jobs.reference.fedrc_generate", "--checkout", str(checkout),
-                            "--seed", str(seed)], cwd=work, env=env, stdout=f, stderr=subprocess.STDOUT)  # fmt: skip
+        p = subprocess.run(
+            [python, "-m", "jobs.reference.fedrc_generate", "--checkout", str(checkout), "--seed", str(seed)],
+            cwd=work,
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+        )
     if p.returncode != 0:
         tail = log.read_text()[-2000:]
         raise ReferenceError(f"{REPO}'s generator failed (exit {p.returncode}; {log}):\n{tail}")
@@ -247,10 +266,34 @@ def script_args(cfg: Config, run_id: str) -> list[str]:
             raise ReferenceError(f"config key 'hp.{key}': {why}: set it {str(value).lower()}")
     k = 1 if cfg.algorithm in ONE_MODEL else int(hp["num_clusters"])
     # the script trains n_rounds + 1 rounds (while current_round <= n_rounds) and logs after each
-    return ["fmnist-c", METHODS[cfg.algorithm], "--n_learners", str(k), "--n_rounds", str(cfg.rounds - 1),
-            "--bz", str(cfg.batch_size), "--lr", f"{cfg.lr:g}", "--local_steps", str(cfg.local_epochs),
-            "--sampling_rate", f"{cfg.participation:g}", "--optimizer", "sgd", "--lr_scheduler", "constant",
-            "--log_freq", "1", "--seed", str(cfg.seed), "--verbose", "1", "--suffix", run_id]  # fmt: skip
+    return [
+        "fmnist-c",
+        METHODS[cfg.algorithm],
+        "--n_learners",
+        str(k),
+        "--n_rounds",
+        str(cfg.rounds - 1),
+        "--bz",
+        str(cfg.batch_size),
+        "--lr",
+        f"{cfg.lr:g}",
+        "--local_steps",
+        str(cfg.local_epochs),
+        "--sampling_rate",
+        f"{cfg.participation:g}",
+        "--optimizer",
+        "sgd",
+        "--lr_scheduler",
+        "constant",
+        "--log_freq",
+        "1",
+        "--seed",
+        str(cfg.seed),
+        "--verbose",
+        "1",
+        "--suffix",
+        run_id,
+    ]
 
 
 def run_id_of(cfg: Config) -> str:
@@ -281,12 +324,27 @@ def run_one(cfg: Config, checkout: Path, out: Path, python: str, threads: int, d
     work = out / "reference" / "logs" / run_id
     work.mkdir(parents=True, exist_ok=True)
     root = Path(__file__).resolve().parents[2]
-    cmd = [python, "-m", "jobs.reference.fedrc_wrapper", "--checkout", str(checkout), "--clients",
-           str(Path(cfg.data_root).resolve()), "--result", str(result), "--threads", str(threads),
-           "--device", device, "--", *args]  # fmt: skip
+    cmd = [
+        python,
+        "-m",
+        "jobs.reference.fedrc_wrapper",
+        "--checkout",
+        str(checkout),
+        "--clients",
+        str(Path(cfg.data_root).resolve()),
+        "--result",
+        str(result),
+        "--threads",
+        str(threads),
+        "--device",
+        device,
+        "--",
+        *args,
+    ]
     with open(work / "stdout.txt", "w") as f:
-        p = subprocess.run(cmd, cwd=work, env={**os.environ, "PYTHONPATH": str(root)}, stdout=f,
-                           stderr=subprocess.STDOUT)  # fmt: skip
+        p = subprocess.run(
+            cmd, cwd=work, env={**os.environ, "PYTHONPATH": str(root)}, stdout=f, stderr=subprocess.STDOUT
+        )
     if p.returncode != 0:
         tail = (work / "stdout.txt").read_text().splitlines()[-15:]
         raise RuntimeError(f"{REPO} run {run_id} failed (exit {p.returncode}):\n" + "\n".join(tail))
@@ -338,23 +396,48 @@ def import_run(cfg: Config, record: dict, out: Path, commit: str) -> str:
             previous = r["seconds"]
             continue
         train, test = r["train"], r["test"]
-        writer.add(r["round"], [
-            rec("accuracy", test["Test/Metric"]), rec("loss", test["Test/Loss"]),
-            rec("local_accuracy", train["Test/Metric"]), rec("train_accuracy", train["Train/Metric"]),
-            rec("train_loss", train["Train/Loss"]), rec("seconds", r["seconds"] - previous)])  # fmt: skip
+        writer.add(
+            r["round"],
+            [
+                rec("accuracy", test["Test/Metric"]),
+                rec("loss", test["Test/Loss"]),
+                rec("local_accuracy", train["Test/Metric"]),
+                rec("train_accuracy", train["Train/Metric"]),
+                rec("train_loss", train["Train/Loss"]),
+                rec("seconds", r["seconds"] - previous),
+            ],
+        )
         p = cluster_purity(r.get("clusters"), truth) if truth else None
         if p is not None:
             writer.add(r["round"], [rec("purity", p)])
         previous = r["seconds"]
-    writer.finish({"rounds_done": cfg.rounds, "total_seconds": record["total_seconds"],
-                   "reference": {"repo": REPO, "commit": commit, "script": "run_experiment.py",
-                                 "args": record["args"], "threads": record["threads"],
-                                 "device": record.get("device", "cpu")}})  # fmt: skip
+    writer.finish(
+        {
+            "rounds_done": cfg.rounds,
+            "total_seconds": record["total_seconds"],
+            "reference": {
+                "repo": REPO,
+                "commit": commit,
+                "script": "run_experiment.py",
+                "args": record["args"],
+                "threads": record["threads"],
+                "device": record.get("device", "cpu"),
+            },
+        }
+    )
     return run_id
 
 
-def run_reference(runs: list[Config], checkout: Path, out: Path, python: str, threads: int,
-                  log=print, jobs: int = 1, device: str = "cpu") -> int:  # fmt: skip
+def run_reference(
+    runs: list[Config],
+    checkout: Path,
+    out: Path,
+    python: str,
+    threads: int,
+    log=print,
+    jobs: int = 1,
+    device: str = "cpu",
+) -> int:
     """Every run not imported yet, ``jobs`` at a time (each its own process, on ``device``);
     returns the number that failed (reported, the others go on)."""
     from fedray.results import run_status
@@ -364,8 +447,10 @@ def run_reference(runs: list[Config], checkout: Path, out: Path, python: str, th
     for cfg in runs:
         script_args(cfg, "")  # every run checked before the first starts
     todo = [c for c in runs if run_status(out, run_id_of(c)) != "finished"]
-    log(f"{REPO} @ {commit[:7]}: {len(runs)} runs, {len(runs) - len(todo)} already imported, {len(todo)} to run "
-        f"({max(1, jobs)} at once, on {device})")  # fmt: skip
+    log(
+        f"{REPO} @ {commit[:7]}: {len(runs)} runs, {len(runs) - len(todo)} already imported, {len(todo)} to run "
+        f"({max(1, jobs)} at once, on {device})"
+    )
 
     def one(cfg: Config) -> str:
         record = run_one(cfg, checkout, out, python, threads, device)
@@ -390,8 +475,13 @@ def check_checkout(checkout: Path) -> str:
 
 SEED = Option("--seed", "the seed of the generator's draw and of the 90/10 splits", default=0, type=int)
 PYTHON = Option("--python", "the Python of an environment with the reference's dependencies", default=None)
-CLIENTS = Option("--clients", f"keep N of the generator's {NUM_CLIENTS} clients, each role in proportion "
-                 f"(default {NUM_CLIENTS})", default=NUM_CLIENTS, type=int, metavar="N")  # fmt: skip
+CLIENTS = Option(
+    "--clients",
+    f"keep N of the generator's {NUM_CLIENTS} clients, each role in proportion (default {NUM_CLIENTS})",
+    default=NUM_CLIENTS,
+    type=int,
+    metavar="N",
+)
 DEVICE = Option(
     "--device", "the reference's device (cuda: GPU 0; default cpu)", default="cpu", choices=("cpu", "cuda")
 )
@@ -404,10 +494,18 @@ def make_clients(checkout: Path, out: Path, options: dict) -> tuple[Path, list[s
 
 
 FEDRC = Reference(
-    name="fedrc", repo=REPO, commit=COMMIT, script="run_experiment.py", wrapper="jobs.reference.fedrc_wrapper",
-    algorithms=frozenset(METHODS), about=f"{REPO}: its FMNIST-C clients as client_files",
-    options=(SEED, PYTHON, CLIENTS, DEVICE), clients=make_clients, check_run=lambda cfg: script_args(cfg, ""),
+    name="fedrc",
+    repo=REPO,
+    commit=COMMIT,
+    script="run_experiment.py",
+    wrapper="jobs.reference.fedrc_wrapper",
+    algorithms=frozenset(METHODS),
+    about=f"{REPO}: its FMNIST-C clients as client_files",
+    options=(SEED, PYTHON, CLIENTS, DEVICE),
+    clients=make_clients,
+    check_run=lambda cfg: script_args(cfg, ""),
     run=lambda ref, runs, checkout, out, jobs, threads, o: run_reference(
-        runs, checkout, out, o["python"] or sys.executable, threads, jobs=jobs, device=o["device"]),
+        runs, checkout, out, o["python"] or sys.executable, threads, jobs=jobs, device=o["device"]
+    ),
     report="--cols source,algorithm --metric accuracy --at best-train",
-)  # fmt: skip
+)

@@ -61,8 +61,10 @@ def client_loaders(folder: Path, batch_size: int, test: bool, datasets_module, l
             n_train = len(z["y_train"])
             kind = int(z["group"]) if test else int(z["reference_type"])
         train_idx, test_idx = list(range(n_train)), list(range(n_train, len(y)))
-        sets = [datasets_module.SubFEMNISTC(ix, cifar10_data=x, cifar10_targets=y)
-                for ix in (train_idx, train_idx, test_idx)]  # fmt: skip
+        sets = [
+            datasets_module.SubFEMNISTC(ix, cifar10_data=x, cifar10_targets=y)
+            for ix in (train_idx, train_idx, test_idx)
+        ]
         out[0].append(loader_cls(sets[0], batch_size=batch_size, shuffle=True, drop_last=True))
         out[1].append(loader_cls(sets[1], batch_size=batch_size, shuffle=True, drop_last=False))
         out[2].append(loader_cls(sets[2], batch_size=batch_size, shuffle=True, drop_last=False))
@@ -171,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                     "clusters": clusters.get(r),
                 }
                 for r in rounds
-            ],  # fmt: skip
+            ],
         }
 
     clusters: dict[int, dict] = {}

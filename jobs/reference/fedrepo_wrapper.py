@@ -106,10 +106,22 @@ def main(argv: list[str] | None = None) -> int:
     gset = Split(test_x, test_y)
     spec = fd.dataset.spec
     net = Net(build_model(a.model, spec.input_shape, spec.num_classes, head_bias=False))
-    fields = dict(n_classes=spec.num_classes, c_ratio=a.participation, max_round=a.rounds, test_round=1,
-                  local_epochs=a.local_epochs, local_steps=None, batch_size=a.batch_size, optimizer="SGD", lr=a.lr,
-                  momentum=a.momentum, weight_decay=a.weight_decay, max_grad_norm=a.max_grad_norm, alpha=a.alpha,
-                  cuda=False)  # fmt: skip
+    fields = dict(
+        n_classes=spec.num_classes,
+        c_ratio=a.participation,
+        max_round=a.rounds,
+        test_round=1,
+        local_epochs=a.local_epochs,
+        local_steps=None,
+        batch_size=a.batch_size,
+        optimizer="SGD",
+        lr=a.lr,
+        momentum=a.momentum,
+        weight_decay=a.weight_decay,
+        max_grad_norm=a.max_grad_norm,
+        alpha=a.alpha,
+        cuda=False,
+    )
     args = namedtuple("Args", fields)(**fields)
     algo = algorithm(csets=csets, gset=gset, model=net, args=args)
 
@@ -124,8 +136,16 @@ def main(argv: list[str] | None = None) -> int:
             model.eval()
             accuracy = borrowed.fraction_right(lambda x: model(x)[1], test_x, test_y)
             now = time.perf_counter()
-            evals.append({"accuracy": accuracy, "fedrepo_accuracy": float(out[0]), "seconds": now - last,
-                          "elapsed": now - t0, "model_sha256": model_sha256(model), "finite": weights_finite(model)})  # fmt: skip
+            evals.append(
+                {
+                    "accuracy": accuracy,
+                    "fedrepo_accuracy": float(out[0]),
+                    "seconds": now - last,
+                    "elapsed": now - t0,
+                    "model_sha256": model_sha256(model),
+                    "finite": weights_finite(model),
+                }
+            )
             last = now
         return out
 
@@ -133,11 +153,16 @@ def main(argv: list[str] | None = None) -> int:
     algo.train()
     total = time.perf_counter() - t0
     doc = {
-        "script": script, "args": script_args, "total_seconds": total, "train_size": len(fd.dataset.train),
+        "script": script,
+        "args": script_args,
+        "total_seconds": total,
+        "train_size": len(fd.dataset.train),
         "partition": {str(c): [int(i) for i in ix.train] for c, ix in sorted(fd.clients.items())},
-        "evals": evals, "threads": opts.threads, "max_grad_norm": a.max_grad_norm,
+        "evals": evals,
+        "threads": opts.threads,
+        "max_grad_norm": a.max_grad_norm,
         "local_test": "each client's first training sample (FedRepo's local logging only)",
-    }  # fmt: skip
+    }
     write_text_atomic(json.dumps(doc), result)
     return 0
 

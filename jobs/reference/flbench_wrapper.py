@@ -66,19 +66,43 @@ def flbench_config(checkout: Path, a: Any, dataset: str) -> Any:
     OmegaConf.update(config, "method", "fedlc")
     OmegaConf.update(config, "dataset.name", dataset)
     settings = {
-        "seed": a.seed, "join_ratio": a.participation, "global_epoch": a.rounds, "local_epoch": a.local_epochs,
-        "batch_size": a.batch_size, "reset_optimizer_on_global_epoch": True, "buffers": "global",
-        "client_side_evaluation": False, "use_cuda": False, "monitor": None, "save_log": False,
-        "save_model": False, "save_learning_curve_plot": False, "save_metrics": False, "verbose_gap": 10**9,
-        "test": {"client": {"interval": -1, "finetune_epoch": 0, "train": False, "val": False, "test": False},
-                 "server": {"interval": 1, "train": False, "val": False, "test": True,
-                            "model_in_train_mode": False}},
-    }  # fmt: skip
+        "seed": a.seed,
+        "join_ratio": a.participation,
+        "global_epoch": a.rounds,
+        "local_epoch": a.local_epochs,
+        "batch_size": a.batch_size,
+        "reset_optimizer_on_global_epoch": True,
+        "buffers": "global",
+        "client_side_evaluation": False,
+        "use_cuda": False,
+        "monitor": None,
+        "save_log": False,
+        "save_model": False,
+        "save_learning_curve_plot": False,
+        "save_metrics": False,
+        "verbose_gap": 10**9,
+        "test": {
+            "client": {"interval": -1, "finetune_epoch": 0, "train": False, "val": False, "test": False},
+            "server": {
+                "interval": 1,
+                "train": False,
+                "val": False,
+                "test": True,
+                "model_in_train_mode": False,
+            },
+        },
+    }
     for key, value in settings.items():
         OmegaConf.update(config, f"common.{key}", value, merge=True)
     OmegaConf.update(config, "mode", "serial")
-    for key, value in {"name": "sgd", "lr": a.lr, "momentum": a.momentum, "weight_decay": a.weight_decay,
-                       "dampening": 0, "nesterov": False}.items():  # fmt: skip
+    for key, value in {
+        "name": "sgd",
+        "lr": a.lr,
+        "momentum": a.momentum,
+        "weight_decay": a.weight_decay,
+        "dampening": 0,
+        "nesterov": False,
+    }.items():
         OmegaConf.update(config, f"optimizer.{key}", value)
     OmegaConf.update(config, "lr_scheduler.name", None)
     OmegaConf.update(config, "fedlc", {"tau": a.tau}, merge=False)
@@ -97,8 +121,15 @@ def write_flbench_data(
     folder = root / "data" / dataset
     folder.mkdir(parents=True, exist_ok=True)
     n = len(train)
-    args = {"client_num": n, "test_ratio": 0.0, "val_ratio": 0.0, "seed": seed, "split": "sample",
-            "IID_ratio": 0.0, "monitor_window_name_suffix": f"{dataset}-{n}clients-fedray-partition"}  # fmt: skip
+    args = {
+        "client_num": n,
+        "test_ratio": 0.0,
+        "val_ratio": 0.0,
+        "seed": seed,
+        "split": "sample",
+        "IID_ratio": 0.0,
+        "monitor_window_name_suffix": f"{dataset}-{n}clients-fedray-partition",
+    }
     (folder / "args.json").write_text(json.dumps(args))
 
     def ints(ix) -> np.ndarray:  # as FL-bench's generate_data.py writes them (an empty list would be float)
@@ -124,8 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     opts, script, script_args, a = parsed
     missing = missing_modules()
     if missing:
-        print(f"flbench_wrapper: FL-bench needs {', '.join(missing)}, missing here: pip install -e \".[flbench]\"",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f'flbench_wrapper: FL-bench needs {", ".join(missing)}, missing here: pip install -e ".[flbench]"',
+            file=sys.stderr,
+        )
         return 2
 
     import numpy as np
@@ -174,12 +207,20 @@ def main(argv: list[str] | None = None) -> int:
             super().init_model(net, preprocess_func, postprocess_func)
 
         def get_dataset(self):
-            return base_dataset(data=data, targets=targets, classes=list(range(spec.num_classes)),
-                                **self.get_dataset_transforms())  # fmt: skip
+            return base_dataset(
+                data=data,
+                targets=targets,
+                classes=list(range(spec.num_classes)),
+                **self.get_dataset_transforms(),
+            )
 
         def get_dataset_transforms(self):
-            return dict(train_data_transform=None, train_target_transform=None, test_data_transform=None,
-                        test_target_transform=None)  # fmt: skip
+            return dict(
+                train_data_transform=None,
+                train_target_transform=None,
+                test_data_transform=None,
+                test_target_transform=None,
+            )
 
         def test_global_model(self):
             nonlocal last
@@ -188,18 +229,30 @@ def main(argv: list[str] | None = None) -> int:
             self.model.eval()
             accuracy = borrowed.fraction_right(self.model, test_x, test_y)
             now = time.perf_counter()
-            evals.append({"accuracy": accuracy, "flbench_accuracy": float(metrics.accuracy),
-                          "seconds": now - last, "elapsed": now - t0, "model_sha256": model_sha256(self.model),
-                          "finite": weights_finite(self.model)})  # fmt: skip
+            evals.append(
+                {
+                    "accuracy": accuracy,
+                    "flbench_accuracy": float(metrics.accuracy),
+                    "seconds": now - last,
+                    "elapsed": now - t0,
+                    "model_sha256": model_sha256(self.model),
+                    "finite": weights_finite(self.model),
+                }
+            )
             last = now
 
     server = Server(args=config)
     server.run_experiment()
     doc = {
-        "script": script, "args": script_args, "total_seconds": time.perf_counter() - t0, "train_size": n_train,
-        "partition": {str(c): ix for c, ix in sorted(train.items())}, "evals": evals, "threads": opts.threads,
+        "script": script,
+        "args": script_args,
+        "total_seconds": time.perf_counter() - t0,
+        "train_size": n_train,
+        "partition": {str(c): ix for c, ix in sorted(train.items())},
+        "evals": evals,
+        "threads": opts.threads,
         "flbench_config": OmegaConf.to_container(config, resolve=True),
-    }  # fmt: skip
+    }
     write_text_atomic(json.dumps(doc), opts.result)
     return 0
 

@@ -93,8 +93,9 @@ def check_checkout(ref: Reference, checkout: Path) -> str:
             f"--checkout {str(checkout)!r}: no {ref.script} there; expected a checkout of {ref.repo}"
         )
     try:
-        head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()  # fmt: skip
+        head = subprocess.run(
+            ["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         head = "unknown"
     if not head.startswith(ref.commit) and os.environ.get("FEDRAY_REFERENCE_ANY_COMMIT") != "1":
@@ -141,9 +142,23 @@ def plan_jobs(ref: Reference, runs: Iterable[Config], out: Path, datadir: Path) 
 def wrapper_command(
     ref: Reference, checkout: Path, job: Job, threads: int, extra: Iterable[str] = ()
 ) -> list[str]:
-    return [sys.executable, "-m", ref.wrapper, "--checkout", str(checkout), "--result", str(job.result),
-            "--workdir", str(job.result.parent.parent / "logs" / job.run_id), "--threads", str(threads),
-            *extra, "--", ref.script, *job.argv]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        ref.wrapper,
+        "--checkout",
+        str(checkout),
+        "--result",
+        str(job.result),
+        "--workdir",
+        str(job.result.parent.parent / "logs" / job.run_id),
+        "--threads",
+        str(threads),
+        *extra,
+        "--",
+        ref.script,
+        *job.argv,
+    ]
 
 
 def run_job(
@@ -160,8 +175,13 @@ def run_job(
         "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
     }
     with open(logs / "stdout.txt", "w") as f:
-        p = subprocess.run(wrapper_command(ref, checkout, job, threads, extra), stdout=f, stderr=subprocess.STDOUT,
-                           env=env, cwd=str(root))  # fmt: skip
+        p = subprocess.run(
+            wrapper_command(ref, checkout, job, threads, extra),
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=str(root),
+        )
     if p.returncode != 0:
         tail = (logs / "stdout.txt").read_text().splitlines()[-15:]
         raise RuntimeError(f"{ref.repo} run {job.run_id} failed (exit {p.returncode}):\n" + "\n".join(tail))
@@ -211,17 +231,25 @@ def import_run(ref: Reference, cfg: Config, job: Job, record: dict[str, Any], co
         rows["source"] += ["train"] * len(idx)
     writer.write_partition(rows, record["train_size"], cfg.dataset)
     # what the wrapper changed or kept, as it recorded it (each wrapper records its own)
-    settings = {k: record[k] for k in ("skipped_logging_evals", "state_dict", "kmeans_n_init", "max_grad_norm",
-                                       "local_test") if k in record}  # fmt: skip
+    settings = {
+        k: record[k]
+        for k in ("skipped_logging_evals", "state_dict", "kmeans_n_init", "max_grad_norm", "local_test")
+        if k in record
+    }
     summary: dict[str, Any] = {
         "rounds_done": cfg.rounds,
         "total_seconds": record["total_seconds"],
         "reference": {
-            "repo": ref.repo, "commit": commit, "script": ref.script, "args": record["args"], **settings,
-            "fast_data": record.get("fast_data", False), "threads": record.get("threads", 0),
+            "repo": ref.repo,
+            "commit": commit,
+            "script": ref.script,
+            "args": record["args"],
+            **settings,
+            "fast_data": record.get("fast_data", False),
+            "threads": record.get("threads", 0),
             "model_sha256": [e["model_sha256"] for e in evals],
         },
-    }  # fmt: skip
+    }
     diverged = [ref.eval_round(cfg, k)[0] for k, e in enumerate(evals) if e.get("finite") is False]
     if diverged:
         summary["diverged_round"] = diverged[0]
@@ -333,8 +361,10 @@ def run_reference(
         log(f"{ref.repo} @ {commit[:7]}: {len(todo)} partitions to draw")
     else:
         todo = [j for j in planned if force or run_status(out, j.run_id) != "finished"]
-        log(f"{ref.repo} @ {commit[:7]}: {len(planned)} runs, {len(planned) - len(todo)} already imported, "
-            f"{len(todo)} to run ({jobs} at once)")  # fmt: skip
+        log(
+            f"{ref.repo} @ {commit[:7]}: {len(planned)} runs, {len(planned) - len(todo)} already imported, "
+            f"{len(todo)} to run ({jobs} at once)"
+        )
     t0 = time.perf_counter()
 
     def one(job: Job) -> str:
@@ -349,8 +379,14 @@ def run_reference(
             else "no evaluation"
         )
 
-    return run_pool(todo, one, lambda j: f"{j.cfg.algorithm} {partition_label(j.cfg)} seed {j.cfg.seed}", jobs, log,
-                    after=lambda j: f" ({j.run_id}; {time.perf_counter() - t0:.0f} s so far)")  # fmt: skip
+    return run_pool(
+        todo,
+        one,
+        lambda j: f"{j.cfg.algorithm} {partition_label(j.cfg)} seed {j.cfg.seed}",
+        jobs,
+        log,
+        after=lambda j: f" ({j.run_id}; {time.perf_counter() - t0:.0f} s so far)",
+    )
 
 
 def run_wrapped(
@@ -371,8 +407,9 @@ def run_wrapped(
     if partitions_only:
         extra.append("--partition-only")
     force = bool(options.get("force")) or partitions_only
-    return run_reference(ref, runs, checkout, out, jobs, threads, extra, force=force,
-                         partitions_only=partitions_only)[1]  # fmt: skip
+    return run_reference(
+        ref, runs, checkout, out, jobs, threads, extra, force=force, partitions_only=partitions_only
+    )[1]
 
 
 def run_pool(

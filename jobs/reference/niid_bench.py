@@ -97,13 +97,29 @@ def _algorithm_args(cfg: Config, fedconcat: bool) -> list[str]:
             if out_dim
             else ["--use_projection_head", "0"]
         )
-        return ["--alg", "moon", "--comm_round", str(cfg.rounds), "--mu", f"{hp['mu']:g}",
-                "--temperature", f"{hp['temperature']:g}", "--loss", "contrastive", *head]  # fmt: skip
+        return [
+            "--alg",
+            "moon",
+            "--comm_round",
+            str(cfg.rounds),
+            "--mu",
+            f"{hp['mu']:g}",
+            "--temperature",
+            f"{hp['temperature']:g}",
+            "--loss",
+            "contrastive",
+            *head,
+        ]
     if alg == "fedconcat" and fedconcat:
         # The script's FedConcat: K-means on the exact label distributions, 3 classifier steps, a
         # random classifier init (cache_features changes no number for the simple CNN).
-        fixed = {"classifier_steps": 3, "balanced": False, "init_from_clusters": False, "elbow_range": [],
-                 "clustering": "kmeans"}  # fmt: skip
+        fixed = {
+            "classifier_steps": 3,
+            "balanced": False,
+            "init_from_clusters": False,
+            "elbow_range": [],
+            "clustering": "kmeans",
+        }
         unsupported = sorted(k for k, v in fixed.items() if hp[k] != v)
         if unsupported:
             raise ReferenceError(
@@ -111,8 +127,18 @@ def _algorithm_args(cfg: Config, fedconcat: bool) -> list[str]:
                 f"random classifier; it cannot set hp.{', hp.'.join(unsupported)}"
             )
         te = hp["encoder_rounds"]
-        return ["--alg", "fedconcat", "--n_clusters", str(hp["num_clusters"]), "--encoder_round", str(te),
-                "--classifier_round", str(cfg.rounds - te), "--eps", f"{hp['eps']:g}"]  # fmt: skip
+        return [
+            "--alg",
+            "fedconcat",
+            "--n_clusters",
+            str(hp["num_clusters"]),
+            "--encoder_round",
+            str(te),
+            "--classifier_round",
+            str(cfg.rounds - te),
+            "--eps",
+            f"{hp['eps']:g}",
+        ]
     raise ReferenceError(f"algorithm {alg!r} is not in this script")
 
 
@@ -124,12 +150,37 @@ def script_args(cfg: Config, datadir: Path, logdir: Path, fedconcat: bool) -> li
             f"model {cfg.model!r}: the script's FMNIST model is the simple CNN (model: simple_cnn)"
         )
     return [
-        "--dataset", cfg.dataset, "--datadir", str(datadir), "--model", "simple-cnn", *_partition_args(cfg),
-        "--n_parties", str(cfg.num_clients), "--epochs", str(cfg.local_epochs), "--batch-size", str(cfg.batch_size),
-        "--lr", f"{cfg.lr:g}", "--rho", f"{cfg.momentum:g}", "--reg", f"{cfg.weight_decay:g}",
-        "--sample", f"{cfg.participation:g}", "--init_seed", str(cfg.seed), *_algorithm_args(cfg, fedconcat),
-        "--device", "cpu", "--logdir", str(logdir), "--log_file_name", "log",
-    ]  # fmt: skip
+        "--dataset",
+        cfg.dataset,
+        "--datadir",
+        str(datadir),
+        "--model",
+        "simple-cnn",
+        *_partition_args(cfg),
+        "--n_parties",
+        str(cfg.num_clients),
+        "--epochs",
+        str(cfg.local_epochs),
+        "--batch-size",
+        str(cfg.batch_size),
+        "--lr",
+        f"{cfg.lr:g}",
+        "--rho",
+        f"{cfg.momentum:g}",
+        "--reg",
+        f"{cfg.weight_decay:g}",
+        "--sample",
+        f"{cfg.participation:g}",
+        "--init_seed",
+        str(cfg.seed),
+        *_algorithm_args(cfg, fedconcat),
+        "--device",
+        "cpu",
+        "--logdir",
+        str(logdir),
+        "--log_file_name",
+        "log",
+    ]
 
 
 def eval_round(cfg: Config, k: int) -> tuple[int, str]:
@@ -188,9 +239,34 @@ CHECK_ARGS = {
         "1",
     ],
 }
-CHECK_COMMON = ["--dataset", "fmnist", "--model", "simple-cnn", "--partition", "noniid-#label2", "--n_parties", "10",
-                "--epochs", "1", "--batch-size", "64", "--lr", "0.01", "--rho", "0.9", "--reg", "1e-5",
-                "--sample", "1", "--init_seed", "0", "--device", "cpu", "--log_file_name", "log"]  # fmt: skip
+CHECK_COMMON = [
+    "--dataset",
+    "fmnist",
+    "--model",
+    "simple-cnn",
+    "--partition",
+    "noniid-#label2",
+    "--n_parties",
+    "10",
+    "--epochs",
+    "1",
+    "--batch-size",
+    "64",
+    "--lr",
+    "0.01",
+    "--rho",
+    "0.9",
+    "--reg",
+    "1e-5",
+    "--sample",
+    "1",
+    "--init_seed",
+    "0",
+    "--device",
+    "cpu",
+    "--log_file_name",
+    "log",
+]
 
 
 def check_wrapper(ref: Reference, checkout: Path, out: Path) -> int:
@@ -206,9 +282,28 @@ def check_wrapper(ref: Reference, checkout: Path, out: Path) -> int:
     def run(name: str, alg: str, flags: list[str]) -> dict:
         result = out / "reference" / "check" / f"{name}.json"
         logdir = result.parent / name
-        cmd = [sys.executable, "-m", ref.wrapper, "--checkout", str(checkout), "--result", str(result),
-               "--workdir", str(logdir), "--threads", "1", *flags, "--", ref.script, *CHECK_COMMON,
-               "--datadir", str(datadir), "--logdir", str(logdir), *CHECK_ARGS[alg]]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            ref.wrapper,
+            "--checkout",
+            str(checkout),
+            "--result",
+            str(result),
+            "--workdir",
+            str(logdir),
+            "--threads",
+            "1",
+            *flags,
+            "--",
+            ref.script,
+            *CHECK_COMMON,
+            "--datadir",
+            str(datadir),
+            "--logdir",
+            str(logdir),
+            *CHECK_ARGS[alg],
+        ]
         subprocess.run(cmd, check=True, cwd=str(root), capture_output=True)
         return json.loads(result.read_text())
 
@@ -219,18 +314,22 @@ def check_wrapper(ref: Reference, checkout: Path, out: Path) -> int:
         same = [
             a["model_sha256"] == b["model_sha256"] for a, b in zip(plain["evals"], fast["evals"], strict=True)
         ]
-        print(f"{alg}: as the script runs ({plain['total_seconds']:.0f} s) vs with the shortcuts "
-              f"({fast['total_seconds']:.0f} s, {fast['skipped_logging_evals']} evaluations skipped): "
-              f"weights after each evaluated round {'identical' if all(same) else 'DIFFERENT'} "
-              f"({sum(same)}/{len(same)}); accuracies {[e['accuracy'] for e in plain['evals']]} vs "
-              f"{[e['accuracy'] for e in fast['evals']]}")  # fmt: skip
+        print(
+            f"{alg}: as the script runs ({plain['total_seconds']:.0f} s) vs with the shortcuts "
+            f"({fast['total_seconds']:.0f} s, {fast['skipped_logging_evals']} evaluations skipped): "
+            f"weights after each evaluated round {'identical' if all(same) else 'DIFFERENT'} "
+            f"({sum(same)}/{len(same)}); accuracies {[e['accuracy'] for e in plain['evals']]} vs "
+            f"{[e['accuracy'] for e in fast['evals']]}"
+        )
         ok &= all(same)
         if alg == "fedconcat":
             views = run(f"{alg}-views", alg, ["--state-dict", "views"])
             differ = views["evals"][-1]["model_sha256"] != fast["evals"][-1]["model_sha256"]
-            print(f"{alg}: cluster models initialised from views of client 0's weights (the script on a CPU) "
-                  f"{'differ from' if differ else 'equal'} copies (the script on a GPU): accuracy "
-                  f"{views['evals'][-1]['accuracy']} vs {fast['evals'][-1]['accuracy']}")  # fmt: skip
+            print(
+                f"{alg}: cluster models initialised from views of client 0's weights (the script on a CPU) "
+                f"{'differ from' if differ else 'equal'} copies (the script on a GPU): accuracy "
+                f"{views['evals'][-1]['accuracy']} vs {fast['evals'][-1]['accuracy']}"
+            )
     return 0 if ok else 1
 
 

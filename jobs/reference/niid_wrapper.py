@@ -163,8 +163,15 @@ def patch(checkout: Path, rec: Recorder, state_dict: str, kmeans_n_init: int, fa
             out = original_accuracy(model, dataloader, get_confusion_matrix, device=device, **kwargs)
             now = time.perf_counter()
             acc = out[0] if get_confusion_matrix else out
-            rec.evals.append({"accuracy": float(acc), "seconds": now - rec.last, "elapsed": now - rec.t0,
-                              "model_sha256": model_sha256(model), "finite": weights_finite(model)})  # fmt: skip
+            rec.evals.append(
+                {
+                    "accuracy": float(acc),
+                    "seconds": now - rec.last,
+                    "elapsed": now - rec.t0,
+                    "model_sha256": model_sha256(model),
+                    "finite": weights_finite(model),
+                }
+            )
             rec.last = now
             return out
         if rec.keep:
@@ -251,11 +258,19 @@ def main(argv: list[str] | None = None) -> int:
         pass
     total = time.perf_counter() - rec.t0
     doc = {
-        "script": script, "args": script_args, "total_seconds": total, "train_size": rec.train_size,
-        "partition": rec.partition, "evals": rec.evals, "skipped_logging_evals": rec.skipped,
-        "keep_logging_evals": opts.keep_logging_evals, "state_dict": opts.state_dict,
-        "kmeans_n_init": opts.kmeans_n_init, "fast_data": not opts.slow_data, "threads": opts.threads,
-    }  # fmt: skip
+        "script": script,
+        "args": script_args,
+        "total_seconds": total,
+        "train_size": rec.train_size,
+        "partition": rec.partition,
+        "evals": rec.evals,
+        "skipped_logging_evals": rec.skipped,
+        "keep_logging_evals": opts.keep_logging_evals,
+        "state_dict": opts.state_dict,
+        "kmeans_n_init": opts.kmeans_n_init,
+        "fast_data": not opts.slow_data,
+        "threads": opts.threads,
+    }
     tmp = result.with_name(f".{result.name}.tmp")
     tmp.write_text(json.dumps(doc))
     tmp.replace(result)

@@ -44,9 +44,8 @@ class StragglerHparams:
     1..E-1 instead of E (the same clients and epochs for every algorithm of a seed). FedAvg drops
     them (its round waits for no one: their work is lost); FedProx keeps their partial work."""
 
-    stragglers: float = field(
-        default=0.0, metadata=bound(ge=0, lt=1)
-    )  # fraction of each round's clients that straggle: 1..E-1 local epochs (FedProx's systems heterogeneity)
+    # fraction of each round's clients that straggle: 1..E-1 local epochs (FedProx's systems heterogeneity)
+    stragglers: float = field(default=0.0, metadata=bound(ge=0, lt=1))
     drop_stragglers: bool = True  # the server leaves the stragglers' updates out (FedAvg)
 
 

@@ -70,9 +70,8 @@ def fesem_update(client: Client, cstate: Any, msg: dict):
     """Client function: train the assigned centre (every centre, first time) and reassign."""
     models, k, buffers = msg["models"], msg["assigned"], dict(cstate or {})
     keep, rnd, last = msg["persistent_optimizer"], msg["round"], msg["drop_last"]
-    if (
-        k is None
-    ):  # first participation: a trained copy of every centre (all at once), keep the lowest-loss one
+    # first participation: a trained copy of every centre (all at once), keep the lowest-loss one
+    if k is None:
         split = np.full(client.num_examples, 1.0 / len(models)) if msg["first_round"] == "split" else None
         trained = yield [
             LocalUpdate(
@@ -106,8 +105,14 @@ def fesem_update(client: Client, cstate: Any, msg: dict):
 
 def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
     cids = fed.sample(fed.task.participation, fed.task.rng("sample", rnd=rnd))
-    common = {"models": state.models, "round": rnd, "persistent_optimizer": hp.persistent_optimizer,
-              "drop_last": hp.drop_last, "switch": hp.switch, "first_round": hp.first_round}  # fmt: skip
+    common = {
+        "models": state.models,
+        "round": rnd,
+        "persistent_optimizer": hp.persistent_optimizer,
+        "drop_last": hp.drop_last,
+        "switch": hp.switch,
+        "first_round": hp.first_round,
+    }
     by_center: dict[Any, list[int]] = {}
     for c in cids:
         by_center.setdefault(state.assigned.get(c), []).append(c)

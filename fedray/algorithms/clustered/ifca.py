@@ -111,8 +111,12 @@ def aggregate(
 
 def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
     cids = fed.sample(fed.task.participation, fed.task.rng("sample", rnd=rnd))
-    msg = {"models": state.models, "round": rnd, "persistent_optimizer": hp.persistent_optimizer,
-           "drop_last": hp.drop_last}  # fmt: skip
+    msg = {
+        "models": state.models,
+        "round": rnd,
+        "persistent_optimizer": hp.persistent_optimizer,
+        "drop_last": hp.drop_last,
+    }
     return close_round(state, fed, fed.map(ifca_update, cids, msg), hp.empty_cluster)
 
 

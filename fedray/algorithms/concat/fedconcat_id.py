@@ -93,9 +93,8 @@ def inference_round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tup
     cluster_params = []
     for k in range(clustering.k):
         members = {c: r for c, r in replies.items() if clustering.assignment[c] == k}
-        cluster_params.append(
-            fedavg_aggregate(members) if members else dict(state.init)
-        )  # an empty cluster keeps the init
+        # an empty cluster keeps the init
+        cluster_params.append(fedavg_aggregate(members) if members else dict(state.init))
     records = train_records(replies, ENCODER) + clustering.records
     records += [assignment_rec(c, k, stage=ENCODER) for c, k in sorted(clustering.assignment.items())]
     counts = fed.label_counts()  # the simulator's knowledge, for the diagnostic only

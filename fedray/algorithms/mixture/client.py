@@ -107,8 +107,11 @@ def mixture_update(client: Client, cstate: Any, msg: dict):
         "num_examples": client.num_examples,
         "stats": stats,
         "omega": state.omega,
-        "train_loss_sum": ts.loss_sum, "train_correct": ts.correct, "train_samples": ts.samples, "steps": ts.steps,
-    }  # fmt: skip
+        "train_loss_sum": ts.loss_sum,
+        "train_correct": ts.correct,
+        "train_samples": ts.samples,
+        "steps": ts.steps,
+    }
     return reply, state
 
 

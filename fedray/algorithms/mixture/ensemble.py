@@ -92,15 +92,25 @@ def evaluate(fed: Federation, live: dict[int, Params], hard: bool) -> list[Recor
         msg = {"ids": ids, "models": models, "omega": population, "hard": hard}
         parts = fed.test_map(global_ensemble_eval, msg)
         samples = sum(p["samples"] for p in parts)
-        records = [rec("accuracy", sum(p["correct"] for p in parts) / samples),
-                   rec("loss", sum(p["loss_sum"] for p in parts) / samples)]  # fmt: skip
+        records = [
+            rec("accuracy", sum(p["correct"] for p in parts) / samples),
+            rec("loss", sum(p["loss_sum"] for p in parts) / samples),
+        ]
     own = fed.map(own_ensemble_eval, fed.eval_client_ids, {"ids": ids, "models": models, "hard": hard})
     records.append(rec("train_accuracy", pooled(own, "train")))  # FedRC's, to pick the reported round
-    records.append(rec("train_loss", sum(r["train"]["loss_sum"] for r in own.values())
-                       / max(1, sum(r["train"]["samples"] for r in own.values()))))  # fmt: skip
+    records.append(
+        rec(
+            "train_loss",
+            sum(r["train"]["loss_sum"] for r in own.values())
+            / max(1, sum(r["train"]["samples"] for r in own.values())),
+        )
+    )
     if any("test" in r for r in own.values()):
-        records += [rec("local_accuracy", r["test"]["correct"] / r["test"]["samples"], scope="client", entity=c)
-                    for c, r in own.items() if "test" in r]  # fmt: skip
+        records += [
+            rec("local_accuracy", r["test"]["correct"] / r["test"]["samples"], scope="client", entity=c)
+            for c, r in own.items()
+            if "test" in r
+        ]
         records.append(rec("local_accuracy", pooled(own, "test")))
     if fed.groups is not None:
         records.append(rec("purity", purity({c: int(np.argmax(w)) for c, w in omega.items()}, fed.groups)))

@@ -103,8 +103,14 @@ def mixture_round(
     prior, Adam constants, noise). Returns the new state (models), the records and the replies."""
     ids = sorted(state.models)
     cids = fed.sample(fed.task.participation, fed.task.rng("sample", rnd=rnd))
-    msg = {"ids": ids, "models": [state.models[i] for i in ids], "round": rnd,
-           "persistent_optimizer": hp.persistent_optimizer, "drop_last": hp.drop_last, **extra}  # fmt: skip
+    msg = {
+        "ids": ids,
+        "models": [state.models[i] for i in ids],
+        "round": rnd,
+        "persistent_optimizer": hp.persistent_optimizer,
+        "drop_last": hp.drop_last,
+        **extra,
+    }
     # Each reply is folded into the per-model sums as it arrives (3 models x 300 clients would be
     # gigabytes held at once); what is left of it (omega, statistics, counts) is small.
     agg = MixtureAverage({mid: state.models[mid] for mid in ids})

@@ -128,11 +128,20 @@ def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Recor
     if hp.finetune:  # after FedEM's evaluation: test clients fine-tune with the gamma of its E-step
         ids = sorted(state.models)
         with_test = [c for c, k in fed.num_test_examples(fed.eval_client_ids).items() if k > 0]
-        msg = {"ids": ids, "models": [state.models[i] for i in ids], "hard": hp.hard_predict, "round": rnd,
-               "drop_last": hp.drop_last}  # fmt: skip
+        msg = {
+            "ids": ids,
+            "models": [state.models[i] for i in ids],
+            "hard": hp.hard_predict,
+            "round": rnd,
+            "drop_last": hp.drop_last,
+        }
         tuned = fed.map(finetuned_eval, with_test, msg)
-        records.append(rec("local_accuracy_ft", sum(r["correct"] for r in tuned.values())
-                           / max(1, sum(r["samples"] for r in tuned.values()))))  # fmt: skip
+        records.append(
+            rec(
+                "local_accuracy_ft",
+                sum(r["correct"] for r in tuned.values()) / max(1, sum(r["samples"] for r in tuned.values())),
+            )
+        )
         if fed.test_client_ids:  # FedRC-FT's global accuracy: the test clients tune too
             records += [
                 {**r, "metric": f"{r['metric']}_ft"}

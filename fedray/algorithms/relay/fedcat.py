@@ -97,9 +97,8 @@ def check_config(cfg, hp: Hparams) -> None:
 class State:
     params: Params  # m_glb
     counts: np.ndarray  # M, N x K: how often client position d was chosen at cycle position o
-    groups: list[list[int]] = field(
-        default_factory=list
-    )  # G_1..G_K (client ids), redrawn every lambda cycles
+    # G_1..G_K (client ids), redrawn every lambda cycles
+    groups: list[list[int]] = field(default_factory=list)
     copies: list[Baton] = field(default_factory=list)  # the K copies in flight (none between cycles)
     sizes: list[int] = field(default_factory=list)  # d_i: data each copy has trained on this cycle
 

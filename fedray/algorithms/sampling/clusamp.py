@@ -55,20 +55,25 @@ class Hparams:
 @dataclass
 class State:
     params: Params  # the global model
-    updates: dict[int, np.ndarray] = field(
-        default_factory=dict
-    )  # client -> its last update, flattened (Alg. 2)
+    # client -> its last update, flattened (Alg. 2)
+    updates: dict[int, np.ndarray] = field(default_factory=dict)
 
 
 def check_config(cfg: Any, hp: Hparams) -> None:
     """Algorithm 2 keeps every drawn client's last update and builds the N x N distances each round:
     a cross-silo cost, refused beyond half this machine's memory (Algorithm 1's strata are m x N)."""
     if hp.similarity == "none":
-        return check_fits(cfg, lambda n: 8.0 * n * (hp.num_strata or participants(n, cfg.participation)),
-                          "builds m x N strata each round")  # fmt: skip
+        return check_fits(
+            cfg,
+            lambda n: 8.0 * n * (hp.num_strata or participants(n, cfg.participation)),
+            "builds m x N strata each round",
+        )
     dims = trainable_values(cfg)
-    check_fits(cfg, lambda n: 8.0 * n * dims + 8.0 * n * n,
-               f"keeps every drawn client's last update ({dims:,} values) and builds the N x N distances each round")  # fmt: skip
+    check_fits(
+        cfg,
+        lambda n: 8.0 * n * dims + 8.0 * n * n,
+        f"keeps every drawn client's last update ({dims:,} values) and builds the N x N distances each round",
+    )
 
 
 def models(state: State, hp: Hparams) -> list[SavedModel]:

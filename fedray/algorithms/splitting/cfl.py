@@ -77,7 +77,8 @@ class SplitState:
     peak_mean_norm: float = 0.0  # the largest ||mean update|| of any cluster so far (eps_rule: relative)
 
 
-Hparams = SplitHparams  # eps1, eps2, eps_rule, max_norm, warmup_rounds, max_clusters, persistent_optimizer, drop_last
+# eps1, eps2, eps_rule, max_norm, warmup_rounds, max_clusters, persistent_optimizer, drop_last
+Hparams = SplitHparams
 State = SplitState  # the clusters, their models, the layers, the split history
 
 
@@ -110,14 +111,6 @@ def persistent_update(client: Client, cstate: Any, msg: dict):
     )
 
 
-def thresholds(hp: SplitHparams, peak_mean_norm: float) -> tuple[float, float]:
-    """The (eps1, eps2) a round compares with: ``hp``'s own, or with ``eps_rule: relative`` those
-    fractions of the largest mean update norm so far."""
-    if hp.eps_rule == "relative":
-        return hp.eps1 * peak_mean_norm, hp.eps2 * peak_mean_norm
-    return hp.eps1, hp.eps2
-
-
 UPDATES_COSINE = Similarity()  # CFL's: cosine distances of the whole updates, no split check
 
 
@@ -126,8 +119,10 @@ def round(  # noqa: A001
 ) -> tuple[SplitState, list[Record]]:
     """Train every cluster's model on its members, split the clusters the rule picks, average."""
     msg = {"round": rnd, "persistent_optimizer": hp.persistent_optimizer, "drop_last": hp.drop_last}
-    replies = fed.map_groups(persistent_update, [(members, {"params": m, **msg})
-                                                 for members, m in zip(state.clusters, state.models, strict=True)])  # fmt: skip
+    replies = fed.map_groups(
+        persistent_update,
+        [(members, {"params": m, **msg}) for members, m in zip(state.clusters, state.models, strict=True)],
+    )
     trainable = [p for ps in state.layer_params.values() for p in ps]
     cluster_of = {c: k for k, members in enumerate(state.clusters) for c in members}
 
@@ -140,11 +135,13 @@ def round(  # noqa: A001
         mean_norm, max_norm = geometry.split_norms((update(c, trainable) for c in members), hp.max_norm)
         if state.selected != trainable:  # LayerCFL: the largest update on the selected layers
             _, max_norm = geometry.split_norms((update(c, state.selected) for c in members), hp.max_norm)
-        records += [rec("mean_update_norm", mean_norm, scope="cluster", entity=k),
-                    rec("max_update_norm", max_norm, scope="cluster", entity=k)]  # fmt: skip
+        records += [
+            rec("mean_update_norm", mean_norm, scope="cluster", entity=k),
+            rec("max_update_norm", max_norm, scope="cluster", entity=k),
+        ]
         norms.append((mean_norm, max_norm))
     peak = max([state.peak_mean_norm] + [n[0] for n in norms])
-    eps1, eps2 = thresholds(hp, peak)
+    eps1, eps2 = geometry.split_thresholds(hp.eps1, hp.eps2, hp.eps_rule, peak)
     if hp.eps_rule == "relative":
         records += [rec("eps1", eps1), rec("eps2", eps2)]
     for k, (members, (mean_norm, max_norm)) in enumerate(zip(state.clusters, norms, strict=True)):
@@ -153,23 +150,23 @@ def round(  # noqa: A001
             rnd >= hp.warmup_rounds and room and len(members) > 2 and mean_norm < eps1 and max_norm > eps2
         ):
             continue
-        # the one matrix a split needs (two when the distance is on the weights, not the updates)
-        moved = geometry.stacked_rows(members, lambda c: update(c, state.selected))
-        on = moved if sim.distance.startswith("delta") else geometry.stacked_rows(
-            members, lambda c: flat(replies[c]["params"], state.selected))  # fmt: skip
-        halves = geometry.bipartition(geometry.pairwise_distances(on, sim.distance))
-        if sim.gamma_max is not None:
-            safe, cross_max = geometry.split_is_safe(geometry.cosine_similarity(moved), halves, sim.gamma_max)
-            records.append(rec("alpha_cross_max", cross_max, scope="cluster", entity=k))
-            if not safe:  # the theorem does not vouch for this split: roll back, train on unsplit
-                records.append(rec("split_rejected", 1, scope="cluster", entity=k))
-                continue
+        halves, said = sim.halves(
+            members,
+            lambda c: update(c, state.selected),
+            lambda c: flat(replies[c]["params"], state.selected),
+            k,
+        )
+        records += said
+        if halves is None:
+            continue
         clusters[k] = [c for c, h in zip(members, halves, strict=True) if h == 0]
         clusters.append([c for c, h in zip(members, halves, strict=True) if h == 1])
         history.append(rnd)
         records.append(rec("split", 1, scope="cluster", entity=k))
-    models = [weighted_average([replies[c]["params"] for c in m], [replies[c]["num_examples"] for c in m])
-              for m in clusters]  # fmt: skip
+    models = [
+        weighted_average([replies[c]["params"] for c in m], [replies[c]["num_examples"] for c in m])
+        for m in clusters
+    ]
     dims = sum(int(np.asarray(state.models[0][n]).size) for n in state.selected)
     records += [rec("num_clusters", len(clusters)), rec("similarity_dims", dims)]
     records += [assignment_rec(c, k) for k, m in enumerate(clusters) for c in m]

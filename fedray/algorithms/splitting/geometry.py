@@ -93,6 +93,14 @@ def split_norms(updates: Iterable[np.ndarray], rule: str) -> tuple[float, float]
     return float(np.linalg.norm(total / n)), biggest
 
 
+def split_thresholds(eps1: float, eps2: float, rule: str, peak_mean_norm: float) -> tuple[float, float]:
+    """The (eps1, eps2) a round of CFL compares with: the norms themselves (``rule`` absolute), or
+    (relative) those fractions of the largest mean update norm so far."""
+    if rule == "relative":
+        return eps1 * peak_mean_norm, eps2 * peak_mean_norm
+    return eps1, eps2
+
+
 def split_is_safe(similarity: np.ndarray, halves: np.ndarray, gamma_max: float) -> tuple[bool, float]:
     """CFL's separation theorem as LayerCFL checks it (eq. 20): a bipartition is correct when
     gamma_max < sqrt((1 - alpha_cross_max) / 2), alpha_cross_max the largest cosine similarity of

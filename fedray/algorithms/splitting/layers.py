@@ -82,8 +82,12 @@ def select(model: nn.Module, spec: str | Sequence[str]) -> list[str]:
 
 
 def _suggest(convs: list[str], fcs: list[str]) -> str:
-    options = [*(["conv", f"conv:1 .. conv:{len(convs)}"] if convs else []),
-               *(["fc", f"fc:1 .. fc:{len(fcs)}"] if fcs else []), "all", "auto"]  # fmt: skip
+    options = [
+        *(["conv", f"conv:1 .. conv:{len(convs)}"] if convs else []),
+        *(["fc", f"fc:1 .. fc:{len(fcs)}"] if fcs else []),
+        "all",
+        "auto",
+    ]
     return ", ".join(options)
 
 

@@ -35,6 +35,27 @@ class Similarity:
     distance: str = "delta_cos"
     gamma_max: float | None = None
 
+    def halves(
+        self,
+        members: list[int],
+        update: Callable[[int], np.ndarray],
+        weights: Callable[[int], np.ndarray],
+        cluster: int,
+    ) -> tuple[np.ndarray | None, list[Record]]:
+        """Cluster ``cluster``'s bipartition (0/1 per member) by its members' updates (``update(c)``)
+        or weights (``weights(c)``), as the distance says, or None where the split check rejects it.
+        The one matrix a split needs is built, two when the distance is on the weights."""
+        moved = geometry.stacked_rows(members, update)
+        on = moved if self.distance.startswith("delta") else geometry.stacked_rows(members, weights)
+        halves = geometry.bipartition(geometry.pairwise_distances(on, self.distance))
+        if self.gamma_max is None:
+            return halves, []
+        safe, cross_max = geometry.split_is_safe(geometry.cosine_similarity(moved), halves, self.gamma_max)
+        records = [rec("alpha_cross_max", cross_max, scope="cluster", entity=cluster)]
+        if not safe:  # the theorem does not vouch for this split: roll back, train on unsplit
+            return None, [*records, rec("split_rejected", 1, scope="cluster", entity=cluster)]
+        return halves, records
+
 
 def truth_records(
     fed: Federation, state: Any, update: Callable[[int, list[str]], np.ndarray]
@@ -53,8 +74,10 @@ def truth_records(
         *((f"/{layer}", ps) for layer, ps in state.layer_params.items()),
     ]:
         x = geometry.stacked_rows(cids, lambda c, names=names: update(c, names))
-        records += [rec(f"gap{name}", geometry.gap_cos(geometry.cosine_similarity(x), truth)),
-                    rec(f"gap_l2{name}", geometry.gap_l2(geometry.euclidean_distances(x), truth))]  # fmt: skip
+        records += [
+            rec(f"gap{name}", geometry.gap_cos(geometry.cosine_similarity(x), truth)),
+            rec(f"gap_l2{name}", geometry.gap_l2(geometry.euclidean_distances(x), truth)),
+        ]
     return records
 
 

@@ -22,6 +22,9 @@ def check_size(cfg: Any) -> None:
     update (its model's trainable values, as float32 and again as float64 for the similarity) and the N x N
     similarity matrix."""
     dims = trainable_values(cfg)
-    check_fits(cfg, lambda n: n * dims * 12 + n * n * 8,
-               f"holds every client's update each round ({cfg.num_clients:,} clients x {dims:,} values) and their "
-               f"{cfg.num_clients:,} x {cfg.num_clients:,} similarities")  # fmt: skip
+    check_fits(
+        cfg,
+        lambda n: n * dims * 12 + n * n * 8,
+        f"holds every client's update each round ({cfg.num_clients:,} clients x {dims:,} values) and their "
+        f"{cfg.num_clients:,} x {cfg.num_clients:,} similarities",
+    )
