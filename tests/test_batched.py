@@ -222,25 +222,24 @@ def _compare(off, on):
     return m
 
 
+BASE = dict(
+    dataset="digits",
+    model="mcmahan_cnn",
+    num_clients=8,
+    participation=0.5,
+    rounds=3,
+    local_epochs=2,
+    lr=0.05,
+    momentum=0.0,
+    weight_decay=1e-4,
+    seed=3,
+    algorithm="fedavg",
+)
+
+
 @pytest.mark.parametrize("name", list(ALL))
 def test_batched_runs_give_the_per_client_numbers(tmp_path, name):
-    over = {
-        **dict(
-            dataset="digits",
-            model="mcmahan_cnn",
-            num_clients=8,
-            participation=0.5,
-            rounds=3,
-            local_epochs=2,
-            lr=0.05,
-            momentum=0.0,
-            weight_decay=1e-4,
-            seed=3,
-            algorithm="fedavg",
-        ),
-        **ALL[name],
-    }
-    _off_and_on_agree(tmp_path, over)
+    _off_and_on_agree(tmp_path, {**BASE, **ALL[name]})
 
 
 def _off_and_on_agree(tmp_path, over):
