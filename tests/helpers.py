@@ -187,6 +187,37 @@ CHECK_NO_RAY = (
     "assert 'ray' not in sys.modules, 'ray was imported'; sys.exit(rc)"
 )
 
+# Several `fedray` command lines in one fresh process (one interpreter start instead of one each):
+# argv[1] is a JSON list of argument lists; prints a JSON list of [exit code, stderr], and fails if
+# any of them imported Ray.
+_CLIS_NO_RAY = """
+import contextlib, io, json, sys
+from jobs.cli import main
+out = []
+for args in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = main(args)
+    out.append([rc, err.getvalue()])
+    assert "ray" not in sys.modules, f"ray was imported by {args}"
+print(json.dumps(out))
+"""
+
+
+def clis_without_ray(cases: list[list[str]], cwd) -> list[tuple[int, str]]:
+    """Each command line's (exit code, stderr), all run in one new process that never imports Ray."""
+    import json
+
+    p = subprocess.run(
+        [sys.executable, "-c", _CLIS_NO_RAY, json.dumps(cases)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    return [tuple(r) for r in json.loads(p.stdout.splitlines()[-1])]
+
 
 SWEEP_BASE = """\
 experiment: sw

@@ -3,9 +3,6 @@ bad files are errors naming the file, before anything starts."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
@@ -17,6 +14,7 @@ from fedray.experiment import execute
 from fedray.local import make_local_federation
 from fedray.validation import from_dict
 from tests.conftest import ROOT
+from tests.helpers import clis_without_ray
 
 META = {"num_classes": 3, "input_shape": [1, 6, 6], "scale": 1 / 255}
 
@@ -119,38 +117,38 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("name,spoil,message", BAD, ids=[b[0] for b in BAD])
-def test_a_bad_client_file_is_an_error_naming_it_before_ray(tmp_path, name, spoil, message):
-    root = folder(tmp_path)
-    spoil(root)
-    no_ray = (
-        "import sys; from jobs.cli import main; rc = main(sys.argv[1:]); "
-        "assert 'ray' not in sys.modules, 'ray was imported'; sys.exit(rc)"
-    )
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            no_ray,
-            "run",
-            "--set",
-            "dataset=client_files",
-            "--set",
-            f"data_root={root}",
-            "--set",
-            "num_clients=4",
-            "--set",
-            "model=mlp",
-            "--output",
-            str(tmp_path / "out"),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert p.returncode == 2, p.stderr
-    assert message in p.stderr, p.stderr
+@pytest.fixture(scope="module")
+def bad_runs(tmp_path_factory):
+    """`fedray run` over a folder spoiled each BAD way: (exit code, stderr) each, all in one process
+    that must never import Ray."""
+    cases = []
+    for name, spoil, _ in BAD:
+        tmp = tmp_path_factory.mktemp(name.replace(" ", "-"))
+        root = folder(tmp)
+        spoil(root)
+        cases.append(
+            [
+                "run",
+                "--set",
+                "dataset=client_files",
+                "--set",
+                f"data_root={root}",
+                "--set",
+                "num_clients=4",
+                "--set",
+                "model=mlp",
+                "--output",
+                str(tmp / "out"),
+            ]
+        )
+    return clis_without_ray(cases, ROOT)
+
+
+@pytest.mark.parametrize("case", range(len(BAD)), ids=[b[0] for b in BAD])
+def test_a_bad_client_file_is_an_error_naming_it_before_ray(case, bad_runs):
+    rc, err = bad_runs[case]
+    assert rc == 2, err
+    assert BAD[case][2] in err, err
 
 
 def test_client_count_must_match_num_clients(tmp_path):

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import yaml
@@ -12,7 +9,7 @@ import yaml
 from fedray.config import Config, ConfigError, parse_sets
 from fedray.validation import from_dict, load_config
 from tests.conftest import ROOT
-from tests.helpers import CHECK_NO_RAY
+from tests.helpers import clis_without_ray
 
 
 def test_embedded_default_is_valid_and_every_field_is_commented():
@@ -129,60 +126,67 @@ def test_run_id_is_stable_and_ignores_output_and_actor_count():
         assert from_dict({"seed": 1, key: value}).run_id() != a.run_id(), key
 
 
-@pytest.mark.parametrize(
-    "args,message",
-    [
-        (["run", "--set", "partiton=iid"], "did you mean 'partition'"),
-        (["run", "--set", "lr=0"], "'lr': must be > 0"),
-        (
-            [
-                "run",
-                "--set",
-                "dataset=fmnist",
-                "--set",
-                "data_root=/nonexistent",
-                "--set",
-                "model=simple_cnn",
-            ],
-            "apt-get install dataset-fashion-mnist",
-        ),
-        (
-            [
-                "run",
-                "--set",
-                "dataset=cifar10",
-                "--set",
-                "data_root=/nonexistent",
-                "--set",
-                "model=simple_cnn",
-            ],
-            "download=true",
-        ),
-        (["run", "no_such_config.yaml"], "does not exist"),
-        (  # refused before the data is looked for (the case above says the data is not there)
-            [
-                "run",
-                "--set",
-                "dataset=fmnist",
-                "--set",
-                "data_root=/nonexistent",
-                "--set",
-                "model=simple_cnn",
-                "--set",
-                "partition_k=3",
-            ],
-            "config key 'partition_k' is not read by partition 'dirichlet' (it is read by: labels)",
-        ),
-    ],
-)
-def test_cli_rejects_bad_input_fast_without_starting_ray(args, message, tmp_path):
+BAD_INPUT = [
+    (["run", "--set", "partiton=iid"], "did you mean 'partition'"),
+    (["run", "--set", "lr=0"], "'lr': must be > 0"),
+    (
+        [
+            "run",
+            "--set",
+            "dataset=fmnist",
+            "--set",
+            "data_root=/nonexistent",
+            "--set",
+            "model=simple_cnn",
+        ],
+        "apt-get install dataset-fashion-mnist",
+    ),
+    (
+        [
+            "run",
+            "--set",
+            "dataset=cifar10",
+            "--set",
+            "data_root=/nonexistent",
+            "--set",
+            "model=simple_cnn",
+        ],
+        "download=true",
+    ),
+    (["run", "no_such_config.yaml"], "does not exist"),
+    (  # refused before the data is looked for (the case above says the data is not there)
+        [
+            "run",
+            "--set",
+            "dataset=fmnist",
+            "--set",
+            "data_root=/nonexistent",
+            "--set",
+            "model=simple_cnn",
+            "--set",
+            "partition_k=3",
+        ],
+        "config key 'partition_k' is not read by partition 'dirichlet' (it is read by: labels)",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def rejected(tmp_path_factory):
+    """Every BAD_INPUT command line's (exit code, stderr), all in one process that must never
+    import Ray, and the folder they ran in."""
+    cwd = tmp_path_factory.mktemp("bad-input")
+    return clis_without_ray([args for args, _ in BAD_INPUT], cwd), cwd
+
+
+@pytest.mark.parametrize("case", range(len(BAD_INPUT)), ids=[m for _, m in BAD_INPUT])
+def test_cli_rejects_bad_input_fast_without_starting_ray(case, rejected):
     # "Fast" is structural (Ray is never imported, nothing is written), not a timed assertion.
-    p = subprocess.run(
-        [sys.executable, "-c", CHECK_NO_RAY, *args], cwd=tmp_path, capture_output=True, text=True, timeout=60
-    )
-    assert p.returncode == 2, p.stderr
-    assert message in p.stderr
-    assert not (tmp_path / "out").exists()  # nothing written
+    results, cwd = rejected
+    rc, err = results[case]
+    assert rc == 2, err
+    assert BAD_INPUT[case][1] in err
+    assert not (cwd / "out").exists()  # nothing written
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "jobs" / "configs").glob("*.yaml")), ids=lambda p: p.name)

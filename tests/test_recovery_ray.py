@@ -25,7 +25,7 @@ from tests.helpers import METRIC_KEYS, stored_metrics
 pytestmark = pytest.mark.ray
 
 # Slow enough per round (about 0.1 s) that a kill lands mid-run, small enough for the suite.
-SLOW = dict(synthetic_size=3000, local_epochs=4, rounds=12, checkpoint_every=3, algorithm="scaffold", seed=5)
+SLOW = dict(synthetic_size=3000, local_epochs=4, rounds=8, checkpoint_every=3, algorithm="scaffold", seed=5)
 
 
 def test_a_killed_client_actor_costs_rounds_not_numbers(ray_session, tmp_path):
@@ -85,7 +85,7 @@ def test_ctrl_c_then_sigterm_each_record_interrupted_exit_130_and_the_same_comma
 ):
     # One run stopped twice: Ctrl-C after round 5, the same command resumes it and SIGTERM (what
     # `ray job stop` sends) stops it again after round 9, and the same command finishes it.
-    out, rounds = tmp_path / "out", 20
+    out, rounds = tmp_path / "out", 12
     sets = [
         f"{k}={v}" for k, v in {**SLOW, "rounds": rounds, "dataset": "synthetic", "num_clients": 6}.items()
     ]
