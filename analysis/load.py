@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.dataset as ds
 
 from fedray.config import ADDED_LATER
@@ -16,6 +17,7 @@ from fedray.results import (
     METRICS_SCHEMA,
     PARTITION_SCHEMA,
     RUNS_SCHEMA,
+    read_checked,
     run_state,
 )
 
@@ -36,7 +38,16 @@ def _read_dir(path: Path, where: ds.Expression | None = None) -> pd.DataFrame | 
     # pyarrow's discovery skips names starting with "." or "_", i.e. files still being written.
     # The table's schema is given, so a file written before a column existed reads it as null.
     schema = _SCHEMAS.get(path.name)
-    df = ds.dataset(str(path), format="parquet", schema=schema).to_table(filter=where).to_pandas()
+    checked = ds.ParquetFileFormat(
+        default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True)
+    )
+    try:
+        table = ds.dataset(str(path), format=checked, schema=schema).to_table(filter=where)
+    except (OSError, pa.ArrowException):
+        for part in sorted(p for p in path.glob("*.parquet") if not p.name.startswith((".", "_"))):
+            read_checked(part)  # names the damaged file
+        raise
+    df = table.to_pandas()
     if "source" in df:
         df["source"] = df["source"].fillna("fedray")
     return df

@@ -89,7 +89,7 @@ def prepare(
     config or a missing data set can give, before any training (and before Ray)."""
     from fedray.data import check_available, check_partition
     from fedray.results import check_writable
-    from fedray.validation import from_dict, load_config
+    from fedray.validation import check_last_batches, from_dict, load_config
 
     mapping, path = _config_mapping(config)
     if path is not None or not mapping:
@@ -102,7 +102,9 @@ def prepare(
         )
     check_available(cfg)
     check_writable(cfg.output)
-    check_partition(cfg)  # a partition that cannot be drawn fails in seconds
+    # a partition that cannot be drawn fails in seconds, and so does a BatchNorm model that would
+    # meet a batch of one sample
+    check_last_batches(cfg, check_partition(cfg))
     return cfg
 
 

@@ -42,6 +42,7 @@ class Task:
     head_bias: bool = True  # the model's last layer has a bias (config key head_bias)
     model_init: str = "derived"  # how initial models are seeded (config key model_init)
     batched_clients: str = "auto"  # batched client training: off | on | auto (fedray/batched.py)
+    drop_last: bool = False  # every local update drops each epoch's last partial batch (config key drop_last)
     client_state_memory_mb: float = 0.0  # clients' state in memory per host, MB (fedray/client_states.py)
     # the trained model every initial model starts from (config key init_model), loaded once by the
     # coordinator and sent with the task; None: fresh draws

@@ -134,8 +134,12 @@ class Config:
     init_model: str = ""  # "" = a fresh draw (model_init)
     rounds: int = field(default=30, metadata=bound(ge=1))  # communication rounds
     local_epochs: int = field(default=5, metadata=bound(ge=1))  # full passes over the local data per round
-    # local mini-batch size (last partial batch kept, as in NIID-Bench)
+    # local mini-batch size (the last partial batch kept, as in NIID-Bench, unless drop_last)
     batch_size: int = field(default=32, metadata=bound(ge=1))
+    # Drop each epoch's last partial batch in every client's local training, whatever the algorithm
+    # (an algorithm's hp.drop_last does it for that algorithm alone). A model with BatchNorm needs it
+    # where a client's last batch would hold one sample (checked before the run).
+    drop_last: bool = False
     lr: float = field(default=0.05, metadata=bound(gt=0))  # local SGD learning rate
     # local SGD momentum (optimizer re-created every round)
     momentum: float = field(default=0.9, metadata=bound(ge=0, lt=1))
@@ -290,6 +294,7 @@ ADDED_LATER = {
     "synthetic_beta": 1.0,
     "eval_clients": 0,
     "cuda_tf32": True,
+    "drop_last": False,
 }
 # Keys of a sweep file that are not config keys (fedray/sweep_file.py expands them into runs).
 SWEEP_KEYS = ("grid", "seeds", "cases", "max_concurrent_runs")

@@ -61,7 +61,9 @@ def run_one(fn: Callable, client: Client, cstate: Any, msg: Any) -> tuple[Any, A
                 yielded = out.send(answer)
             except StopIteration as stop:
                 return stop.value
-            answer = _answer(yielded, [train_update(client, u) for u in requests(yielded)])
+            answer = _answer(
+                yielded, [train_update(client, u) for u in requests(yielded, client.task.drop_last)]
+            )
     except Exception as e:  # noqa: BLE001 - re-raised with the client id attached
         raise _failed(client.cid, e) from e
 
@@ -138,7 +140,7 @@ def run_stacked(
             try:
                 with _watching(fn, mode):
                     yielded = gen.send(answers[i])
-                asked[i] = (yielded, requests(yielded))
+                asked[i] = (yielded, requests(yielded, clients[i].task.drop_last))
             except StopIteration as stop:
                 results[i] = stop.value
                 del gens[i]

@@ -21,7 +21,7 @@ from fedray.algorithms import ALGORITHMS
 from fedray.checkpoint import Checkpoint, CheckpointError, Checkpoints
 from fedray.config import Config
 from fedray.data import FederatedData, build_federated_data
-from fedray.export import save_models
+from fedray.export import check_shapes, save_models
 from fedray.federation import Baton, Federation, WorkerLost
 from fedray.records import Record, rec
 from fedray.results import ResultsWriter, versions
@@ -133,6 +133,8 @@ def run_rounds(
         t0 = time.perf_counter()
         state, records = alg.round(state, fed, hp, rnd)
         seconds = time.perf_counter() - t0
+        if rnd == start:  # the models an algorithm (a plug-in's, say) made fit the run's model
+            check_shapes(cfg.algorithm, alg.models(state, hp), fed.task, f"after round {rnd + 1}")
         traffic = fed.take_traffic()
         records = [
             *records,

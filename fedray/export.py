@@ -77,6 +77,30 @@ def members_of(assignment: dict[int, int]) -> dict[int, list[int]]:
     return out
 
 
+class ModelShapeError(ValueError):
+    """An algorithm's model does not fit the run's model: a parameter missing, extra or of another shape."""
+
+
+def check_shapes(algorithm: str, models: Iterable[SavedModel], task: Any, when: str) -> None:
+    """Every model ``algorithm`` holds (its global and cluster models) against the parameters of a
+    fresh model of its architecture: a plug-in's aggregate of the wrong shape is named here, with
+    the parameter and both shapes, not at the next evaluation's tensor arithmetic."""
+    fresh: dict[Any, dict[str, tuple[int, ...]]] = {}
+    for m in models:
+        if m.arch not in fresh:
+            model = task.build_model("shape-check", m.arch)
+            fresh[m.arch] = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        want = fresh[m.arch]
+        where = f"algorithm {algorithm!r}: its {m.name} model {when}"
+        missing, extra = sorted(set(want) - set(m.params)), sorted(set(m.params) - set(want))
+        if missing or extra:
+            raise ModelShapeError(f"{where} has parameters missing {missing} and unexpected {extra}")
+        for k, shape in want.items():
+            got = tuple(np.shape(m.params[k]))
+            if got != shape:
+                raise ModelShapeError(f"{where} has parameter {k!r} of shape {got}; the model's is {shape}")
+
+
 def save_models(
     cfg: Config,
     alg: Any,

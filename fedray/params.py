@@ -33,7 +33,10 @@ def set_params(model: torch.nn.Module, params: Mapping[str, np.ndarray]) -> None
         # Arrays from Ray's object store are read-only; we only read them, so torch's warning is moot.
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         for k, v in state.items():
-            v.copy_(torch.from_numpy(np.asarray(params[k])))
+            a = np.asarray(params[k])
+            if a.shape != tuple(v.shape):
+                raise ValueError(f"parameter {k!r} has shape {a.shape}; the model's is {tuple(v.shape)}")
+            v.copy_(torch.from_numpy(a))
 
 
 def weighted_average(

@@ -5,19 +5,23 @@ complete files (readers skip dot-files). A run that starts again under the same 
 removes the part files of its earlier attempt, so no row is ever counted twice.
 
 While a run is being written its writer holds an exclusive lock on ``runs/.RUN_ID.lock`` (flock,
-released by the kernel when the process dies, however it dies). A second writer of the same run
-id fails at once instead of deleting the first one's files, and `run_state` tells a run that is
-being written now from one that was interrupted.
+released by the kernel when the process dies, however it dies; the file is removed when the writer
+releases it). A second writer of the same run id fails at once instead of deleting the first one's
+files, and `run_state` tells a run that is being written now from one that was interrupted. The
+lock's path is opened without following links or blocking: a link or FIFO planted there is refused.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import errno
 import fcntl
 import json
 import os
 import platform
 import re
+import stat
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -113,11 +117,25 @@ RUNS_SCHEMA = pa.schema(
 RUN_COLUMNS = tuple(name for name, _ in _RUN_FIELDS[1:])  # the run_id column is added apart
 
 
+class DamagedResults(OSError):
+    """A results file that does not read back as it was written (a checksum or its structure)."""
+
+
+def read_checked(path: str | Path, columns: list[str] | None = None) -> pa.Table:
+    """A Parquet file of the results, its pages' checksums verified (files written before
+    checksums were read as they are); a damaged file is a `DamagedResults` naming it."""
+    try:
+        return pq.read_table(path, columns=columns, page_checksum_verification=True)
+    except (OSError, pa.ArrowException) as e:
+        raise DamagedResults(f"results file {str(path)!r} is damaged: {e}") from None
+
+
 def write_atomic(table: pa.Table, path: Path) -> None:
-    """Write ``table`` to ``path`` via a hidden temporary file, fsync, then rename."""
+    """Write ``table`` to ``path`` via a hidden temporary file, fsync, then rename. Every page
+    carries a CRC-32 of its data, which `read_checked` and the analysis readers verify."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     with open(tmp, "wb") as f:
-        pq.write_table(table, f)
+        pq.write_table(table, f, write_page_checksum=True)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -164,39 +182,78 @@ def run_status(out_dir: str | Path, run_id: str) -> str | None:
     path = Path(out_dir) / "runs" / f"{run_id}.parquet"
     if not path.is_file():
         return None
-    return pq.read_table(path, columns=["status"]).column("status")[0].as_py()
+    return read_checked(path, columns=["status"]).column("status")[0].as_py()
 
 
 class RunLocked(RuntimeError):
     """Another live process is writing this run id into this output folder."""
 
 
+UNSAFE_LOCK = "fedray writes that lock file itself: remove what is there, and see who put it there"
+
+
+class UnsafeLockFile(RunLocked):
+    """Something fedray did not write sits where a run's lock file goes (a symbolic link, a hard
+    link to another file, a FIFO): it is refused, never followed, truncated or waited on."""
+
+
 class RunLock:
-    """An exclusive, non-blocking flock on ``DIR/runs/.RUN_ID.lock``; the file holds the owner's pid."""
+    """An exclusive, non-blocking flock on ``DIR/runs/.RUN_ID.lock``; the file holds the owner's pid
+    and goes when its owner releases it (a later writer makes a new one).
+
+    The path is opened without following a symbolic link and without blocking, and must be a
+    regular file with one link: whatever else is planted there is refused (`UnsafeLockFile`)."""
 
     def __init__(self, out_dir: str | Path, run_id: str) -> None:
         self.path = Path(out_dir) / "runs" / f".{run_id}.lock"
         self.run_id = run_id
         self._fd: int | None = None
 
+    def _open(self, flags: int) -> int:
+        """The lock file's descriptor, opened without following a link or blocking, checked to be a
+        regular file of its own."""
+        try:
+            fd = os.open(self.path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise UnsafeLockFile(f"{self.path} is a symbolic link; {UNSAFE_LOCK}") from None
+            raise
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            os.close(fd)
+            what = "a hard link to another file" if stat.S_ISREG(st.st_mode) else "not a regular file"
+            raise UnsafeLockFile(f"{self.path} is {what}; {UNSAFE_LOCK}")
+        return fd
+
     def acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            owner = os.read(fd, 64).decode(errors="replace").strip() or "?"
+        while True:
+            fd = self._open(os.O_RDWR | os.O_CREAT)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                owner = os.read(fd, 64).decode(errors="replace").strip() or "?"
+                os.close(fd)
+                raise RunLocked(
+                    f"run {self.run_id} is being written into {self.path.parent.parent}/ by another process "
+                    f"(pid {owner} on this machine); wait for it to end, or use another output folder"
+                ) from None
+            # Its last owner removes it on release: if that happened between our open and our lock,
+            # we hold a file no longer at the path, so open the one there now.
+            try:
+                if os.path.samestat(os.fstat(fd), os.lstat(self.path)):
+                    break
+            except FileNotFoundError:
+                pass
             os.close(fd)
-            raise RunLocked(
-                f"run {self.run_id} is being written into {self.path.parent.parent}/ by another process "
-                f"(pid {owner} on this machine); wait for it to end, or use another output folder"
-            ) from None
-        os.ftruncate(fd, 0)
+        os.ftruncate(fd, 0)  # a regular file of its own that we hold: ours
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
 
     def release(self) -> None:
         if self._fd is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)  # while still held: nothing is left behind
             os.close(self._fd)  # closing the descriptor drops the lock
             self._fd = None
 
@@ -206,9 +263,9 @@ class RunLock:
         if self._fd is not None:
             return False
         try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError:
-            return False
+            fd = self._open(os.O_RDONLY)
+        except (FileNotFoundError, UnsafeLockFile):
+            return False  # no lock, or none fedray wrote (a writer would refuse it): no live writer
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -253,7 +310,7 @@ def mark_ended(
         time.sleep(0.05)
     if run_status(out_dir, run_id) != "running":
         return False
-    row = pq.read_table(path).to_pylist()[0]
+    row = read_checked(path).to_pylist()[0]
     summary = json.loads(row["summary"] or "{}")
     ev = {
         "event": "interrupted",
@@ -306,7 +363,7 @@ class ResultsWriter:
         self._lock.acquire()
         path = self.root / "runs" / f"{self.run_id}.parquet"
         if path.is_file():
-            row = pq.read_table(path).to_pylist()[0]
+            row = read_checked(path).to_pylist()[0]
             self._started = row["started"] or self._started
             self.earlier_status = row["status"]
             self.earlier_summary = json.loads(row["summary"] or "{}")
@@ -353,7 +410,7 @@ class ResultsWriter:
             suffix = path.stem.removeprefix(f"{self.run_id}-")
             if suffix.isdigit():
                 seq = max(seq, int(suffix) + 1)
-            part = pq.read_table(path)
+            part = read_checked(path)
             rounds = part.column("round").to_pylist()
             if not rounds or max(rounds) <= keep_through:
                 continue

@@ -379,11 +379,13 @@ def _check_partitions(valid: list[tuple[str, Config]], problems: dict[str, list[
         check_partition,
         draw_partition,
         train_labels,
+        train_sizes,
     )
     from fedray.data.client_files import ClientFilesError
 
     labels: dict[tuple, tuple | None] = {}
     drawn: dict[tuple, str | None] = {}
+    sizes: dict[tuple, dict[int, int]] = {}
     for label, cfg in valid:
         source = (cfg.dataset, cfg.data_root, *_values(cfg, DATASETS[cfg.dataset].keys))
         drawing = (
@@ -397,12 +399,14 @@ def _check_partitions(valid: list[tuple[str, Config]], problems: dict[str, list[
         if DATASETS[cfg.dataset].own_clients:  # the data set's own clients: built and checked once
             if key not in drawn:
                 try:
-                    check_partition(cfg)
+                    sizes[key] = check_partition(cfg)
                     drawn[key] = None
                 except ClientFilesError as e:
                     drawn[key] = str(e)
             if drawn[key] is not None:
                 problems.setdefault(drawn[key], []).append(label)
+            else:
+                _check_batches(cfg, sizes[key], label, problems)
             continue
         if source not in labels:
             try:  # data that is not here yet (download: true) is drawn when the run has it
@@ -414,12 +418,25 @@ def _check_partitions(valid: list[tuple[str, Config]], problems: dict[str, list[
             continue
         if key not in drawn:
             try:
-                draw_partition(cfg, *labels[source])
+                sizes[key] = train_sizes(cfg, draw_partition(cfg, *labels[source]))
                 drawn[key] = None
             except PartitionError as e:
                 drawn[key] = str(e)
         if drawn[key] is not None:
             problems.setdefault(drawn[key], []).append(label)
+        else:
+            _check_batches(cfg, sizes[key], label, problems)
+
+
+def _check_batches(cfg: Config, sizes: dict[int, int], label: str, problems: dict[str, list[str]]) -> None:
+    """`check_last_batches` for one run of a sweep, its refusal kept with the run's label."""
+    from fedray.coercion import ConfigError
+    from fedray.validation import check_last_batches
+
+    try:
+        check_last_batches(cfg, sizes)
+    except ConfigError as e:
+        problems.setdefault(str(e), []).append(label)
 
 
 def _resolved(cfg: Config) -> dict[str, Any]:

@@ -32,6 +32,7 @@ knows which of a stacked batch's rows are padding.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -163,12 +164,15 @@ class Trained:
     buffers: dict[str, np.ndarray] | None = None  # the final momentum buffers, when asked to keep them
 
 
-def requests(yielded: Any) -> list[LocalUpdate]:
-    """What a client function yielded, as a list of updates (one or several)."""
+def requests(yielded: Any, drop_last: bool = False) -> list[LocalUpdate]:
+    """What a client function yielded, as a list of updates (one or several); with ``drop_last``
+    (the run's config key) every update drops each epoch's last partial batch."""
     if isinstance(yielded, LocalUpdate):
-        return [yielded]
-    if isinstance(yielded, (list, tuple)) and all(isinstance(u, LocalUpdate) for u in yielded):
-        return list(yielded)
-    raise TypeError(
-        f"a client function yields a fedray.LocalUpdate or a list of them, got {type(yielded).__name__}"
-    )
+        updates = [yielded]
+    elif isinstance(yielded, (list, tuple)) and all(isinstance(u, LocalUpdate) for u in yielded):
+        updates = list(yielded)
+    else:
+        raise TypeError(
+            f"a client function yields a fedray.LocalUpdate or a list of them, got {type(yielded).__name__}"
+        )
+    return [dataclasses.replace(u, drop_last=True) if drop_last and not u.drop_last else u for u in updates]

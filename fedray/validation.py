@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from fedray.algorithms import ALGORITHMS
 from fedray.batched import MODES, refusal
 from fedray.coercion import ConfigError, coerce, suggest
@@ -230,11 +232,23 @@ def key_hint(key: str, algorithm: Any = None) -> str:
     return f"; did you mean {' or '.join(found)}?"
 
 
+# The keys whose values are registry names, which a plug-in adds to.
+REGISTERED = ("algorithm", "model", "dataset", "partition")
+
+
 def _choice(key: str, value: str, allowed: Iterable[str]) -> None:
     allowed = sorted(allowed)
     if value not in allowed:
+        hint = ""
+        if key in REGISTERED and not suggest(value, allowed):
+            article = "an" if key == "algorithm" else "a"
+            hint = (
+                f"; {article} {key} of your own comes from a plug-in: name its file or module under "
+                "plugins: (or --plugin), docs/extending.md"
+            )
         raise ConfigError(
-            f"config key '{key}': unknown value {value!r}{suggest(value, allowed)} (allowed: {', '.join(allowed)})"
+            f"config key '{key}': unknown value {value!r}{suggest(value, allowed)} "
+            f"(allowed: {', '.join(allowed)}){hint}"
         )
 
 
@@ -335,3 +349,25 @@ def validate(cfg: Config) -> None:
     # and the report's settings agree; the full hp is in the run's summary.
     defaults = alg.Hparams()
     cfg.hp = {k: getattr(hp, k) for k in sorted(cfg.hp) if getattr(hp, k) != getattr(defaults, k)}
+
+
+def check_last_batches(cfg: Config, sizes: Mapping[int, int]) -> None:
+    """A model with BatchNorm cannot train on a batch of one sample ("Expected more than 1 value
+    per channel when training"): refuse, before anything trains, a run whose clients (``sizes``:
+    training samples by client) keep a last batch of one, naming the client and the key."""
+    if cfg.drop_last or getattr(ALGORITHMS[cfg.algorithm].make_hparams(cfg.hp), "drop_last", False):
+        return
+    ones = sorted(c for c, n in sizes.items() if n % cfg.batch_size == 1)
+    if not ones:
+        return
+    info = dataset_info(cfg)
+    model = build_model(cfg.model, tuple(info.input_shape), info.num_classes, head_bias=cfg.head_bias)
+    norms = [n for n, m in model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if norms:
+        c = ones[0]
+        raise ConfigError(
+            f"config key 'drop_last': model {cfg.model} has BatchNorm ({norms[0]}), which cannot train on "
+            f"one sample, and client {c}'s {sizes[c]} training samples leave a last batch of one at "
+            f"batch_size {cfg.batch_size} ({len(ones)} client(s) so: {ones[:10]}); set drop_last: true, "
+            "or another batch_size"
+        )

@@ -538,6 +538,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `fedray sweep --dry-run | head`: the reader left; no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAILED
+    except OSError as e:
+        from fedray.results import DamagedResults
+
+        if not isinstance(e, DamagedResults):
+            raise
+        print(f"fedray: error: {e}", file=sys.stderr)  # a results file that fails its checksums
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -96,7 +95,6 @@ def test_a_plugins_bad_hyperparameter_is_refused_before_anything_runs_with_the_b
 ):
     from fedray.validation import load_config
 
-    t0 = time.perf_counter()
     # without the plug-in, no such algorithm
     with pytest.raises(ConfigError, match=r"unknown value 'fedavgm'"):
         load_config(None, ["algorithm=fedavgm"])
@@ -109,7 +107,7 @@ def test_a_plugins_bad_hyperparameter_is_refused_before_anything_runs_with_the_b
         load_config(EXAMPLE / "config.yaml", ["hp.mu=0.1"], output=str(tmp_path))
     with pytest.raises(ConfigError, match=r"plugin 'nope.py': no such file"):
         load_config(None, [], plugins=["nope.py"])
-    assert time.perf_counter() - t0 < 5
+    assert not any(tmp_path.iterdir())  # refused before anything was written
 
 
 def test_a_changed_plugin_is_another_run_and_never_resumes_or_skips_the_old_one(tmp_path, isolated):
@@ -162,7 +160,7 @@ fedray.register_algorithm("fedavg_copy", fedavg)
 
 
 @pytest.mark.ray
-def test_a_plugin_that_does_not_import_in_the_workers_fails_the_run_in_seconds_naming_it(
+def test_a_plugin_that_does_not_import_in_the_workers_fails_the_run_before_a_round_naming_it(
     tmp_path, isolated, ray_session
 ):
     from analysis import load_runs
@@ -171,14 +169,12 @@ def test_a_plugin_that_does_not_import_in_the_workers_fails_the_run_in_seconds_n
 
     plugin = tmp_path / "labplug.py"
     plugin.write_text(FAILS_IN_ACTORS)
-    t0 = time.perf_counter()
     with pytest.raises((PluginError, ConfigError)) as e:
         run(algorithm="fedavg_copy", plugins=[str(plugin)], rounds=2, output=str(tmp_path / "out"))
-    took = time.perf_counter() - t0
     text = str(e.value)
     assert "labplug.py" in text and "failed to import in" in text and "node" in text, text
     assert "ModuleNotFoundError" in text and "secret_dependency_of_the_lab" in text, text
-    assert took < 30, took
+    assert not (tmp_path / "out" / "metrics").exists()  # it failed before any round: no metric row
     runs = load_runs(tmp_path / "out")
     assert list(runs["status"]) == ["failed"] and "secret_dependency_of_the_lab" in runs["summary"].iloc[
         0
@@ -371,3 +367,41 @@ def test_a_plug_in_objective_trains_batched_with_no_extra_code(tmp_path, isolate
         plugins=[str(plugin)],
     )
     _off_and_on_agree(tmp_path, over)
+
+
+WRONG_SHAPE = """
+import numpy as np
+import fedray
+from fedray.algorithms.baselines import fedavg
+from fedray.algorithms.baselines.fedavg import Hparams, State, evaluate, init, models  # noqa: F401
+
+
+def round(state, fed, hp, rnd):
+    state, records = fedavg.round(state, fed, hp, rnd)
+    params = dict(state.params)
+    name = sorted(k for k in params if k.endswith("bias"))[-1]
+    params[name] = np.asarray(params[name])[:-1]  # an aggregate one entry short
+    return State(params), records
+
+
+fedray.register_algorithm("fedavg_short", __import__(__name__))
+"""
+
+
+def test_an_aggregate_of_the_wrong_shape_is_named_with_its_algorithm_parameter_and_shapes(tmp_path, isolated):
+    from analysis import load_runs
+    from fedray.experiment import execute
+    from fedray.export import ModelShapeError
+    from fedray.local import make_local_federation
+    from tests.conftest import small_config
+
+    plugin = tmp_path / "short.py"
+    plugin.write_text(WRONG_SHAPE)
+    cfg = small_config(tmp_path, algorithm="fedavg_short", plugins=[str(plugin)])
+    with pytest.raises(
+        ModelShapeError,
+        match=r"algorithm 'fedavg_short': its global model after round 1 has parameter '.*bias' "
+        r"of shape \(\d+,\); the model's is \(\d+,\)",
+    ):
+        list(execute(cfg, make_local_federation))
+    assert load_runs(cfg.output)["status"][0] == "failed"

@@ -4,7 +4,6 @@ goes on from its checkpoint; a placement failure is recorded."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -149,55 +148,3 @@ def test_ctrl_c_then_sigterm_each_record_interrupted_exit_130_and_the_same_comma
     assert load_runs(out)["status"][0] == "finished"
     assert not stored_metrics(out).duplicated(METRIC_KEYS).any()
     assert sorted(set(stored_metrics(out)["round"])) == list(range(1, rounds + 1))
-
-
-NODE_LOSS = r"""
-import json, sys, time
-import ray
-from ray.cluster_utils import Cluster
-from fedray.validation import from_dict
-from fedray.experiment import Recovered, RoundDone, Started
-from actors.driver import RunHandle, stream_run
-
-cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
-workers = [cluster.add_node(num_cpus=2) for _ in range(2)]
-ray.init(address=cluster.address, log_to_driver=False)
-cfg = from_dict(json.loads(sys.argv[1]))
-handle, seen, removed = RunHandle(), [], None
-for ev in stream_run(cfg, handle=handle):
-    seen.append(type(ev).__name__)
-    if isinstance(ev, RoundDone) and ev.round == 4 and removed is None:
-        node = ray.get(handle.group.actors[0].info.remote())["node_id"]
-        removed = next(w for w in workers if w.node_id == node)
-        cluster.remove_node(removed)
-    if isinstance(ev, Started):
-        seen[-1] = f"Started:{ev.placement['actors']}:{ev.placement['nodes']}:{ev.resumed_from}"
-print("RESULT " + json.dumps(seen))
-ray.shutdown()
-cluster.shutdown()
-"""
-
-
-def test_losing_a_node_mid_run_the_run_goes_on_on_the_nodes_left(ray_session, tmp_path):
-    cfg = small_config(tmp_path / "ray", num_actors=0, **SLOW)
-    ref = small_config(tmp_path / "ref", **SLOW)
-    list(execute(ref, make_local_federation))
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    done = subprocess.run(
-        [sys.executable, "-c", NODE_LOSS, json.dumps(cfg.to_dict())],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    seen = json.loads(done.stdout.split("RESULT ", 1)[1])
-    starts = [s for s in seen if s.startswith("Started")]
-    assert starts[0] == "Started:4:2:0", seen  # 4 actors on the two worker nodes
-    assert "Recovered" in seen and len(starts) == 2
-    _, actors, nodes, resumed = starts[1].split(":")
-    assert (actors, nodes) == ("2", "1") and int(resumed) in (3, 6), seen  # on the node left
-    got, want = stored_metrics(cfg.output), stored_metrics(ref.output)
-    assert got.equals(want), got.compare(want)
-    assert load_runs(cfg.output)["status"][0] == "finished"

@@ -72,6 +72,7 @@ __all__ = [
     "SourcedClients",
     "build_federated_data",
     "check_partition",
+    "train_sizes",
     "check_available",
     "dataset_info",
     "load_dataset",
@@ -110,17 +111,23 @@ def draw_partition(cfg: Config, labels: np.ndarray, num_classes: int) -> Partiti
     return part
 
 
-def check_partition(cfg: Config) -> None:
-    """Draw the run's partition now, from the training labels alone where the dataset allows (the
+def check_partition(cfg: Config) -> dict[int, int]:
+    """Each training client's number of training samples. Draw the run's partition now, from the training labels alone where the dataset allows (the
     draw is a pure function of the labels and the seed, so the run draws the same one later): a
     partition that cannot be drawn fails before Ray or any actor starts. Client files are read and
     checked instead (their clients are the partition)."""
     kind = DATASETS[cfg.dataset]
     if kind.own_clients:
-        kind.federate(cfg)
-        return
+        data = kind.federate(cfg)
+        testing = set(data.test_clients)
+        return {c: len(ix.train) for c, ix in data.clients.items() if c not in testing}
     labels, num_classes = train_labels(cfg)
-    draw_partition(cfg, labels, num_classes)
+    return train_sizes(cfg, draw_partition(cfg, labels, num_classes))
+
+
+def train_sizes(cfg: Config, part: Partition) -> dict[int, int]:
+    """Each client's training samples under ``part`` (its test split, client_test_fraction, apart)."""
+    return {c: len(_split(cfg, c, idx, cfg.client_test_fraction).train) for c, idx in enumerate(part.clients)}
 
 
 def build_federated_data(cfg: Config) -> FederatedData:
