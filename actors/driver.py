@@ -199,14 +199,14 @@ def stream_run(
             except PlacementError as e:  # the driver's own, or the coordinator's wrapped in a RayTaskError
                 ended = True
                 error = unwrap(e)
-                record_failure(cfg.output, run_id, cfg.to_dict(), f"PlacementError: {error}")
+                record_failure(cfg.output, run_id, cfg.recorded(), f"PlacementError: {error}")
                 raise error from None
             except ray.exceptions.RayTaskError as e:
                 error = unwrap(e)
                 if not isinstance(error, WorkerLost) or failures >= cfg.max_failures:
                     ended = True
                     if isinstance(error, (PluginError, ConfigError)):  # before its writer could record it
-                        record_failure(cfg.output, run_id, cfg.to_dict(), f"{type(error).__name__}: {error}")
+                        record_failure(cfg.output, run_id, cfg.recorded(), f"{type(error).__name__}: {error}")
                     raise error from None
             except ray.exceptions.RayActorError as e:  # the coordinator itself died
                 if handle.cancelled:

@@ -48,8 +48,20 @@ def partition_label(c: dict) -> str:
     return label(c)
 
 
+def _plugin_text(spec: str) -> str:
+    """A recorded plug-in as a label names it: its file or module name and its source's hash,
+    ``fedavgm.py@3f2a9c1b`` (the path apart: the same source elsewhere is the same plug-in)."""
+    from fedray.plugins import PIN
+
+    name, _, sha = spec.partition(PIN)
+    short = name.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+    return f"{short}@{sha[:8]}" if sha else short
+
+
 def flat_config(config: dict) -> dict[str, Any]:
     out = {k: v for k, v in config.items() if k != "hp"}
+    if out.get("plugins"):
+        out["plugins"] = [_plugin_text(s) for s in out["plugins"]]
     out.update({f"hp.{k}": v for k, v in (config.get("hp") or {}).items()})
     return out
 

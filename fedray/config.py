@@ -228,6 +228,17 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def recorded(self) -> dict[str, Any]:
+        """The config as a run records it (configs/RUN_ID.yaml, the runs table): each plug-in pinned
+        to the source it ran (``PATH#sha256=HEX``), so that the saved config runs that source or
+        refuses, and runs of two versions of a plug-in never read as seeds of one setting."""
+        d = self.to_dict()
+        if self.plugins:
+            from fedray.plugins import pinned
+
+            d["plugins"] = [pinned(s) for s in self.plugins]
+        return d
+
     def run_id(self) -> str:
         """Stable id of the run: the same resolved config gives the same id.
 

@@ -239,7 +239,7 @@ def execute(
     ``running`` for the caller to start again on new workers; otherwise it fails the run.
     """
     run_id = cfg.run_id()
-    writer = ResultsWriter(cfg.output, run_id, cfg.to_dict())
+    writer = ResultsWriter(cfg.output, run_id, cfg.recorded())
     ckpts = Checkpoints(cfg.output, run_id, cfg.keep_checkpoints)
     fed = None
     history: list[RoundDone] = []

@@ -57,10 +57,32 @@ def looks_like_path(spec: str) -> bool:
     return spec.endswith(".py") or "/" in spec or "\\" in spec or spec.startswith(".")
 
 
+# A recorded config (configs/RUN_ID.yaml, the runs table) pins each plug-in to the source it ran:
+# ``PATH_OR_MODULE#sha256=HEX``. Read back, a pinned plug-in must still have that source.
+PIN = "#sha256="
+
+
+def pinned(spec: str) -> str:
+    """``spec`` (already `resolve`d) pinned to its source as it is now."""
+    return f"{spec}{PIN}{digest(spec)}"
+
+
 def resolve(spec: str, base: str | Path | None = None) -> str:
     """``spec`` as a config keeps it: a path made absolute (relative to ``base``, else the working
-    directory), a module name as it is. Refuses a path that is not a ``.py`` file or a package."""
+    directory), a module name as it is. Refuses a path that is not a ``.py`` file or a package, and a
+    pinned spec (``...#sha256=HEX``, as a recorded config names it) whose source is not that one."""
     spec = str(spec).strip()
+    if PIN in spec:
+        name, want = spec.rsplit(PIN, 1)
+        found = resolve(name, base)
+        have = digest(found)
+        if have != want:
+            raise PluginError(
+                f"plugin {name!r} is not the source this config was recorded with (sha256 {want[:12]}... "
+                f"then, {have[:12]}... now): it would be another run; restore that source, or run the "
+                "plug-in as it is now from a config that names it without #sha256="
+            )
+        return found
     if not spec:
         raise PluginError("plugins: an empty name")
     if not looks_like_path(spec):

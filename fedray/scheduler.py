@@ -146,7 +146,7 @@ def run_sweep(
             running.pop(ev.run.index, None)
             if not ev.ok:
                 cfg = ev.run.config
-                record_failure(cfg.output, ev.run.run_id, cfg.to_dict(), _error_text(ev.error))
+                record_failure(cfg.output, ev.run.run_id, cfg.recorded(), _error_text(ev.error))
         return ev
 
     try:

@@ -143,6 +143,19 @@ def test_a_changed_plugin_is_another_run_and_never_resumes_or_skips_the_old_one(
     assert run(cmd, ROOT).returncode == 0  # a new process: a new run, not the old one skipped or resumed
     runs = load_runs(tmp_path / "out")
     assert len(runs) == 2 and set(first) < set(runs["run_id"]) and (runs["status"] == "finished").all()
+    # The report never reads the two versions as two seeds of one setting: a column each, by hash.
+    from analysis import pivot, run_values
+
+    cells = pivot(run_values(tmp_path / "out"), rows=("partition",), cols=("algorithm",))
+    assert len(cells) == 2 and (cells["n"] == 1).all(), cells
+    assert all("fedavgm.py@" in c for c in cells["col"]), cells["col"].tolist()
+    # The first run's saved config names the source it ran: read now, it refuses the changed one.
+    saved = tmp_path / "out" / "configs" / f"{first[0]}.yaml"
+    assert f"fedavgm.py#sha256={plugins.digest(str(EXAMPLE / 'fedavgm.py'))}" in saved.read_text()
+    with pytest.raises(
+        ConfigError, match=r"plugin '.*fedavgm.py' is not the source this config was recorded with"
+    ):
+        load_config(saved)
     copy = tmp_path / "copy"  # the same source elsewhere is the same plug-in: its hash, not its path
     shutil.copytree(EXAMPLE, copy)
     assert plugins.digest(str(copy / "fedavgm.py")) == plugins.digest(str(EXAMPLE / "fedavgm.py"))
