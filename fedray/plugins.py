@@ -33,6 +33,7 @@ import traceback
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ENTRY_POINTS = "fedray.plugins"
 
@@ -208,10 +209,6 @@ def activate(specs: Sequence[str], where: str = "", expect: dict[str, str] | Non
                 )
             continue
         plugin = describe(spec)
-        if plugin.path is not None and plugin.shipped:
-            folder = str(plugin.path.parent)
-            if folder not in sys.path:
-                sys.path.insert(0, folder)
         held = sys.modules.get(plugin.name)
         if held is not None and plugin.path is not None and plugin.shipped:
             held_at = getattr(held, "__file__", None) or ""
@@ -222,8 +219,13 @@ def activate(specs: Sequence[str], where: str = "", expect: dict[str, str] | Non
                     "rename the plug-in's file"
                 )
         try:
-            module = importlib.import_module(plugin.name)
+            if plugin.path is not None and plugin.shipped and held is None:
+                module = _import_from(plugin.name, plugin.path)
+            else:  # an installed module, or what Ray's py_modules put on this node's sys.path
+                module = importlib.import_module(plugin.name)
         except Exception as e:
+            if held is None:
+                sys.modules.pop(plugin.name, None)  # no half-imported plug-in left behind
             raise PluginError(_failure(repr(spec), e, where)) from e
         here = _imported_digest(module)
         if expect and spec in expect and here != expect[spec]:
@@ -235,6 +237,23 @@ def activate(specs: Sequence[str], where: str = "", expect: dict[str, str] | Non
         _LOADED[spec] = plugin.name
         if here:
             _SOURCES[spec] = here
+
+
+def _import_from(name: str, path: Path) -> Any:
+    """Import the plug-in file or package at ``path`` as module ``name``, by its path: its folder is
+    never put on ``sys.path``, so a ``numpy.py`` or ``ray.py`` lying beside it shadows nothing."""
+    if path.is_dir():
+        spec = importlib.util.spec_from_file_location(
+            name, path / "__init__.py", submodule_search_locations=[str(path)]
+        )
+    else:
+        spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path} as a module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # before it runs: its own imports of itself, pickling by name
+    spec.loader.exec_module(module)
+    return module
 
 
 def is_plugin_module(module: str) -> bool:

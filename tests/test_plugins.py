@@ -64,7 +64,8 @@ def test_the_example_plugin_runs_from_any_directory_in_process_and_on_ray_with_t
 
     run = load_runs(tmp_path / "ray").iloc[0]
     assert run["status"] == "finished" and run["summary"]["placement"]["actors"] == 2
-    assert run["config"]["plugins"] == [str(EXAMPLE / "fedavgm.py")]  # the resolved config names it
+    # the recorded config names it, pinned to the source it ran
+    assert run["config"]["plugins"] == [plugins.pinned(str(EXAMPLE / "fedavgm.py"))]
 
 
 def test_fedavgm_with_no_momentum_is_fedavg_exactly(tmp_path, isolated):
@@ -418,3 +419,25 @@ def test_an_aggregate_of_the_wrong_shape_is_named_with_its_algorithm_parameter_a
     ):
         list(execute(cfg, make_local_federation))
     assert load_runs(cfg.output)["status"][0] == "failed"
+
+
+def test_a_file_plugin_is_imported_by_its_path_and_what_lies_beside_it_shadows_nothing(tmp_path, isolated):
+    # A plug-in's folder was put first on sys.path: a `colorsys.py` (or `ray.py`, `numpy.py`) beside
+    # the plug-in file then stood in for the installed module everywhere in the process.
+    import importlib.util
+
+    from fedray.validation import load_config
+
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    (lab / "colorsys.py").write_text("raise RuntimeError('the planted colorsys ran')\n")
+    shutil.copy(EXAMPLE / "fedavgm.py", lab / "fedavgm.py")
+    sys.modules.pop("colorsys", None)
+    cfg = load_config(None, ["algorithm=fedavgm", "rounds=1"], plugins=[str(lab / "fedavgm.py")])
+    assert cfg.algorithm == "fedavgm" and sys.modules["fedavgm"].__file__ == str(lab / "fedavgm.py")
+    assert str(lab) not in sys.path
+    found = importlib.util.find_spec("colorsys")
+    assert found is not None and Path(found.origin).parent != lab  # the standard library's
+    import colorsys  # noqa: F401 - the real one imports
+
+    shutil.rmtree(lab)
