@@ -13,9 +13,10 @@ fi
 # torch and torchvision are pinned to a matching pair: on the development machines a CPU-only
 # torch 2.13.0 wheel is found first, and torchvision's wheels do not import with it
 # ("operator torchvision::nms does not exist"). pyproject.toml itself only asks for ranges.
-# One resolver run for everything; no byte-compiling of every installed module at install time
-# (Python compiles what it imports, on first use).
-.venv/bin/python -m pip install --quiet --no-compile "torch==2.14.1" "torchvision==0.29.1" -e ".[test]"
+# One resolver run for everything. Installed modules are byte-compiled here: where
+# PYTHONDONTWRITEBYTECODE is set (as on the CI machines), nothing compiled later is kept, and every
+# process of the test suite would compile torch and Ray again (the suite then takes twice as long).
+.venv/bin/python -m pip install --quiet "torch==2.14.1" "torchvision==0.29.1" -e ".[test]"
 
 # Real Fashion-MNIST for the benchmark and the paper configs (optional: digits needs nothing).
 if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
