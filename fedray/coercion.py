@@ -7,12 +7,14 @@ Shared by the experiment config (`fedray.config`) and the algorithms' ``Hparams`
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import types
 import typing
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+INT64 = 2**63
 _SCIENTIFIC = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
 
 
@@ -41,17 +43,23 @@ def coerce(key: str, value: Any, typ: Any, str_from_number: bool = False) -> Any
             return value
         raise ConfigError(f"config key '{key}': expected true or false, got {value!r}")
     if typ is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
         if isinstance(value, float) and value.is_integer():
-            return int(value)
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            if not -INT64 <= value < INT64:  # seeds and counts go to numpy and torch as int64
+                raise ConfigError(f"config key '{key}': {value} is beyond a 64-bit integer")
+            return value
         raise ConfigError(f"config key '{key}': expected an integer, got {value!r}")
     if typ is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str) and _SCIENTIFIC.match(value.strip()):
-            return float(value)  # PyYAML (YAML 1.1) reads 1e-3 as a string; people write it anyway
-        raise ConfigError(f"config key '{key}': expected a number, got {value!r}")
+            number = float(value) if abs(value) < 1e308 else math.inf
+        elif isinstance(value, str) and _SCIENTIFIC.match(value.strip()):
+            number = float(value)  # PyYAML (YAML 1.1) reads 1e-3 as a string; people write it anyway
+        else:
+            raise ConfigError(f"config key '{key}': expected a number, got {value!r}")
+        if not math.isfinite(number):  # .inf and .nan are numbers to YAML, never a setting
+            raise ConfigError(f"config key '{key}': expected a finite number, got {value!r}")
+        return number
     if typ is str:
         if isinstance(value, bool) and key in ON_OFF_KEYS:
             return "on" if value else "off"  # YAML 1.1 reads a bare on / off as a boolean

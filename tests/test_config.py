@@ -82,6 +82,12 @@ def test_parse_sets_nests_and_parses_yaml_scalars():
         ({"model_init": "seed+k"}, r"'model_init': unknown value 'seed\+k'.*seed_plus_k"),
         ({"lr": "fast"}, r"'lr': expected a number, got 'fast'"),
         ({"lr": -1}, r"'lr': must be > 0"),
+        # YAML's .inf and .nan are numbers, never a setting; integers go to numpy and torch as int64
+        ({"lr": float("inf")}, r"'lr': expected a finite number, got inf"),
+        ({"weight_decay": float("nan")}, r"'weight_decay': expected a finite number, got nan"),
+        ({"num_cpus_per_actor": float("inf")}, r"'num_cpus_per_actor': expected a finite number"),
+        ({"hp": {"server_lr": float("inf")}}, r"'hp.server_lr': expected a finite number"),
+        ({"seed": 10**29}, r"'seed': 100000000000000000000000000000 is beyond a 64-bit integer"),
         ({"num_clients": 2.5}, r"'num_clients': expected an integer"),
         ({"participation": 1.5}, r"'participation': must be in \(0, 1\]"),
         ({"download": "yes"}, r"'download': expected true or false"),
