@@ -9,6 +9,7 @@ failing when it is missing.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -118,5 +119,8 @@ def write_plots(
         fig.suptitle(str(exp))
         fig.tight_layout()
         suffix = f"-{stage}" if stage else ""
-        written.append(save_figure(fig, folder / f"{exp}-{metric}{suffix}.png"))
+        # the file name from a recorded experiment name: never a path (results written before names
+        # were checked may hold one)
+        name = re.sub(r"[^A-Za-z0-9._+=#@-]", "_", f"{exp}-{metric}{suffix}").lstrip(".") or "plot"
+        written.append(save_figure(fig, folder / f"{name}.png"))
     return written

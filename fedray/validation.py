@@ -15,6 +15,7 @@ partition (dataset) gives way when ``--set`` chooses another (it is dropped); in
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -259,6 +260,13 @@ def _check(cond: bool, key: str, message: str) -> None:
 
 def validate(cfg: Config) -> None:
     """Value checks and cross-key checks. Cheap: no data is read, no Ray is started."""
+    _check(
+        bool(cfg.experiment)
+        and not re.search(r"[/\\\x00]", cfg.experiment)
+        and not cfg.experiment.startswith("."),
+        "experiment",
+        f"a name, not a path (it names files under the results folder): {cfg.experiment!r}",
+    )
     _choice("algorithm", cfg.algorithm, ALGORITHMS)
     _choice("dataset", cfg.dataset, DATASETS)
     _choice("partition", cfg.partition, PARTITIONS)

@@ -88,6 +88,9 @@ def test_parse_sets_nests_and_parses_yaml_scalars():
         ({"num_cpus_per_actor": float("inf")}, r"'num_cpus_per_actor': expected a finite number"),
         ({"hp": {"server_lr": float("inf")}}, r"'hp.server_lr': expected a finite number"),
         ({"seed": 10**29}, r"'seed': 100000000000000000000000000000 is beyond a 64-bit integer"),
+        # it names the report's plot files: --set experiment=../../x once wrote outside the results
+        ({"experiment": "../../x"}, r"'experiment': a name, not a path .*'\.\./\.\./x'"),
+        ({"experiment": ".hidden"}, r"'experiment': a name, not a path"),
         ({"num_clients": 2.5}, r"'num_clients': expected an integer"),
         ({"participation": 1.5}, r"'participation': must be in \(0, 1\]"),
         ({"download": "yes"}, r"'download': expected true or false"),
