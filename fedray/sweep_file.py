@@ -43,7 +43,7 @@ from fedray.algorithms import ALGORITHMS
 from fedray.coercion import suggest
 from fedray.config import SWEEP_KEYS, Config, ConfigError, flatten, parse_sets, read_yaml, set_dotted
 from fedray.results import run_state
-from fedray.validation import Unread, at_default, from_dict, unread_keys
+from fedray.validation import Unread, at_default, check_last_batches, from_dict, unread_keys
 
 _LISTED = 8  # runs named under one error before "... and N more"
 
@@ -430,9 +430,6 @@ def _check_partitions(valid: list[tuple[str, Config]], problems: dict[str, list[
 
 def _check_batches(cfg: Config, sizes: dict[int, int], label: str, problems: dict[str, list[str]]) -> None:
     """`check_last_batches` for one run of a sweep, its refusal kept with the run's label."""
-    from fedray.coercion import ConfigError
-    from fedray.validation import check_last_batches
-
     try:
         check_last_batches(cfg, sizes)
     except ConfigError as e:

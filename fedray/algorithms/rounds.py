@@ -81,6 +81,23 @@ def kept_optimizer_update(
     return train_reply(client, trained.params, trained.stats), (trained.buffers if keep else None)
 
 
+def kept_update(client: Client, cstate: Any, msg: Mapping[str, Any]):
+    """Client function with the FedRC code's local SGD (FedAvg with ``persistent_optimizer``, CFL):
+    ``msg["params"]`` trained for the local epochs, the client's momentum buffers (its state)
+    carried over with ``msg["persistent_optimizer"]``, the last partial batch dropped with
+    ``msg["drop_last"]``."""
+    return (
+        yield from kept_optimizer_update(
+            client,
+            msg["params"],
+            msg["round"],
+            cstate,
+            keep=msg["persistent_optimizer"],
+            drop_last=msg["drop_last"],
+        )
+    )
+
+
 def msg_epochs(client: Client, msg: Mapping[str, Any]) -> int | None:
     """The local epochs a round's message gives this client (a straggler's, FedAvg's
     ``hp.stragglers``), or None: the task's."""

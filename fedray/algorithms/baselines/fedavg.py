@@ -19,8 +19,7 @@ import builtins
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedray.algorithms.rounds import fedavg_aggregate, kept_optimizer_update, local_update, train_records
-from fedray.client import Client
+from fedray.algorithms.rounds import fedavg_aggregate, kept_update, local_update, train_records
 from fedray.evaluation import single_model_records
 from fedray.export import SavedModel, global_model
 from fedray.federation import ClientFn, Federation
@@ -116,21 +115,6 @@ def stragglers(fed: Federation, hp: Any, cids: list[int], rnd: int) -> dict[int,
     g = fed.task.rng("stragglers", rnd=rnd)
     slow = sorted(int(c) for c in g.choice(cids, builtins.round(len(cids) * frac), replace=False))
     return {c: int(g.integers(1, fed.task.local_epochs)) for c in slow}
-
-
-def kept_update(client: Client, cstate: Any, msg: dict):
-    """Client function with the FedRC code's local SGD: the client's momentum buffers carried over
-    (its state) with ``persistent_optimizer``, the last partial batch dropped with ``drop_last``."""
-    return (
-        yield from kept_optimizer_update(
-            client,
-            msg["params"],
-            msg["round"],
-            cstate,
-            keep=msg["persistent_optimizer"],
-            drop_last=msg["drop_last"],
-        )
-    )
 
 
 def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001

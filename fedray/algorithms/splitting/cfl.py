@@ -28,13 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from fedray.algorithms.rounds import kept_optimizer_update, train_records
+from fedray.algorithms.rounds import kept_update, train_records
 from fedray.algorithms.splitting import geometry
 from fedray.algorithms.splitting.layers import flatten as flat
 from fedray.algorithms.splitting.layers import layer_params, select
 from fedray.algorithms.splitting.measures import Similarity, evaluate, models, truth_records  # noqa: F401 - the record's
 from fedray.algorithms.splitting.scale import check_participation, check_size
-from fedray.client import Client
 from fedray.federation import Federation
 from fedray.hparams import bound, one_of
 from fedray.params import Params, get_params, weighted_average
@@ -97,20 +96,6 @@ def init_state(fed: Federation, spec: str | list[str]) -> SplitState:
     return SplitState([sorted(fed.client_ids)], [get_params(model)], layer_params(model), select(model, spec))
 
 
-def persistent_update(client: Client, cstate: Any, msg: dict):
-    """Client function: train ``params`` for the local epochs (SGD buffers kept with ``persistent_optimizer``)."""
-    return (
-        yield from kept_optimizer_update(
-            client,
-            msg["params"],
-            msg["round"],
-            cstate,
-            keep=msg["persistent_optimizer"],
-            drop_last=msg["drop_last"],
-        )
-    )
-
-
 UPDATES_COSINE = Similarity()  # CFL's: cosine distances of the whole updates, no split check
 
 
@@ -120,7 +105,7 @@ def round(  # noqa: A001
     """Train every cluster's model on its members, split the clusters the rule picks, average."""
     msg = {"round": rnd, "persistent_optimizer": hp.persistent_optimizer, "drop_last": hp.drop_last}
     replies = fed.map_groups(
-        persistent_update,
+        kept_update,
         [(members, {"params": m, **msg}) for members, m in zip(state.clusters, state.models, strict=True)],
     )
     trainable = [p for ps in state.layer_params.values() for p in ps]
