@@ -98,9 +98,6 @@ def connect(address: str | None = None, plugins: Sequence[str] = ()) -> bool:
         if address:
             ray.init(address=address, logging_level=logging.WARNING, **env)
             return False
-        # A Ray of our own: token authentication on, as Ray 2.60 turns it on by default, but said
-        # here, so Ray does not print its warning about that default on every run.
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
         if fresh:
             ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING, **env)
             return True

@@ -309,28 +309,3 @@ def test_drop_last_is_the_algorithms_own_drop_last_for_every_algorithm(tmp_path)
     key, hp, kept = (r[~r.metric.str.contains("|".join(timing))] for r in runs.values())
     assert key.reset_index(drop=True).equals(hp.reset_index(drop=True))
     assert not key.reset_index(drop=True).equals(kept.reset_index(drop=True))
-
-
-def test_a_ray_of_fedrays_own_says_token_auth_so_ray_prints_no_warning_and_an_attach_is_left_alone(
-    monkeypatch,
-):
-    # Ray 2.60 turns token authentication on for a new local Ray and warns about that default on
-    # every start unless RAY_AUTH_MODE says it; a cluster fedray attaches to keeps its own setting.
-    from actors import driver
-
-    seen = []
-    monkeypatch.setattr(driver.ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(
-        driver.ray,
-        "init",
-        lambda **kw: seen.append((kw.get("address"), driver.os.environ.get("RAY_AUTH_MODE"))),
-    )
-    monkeypatch.setattr(driver, "_answers", lambda address: True)
-    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    assert driver.connect("10.0.0.1:6379") is False
-    assert driver.connect("local") is True
-    assert seen == [("10.0.0.1:6379", None), ("local", "token")]
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # the user's own choice stands
-    driver.connect("local")
-    assert seen[-1] == ("local", "disabled")
