@@ -5,6 +5,7 @@
 #   bash scripts/gpu_check.sh          # about 4 minutes on one H200; writes $OUT/gpu_check.log
 #   bash scripts/gpu_check.sh fedrc    # FedRC's budget (about 5 minutes)
 #   bash scripts/gpu_check.sh engines  # the engines' comparison (about 5 minutes)
+#   bash scripts/gpu_check.sh widths   # a stacked call's time against its width (at most 4 minutes)
 #
 # table (default), the GPU table's issue, each part under its own time limit:
 #   1. the stacked engine's round at the FedConcat paper's budget on Dir(0.1) for FedAvg, FedProx,
@@ -13,6 +14,9 @@
 #      one seed, 3 rounds each) through `fedray sweep` on Ray, timed end to end, and what it says the
 #      whole table would take at the paper's budget (scripts/row_times.py);
 # fedrc: FedRC, FedEM and FedAvg at the FedRC paper's budget (FMNIST-C, 300 clients), stacked rounds.
+# widths: scripts/stack_widths.py on the table's cell, 40 to 640 models a stack, grouped convolution
+#   against unfold + matmul, and the balanced (iid) cell beside Dir(0.1): what packing runs and
+#   ragged stacks can gain.
 # engines: per client against stacked for FedAvg (profiled), MOON and FedCat at their papers' budgets.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +37,14 @@ if [ "${1:-table}" = fedrc ]; then
     for pick in "algorithm=fedrc --only hp.finetune=false" algorithm=fedem algorithm=fedavg; do
         # shellcheck disable=SC2086
         bench 190 jobs/configs/fedrc_fmnist.yaml --rounds 2 --engines batched --only lr=0.06 --only seed=0 --only $pick
+    done
+    exit 0
+fi
+if [ "${1:-table}" = widths ]; then
+    for part in "170 --widths 1,4,16 --conv grouped,matmul" "60 --widths 1,4 --set partition=iid"; do
+        say "stack_widths ${part#* }"
+        # shellcheck disable=SC2086
+        timeout ${part%% *} python3 -m scripts.stack_widths $cell --device cuda ${part#* } 2>&1 | tee -a "$log"
     done
     exit 0
 fi

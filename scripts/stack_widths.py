@@ -1,0 +1,105 @@
+"""How a stacked call's time grows with its width: the measurement behind packing runs.
+
+    python -m scripts.stack_widths CONFIG [--set KEY=VALUE] [--device cuda] [--widths 1,4,16]
+        [--conv grouped,matmul]
+
+Builds the config's clients in this process and trains every client's FedAvg update from one
+model in one `batched.train_stacked` call, the clients repeated W times for each width W (W x the
+clients' models in one stack, as W runs packed together would be). The first call at a width is a
+warm-up, the second is timed. Prints, for each width: seconds a call, the stack's steps (its
+largest client's), milliseconds a step, and the sample-steps a second.
+
+``--conv matmul`` runs the same calls with every ``nn.Conv2d`` computed as unfold and matrix
+product (one batched matmul a layer under vmap) in place of the grouped convolution vmap makes of
+it: which the GPU does faster at which width.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from jobs import one_run
+
+
+def conv_as_matmul() -> None:
+    """Every nn.Conv2d (groups 1, no dilation) computed as unfold + matmul."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    def forward(self, x):
+        (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
+        b, _, h, w = x.shape
+        cols = F.unfold(x, (kh, kw), padding=(ph, pw), stride=(sh, sw))  # [B, C*kh*kw, L]
+        out = self.weight.flatten(1) @ cols  # [B, O, L]
+        if self.bias is not None:
+            out = out + self.bias[:, None]
+        return out.view(b, out.shape[1], (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1)
+
+    nn.Conv2d.forward = forward
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m scripts.stack_widths", description=__doc__.split("\n\n")[0])
+    one_run.add_args(ap)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--widths", default="1,4,16")
+    ap.add_argument("--conv", default="grouped", help="grouped, matmul or both (grouped,matmul)")
+    args = ap.parse_args(argv)
+    cfg = one_run.picked(args, args.sets)
+    if cfg is None:
+        return 2
+
+    import dataclasses
+
+    import torch
+
+    from fedray import batched
+    from fedray.client import num_steps
+    from fedray.data import build_federated_data
+    from fedray.local import make_local_federation
+    from fedray.update import LocalUpdate
+
+    data = build_federated_data(cfg)
+    fed = make_local_federation(dataclasses.replace(cfg, batched_clients="on"), data, args.device, 1)[0]
+    host = fed.host
+    clients = [host.client(cid) for cid in host.client_ids]
+    params = fed.task.init_models(1)[0]
+    bs = cfg.batch_size
+    sizes = [c.num_examples for c in clients]
+    real = sum(num_steps(n, bs, False) * cfg.local_epochs for n in sizes)
+    print(
+        f"{cfg.algorithm} cell: {len(clients)} clients, sizes {min(sizes)}-{max(sizes)}, "
+        f"{cfg.local_epochs} epochs of batch {bs}; device {args.device}"
+    )
+
+    def sync() -> None:
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    def timed(cs, width: int) -> tuple[float, int]:
+        ups = [LocalUpdate(params, 0) for _ in cs]
+        for _ in range(2):
+            sync()
+            t0 = time.perf_counter()
+            got = batched.train_stacked(cs, ups)
+            sync()
+            took = time.perf_counter() - t0
+        return took, max(t.stats.steps for t in got)
+
+    for conv in args.conv.split(","):
+        if conv == "matmul":
+            conv_as_matmul()
+        for w in [int(v) for v in args.widths.split(",")]:
+            took, steps = timed(clients * w, w)
+            samples = real * bs * w  # an upper bound on the real sample-steps (last batches full)
+            print(
+                f"conv {conv:8s} width {w:3d} ({len(clients) * w:5d} models): {took:8.3f} s a call, "
+                f"{steps} steps, {1000 * took / steps:7.2f} ms a step, {samples / took:,.0f} sample-steps/s"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
