@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 from fedray.client import Client, num_steps
 from fedray.train import TrainStats
@@ -167,6 +167,27 @@ def _stacked(
     return {k: torch.from_numpy(np.stack([np.asarray(r[k]) for r in rows])).to(device) for k in keys}
 
 
+def lanes_of(steps: Sequence[int]) -> list[list[int]]:
+    """The lanes of a fixed stack: which updates (by index into ``steps``, their step counts) each
+    row runs, one after another. No lane is longer than the longest update, and lanes are few:
+    first-fit decreasing bin packing, so on skewed partitions the stack is as wide as the real work
+    needs (Dir(0.1)'s 40 clients: a third as many rows) instead of one row an update, every row
+    stepping as long as the longest."""
+    capacity = max(steps, default=0)
+    lanes: list[list[int]] = []
+    used: list[int] = []
+    for i in sorted(range(len(steps)), key=lambda i: -steps[i]):
+        for j in range(len(lanes)):
+            if used[j] + steps[i] <= capacity:
+                lanes[j].append(i)
+                used[j] += steps[i]
+                break
+        else:
+            lanes.append([i])
+            used.append(steps[i])
+    return lanes
+
+
 def train_stacked(
     clients: Sequence[Client], updates: Sequence[LocalUpdate], fixed: bool | None = None
 ) -> list[Trained]:
@@ -281,13 +302,18 @@ def train_stacked(
         w_all = [torch.as_tensor(np.asarray(u.weights), dtype=torch.float32) for u in updates]
     inputs = None if first.inputs is None else [u.inputs for u in updates]
     resident = task.spec.augment == "none" or inputs is not None
-    feed = (Resident if resident else Streamed)(
-        clients, [u.round for u in updates], epochs, steps, bs, first.drop_last, w_all, device, inputs
-    )
     if fixed is None:
         fixed = resident and device.type == "cuda"
     if fixed and not resident:
         raise ValueError("a fixed stack needs data without augmentation (the resident feeder)")
+    # a fixed stack's rows are lanes that run their updates one after another; a shrinking stack
+    # has one row an update
+    lanes = lanes_of(steps) if fixed else [[i] for i in range(n_all)]
+    rounds = [u.round for u in updates]
+    if resident:
+        feed = Resident(clients, rounds, epochs, steps, bs, first.drop_last, w_all, device, inputs, lanes)
+    else:
+        feed = Streamed(clients, rounds, epochs, steps, bs, first.drop_last, w_all, device)
     rows = list(range(n_all))  # the updates still stacked, in stack order
     rows_dev = torch.arange(n_all, device=device)
     # each stacked update's summed cross-entropy and correct predictions (rows: as p's)
@@ -325,14 +351,38 @@ def train_stacked(
             acc["loss"].add_(ce.double() * count.double())
             acc["correct"].add_(((pred == y) & (mask > 0)).sum(1))
 
+    stacked = [bs * k for k in steps]  # the sample rows each update's share of the stack steps
     if fixed:
-        for t in range(max(steps)):
-            for i in range(n_all):
-                if steps[i] == t:
-                    done[i] = row(i, copy=True)
-            feed.run_step(t, step)
-        for i in range(n_all):
-            done.setdefault(i, row(i))
+        # one row a lane, holding its current update; the next is copied in, in place (the CUDA
+        # graph's tensors stay the same), when one has taken its steps
+        firsts = torch.tensor([lane[0] for lane in lanes], device=device)
+        sources = (p, held, rows_ctx, corr, buf)  # every update's start
+        take = functools.partial(torch.index_select, dim=0, index=firsts)
+        p, held, rows_ctx, corr, buf = (None if d is None else tree_map(take, d) for d in sources)
+        acc = {k: v.index_select(0, firsts) for k, v in acc.items()}
+        lanes_now = (p, held, rows_ctx, corr, buf)
+        pairs = [
+            pair
+            for d, source in zip(lanes_now, sources, strict=True)
+            if d is not None
+            for pair in zip(tree_leaves(d), tree_leaves(source), strict=True)
+        ]
+        length = max(steps, default=0)
+        at, start = [0] * len(lanes), [0] * len(lanes)  # each lane's current update and its first step
+        for t in range(length + 1):
+            for j, lane in enumerate(lanes):
+                while at[j] < len(lane) and start[j] + steps[lane[at[j]]] == t:
+                    done[lane[at[j]]] = row(j, copy=True)
+                    at[j], start[j] = at[j] + 1, t
+                    if at[j] < len(lane):
+                        for into, source in pairs:
+                            into[j].copy_(source[lane[at[j]]])
+                        for v in acc.values():
+                            v[j].zero_()
+                    else:  # the lane steps masked to the end: counted as the last update's work
+                        stacked[lane[-1]] += bs * (length - t)
+            if t < length:
+                feed.run_step(t, step)
         rows = []
     t = 0
     while rows:
@@ -365,7 +415,11 @@ def train_stacked(
         }
         got = done[i]["acc"]
         stats = TrainStats(
-            samples=feed.samples[i], loss_sum=float(got["loss"]), correct=int(got["correct"]), steps=steps[i]
+            samples=feed.samples[i],
+            loss_sum=float(got["loss"]),
+            correct=int(got["correct"]),
+            steps=steps[i],
+            stacked=stacked[i],
         )
         kept = None
         if u.keep_buffers:
@@ -380,7 +434,9 @@ class Resident:
     """The clients' training splits on the device once per call (no augmentation to draw), and
     each step's batches gathered by index: one gather for every client's batch."""
 
-    def __init__(self, clients, rounds, epochs, steps, bs, drop_last, w_all, device, inputs=None) -> None:
+    def __init__(
+        self, clients, rounds, epochs, steps, bs, drop_last, w_all, device, inputs=None, lanes=None
+    ) -> None:
         xs, ys, offsets, total = [], [], [], 0
         for i, c in enumerate(clients):
             if inputs is None:
@@ -407,14 +463,17 @@ class Resident:
                 stop = num_steps(len(order), bs, drop_last) * bs
                 chunks += [order[s : s + bs] + off for s in range(0, stop, bs)]
             plans.append(chunks[:n_steps])
-        t_max, n = max((len(pl) for pl in plans), default=0), len(clients)
+        self.samples = [int(sum(len(ch) for ch in pl)) for pl in plans]
+        # a row's plan: its lane's updates' plans one after another (a lane a row, one row an update
+        # without lanes)
+        plans = [sum((plans[i] for i in lane), []) for lane in (lanes or [[i] for i in range(len(plans))])]
+        t_max, n = max((len(pl) for pl in plans), default=0), len(plans)
         index = np.zeros((t_max, n, bs), np.int64)
         count = np.ones((t_max, n), np.float32)
         for i, pl in enumerate(plans):
             for t, chunk in enumerate(pl):
                 index[t, i, : len(chunk)] = chunk
                 count[t, i] = len(chunk)
-        self.samples = [int(sum(len(ch) for ch in pl)) for pl in plans]
         self.index = torch.from_numpy(index).to(device)
         self.count = torch.from_numpy(count).to(device)
         self.mask = (torch.arange(bs, device=device) < self.count[..., None]).float()
@@ -477,7 +536,7 @@ class Streamed:
     """Each client's batches as `Client.host_batches` draws them (its augmentation included),
     padded and stacked on the host, then moved to the device."""
 
-    def __init__(self, clients, rounds, epochs, steps, bs, drop_last, w_all, device, inputs=None) -> None:
+    def __init__(self, clients, rounds, epochs, steps, bs, drop_last, w_all, device) -> None:
         def batches(c: Client, rnd: int, n_epochs: int):
             for e in range(n_epochs):
                 yield from c.host_batches(rnd, e, bs, drop_last)

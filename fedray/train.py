@@ -34,12 +34,14 @@ class EvalStats:
 @dataclass
 class TrainStats(EvalStats):
     steps: int = 0  # optimizer steps taken
+    stacked: int = 0  # the stacked engine's sample rows stepped for it, padding included (0 per client)
 
     def add(self, other: TrainStats) -> None:
         self.samples += other.samples
         self.loss_sum += other.loss_sum
         self.correct += other.correct
         self.steps += other.steps
+        self.stacked += other.stacked
 
 
 def sgd(params: Iterable[nn.Parameter], client: Client) -> torch.optim.SGD:

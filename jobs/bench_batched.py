@@ -54,13 +54,8 @@ class Work:
 
         def stacked(clients, updates, fixed=None):
             got = train_stacked(clients, updates, fixed)
-            steps = [t.stats.steps for t in got]
-            bs = clients[0].task.batch_size
             self.samples += sum(t.stats.samples for t in got)
-            on_cuda = clients[0].device.type == "cuda" if fixed is None else fixed
-            resident = on_cuda and (clients[0].task.spec.augment == "none" or updates[0].inputs is not None)
-            # a fixed stack steps every row until the longest is done; a shrinking one each row its own steps
-            self.rows += bs * (len(got) * max(steps, default=0) if resident else sum(steps))
+            self.rows += sum(t.stats.stacked for t in got)
             return got
 
         drive.train_update = one

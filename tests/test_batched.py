@@ -150,6 +150,22 @@ def test_each_update_trains_in_the_stack_as_the_per_client_engine_trains_it(augm
             )
     assert got[3].stats.steps == 0 and got[3].params.keys() == starts[3].keys()  # the client without data
     _close(got[3].params, starts[3], atol=0)
+    steps = [t.stats.steps for t in got]
+    stepped = sum(t.stats.stacked for t in got)
+    if fixed:  # lanes: fewer rows than updates, each as long as the longest update
+        lanes = batched.lanes_of(steps)
+        assert len(lanes) < len(cids) and any(len(lane) > 1 for lane in lanes)
+        assert stepped == 16 * len(lanes) * max(steps)
+    else:  # a shrinking stack steps each update's own batches
+        assert stepped == 16 * sum(steps)
+
+
+def test_lanes_run_the_updates_one_after_another_none_longer_than_the_longest():
+    # first-fit decreasing, worked by hand: capacity 5; 0 (5) opens lane 0, 5 (4) lane 1, 2 (3)
+    # lane 2; 3 (2) fits only lane 2 (3 + 2), 1 (1) lane 1 (4 + 1), 4 (0 steps) lane 0
+    assert batched.lanes_of([5, 1, 3, 2, 0, 4]) == [[0, 4], [5, 1], [2, 3]]
+    assert batched.lanes_of([3, 3, 3]) == [[0], [1], [2]]  # nothing to share
+    assert batched.lanes_of([]) == []
 
 
 def test_the_k_models_of_one_client_and_features_in_place_of_images_stack_too():
