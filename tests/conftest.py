@@ -34,6 +34,14 @@ def small_config(tmp_path: Path, **over) -> Config:
     return from_dict(base)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (the suite's default: two workers, `--dist loadgroup`), every test of the
+    shared Ray session runs on one worker, so the suite still starts one Ray; the rest share out."""
+    for item in items:
+        if "_ray" in getattr(item, "fixturenames", ()) or item.get_closest_marker("ray"):
+            item.add_marker(pytest.mark.xdist_group("ray"))
+
+
 @pytest.fixture(scope="session")
 def _ray():
     """One local Ray for the whole suite: 4 logical CPUs and 2 logical GPUs (placement tests)."""

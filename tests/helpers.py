@@ -195,17 +195,18 @@ import contextlib, io, json, sys
 from jobs.cli import main
 out = []
 for args in json.loads(sys.argv[1]):
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
+    got, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(got), contextlib.redirect_stderr(err):
         rc = main(args)
-    out.append([rc, err.getvalue()])
+    out.append([rc, err.getvalue(), got.getvalue()])
     assert "ray" not in sys.modules, f"ray was imported by {args}"
 print(json.dumps(out))
 """
 
 
-def clis_without_ray(cases: list[list[str]], cwd) -> list[tuple[int, str]]:
-    """Each command line's (exit code, stderr), all run in one new process that never imports Ray."""
+def clis_without_ray(cases: list[list[str]], cwd, stdout: bool = False) -> list[tuple]:
+    """Each command line's (exit code, stderr), or (exit code, stderr, stdout) with ``stdout``, all
+    run in turn in one new process that never imports Ray (a process a command costs seconds)."""
     import json
 
     p = subprocess.run(
@@ -216,7 +217,7 @@ def clis_without_ray(cases: list[list[str]], cwd) -> list[tuple[int, str]]:
         timeout=120,
     )
     assert p.returncode == 0, p.stderr[-3000:]
-    return [tuple(r) for r in json.loads(p.stdout.splitlines()[-1])]
+    return [tuple(r) if stdout else tuple(r[:2]) for r in json.loads(p.stdout.splitlines()[-1])]
 
 
 SWEEP_BASE = """\

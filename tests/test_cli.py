@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from tests.conftest import ROOT
-from tests.helpers import FEDRAY, run
+from tests.helpers import clis_without_ray, run
 
 
 def readme_commands() -> list[str]:
@@ -28,28 +28,26 @@ def test_readme_opens_with_setup_and_run_and_setup_and_test_commands():
 
 
 def test_fedray_run_local_then_skip_then_report(tmp_path):
+    # the four commands in turn in one process (`fedray run --local` and `fedray report` import no Ray)
     out = tmp_path / "out"
-    p = run([*FEDRAY, "run", "--local", "--set", "rounds=2", "--output", str(out)], cwd=ROOT)
-    assert p.returncode == 0, p.stderr
-    assert "round 1/2" in p.stdout and "done: final accuracy" in p.stdout
+    first = ["run", "--local", "--set", "rounds=2", "--output", str(out)]
+    (rc, err, p), (rc_again, _, again), _, (rc_rep, err_rep, rep) = clis_without_ray(
+        [first, first, [*first, "--set", "seed=1", "--quiet"], ["report", str(out)]], ROOT, stdout=True
+    )
+    assert rc == 0, err
+    assert "round 1/2" in p and "done: final accuracy" in p
     df = pd.read_parquet(out / "metrics")
     acc = df[(df.metric == "accuracy") & (df.scope == "global")]
-    assert acc["round"].tolist() == [1, 2] and acc["dataset"].unique().tolist() == ["digits"]
-
-    again = run([*FEDRAY, "run", "--local", "--set", "rounds=2", "--output", str(out)], cwd=ROOT)
-    assert again.returncode == 0 and "already finished" in again.stdout
-
-    run(
-        [*FEDRAY, "run", "--local", "--set", "rounds=2", "--set", "seed=1", "--output", str(out), "--quiet"],
-        cwd=ROOT,
-    )
-    rep = run([*FEDRAY, "report", str(out)], cwd=ROOT)
-    assert rep.returncode == 0, rep.stderr
+    # the two seeds' runs, each its two rounds (the repeated command added none)
+    assert acc.groupby("run_id")["round"].apply(list).tolist() == [[1, 2], [1, 2]]
+    assert acc["dataset"].unique().tolist() == ["digits"]
+    assert rc_again == 0 and "already finished" in again
+    assert rc_rep == 0, err_rep
     # two seeds: mean ± std
-    assert "fedavg" in rep.stdout and "dirichlet(0.5)" in rep.stdout and "±" in rep.stdout
-    assert "(2)" in rep.stdout and "runs: 2 finished" in rep.stdout  # a cell of two seeds
+    assert "fedavg" in rep and "dirichlet(0.5)" in rep and "±" in rep
+    assert "(2)" in rep and "runs: 2 finished" in rep  # a cell of two seeds
     png = out / "plots" / "default-accuracy.png"
-    assert f"plots: {png}" in rep.stdout and png.stat().st_size > 5000  # one curve with a ±std band
+    assert f"plots: {png}" in rep and png.stat().st_size > 5000  # one curve with a ±std band
 
 
 @pytest.mark.ray
