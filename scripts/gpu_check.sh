@@ -2,14 +2,15 @@
 # The prepared GPU check (run first whenever a GPU is lent; never in CI). From the repository root
 # on the GPU machine, with the carried .gpu/ folder (Ray, wheels, Fashion-MNIST: .gpu/setup.sh):
 #
-#   bash scripts/gpu_check.sh          # about 4 minutes on one H200; writes $OUT/gpu_check.log
+#   bash scripts/gpu_check.sh          # about 5 minutes on one H200; writes $OUT/gpu_check.log
 #   bash scripts/gpu_check.sh fedrc    # FedRC's budget (about 5 minutes)
 #   bash scripts/gpu_check.sh engines  # the engines' comparison (about 5 minutes)
 #   bash scripts/gpu_check.sh widths   # a stacked call's time against its width (at most 4 minutes)
 #
 # table (default), the GPU table's issue, each part under its own time limit:
 #   1. the stacked engine's round at the FedConcat paper's budget on Dir(0.1) for FedAvg, FedProx,
-#      FedRS, FedLC (bench_batched: s a round, FLOP/s against the peak, stacked work);
+#      FedRS, FedLC, MOON (bench_batched: s a round, FLOP/s against the peak, stacked work), and a
+#      stack's time against its width (scripts/stack_widths.py);
 #   2. one partition row of that paper's table (jobs/configs/bench_table1_row.yaml: Dir(0.1), 14 runs,
 #      one seed, 3 rounds each) through `fedray sweep` on Ray, timed end to end, and what it says the
 #      whole table would take at the paper's budget (scripts/row_times.py);
@@ -56,10 +57,13 @@ if [ "${1:-table}" = engines ]; then
     exit 0
 fi
 
-for algo in "fedavg" "fedprox --set hp.mu=0.01" "fedrs --set hp.alpha=0.5" "fedlc --set hp.tau=1"; do
+for algo in "fedavg" "fedprox --set hp.mu=0.01" "fedrs --set hp.alpha=0.5" "fedlc --set hp.tau=1" "moon --set hp.mu=1"; do
     # shellcheck disable=SC2086
     bench 60 $cell --rounds 3 --engines batched --set algorithm=$algo
 done
+
+say "stack_widths (lanes): a stack's time against its width"
+timeout 90 python3 -m scripts.stack_widths $cell --device cuda --widths 1,4,16 2>&1 | tee -a "$log"
 
 row=/tmp/table1-row
 say "fedray sweep jobs/configs/bench_table1_row.yaml (one actor a run, a quarter of the GPU each, 4 runs at once)"
