@@ -26,7 +26,10 @@ import importlib
 import json
 import math
 import os
+import re
 import shutil
+import stat
+import tempfile
 import time
 import uuid
 import zipfile
@@ -37,7 +40,8 @@ from typing import Any
 
 import numpy as np
 
-FORMAT = 1
+FORMAT = 1  # of the .npz files (tree.json)
+MANIFEST_FORMAT = 2  # of manifest.json: 2 has its own digest; 1 (earlier fedray) is still read
 _SAFE_MODULES = "fedray."  # a file may only name dataclasses defined under this package (or a run's plug-ins)
 _CHUNK = 1 << 22
 # Where classes a checkpoint may name have moved since it was written (module -> its new module):
@@ -114,6 +118,8 @@ def encode(obj: Any, arrays: list[np.ndarray], where: str, baton: Callable[[Any]
         return {"__baton__": obj.key, "value": encode(baton(obj), arrays, f"{where} (its value)", baton)}
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         cls = type(obj)
+        if cls is StateFile:
+            raise CheckpointError(f"{where}: a reference to a file (StateFile) is not state")
         if not _safe(cls.__module__):
             raise CheckpointError(
                 f"{where}: {cls.__module__}.{cls.__qualname__} is not a dataclass of fedray or of the run's plug-ins"
@@ -143,11 +149,16 @@ def _dataclass(name: Any) -> type:
     module, qualname = name.split(":", 1)
     if not _safe(module):
         raise ValueError(f"class {name!r} is not defined in fedray or in the run's plug-ins")
-    obj: Any = importlib.import_module(MOVED_MODULES.get(module, module))
+    where = MOVED_MODULES.get(module, module)
+    obj: Any = importlib.import_module(where)
     for part in qualname.split("."):
         obj = getattr(obj, part, None)
-    if not (isinstance(obj, type) and dataclasses.is_dataclass(obj)):
-        raise ValueError(f"{name!r} is not a fedray dataclass")
+    # a dataclass that fedray or a plug-in defines (not one of another package reached through an
+    # attribute: a module fedray imports), and not a reference to a file
+    if not (isinstance(obj, type) and dataclasses.is_dataclass(obj) and _safe(obj.__module__)):
+        raise ValueError(f"{name!r} is not a dataclass defined in fedray or the run's plug-ins")
+    if obj is StateFile:
+        raise ValueError("a reference to a file (StateFile) is never read from a checkpoint")
     return obj
 
 
@@ -281,8 +292,35 @@ class StateFile:
     path: str
 
 
+SPILL_PREFIX = "fedray-client-state-"  # a host's spill folder under the temporary directory (client_states)
+
+
+def is_spill_file(path: str | Path) -> bool:
+    """Whether ``path`` is a spilled client state as `fedray.client_states` writes them: a regular
+    file (not a link) NNNNNNNN.npz in a spill folder directly under the system's temporary
+    directory. Nothing else is ever taken into a checkpoint."""
+    p = Path(path)
+    try:
+        st = os.lstat(p)
+        folder = os.lstat(p.parent)
+    except OSError:
+        return False
+    return (
+        stat.S_ISREG(st.st_mode)
+        and stat.S_ISDIR(folder.st_mode)
+        and re.fullmatch(r"\d{8}\.npz", p.name) is not None
+        and p.parent.name.startswith(SPILL_PREFIX)
+        and os.path.realpath(p.parent.parent) == os.path.realpath(tempfile.gettempdir())
+    )
+
+
 def _take_file(src: StateFile, dest: Path, where: str) -> str:
-    """``src``'s file as ``dest`` (a hard link, else a copy), made durable; its SHA-256."""
+    """``src``'s file as ``dest`` (a hard link, else a copy), made durable; its SHA-256. Only a
+    spill file (`is_spill_file`) is taken."""
+    if not os.path.lexists(src.path):
+        raise CheckpointError(f"{where}: its spilled file {src.path} is gone")
+    if not is_spill_file(src.path):
+        raise CheckpointError(f"{where}: {src.path} is not a spilled client state file; not taken")
     try:
         os.link(src.path, dest)
     except FileNotFoundError:
@@ -292,6 +330,18 @@ def _take_file(src: StateFile, dest: Path, where: str) -> str:
     with open(dest, "rb") as f:
         os.fsync(f.fileno())  # spilled files are written without fsync; the checkpoint's must survive
     return sha256(dest)
+
+
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    """The SHA-256 of a manifest's contents (every key but ``digest``, as canonical JSON)."""
+    body = {k: v for k, v in manifest.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, allow_nan=False).encode()).hexdigest()
+
+
+def _span(rounds: list[Any]) -> str:
+    if not rounds:
+        return "none"
+    return f"{rounds[0]}..{rounds[-1]} ({len(rounds)} entries)"
 
 
 @dataclass(frozen=True)
@@ -350,7 +400,7 @@ class Checkpoints:
                 elif cstate is not None:
                     files[name] = write_blob(tmp / name, cstate, f"client {cid} state")
             manifest = {
-                "format": FORMAT,
+                "format": MANIFEST_FORMAT,
                 "run_id": self.run_id,
                 "round": rnd,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -358,7 +408,11 @@ class Checkpoints:
                 "extra": extra,
                 "files": files,
             }
-            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, allow_nan=False))
+            manifest["digest"] = manifest_digest(manifest)
+            with open(tmp / "manifest.json", "w") as f:
+                f.write(json.dumps(manifest, indent=1, allow_nan=False))
+                f.flush()
+                os.fsync(f.fileno())
             _fsync_dir(tmp / "clients")
             _fsync_dir(tmp)
             if final.exists():  # the same round again (a resumed run that redid it): replace it
@@ -397,8 +451,9 @@ class Checkpoints:
             m = json.loads(where.read_text())
             rnd, files, extra = m["round"], m["files"], m["extra"]
             ok = (
-                m.get("format") == FORMAT
+                m.get("format") in (FORMAT, MANIFEST_FORMAT)
                 and isinstance(rnd, int)
+                and not isinstance(rnd, bool)
                 and isinstance(files, dict)
                 and isinstance(extra, dict)
                 and "state.npz" in files
@@ -406,7 +461,22 @@ class Checkpoints:
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise CheckpointError(f"{where}: unreadable ({type(e).__name__}: {e}){hint}") from None
         if not ok:
-            raise CheckpointError(f"{where}: not a fedray checkpoint of format {FORMAT}{hint}")
+            raise CheckpointError(f"{where}: not a fedray checkpoint of format {MANIFEST_FORMAT}{hint}")
+        # the manifest checked against itself: its digest (this version writes one; an older one's
+        # manifest, format 1, has none), its folder's round, and the rounds its history recorded
+        if m["format"] == MANIFEST_FORMAT and m.get("digest") != manifest_digest(m):
+            raise CheckpointError(
+                f"{where}: edited or damaged (its digest does not match its contents){hint}"
+            )
+        if path.name != f"round-{rnd:06d}":
+            raise CheckpointError(f"{where}: says round {rnd}, but its folder is {path.name}{hint}")
+        history = extra.get("history")
+        rounds = [h.get("round") if isinstance(h, dict) else None for h in history or []]
+        if not isinstance(history, list) or rounds != list(range(1, rnd + 1)):
+            raise CheckpointError(
+                f"{where}: its history records rounds {_span(rounds)}, not the {rnd} rounds it says "
+                f"were done{hint}"
+            )
         if m.get("run_id") != self.run_id:
             raise CheckpointError(
                 f"{where}: a checkpoint of run {m.get('run_id')!r}, not {self.run_id}{hint}"

@@ -23,10 +23,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from fedray.checkpoint import read_blob, write_blob
+from fedray.checkpoint import SPILL_PREFIX, read_blob, write_blob
 from fedray.params import payload_nbytes
 
-PREFIX = "fedray-client-state-"
+PREFIX = SPILL_PREFIX
 
 
 def machine_memory() -> int:

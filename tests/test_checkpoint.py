@@ -31,6 +31,7 @@ from analysis import (
 from fedray.checkpoint import (
     MOVED_MODULES,
     CheckpointError,
+    Checkpoints,
     _dataclass,
     decode,
     encode,
@@ -348,12 +349,22 @@ def _resume_fails(cfg, match):
     assert runs["status"][0] == "failed" and "CheckpointError" in runs["error"][0]
 
 
-def _fix_checksum(ckpt: Path, name: str) -> None:
-    from fedray.checkpoint import sha256
+def _fix_checksum(ckpt: Path, name: str | None = None, **edit) -> None:
+    """An attacker's (or a careful editor's) edit: file ``name``'s checksum, the manifest's keys
+    ``edit``, and the manifest's own digest, all made to match again."""
+    from fedray.checkpoint import manifest_digest, sha256
 
     m = json.loads((ckpt / "manifest.json").read_text())
-    m["files"][name] = sha256(ckpt / name)
+    if name is not None:
+        m["files"][name] = sha256(ckpt / name)
+    m.update(edit)
+    m["digest"] = manifest_digest(m)
     (ckpt / "manifest.json").write_text(json.dumps(m))
+
+
+def _write_tree(path: Path, tree: dict) -> None:
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("tree.json", json.dumps({"format": 1, "tree": tree}))
 
 
 def test_an_edited_checkpoint_file_fails_naming_it(tmp_path):
@@ -405,10 +416,66 @@ def _npy_header(descr: str, shape: tuple) -> bytes:
 
 def test_a_checkpoint_of_another_run_is_refused(tmp_path):
     cfg, ckpt = _checkpointed_run(tmp_path)
-    m = json.loads((ckpt / "manifest.json").read_text())
-    m["run_id"] = "fedavg-digits-s0-0000000000"
-    (ckpt / "manifest.json").write_text(json.dumps(m))
+    _fix_checksum(ckpt, run_id="fedavg-digits-s0-0000000000")
     _resume_fails(cfg, r"a checkpoint of run 'fedavg-digits-s0-0000000000', not scaffold")
+
+
+def test_a_checkpoint_naming_a_file_is_refused_and_links_nothing(tmp_path):
+    # A client file whose tree is a reference to a file outside the run (before: the run resumed
+    # and its next checkpoint held a hard link to that file), and a class reached through an
+    # attribute of a fedray module (before: resolved, a torch dataclass).
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not the run's")
+    cfg, ckpt = _checkpointed_run(tmp_path)
+    client = ckpt / "clients" / "000001.npz"
+    _write_tree(client, {"__dataclass__": "fedray.checkpoint:StateFile", "fields": {"path": str(secret)}})
+    _fix_checksum(ckpt, "clients/000001.npz")
+    _resume_fails(cfg, r"000001\.npz: unreadable.*a reference to a file \(StateFile\) is never read")
+    assert os.stat(secret).st_nlink == 1
+    name = "fedray.client:nn.LinearCrossEntropyOptions"
+    _write_tree(client, {"__dataclass__": name, "fields": {}})
+    _fix_checksum(ckpt, "clients/000001.npz")
+    _resume_fails(cfg, r"000001\.npz: unreadable.*is not a dataclass defined in fedray")
+
+
+def test_a_checkpoint_takes_only_spilled_state_files(tmp_path):
+    from fedray.checkpoint import StateFile, is_spill_file
+    from fedray.client_states import ClientStates
+
+    secret = tmp_path / "secret.npz"
+    secret.write_bytes(b"x")
+    ckpts = Checkpoints(tmp_path / "out", "run-1")
+    with pytest.raises(CheckpointError, match=r"client 3 state: .*secret\.npz is not a spilled client state"):
+        ckpts.save(1, {}, [(3, StateFile(str(secret)))], None, {"history": []}, {})
+    assert os.stat(secret).st_nlink == 1 and not list(ckpts.root.iterdir())  # nothing left behind
+    spill = ClientStates(budget_mb=1e-6)  # a budget of no bytes: all but the latest state on disk
+    spill.set(3, {"c": np.ones(2)})
+    spill.set(4, {"c": np.ones(2)})
+    assert is_spill_file(spill.file(3)) and not is_spill_file(secret)
+    link = spill.file(3).parent / "00000005.npz"
+    link.symlink_to(secret)  # a link in a spill folder is not a spill file either
+    assert not is_spill_file(link)
+
+
+def test_an_edited_manifest_is_refused(tmp_path):
+    # Before: round 2 edited to 3 resumed and recorded the run finished with rounds missing, and a
+    # deleted client entry dropped that client's state.
+    cfg, ckpt = _checkpointed_run(tmp_path)
+    manifest = ckpt / "manifest.json"
+    original = manifest.read_text()
+    m = json.loads(original)
+    m["round"] = 3
+    manifest.write_text(json.dumps(m))
+    _resume_fails(cfg, r"manifest\.json: edited or damaged \(its digest")
+    del m["files"]["clients/000001.npz"]
+    m["round"] = 2
+    manifest.write_text(json.dumps(m))
+    _resume_fails(cfg, r"manifest\.json: edited or damaged \(its digest")
+    manifest.write_text(original)
+    _fix_checksum(ckpt, round=3)  # its digest made to match: the folder still says round 2
+    _resume_fails(cfg, r"says round 3, but its folder is round-000002")
+    ckpt.rename(ckpt.with_name("round-000003"))  # and the folder renamed: the history says 2 rounds
+    _resume_fails(cfg, r"its history records rounds 1\.\.2 \(2 entries\), not the 3 rounds")
 
 
 # --- saved models -------------------------------------------------------------------------------------
