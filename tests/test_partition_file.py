@@ -129,6 +129,11 @@ BAD = [
         {"train_size": 60000, "clients": {"0": {"train": [1]}, "1": {"train": [2]}}},
         "partitions a training set of 60000 samples, but synthetic has 600",
     ),
+    (  # before: 74.5 GiB asked for an index table of 10^10 entries ahead of the size check
+        "a huge train_size allocates nothing",
+        {"train_size": 10**10, "clients": {"0": {"train": [1]}, "1": {"train": [2]}}},
+        "partitions a training set of 10000000000 samples, but synthetic has 600",
+    ),
     (
         "wrong client count",
         {"train_size": TRAIN, "clients": {"0": {"train": [1]}}},

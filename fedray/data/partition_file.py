@@ -146,7 +146,13 @@ def _read_parquet(p: Path, shift: bool) -> Raw:
             f"partition file {str(p)!r}: the training set's size is missing from its metadata "
             f"({TRAIN_SIZE_KEY.decode()})"
         )
-    train_size = int(meta[TRAIN_SIZE_KEY])
+    try:
+        train_size = int(meta[TRAIN_SIZE_KEY])
+    except ValueError:
+        raise PartitionFileError(
+            f"partition file {str(p)!r}: its metadata's {TRAIN_SIZE_KEY.decode()} is not an integer "
+            f"({meta[TRAIN_SIZE_KEY][:40]!r})"
+        ) from None
     cols = table.to_pydict()
     if "run_id" in cols and len(set(cols["run_id"])) > 1:
         raise PartitionFileError(
@@ -205,7 +211,11 @@ def _check(
             f"{where}: client ids must be 0 .. N-1; client(s) {_few(absent)} missing (the file has {len(clients)} "
             f"clients, up to id {n - 1})"
         )
-    owner = np.full(train_size, -1, dtype=np.int64)
+    # which client holds each index, sized by the indices the file lists (each is checked to be
+    # below train_size before it is used), not by train_size: a file claiming 10^10 samples must
+    # not allocate for them before the dataset's own size refuses it
+    top = max((max(v) for c in clients.values() for v in c.values() if v), default=-1)
+    owner = np.full(min(train_size, top + 1), -1, dtype=np.int64)
     train, test = [], []
     for cid in range(n):
         for split in SPLITS:
