@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedray.models import TASK, Arch
-from fedray.params import Params
+from fedray.params import Params, read_npz
 
 if TYPE_CHECKING:
     import torch
@@ -248,8 +248,7 @@ def initial_params(
         raise ValueError(
             f"{file}: a model of another architecture ({text(saved)}); this run builds {text(wanted)}"
         )
-    with np.load(file, allow_pickle=False) as npz:
-        params = {k: npz[k] for k in npz.files}
+    params = read_npz(file)
     expect = get_params(build_model(model, tuple(input_shape), num_classes, head_bias=head_bias))
     bad = sorted(set(expect) ^ set(params)) or [k for k in expect if expect[k].shape != params[k].shape]
     if bad:

@@ -101,3 +101,36 @@ def test_bad_init_models_are_refused_before_anything_runs(tmp_path, trained):
         small_config(tmp_path, init_model=str(fc_models))
     cfg = small_config(tmp_path / "ok", init_model=str(fc_models / "cluster-1.npz"))  # one of its clusters
     assert cfg.init_model.endswith("cluster-1.npz")
+
+
+def test_a_damaged_npz_is_one_error_naming_it_before_anything_runs(tmp_path, trained):
+    # Before: zipfile.BadZipFile tracebacks (a cut-short arrays file at validation, a damaged member
+    # of an arrays file when the run built its data, a damaged saved model).
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    good = tmp_path / "arrays.npz"
+    x = d.images.astype(np.float32)[:, None]
+    np.savez(good, x_train=x[:1500], y_train=d.target[:1500], x_test=x[1500:], y_test=d.target[1500:])
+    raw = good.read_bytes()
+    cut, flipped = tmp_path / "cut.npz", tmp_path / "flipped.npz"
+    cut.write_bytes(raw[:5000])
+    middle = len(raw) // 3
+    flipped.write_bytes(raw[:middle] + bytes(64) + raw[middle + 64 :])
+    arrays = dict(dataset="arrays", model="mlp")
+    small_config(tmp_path, data_root=str(good), **arrays)  # the file as written is fine
+    with pytest.raises(ConfigError, match=r"'data_root': .*cut\.npz: not a readable \.npz file \(BadZipFile"):
+        small_config(tmp_path, data_root=str(cut), **arrays)
+    with pytest.raises(
+        ConfigError, match=r"'data_root': .*flipped\.npz: x_train\.npy is damaged \(its CRC-32"
+    ):
+        small_config(tmp_path, data_root=str(flipped), **arrays)
+    _, folder = trained
+    copy = tmp_path / "model"
+    shutil.copytree(folder, copy)
+    model = (copy / "global.npz").read_bytes()
+    (copy / "global.npz").write_bytes(model[: len(model) // 2] + bytes(32) + model[len(model) // 2 + 32 :])
+    with pytest.raises(
+        ConfigError, match=r"'init_model': .*global\.npz: not a readable \.npz file \(BadZipFile: Bad CRC"
+    ):
+        small_config(tmp_path, init_model=str(copy))

@@ -28,6 +28,7 @@ from fedray.data.datasets import (
     DataSpec,
     register_dataset,
 )
+from fedray.params import read_npz
 
 if TYPE_CHECKING:
     from fedray.config import Config
@@ -48,14 +49,20 @@ def _header(z: zipfile.ZipFile, key: str) -> tuple[tuple[int, ...], np.dtype]:
 def _info(cfg: Config) -> DatasetInfo:
     path = Path(cfg.data_root)
     _available(cfg)
-    with zipfile.ZipFile(path) as z:
-        names = {n.removesuffix(".npy") for n in z.namelist()}
-        missing = [k for k in KEYS if k not in names]
-        if missing:
-            raise ValueError(f"{path}: no {', '.join(missing)} (an arrays file holds {', '.join(KEYS)})")
-        shape, _ = _header(z, "x_train")
-    with np.load(path, allow_pickle=False) as npz:
-        classes = int(npz["num_classes"]) if "num_classes" in npz.files else int(npz["y_train"].max()) + 1
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = {n.removesuffix(".npy") for n in z.namelist()}
+            missing = [k for k in KEYS if k not in names]
+            if missing:
+                raise ValueError(f"{path}: no {', '.join(missing)} (an arrays file holds {', '.join(KEYS)})")
+            shape, _ = _header(z, "x_train")
+            damaged = z.testzip()  # every member read once against its CRC, before the run
+            if damaged is not None:
+                raise ValueError(f"{path}: {damaged} is damaged (its CRC-32 does not match its contents)")
+    except (OSError, EOFError, zipfile.BadZipFile) as e:
+        raise ValueError(f"{path}: not a readable .npz file ({type(e).__name__}: {e})") from None
+    head = read_npz(path, ["num_classes"] if "num_classes" in names else ["y_train"])
+    classes = int(head["num_classes"]) if "num_classes" in head else int(head["y_train"].max()) + 1
     return DatasetInfo(shape[1:], classes, shape[0])
 
 
@@ -70,9 +77,8 @@ def _available(cfg: Config) -> None:
 
 def _load(cfg: Config) -> Dataset:
     info = _info(cfg)
-    with np.load(cfg.data_root, allow_pickle=False) as npz:
-        a = {k: npz[k] for k in KEYS}
-        scale = float(npz["scale"]) if "scale" in npz.files else 1.0
+    a = read_npz(cfg.data_root)
+    scale = float(a["scale"]) if "scale" in a else 1.0
     for split in ("train", "test"):
         y = a[f"y_{split}"]
         if not np.issubdtype(y.dtype, np.integer) or (
