@@ -269,7 +269,8 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a folder's entries (a rename, a new file) durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -413,12 +414,12 @@ class Checkpoints:
                 f.write(json.dumps(manifest, indent=1, allow_nan=False))
                 f.flush()
                 os.fsync(f.fileno())
-            _fsync_dir(tmp / "clients")
-            _fsync_dir(tmp)
+            fsync_dir(tmp / "clients")
+            fsync_dir(tmp)
             if final.exists():  # the same round again (a resumed run that redid it): replace it
                 shutil.rmtree(final)
             os.replace(tmp, final)
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -113,6 +113,7 @@ def save_models(
     models (`Algorithm.personal_model`) come from ``client_states()``, every client's state."""
     import yaml
 
+    from fedray.checkpoint import fsync_dir
     from fedray.results import write_text_atomic
 
     run_id = cfg.run_id()
@@ -139,6 +140,8 @@ def save_models(
         for m in models:
             with open(tmp / f"{m.name}.npz", "wb") as f:
                 np.savez(f, **{k: np.asarray(v) for k, v in m.params.items()})
+                f.flush()
+                os.fsync(f.fileno())  # on disk before the run is marked finished
             index["models"][m.name] = {
                 "file": f"{m.name}.npz",
                 "kind": m.kind,
@@ -146,11 +149,12 @@ def save_models(
                 "arch": dataclasses.asdict(m.arch),
                 **m.info,
             }
-        (tmp / "index.json").write_text(json.dumps(index, indent=1))
+        write_text_atomic(json.dumps(index, indent=1), tmp / "index.json")
         write_text_atomic(yaml.safe_dump(cfg.to_dict(), sort_keys=False), tmp / "config.yaml")
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+        fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

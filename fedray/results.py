@@ -142,9 +142,17 @@ def write_atomic(table: pa.Table, path: Path) -> None:
 
 
 def write_text_atomic(text: str, path: Path) -> None:
+    """``path`` holds ``text`` whole or its old contents, never part: written aside, made durable,
+    renamed into place, and the rename made durable."""
+    from fedray.checkpoint import fsync_dir
+
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(text)
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    fsync_dir(path.parent)
 
 
 def versions() -> dict[str, str]:

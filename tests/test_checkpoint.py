@@ -569,3 +569,36 @@ def test_a_run_killed_with_sigkill_goes_on_from_its_checkpoint_with_the_same_com
     got, want = stored_metrics(out), stored_metrics(tmp_path / "ref")
     assert not got.duplicated(METRIC_KEYS).any()
     assert got.equals(want), got.compare(want)
+
+
+def test_models_manifests_and_small_files_reach_the_disk_before_the_run_is_finished(tmp_path, monkeypatch):
+    # Before: a saved model, its index.json, a checkpoint's manifest.json and every
+    # write_text_atomic file were renamed into place without fsync (a power cut after 'finished'
+    # could leave them empty), and no folder was synced after its rename.
+    synced: list[str] = []
+    real = os.fsync
+
+    def fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    cfg = small_config(tmp_path, rounds=2, checkpoint_every=1, keep_checkpoints=1, save_models=True)
+    list(execute(cfg, make_local_federation))
+    out = str(Path(cfg.output).resolve())
+    run_id = cfg.run_id()
+
+    def first(pattern: str) -> int:
+        hits = [i for i, p in enumerate(synced) if re.search(pattern, p)]
+        assert hits, f"{pattern} never synced: {synced}"
+        return hits[0]
+
+    models = rf"{out}/models/\.{run_id}\.\w+\.tmp"
+    for pattern in (
+        rf"{models}/global\.npz$",
+        rf"{models}/\.index\.json\.\w+\.tmp$",
+        rf"{models}/\.config\.yaml\.\w+\.tmp$",
+        rf"{out}/checkpoints/{run_id}/\.round-000001\.\w+\.tmp/manifest\.json$",
+    ):
+        first(pattern)
+    assert first(rf"{out}/models$") > first(rf"{models}/global\.npz$")  # the rename, after the file
