@@ -41,8 +41,10 @@ class Coordinator:
         from fedray.plugins import activate
         from fedray.validation import from_dict
 
-        activate(
-            config.get("plugins") or [], where=f"the coordinator on node {ray.util.get_node_ip_address()}"
+        activate(  # checked against what the driver read, as the client actors check theirs
+            config.get("plugins") or [],
+            where=f"the coordinator on node {ray.util.get_node_ip_address()}",
+            expect=group.plugins,
         )
         cfg = from_dict(config)
         set_torch_threads(cfg.num_cpus_per_actor)

@@ -25,6 +25,8 @@ class ActorGroup:
     # what makes two runs' actors interchangeable (`actor_shape`): a sweep hands a finished run's
     # actors to its next run of the same shape instead of starting new ones (`ActorPool`)
     shape: tuple = ()
+    # spec -> digest of each plug-in as the driver read it: the actors and the coordinator check theirs
+    plugins: dict[str, str] = field(default_factory=dict)
 
     def wait_ready(self) -> None:
         """Block until every actor is placed, or fail loudly after ``placement_timeout_s``."""
@@ -149,4 +151,4 @@ def launch_actors(config: dict[str, Any], num_actors: int | None = None, fixed: 
         ).remote(cpus, plugins, expect)
         for i in range(n)
     ]
-    return ActorGroup(pg, bundle, actors, config["placement_timeout_s"], dict(res), shape)
+    return ActorGroup(pg, bundle, actors, config["placement_timeout_s"], dict(res), shape, expect)

@@ -119,13 +119,17 @@ def describe(spec: str) -> Plugin:
 
 
 def _files(path: Path) -> list[Path]:
+    """A plug-in's files: the file, or every file of the package (its data files too: a YAML or
+    JSON it reads changes what it does), but for compiled caches."""
     if path.is_file():
         return [path]
-    return sorted(p for p in path.rglob("*.py") if "__pycache__" not in p.parts)
+    return sorted(
+        p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+    )
 
 
 def digest(spec: str) -> str:
-    """SHA-256 of the plug-in's source (a package: its .py files, by relative path and content)."""
+    """SHA-256 of the plug-in's source (a package: every file, by relative path and content)."""
     plugin = describe(spec)
     if plugin.path is None:
         raise PluginError(

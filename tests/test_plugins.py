@@ -195,6 +195,44 @@ def test_a_plugin_that_does_not_import_in_the_workers_fails_the_run_before_a_rou
     ].get("error", "") + str(runs.iloc[0].to_dict())
 
 
+@pytest.mark.ray
+def test_the_coordinator_checks_its_plugins_against_what_the_driver_read(tmp_path, isolated, ray_session):
+    # Before: only the client actors compared their plug-ins' digests with the driver's; the
+    # coordinator (which runs the algorithm's server side) imported whatever it found.
+    import ray
+
+    from actors.coordinator import Coordinator
+    from actors.launch import ActorGroup
+
+    plugin = tmp_path / "labplug_server.py"
+    plugin.write_text("import fedray\n")
+    group = ActorGroup(None, {}, [], 1.0, plugins={str(plugin): "0" * 64})
+    coordinator = Coordinator.remote()
+    try:
+        with pytest.raises(Exception) as e:
+            for ref in coordinator.run.remote({"plugins": [str(plugin)]}, group):
+                ray.get(ref)
+    finally:
+        ray.kill(coordinator)
+    assert "labplug_server.py' in the coordinator on node" in str(e.value), str(e.value)
+    assert "is not the one the driver read (sha256" in str(e.value) and "000000000000 there" in str(e.value)
+
+
+def test_a_packages_digest_covers_its_data_files_too(tmp_path):
+    # Before: only its .py files, so a changed YAML or JSON it reads was the same run.
+    pkg = tmp_path / "labpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("import fedray\n")
+    (pkg / "table.json").write_text('{"beta": 0.9}')
+    before = plugins.digest(str(pkg))
+    (pkg / "table.json").write_text('{"beta": 0.5}')
+    after = plugins.digest(str(pkg))
+    assert after != before
+    (pkg / "__pycache__").mkdir()
+    (pkg / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"compiled")  # a cache is not the source
+    assert plugins.digest(str(pkg)) == after
+
+
 def test_an_installed_package_registers_through_its_entry_point(tmp_path, isolated, monkeypatch):
     from fedray.validation import from_dict
 
