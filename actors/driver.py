@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import stat
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -98,14 +100,28 @@ def connect(address: str | None = None, plugins: Sequence[str] = ()) -> bool:
         if address:
             ray.init(address=address, logging_level=logging.WARNING, **env)
             return False
-        if fresh:
-            ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING, **env)
-            return True
-        ray.init(include_dashboard=False, logging_level=logging.WARNING, **env)
+        ray.init(address="local" if fresh else None, logging_level=logging.WARNING, **PRIVATE_RAY, **env)
+        _owner_only(Path.home() / ".ray" / "auth_token")
         return True
     finally:
         if sigterm is not None:
             signal.signal(signal.SIGTERM, sigterm)
+
+
+# A Ray fedray starts for one run has what the run needs and no more: no dashboard, and no metrics
+# export (its port answers without Ray's token, on every interface). What still listens is
+# docs/running.md's "What a run exposes".
+PRIVATE_RAY = {"include_dashboard": False, "_system_config": {"enable_metrics_collection": False}}
+
+
+def _owner_only(path: Path) -> None:
+    """Ray writes its auth token readable by every user of the machine: make it the owner's only."""
+    try:
+        st = os.lstat(path)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o077:
+            os.chmod(path, 0o600)
+    except OSError:
+        pass
 
 
 def kill_and_wait(actor: Any, timeout_s: float = 30.0) -> None:

@@ -40,6 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from fedray.results import fsync_dir
+
 FORMAT = 1  # of the .npz files (tree.json)
 MANIFEST_FORMAT = 2  # of manifest.json: 2 has its own digest; 1 (earlier fedray) is still read
 _SAFE_MODULES = "fedray."  # a file may only name dataclasses defined under this package (or a run's plug-ins)
@@ -267,15 +269,6 @@ def sha256(path: Path) -> str:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
     return h.hexdigest()
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a folder's entries (a rename, a new file) durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # ------------------------------------------------------------------------------------------------

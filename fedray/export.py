@@ -113,8 +113,7 @@ def save_models(
     models (`Algorithm.personal_model`) come from ``client_states()``, every client's state."""
     import yaml
 
-    from fedray.checkpoint import fsync_dir
-    from fedray.results import write_text_atomic
+    from fedray.results import fsync_dir, write_text_atomic
 
     run_id = cfg.run_id()
     root = Path(cfg.output) / "models"

@@ -141,11 +141,18 @@ def write_atomic(table: pa.Table, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def fsync_dir(path: Path) -> None:
+    """Make a folder's entries (a rename, a new file) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_text_atomic(text: str, path: Path) -> None:
     """``path`` holds ``text`` whole or its old contents, never part: written aside, made durable,
     renamed into place, and the rename made durable."""
-    from fedray.checkpoint import fsync_dir
-
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     with open(tmp, "w") as f:
         f.write(text)

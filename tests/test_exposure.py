@@ -1,0 +1,50 @@
+"""What a Ray that fedray starts for a run exposes (docs/running.md#what-a-run-exposes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+LISTENERS = """
+import json, os, stat, time
+from pathlib import Path
+import ray
+import psutil  # Ray's own copy (ray/thirdparty_files), on the path once ray is imported
+from actors.driver import connect
+
+assert connect("local")
+time.sleep(2)  # the agents bind their ports once they are up
+ours = {p.pid: p.name() for p in psutil.Process().children(recursive=True)}
+ours[os.getpid()] = "driver"
+listening = [
+    [c.laddr.ip, c.laddr.port, ours[c.pid]]
+    for c in psutil.net_connections(kind="tcp")
+    if c.status == psutil.CONN_LISTEN and c.pid in ours
+]
+token = Path.home() / ".ray" / "auth_token"
+mode = stat.S_IMODE(token.stat().st_mode) if token.exists() else None
+ray.shutdown()
+print(json.dumps({"listening": listening, "token_mode": mode}))
+"""
+
+
+def test_a_private_ray_exports_no_metrics_and_keeps_its_token_to_its_owner():
+    # Before: the metrics agent listened on 0.0.0.0 and answered without Ray's token, and
+    # ~/.ray/auth_token was readable by every user of the machine (0644).
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    p = subprocess.run(
+        [sys.executable, "-c", LISTENERS], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.splitlines()[-1])
+    assert got["listening"], "the private Ray listens nowhere: nothing measured"
+    # the metrics agent's export port is gone; what still listens on every interface is Ray's
+    # autoscaler monitor and dashboard head metrics ports (44217, 44227: Ray's fixed defaults, which a
+    # driver's ray.init cannot move) and the token-guarded gRPC servers (docs/running.md)
+    agent = [s for s in got["listening"] if s[0] == "0.0.0.0" and s[2] == "ray::DashboardAgent"]
+    assert not agent, got["listening"]
+    assert got["token_mode"] in (None, 0o600), oct(got["token_mode"])
