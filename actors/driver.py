@@ -100,7 +100,12 @@ def connect(address: str | None = None, plugins: Sequence[str] = ()) -> bool:
         if address:
             ray.init(address=address, logging_level=logging.WARNING, **env)
             return False
-        ray.init(address="local" if fresh else None, logging_level=logging.WARNING, **PRIVATE_RAY, **env)
+        notice = logging.getLogger("ray._private.authentication.authentication_token_setup")
+        notice.addFilter(_token_on_notice)
+        try:
+            ray.init(address="local" if fresh else None, logging_level=logging.WARNING, **PRIVATE_RAY, **env)
+        finally:
+            notice.removeFilter(_token_on_notice)
         _owner_only(Path.home() / ".ray" / "auth_token")
         return True
     finally:
@@ -112,6 +117,12 @@ def connect(address: str | None = None, plugins: Sequence[str] = ()) -> bool:
 # export (its port answers without Ray's token, on every interface). What still listens is
 # docs/running.md's "What a run exposes".
 PRIVATE_RAY = {"include_dashboard": False, "_system_config": {"enable_metrics_collection": False}}
+
+
+def _token_on_notice(record: logging.LogRecord) -> bool:
+    """Drop Ray's WARNING that token authentication is on (what a private Ray should have, so it is
+    no warning to the user); Ray's warning that it is off still shows."""
+    return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
 
 
 def _owner_only(path: Path) -> None:
