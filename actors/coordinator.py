@@ -15,8 +15,9 @@ if TYPE_CHECKING:
 
 # num_cpus=0: the coordinator mostly waits on the client actors (which also evaluate); reserving a
 # CPU for it would take a whole client actor's slot on small machines.
-@ray.remote(num_cpus=0, max_restarts=0)
-class Coordinator:
+class CoordinatorCode:
+    """The coordinator actor's code (`Coordinator` is the actor class; tests call this in-process)."""
+
     def run(
         self,
         config: dict[str, Any],
@@ -49,3 +50,6 @@ class Coordinator:
         cfg = from_dict(config)
         set_torch_threads(cfg.num_cpus_per_actor)
         yield from execute(cfg, partial(make_ray_federation, group=group), restart, reason, failures_left)
+
+
+Coordinator = ray.remote(num_cpus=0, max_restarts=0)(CoordinatorCode)

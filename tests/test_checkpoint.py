@@ -527,6 +527,18 @@ def test_clustered_and_concatenated_models_are_saved_by_name(tmp_path):
 # --- the command line: SIGKILL, then the same command -------------------------------------------------
 
 
+def test_sigterm_stops_a_run_as_ctrl_c_does_and_the_same_command_goes_on(tmp_path):
+    from tests.test_recovery_ray import _goes_on, _run_command, _stop_after
+
+    # SIGTERM is what `ray job stop` and schedulers send; the CLI turns it into Ctrl-C's stop (in
+    # process here; the Ctrl-C test in test_recovery_ray.py stops a run on Ray)
+    out, rounds = tmp_path / "out", 9
+    cmd = _run_command(out, rounds, "--local")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    _stop_after(cmd, env, out, 5, signal.SIGTERM, rounds)
+    _goes_on(cmd, env, out, rounds)
+
+
 def test_a_run_killed_with_sigkill_goes_on_from_its_checkpoint_with_the_same_command(tmp_path):
     args = [
         "--set",

@@ -1,6 +1,6 @@
 """Runs that survive failure on Ray: a killed client actor or a lost node costs only the rounds since
 the last checkpoint and changes no number; Ctrl-C records the run as interrupted and the same command
-goes on from its checkpoint; a placement failure is recorded."""
+goes on from its checkpoint (SIGTERM: test_checkpoint.py); a placement failure is recorded."""
 
 from __future__ import annotations
 
@@ -79,72 +79,72 @@ def test_a_placement_error_in_the_driver_is_recorded_as_failed(ray_session, tmp_
     assert runs["status"][0] == "failed" and "PlacementError" in runs["error"][0]
 
 
-def test_ctrl_c_then_sigterm_each_record_interrupted_exit_130_and_the_same_command_goes_on(
-    ray_session, tmp_path
-):
-    # One run stopped twice: Ctrl-C after round 5, the same command resumes it and SIGTERM (what
-    # `ray job stop` sends) stops it again after round 9, and the same command finishes it.
-    out, rounds = tmp_path / "out", 12
-    sets = [
-        f"{k}={v}" for k, v in {**SLOW, "rounds": rounds, "dataset": "synthetic", "num_clients": 6}.items()
-    ]
-    cmd = [
-        sys.executable,
-        "-m",
-        "jobs.cli",
-        "run",
-        "--output",
-        str(out),
-        *[a for s in sets for a in ("--set", s)],
-    ]
-    env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
+def _stop_after(cmd, env, out, round_, stop, rounds):
+    """Start ``cmd``, send it ``stop`` once it has printed round ``round_``, and check that it
+    recorded the run as interrupted and exited 130; its output."""
     sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731 - see test_sweep_ray
+    p = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint
+    )
+    # After a checkpoint (every 3 rounds), however slow the machine: a signal sent before any
+    # (a busy CI machine once took over 120 s to get there) leaves nothing to resume from.
+    lines = []
+    for line in p.stdout:
+        lines.append(line)
+        if re.match(rf"round +{round_}/", line):
+            break
+    else:
+        p.kill()
+        pytest.fail(f"fedray run ended before round {round_}: {p.communicate()[1][-2000:]}")
+    p.send_signal(stop)
+    try:
+        rest, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        pytest.fail(f"fedray run did not stop within 60 s of {stop.name}")
+    assert p.returncode == 130, err
+    runs = load_runs(out)
+    assert runs["status"][0] == "interrupted" and re.search(
+        rf"interrupted after \d+ of {rounds} rounds", runs["error"][0]
+    )
+    assert run_state(out, runs["run_id"][0]) == "interrupted"
+    return "".join(lines) + rest
 
-    def stop_after(round_, stop):
-        p = subprocess.Popen(
-            cmd,
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            preexec_fn=sigint,
-        )
-        # After a checkpoint (every 3 rounds), however slow the machine: a signal sent before any
-        # (a busy CI machine once took over 120 s to get there) leaves nothing to resume from.
-        lines = []
-        for line in p.stdout:
-            lines.append(line)
-            if re.match(rf"round +{round_}/", line):
-                break
-        else:
-            p.kill()
-            pytest.fail(f"fedray run ended before round {round_}: {p.communicate()[1][-2000:]}")
-        p.send_signal(stop)
-        try:
-            rest, err = p.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            pytest.fail(f"fedray run did not stop within 60 s of {stop.name}")
-        assert p.returncode == 130, err
-        runs = load_runs(out)
-        assert runs["status"][0] == "interrupted" and re.search(
-            rf"interrupted after \d+ of {rounds} rounds", runs["error"][0]
-        )
-        assert run_state(out, runs["run_id"][0]) == "interrupted"
-        for _ in range(50):  # actors and placement group freed
-            if ray_session.available_resources().get("CPU") == 4:
-                break
-            time.sleep(0.2)
-        assert ray_session.available_resources().get("CPU") == 4
-        return "".join(lines) + rest
 
-    stop_after(5, signal.SIGINT)
-    resumed = stop_after(9, signal.SIGTERM)
-    assert re.search(rf"resuming from the checkpoint after round \d+ of {rounds}", resumed)
+def _goes_on(cmd, env, out, rounds):
+    """The same command again finishes the run from its checkpoint, every round once."""
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert re.search(rf"resuming from the checkpoint after round \d+ of {rounds}", done.stdout)
     assert load_runs(out)["status"][0] == "finished"
     assert not stored_metrics(out).duplicated(METRIC_KEYS).any()
     assert sorted(set(stored_metrics(out)["round"])) == list(range(1, rounds + 1))
+
+
+def _run_command(out, rounds, *extra):
+    sets = {**SLOW, "rounds": rounds, "dataset": "synthetic", "num_clients": 6}
+    return [
+        sys.executable,
+        "-m",
+        "jobs.cli",
+        "run",
+        "--output",
+        str(out),
+        *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")],
+        *extra,
+    ]
+
+
+def test_ctrl_c_records_interrupted_exit_130_frees_the_cluster_and_the_same_command_goes_on(
+    ray_session, tmp_path
+):
+    out, rounds = tmp_path / "out", 9
+    cmd = _run_command(out, rounds)
+    env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
+    _stop_after(cmd, env, out, 5, signal.SIGINT, rounds)
+    for _ in range(50):  # actors and placement group freed
+        if ray_session.available_resources().get("CPU") == 4:
+            break
+        time.sleep(0.2)
+    assert ray_session.available_resources().get("CPU") == 4
+    _goes_on(cmd, env, out, rounds)
