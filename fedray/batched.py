@@ -194,11 +194,13 @@ def train_stacked(
     """``updates[i]`` trained on ``clients[i]``, every update at once; the updates share a
     `signature` (a client may appear more than once: the K models of one client).
 
-    ``fixed`` (default: on a CUDA device, for data without augmentation): the stack keeps every
-    update to the end, one that has taken all its steps going on with masked batches (its rows are
-    taken when it leaves), so every step has the same shapes and, on CUDA, the steps after two
-    warm-up steps replay as one captured CUDA graph: one launch a step instead of hundreds, which is
-    what the papers' small models are bound by. Otherwise a leaving update's rows leave the stack (no
+    ``fixed`` (default: on a CUDA device, for data without augmentation): the stack's rows are lanes
+    (`lanes_of`), each running its updates one after another, the next copied into the lane in place
+    when one has taken its steps (its rows taken first), and a lane whose updates are done going on
+    with masked batches to the end. So every step has the same shapes and, on CUDA, the steps after
+    two warm-up steps replay as one captured CUDA graph: one launch a step instead of hundreds. A
+    step's time grows with the stack's width (docs/benchmark.md), so the lanes keep it as narrow as
+    the real work allows on skewed partitions. Otherwise a leaving update's rows leave the stack (no
     work wasted on a CPU, which is bound by arithmetic). The numbers are the same.
     """
     if not clients:
