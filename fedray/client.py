@@ -242,8 +242,16 @@ class Client:
         return self._data.y[self.test_idx]
 
     def eval_train_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """The training split in order, without augmentation (a model evaluated on its own data)."""
-        yield from iterate(self._data, self.train_idx, self.task, self.device)
+        """The training split in order, without augmentation (a model evaluated on its own data).
+        Where the split is kept on the device (`device_train_tensors`, on CUDA), its batches are
+        slices of that copy: the same values, with no conversion or transfer from the host."""
+        kept = self._model_cache.get(("train_tensors", self.cid))
+        if kept is None:
+            yield from iterate(self._data, self.train_idx, self.task, self.device)
+            return
+        x, y = kept
+        for start in range(0, len(y), self.task.eval_batch_size):
+            yield x[start : start + self.task.eval_batch_size], y[start : start + self.task.eval_batch_size]
 
     def test_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         yield from iterate(self._data, self.test_idx, self.task, self.device)

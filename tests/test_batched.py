@@ -188,6 +188,27 @@ def test_the_k_models_of_one_client_and_features_in_place_of_images_stack_too():
             _close(train_update(client, u).params, t.params)
 
 
+def test_evaluation_on_a_split_kept_on_the_device_gives_the_hosts_batches():
+    # On CUDA batched training keeps each client's training split on the device; evaluating on it
+    # slices that copy instead of converting and moving the split from the host again. Played here
+    # by keeping the split as CUDA would (the values must be the host path's, bit for bit).
+    from fedray.client import iterate
+    from fedray.train import evaluate
+
+    host = _host(sizes=(37, 64, 5))
+    host.task = dataclasses.replace(host.task, eval_batch_size=16)
+    client = host.client(1)
+    model = client.model(_starts(host, 1)[0])
+    from_host = list(iterate(client._data, client.train_idx, client.task, client.device))
+    before = evaluate(model, client.eval_train_batches())
+    client._model_cache[("train_tensors", client.cid)] = client.train_tensors()
+    kept = list(client.eval_train_batches())
+    assert [len(y) for _, y in kept] == [len(y) for _, y in from_host] == [16, 16, 16, 16]
+    for (xa, ya), (xb, yb) in zip(kept, from_host, strict=True):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert evaluate(model, client.eval_train_batches()) == before
+
+
 def test_updates_of_different_shapes_have_different_signatures():
     host = _host()
     s = _starts(host, 1)[0]
