@@ -436,9 +436,7 @@ class Resident:
     """The clients' training splits on the device once per call (no augmentation to draw), and
     each step's batches gathered by index: one gather for every client's batch."""
 
-    def __init__(
-        self, clients, rounds, epochs, steps, bs, drop_last, w_all, device, inputs=None, lanes=None
-    ) -> None:
+    def __init__(self, clients, rounds, epochs, steps, bs, drop_last, w_all, device, inputs, lanes) -> None:
         xs, ys, offsets, total = [], [], [], 0
         for i, c in enumerate(clients):
             if inputs is None:
@@ -466,9 +464,8 @@ class Resident:
                 chunks += [order[s : s + bs] + off for s in range(0, stop, bs)]
             plans.append(chunks[:n_steps])
         self.samples = [int(sum(len(ch) for ch in pl)) for pl in plans]
-        # a row's plan: its lane's updates' plans one after another (a lane a row, one row an update
-        # without lanes)
-        plans = [sum((plans[i] for i in lane), []) for lane in (lanes or [[i] for i in range(len(plans))])]
+        # a row's plan: its lane's updates' plans one after another
+        plans = [sum((plans[i] for i in lane), []) for lane in lanes]
         t_max, n = max((len(pl) for pl in plans), default=0), len(plans)
         index = np.zeros((t_max, n, bs), np.int64)
         count = np.ones((t_max, n), np.float32)

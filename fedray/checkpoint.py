@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from fedray.results import fsync_dir
+from fedray.results import fsync_dir, write_text_synced
 
 FORMAT = 1  # of the .npz files (tree.json)
 MANIFEST_FORMAT = 2  # of manifest.json: 2 has its own digest; 1 (earlier fedray) is still read
@@ -403,10 +403,7 @@ class Checkpoints:
                 "files": files,
             }
             manifest["digest"] = manifest_digest(manifest)
-            with open(tmp / "manifest.json", "w") as f:
-                f.write(json.dumps(manifest, indent=1, allow_nan=False))
-                f.flush()
-                os.fsync(f.fileno())
+            write_text_synced(json.dumps(manifest, indent=1, allow_nan=False), tmp / "manifest.json")
             fsync_dir(tmp / "clients")
             fsync_dir(tmp)
             if final.exists():  # the same round again (a resumed run that redid it): replace it

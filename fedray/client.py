@@ -217,7 +217,7 @@ class Client:
         is kept), so batched training does not convert and move them again every round."""
         if self.device.type != "cuda":
             return tuple(t.to(self.device) for t in self.train_tensors())
-        kept = self._model_cache.get(("train_tensors", self.cid))
+        kept = self.kept_train_tensors()
         if kept is None:
             kept = tuple(t.to(self.device) for t in self.train_tensors())
             size = sum(t.numel() * t.element_size() for t in kept)
@@ -228,6 +228,10 @@ class Client:
                 budget[0] -= size
                 self._model_cache[("train_tensors", self.cid)] = kept
         return kept
+
+    def kept_train_tensors(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The copy of the training split `device_train_tensors` keeps on the device, if it keeps one."""
+        return self._model_cache.get(("train_tensors", self.cid))
 
     def train_order(self, rnd: int, epoch: int) -> np.ndarray:
         """Positions into the training split in this epoch's shuffled order, drawn from (seed,
@@ -245,13 +249,14 @@ class Client:
         """The training split in order, without augmentation (a model evaluated on its own data).
         Where the split is kept on the device (`device_train_tensors`, on CUDA), its batches are
         slices of that copy: the same values, with no conversion or transfer from the host."""
-        kept = self._model_cache.get(("train_tensors", self.cid))
+        kept = self.kept_train_tensors()
         if kept is None:
             yield from iterate(self._data, self.train_idx, self.task, self.device)
             return
         x, y = kept
-        for start in range(0, len(y), self.task.eval_batch_size):
-            yield x[start : start + self.task.eval_batch_size], y[start : start + self.task.eval_batch_size]
+        bs = self.task.eval_batch_size
+        for start in range(0, len(y), bs):
+            yield x[start : start + bs], y[start : start + bs]
 
     def test_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         yield from iterate(self._data, self.test_idx, self.task, self.device)

@@ -150,14 +150,19 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def write_text_synced(text: str, path: Path) -> None:
+    """``text`` as ``path``, on the disk when this returns."""
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def write_text_atomic(text: str, path: Path) -> None:
     """``path`` holds ``text`` whole or its old contents, never part: written aside, made durable,
     renamed into place, and the rename made durable."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+    write_text_synced(text, tmp)
     os.replace(tmp, path)
     fsync_dir(path.parent)
 
