@@ -21,7 +21,7 @@ from actors.launch import ActorGroup, ActorPool, launch_actors
 from fedray.config import Config, ConfigError
 from fedray.experiment import Event, Recovered, RoundDone, Started
 from fedray.federation import WorkerLost
-from fedray.placement import PlacementError, actor_slots
+from fedray.placement import PlacementError, actor_slots, auto_gpus_per_actor
 from fedray.plugins import PluginError, py_modules
 from fedray.results import mark_ended, record_failure
 
@@ -268,10 +268,31 @@ def _actors_that_fit(cfg: Config, before: int) -> int:
     return max(1, min(before, slots)) if before else max(1, slots)
 
 
-def run_on_ray(cfg: Config, address: str | None = None, restart: bool = False) -> Iterator[Event]:
-    """`fedray run` on Ray: connect (or start a private Ray), run, and stop what we started."""
-    started = connect(address, cfg.plugins)
+def disconnect() -> None:
+    """Stop the Ray this process started (`connect` returned True) when no run follows."""
+    ray.shutdown()
+
+
+def auto_gpus(cpus_per_actor: float) -> float:
+    """What ``num_gpus_per_actor: auto`` resolves to on the connected Ray: its live nodes' CPUs and
+    GPUs (`fedray.placement.auto_gpus_per_actor`)."""
+    nodes = [
+        (n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0))
+        for n in ray.nodes()
+        if n.get("Alive")
+    ]
+    return auto_gpus_per_actor(cpus_per_actor, nodes)
+
+
+def run_on_ray(
+    cfg: Config, address: str | None = None, restart: bool = False, started: bool | None = None
+) -> Iterator[Event]:
+    """`fedray run` on Ray: connect (or start a private Ray), run, and stop what we started.
+    ``started``: the caller connected already (True: it started that Ray, which stops here)."""
+    if started is None:
+        started = connect(address, cfg.plugins)
     try:
+        cfg = cfg.with_gpus(auto_gpus(cfg.num_cpus_per_actor)) if cfg.gpus_auto else cfg
         yield from stream_run(cfg, restart=restart, fixed=started)
     finally:
         if started:

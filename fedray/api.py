@@ -108,11 +108,68 @@ def prepare(
     return cfg
 
 
+def resolve_gpus(
+    cfg: Config, local: bool = False, address: str | None = None
+) -> tuple[Config, bool | None, str | None]:
+    """``cfg`` with ``num_gpus_per_actor: auto`` resolved where the run goes, before its run id is
+    read: 0 in this process (``local``), else from the Ray cluster, connected to for it (attached
+    to ``address`` / RAY_ADDRESS, else a local Ray started). Returns the config, whether Ray was
+    started for it (None: not connected here; pass it on to `events`) and the line that says what
+    auto chose (None: nothing was auto)."""
+    from fedray import progress
+
+    if not cfg.gpus_auto:
+        return cfg, None, None
+    if local:
+        return cfg.with_gpus(0.0), None, progress.auto_gpus_line(0.0, cfg.num_cpus_per_actor, local=True)
+    from actors.driver import auto_gpus, connect
+
+    started = connect(address, cfg.plugins)
+    share = auto_gpus(cfg.num_cpus_per_actor)
+    return cfg.with_gpus(share), started, progress.auto_gpus_line(share, cfg.num_cpus_per_actor)
+
+
+def sweep_launcher(sw: Any, local: bool = False, address: str | None = None) -> Any:
+    """Where a sweep's runs go: in this process one at a time (``local``), or a Ray cluster (attached
+    to ``address`` / RAY_ADDRESS, else a local Ray started for the sweep)."""
+    if local:
+        from fedray.scheduler import LocalLauncher
+
+        return LocalLauncher()
+    from actors.sweep import RayLauncher
+
+    return RayLauncher(address, sorted({p for r in sw.runs for p in r.config.plugins}))
+
+
+def resolve_sweep_gpus(
+    sw: Any, local: bool = False, address: str | None = None
+) -> tuple[Any, Any, list[str]]:
+    """The sweep with ``num_gpus_per_actor: auto`` resolved where its runs go (`resolve_gpus`'s rule),
+    before `plan` reads run ids; the launcher connected for it (None where nothing was auto or the
+    runs stay in this process); the lines that say what auto chose."""
+    from fedray import progress
+
+    if not sw.gpus_auto:
+        return sw, None, []
+    if local:
+        resolved, chosen = sw.with_gpus(lambda cpus: 0.0)
+        return resolved, None, [progress.auto_gpus_line(0.0, 0.0, local=True)]
+    from actors.driver import auto_gpus
+
+    launcher = sweep_launcher(sw, local, address)
+    resolved, chosen = sw.with_gpus(auto_gpus)
+    return resolved, launcher, [progress.auto_gpus_line(share, cpus) for cpus, share in chosen.items()]
+
+
 def events(
-    cfg: Config, local: bool = False, address: str | None = None, restart: bool = False
+    cfg: Config,
+    local: bool = False,
+    address: str | None = None,
+    restart: bool = False,
+    started: bool | None = None,
 ) -> Iterator[Any]:
     """The run's events (`fedray.experiment`): in this process, or on Ray (attached to ``address`` /
-    RAY_ADDRESS, else a local Ray started for it)."""
+    RAY_ADDRESS, else a local Ray started for it). ``started``: `resolve_gpus` connected already."""
     if local:
         from fedray.experiment import execute
         from fedray.local import make_local_federation
@@ -120,7 +177,7 @@ def events(
         return execute(cfg, make_local_federation, restart)
     from actors.driver import run_on_ray
 
-    return run_on_ray(cfg, address, restart)
+    return run_on_ray(cfg, address, restart, started)
 
 
 def run(
@@ -149,19 +206,29 @@ def run(
     from fedray.results import run_state
 
     cfg = prepare(config, sets, plugins, **overrides)
+    cfg, started, said = resolve_gpus(cfg, local, address)
+    if said and not quiet:
+        print(said, flush=True)
     state = run_state(cfg.output, cfg.run_id())
-    if state == "running":
-        raise ConfigError(f"run {cfg.run_id()} is being written into {cfg.output}/ by another live process")
-    if force or state != "finished":
-        t0 = time.perf_counter()
-        evs = events(cfg, local, address, restart or state == "finished")
-        try:
-            for ev in evs:
-                if not quiet:
-                    for line, to_stderr in progress.run_lines(ev, cfg, False, t0):
-                        print(line, file=sys.stderr if to_stderr else sys.stdout, flush=True)
-        finally:
-            evs.close()
+    if state == "running" or state == "finished" and not force:
+        if started:  # Ray was started only to resolve num_gpus_per_actor: auto
+            from actors.driver import disconnect
+
+            disconnect()
+        if state == "running":
+            raise ConfigError(
+                f"run {cfg.run_id()} is being written into {cfg.output}/ by another live process"
+            )
+        return result(cfg)
+    t0 = time.perf_counter()
+    evs = events(cfg, local, address, restart or state == "finished", started)
+    try:
+        for ev in evs:
+            if not quiet:
+                for line, to_stderr in progress.run_lines(ev, cfg, False, t0):
+                    print(line, file=sys.stderr if to_stderr else sys.stdout, flush=True)
+    finally:
+        evs.close()
     return result(cfg)
 
 
@@ -197,19 +264,19 @@ def sweep(
     from dataclasses import replace
 
     from fedray import progress
-    from fedray.scheduler import LocalLauncher, run_sweep
+    from fedray.scheduler import run_sweep
     from fedray.sweep_file import load_sweep, plan
 
     sw = load_sweep(path, sets, output=output, only=only, plugins=plugins)
+    sw, launcher, said = resolve_sweep_gpus(sw, local, address)
+    for line in [] if quiet else said:
+        print(line, flush=True)
     planned = plan(sw, force=force)
     todo = [replace(p.run, restart=p.state == "finished") for p in planned if p.action == "run"]
+    if not todo and launcher is not None:
+        launcher.close()
     if todo:
-        if local:
-            launcher: Any = LocalLauncher()
-        else:
-            from actors.sweep import RayLauncher
-
-            launcher = RayLauncher(address, sorted({p for r in todo for p in r.config.plugins}))
+        launcher = launcher or sweep_launcher(sw, local, address)
         limit = sw.max_concurrent_runs if max_concurrent_runs is None else max_concurrent_runs
         shown = progress.SweepProgress(len(todo), local, verbose)
         evs = run_sweep(todo, launcher, limit)

@@ -170,8 +170,12 @@ class Config:
     # --- placement (docs/cluster.md#placement-fractional-gpus) -----------------------------------------------------------------------
     # CPUs reserved per client actor; torch threads = max(1, floor(this))
     num_cpus_per_actor: float = field(default=1.0, metadata=bound(gt=0))
-    # GPUs per client actor, fractional (e.g. 0.25 puts 4 actors on a GPU)
-    num_gpus_per_actor: float = field(default=0.0, metadata=bound(ge=0))
+    # GPUs per client actor, fractional (e.g. 0.25 puts 4 actors on a GPU). auto: the cluster
+    # decides when the run (the sweep) attaches to it: no GPU, 0; else each GPU shared by as many
+    # actors as its node's CPUs hold, at most 4 (`fedray.placement.auto_gpus_per_actor`), said in
+    # one line. The run id, the saved config and the records carry the fraction it resolved to.
+    # GPUs per client actor (0.25: 4 actors a GPU); auto: from the cluster
+    num_gpus_per_actor: float | str = field(default=0.0, metadata=bound(ge=0, words=("auto",)))
     # client actors to start; 0 = as many as the cluster's resources allow (at most N)
     num_actors: int = field(default=0, metadata=bound(ge=0, note="0 = from resources"))
     # On a GPU, CUDA's deterministic kernels (torch.use_deterministic_algorithms, cuDNN without
@@ -238,6 +242,16 @@ class Config:
 
             d["plugins"] = [pinned(s) for s in self.plugins]
         return d
+
+    @property
+    def gpus_auto(self) -> bool:
+        """``num_gpus_per_actor: auto``, not yet resolved where the run goes (`with_gpus`)."""
+        return self.num_gpus_per_actor == "auto"
+
+    def with_gpus(self, share: float) -> Config:
+        """This config with ``num_gpus_per_actor: auto`` replaced by ``share``, what the cluster the run
+        goes to gives it (`fedray.placement.auto_gpus_per_actor`); a number set by hand stays."""
+        return dataclasses.replace(self, num_gpus_per_actor=float(share)) if self.gpus_auto else self
 
     def run_id(self) -> str:
         """Stable id of the run: the same resolved config gives the same id.

@@ -238,6 +238,10 @@ def execute(
     noted with the resume). A lost worker (`WorkerLost`) with ``failures_left`` > 0 leaves the run
     ``running`` for the caller to start again on new workers; otherwise it fails the run.
     """
+    if cfg.gpus_auto:  # its run id and numbers depend on where it runs: resolved before it gets here
+        raise ValueError(
+            "num_gpus_per_actor is auto: resolve it where the run goes first (fedray.api.resolve_gpus)"
+        )
     run_id = cfg.run_id()
     writer = ResultsWriter(cfg.output, run_id, cfg.recorded())
     ckpts = Checkpoints(cfg.output, run_id, cfg.keep_checkpoints)

@@ -48,6 +48,7 @@ class Bound:
     le: float | None = None
     lt: float | None = None
     note: str = ""  # what a special value means, said after the bound: ">= 0 (0 = never)"
+    words: tuple[str, ...] = ()  # names the field also takes instead of a number ("auto")
 
     def __post_init__(self) -> None:
         if self.ge is not None and self.gt is not None or self.le is not None and self.lt is not None:
@@ -56,6 +57,8 @@ class Bound:
             raise TypeError("bound: give ge, gt, le or lt")
 
     def holds(self, value: Any) -> bool:
+        if isinstance(value, str):
+            return value in self.words
         return (
             value is None
             or (self.ge is None or value >= self.ge)
@@ -65,7 +68,10 @@ class Bound:
         )
 
     def describe(self) -> str:
-        """``>= 0``, ``> 0``, ``<= 1``, ``in [0, 1)``: what follows "must be"."""
+        """``>= 0``, ``> 0``, ``<= 1``, ``in [0, 1)``, ``>= 0 or auto``: what follows "must be"."""
+        return self._interval() + "".join(f" or {w}" for w in self.words)
+
+    def _interval(self) -> str:
         low = ("[", self.ge) if self.ge is not None else ("(", self.gt) if self.gt is not None else None
         high = ("]", self.le) if self.le is not None else (")", self.lt) if self.lt is not None else None
         if low and high:
@@ -110,11 +116,13 @@ def bound(
     le: float | None = None,
     lt: float | None = None,
     note: str = "",
+    words: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Field metadata: the value lies in the interval (``ge``: >=, ``gt``: >, ``le``: <=, ``lt``: <);
-    ``note`` says what a special value means (``bound(ge=0, note="0 = never")``). A dict, so it
+    ``note`` says what a special value means (``bound(ge=0, note="0 = never")``); ``words``: names
+    taken instead of a number (``bound(ge=0, words=("auto",))``). A dict, so it
     merges with other metadata: ``bound(ge=0) | {"doc": "..."}``."""
-    return {RULE: Bound(ge=ge, gt=gt, le=le, lt=lt, note=note)}
+    return {RULE: Bound(ge=ge, gt=gt, le=le, lt=lt, note=note, words=words)}
 
 
 def one_of(*choices: str) -> dict[str, Any]:

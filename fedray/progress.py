@@ -37,6 +37,19 @@ def recovered_line(ev: Any) -> str:
     )
 
 
+def auto_gpus_line(share: float, cpus_per_actor: float, local: bool = False) -> str:
+    """What ``num_gpus_per_actor: auto`` resolved to, said once for a run (a sweep: per CPU count)."""
+    if local:
+        return "num_gpus_per_actor auto: 0 (in this process, --local: client training on the CPU)"
+    if share == 0:
+        return "num_gpus_per_actor auto: 0 (no GPU in the Ray cluster: client actors train on CPUs)"
+    per_gpu = round(1 / share)
+    return (
+        f"num_gpus_per_actor auto: {share:g} (the Ray cluster has GPUs: {per_gpu} client actor(s) of "
+        f"{cpus_per_actor:g} CPU(s) a GPU)"
+    )
+
+
 def duration(seconds: float) -> str:
     s = int(round(seconds))
     if s < 60:

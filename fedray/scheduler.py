@@ -134,6 +134,11 @@ def run_sweep(
     Each run is streamed by a worker thread, except with an ``inline`` launcher (in-process runs go
     one at a time in this thread). Leaving the generator early (Ctrl-C) cancels the runs in flight.
     """
+    if auto := [r.index for r in runs if r.config.gpus_auto]:  # run ids depend on where they go
+        raise ValueError(
+            f"runs {auto} have num_gpus_per_actor auto: resolve it on the cluster first "
+            "(fedray.api.resolve_sweep_gpus)"
+        )
     events: queue.Queue[SweepEvent] = queue.Queue()
     pending = list(runs)
     running: dict[int, tuple[float, float]] = {}  # run index -> (CPUs, GPUs) it holds

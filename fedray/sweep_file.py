@@ -34,8 +34,8 @@ from __future__ import annotations
 import copy
 import itertools
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +87,31 @@ class Sweep:
     @property
     def output(self) -> str:
         return self.runs[0].config.output
+
+    @property
+    def gpus_auto(self) -> bool:
+        """Some run has ``num_gpus_per_actor: auto``: `with_gpus` before `plan`, where the runs go."""
+        return any(r.config.gpus_auto for r in self.runs)
+
+    def with_gpus(self, share: Callable[[float], float]) -> tuple[Sweep, dict[float, float]]:
+        """The sweep with ``num_gpus_per_actor: auto`` resolved in every run, ``share`` giving the
+        fraction for a CPU count per actor (`fedray.placement.auto_gpus_per_actor` on the cluster the
+        sweep attached to), and what it chose by CPU count. Runs it makes identical to an earlier one
+        (auto resolved to a fraction another run sets by hand) are run once."""
+        chosen: dict[float, float] = {}
+        runs: list[SweepRun] = []
+        seen: set[str] = set()
+        for r in self.runs:
+            cfg = r.config
+            if cfg.gpus_auto:
+                if cfg.num_cpus_per_actor not in chosen:
+                    chosen[cfg.num_cpus_per_actor] = share(cfg.num_cpus_per_actor)
+                cfg = cfg.with_gpus(chosen[cfg.num_cpus_per_actor])
+            if cfg.run_id() not in seen:
+                seen.add(cfg.run_id())
+                runs.append(replace(r, config=cfg))
+        merged = self.collapsed + len(self.runs) - len(runs)
+        return replace(self, runs=runs, collapsed=merged), chosen
 
 
 # ------------------------------------------------------------------------------------------------
@@ -368,8 +393,6 @@ def _values(cfg: Config, keys: Iterable[str]) -> tuple[str, ...]:
 def _check_partitions(valid: list[tuple[str, Config]], problems: dict[str, list[str]]) -> None:
     """Every distinct partition of the sweep drawn now (labels read once per dataset), so one that
     cannot be drawn fails before anything starts, not hours into the sweep."""
-    from dataclasses import replace
-
     from fedray.data import (
         DATASETS,
         PARTITIONS,

@@ -280,7 +280,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(str(e)) from None
 
     _check(
-        cfg.num_gpus_per_actor <= 1 or float(cfg.num_gpus_per_actor).is_integer(),
+        isinstance(cfg.num_gpus_per_actor, str)
+        or cfg.num_gpus_per_actor <= 1
+        or float(cfg.num_gpus_per_actor).is_integer(),
         "num_gpus_per_actor",
         f"above 1 it must be a whole number of GPUs (Ray's rule), got {cfg.num_gpus_per_actor}",
     )

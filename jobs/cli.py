@@ -58,7 +58,7 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from fedray.api import events as run_events
-    from fedray.api import prepare
+    from fedray.api import prepare, resolve_gpus
     from fedray.config import ConfigError
     from fedray.data import DatasetMissing, PartitionError
     from fedray.data.client_files import ClientFilesError
@@ -69,6 +69,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (ConfigError, DatasetMissing, PartitionError, ClientFilesError, OSError) as e:
         print(f"fedray: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    try:
+        cfg, started, said = resolve_gpus(cfg, args.local, args.address)
+    except ConnectionError as e:  # no Ray to resolve num_gpus_per_actor: auto on
+        print(f"fedray: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if said and not args.quiet:
+        print(said, flush=True)
     run_id = cfg.run_id()
     state = run_state(cfg.output, run_id)
     if state == "running":
@@ -83,7 +90,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     restart = args.restart or state == "finished"  # --force on a finished run: from the start
-    events = run_events(cfg, args.local, args.address, restart)
+    events = run_events(cfg, args.local, args.address, restart, started)
     try:
         for ev in events:
             for line, to_stderr in progress.run_lines(ev, cfg, args.quiet, t0):
@@ -131,6 +138,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from fedray.api import resolve_sweep_gpus
     from fedray.coercion import ConfigError
     from fedray.data import DatasetMissing
     from fedray.results import check_writable
@@ -143,9 +151,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             )
         sweep = load_sweep(args.config, args.sets, output=args.output, only=args.only, plugins=args.plugins)
         check_writable(sweep.output)
-    except (ConfigError, DatasetMissing, OSError) as e:
+        # before run ids are read: they carry the GPU fraction auto resolves to on the cluster
+        sweep, launcher, said = resolve_sweep_gpus(sweep, args.local, args.address)
+    except (ConfigError, DatasetMissing, OSError, ConnectionError) as e:
         print(f"fedray: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    for line in said:
+        print(line)
     planned = plan(sweep, force=args.force)
     # --force runs a finished run from the start; an unfinished one goes on from its checkpoint.
     todo = [
@@ -163,24 +175,23 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         + ("" if args.force else " (finished runs are skipped; --force runs them again)")
     )
     if args.dry_run or not todo:
+        if launcher is not None:
+            launcher.close()
         width = max(len(p.run.run_id) for p in planned)
         print(f"  {'#':>3}  {'state':<11}  {'action':<6}  {'run id':<{width}}  settings")
         for p in planned:
             print(f"  {p.run.index:>3}  {p.state:<11}  {p.action:<6}  {p.run.run_id:<{width}}  {p.run.label}")
         return 0
-    return _execute_sweep(sweep, todo, args, skipped=len(planned) - len(todo))
+    return _execute_sweep(sweep, todo, args, skipped=len(planned) - len(todo), launcher=launcher)
 
 
-def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int) -> int:
-    from fedray.scheduler import LocalLauncher, run_sweep
+def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int, launcher=None) -> int:
+    from fedray.api import sweep_launcher
+    from fedray.scheduler import run_sweep
 
-    if args.local:
-        launcher = LocalLauncher()
-    else:
-        from actors.sweep import RayLauncher
-
+    if launcher is None:
         try:
-            launcher = RayLauncher(args.address, sorted({p for r in todo for p in r.config.plugins}))
+            launcher = sweep_launcher(sweep, args.local, args.address)
         except ConnectionError as e:
             print(f"fedray: error: {e}", file=sys.stderr)
             return EXIT_USAGE

@@ -57,6 +57,35 @@ def test_sweep_returns_every_runs_results(tmp_path, capsys):
     assert "#1 start" in out and "#2 done   [2/2]" in out
 
 
+def test_num_gpus_per_actor_auto_is_resolved_where_the_run_goes_and_said(tmp_path, capsys):
+    import yaml
+
+    from fedray.experiment import execute
+    from fedray.local import make_local_federation
+    from fedray.scheduler import LocalLauncher, run_sweep
+    from fedray.sweep_file import load_sweep
+
+    out = str(tmp_path / "out")
+    # in this process: the CPU, so the run is the one num_gpus_per_actor 0 names, saved as 0
+    res = fedray.run(local=True, rounds=1, num_gpus_per_actor="auto", output=out)
+    assert "num_gpus_per_actor auto: 0 (in this process, --local" in capsys.readouterr().out
+    assert res.status == "finished" and res.run_id == fedray.load_config(None, ["rounds=1"]).run_id()
+    saved = yaml.safe_load((tmp_path / "out" / "configs" / f"{res.run_id}.yaml").read_text())
+    assert saved["num_gpus_per_actor"] == 0.0
+    # a sweep: auto and 0 set by hand are then the same run, found finished
+    path = tmp_path / "sweep.yaml"
+    path.write_text("rounds: 1\ncases:\n  - {num_gpus_per_actor: auto}\n  - {num_gpus_per_actor: 0}\n")
+    assert len(load_sweep(path, output=out).runs) == 2
+    (again,) = fedray.sweep(path, local=True, output=out, quiet=True)
+    assert again.run_id == res.run_id and again.status == "finished"
+    # what did not go through the front door is refused, not run under an id that says nothing
+    auto = fedray.load_config(None, ["rounds=1", "num_gpus_per_actor=auto"], output=out)
+    with pytest.raises(ValueError, match="num_gpus_per_actor is auto"):
+        next(execute(auto, make_local_federation))
+    with pytest.raises(ValueError, match=r"runs \[1\] have num_gpus_per_actor auto"):
+        next(run_sweep(load_sweep(path, output=out).runs[:1], LocalLauncher()))
+
+
 def test_your_own_arrays_and_torch_datasets_are_a_data_set(tmp_path):
     import torch
 

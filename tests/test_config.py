@@ -96,6 +96,8 @@ def test_parse_sets_nests_and_parses_yaml_scalars():
         ({"download": "yes"}, r"'download': expected true or false"),
         ({"partition": "labels", "partition_k": 11}, r"'partition_k': #C=k needs 1 <= k <= 10"),
         ({"num_gpus_per_actor": 1.5}, r"'num_gpus_per_actor'.*whole number"),
+        ({"num_gpus_per_actor": "atuo"}, r"'num_gpus_per_actor': must be >= 0 or auto, got atuo"),
+        ({"num_gpus_per_actor": -1}, r"'num_gpus_per_actor': must be >= 0 or auto, got -1"),
         ({"num_clients": 5000}, r"'num_clients': 5000 clients but digits has only 1257"),
         ({"model": "simple_cnn"}, r"'model': simple_cnn cannot take digits inputs.*16x16"),
         ({"hp": {"mu": 0.1}}, r"unknown config key 'hp.mu' for algorithm fedavg.*server_lr"),

@@ -11,6 +11,7 @@ from fedray.placement import (
     PlacementError,
     actor_slots,
     assign_clients,
+    auto_gpus_per_actor,
     plan_actor_count,
     plan_launches,
 )
@@ -24,6 +25,18 @@ def test_plan_actor_count_from_resources():
     assert plan_actor_count(10, 7, 1, 0, cluster_cpus=2, cluster_gpus=0) == 7  # explicit num_actors wins
     with pytest.raises(PlacementError, match="num_gpus_per_actor=0.5.*0 GPUs"):
         plan_actor_count(10, 0, 1, 0.5, cluster_cpus=8, cluster_gpus=0)
+
+
+def test_auto_gpus_share_each_gpu_between_the_actors_its_nodes_cpus_hold_at_most_four():
+    # (CPUs, GPUs) of each live node; the rule's numbers worked out by hand
+    assert auto_gpus_per_actor(1, [(64, 0), (2, 0)]) == 0.0  # no GPU: client actors on CPUs
+    assert auto_gpus_per_actor(2, [(16, 1)]) == 0.25  # 8 actors' CPUs for one GPU: capped at 4
+    assert auto_gpus_per_actor(1, [(4, 2)]) == 0.5  # 4 actors' CPUs over 2 GPUs: 2 a GPU
+    assert auto_gpus_per_actor(2, [(16, 8)]) == 1.0  # 8 actors, 8 GPUs: one each
+    assert auto_gpus_per_actor(4, [(2, 1)]) == 1.0  # not one actor's CPUs: still a whole GPU, not 0
+    # the GPU node with the fewest CPUs a GPU decides; CPU-only nodes do not count
+    assert auto_gpus_per_actor(2, [(128, 0), (16, 1), (4, 1)]) == 0.5
+    assert auto_gpus_per_actor(1, [(3, 1)]) == pytest.approx(1 / 3)
 
 
 def test_assign_clients_balances_samples():

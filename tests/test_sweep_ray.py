@@ -71,6 +71,8 @@ def test_python_m_jobs_sweep_attached_to_a_running_ray_then_resubmitted(ray_sess
         "rounds=1",
         "--set",
         "num_cpus_per_actor=2",
+        "--set",
+        "num_gpus_per_actor=auto",  # the session's node: 4 CPUs, 2 GPUs: a GPU an actor
         "--max-concurrent-runs",
         "1",
         "--verbose",
@@ -78,6 +80,7 @@ def test_python_m_jobs_sweep_attached_to_a_running_ray_then_resubmitted(ray_sess
     p = run(cmd, cwd=ROOT, env={"RAY_ADDRESS": address})
     assert p.returncode == 0, p.stderr
     out = p.stdout
+    assert "num_gpus_per_actor auto: 1 (the Ray cluster has GPUs: 1 client actor(s) of 2 CPU(s) a GPU)" in out
     assert "2 new; to run: 2" in out and "at most 1 runs at once" in out
     # one run at a time gets the whole cluster
     assert "#1 start  lr=0.05  (" in out and "2 actors; 1 running)" in out
@@ -86,7 +89,9 @@ def test_python_m_jobs_sweep_attached_to_a_running_ray_then_resubmitted(ray_sess
 
     again = run(cmd[:-1], cwd=ROOT, env={"RAY_ADDRESS": address})
     assert again.returncode == 0, again.stderr
+    # auto resolves as before on the same cluster: the same run ids, found finished
     assert "2 finished; to run: 0" in again.stdout and "skip" in again.stdout
+    assert {r["num_gpus_per_actor"] for r in load_runs(tmp_path / "out")["config"]} == {1.0}
 
 
 @pytest.mark.parametrize("mode", ["local", "ray"])
