@@ -1,7 +1,10 @@
 """Issue 51 item 5's measurement: `fedray run --address` to a fresh two-node ray.cluster_utils
 cluster, twice, each output line stamped with the seconds since that attempt started.
 
-    python -m scripts.attach_fresh_cluster [NUM_CPUS_PER_ACTOR]    # default 1; the issue saw 2
+    python -m scripts.attach_fresh_cluster [NUM_CPUS_PER_ACTOR] [--head-cpus N] [--no-wait]
+
+NUM_CPUS_PER_ACTOR defaults to 1 (the issue saw 2); --head-cpus: the head node's CPUs (default 2;
+0 as a real cluster's head often is); --no-wait: attach before the worker node has registered.
 
 Reported: the first attach took 105 s (94 s before its first round) and printed the autoscaler's
 "No available node types can fulfill resource request {'CPU': 2.0}" although the actors were
@@ -10,6 +13,7 @@ placed; the second took 28 s; with num_cpus_per_actor 2 a sweep's coordinator di
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -22,11 +26,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> int:
-    cpus = int(sys.argv[1]) if len(sys.argv) > 1 else 1
+    ap = argparse.ArgumentParser(prog="python -m scripts.attach_fresh_cluster")
+    ap.add_argument("cpus", nargs="?", type=int, default=1)
+    ap.add_argument("--head-cpus", type=int, default=2)
+    ap.add_argument("--no-wait", action="store_true")
+    args = ap.parse_args()
+    cpus = args.cpus
     t0 = time.time()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": args.head_cpus})
     cluster.add_node(num_cpus=2)
-    cluster.wait_for_nodes()
+    if not args.no_wait:
+        cluster.wait_for_nodes()
     print(f"cluster up in {time.time() - t0:.1f} s at {cluster.address}", flush=True)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     try:
@@ -45,7 +55,7 @@ def main() -> int:
                 f"num_cpus_per_actor={cpus}",
                 "--output",
                 f"/tmp/attach-fresh-{attempt}",
-                "--restart",
+                "--force",
             ]
             p = subprocess.Popen(
                 cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
