@@ -11,7 +11,8 @@ for each engine: seconds a round (median of the timed rounds), the real sample-s
 samples every local step took, summed) and their rate, the achieved FLOP/s (a training step taken
 as forward + backward, counted by `torch.utils.flop_counter` on one batch) against the device's
 float32 peak where it is known, and ``stacked work: R x the real sample-steps`` (the rows the stacks
-stepped, padding included, over the real ones; 1.00 when no step is padded). Then the speed-up and
+stepped, padding included, over the real ones; 1.00 when no step is padded), and the seconds of
+the round's evaluation after it (what a run records as ``eval_seconds``). Then the speed-up and
 how far the two engines' models are after the first round (largest |difference| over the largest
 parameter). ``--profile N`` adds where one stacked round's time goes, operator by operator
 (torch.profiler). Needs no GPU (``--device cpu``, the default); on a GPU it synchronises before
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     for engine in engines:
         fed = federation(ENGINES[engine])
         state = alg.init(fed, hp)
-        times, samples, rows = [], [], []
+        times, samples, rows, evals = [], [], [], []
         for rnd in range(args.rounds):
             sync()
             t0 = time.perf_counter()
@@ -150,9 +151,14 @@ def main(argv: list[str] | None = None) -> int:
             sync()
             took = time.perf_counter() - t0
             real, stepped = work.take()
+            # the round's evaluation as a run records it (its eval_seconds), timed on its own
+            t1 = time.perf_counter()
+            alg.evaluate(state, fed, hp, rnd)
+            sync()
             if rnd == 0:
                 first_models[engine] = params_of(state)
                 continue
+            evals.append(time.perf_counter() - t1)
             times.append(took)
             samples.append(real)
             rows.append(stepped)
@@ -168,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{rate:,.0f} sample-steps/s   {achieved / 1e12:.3f} TFLOP/s{vs_peak}"
         )
         print(f"{'':10s}  stacked work: {sum(rows) / max(1, sum(samples)):.2f} x the real sample-steps")
+        print(
+            f"{'':10s}  evaluation: {statistics.median(evals):.3f} s a round (global test set, clients' splits)"
+        )
         if args.profile and engine == "batched":
             from torch.profiler import ProfilerActivity, profile
 

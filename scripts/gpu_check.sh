@@ -6,6 +6,7 @@
 #   bash scripts/gpu_check.sh fedrc    # FedRC's budget (about 5 minutes)
 #   bash scripts/gpu_check.sh engines  # the engines' comparison (about 5 minutes)
 #   bash scripts/gpu_check.sh widths   # a stacked call's time against its width (at most 4 minutes)
+#   bash scripts/gpu_check.sh kernels  # the stacked step under each CUDA kernel setting (at most 5 minutes)
 #
 # table (default), the GPU table's issue, each part under its own time limit:
 #   1. the stacked engine's round at the FedConcat paper's budget on Dir(0.1) for FedAvg, FedProx,
@@ -18,6 +19,10 @@
 # widths: scripts/stack_widths.py on the table's cell, 40 to 640 models a stack, grouped convolution
 #   against unfold + matmul, and the balanced (iid) cell beside Dir(0.1): what packing runs and
 #   ragged stacks can gain.
+# kernels: scripts/stack_widths.py on the table's cell at widths 1 and 4 under each kernel setting:
+#   as fedray runs it, without deterministic kernels, with cuDNN's timed algorithm pick, without
+#   channels-last, without TF32: which one the grouped convolutions (1.3-2% of the float32 peak)
+#   are slow under, the next lever for the table's time.
 # engines: per client against stacked for FedAvg (profiled), MOON and FedCat at their papers' budgets.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -46,6 +51,15 @@ if [ "${1:-table}" = widths ]; then
         say "stack_widths ${part#* }"
         # shellcheck disable=SC2086
         timeout ${part%% *} python3 -m scripts.stack_widths $cell --device cuda ${part#* } 2>&1 | tee -a "$log"
+    done
+    exit 0
+fi
+if [ "${1:-table}" = kernels ]; then
+    for part in "" "--set cuda_deterministic=false" "--set cuda_deterministic=false --cudnn-benchmark" \
+        "--set channels_last=false" "--set cuda_tf32=false"; do
+        say "stack_widths --widths 1,4 $part"
+        # shellcheck disable=SC2086
+        timeout 55 python3 -m scripts.stack_widths $cell --device cuda --widths 1,4 $part 2>&1 | tee -a "$log"
     done
     exit 0
 fi

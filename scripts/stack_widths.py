@@ -9,6 +9,11 @@ clients' models in one stack, as W runs packed together would be). The first cal
 warm-up, the second is timed. Prints, for each width: seconds a call, the stack's steps (its
 largest client's), milliseconds a step, and the sample-steps a second.
 
+``--cudnn-benchmark`` lets cuDNN pick its convolution algorithms by timing them (fedray keeps
+that off: the pick is not reproducible); with ``--set cuda_deterministic=false``,
+``--set channels_last=false`` or ``--set cuda_tf32=false`` it measures which kernel setting the
+grouped convolutions are slow under.
+
 ``--conv matmul`` runs the same calls with every ``nn.Conv2d`` computed as unfold and matrix
 product (one batched matmul a layer under vmap) in place of the grouped convolution vmap makes of
 it: which the GPU does faster at which width.
@@ -46,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--widths", default="1,4,16")
     ap.add_argument("--conv", default="grouped", help="grouped, matmul or both (grouped,matmul)")
+    ap.add_argument("--cudnn-benchmark", action="store_true", help="cuDNN picks its algorithms by timing")
     args = ap.parse_args(argv)
     cfg = one_run.picked(args, args.sets)
     if cfg is None:
@@ -64,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     data = build_federated_data(cfg)
     fed = make_local_federation(dataclasses.replace(cfg, batched_clients="on"), data, args.device, 1)[0]
     host = fed.host
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark  # after the host set its own CUDA settings
     clients = [host.client(cid) for cid in host.client_ids]
     params = fed.task.init_models(1)[0]
     bs = cfg.batch_size
@@ -71,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     real = sum(num_steps(n, bs, False) * cfg.local_epochs for n in sizes)
     print(
         f"{cfg.algorithm} cell: {len(clients)} clients, sizes {min(sizes)}-{max(sizes)}, "
-        f"{cfg.local_epochs} epochs of batch {bs}; device {args.device}"
+        f"{cfg.local_epochs} epochs of batch {bs}; device {args.device}; cuda_deterministic "
+        f"{cfg.cuda_deterministic}, cuda_tf32 {cfg.cuda_tf32}, channels_last {cfg.channels_last}, "
+        f"cudnn.benchmark {args.cudnn_benchmark}"
     )
 
     def sync() -> None:
