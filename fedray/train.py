@@ -136,6 +136,8 @@ def _local_steps(
         else torch.as_tensor(np.asarray(update.weights), dtype=torch.float32, device=client.device)
     )
     epochs = client.task.local_epochs if update.epochs is None else update.epochs
+    # each step's loss and hits stay on the device, read once at the end: no wait for a GPU a step
+    ces, hits, sizes = [], [], []
     for epoch in range(epochs):
         if batches is not None:
             epoch_batches = batches(epoch)
@@ -151,11 +153,15 @@ def _local_steps(
             opt.step()
             if after_step is not None:
                 after_step()
-            n = len(y)
             stats.steps += 1
+            sizes.append(len(y))
+            ces.append(step.ce.detach().reshape(()))
+            hits.append((step.logits.detach().argmax(1) == y).sum())
+    if sizes:
+        for n, ce, hit in zip(sizes, torch.stack(ces).tolist(), torch.stack(hits).tolist(), strict=True):
             stats.samples += n
-            stats.loss_sum += float(step.ce.detach()) * n
-            stats.correct += int((step.logits.detach().argmax(1) == y).sum())
+            stats.loss_sum += ce * n
+            stats.correct += hit
     return stats
 
 
@@ -218,16 +224,25 @@ def eval_feature_batches(
 def evaluate_batches(
     model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]
 ) -> list[EvalStats]:
-    """Accuracy (argmax match) and summed cross-entropy per batch, in eval mode."""
+    """Accuracy (argmax match) and summed cross-entropy per batch, in eval mode. The per-batch sums
+    stay on the device until every batch is queued: one wait for a GPU, not two a batch."""
     was_training = model.training
     model.eval()
-    out = []
+    sizes, losses, correct = [], [], []
     for x, y in batches:
         logits = model(x)
-        loss = float(nn.functional.cross_entropy(logits, y, reduction="sum"))
-        out.append(EvalStats(len(y), loss, int((logits.argmax(1) == y).sum())))
+        sizes.append(len(y))
+        losses.append(nn.functional.cross_entropy(logits, y, reduction="sum"))
+        correct.append((logits.argmax(1) == y).sum())
     model.train(was_training)
-    return out
+    if not sizes:
+        return []
+    return [
+        EvalStats(n, loss, hits)
+        for n, loss, hits in zip(
+            sizes, torch.stack(losses).tolist(), torch.stack(correct).tolist(), strict=True
+        )
+    ]
 
 
 def total(parts: Iterable[EvalStats]) -> EvalStats:
@@ -251,12 +266,6 @@ def sample_losses(client: Client, models: list[Params], batches) -> np.ndarray:
     for params in models:
         model = client.model(params)
         model.eval()
-        out.append(
-            np.concatenate(
-                [
-                    torch.nn.functional.cross_entropy(model(x), y, reduction="none").cpu().numpy()
-                    for x, y in batches()
-                ]
-            )
-        )
+        losses = [torch.nn.functional.cross_entropy(model(x), y, reduction="none") for x, y in batches()]
+        out.append(torch.cat(losses).cpu().numpy())  # one copy (one wait for a GPU) a model
     return np.stack(out).astype(np.float64)

@@ -45,7 +45,7 @@ def encoded(
     )
     net.eval()
     with torch.no_grad():
-        return np.concatenate([net.encoder(x).cpu().numpy() for x, _ in batches])
+        return torch.cat([net.encoder(x) for x, _ in batches]).cpu().numpy()  # one copy from a GPU
 
 
 def classifier_update(client: Client, cstate: dict, msg: dict):

@@ -70,11 +70,11 @@ def inferred_distribution(client: Client, model: torch.nn.Module, n: int) -> np.
     """Eq. F2: the mean softmax of ``model`` over ``n`` random inputs, drawn from (seed, client)."""
     gen = seeding.torch_generator(client.task.seed, "random_inputs", client.cid)
     model.eval()
-    total = torch.zeros(client.task.spec.num_classes, dtype=torch.float64)
+    total = torch.zeros(client.task.spec.num_classes, dtype=torch.float64, device=client.device)
     for start in range(0, n, BATCH):
         x = client.task.layout(client.task.spec.random_inputs(min(BATCH, n - start), gen)).to(client.device)
-        total += torch.softmax(model(x), dim=1).sum(dim=0).double().cpu()
-    return (total / n).numpy()
+        total += torch.softmax(model(x), dim=1).sum(dim=0).double()
+    return (total / n).cpu().numpy()  # float64 sums are the same on either device; one copy back
 
 
 def train_and_infer(client: Client, cstate: Any, msg: dict):

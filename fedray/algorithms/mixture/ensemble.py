@@ -35,11 +35,11 @@ def ensemble_eval(client: Client, state: ClientMixture, models: list[Params], ha
         model.eval()
         out = []
         for x, y in batches():
-            out.append(torch.softmax(model(x), 1).cpu().numpy())
+            out.append(torch.softmax(model(x), 1))
             if not probas:  # the labels once, from the first model's pass
-                labels.append(y.cpu().numpy())
-        probas.append(np.concatenate(out))
-    ys = np.concatenate(labels)
+                labels.append(y)
+        probas.append(torch.cat(out).cpu().numpy())  # one copy (one wait for a GPU) a model
+    ys = torch.cat(labels).cpu().numpy()
     p = mixture.ensemble_proba(np.stack(probas), state.omega, hard)
     return {
         "correct": int((p.argmax(1) == ys).sum()),
