@@ -211,27 +211,47 @@ class Client:
         x = self.task.layout(self.task.spec.to_tensor(self._data.x[self.train_idx]))
         return x, torch.from_numpy(self._data.y[self.train_idx])
 
+    def test_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole test split as host tensors (inputs, labels), in order: the values `test_batches`
+        gives, batch by batch."""
+        x = self.task.layout(self.task.spec.to_tensor(self._data.x[self.test_idx]))
+        return x, torch.from_numpy(self._data.y[self.test_idx])
+
     def device_train_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """`train_tensors` on the client's device. On CUDA they are kept on the device across
-        calls (a host's clients' splits, up to a quarter of the device's memory left when the first
-        is kept), so batched training does not convert and move them again every round."""
+        calls (`_kept_on_device`), so batched training does not convert and move them again every
+        round."""
         if self.device.type != "cuda":
             return tuple(t.to(self.device) for t in self.train_tensors())
-        kept = self.kept_train_tensors()
+        return self._kept_on_device(("train_tensors", self.cid), self.train_tensors)
+
+    def _kept_on_device(
+        self, key: tuple, make: Callable[[], tuple[torch.Tensor, torch.Tensor]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``make()``'s tensors on the device, kept under ``key`` across calls while the host's kept
+        splits (training and test) fit a quarter of the device's memory left when the first was
+        kept; past that, moved for this call only."""
+        kept = self._model_cache.get(key)
         if kept is None:
-            kept = tuple(t.to(self.device) for t in self.train_tensors())
+            kept = tuple(t.to(self.device) for t in make())
             size = sum(t.numel() * t.element_size() for t in kept)
             budget = self._model_cache.setdefault(
                 ("train_tensors_budget",), [torch.cuda.mem_get_info(self.device)[0] // 4]
             )
             if size <= budget[0]:
                 budget[0] -= size
-                self._model_cache[("train_tensors", self.cid)] = kept
+                self._model_cache[key] = kept
         return kept
 
     def kept_train_tensors(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The copy of the training split `device_train_tensors` keeps on the device, if it keeps one."""
         return self._model_cache.get(("train_tensors", self.cid))
+
+    def _test_key(self) -> tuple:
+        """Where the test split's device copy is kept: a client's own, or a global test shard's
+        range (every shard is the same client id)."""
+        first = int(self.test_idx[0]) if len(self.test_idx) else 0
+        return ("test_tensors", self.cid, first, len(self.test_idx))
 
     def train_order(self, rnd: int, epoch: int) -> np.ndarray:
         """Positions into the training split in this epoch's shuffled order, drawn from (seed,
@@ -252,14 +272,27 @@ class Client:
         kept = self.kept_train_tensors()
         if kept is None:
             yield from iterate(self._data, self.train_idx, self.task, self.device)
-            return
+        else:
+            yield from self._slices(kept)
+
+    def test_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The test split in order (a global test shard's samples, for the shard). On CUDA the split
+        is kept on the device (`_kept_on_device`) and its batches are slices of that copy: the same
+        values, converted and moved from the host once, not every evaluation."""
+        kept = self._model_cache.get(self._test_key())
+        if kept is None and self.device.type == "cuda" and len(self.test_idx):
+            kept = self._kept_on_device(self._test_key(), self.test_tensors)
+        if kept is None:
+            yield from iterate(self._data, self.test_idx, self.task, self.device)
+        else:
+            yield from self._slices(kept)
+
+    def _slices(self, kept: tuple[torch.Tensor, torch.Tensor]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """A split kept on the device in `iterate`'s batches (``eval_batch_size`` at a time)."""
         x, y = kept
         bs = self.task.eval_batch_size
         for start in range(0, len(y), bs):
             yield x[start : start + bs], y[start : start + bs]
-
-    def test_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        yield from iterate(self._data, self.test_idx, self.task, self.device)
 
 
 def num_steps(samples: int, batch_size: int, drop_last: bool = False) -> int:

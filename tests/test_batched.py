@@ -209,6 +209,45 @@ def test_evaluation_on_a_split_kept_on_the_device_gives_the_hosts_batches():
     assert evaluate(model, client.eval_train_batches()) == before
 
 
+def test_a_test_split_kept_on_the_device_gives_the_hosts_batches_for_clients_and_test_shards():
+    # On CUDA a client's test split, and each global test shard, is kept on the device after its
+    # first evaluation. Played here by keeping them as CUDA would: the host path's values, bit for bit.
+    from fedray.client import Client, iterate
+    from fedray.evaluation import eval_batches
+    from fedray.federation import TEST_SHARD
+    from fedray.train import evaluate
+
+    base = _host()
+    task = dataclasses.replace(base.task, eval_batch_size=8)
+    g = np.random.default_rng(1)
+    test = ArrayDataset(g.random((45, 3, 6, 6)).astype(np.float32), g.integers(0, 4, 45))
+    own = {0: ClientIndices(np.arange(0, 30), np.arange(30, 50))}  # a client with its own test split
+    host = ClientHost(task, base._data, own, test=test)
+    client = host.client(0)
+    model = client.model(_starts(host, 1)[0])
+    from_host = list(iterate(client._data, client.test_idx, task, client.device))
+    before = evaluate(model, client.test_batches())
+    stored = host._model_cache[client._test_key()] = client.test_tensors()
+    kept = list(client.test_batches())
+    # slices of the kept copy, not batches made again from the host's arrays
+    assert all(x.untyped_storage().data_ptr() == stored[0].untyped_storage().data_ptr() for x, _ in kept)
+    assert [len(y) for _, y in kept] == [len(y) for _, y in from_host] == [8, 8, 4]
+    for (xa, ya), (xb, yb) in zip(kept, from_host, strict=True):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert evaluate(model, client.test_batches()) == before
+    # global test shards: a copy each, by its range
+    msg = {"params": _starts(host, 1)[0]}
+    shards = [(0, 20), (20, 45)]
+    plain = [host.run_test(eval_batches, a, b, msg) for a, b in shards]
+    for a, b in shards:
+        shard = Client(
+            TEST_SHARD, task, test, np.zeros(0, np.int64), np.arange(a, b), client.device, host._model_cache
+        )
+        host._model_cache[shard._test_key()] = shard.test_tensors()
+    assert sum(k[:2] == ("test_tensors", TEST_SHARD) for k in host._model_cache) == 2
+    assert [host.run_test(eval_batches, a, b, msg) for a, b in shards] == plain
+
+
 def test_updates_of_different_shapes_have_different_signatures():
     host = _host()
     s = _starts(host, 1)[0]
