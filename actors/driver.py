@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors.coordinator import Coordinator
@@ -67,8 +69,9 @@ def connect(address: str | None = None, plugins: Sequence[str] = ()) -> bool:
     that does not answer within `CONNECT_TIMEOUT_S` is an error naming it (a stale cluster found on
     this machine is passed over for a local Ray, with a warning), not minutes of Ray's retries.
 
-    The plug-ins' files and packages go with the job to every node (Ray's ``py_modules``); with a
-    Ray already initialised in this process they must be on the nodes' paths already."""
+    The job's workers (the coordinator, the client actors) run at normal priority and the
+    plug-ins' files and packages go with the job to every node (`job_runtime_env`); with a Ray
+    already initialised in this process the caller's ``ray.init`` decides both."""
     if ray.is_initialized():
         return False
     given = address or os.environ.get("RAY_ADDRESS") or None
@@ -91,7 +94,7 @@ def connect(address: str | None = None, plugins: Sequence[str] = ()) -> bool:
             given = "local"
     address = given if given != "local" else None
     fresh = given == "local"
-    env = {"runtime_env": {"py_modules": shipped}} if (shipped := py_modules(plugins)) else {}
+    env = {"runtime_env": job_runtime_env(plugins)}
     # ray.init replaces the driver's SIGTERM handler with one that exits at once (status 15, no
     # cleanup); keep the caller's (the CLI's stops the run as Ctrl-C does).
     main = threading.current_thread() is threading.main_thread()
@@ -111,6 +114,28 @@ def connect(address: str | None = None, plugins: Sequence[str] = ()) -> bool:
     finally:
         if sigterm is not None:
             signal.signal(signal.SIGTERM, sigterm)
+
+
+# Ray starts its workers at niceness 15, so that they never slow its own processes. fedray's workers
+# are the job's whole work: at 15, any other busy process on a node (a notebook, another user's
+# job, a test suite) leaves them a few percent of a core (measured on a 2-core machine with three
+# busy loops beside it: two client actors took 240 s to import torch and start, 10 s at 0). Ray's own
+# job supervisor runs at 0 the same way (the variable in its runtime_env).
+WORKER_NICENESS = {"RAY_worker_niceness": "0"}
+
+
+def job_runtime_env(plugins: Sequence[str] = ()) -> dict[str, Any]:
+    """The runtime_env fedray's job connects with: its workers at normal priority (unless the
+    job's submitter set their niceness: `ray job submit --runtime-env-json`), and the plug-ins'
+    files and packages for every node (``py_modules``)."""
+    submitted = json.loads(os.environ.get(RAY_JOB_CONFIG_JSON_ENV_VAR) or "{}").get("runtime_env") or {}
+    given = submitted.get("env_vars") or {}
+    env: dict[str, Any] = {"env_vars": {k: v for k, v in WORKER_NICENESS.items() if k not in given}}
+    if not env["env_vars"]:
+        del env["env_vars"]
+    if shipped := py_modules(plugins):
+        env["py_modules"] = shipped
+    return env
 
 
 # A Ray fedray starts for one run has what the run needs and no more: no dashboard, and no metrics

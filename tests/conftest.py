@@ -51,7 +51,16 @@ def _ray():
         os.environ.setdefault("RAY_DEDUP_LOGS", "0")
         # address="local": always a private Ray, even where a developer's `ray start` cluster (or
         # RAY_ADDRESS) would otherwise be joined, and asking it for logical CPUs/GPUs would fail.
-        ray.init(address="local", num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False)
+        from actors.driver import job_runtime_env
+
+        ray.init(
+            address="local",
+            num_cpus=4,
+            num_gpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env=job_runtime_env(),  # the workers at normal priority, as fedray's own connect
+        )
     yield ray
     ray.shutdown()
 

@@ -27,12 +27,13 @@ listening = [
 ]
 token = Path.home() / ".ray" / "auth_token"
 mode = stat.S_IMODE(token.stat().st_mode) if token.exists() else None
+niceness = ray.get(ray.remote(num_cpus=0)(lambda: os.nice(0)).remote())
 ray.shutdown()
-print(json.dumps({"listening": listening, "token_mode": mode}))
+print(json.dumps({"listening": listening, "token_mode": mode, "worker_niceness": niceness}))
 """
 
 
-def test_a_private_ray_exports_no_metrics_and_keeps_its_token_to_its_owner_quietly():
+def test_a_private_ray_exports_no_metrics_keeps_its_token_to_its_owner_and_its_workers_at_normal_priority():
     # Before: the metrics agent listened on 0.0.0.0 and answered without Ray's token, and
     # ~/.ray/auth_token was readable by every user of the machine (0644).
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
@@ -50,3 +51,20 @@ def test_a_private_ray_exports_no_metrics_and_keeps_its_token_to_its_owner_quiet
     agent = [s for s in got["listening"] if s[0] == "0.0.0.0" and s[2] == "ray::DashboardAgent"]
     assert not agent, got["listening"]
     assert got["token_mode"] in (None, 0o600), oct(got["token_mode"])
+    # Ray's default niceness for workers is 15: then any busy process beside them took the run's
+    # actors minutes to start (issue: attaching took 105 s on a busy machine)
+    assert got["worker_niceness"] == 0
+
+
+def test_the_jobs_workers_run_at_normal_priority_unless_its_submitter_said_otherwise(monkeypatch):
+    from actors.driver import job_runtime_env
+
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
+    assert job_runtime_env() == {"env_vars": {"RAY_worker_niceness": "0"}}
+    # under `ray job submit --runtime-env-json '{"env_vars": {"RAY_worker_niceness": "10"}}'` the
+    # job's own setting stands (and ray.init would refuse the two as a conflict)
+    submitted = {"runtime_env": {"env_vars": {"RAY_worker_niceness": "10"}, "working_dir": "x"}}
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(submitted))
+    assert job_runtime_env() == {}
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": {"working_dir": "x"}}))
+    assert job_runtime_env() == {"env_vars": {"RAY_worker_niceness": "0"}}

@@ -27,7 +27,8 @@ from tests.helpers import count_calls
 cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})  # the head hosts only the coordinator
 workers = [cluster.add_node(num_cpus=1, num_gpus=1) for _ in range(3)]
 cluster.wait_for_nodes()
-ray.init(address=cluster.address)
+from actors.driver import job_runtime_env
+ray.init(address=cluster.address, runtime_env=job_runtime_env())
 out = Path(tempfile.mkdtemp())
 cfg = small_config(out, num_gpus_per_actor=0.5, num_clients=6)
 fed = RayFederation(cfg, build_federated_data(cfg))
@@ -66,7 +67,7 @@ from actors.driver import RunHandle, stream_run
 from fedray.experiment import Recovered, RoundDone, Started
 from fedray.validation import from_dict
 ray.shutdown()
-ray.init(address=cluster.address, log_to_driver=False)
+ray.init(address=cluster.address, log_to_driver=False, runtime_env=job_runtime_env())
 cfg = from_dict(json.loads(sys.argv[1]))
 handle, seen, removed = RunHandle(), [], None
 left = [w for w in workers if w.node_id != victim]
