@@ -333,6 +333,25 @@ def _off_and_on_agree(tmp_path, over):
     assert calls["off"] == 0 and calls["on"] > 0
 
 
+@pytest.mark.parametrize("name", ["fedem", "fedrc"])
+def test_a_mixture_rounds_participants_train_in_one_stack_not_one_client_a_call(tmp_path, monkeypatch, name):
+    # FedEM and FedRC fold each reply as it arrives (300 clients x 3 models would be gigabytes at
+    # once); a worker still takes its clients fold_chunk at a time, so where it trains batched their
+    # K models train together: here the 4 participants' K models, one stack a round.
+    widths = []
+    real = batched.train_stacked
+
+    def counted(clients, updates, fixed=None):
+        widths.append(len(updates))
+        return real(clients, updates, fixed)
+
+    monkeypatch.setattr(batched, "train_stacked", counted)
+    cfg = small_config(tmp_path, batched_clients="on", **{**BASE, **ALL[name]})
+    list(execute(cfg, make_local_federation))
+    k = ALL[name]["hp"]["num_clusters"]
+    assert widths == [4 * k] * cfg.rounds  # one client a call was 4 stacks of K a round
+
+
 def test_auto_trains_one_client_at_a_time_on_the_cpu_and_on_means_on(tmp_path):
     cfg = small_config(tmp_path, model="mlp")
     host = _host()
