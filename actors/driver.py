@@ -293,6 +293,14 @@ def _actors_that_fit(cfg: Config, before: int) -> int:
     return max(1, min(before, slots)) if before else max(1, slots)
 
 
+def unused_gpus(gpus: float) -> str:
+    """What a run or sweep that asks for no GPU on a cluster that has some says."""
+    return (
+        f"the Ray cluster has {gpus:g} GPU(s) and num_gpus_per_actor is 0: client actors train on CPUs "
+        "(num_gpus_per_actor: auto shares the GPUs between them)"
+    )
+
+
 def disconnect() -> None:
     """Stop the Ray this process started (`connect` returned True) when no run follows."""
     ray.shutdown()
@@ -318,6 +326,8 @@ def run_on_ray(
         started = connect(address, cfg.plugins)
     try:
         cfg = cfg.with_gpus(auto_gpus(cfg.num_cpus_per_actor)) if cfg.gpus_auto else cfg
+        if cfg.num_gpus_per_actor == 0 and (gpus := ray.cluster_resources().get("GPU", 0.0)) > 0:
+            logging.getLogger("fedray").warning("fedray: %s", unused_gpus(gpus))
         yield from stream_run(cfg, restart=restart, fixed=started)
     finally:
         if started:

@@ -73,5 +73,8 @@ def test_jobs_run_attaches_to_a_running_ray(ray_session, tmp_path):
     )
     assert p.returncode == 0, p.stderr
     assert "2 actors on 1 node(s)" in p.stdout and "done: final accuracy" in p.stdout
+    # the session's 2 (logical) GPUs go unused by a config that asks for none: said once
+    assert "fedray: the Ray cluster has 2 GPU(s) and num_gpus_per_actor is 0" in p.stderr
+    assert "num_gpus_per_actor: auto shares the GPUs" in p.stderr
     runs = pd.read_parquet(out / "runs")
     assert runs["status"].tolist() == ["finished"]

@@ -115,7 +115,9 @@ def test_ctrl_c_stops_the_sweep_cleanly_and_frees_what_it_held(ray_session, tmp_
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint
     )
     deadline = time.monotonic() + 120
+    seen = []
     for line in p.stdout:  # wait until a run is training
+        seen.append(line)
         if " round " in line or time.monotonic() > deadline:
             break
     p.send_signal(signal.SIGINT)
@@ -132,6 +134,9 @@ def test_ctrl_c_stops_the_sweep_cleanly_and_frees_what_it_held(ray_session, tmp_
     # the stream close first, or its coordinator is killed first and the run reads as interrupted
     # (its writer's lock is gone): the same either way, and a re-submission runs it again
     assert states[0] == "interrupted"
+    # on Ray, the session's (logical) GPUs that the sweep leaves unused are said once, before it runs
+    hint = "the Ray cluster has 2 GPU(s) and num_gpus_per_actor is 0"
+    assert sum(hint in line for line in seen) == (mode == "ray"), seen
     if mode == "ray":
         for _ in range(50):
             if ray_session.available_resources().get("CPU") == 4:
