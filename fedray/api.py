@@ -271,12 +271,22 @@ def sweep(
     sw, launcher, said = resolve_sweep_gpus(sw, local, address)
     for line in [] if quiet else said:
         print(line, flush=True)
-    planned = plan(sw, force=force)
+    try:
+        planned = plan(sw, force=force)
+    except BaseException:
+        if launcher is not None:
+            launcher.close()
+        raise
     todo = [replace(p.run, restart=p.state == "finished") for p in planned if p.action == "run"]
     if not todo and launcher is not None:
         launcher.close()
     if todo:
         launcher = launcher or sweep_launcher(sw, local, address)
+        if not (local or quiet) and (gpus := launcher.resources().get("GPU", 0)) > 0:
+            if any(r.config.num_gpus_per_actor == 0 for r in todo):
+                from actors.driver import unused_gpus
+
+                print(unused_gpus(gpus), flush=True)
         limit = sw.max_concurrent_runs if max_concurrent_runs is None else max_concurrent_runs
         shown = progress.SweepProgress(len(todo), local, verbose)
         evs = run_sweep(todo, launcher, limit)

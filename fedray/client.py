@@ -6,6 +6,7 @@ Client work is a module-level function ``fn(client, cstate, msg) -> (reply, new_
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field, fields
 from functools import partial
@@ -219,28 +220,35 @@ class Client:
 
     def device_train_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """`train_tensors` on the client's device. On CUDA they are kept on the device across
-        calls (`_kept_on_device`), so batched training does not convert and move them again every
-        round."""
-        if self.device.type != "cuda":
-            return tuple(t.to(self.device) for t in self.train_tensors())
-        return self._kept_on_device(("train_tensors", self.cid), self.train_tensors)
+        calls (`_kept_on_device`, a quarter of the free memory for the host's training splits), so
+        batched training does not convert and move them again every round."""
+        kept = None
+        if self.device.type == "cuda":
+            kept = self._kept_on_device(("train_tensors", self.cid), self.train_idx, self.train_tensors)
+        return kept if kept is not None else tuple(t.to(self.device) for t in self.train_tensors())
 
     def _kept_on_device(
-        self, key: tuple, make: Callable[[], tuple[torch.Tensor, torch.Tensor]]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``make()``'s tensors on the device, kept under ``key`` across calls while the host's kept
-        splits (training and test) fit a quarter of the device's memory left when the first was
-        kept; past that, moved for this call only."""
+        self,
+        key: tuple,
+        idx: np.ndarray,
+        make: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+        share: int = 4,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``make()``'s tensors (inputs and labels of the samples ``idx``) on the device, kept under
+        ``key`` across calls while the host's kept copies of their kind (``key[0]``: training or
+        test splits) fit 1/``share`` of the device's memory left when the first was kept. None where
+        they would not fit: then nothing is made or moved."""
         kept = self._model_cache.get(key)
-        if kept is None:
-            kept = tuple(t.to(self.device) for t in make())
-            size = sum(t.numel() * t.element_size() for t in kept)
-            budget = self._model_cache.setdefault(
-                ("train_tensors_budget",), [torch.cuda.mem_get_info(self.device)[0] // 4]
-            )
-            if size <= budget[0]:
-                budget[0] -= size
-                self._model_cache[key] = kept
+        if kept is not None:
+            return kept
+        size = len(idx) * (4 * math.prod(self.task.spec.input_shape) + 8)  # float32 inputs, int64 labels
+        budget = self._model_cache.setdefault(
+            (f"{key[0]}_budget",), [torch.cuda.mem_get_info(self.device)[0] // share]
+        )
+        if size > budget[0]:
+            return None
+        budget[0] -= size
+        kept = self._model_cache[key] = tuple(t.to(self.device) for t in make())
         return kept
 
     def kept_train_tensors(self) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -281,7 +289,9 @@ class Client:
         values, converted and moved from the host once, not every evaluation."""
         kept = self._model_cache.get(self._test_key())
         if kept is None and self.device.type == "cuda" and len(self.test_idx):
-            kept = self._kept_on_device(self._test_key(), self.test_tensors)
+            # their own budget (an eighth of the free memory), so test splits never crowd out the
+            # training splits batched training keeps; past it, batch by batch from the host as before
+            kept = self._kept_on_device(self._test_key(), self.test_idx, self.test_tensors, share=8)
         if kept is None:
             yield from iterate(self._data, self.test_idx, self.task, self.device)
         else:

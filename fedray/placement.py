@@ -42,14 +42,15 @@ def auto_gpus_per_actor(cpus_per_actor: float, nodes: Iterable[tuple[float, floa
     """What ``num_gpus_per_actor: auto`` resolves to on a cluster whose live nodes have these (CPUs,
     GPUs): 0 when no node has a GPU (client actors run on CPUs); else ``1 / k``, each GPU shared by
     k actors: as many as a GPU node's CPUs hold for one GPU (``num_cpus_per_actor`` each), at least
-    1 and at most `AUTO_ACTORS_PER_GPU`, the least over the GPU nodes (so every GPU node can hold
-    its share). 16 CPUs and 1 GPU at 2 CPUs an actor: 0.25; 16 CPUs and 8 GPUs: 1.0."""
+    1 and at most `AUTO_ACTORS_PER_GPU`, the least over the GPU nodes that can hold an actor at all
+    (so every such node can hold its share). 16 CPUs and 1 GPU at 2 CPUs an actor: 0.25; 16 CPUs
+    and 8 GPUs: 1.0."""
     shares = [
-        max(1, min(AUTO_ACTORS_PER_GPU, math.floor(cpus / cpus_per_actor / gpus + _EPS)))
+        min(AUTO_ACTORS_PER_GPU, math.floor(cpus / cpus_per_actor / gpus + _EPS))
         for cpus, gpus in nodes
-        if gpus >= 1
+        if gpus >= 1 and cpus >= cpus_per_actor - _EPS  # a node that holds no actor decides nothing
     ]
-    return 1.0 / min(shares) if shares else 0.0
+    return 1.0 / max(1, min(shares)) if shares else 0.0
 
 
 def actor_slots(cpus_per_actor: float, gpus_per_actor: float, cpus: float, gpus: float) -> int:

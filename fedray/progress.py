@@ -42,7 +42,10 @@ def auto_gpus_line(share: float, cpus_per_actor: float, local: bool = False) -> 
     if local:
         return "num_gpus_per_actor auto: 0 (in this process, --local: client training on the CPU)"
     if share == 0:
-        return "num_gpus_per_actor auto: 0 (no GPU in the Ray cluster: client actors train on CPUs)"
+        return (
+            f"num_gpus_per_actor auto: 0 (no GPU node of the Ray cluster holds a client actor of "
+            f"{cpus_per_actor:g} CPU(s): client actors train on CPUs)"
+        )
     per_gpu = round(1 / share)
     return (
         f"num_gpus_per_actor auto: {share:g} (the Ray cluster has GPUs: {per_gpu} client actor(s) of "

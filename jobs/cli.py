@@ -74,10 +74,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ConnectionError as e:  # no Ray to resolve num_gpus_per_actor: auto on
         print(f"fedray: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except Exception as e:  # noqa: BLE001 - Ray's start, a plug-in shipped with the job: said, not a traceback
+        print(f"fedray: error: attaching to Ray: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_FAILED
     if said and not args.quiet:
         print(said, flush=True)
     run_id = cfg.run_id()
     state = run_state(cfg.output, run_id)
+    if started and (state == "running" or state == "finished" and not args.force):
+        # nothing runs: Ray was started only to resolve auto
+        from actors.driver import disconnect
+
+        disconnect()
     if state == "running":
         print(
             f"fedray: error: run {run_id} is being written into {cfg.output}/ by another live process",

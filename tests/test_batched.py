@@ -248,6 +248,28 @@ def test_a_test_split_kept_on_the_device_gives_the_hosts_batches_for_clients_and
     assert [host.run_test(eval_batches, a, b, msg) for a, b in shards] == plain
 
 
+def test_splits_are_kept_on_the_device_within_their_budget_and_past_it_nothing_is_moved(monkeypatch):
+    # The budget (a share of the device's free memory when the first split is kept) is counted per
+    # kind: test splits never crowd out training splits, and a split past it is neither made nor moved.
+    host = _host(sizes=(37, 64, 5))
+    a, b = host.client(0), host.client(1)
+    per_sample = 4 * 3 * 6 * 6 + 8  # float32 3x6x6 inputs, an int64 label
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (8 * 100 * per_sample, 1 << 40))
+    made = []
+
+    def make(client):
+        return lambda: made.append(client.cid) or client.train_tensors()
+
+    key = lambda c: ("train_tensors", c.cid)  # noqa: E731
+    assert a._kept_on_device(key(a), a.train_idx, make(a), share=8) is not None  # 37 of 100 samples
+    assert b._kept_on_device(key(b), b.train_idx, make(b), share=8) is None  # 64 more: past it
+    assert made == [0] and key(b) not in host._model_cache
+    assert host._model_cache[("train_tensors_budget",)] == [(100 - 37) * per_sample]
+    # test splits count against their own budget
+    assert b._kept_on_device(("test_tensors", 1, 0, 64), b.train_idx, make(b), share=8) is not None
+    assert made == [0, 1]
+
+
 def test_updates_of_different_shapes_have_different_signatures():
     host = _host()
     s = _starts(host, 1)[0]

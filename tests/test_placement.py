@@ -33,7 +33,10 @@ def test_auto_gpus_share_each_gpu_between_the_actors_its_nodes_cpus_hold_at_most
     assert auto_gpus_per_actor(2, [(16, 1)]) == 0.25  # 8 actors' CPUs for one GPU: capped at 4
     assert auto_gpus_per_actor(1, [(4, 2)]) == 0.5  # 4 actors' CPUs over 2 GPUs: 2 a GPU
     assert auto_gpus_per_actor(2, [(16, 8)]) == 1.0  # 8 actors, 8 GPUs: one each
-    assert auto_gpus_per_actor(4, [(2, 1)]) == 1.0  # not one actor's CPUs: still a whole GPU, not 0
+    assert auto_gpus_per_actor(2, [(3, 2)]) == 1.0  # one actor's CPUs for two GPUs: still a whole GPU
+    assert auto_gpus_per_actor(4, [(2, 1)]) == 0.0  # no GPU node can hold an actor: as without GPUs
+    # a GPU head started with --num-cpus=0 holds no actor: it does not force a GPU an actor elsewhere
+    assert auto_gpus_per_actor(1, [(0, 1), (16, 1)]) == 0.25
     # the GPU node with the fewest CPUs a GPU decides; CPU-only nodes do not count
     assert auto_gpus_per_actor(2, [(128, 0), (16, 1), (4, 1)]) == 0.5
     assert auto_gpus_per_actor(1, [(3, 1)]) == pytest.approx(1 / 3)
