@@ -306,6 +306,11 @@ def disconnect() -> None:
     ray.shutdown()
 
 
+def cluster_gpus() -> float:
+    """The GPUs of the connected Ray cluster."""
+    return ray.cluster_resources().get("GPU", 0.0)
+
+
 def auto_gpus(cpus_per_actor: float) -> float:
     """What ``num_gpus_per_actor: auto`` resolves to on the connected Ray: its live nodes' CPUs and
     GPUs (`fedray.placement.auto_gpus_per_actor`)."""
@@ -326,7 +331,7 @@ def run_on_ray(
         started = connect(address, cfg.plugins)
     try:
         cfg = cfg.with_gpus(auto_gpus(cfg.num_cpus_per_actor)) if cfg.gpus_auto else cfg
-        if cfg.num_gpus_per_actor == 0 and (gpus := ray.cluster_resources().get("GPU", 0.0)) > 0:
+        if cfg.num_gpus_per_actor == 0 and (gpus := cluster_gpus()) > 0:
             logging.getLogger("fedray").warning("fedray: %s", unused_gpus(gpus))
         yield from stream_run(cfg, restart=restart, fixed=started)
     finally:

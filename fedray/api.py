@@ -122,11 +122,12 @@ def resolve_gpus(
         return cfg, None, None
     if local:
         return cfg.with_gpus(0.0), None, progress.auto_gpus_line(0.0, cfg.num_cpus_per_actor, local=True)
-    from actors.driver import auto_gpus, connect
+    from actors.driver import auto_gpus, cluster_gpus, connect
 
     started = connect(address, cfg.plugins)
     share = auto_gpus(cfg.num_cpus_per_actor)
-    return cfg.with_gpus(share), started, progress.auto_gpus_line(share, cfg.num_cpus_per_actor)
+    said = progress.auto_gpus_line(share, cfg.num_cpus_per_actor, cluster_gpus=cluster_gpus())
+    return cfg.with_gpus(share), started, said
 
 
 def sweep_launcher(sw: Any, local: bool = False, address: str | None = None) -> Any:
@@ -154,11 +155,12 @@ def resolve_sweep_gpus(
     if local:
         resolved, chosen = sw.with_gpus(lambda cpus: 0.0)
         return resolved, None, [progress.auto_gpus_line(0.0, 0.0, local=True)]
-    from actors.driver import auto_gpus
+    from actors.driver import auto_gpus, cluster_gpus
 
     launcher = sweep_launcher(sw, local, address)
     resolved, chosen = sw.with_gpus(auto_gpus)
-    return resolved, launcher, [progress.auto_gpus_line(share, cpus) for cpus, share in chosen.items()]
+    gpus = cluster_gpus()
+    return resolved, launcher, [progress.auto_gpus_line(s, c, cluster_gpus=gpus) for c, s in chosen.items()]
 
 
 def events(

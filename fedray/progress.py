@@ -37,10 +37,14 @@ def recovered_line(ev: Any) -> str:
     )
 
 
-def auto_gpus_line(share: float, cpus_per_actor: float, local: bool = False) -> str:
+def auto_gpus_line(
+    share: float, cpus_per_actor: float, local: bool = False, cluster_gpus: float = 0.0
+) -> str:
     """What ``num_gpus_per_actor: auto`` resolved to, said once for a run (a sweep: per CPU count)."""
     if local:
         return "num_gpus_per_actor auto: 0 (in this process, --local: client training on the CPU)"
+    if share == 0 and cluster_gpus == 0:
+        return "num_gpus_per_actor auto: 0 (no GPU in the Ray cluster: client actors train on CPUs)"
     if share == 0:
         return (
             f"num_gpus_per_actor auto: 0 (no GPU node of the Ray cluster holds a client actor of "

@@ -42,6 +42,21 @@ def test_auto_gpus_share_each_gpu_between_the_actors_its_nodes_cpus_hold_at_most
     assert auto_gpus_per_actor(1, [(3, 1)]) == pytest.approx(1 / 3)
 
 
+def test_what_auto_chose_is_said_with_why():
+    from fedray.progress import auto_gpus_line
+
+    assert auto_gpus_line(0.0, 1, local=True).endswith(
+        "(in this process, --local: client training on the CPU)"
+    )
+    assert "0 (no GPU in the Ray cluster: client actors train on CPUs)" in auto_gpus_line(0.0, 1)
+    assert "0 (no GPU node of the Ray cluster holds a client actor of 4 CPU(s)" in auto_gpus_line(
+        0.0, 4, cluster_gpus=1
+    )
+    assert auto_gpus_line(0.25, 2, cluster_gpus=1) == (
+        "num_gpus_per_actor auto: 0.25 (the Ray cluster has GPUs: 4 client actor(s) of 2 CPU(s) a GPU)"
+    )
+
+
 def test_assign_clients_balances_samples():
     sizes = {0: 100, 1: 90, 2: 10, 3: 10, 4: 10, 5: 80}
     groups = assign_clients(sizes, 2)
