@@ -293,8 +293,11 @@ def _actors_that_fit(cfg: Config, before: int) -> int:
     return max(1, min(before, slots)) if before else max(1, slots)
 
 
-def unused_gpus(gpus: float) -> str:
-    """What a run or sweep that asks for no GPU on a cluster that has some says."""
+def unused_gpus(gpus: float, configs: Sequence[Config]) -> str | None:
+    """What a run or sweep (``configs``) says where some of it asks for no GPU on a cluster with
+    ``gpus``; None where there is nothing to say."""
+    if gpus <= 0 or all(c.num_gpus_per_actor != 0 for c in configs):
+        return None
     return (
         f"the Ray cluster has {gpus:g} GPU(s) and num_gpus_per_actor is 0: client actors train on CPUs "
         "(num_gpus_per_actor: auto shares the GPUs between them)"
@@ -331,8 +334,8 @@ def run_on_ray(
         started = connect(address, cfg.plugins)
     try:
         cfg = cfg.with_gpus(auto_gpus(cfg.num_cpus_per_actor)) if cfg.gpus_auto else cfg
-        if cfg.num_gpus_per_actor == 0 and (gpus := cluster_gpus()) > 0:
-            logging.getLogger("fedray").warning("fedray: %s", unused_gpus(gpus))
+        if said := unused_gpus(cluster_gpus(), [cfg]):
+            logging.getLogger("fedray").warning("fedray: %s", said)
         yield from stream_run(cfg, restart=restart, fixed=started)
     finally:
         if started:

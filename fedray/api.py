@@ -153,7 +153,7 @@ def resolve_sweep_gpus(
     if not sw.gpus_auto:
         return sw, None, []
     if local:
-        resolved, chosen = sw.with_gpus(lambda cpus: 0.0)
+        resolved, _ = sw.with_gpus(lambda cpus: 0.0)
         return resolved, None, [progress.auto_gpus_line(0.0, 0.0, local=True)]
     from actors.driver import auto_gpus, cluster_gpus
 
@@ -284,11 +284,11 @@ def sweep(
         launcher.close()
     if todo:
         launcher = launcher or sweep_launcher(sw, local, address)
-        if not (local or quiet) and (gpus := launcher.resources().get("GPU", 0)) > 0:
-            if any(r.config.num_gpus_per_actor == 0 for r in todo):
-                from actors.driver import unused_gpus
+        if not (local or quiet):
+            from actors.driver import unused_gpus
 
-                print(unused_gpus(gpus), flush=True)
+            if said_gpus := unused_gpus(launcher.resources().get("GPU", 0), [r.config for r in todo]):
+                print(said_gpus, flush=True)
         limit = sw.max_concurrent_runs if max_concurrent_runs is None else max_concurrent_runs
         shown = progress.SweepProgress(len(todo), local, verbose)
         evs = run_sweep(todo, launcher, limit)

@@ -287,11 +287,12 @@ class Client:
         """The test split in order (a global test shard's samples, for the shard). On CUDA the split
         is kept on the device (`_kept_on_device`) and its batches are slices of that copy: the same
         values, converted and moved from the host once, not every evaluation."""
-        kept = self._model_cache.get(self._test_key())
+        key = self._test_key()
+        kept = self._model_cache.get(key)
         if kept is None and self.device.type == "cuda" and len(self.test_idx):
             # their own budget (an eighth of the free memory), so test splits never crowd out the
             # training splits batched training keeps; past it, batch by batch from the host as before
-            kept = self._kept_on_device(self._test_key(), self.test_idx, self.test_tensors, share=8)
+            kept = self._kept_on_device(key, self.test_idx, self.test_tensors, share=8)
         if kept is None:
             yield from iterate(self._data, self.test_idx, self.task, self.device)
         else:

@@ -219,10 +219,11 @@ def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int, launcher
         )
     )
     print(f"running {len(todo)} runs {where}", flush=True)
-    if not args.local and res.get("GPU", 0) > 0 and any(r.config.num_gpus_per_actor == 0 for r in todo):
+    if not args.local:
         from actors.driver import unused_gpus
 
-        print(f"  {unused_gpus(res['GPU'])}", flush=True)
+        if said := unused_gpus(res.get("GPU", 0), [r.config for r in todo]):
+            print(f"  {said}", flush=True)
     shown = progress.SweepProgress(len(todo), args.local, args.verbose)
     events = run_sweep(todo, launcher, limit)
     try:
