@@ -26,8 +26,8 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from fedray import batched
 from fedray.client import Client
 from fedray.federation import ClientError
-from fedray.train import train_update
-from fedray.update import LocalUpdate, Trained, requests
+from fedray.train import EvalStats, evaluate_requests, train_update
+from fedray.update import Evaluation, LocalUpdate, Request, Trained, requests
 
 
 def fn_name(fn: Callable) -> str:
@@ -43,9 +43,26 @@ def _failed(cid: int, e: Exception) -> ClientError:
     return ClientError(cid, f"{type(e).__name__}: {e}", traceback.format_exc())
 
 
-def _answer(yielded: Any, trained: list[Trained]) -> Trained | list[Trained]:
-    """The result sent back into a client function: one `Trained` for one update, else a list."""
-    return trained[0] if isinstance(yielded, LocalUpdate) else trained
+def _failed_together(cids: list[int], what: str, e: Exception) -> ClientError:
+    """A failure of work done for several clients at once, naming them (under the first's id)."""
+    return ClientError(cids[0], f"{what} of clients {cids}: {type(e).__name__}: {e}", traceback.format_exc())
+
+
+Answer = Trained | EvalStats
+
+
+def _answer(yielded: Any, answers: list[Answer]) -> Answer | list[Answer]:
+    """The result sent back into a client function: one `Trained` (or `EvalStats`) for one update
+    (or evaluation), else a list in the order asked."""
+    return answers[0] if isinstance(yielded, (LocalUpdate, Evaluation)) else answers
+
+
+def _answered_alone(client: Client, asked: list[Request]) -> list[Answer]:
+    """One client's requests: its updates by the per-client engine, in order, its evaluations in
+    one call (`fedray.train.evaluate_requests`)."""
+    evals = [r for r in asked if isinstance(r, Evaluation)]
+    stats = iter(evaluate_requests([client] * len(evals), evals))
+    return [next(stats) if isinstance(r, Evaluation) else train_update(client, r) for r in asked]
 
 
 def run_one(fn: Callable, client: Client, cstate: Any, msg: Any) -> tuple[Any, Any]:
@@ -61,9 +78,7 @@ def run_one(fn: Callable, client: Client, cstate: Any, msg: Any) -> tuple[Any, A
                 yielded = out.send(answer)
             except StopIteration as stop:
                 return stop.value
-            answer = _answer(
-                yielded, [train_update(client, u) for u in requests(yielded, client.task.drop_last)]
-            )
+            answer = _answer(yielded, _answered_alone(client, requests(yielded, client.task.drop_last)))
     except Exception as e:  # noqa: BLE001 - re-raised with the client id attached
         raise _failed(client.cid, e) from e
 
@@ -148,12 +163,25 @@ def run_stacked(
                 raise _failed(clients[i].cid, e) from e
         if not asked:
             break
-        # every update yielded, as (client index, position in its request), by shape
+        # every update yielded, as (client index, position in its request), by shape; every
+        # evaluation, the same way, all in one call
         shapes: dict[Any, list[tuple[int, int]]] = {}
+        evals: list[tuple[int, int]] = []
         for i, (_, updates) in asked.items():
             for j, u in enumerate(updates):
-                shapes.setdefault(batched.signature(u), []).append((i, j))
-        trained: dict[tuple[int, int], Trained] = {}
+                if isinstance(u, Evaluation):
+                    evals.append((i, j))
+                else:
+                    shapes.setdefault(batched.signature(u), []).append((i, j))
+        trained: dict[tuple[int, int], Answer] = {}
+        if evals:
+            try:
+                got = evaluate_requests([clients[i] for i, _ in evals], [asked[i][1][j] for i, j in evals])
+            except ClientError:
+                raise  # one client's split, named
+            except Exception as e:  # noqa: BLE001 - re-raised with the clients named
+                raise _failed_together(sorted({clients[i].cid for i, _ in evals}), "evaluation", e) from e
+            trained.update(zip(evals, got, strict=True))
         for members in shapes.values():
             us = [asked[i][1][j] for i, j in members]
             cs = [clients[i] for i, _ in members]
@@ -167,12 +195,7 @@ def run_stacked(
             try:
                 got = batched.train_stacked(cs, us)
             except Exception as e:  # noqa: BLE001 - re-raised with the clients named
-                cids = sorted({c.cid for c in cs})
-                raise ClientError(
-                    cids[0],
-                    f"batched training of clients {cids}: {type(e).__name__}: {e}",
-                    traceback.format_exc(),
-                ) from e
+                raise _failed_together(sorted({c.cid for c in cs}), "batched training", e) from e
             for m, t in zip(members, got, strict=True):
                 trained[m] = t
                 stacked[m[0]] = True

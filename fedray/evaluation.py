@@ -10,7 +10,7 @@ by it. The running loss and accuracy of the round's local SGD steps are ``sgd_lo
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,7 +21,8 @@ from fedray.federation import ClientFn, Federation
 from fedray.models import TASK, Arch
 from fedray.params import Params
 from fedray.records import Record, rec
-from fedray.train import EvalStats, evaluate, evaluate_batches, total
+from fedray.train import EvalStats, evaluate_batches, total
+from fedray.update import Evaluation
 
 
 def model_msg(params: Params, arch: Arch = TASK) -> dict:
@@ -57,10 +58,20 @@ def model_global_records(fed: Federation, params: Params, k: int, stage: str = "
     ]
 
 
-def local_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+def received_evaluation(msg: dict, split: str) -> Evaluation:
+    """The evaluation of the model a message carries (`model_msg`) on the client's ``split``."""
+    return Evaluation(msg["params"], split, msg.get("arch", TASK))
+
+
+def stats_reply(stats: EvalStats, **more: Any) -> dict:
+    """An evaluation's reply: ``correct``, ``samples``, ``loss_sum`` (and ``more``)."""
+    return {"correct": stats.correct, "samples": stats.samples, "loss_sum": stats.loss_sum, **more}
+
+
+def local_eval(client: Client, cstate: Any, msg: dict) -> Generator[Evaluation, EvalStats, tuple[dict, Any]]:
     """Client function: the received model on the client's own test split. State unchanged."""
-    stats = evaluate(received_model(client, msg), client.test_batches())
-    return {"correct": stats.correct, "samples": stats.samples, "loss_sum": stats.loss_sum}, cstate
+    stats = yield received_evaluation(msg, "test")
+    return stats_reply(stats), cstate
 
 
 def test_client_records(replies: Mapping[int, Mapping[str, Any]], stage: str = "") -> list[Record]:
@@ -75,28 +86,19 @@ def test_client_records(replies: Mapping[int, Mapping[str, Any]], stage: str = "
     return [*records, rec("accuracy", acc, stage=stage), rec("loss", loss, stage=stage)]
 
 
-@torch.no_grad()
-def mean_losses(client: Client, models: Sequence[Params]) -> list[float]:
-    """Each model's mean cross-entropy on the client's training split (eval mode, no augmentation)."""
-    return [evaluate(client.model(p), client.eval_train_batches()).loss for p in models]
-
-
-def lowest_loss_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+def lowest_loss_eval(
+    client: Client, cstate: Any, msg: dict
+) -> Generator[Evaluation | list[Evaluation], Any, tuple[dict, Any]]:
     """Client function for hard clustering: the client's model of ``msg["models"]`` (its assignment in
     ``msg["assigned"]``, if it has one; else, as a test client of a hard-clustering method in
     docs/algorithms/clustered.md#common-setting-and-evaluation, the one with the lowest mean loss on its labelled part, first on ties),
     evaluated on its held-out part. State unchanged."""
     best = msg.get("assigned", {}).get(client.cid)
     if best is None:
-        best = int(np.argmin(mean_losses(client, msg["models"])))
-    batches = client.eval_train_batches() if msg.get("on") == "train" else client.test_batches()
-    stats = evaluate(client.model(msg["models"][best]), batches)
-    return {
-        "correct": stats.correct,
-        "samples": stats.samples,
-        "loss_sum": stats.loss_sum,
-        "model": best,
-    }, cstate
+        losses = yield [Evaluation(m) for m in msg["models"]]
+        best = int(np.argmin([s.loss for s in losses]))
+    stats = yield Evaluation(msg["models"][best], "train" if msg.get("on") == "train" else "test")
+    return stats_reply(stats, model=best), cstate
 
 
 def train_split_records(
@@ -245,10 +247,10 @@ def own_data_records(
     return records
 
 
-def member_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+def member_eval(client: Client, cstate: Any, msg: dict) -> Generator[Evaluation, EvalStats, tuple[dict, Any]]:
     """Client function: the received model on the client's own training data (no augmentation)."""
-    stats = evaluate(received_model(client, msg), client.eval_train_batches())
-    return {"correct": stats.correct, "samples": stats.samples, "loss_sum": stats.loss_sum}, cstate
+    stats = yield received_evaluation(msg, "train")
+    return stats_reply(stats), cstate
 
 
 def cluster_model_records(

@@ -267,12 +267,10 @@ class ClientHost:
             self._model_cache,
         )
         try:
-            return fn(shard, None, msg)[0]
-        except Exception as e:  # noqa: BLE001 - re-raised with the shard named
+            return drive.run_one(fn, shard, None, msg)[0]  # evaluations it yields, in one call
+        except ClientError as e:  # re-raised with the shard's samples named
             raise ClientError(
-                TEST_SHARD,
-                f"global test samples [{start}, {stop}): {type(e).__name__}: {e}",
-                traceback.format_exc(),
+                TEST_SHARD, f"global test samples [{start}, {stop}): {e.message}", e.remote_traceback
             ) from e
 
     def label_counts(self, cids: Sequence[int] | None = None) -> dict[int, np.ndarray]:

@@ -3,8 +3,9 @@ docs/algorithms/common.md#the-fedavg-core), and the evaluation loops."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from traceback import format_exc
 from typing import Any
 
 import numpy as np
@@ -12,8 +13,10 @@ import torch
 from torch import nn
 
 from fedray.client import Client
-from fedray.params import Params, get_params
-from fedray.update import Batch, Frozen, LocalUpdate, Trained
+from fedray.federation import ClientError
+from fedray.models import Arch
+from fedray.params import get_params
+from fedray.update import Batch, Evaluation, Frozen, LocalUpdate, Trained
 
 
 @dataclass
@@ -228,21 +231,15 @@ def evaluate_batches(
     stay on the device until every batch is queued: one wait for a GPU, not two a batch."""
     was_training = model.training
     model.eval()
-    sizes, losses, correct = [], [], []
+    sizes, queued = [], []
     for x, y in batches:
-        logits = model(x)
         sizes.append(len(y))
-        losses.append(nn.functional.cross_entropy(logits, y, reduction="sum"))
-        correct.append((logits.argmax(1) == y).sum())
+        queued.append(_batch_values(model(x), y, None))
     model.train(was_training)
     if not sizes:
         return []
-    return [
-        EvalStats(n, loss, hits)
-        for n, loss, hits in zip(
-            sizes, torch.stack(losses).tolist(), torch.stack(correct).tolist(), strict=True
-        )
-    ]
+    values = torch.stack(queued).tolist()
+    return [EvalStats(n, loss, int(hits)) for n, (loss, hits) in zip(sizes, values, strict=True)]
 
 
 def total(parts: Iterable[EvalStats]) -> EvalStats:
@@ -260,12 +257,68 @@ def evaluate(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tenso
 
 
 @torch.no_grad()
-def sample_losses(client: Client, models: list[Params], batches) -> np.ndarray:
-    """K x n cross-entropies of each model on the given batches, in order (eval mode)."""
-    out = []
-    for params in models:
-        model = client.model(params)
+def evaluate_requests(clients: Sequence[Client], evals: Sequence[Evaluation]) -> list[EvalStats | np.ndarray]:
+    """Each `Evaluation` on its client's split (``clients[i]`` evaluates ``evals[i]``): the numbers of
+    evaluating each alone (`evaluate`'s, batch by batch, summed in order; or each sample's values).
+    Evaluations of one model (the same ``params`` object and arch) load it once, and every batch's
+    values stay on the device until the last batch of the last client is queued, then come back in
+    one copy: one wait for a GPU a call, not one a client."""
+    if not evals:
+        return []
+    by_model: dict[tuple[int, Arch], list[int]] = {}
+    for i, e in enumerate(evals):
+        by_model.setdefault((id(e.params), e.arch), []).append(i)
+    queued: list[torch.Tensor] = []  # every batch's values, flat, float64 (exact for these values)
+    shapes: list[list[tuple[int, ...]]] = [[] for _ in evals]  # each evaluation's batches' shapes
+    for members in by_model.values():
+        first = evals[members[0]]
+        model = clients[members[0]].model(first.params, arch=first.arch)
         model.eval()
-        losses = [torch.nn.functional.cross_entropy(model(x), y, reduction="none") for x, y in batches()]
-        out.append(torch.cat(losses).cpu().numpy())  # one copy (one wait for a GPU) a model
-    return np.stack(out).astype(np.float64)
+        for i in members:
+            client, kind = clients[i], evals[i].per_sample
+            try:
+                batches = client.eval_train_batches() if evals[i].split == "train" else client.test_batches()
+                for x, y in batches:
+                    values = _batch_values(model(x), y, kind)
+                    shapes[i].append((len(y),) if kind is None else tuple(values.shape))
+                    queued.append(values.double().reshape(-1))
+            except Exception as e:  # noqa: BLE001 - re-raised with the client id attached
+                raise ClientError(
+                    client.cid,
+                    f"evaluating on its {evals[i].split} split: {type(e).__name__}: {e}",
+                    format_exc(),
+                ) from e
+        model.train()
+    flat = torch.cat(queued).cpu().numpy() if queued else np.zeros(0)  # the call's one copy
+    out: list[EvalStats | np.ndarray] = [EvalStats()] * len(evals)
+    at = 0
+    for i in (i for members in by_model.values() for i in members):  # in the order they were queued
+        kind = evals[i].per_sample
+        if kind is None:
+            pairs = flat[at : at + 2 * len(shapes[i])].reshape(-1, 2)
+            at += pairs.size
+            out[i] = total(
+                EvalStats(n, float(loss), int(hits))
+                for (n,), (loss, hits) in zip(shapes[i], pairs, strict=True)
+            )
+            continue
+        parts = []
+        for shape in shapes[i]:
+            size = int(np.prod(shape))
+            parts.append(flat[at : at + size].reshape(shape))
+            at += size
+        width = () if kind == "loss" else (clients[i].task.spec.num_classes,)
+        values = np.concatenate(parts) if parts else np.zeros((0, *width))
+        out[i] = values if kind == "loss" else values.astype(np.float32)
+    return out
+
+
+def _batch_values(logits: torch.Tensor, y: torch.Tensor, kind: str | None) -> torch.Tensor:
+    """One batch's values on the device: its summed cross-entropy and correct predictions, or each
+    sample's cross-entropy or softmax probabilities."""
+    if kind == "loss":
+        return nn.functional.cross_entropy(logits, y, reduction="none")
+    if kind == "proba":
+        return torch.softmax(logits, 1)
+    loss = nn.functional.cross_entropy(logits, y, reduction="sum")
+    return torch.stack([loss.double(), (logits.argmax(1) == y).sum().double()])

@@ -164,15 +164,63 @@ class Trained:
     buffers: dict[str, np.ndarray] | None = None  # the final momentum buffers, when asked to keep them
 
 
-def requests(yielded: Any, drop_last: bool = False) -> list[LocalUpdate]:
-    """What a client function yielded, as a list of updates (one or several); with ``drop_last``
-    (the run's config key) every update drops each epoch's last partial batch."""
-    if isinstance(yielded, LocalUpdate):
-        updates = [yielded]
-    elif isinstance(yielded, (list, tuple)) and all(isinstance(u, LocalUpdate) for u in yielded):
-        updates = list(yielded)
+SPLITS = ("train", "test")
+PER_SAMPLE = (None, "loss", "proba")
+
+
+@dataclass(frozen=True, eq=False)
+class Evaluation:
+    """A model on one of the client's own splits, as data: a client function yields it (alone, or in
+    a list, updates beside it too) where it would evaluate, and receives the split's
+    `fedray.train.EvalStats` (samples, summed cross-entropy, correct argmax predictions), in eval
+    mode and without augmentation::
+
+        def member_eval(client, cstate, msg):
+            stats = yield Evaluation(msg["params"])
+            return {"correct": stats.correct, "samples": stats.samples}, cstate
+
+    With ``per_sample`` the answer is each sample's value instead, in the split's order: ``"loss"``,
+    the cross-entropies (float64, n; the E-steps of FedEM, FedRC and FedSoft), ``"proba"``, the
+    softmax probabilities (float32, n x classes; the mixtures' ensembles).
+
+    The numbers are those of evaluating the client alone. Where the host runs its clients together
+    (batched clients), every evaluation they yield at one point runs in one call: each model loaded
+    once for all the clients that evaluate it (the same ``params`` object, as a group's message
+    gives every member), and every batch's values read back from the device at once."""
+
+    params: Params
+    split: str = "train"  # "train": the training split in order; "test": the client's test split
+    arch: Arch = TASK  # the network ``params`` belong to
+    per_sample: str | None = None  # None: the split's EvalStats; "loss" or "proba": each sample's
+
+    def __post_init__(self) -> None:
+        if self.split not in SPLITS:
+            raise ValueError(f"Evaluation split must be one of {SPLITS}, got {self.split!r}")
+        if self.per_sample not in PER_SAMPLE:
+            raise ValueError(f"Evaluation per_sample must be one of {PER_SAMPLE}, got {self.per_sample!r}")
+
+
+Request = LocalUpdate | Evaluation
+
+
+def requests(yielded: Any, drop_last: bool = False) -> list[Request]:
+    """What a client function yielded, as a list of requests (one or several updates and
+    evaluations); with ``drop_last`` (the run's config key) every update drops each epoch's last
+    partial batch."""
+    if isinstance(yielded, (LocalUpdate, Evaluation)):
+        asked = [yielded]
+    elif isinstance(yielded, (list, tuple)) and all(
+        isinstance(u, (LocalUpdate, Evaluation)) for u in yielded
+    ):
+        asked = list(yielded)
     else:
         raise TypeError(
-            f"a client function yields a fedray.LocalUpdate or a list of them, got {type(yielded).__name__}"
+            "a client function yields a fedray.LocalUpdate or a fedray.Evaluation, or a list of them, "
+            f"got {type(yielded).__name__}"
         )
-    return [dataclasses.replace(u, drop_last=True) if drop_last and not u.drop_last else u for u in updates]
+    return [
+        dataclasses.replace(u, drop_last=True)
+        if drop_last and isinstance(u, LocalUpdate) and not u.drop_last
+        else u
+        for u in asked
+    ]

@@ -2,14 +2,15 @@
 git revision (a detached worktree of it) and in this working tree, then every metric compared bit
 for bit.
 
-    .venv/bin/python scripts/same_numbers.py REV [--out DIR] [--keep-going]
+    .venv/bin/python scripts/same_numbers.py REV [--out DIR] [--set KEY=VALUE ...]
 
 The runs: the embedded digits data, 10 clients, Dir(0.5), 4 rounds of 1 local epoch, in-process
 (`fedray sweep --local`), each algorithm at small hyperparameters (two clusters, FedConcat 2 + 2
 rounds). Prints one line per algorithm (identical, or the metrics that differ and by how much) and
 exits 1 if any differs. Timings (``*seconds``) are not compared; ``bytes_*`` metrics are reported
 but not counted: they measure pickled messages, which name the modules their classes live in, so
-moving a class changes them. ``--reuse`` compares the runs already in ``--out`` again.
+moving a class changes them. ``--reuse`` compares the runs already in ``--out`` again. ``--set``
+changes a key of every run on both sides (``--set batched_clients=on``: the stacked engine's path).
 """
 
 from __future__ import annotations
@@ -67,11 +68,12 @@ seeds: [0]
 """
 
 
-def run_sweep(tree: Path, out: Path, python: str) -> None:
+def run_sweep(tree: Path, out: Path, python: str, sets: list[str]) -> None:
     cfg = out / "same-numbers.yaml"
     out.mkdir(parents=True, exist_ok=True)
     cfg.write_text(SWEEP)
     cmd = [python, "-m", "jobs.cli", "sweep", str(cfg), "--output", str(out / "runs"), "--local"]
+    cmd += [arg for kv in sets for arg in ("--set", kv)]
     subprocess.run(
         cmd, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True, stdout=subprocess.DEVNULL
     )
@@ -93,17 +95,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("rev", help="the git revision to compare with (e.g. HEAD, main~3)")
     p.add_argument("--out", type=Path, help="keep the runs here (default: a temporary folder)")
     p.add_argument("--reuse", action="store_true", help="compare the runs already in --out, run nothing")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a key for every run")
     args = p.parse_args(argv)
     python = sys.executable
     with tempfile.TemporaryDirectory() as tmp:
         out = args.out or Path(tmp)
         if not args.reuse:
-            run_both(args.rev, out, python)
+            run_both(args.rev, out, python, args.set)
         before, after = metrics(out / "before"), metrics(out / "after")
     return compare(before, after)
 
 
-def run_both(rev: str, out: Path, python: str) -> None:
+def run_both(rev: str, out: Path, python: str, sets: list[str]) -> None:
     """The sweep at ``rev`` (a detached worktree of it, removed after) and in this working tree."""
     before_tree = out / "tree"
     subprocess.run(
@@ -113,10 +116,10 @@ def run_both(rev: str, out: Path, python: str) -> None:
         capture_output=True,
     )
     try:
-        run_sweep(before_tree, out / "before", python)
+        run_sweep(before_tree, out / "before", python, sets)
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(before_tree)], cwd=ROOT, check=False)
-    run_sweep(ROOT, out / "after", python)
+    run_sweep(ROOT, out / "after", python, sets)
 
 
 def compare(before, after) -> int:

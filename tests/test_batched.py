@@ -22,7 +22,7 @@ from fedray.local import make_local_federation
 from fedray.models import Arch
 from fedray.params import get_params
 from fedray.train import optimizer_state, sgd, train_update
-from fedray.update import Frozen, LocalUpdate, Step, cross_entropy, proximal
+from fedray.update import Evaluation, Frozen, LocalUpdate, Step, cross_entropy, proximal
 from fedray.validation import from_dict
 from tests.conftest import small_config
 from tests.helpers import ALGORITHM_HP, CONFIG_OVER, round_metrics
@@ -268,6 +268,143 @@ def test_splits_are_kept_on_the_device_within_their_budget_and_past_it_nothing_i
     # test splits count against their own budget
     assert b._kept_on_device(("test_tensors", 1, 0, 64), b.train_idx, make(b), share=8) is not None
     assert made == [0, 1]
+
+
+def _evaluates(client, cstate, msg):
+    """Every model of the message on both splits, then the first again beside a training update."""
+    stats = yield [Evaluation(m, split) for m in msg["models"] for split in ("train", "test")]
+    again, trained = yield [Evaluation(msg["models"][0]), LocalUpdate(msg["models"][0], 0)]
+    return [(s.samples, s.loss_sum, s.correct) for s in [*stats, again]] + [trained.stats.steps], cstate
+
+
+def _trains_with_plain(client, cstate, msg):
+    trained = yield LocalUpdate(msg["models"][0], 0)
+    return trained.stats.steps, cstate
+
+
+def _with_test_splits(mode: str) -> ClientHost:
+    base = _host()
+    task = dataclasses.replace(base.task, eval_batch_size=16, batched_clients=mode)
+    own = {
+        c: ClientIndices(ix.train[: len(ix.train) * 2 // 3], ix.train[len(ix.train) * 2 // 3 :])
+        for c, ix in base._indices.items()
+    }
+    return ClientHost(task, base._data, own)
+
+
+def test_evaluations_run_together_each_model_loaded_once_with_each_clients_own_numbers(monkeypatch):
+    # What each client gets is `evaluate` of the model on its split alone, bit for bit, on either
+    # engine; run together, each model is loaded once for all the clients evaluating it (one
+    # group's message is one object), where one client at a time loads it for each client.
+    from fedray.client import Client
+    from fedray.train import evaluate
+
+    loads = []
+    model = Client.model
+    monkeypatch.setattr(
+        Client,
+        "model",
+        lambda self, params=None, *a, **k: loads.append(self.cid) or model(self, params, *a, **k),
+    )
+    off, on = _with_test_splits("off"), _with_test_splits("on")
+    msg = {"models": _starts(off, 2)}
+    cids = off.client_ids
+    expected = {}
+    for cid in cids:
+        client = off.client(cid)
+        stats = [
+            evaluate(
+                client.model(m), client.eval_train_batches() if split == "train" else client.test_batches()
+            )
+            for m in msg["models"]
+            for split in ("train", "test")
+        ]
+        expected[cid] = [(s.samples, s.loss_sum, s.correct) for s in [*stats, stats[0]]]
+    assert sum(e[0][0] for e in expected.values()) > 0 and sum(e[1][0] for e in expected.values()) > 0
+    for host in (off, on):
+        loads.clear()
+        host.run_many(_trains_with_plain, cids, msg)
+        training = len(loads)
+        loads.clear()
+        replies = dict(zip(cids, [r for r, _ in host.run_many(_evaluates, cids, msg)], strict=True))
+        assert {c: r[:-1] for c, r in replies.items()} == expected
+        # each model once a yield: one client at a time, for each client (its two splits share
+        # the load); together, once for all the clients
+        assert len(loads) - training == 3 * (len(cids) if host is off else 1)
+
+
+def _per_sample(client, cstate, msg):
+    got = yield [
+        Evaluation(m, split, per_sample=kind)
+        for m in msg["models"]
+        for split in ("train", "test")
+        for kind in ("loss", "proba")
+    ]
+    return got, cstate
+
+
+def test_per_sample_evaluations_give_each_samples_loss_and_probabilities_in_split_order():
+    # The E-steps' per-sample losses (float64) and the ensembles' probabilities (float32): each
+    # the model's own on the client's batches, in order, on either engine.
+    off, on = _with_test_splits("off"), _with_test_splits("on")
+    msg = {"models": _starts(off, 2)}
+    cids = off.client_ids
+    for host in (off, on):
+        replies = dict(zip(cids, [r for r, _ in host.run_many(_per_sample, cids, msg)], strict=True))
+        for cid in cids:
+            client = off.client(cid)
+            got = iter(replies[cid])
+            for m in msg["models"]:
+                model = client.model(m).eval()
+                for batches in (client.eval_train_batches, client.test_batches):
+                    with torch.no_grad():
+                        logits = [(model(x), y) for x, y in batches()]
+                    loss, proba = next(got), next(got)
+                    n = sum(len(y) for _, y in logits)
+                    assert loss.dtype == np.float64 and loss.shape == (n,)
+                    assert proba.dtype == np.float32 and proba.shape == (n, 4)
+                    if n:
+                        ce = torch.cat(
+                            [torch.nn.functional.cross_entropy(z, y, reduction="none") for z, y in logits]
+                        )
+                        assert np.array_equal(loss, ce.double().numpy())
+                        assert np.array_equal(
+                            proba, torch.cat([torch.softmax(z, 1) for z, _ in logits]).numpy()
+                        )
+
+
+def test_a_failing_evaluation_names_its_client(monkeypatch):
+    from fedray.client import Client
+
+    host = _with_test_splits("on")
+    batches = Client.eval_train_batches
+
+    def broken(self):
+        if self.cid == 4:
+            raise OSError("split unreadable")
+        return batches(self)
+
+    monkeypatch.setattr(Client, "eval_train_batches", broken)
+    msg = {"params": _starts(host, 1)[0]}
+    from fedray.evaluation import member_eval
+
+    with pytest.raises(
+        ClientError, match=r"client 4: evaluating on its train split: OSError: split unreadable"
+    ):
+        host.run_many(member_eval, host.client_ids, msg)
+    with pytest.raises(
+        ClientError, match="client 0: TypeError: a client function yields a fedray.LocalUpdate or"
+    ):
+        host.run_many(_yields_nonsense, [0], msg)
+    with pytest.raises(ValueError, match="split must be one of"):
+        Evaluation(msg["params"], "validation")
+    with pytest.raises(ValueError, match="per_sample must be one of"):
+        Evaluation(msg["params"], per_sample="logits")
+
+
+def _yields_nonsense(client, cstate, msg):
+    yield "evaluate me"
+    return None, cstate
 
 
 def test_updates_of_different_shapes_have_different_signatures():

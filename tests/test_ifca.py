@@ -11,7 +11,7 @@ from analysis import load_assignments
 from fedray.algorithms import ALGORITHMS
 from fedray.algorithms.clustered import fesem, ifca
 from fedray.data import build_federated_data
-from fedray.evaluation import mean_losses
+from fedray.evaluation import member_eval
 from fedray.local import make_local_federation
 from tests.conftest import small_config
 from tests.helpers import run_metrics
@@ -78,8 +78,8 @@ def test_empty_cluster_zero_overwrites_the_unpicked_model_with_zeros(tmp_path):
     assert {"metric": "empty_cluster", "value": 1.0, "scope": "cluster", "entity": 1, "stage": ""} in records
     # a zeroed model's logits are 0 for every input: its mean loss is ln C on any client
     cid = fed.client_ids[0]
-    losses = fed.map(lambda c, s, m: (mean_losses(c, m), s), [cid], [new.models[1]])[cid]
-    assert losses[0] == pytest.approx(np.log(fed.task.spec.num_classes), rel=1e-6)
+    loss = fed.map(member_eval, [cid], {"params": new.models[1]})[cid]
+    assert loss["loss_sum"] / loss["samples"] == pytest.approx(np.log(fed.task.spec.num_classes), rel=1e-6)
 
 
 def test_ifca_records_each_participants_choice(tmp_path):

@@ -3,17 +3,17 @@ model it trains with the proximal pull towards theta_bar, and that model's evalu
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from typing import Any
 
 import numpy as np
-import torch
 
 from fedray.algorithms.rounds import local_sgd_reply
 from fedray.client import Client
+from fedray.evaluation import stats_reply
 from fedray.params import Params, weighted_average
-from fedray.train import evaluate as eval_model
-from fedray.train import sample_losses
-from fedray.update import proximal
+from fedray.train import EvalStats
+from fedray.update import Evaluation, proximal
 
 
 def importance(losses: np.ndarray, sigma: float) -> np.ndarray:
@@ -30,10 +30,11 @@ def anchor(models: list[Params], u: np.ndarray) -> Params:
     return weighted_average(models, list(u))
 
 
-@torch.no_grad()
-def estimate(client: Client, cstate: Any, msg: dict) -> tuple[np.ndarray, Any]:
-    """Client function: the client's importance weights under the current cluster models."""
-    return importance(sample_losses(client, msg["models"], client.eval_train_batches), msg["sigma"]), cstate
+def estimate(client: Client, cstate: Any, msg: dict) -> Generator[list[Evaluation], list[np.ndarray], tuple]:
+    """Client function: the client's importance weights under the current cluster models (each
+    model's per-sample losses on its training split)."""
+    losses = yield [Evaluation(m, per_sample="loss") for m in msg["models"]]
+    return importance(np.stack(losses), msg["sigma"]), cstate
 
 
 def personal_update(client: Client, cstate: Any, msg: dict):
@@ -46,11 +47,11 @@ def personal_update(client: Client, cstate: Any, msg: dict):
     return reply, reply["params"]
 
 
-@torch.no_grad()
-def personal_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+def personal_eval(
+    client: Client, cstate: Any, msg: dict
+) -> Generator[Evaluation, EvalStats, tuple[dict, Any]]:
     """Client function: the personal model (theta_bar if none yet) on the client's test split (or,
     with ``on: train``, its training split)."""
     params = cstate if cstate is not None else anchor(msg["models"], np.asarray(msg["u"][client.cid]))
-    batches = client.eval_train_batches() if msg.get("on") == "train" else client.test_batches()
-    stats = eval_model(client.model(params), batches)
-    return {"correct": stats.correct, "samples": stats.samples, "loss_sum": stats.loss_sum}, cstate
+    stats = yield Evaluation(params, "train" if msg.get("on") == "train" else "test")
+    return stats_reply(stats), cstate

@@ -32,12 +32,11 @@ import numpy as np
 from fedray.algorithms.clustered import ifca
 from fedray.algorithms.rounds import kept_optimizer_update, train_reply
 from fedray.client import Client
-from fedray.evaluation import mean_losses
 from fedray.federation import Federation
 from fedray.hparams import one_of
 from fedray.params import Params
 from fedray.records import Record
-from fedray.update import LocalUpdate
+from fedray.update import Evaluation, LocalUpdate
 
 
 @dataclass
@@ -85,7 +84,7 @@ def fesem_update(client: Client, cstate: Any, msg: dict):
             for j, m in enumerate(models)
         ]
         tried = [(train_reply(client, t.params, t.stats), t.buffers if keep else None) for t in trained]
-        losses = [mean_losses(client, [r["params"]])[0] for r, _ in tried]
+        losses = [s.loss for s in (yield [Evaluation(r["params"]) for r, _ in tried])]
         new = int(np.argmin(losses))
         for j, (_, kept) in enumerate(tried):
             if kept is not None:

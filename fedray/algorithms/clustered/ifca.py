@@ -29,12 +29,13 @@ import numpy as np
 from fedray.algorithms.clustering import purity
 from fedray.algorithms.rounds import fedavg_aggregate, kept_optimizer_update, train_records
 from fedray.client import Client
-from fedray.evaluation import hard_cluster_records, mean_losses
+from fedray.evaluation import hard_cluster_records
 from fedray.export import SavedModel, cluster_models, members_of
 from fedray.federation import Federation
 from fedray.hparams import bound, one_of
 from fedray.params import Params
 from fedray.records import Record, assignment_rec, rec
+from fedray.update import Evaluation
 
 EMPTY = ("keep", "zero")  # keep its weights (the paper's average over its members); zero (the code's)
 
@@ -70,7 +71,7 @@ def init(fed: Federation, hp: Hparams) -> State:
 
 def ifca_update(client: Client, cstate: Any, msg: dict):
     """Client function: pick the lowest-loss model, train it (its kept SGD buffers, if any)."""
-    losses = mean_losses(client, msg["models"])
+    losses = [s.loss for s in (yield [Evaluation(m) for m in msg["models"]])]
     k = int(np.argmin(losses))
     buffers = dict(cstate or {})
     reply, kept = yield from kept_optimizer_update(

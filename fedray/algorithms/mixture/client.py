@@ -9,6 +9,7 @@ from the received weights.
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -17,8 +18,8 @@ import numpy as np
 from fedray.algorithms import mixture
 from fedray.client import Client
 from fedray.params import Params
-from fedray.train import TrainStats, sample_losses
-from fedray.update import LocalUpdate
+from fedray.train import TrainStats
+from fedray.update import Evaluation, LocalUpdate
 
 
 @dataclass
@@ -52,9 +53,12 @@ def aligned(cstate: ClientMixture | None, ids: list[int], n: int) -> ClientMixtu
     return ClientMixture(list(ids), gamma, omega, nu, a, {i: s for i, s in cstate.opt.items() if i in ids})
 
 
-def e_step(client: Client, state: ClientMixture, models: list[Params], msg: dict) -> ClientMixture:
-    """gamma and omega from the received models (with the label prior and Adam where the message says)."""
-    losses = sample_losses(client, models, client.eval_train_batches)
+def e_step(
+    client: Client, state: ClientMixture, models: list[Params], msg: dict
+) -> Generator[list[Evaluation], list[np.ndarray], ClientMixture]:
+    """gamma and omega from the received models (with the label prior and Adam where the message
+    says): each model's per-sample losses on the training split, yielded (`fedray.Evaluation`)."""
+    losses = np.stack((yield [Evaluation(m, per_sample="loss") for m in models]))
     gamma = mixture.e_step(losses, state.omega, client.train_labels(), msg.get("prior"))
     nu, a = state.nu, state.a
     if msg.get("adam") is not None:
@@ -95,7 +99,7 @@ def train_models(client: Client, state: ClientMixture, models: list[Params], msg
 def mixture_update(client: Client, cstate: Any, msg: dict):
     """Client function: E-step, omega, label statistics, then the weighted training of each model."""
     ids, models = msg["ids"], msg["models"]
-    state = e_step(client, aligned(cstate, ids, client.num_examples), models, msg)
+    state = yield from e_step(client, aligned(cstate, ids, client.num_examples), models, msg)
     stats = mixture.label_stats(state.gamma, client.train_labels(), client.task.spec.num_classes)
     if msg.get("xi", 0.0) > 0:  # FedRC's privacy variant: Gaussian noise on what leaves the client
         stats = stats + client.task.rng("fedrc/noise", client.cid, msg["round"]).normal(
@@ -115,12 +119,13 @@ def mixture_update(client: Client, cstate: Any, msg: dict):
     return reply, state
 
 
-def test_client_e_step(client: Client, cstate: Any, msg: dict) -> tuple[None, Any]:
+def test_client_e_step(client: Client, cstate: Any, msg: dict) -> Generator[Any, Any, tuple[None, Any]]:
     """Client function for a test client (FedEM, FedRC), after every round: one E-step (FedEM's
     form: test clients never get the label prior) and omega update on its E-step split (the shift
     preset's 90%, a client file's x_train) with the round's models, kept (docs/algorithms/mixture.md#procedure,
     evaluation protocol)."""
-    return None, e_step(client, aligned(cstate, msg["ids"], client.num_examples), msg["models"], {})
+    state = yield from e_step(client, aligned(cstate, msg["ids"], client.num_examples), msg["models"], {})
+    return None, state
 
 
 def report_omega(client: Client, cstate: Any, msg: dict) -> tuple[np.ndarray, Any]:

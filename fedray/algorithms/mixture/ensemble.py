@@ -11,10 +11,10 @@ split (pooled; FedRC reads its numbers at the round of best train accuracy).
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from typing import Any
 
 import numpy as np
-import torch
 
 from fedray.algorithms import mixture
 from fedray.algorithms.clustering import purity
@@ -24,51 +24,58 @@ from fedray.evaluation import test_client_records
 from fedray.federation import Federation
 from fedray.params import Params
 from fedray.records import Record, rec
+from fedray.update import Evaluation
 
 
-@torch.no_grad()
-def ensemble_eval(client: Client, state: ClientMixture, models: list[Params], hard: bool, batches) -> dict:
-    """Correct predictions and summed NLL of the omega-weighted softmax ensemble on ``batches``."""
-    probas, labels = [], []
-    for params in models:
-        model = client.model(params)
-        model.eval()
-        out = []
-        for x, y in batches():
-            out.append(torch.softmax(model(x), 1))
-            if not probas:  # the labels once, from the first model's pass
-                labels.append(y)
-        probas.append(torch.cat(out).cpu().numpy())  # one copy (one wait for a GPU) a model
-    ys = torch.cat(labels).cpu().numpy()
+def ensemble_asked(models: list[Params], split: str) -> list[Evaluation]:
+    """The evaluations an ensemble on the client's ``split`` needs: each model's probabilities."""
+    return [Evaluation(p, split, per_sample="proba") for p in models]
+
+
+def ensemble_stats(state: ClientMixture, probas: list[np.ndarray], labels: np.ndarray, hard: bool) -> dict:
+    """Correct predictions and summed NLL of the omega-weighted softmax ensemble of the models'
+    probabilities ``probas`` (each n x classes) against ``labels``."""
     p = mixture.ensemble_proba(np.stack(probas), state.omega, hard)
     return {
-        "correct": int((p.argmax(1) == ys).sum()),
-        "samples": len(ys),
-        "loss_sum": float(-np.log(np.maximum(p[np.arange(len(ys)), ys], 1e-12)).sum()),
+        "correct": int((p.argmax(1) == labels).sum()),
+        "samples": len(labels),
+        "loss_sum": float(-np.log(np.maximum(p[np.arange(len(labels)), labels], 1e-12)).sum()),
     }
 
 
-def own_ensemble_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+def ensemble_eval(client: Client, state: ClientMixture, models: list[Params], hard: bool, split: str):
+    """The ensemble on the client's ``split`` (``"train"`` or ``"test"``): `ensemble_stats`, from the
+    models' probabilities, yielded (`fedray.Evaluation`)."""
+    probas = yield ensemble_asked(models, split)
+    labels = client.train_labels() if split == "train" else client.test_labels()
+    return ensemble_stats(state, probas, labels, hard)
+
+
+def own_ensemble_eval(client: Client, cstate: Any, msg: dict) -> Generator[Any, Any, tuple[dict, Any]]:
     """Client function: the client's ensemble (its omega) on its training split and, if it has one,
-    its test split (FedRC's train and local accuracy). State unchanged."""
+    its test split (FedRC's train and local accuracy), both asked at once. State unchanged."""
     state = aligned(cstate, msg["ids"], client.num_examples)
-    out = {"train": ensemble_eval(client, state, msg["models"], msg["hard"], client.eval_train_batches)}
-    if client.num_test_examples:
-        out["test"] = ensemble_eval(client, state, msg["models"], msg["hard"], client.test_batches)
+    splits = ["train", "test"] if client.num_test_examples else ["train"]
+    probas = yield [e for split in splits for e in ensemble_asked(msg["models"], split)]
+    k = len(msg["models"])
+    out = {}
+    for j, split in enumerate(splits):
+        labels = client.train_labels() if split == "train" else client.test_labels()
+        out[split] = ensemble_stats(state, probas[j * k : (j + 1) * k], labels, msg["hard"])
     return out, cstate
 
 
-def global_ensemble_eval(client: Client, cstate: Any, msg: dict) -> tuple[list, Any]:
+def global_ensemble_eval(client: Client, cstate: Any, msg: dict) -> Generator[Any, Any, tuple[list, Any]]:
     """test_map function: the ensemble with the population's omega on a shard of the global test set."""
     state = ClientMixture(msg["ids"], np.zeros((0, 0)), np.asarray(msg["omega"]))
-    return [ensemble_eval(client, state, msg["models"], msg["hard"], client.test_batches)], cstate
+    return [(yield from ensemble_eval(client, state, msg["models"], msg["hard"], "test"))], cstate
 
 
-def test_client_eval(client: Client, cstate: Any, msg: dict) -> tuple[dict, Any]:
+def test_client_eval(client: Client, cstate: Any, msg: dict) -> Generator[Any, Any, tuple[dict, Any]]:
     """Client function for a test client (FedEM, FedRC): its ensemble (the omega of its latest
     E-step) on its scored split (the shift preset's 10%, a client file's x_test). State unchanged."""
     state = aligned(cstate, msg["ids"], client.num_examples)
-    return ensemble_eval(client, state, msg["models"], msg["hard"], client.test_batches), cstate
+    return (yield from ensemble_eval(client, state, msg["models"], msg["hard"], "test")), cstate
 
 
 def pooled(replies: dict, part: str) -> float:

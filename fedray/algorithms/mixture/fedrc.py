@@ -120,7 +120,7 @@ def finetuned_eval(client: Client, cstate: Any, msg: dict):
     tuned = list(msg["models"])
     for r, t in zip(live, trained, strict=True):
         tuned[r] = t.params
-    return ensemble.ensemble_eval(client, state, tuned, msg["hard"], client.test_batches), cstate
+    return (yield from ensemble.ensemble_eval(client, state, tuned, msg["hard"], "test")), cstate
 
 
 def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Record]:
