@@ -47,6 +47,7 @@ _API = {
     "from_arrays": "fedray.data.arrays",
     "from_torch": "fedray.data.arrays",
     "LocalUpdate": "fedray.update",
+    "Evaluation": "fedray.update",
     "Trained": "fedray.update",
     "Step": "fedray.update",
     "Batch": "fedray.update",

@@ -28,6 +28,12 @@ engine and a functional view of it (`fedray.batched.View`) in the stacked one, s
 model and its submodules (``model.encoder(x)``), read its parameters (``model.head.weight``) and
 walk ``model.named_parameters()``; reductions over the batch go through ``batch`` (`Batch`), which
 knows which of a stacked batch's rows are padding.
+
+Evaluation is described the same way: a client function yields an `Evaluation` (a model, the split,
+and whether it wants the split's totals or each sample's loss or probabilities) and receives the
+numbers. Run one client at a time, each is evaluated alone; run together, every evaluation the
+clients yielded at one point is one call (`fedray.train.evaluate_requests`), each model loaded once
+and the values read back from the device once. The numbers are the same either way.
 """
 
 from __future__ import annotations

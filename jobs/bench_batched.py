@@ -12,7 +12,8 @@ samples every local step took, summed) and their rate, the achieved FLOP/s (a tr
 as forward + backward, counted by `torch.utils.flop_counter` on one batch) against the device's
 float32 peak where it is known, and ``stacked work: R x the real sample-steps`` (the rows the stacks
 stepped, padding included, over the real ones; 1.00 when no step is padded), and the seconds of
-the round's evaluation after it (what a run records as ``eval_seconds``). Then the speed-up and
+the round's evaluation after it (what a run records as ``eval_seconds``); each round's line as it
+ends, so a run cut off by a time limit still shows its rounds. Then the speed-up and
 how far the two engines' models are after the first round (largest |difference| over the largest
 parameter). ``--profile N`` adds where one stacked round's time goes, operator by operator
 (torch.profiler). Needs no GPU (``--device cpu``, the default); on a GPU it synchronises before
@@ -155,6 +156,12 @@ def main(argv: list[str] | None = None) -> int:
             t1 = time.perf_counter()
             alg.evaluate(state, fed, hp, rnd)
             sync()
+            # each round as it ends, so a run cut off by a time limit still gives its rounds
+            print(
+                f"{'':10s}  {engine} round {rnd}{' (untimed)' if rnd == 0 else ''}: {took:.3f} s, "
+                f"evaluation {time.perf_counter() - t1:.3f} s",
+                flush=True,
+            )
             if rnd == 0:
                 first_models[engine] = params_of(state)
                 continue
