@@ -16,8 +16,9 @@ the round's evaluation after it (what a run records as ``eval_seconds``); each r
 ends, so a run cut off by a time limit still shows its rounds. Then the speed-up and
 how far the two engines' models are after the first round (largest |difference| over the largest
 parameter). ``--profile N`` adds where one stacked round's time goes, operator by operator
-(torch.profiler). Needs no GPU (``--device cpu``, the default); on a GPU it synchronises before
-reading the clock.
+(torch.profiler). ``--fold-mb`` sets how many megabytes of replies a folded round (FedEM, FedRC,
+SCAFFOLD) gives a worker per call, so how many clients one call stacks. Needs no GPU
+(``--device cpu``, the default); on a GPU it synchronises before reading the clock.
 """
 
 from __future__ import annotations
@@ -98,6 +99,14 @@ def main(argv: list[str] | None = None) -> int:
         help="also profile one stacked round (torch.profiler) and print its ROWS costliest "
         "operators by self time, on the host and on the device",
     )
+    ap.add_argument(
+        "--fold-mb",
+        type=float,
+        default=None,
+        metavar="MB",
+        help="the replies a worker holds at a time in a folded round (FedEM, FedRC, SCAFFOLD), so "
+        "the clients a call stacks (default: fedray.algorithms.rounds.FOLD_BYTES, 64 MB)",
+    )
     args = ap.parse_args(argv)
     engines = one_run.picked_names(args.engines, list(ENGINES), ap.prog, "engine")
     if engines is None:
@@ -117,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg = one_run.picked(args, args.sets)
     if cfg is None:
         return 2
+    if args.fold_mb is not None:
+        from fedray.algorithms import rounds
+
+        rounds.FOLD_BYTES = int(args.fold_mb * (1 << 20))
     data = build_federated_data(cfg)
     alg = ALGORITHMS[cfg.algorithm]
     hp = alg.make_hparams(cfg.hp)

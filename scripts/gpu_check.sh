@@ -3,7 +3,7 @@
 # on the GPU machine, with the carried .gpu/ folder (Ray, wheels, Fashion-MNIST: .gpu/setup.sh):
 #
 #   bash scripts/gpu_check.sh          # about 5 minutes on one H200; writes $OUT/gpu_check.log
-#   bash scripts/gpu_check.sh fedrc    # FedRC's budget (about 5 minutes)
+#   bash scripts/gpu_check.sh fedrc    # FedRC's round, 2 and 40 clients a call (at most 5 minutes)
 #   bash scripts/gpu_check.sh engines  # the engines' comparison (about 5 minutes)
 #   bash scripts/gpu_check.sh widths   # a stacked call's time against its width (at most 4 minutes)
 #   bash scripts/gpu_check.sh kernels  # the stacked step under each CUDA kernel setting (at most 5 minutes)
@@ -15,7 +15,8 @@
 #   2. one partition row of that paper's table (jobs/configs/bench_table1_row.yaml: Dir(0.1), 14 runs,
 #      one seed, 3 rounds each) through `fedray sweep` on Ray, timed end to end, and what it says the
 #      whole table would take at the paper's budget (scripts/row_times.py);
-# fedrc: FedRC, FedEM and FedAvg at the FedRC paper's budget (FMNIST-C, 300 clients), stacked rounds.
+# fedrc: FedRC at the FedRC paper's budget (FMNIST-C, 303 clients), stacked rounds, with the clients
+#   a call as fedray gives them (2) and with 40 (--fold-mb 1024): whether its 44 s round is the calls' cost.
 # widths: scripts/stack_widths.py on the table's cell, 40 to 640 models a stack, grouped convolution
 #   against unfold + matmul, and the balanced (iid) cell beside Dir(0.1): what packing runs and
 #   ragged stacks can gain.
@@ -40,9 +41,13 @@ bench() {
 cell=jobs/configs/bench_gpu_dir01.yaml
 
 if [ "${1:-table}" = fedrc ]; then
-    for pick in "algorithm=fedrc --only hp.finetune=false" algorithm=fedem algorithm=fedavg; do
+    # FedRC's round as it runs (its 303 clients 2 to a call: 64 MB of replies a call), then with
+    # 1 GB a call (40 clients, 120 models a stack): how much of its round is the calls' own cost.
+    # Each round prints as it ends (the first is untimed), so a cut-off run still shows its rounds.
+    for part in "170 --only algorithm=fedrc --only hp.finetune=false" \
+        "130 --only algorithm=fedrc --only hp.finetune=false --fold-mb 1024"; do
         # shellcheck disable=SC2086
-        bench 190 jobs/configs/fedrc_fmnist.yaml --rounds 2 --engines batched --only lr=0.06 --only seed=0 --only $pick
+        bench ${part%% *} jobs/configs/fedrc_fmnist.yaml --rounds 2 --engines batched --only lr=0.06 --only seed=0 ${part#* }
     done
     exit 0
 fi
