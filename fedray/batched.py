@@ -409,25 +409,31 @@ def train_stacked(
         t += 1
     for j, i in enumerate(rows):  # the updates with the most steps, still stacked
         done.setdefault(i, row(j))
+    # every update's final values to the host together: one copy a tensor name, not one a tensor
+    # of every update (under a shared GPU each copy waits its turn)
+    final = {
+        part: {
+            n: torch.stack([done[i][part][n] for i in range(n_all)]).detach().cpu().numpy()
+            for n in done[0][part]
+        }
+        for part in ("p", "acc", "buf")
+    }
     out = []
     for i, u in enumerate(updates):
-        trained = {n: v.detach().cpu().numpy().copy() for n, v in done[i]["p"].items()}
+        trained = {n: v[i].copy() for n, v in final["p"].items()}
         params = {
             key: trained[key] if key in trained else np.array(val, copy=True) for key, val in u.params.items()
         }
-        got = done[i]["acc"]
         stats = TrainStats(
             samples=feed.samples[i],
-            loss_sum=float(got["loss"]),
-            correct=int(got["correct"]),
+            loss_sum=float(final["acc"]["loss"][i]),
+            correct=int(final["acc"]["correct"][i]),
             steps=steps[i],
             stacked=stacked[i],
         )
         kept = None
         if u.keep_buffers:
-            kept = {
-                f"{n}/momentum_buffer": v.detach().cpu().numpy().copy() for n, v in done[i]["buf"].items()
-            }
+            kept = {f"{n}/momentum_buffer": v[i].copy() for n, v in final["buf"].items()}
         out.append(Trained(params, stats, kept))
     return out
 
