@@ -2,7 +2,7 @@
 # The prepared GPU check (run first whenever a GPU is lent; never in CI). From the repository root
 # on the GPU machine, with the carried .gpu/ folder (Ray, wheels, Fashion-MNIST: .gpu/setup.sh):
 #
-#   bash scripts/gpu_check.sh          # about 5 minutes on one H200; writes $OUT/gpu_check.log
+#   bash scripts/gpu_check.sh          # about 5-6 minutes on one H200; writes $OUT/gpu_check.log
 #   bash scripts/gpu_check.sh fedrc    # FedRC's round, 2 and 40 clients a call (at most 5 minutes)
 #   bash scripts/gpu_check.sh engines  # the engines' comparison (about 5 minutes)
 #   bash scripts/gpu_check.sh widths   # a stacked call's time against its width (at most 4 minutes)
@@ -12,6 +12,8 @@
 #   1. the stacked engine's round at the FedConcat paper's budget on Dir(0.1) for FedAvg, FedProx,
 #      FedRS, FedLC, MOON (bench_batched: s a round, FLOP/s against the peak, stacked work), and a
 #      stack's time against its width (scripts/stack_widths.py);
+#   1b. one SGD step of 40 to 640 simple CNNs written three ways (scripts/stacked_cnn.py): whether a
+#      convolution that does not launch per model (im2col + batched matmul) beats vmap's grouped one;
 #   2. one partition row of that paper's table (jobs/configs/bench_table1_row.yaml: Dir(0.1), 14 runs,
 #      one seed, 3 rounds each) through `fedray sweep` on Ray, timed end to end, and what it says the
 #      whole table would take at the paper's budget (scripts/row_times.py);
@@ -83,6 +85,9 @@ done
 
 say "stack_widths (lanes): a stack's time against its width"
 timeout 90 python3 -m scripts.stack_widths $cell --device cuda --widths 1,4,16 2>&1 | tee -a "$log"
+
+say "stacked_cnn: one step of M simple CNNs as vmap makes it, as a grouped convolution, as im2col + bmm"
+timeout 100 python3 -m scripts.stacked_cnn --device cuda --models 40,160,640 2>&1 | tee -a "$log"
 
 row=/tmp/table1-row
 say "fedray sweep jobs/configs/bench_table1_row.yaml (one actor a run, a quarter of the GPU each, 4 runs at once)"
