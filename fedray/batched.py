@@ -29,6 +29,7 @@ on a GPU) decides which engine a host uses.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import numbers
 import warnings
@@ -46,6 +47,57 @@ from fedray.train import TrainStats
 from fedray.update import Batch, Frozen, LocalUpdate, Trained
 
 MODES = ("off", "on", "auto")
+
+# How a stack computes a convolution: "grouped", vmap's own batching of the module's (one grouped
+# convolution of the stack's models, which cuDNN runs a kernel a group), or "im2col", every model's
+# batch unfolded at once and contracted with its weights in one batched matrix product (a few
+# kernels a layer whatever the stack's width). Being measured on GPUs (`python -m
+# jobs.bench_batched --stacked-conv im2col`, scripts/stacked_cnn.py); not a config key until it pays.
+CONVS = ("grouped", "im2col")
+STACKED_CONV = "grouped"
+
+
+def conv2d_im2col(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+) -> torch.Tensor:
+    """``F.conv2d`` as im2col and a matrix product: the same values up to float round-off."""
+
+    def pair(v: Any) -> tuple[int, int]:
+        return (v, v) if isinstance(v, int) else tuple(v)
+
+    if groups != 1 or input.dim() != 4 or isinstance(padding, str):
+        return nn.functional.conv2d(input, weight, bias, stride, padding, dilation, groups)
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = weight.shape[-2:], pair(stride), pair(padding), pair(dilation)
+    b, _, h, w = input.shape
+    out_h = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    out_w = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    cols = nn.functional.unfold(input, (kh, kw), (dh, dw), (ph, pw), (sh, sw))  # [B, C*kh*kw, L]
+    out = torch.einsum("bkl,ok->bol", cols, weight.flatten(1))
+    if bias is not None:
+        out = out + bias[None, :, None]
+    return out.reshape(b, weight.shape[0], out_h, out_w)
+
+
+class _Im2col(torch.overrides.TorchFunctionMode):
+    """Every ``F.conv2d`` called inside computed by `conv2d_im2col`."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is nn.functional.conv2d:
+            return conv2d_im2col(*args, **(kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+def _conv_mode() -> Any:
+    """The context a stacked step's convolutions run in (`STACKED_CONV`)."""
+    if STACKED_CONV not in CONVS:
+        raise ValueError(f"fedray.batched.STACKED_CONV must be one of {CONVS}, got {STACKED_CONV!r}")
+    return _Im2col() if STACKED_CONV == "im2col" else contextlib.nullcontext()
 
 
 def refusal(model: nn.Module) -> str | None:
@@ -337,7 +389,8 @@ def train_stacked(
 
     def step(x, y, mask, count, w) -> None:
         """One SGD step of every stacked update, in place."""
-        g, (pred, ce) = grads(p, held, x, y, mask, count, w, rows_ctx)
+        with _conv_mode():
+            g, (pred, ce) = grads(p, held, x, y, mask, count, w, rows_ctx)
         with torch.no_grad():  # torch.optim.SGD's rule (foreach form), every update's slice at once
             ps, gs = [p[n] for n in names], [g[n] for n in names]
             if wd:

@@ -17,7 +17,8 @@ ends, so a run cut off by a time limit still shows its rounds. Then the speed-up
 how far the two engines' models are after the first round (largest |difference| over the largest
 parameter). ``--profile N`` adds where one stacked round's time goes, operator by operator
 (torch.profiler). ``--fold-mb`` sets how many megabytes of replies a folded round (FedEM, FedRC,
-SCAFFOLD) gives a worker per call, so how many clients one call stacks. Needs no GPU
+SCAFFOLD) gives a worker per call, so how many clients one call stacks; ``--stacked-conv im2col``
+computes the stack's convolutions as im2col and one batched matrix product. Needs no GPU
 (``--device cpu``, the default); on a GPU it synchronises before reading the clock.
 """
 
@@ -107,6 +108,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the replies a worker holds at a time in a folded round (FedEM, FedRC, SCAFFOLD), so "
         "the clients a call stacks (default: fedray.algorithms.rounds.FOLD_BYTES, 64 MB)",
     )
+    ap.add_argument(
+        "--stacked-conv",
+        default="grouped",
+        choices=["grouped", "im2col"],
+        help="how the stacked engine computes a convolution (fedray.batched.STACKED_CONV; default grouped)",
+    )
     args = ap.parse_args(argv)
     engines = one_run.picked_names(args.engines, list(ENGINES), ap.prog, "engine")
     if engines is None:
@@ -126,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg = one_run.picked(args, args.sets)
     if cfg is None:
         return 2
+    from fedray import batched
+
+    batched.STACKED_CONV = args.stacked_conv
     if args.fold_mb is not None:
         from fedray.algorithms import rounds
 

@@ -2,7 +2,7 @@
 # The prepared GPU check (run first whenever a GPU is lent; never in CI). From the repository root
 # on the GPU machine, with the carried .gpu/ folder (Ray, wheels, Fashion-MNIST: .gpu/setup.sh):
 #
-#   bash scripts/gpu_check.sh          # about 5-6 minutes on one H200; writes $OUT/gpu_check.log
+#   bash scripts/gpu_check.sh          # about 7 minutes on one H200; writes $OUT/gpu_check.log
 #   bash scripts/gpu_check.sh fedrc    # FedRC's round, 2 and 40 clients a call (at most 5 minutes)
 #   bash scripts/gpu_check.sh engines  # the engines' comparison (about 5 minutes)
 #   bash scripts/gpu_check.sh widths   # a stacked call's time against its width (at most 4 minutes)
@@ -10,7 +10,8 @@
 #
 # table (default), the GPU table's issue, each part under its own time limit:
 #   1. the stacked engine's round at the FedConcat paper's budget on Dir(0.1) for FedAvg, FedProx,
-#      FedRS, FedLC, MOON (bench_batched: s a round, FLOP/s against the peak, stacked work), and a
+#      FedRS, FedLC, MOON (bench_batched: s a round, FLOP/s against the peak, stacked work), FedAvg
+#      and MOON again with the stack's convolutions as im2col + batched matmul (--stacked-conv), and a
 #      stack's time against its width (scripts/stack_widths.py);
 #   1b. one SGD step of 40 to 640 simple CNNs written three ways (scripts/stacked_cnn.py): whether a
 #      convolution that does not launch per model (im2col + batched matmul) beats vmap's grouped one;
@@ -20,7 +21,7 @@
 # fedrc: FedRC at the FedRC paper's budget (FMNIST-C, 303 clients), stacked rounds, with the clients
 #   a call as fedray gives them (2) and with 40 (--fold-mb 1024): whether its 44 s round is the calls' cost.
 # widths: scripts/stack_widths.py on the table's cell, 40 to 640 models a stack, grouped convolution
-#   against unfold + matmul, and the balanced (iid) cell beside Dir(0.1): what packing runs and
+#   against im2col + batched matmul, and the balanced (iid) cell beside Dir(0.1): what packing runs and
 #   ragged stacks can gain.
 # kernels: scripts/stack_widths.py on the table's cell at widths 1 and 4 under each kernel setting:
 #   as fedray runs it, without deterministic kernels, with cuDNN's timed algorithm pick, without
@@ -54,7 +55,7 @@ if [ "${1:-table}" = fedrc ]; then
     exit 0
 fi
 if [ "${1:-table}" = widths ]; then
-    for part in "170 --widths 1,4,16 --conv grouped,matmul" "60 --widths 1,4 --set partition=iid"; do
+    for part in "170 --widths 1,4,16 --conv grouped,im2col" "60 --widths 1,4 --set partition=iid"; do
         say "stack_widths ${part#* }"
         # shellcheck disable=SC2086
         timeout ${part%% *} python3 -m scripts.stack_widths $cell --device cuda ${part#* } 2>&1 | tee -a "$log"
@@ -78,7 +79,8 @@ if [ "${1:-table}" = engines ]; then
     exit 0
 fi
 
-for algo in "fedavg" "fedprox --set hp.mu=0.01" "fedrs --set hp.alpha=0.5" "fedlc --set hp.tau=1" "moon --set hp.mu=1"; do
+for algo in "fedavg" "fedprox --set hp.mu=0.01" "fedrs --set hp.alpha=0.5" "fedlc --set hp.tau=1" "moon --set hp.mu=1" \
+    "fedavg --stacked-conv im2col" "moon --set hp.mu=1 --stacked-conv im2col"; do
     # shellcheck disable=SC2086
     bench 60 $cell --rounds 3 --engines batched --set algorithm=$algo
 done

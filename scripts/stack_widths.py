@@ -1,7 +1,7 @@
 """How a stacked call's time grows with its width: the measurement behind packing runs.
 
     python -m scripts.stack_widths CONFIG [--set KEY=VALUE] [--device cuda] [--widths 1,4,16]
-        [--conv grouped,matmul]
+        [--conv grouped,im2col]
 
 Builds the config's clients in this process and trains every client's FedAvg update from one
 model in one `batched.train_stacked` call, the clients repeated W times for each width W (W x the
@@ -14,9 +14,10 @@ that off: the pick is not reproducible); with ``--set cuda_deterministic=false``
 ``--set channels_last=false`` or ``--set cuda_tf32=false`` it measures which kernel setting the
 grouped convolutions are slow under.
 
-``--conv matmul`` runs the same calls with every ``nn.Conv2d`` computed as unfold and matrix
-product (one batched matmul a layer under vmap) in place of the grouped convolution vmap makes of
-it: which the GPU does faster at which width.
+``--conv im2col`` runs the same calls with every convolution of the stack computed as unfold and
+one batched matrix product over the models (`fedray.batched.STACKED_CONV`) in place of the grouped
+convolution vmap makes of it: which the GPU does faster at which width. (The matmul variant of
+2026-11-27, a broadcast matrix product per model's batch, 17x slower, is gone.)
 """
 
 from __future__ import annotations
@@ -28,29 +29,12 @@ import time
 from jobs import one_run
 
 
-def conv_as_matmul() -> None:
-    """Every nn.Conv2d (groups 1, no dilation) computed as unfold + matmul."""
-    import torch.nn.functional as F
-    from torch import nn
-
-    def forward(self, x):
-        (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
-        b, _, h, w = x.shape
-        cols = F.unfold(x, (kh, kw), padding=(ph, pw), stride=(sh, sw))  # [B, C*kh*kw, L]
-        out = self.weight.flatten(1) @ cols  # [B, O, L]
-        if self.bias is not None:
-            out = out + self.bias[:, None]
-        return out.view(b, out.shape[1], (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1)
-
-    nn.Conv2d.forward = forward
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m scripts.stack_widths", description=__doc__.split("\n\n")[0])
     one_run.add_args(ap)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--widths", default="1,4,16")
-    ap.add_argument("--conv", default="grouped", help="grouped, matmul or both (grouped,matmul)")
+    ap.add_argument("--conv", default="grouped", help="grouped, im2col or both (grouped,im2col)")
     ap.add_argument("--cudnn-benchmark", action="store_true", help="cuDNN picks its algorithms by timing")
     args = ap.parse_args(argv)
     cfg = one_run.picked(args, args.sets)
@@ -98,8 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         return took, max(t.stats.steps for t in got)
 
     for conv in args.conv.split(","):
-        if conv == "matmul":
-            conv_as_matmul()
+        batched.STACKED_CONV = conv
         for w in [int(v) for v in args.widths.split(",")]:
             took, steps = timed(clients * w, w)
             samples = real * bs * w  # an upper bound on the real sample-steps (last batches full)

@@ -1,4 +1,4 @@
-"""How fast one SGD step of many simple CNNs can go, three ways, on the GPU table's cell.
+"""How fast one SGD step of many simple CNNs can go, four ways, on the GPU table's cell.
 
     python -m scripts.stacked_cnn [--device cuda] [--models 40,160,640] [--steps 200]
 
@@ -6,17 +6,20 @@ The stacked engine steps M models at once under ``torch.func.vmap``, which turns
 convolution into one grouped convolution of M groups; on the H200 a step of 40 simple CNNs takes
 about 1.2 ms (1-2% of the float32 peak) and grows in proportion to M, and a profile showed cuDNN
 launching a kernel per group. This script times one SGD step (forward, backward, momentum update)
-of M simple CNNs (fedray's ``simple_cnn`` on 1x28x28, batch 64) written three ways, without fedray's
+of M simple CNNs (fedray's ``simple_cnn`` on 1x28x28, batch 64) written four ways, without fedray's
 engine around them, each step captured in a CUDA graph on CUDA:
 
 - ``vmap``: ``vmap(grad(loss))`` over the models of a ``functional_call`` of the module, as the
   stacked engine does (the convolution becomes a grouped one);
+- ``vmap-einsum``: as ``vmap``, each convolution written as a view of its patches contracted with
+  the weights (``Tensor.unfold`` + ``einsum``), which vmap batches as one contraction over the
+  models: what the engine could swap in without leaving vmap;
 - ``grouped``: the same grouped convolution written out (models folded into the channels), no vmap;
 - ``bmm``: each convolution as ``unfold`` (im2col) of every model's batch at once and one batched
   matrix product over the models (``baddbmm``), the linear layers as ``baddbmm`` too: a handful of
   kernels a layer whatever M is.
 
-First it checks that the three give the same gradients (largest difference, on a few models), then
+First it checks that the four give the same gradients (largest difference, on a few models), then
 prints ms a step and sample-steps a second for each M. It answers whether a convolution formulation
 that does not launch per model would make the stacked step faster, before the engine is changed.
 """
@@ -99,12 +102,36 @@ def explicit_step(conv):
     return grads
 
 
-def vmap_step(module: torch.nn.Module):
+def vmap_step(module: torch.nn.Module, conv=None):
+    """``vmap(grad(loss))`` over the models, each convolution as ``conv`` (default: the module's own)."""
+
     def loss_one(params, x, y):
         return F.cross_entropy(functional_call(module, params, (x,)), y)
 
     g = vmap(grad(loss_one))
-    return lambda p, x, y: g(p, x, y)
+    if conv is None:
+        return g
+
+    def with_conv(p, x, y):
+        own = torch.nn.Conv2d._conv_forward
+        torch.nn.Conv2d._conv_forward = lambda self, x, w, b: conv(x, w, b)
+        try:
+            return g(p, x, y)
+        finally:
+            torch.nn.Conv2d._conv_forward = own
+
+    return with_conv
+
+
+def conv_einsum(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """One model's convolution (stride 1, no padding) as im2col (``F.unfold``) contracted with the
+    weights: under vmap one batched contraction over the models, not a grouped convolution (unfold
+    and its backward have batching rules; ``Tensor.unfold``'s backward has none and loops)."""
+    k = w.shape[-1]
+    cols = F.unfold(x, k)  # [B, C*k*k, L]
+    side = x.shape[-1] - k + 1
+    y = torch.einsum("bkl,ok->bol", cols, w.flatten(1)) + b[None, :, None]
+    return y.reshape(x.shape[0], w.shape[0], x.shape[-2] - k + 1, side)
 
 
 def sgd(p, bufs, g, lr=0.01, mom=0.9) -> None:
@@ -121,9 +148,10 @@ def timed(way: str, m: int, steps: int, device: torch.device) -> float:
     bufs = {n: torch.zeros_like(t) for n, t in p.items()}
     x = torch.randn(m, BATCH, *SHAPE, device=device)
     y = torch.randint(0, CLASSES, (m, BATCH), device=device)
-    grads = (
-        vmap_step(module) if way == "vmap" else explicit_step(conv_grouped if way == "grouped" else conv_bmm)
-    )
+    if way.startswith("vmap"):
+        grads = vmap_step(module, conv_einsum if way == "vmap-einsum" else None)
+    else:
+        grads = explicit_step(conv_grouped if way == "grouped" else conv_bmm)
 
     def step() -> None:
         sgd(p, bufs, grads(p, x, y))
@@ -159,8 +187,8 @@ def agreement(device: torch.device) -> float:
     y = torch.randint(0, CLASSES, (3, 8), device=device)
     want = vmap_step(module)(p, x, y)
     worst = 0.0
-    for conv in (conv_grouped, conv_bmm):
-        got = explicit_step(conv)(p, x, y)
+    for grads in (explicit_step(conv_grouped), explicit_step(conv_bmm), vmap_step(module, conv_einsum)):
+        got = grads(p, x, y)
         worst = max(worst, max(float((got[n] - want[n]).abs().max()) for n in want))
     return worst
 
@@ -170,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--models", default="40,160,640", help="models a stack (comma-separated)")
     ap.add_argument("--steps", type=int, default=200, help="timed steps (default 200)")
-    ap.add_argument("--ways", default="vmap,grouped,bmm")
+    ap.add_argument("--ways", default="vmap,vmap-einsum,grouped,bmm")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda":  # the kernel settings fedray runs under: deterministic, TF32 convolutions

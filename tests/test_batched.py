@@ -477,6 +477,29 @@ def test_batched_runs_give_the_per_client_numbers(tmp_path, name):
     _off_and_on_agree(tmp_path, {**BASE, **ALL[name]})
 
 
+@pytest.mark.parametrize("name", ["fedavg", "moon"])
+def test_stacked_convolutions_as_im2col_give_the_per_client_numbers(tmp_path, monkeypatch, name):
+    # the convolution being measured on GPUs (fedray.batched.STACKED_CONV): McMahan's CNN's "same"
+    # convolutions (padding 2), MOON's frozen models too
+    calls = []
+    im2col = batched.conv2d_im2col
+    monkeypatch.setattr(batched, "STACKED_CONV", "im2col")
+    monkeypatch.setattr(batched, "conv2d_im2col", lambda *a, **k: calls.append(1) or im2col(*a, **k))
+    _off_and_on_agree(tmp_path, {**BASE, **ALL[name]})
+    assert calls
+
+
+def test_im2col_is_the_convolution():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 4, 11, 9, generator=g)
+    w, b = torch.randn(5, 4, 3, 2, generator=g), torch.randn(5, generator=g)
+    for kw in ({}, {"stride": 2}, {"padding": (1, 2)}, {"dilation": 2, "stride": (1, 2)}):
+        assert torch.allclose(
+            batched.conv2d_im2col(x, w, b, **kw), torch.nn.functional.conv2d(x, w, b, **kw), atol=1e-5
+        )
+    assert torch.allclose(batched.conv2d_im2col(x, w), torch.nn.functional.conv2d(x, w), atol=1e-5)
+
+
 def _off_and_on_agree(tmp_path, over):
     """``over`` run per client and batched: `_compare`'s agreement, and batched for real (the runs'
     summaries count stacked calls, and the SGD losses differ in the last bits)."""
