@@ -85,7 +85,19 @@ def conv2d_im2col(
 
 
 class _Im2col(torch.overrides.TorchFunctionMode):
-    """Every ``F.conv2d`` called inside computed by `conv2d_im2col`."""
+    """Every ``F.conv2d`` called inside computed by `conv2d_im2col`. Inside, CUDA's matrix products
+    may use TF32 where its convolutions may (``cuda_tf32``; fedray keeps matrix products float32
+    otherwise), so the products that replace the convolutions run at the convolutions' precision
+    (the linear layers of the step too)."""
+
+    def __enter__(self):
+        self._tf32 = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.backends.cuda.matmul.allow_tf32 = self._tf32
+        return super().__exit__(*exc)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func is nn.functional.conv2d:
@@ -464,12 +476,13 @@ def train_stacked(
         done.setdefault(i, row(j))
     # every update's final values to the host together: one copy a tensor name, not one a tensor
     # of every update (under a shared GPU each copy waits its turn)
+    parts = ("p", "acc", "buf") if any(u.keep_buffers for u in updates) else ("p", "acc")
     final = {
         part: {
             n: torch.stack([done[i][part][n] for i in range(n_all)]).detach().cpu().numpy()
             for n in done[0][part]
         }
-        for part in ("p", "acc", "buf")
+        for part in parts
     }
     out = []
     for i, u in enumerate(updates):

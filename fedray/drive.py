@@ -1,10 +1,13 @@
-"""Running client functions: the generators that yield `fedray.update.LocalUpdate`s, and the rest.
+"""Running client functions: the generators that yield `fedray.update.LocalUpdate`s and
+`fedray.update.Evaluation`s, and the rest.
 
-A client function is ``fn(client, cstate, msg) -> (reply, new_cstate)``. One that trains is a
-generator: it yields a `LocalUpdate` (or a list of them) where it would train, receives the
-`Trained` result (or the list), and returns its reply and state (fedray/update.py). `run_one` runs
-one client to its end with the per-client engine; `run_stacked` runs many at once, advancing every
-client to its next yield and training everything they yielded together in the stacked engine.
+A client function is ``fn(client, cstate, msg) -> (reply, new_cstate)``. One that trains or
+evaluates is a generator: it yields a `LocalUpdate` or an `Evaluation` (or a list of them) where
+it would train or evaluate, receives the result (`Trained`, `EvalStats` or per-sample values; a
+list for a list), and returns its reply and state (fedray/update.py). `run_one` runs one client to
+its end with the per-client engine (a yield's evaluations in one call); `run_stacked` runs many at
+once, advancing every client to its next yield, training everything they yielded together in the
+stacked engine and evaluating everything they yielded in one call.
 
 A client function that trains by itself (an optimizer step inside it, not a yielded update) cannot
 be stacked: under ``batched_clients: on`` its first step fails, naming the function; under
@@ -21,6 +24,7 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
+import numpy as np
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from fedray import batched
@@ -48,7 +52,7 @@ def _failed_together(cids: list[int], what: str, e: Exception) -> ClientError:
     return ClientError(cids[0], f"{what} of clients {cids}: {type(e).__name__}: {e}", traceback.format_exc())
 
 
-Answer = Trained | EvalStats
+Answer = Trained | EvalStats | np.ndarray
 
 
 def _answer(yielded: Any, answers: list[Answer]) -> Answer | list[Answer]:
@@ -66,8 +70,8 @@ def _answered_alone(client: Client, asked: list[Request]) -> list[Answer]:
 
 
 def run_one(fn: Callable, client: Client, cstate: Any, msg: Any) -> tuple[Any, Any]:
-    """``fn`` on one client to its end; every update it yields trained by the per-client engine,
-    in order. A failure names the client."""
+    """``fn`` on one client to its end; every update it yields trained by the per-client engine, in
+    order, and a yield's evaluations answered in one call. A failure names the client."""
     try:
         out = fn(client, cstate, msg)
         if not inspect.isgenerator(out):
@@ -132,8 +136,9 @@ def run_stacked(
 ) -> tuple[list[tuple[Any, Any]], list[bool]]:
     """``fn`` on every client at once: each is advanced to its next yield, then everything yielded
     trains, updates of one `fedray.batched.signature` in one stack (an update alone in its shape
-    by the per-client engine), and the results go back; until every client has returned. Returns
-    the ``(reply, new_cstate)`` of each client and whether its training ran stacked."""
+    by the per-client engine), every evaluation in one call (`fedray.train.evaluate_requests`),
+    and the results go back; until every client has returned. Returns the ``(reply, new_cstate)``
+    of each client and whether its training ran stacked."""
     n = len(clients)
     results: list[Any] = [None] * n
     stacked = [False] * n
@@ -150,7 +155,7 @@ def run_stacked(
             results[i] = out
     answers: dict[int, Any] = dict.fromkeys(gens)
     while gens:
-        asked: dict[int, tuple[Any, list[LocalUpdate]]] = {}
+        asked: dict[int, tuple[Any, list[Request]]] = {}
         for i, gen in list(gens.items()):
             try:
                 with _watching(fn, mode):

@@ -204,6 +204,10 @@ class Evaluation:
             raise ValueError(f"Evaluation split must be one of {SPLITS}, got {self.split!r}")
         if self.per_sample not in PER_SAMPLE:
             raise ValueError(f"Evaluation per_sample must be one of {PER_SAMPLE}, got {self.per_sample!r}")
+        if self.arch.head_only:
+            raise ValueError(
+                "Evaluation runs a model on the client's images: a head-only Arch takes features"
+            )
 
 
 Request = LocalUpdate | Evaluation

@@ -179,16 +179,17 @@ def main(argv: list[str] | None = None) -> int:
             t1 = time.perf_counter()
             alg.evaluate(state, fed, hp, rnd)
             sync()
+            evaluated = time.perf_counter() - t1
             # each round as it ends, so a run cut off by a time limit still gives its rounds
             print(
                 f"{'':10s}  {engine} round {rnd}{' (untimed)' if rnd == 0 else ''}: {took:.3f} s, "
-                f"evaluation {time.perf_counter() - t1:.3f} s",
+                f"evaluation {evaluated:.3f} s",
                 flush=True,
             )
             if rnd == 0:
                 first_models[engine] = params_of(state)
                 continue
-            evals.append(time.perf_counter() - t1)
+            evals.append(evaluated)
             times.append(took)
             samples.append(real)
             rows.append(stepped)

@@ -13,7 +13,7 @@
 #      FedRS, FedLC, MOON (bench_batched: s a round, FLOP/s against the peak, stacked work), FedAvg
 #      and MOON again with the stack's convolutions as im2col + batched matmul (--stacked-conv), and a
 #      stack's time against its width (scripts/stack_widths.py);
-#   1b. one SGD step of 40 to 640 simple CNNs written three ways (scripts/stacked_cnn.py): whether a
+#   1b. one SGD step of 40 to 640 simple CNNs written four ways (scripts/stacked_cnn.py): whether a
 #      convolution that does not launch per model (im2col + batched matmul) beats vmap's grouped one;
 #   2. one partition row of that paper's table (jobs/configs/bench_table1_row.yaml: Dir(0.1), 14 runs,
 #      one seed, 3 rounds each) through `fedray sweep` on Ray, timed end to end, and what it says the
@@ -88,8 +88,8 @@ done
 say "stack_widths (lanes): a stack's time against its width"
 timeout 90 python3 -m scripts.stack_widths $cell --device cuda --widths 1,4,16 2>&1 | tee -a "$log"
 
-say "stacked_cnn: one step of M simple CNNs as vmap makes it, as a grouped convolution, as im2col + bmm"
-timeout 100 python3 -m scripts.stacked_cnn --device cuda --models 40,160,640 2>&1 | tee -a "$log"
+say "stacked_cnn: one step of M simple CNNs as vmap makes it, vmap with im2col, a grouped convolution, im2col + bmm"
+timeout 100 python3 -m scripts.stacked_cnn --device cuda --models 40,160,640 --steps 100 2>&1 | tee -a "$log"
 
 row=/tmp/table1-row
 say "fedray sweep jobs/configs/bench_table1_row.yaml (one actor a run, a quarter of the GPU each, 4 runs at once)"

@@ -400,6 +400,8 @@ def test_a_failing_evaluation_names_its_client(monkeypatch):
         Evaluation(msg["params"], "validation")
     with pytest.raises(ValueError, match="per_sample must be one of"):
         Evaluation(msg["params"], per_sample="logits")
+    with pytest.raises(ValueError, match="a head-only Arch takes features"):
+        Evaluation(msg["params"], arch=Arch(concat=2, head_only=True))
 
 
 def _yields_nonsense(client, cstate, msg):
