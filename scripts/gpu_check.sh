@@ -7,6 +7,7 @@
 #   bash scripts/gpu_check.sh engines  # the engines' comparison (about 5 minutes)
 #   bash scripts/gpu_check.sh widths   # a stacked call's time against its width (at most 4 minutes)
 #   bash scripts/gpu_check.sh kernels  # the stacked step under each CUDA kernel setting (at most 5 minutes)
+#   bash scripts/gpu_check.sh conv     # a stacked round profiled with each convolution (at most 6 minutes)
 #
 # table (default), the GPU table's issue, each part under its own time limit:
 #   1. the stacked engine's round at the FedConcat paper's budget on Dir(0.1) for FedAvg, FedProx,
@@ -27,6 +28,8 @@
 #   as fedray runs it, without deterministic kernels, with cuDNN's timed algorithm pick, without
 #   channels-last, without TF32: which one the grouped convolutions (1.3-2% of the float32 peak)
 #   are slow under, the next lever for the table's time.
+# conv: FedAvg's stacked round on the cell profiled (torch.profiler, 12 costliest operators) with the
+#   grouped convolution and with im2col + batched matmul, and stacked_cnn at 40 and 160 models.
 # engines: per client against stacked for FedAvg (profiled), MOON and FedCat at their papers' budgets.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -69,6 +72,16 @@ if [ "${1:-table}" = kernels ]; then
         # shellcheck disable=SC2086
         timeout 55 python3 -m scripts.stack_widths $cell --device cuda --widths 1,4 $part 2>&1 | tee -a "$log"
     done
+    exit 0
+fi
+if [ "${1:-table}" = conv ]; then
+    # where a stacked FedAvg round's time goes with each convolution (the profile's costliest
+    # operators on the host and the device), and stacked_cnn at more steps
+    for conv in grouped im2col; do
+        bench 120 $cell --rounds 2 --engines batched --stacked-conv $conv --profile 12
+    done
+    say "stacked_cnn --steps 300"
+    timeout 100 python3 -m scripts.stacked_cnn --device cuda --models 40,160 --steps 300 2>&1 | tee -a "$log"
     exit 0
 fi
 if [ "${1:-table}" = engines ]; then
