@@ -105,7 +105,7 @@ class _Im2col(torch.overrides.TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def _conv_mode() -> Any:
+def conv_mode() -> Any:
     """The context a stacked step's convolutions run in (`STACKED_CONV`)."""
     if STACKED_CONV not in CONVS:
         raise ValueError(f"fedray.batched.STACKED_CONV must be one of {CONVS}, got {STACKED_CONV!r}")
@@ -401,7 +401,7 @@ def train_stacked(
 
     def step(x, y, mask, count, w) -> None:
         """One SGD step of every stacked update, in place."""
-        with _conv_mode():
+        with conv_mode():
             g, (pred, ce) = grads(p, held, x, y, mask, count, w, rows_ctx)
         with torch.no_grad():  # torch.optim.SGD's rule (foreach form), every update's slice at once
             ps, gs = [p[n] for n in names], [g[n] for n in names]

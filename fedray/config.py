@@ -174,7 +174,6 @@ class Config:
     # decides when the run (the sweep) attaches to it: no GPU, 0; else each GPU shared by as many
     # actors as its node's CPUs hold, at most 4 (`fedray.placement.auto_gpus_per_actor`), said in
     # one line. The run id, the saved config and the records carry the fraction it resolved to.
-    # GPUs per client actor (0.25: 4 actors a GPU); auto: from the cluster
     num_gpus_per_actor: float | str = field(default=0.0, metadata=bound(ge=0, words=("auto",)))
     # client actors to start; 0 = as many as the cluster's resources allow (at most N)
     num_actors: int = field(default=0, metadata=bound(ge=0, note="0 = from resources"))

@@ -11,9 +11,9 @@ engine around them, each step captured in a CUDA graph on CUDA:
 
 - ``vmap``: ``vmap(grad(loss))`` over the models of a ``functional_call`` of the module, as the
   stacked engine does (the convolution becomes a grouped one);
-- ``vmap-einsum``: as ``vmap``, each convolution written as a view of its patches contracted with
-  the weights (``Tensor.unfold`` + ``einsum``), which vmap batches as one contraction over the
-  models: what the engine could swap in without leaving vmap;
+- ``vmap-im2col``: as ``vmap``, with the stacked engine's im2col convolutions (`fedray.batched`'s
+  ``STACKED_CONV = "im2col"``: ``F.unfold`` contracted with the weights, which vmap batches as one
+  contraction over the models): what the engine does when switched;
 - ``grouped``: the same grouped convolution written out (models folded into the channels), no vmap;
 - ``bmm``: each convolution as ``unfold`` (im2col) of every model's batch at once and one batched
   matrix product over the models (``baddbmm``), the linear layers as ``baddbmm`` too: a handful of
@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
+from fedray import batched
 from fedray.models import build_model
 
 BATCH, CLASSES, SHAPE = 64, 10, (1, 28, 28)
@@ -102,36 +103,26 @@ def explicit_step(conv):
     return grads
 
 
-def vmap_step(module: torch.nn.Module, conv=None):
-    """``vmap(grad(loss))`` over the models, each convolution as ``conv`` (default: the module's own)."""
+def vmap_step(module: torch.nn.Module, im2col: bool = False):
+    """``vmap(grad(loss))`` over the models; with ``im2col`` each convolution as the stacked engine
+    computes it under ``STACKED_CONV = "im2col"`` (`fedray.batched.conv_mode`)."""
 
     def loss_one(params, x, y):
         return F.cross_entropy(functional_call(module, params, (x,)), y)
 
     g = vmap(grad(loss_one))
-    if conv is None:
+    if not im2col:
         return g
 
-    def with_conv(p, x, y):
-        own = torch.nn.Conv2d._conv_forward
-        torch.nn.Conv2d._conv_forward = lambda self, x, w, b: conv(x, w, b)
+    def with_im2col(p, x, y):
+        batched.STACKED_CONV = "im2col"
         try:
-            return g(p, x, y)
+            with batched.conv_mode():
+                return g(p, x, y)
         finally:
-            torch.nn.Conv2d._conv_forward = own
+            batched.STACKED_CONV = "grouped"
 
-    return with_conv
-
-
-def conv_einsum(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """One model's convolution (stride 1, no padding) as im2col (``F.unfold``) contracted with the
-    weights: under vmap one batched contraction over the models, not a grouped convolution (unfold
-    and its backward have batching rules; ``Tensor.unfold``'s backward has none and loops)."""
-    k = w.shape[-1]
-    cols = F.unfold(x, k)  # [B, C*k*k, L]
-    side = x.shape[-1] - k + 1
-    y = torch.einsum("bkl,ok->bol", cols, w.flatten(1)) + b[None, :, None]
-    return y.reshape(x.shape[0], w.shape[0], x.shape[-2] - k + 1, side)
+    return with_im2col
 
 
 def sgd(p, bufs, g, lr=0.01, mom=0.9) -> None:
@@ -149,7 +140,7 @@ def timed(way: str, m: int, steps: int, device: torch.device) -> float:
     x = torch.randn(m, BATCH, *SHAPE, device=device)
     y = torch.randint(0, CLASSES, (m, BATCH), device=device)
     if way.startswith("vmap"):
-        grads = vmap_step(module, conv_einsum if way == "vmap-einsum" else None)
+        grads = vmap_step(module, im2col=way == "vmap-im2col")
     else:
         grads = explicit_step(conv_grouped if way == "grouped" else conv_bmm)
 
@@ -158,8 +149,8 @@ def timed(way: str, m: int, steps: int, device: torch.device) -> float:
 
     cuda = device.type == "cuda"
     # matrix products at the convolutions' precision (TF32) where they replace them, as
-    # fedray.batched's im2col does; float32 elsewhere, as fedray runs
-    torch.backends.cuda.matmul.allow_tf32 = way in ("vmap-einsum", "bmm")
+    # fedray.batched's im2col does (vmap-im2col: its mode sets it); float32 elsewhere, as fedray runs
+    torch.backends.cuda.matmul.allow_tf32 = way == "bmm"
     if cuda:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -190,7 +181,7 @@ def agreement(device: torch.device) -> float:
     y = torch.randint(0, CLASSES, (3, 8), device=device)
     want = vmap_step(module)(p, x, y)
     worst = 0.0
-    for grads in (explicit_step(conv_grouped), explicit_step(conv_bmm), vmap_step(module, conv_einsum)):
+    for grads in (explicit_step(conv_grouped), explicit_step(conv_bmm), vmap_step(module, im2col=True)):
         got = grads(p, x, y)
         worst = max(worst, max(float((got[n] - want[n]).abs().max()) for n in want))
     return worst
@@ -201,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--models", default="40,160,640", help="models a stack (comma-separated)")
     ap.add_argument("--steps", type=int, default=200, help="timed steps (default 200)")
-    ap.add_argument("--ways", default="vmap,vmap-einsum,grouped,bmm")
+    ap.add_argument("--ways", default="vmap,vmap-im2col,grouped,bmm")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda":  # the kernel settings fedray runs under: deterministic, TF32 convolutions

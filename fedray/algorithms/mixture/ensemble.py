@@ -32,6 +32,11 @@ def ensemble_asked(models: list[Params], split: str) -> list[Evaluation]:
     return [Evaluation(p, split, per_sample="proba") for p in models]
 
 
+def split_labels(client: Client, split: str) -> np.ndarray:
+    """The labels of the client's ``split``, in the order its evaluations give their samples."""
+    return client.train_labels() if split == "train" else client.test_labels()
+
+
 def ensemble_stats(state: ClientMixture, probas: list[np.ndarray], labels: np.ndarray, hard: bool) -> dict:
     """Correct predictions and summed NLL of the omega-weighted softmax ensemble of the models'
     probabilities ``probas`` (each n x classes) against ``labels``."""
@@ -47,8 +52,7 @@ def ensemble_eval(client: Client, state: ClientMixture, models: list[Params], ha
     """The ensemble on the client's ``split`` (``"train"`` or ``"test"``): `ensemble_stats`, from the
     models' probabilities, yielded (`fedray.Evaluation`)."""
     probas = yield ensemble_asked(models, split)
-    labels = client.train_labels() if split == "train" else client.test_labels()
-    return ensemble_stats(state, probas, labels, hard)
+    return ensemble_stats(state, probas, split_labels(client, split), hard)
 
 
 def own_ensemble_eval(client: Client, cstate: Any, msg: dict) -> Generator[Any, Any, tuple[dict, Any]]:
@@ -60,8 +64,9 @@ def own_ensemble_eval(client: Client, cstate: Any, msg: dict) -> Generator[Any, 
     k = len(msg["models"])
     out = {}
     for j, split in enumerate(splits):
-        labels = client.train_labels() if split == "train" else client.test_labels()
-        out[split] = ensemble_stats(state, probas[j * k : (j + 1) * k], labels, msg["hard"])
+        out[split] = ensemble_stats(
+            state, probas[j * k : (j + 1) * k], split_labels(client, split), msg["hard"]
+        )
     return out, cstate
 
 
