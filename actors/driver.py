@@ -9,6 +9,7 @@ import signal
 import stat
 import threading
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,12 +102,16 @@ def connect(address: str | None = None, plugins: Sequence[str] = ()) -> bool:
     sigterm = signal.getsignal(signal.SIGTERM) if main else None
     try:
         if address:
-            ray.init(address=address, logging_level=logging.WARNING, **env)
+            with _replacing_job_fields(env["runtime_env"]):
+                ray.init(address=address, logging_level=logging.WARNING, **env)
             return False
         notice = logging.getLogger("ray._private.authentication.authentication_token_setup")
         notice.addFilter(_token_on_notice)
         try:
-            ray.init(address="local" if fresh else None, logging_level=logging.WARNING, **PRIVATE_RAY, **env)
+            with _replacing_job_fields(env["runtime_env"]):
+                ray.init(
+                    address="local" if fresh else None, logging_level=logging.WARNING, **PRIVATE_RAY, **env
+                )
         finally:
             notice.removeFilter(_token_on_notice)
         _owner_only(Path.home() / ".ray" / "auth_token")
@@ -128,14 +133,44 @@ def job_runtime_env(plugins: Sequence[str] = ()) -> dict[str, Any]:
     """The runtime_env fedray's job connects with: its workers at normal priority (unless the
     job's submitter set their niceness: `ray job submit --runtime-env-json`), and the plug-ins'
     files and packages for every node (``py_modules``)."""
-    submitted = json.loads(os.environ.get(RAY_JOB_CONFIG_JSON_ENV_VAR) or "{}").get("runtime_env") or {}
+    submitted = submitted_runtime_env()
     given = submitted.get("env_vars") or {}
     env: dict[str, Any] = {"env_vars": {k: v for k, v in WORKER_NICENESS.items() if k not in given}}
     if not env["env_vars"]:
         del env["env_vars"]
     if shipped := py_modules(plugins):
-        env["py_modules"] = shipped
+        # The job's own py_modules (`ray job submit --runtime-env-json`) stay beside the plug-ins:
+        # ray.init can only replace the whole field (`connect` lets it), so it gets both.
+        env["py_modules"] = [*(submitted.get("py_modules") or []), *shipped]
     return env
+
+
+def submitted_runtime_env() -> dict[str, Any]:
+    """The runtime_env of the job this process is the entry point of (``ray job submit``); {} when
+    it is not a submitted job."""
+    return json.loads(os.environ.get(RAY_JOB_CONFIG_JSON_ENV_VAR) or "{}").get("runtime_env") or {}
+
+
+# what tells ray.init to let its runtime_env replace the submitted job's fields (Ray's own name)
+OVERRIDE_JOB_RUNTIME_ENV = "RAY_OVERRIDE_JOB_RUNTIME_ENV"
+
+
+@contextmanager
+def _replacing_job_fields(env: dict[str, Any]) -> Iterator[None]:
+    """Let ``ray.init`` replace fields the submitted job set too (Ray refuses the pair otherwise,
+    even where, as with `job_runtime_env`'s ``py_modules``, the new value keeps the old one)."""
+    if not (set(env) - {"env_vars"}) & set(submitted_runtime_env()):
+        yield
+        return
+    before = os.environ.get(OVERRIDE_JOB_RUNTIME_ENV)
+    os.environ[OVERRIDE_JOB_RUNTIME_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[OVERRIDE_JOB_RUNTIME_ENV]
+        else:
+            os.environ[OVERRIDE_JOB_RUNTIME_ENV] = before
 
 
 # A Ray fedray starts for one run has what the run needs and no more: no dashboard, and no metrics

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pandas as pd
@@ -52,9 +53,17 @@ def test_fedray_run_local_then_skip_then_report(tmp_path):
 
 @pytest.mark.ray
 def test_jobs_run_attaches_to_a_running_ray(ray_session, tmp_path):
-    """`RAY_ADDRESS=... python -m jobs.run CONFIG`: the entry point `ray job submit` runs."""
+    """`RAY_ADDRESS=... python -m jobs.run CONFIG`: the entry point `ray job submit` runs, here as
+    a job that ships a module of its own (``--runtime-env-json '{"py_modules": [...]}'``) which
+    the run's plug-in imports."""
     address = ray_session.get_runtime_context().gcs_address
     out = tmp_path / "out"
+    helper = tmp_path / "shipped" / "lab_helpers"
+    helper.mkdir(parents=True)
+    (helper / "__init__.py").write_text("WIDTH = 48\n")
+    plugin = tmp_path / "lab_plugin.py"
+    plugin.write_text("import lab_helpers\n\nassert lab_helpers.WIDTH == 48\n")
+    job = {"runtime_env": {"py_modules": [str(helper)]}}  # as Ray gives the job's own process
     p = run(
         [
             sys.executable,
@@ -67,10 +76,19 @@ def test_jobs_run_attaches_to_a_running_ray(ray_session, tmp_path):
             "num_actors=2",
             "--output",
             str(out),
+            "--plugin",
+            str(plugin),
         ],
         cwd=ROOT,
-        env={"RAY_ADDRESS": address},
+        env={
+            "RAY_ADDRESS": address,
+            "RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps(job),
+            "PYTHONPATH": str(helper.parent),  # the job's process has its py_modules on its path
+        },
     )
+    # Ray refuses a ray.init runtime_env that sets a field the job set (py_modules for the
+    # plug-in): fedray's keeps the job's modules and lets it replace them; the client actors
+    # import the plug-in, and it imports the job's module
     assert p.returncode == 0, p.stderr
     assert "2 actors on 1 node(s)" in p.stdout and "done: final accuracy" in p.stdout
     # the session's 2 (logical) GPUs go unused by a config that asks for none: said once
