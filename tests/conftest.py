@@ -34,9 +34,14 @@ def small_config(tmp_path: Path, **over) -> Config:
     return from_dict(base)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (the suite's default: two workers, `--dist loadgroup`), every test of the
-    shared Ray session runs on one worker, so the suite still starts one Ray; the rest share out."""
+    shared Ray session runs on one worker, so the suite still starts one Ray; the rest share out.
+
+    First among the hooks: xdist's own (in each worker) reads the ``xdist_group`` marks into the
+    test ids the scheduler groups by, so marks added after it would group nothing (each worker
+    then started a Ray session of its own)."""
     for item in items:
         if "_ray" in getattr(item, "fixturenames", ()) or item.get_closest_marker("ray"):
             item.add_marker(pytest.mark.xdist_group("ray"))

@@ -174,6 +174,14 @@ def test_run_that_fits_no_actor_names_the_keys(ray_session, tmp_path):
     assert ray_session.is_initialized()  # we attached to the session; it is not ours to stop
 
 
+def test_the_shared_rays_tests_run_on_one_xdist_worker(request):
+    # `--dist loadgroup` keeps this file's tests and every other test of the shared Ray on one
+    # worker (tests/conftest.py), so the suite starts one Ray; a pytest/xdist pair under which
+    # it silently groups nothing (pyproject.toml's pin) fails here instead of slowing the suite
+    if getattr(request.config.option, "loadgroup", False):
+        assert request.node.nodeid.endswith("@ray"), request.node.nodeid
+
+
 def test_every_registered_algorithm_is_in_the_identity_test():
     from fedray.algorithms import ALGORITHMS
 
