@@ -182,6 +182,43 @@ def events(
     return run_on_ray(cfg, address, restart, started)
 
 
+@dataclass
+class Begun:
+    """A run as `begin` found it: its config (``num_gpus_per_actor: auto`` resolved), the line that
+    says what auto chose (None: nothing was auto), its state in its output folder
+    (`fedray.results.run_state`) and its events, None where it does not run (finished and not
+    forced, or being written by another live process)."""
+
+    cfg: Config
+    said: str | None
+    state: str
+    events: Iterator[Any] | None
+
+    def busy(self) -> str:
+        return f"run {self.cfg.run_id()} is being written into {self.cfg.output}/ by another live process"
+
+
+def begin(
+    cfg: Config, local: bool = False, address: str | None = None, force: bool = False, restart: bool = False
+) -> Begun:
+    """What `run` and `fedray run` decide before a run starts, in one place: auto resolved where
+    the run goes (`resolve_gpus`), the run found finished (run again with ``force``, from its
+    start) or being written by another process (a Ray started only to resolve auto is stopped
+    again), else its events (``restart``: from the start, not the checkpoint). Nothing of the run
+    starts until the events are read."""
+    from fedray.results import run_state
+
+    cfg, started, said = resolve_gpus(cfg, local, address)
+    state = run_state(cfg.output, cfg.run_id())
+    if state == "running" or state == "finished" and not force:
+        if started:  # Ray was started only to resolve num_gpus_per_actor: auto
+            from actors.driver import disconnect
+
+            disconnect()
+        return Begun(cfg, said, state, None)
+    return Begun(cfg, said, state, events(cfg, local, address, restart or state == "finished", started))
+
+
 def run(
     config: str | Path | Mapping[str, Any] | Config | None = None,
     *,
@@ -205,25 +242,17 @@ def run(
     import sys
 
     from fedray import progress
-    from fedray.results import run_state
 
     cfg = prepare(config, sets, plugins, **overrides)
-    cfg, started, said = resolve_gpus(cfg, local, address)
-    if said and not quiet:
-        print(said, flush=True)
-    state = run_state(cfg.output, cfg.run_id())
-    if state == "running" or state == "finished" and not force:
-        if started:  # Ray was started only to resolve num_gpus_per_actor: auto
-            from actors.driver import disconnect
-
-            disconnect()
-        if state == "running":
-            raise ConfigError(
-                f"run {cfg.run_id()} is being written into {cfg.output}/ by another live process"
-            )
+    begun = begin(cfg, local, address, force, restart)
+    cfg, evs = begun.cfg, begun.events
+    if begun.said and not quiet:
+        print(begun.said, flush=True)
+    if begun.state == "running":
+        raise ConfigError(begun.busy())
+    if evs is None:
         return result(cfg)
     t0 = time.perf_counter()
-    evs = events(cfg, local, address, restart or state == "finished", started)
     try:
         for ev in evs:
             if not quiet:

@@ -57,8 +57,7 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from fedray.api import events as run_events
-    from fedray.api import prepare, resolve_gpus
+    from fedray.api import begin, prepare
     from fedray.config import ConfigError
     from fedray.data import DatasetMissing, PartitionError
     from fedray.data.client_files import ClientFilesError
@@ -70,35 +69,25 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"fedray: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        cfg, started, said = resolve_gpus(cfg, args.local, args.address)
+        begun = begin(cfg, args.local, args.address, args.force, args.restart)
     except ConnectionError as e:  # no Ray to resolve num_gpus_per_actor: auto on
         print(f"fedray: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except Exception as e:  # noqa: BLE001 - Ray's start, a plug-in shipped with the job: said, not a traceback
         print(f"fedray: error: attaching to Ray: {type(e).__name__}: {e}", file=sys.stderr)
         return EXIT_FAILED
-    if said and not args.quiet:
-        print(said, flush=True)
+    cfg, events = begun.cfg, begun.events
     run_id = cfg.run_id()
-    state = run_state(cfg.output, run_id)
-    if started and (state == "running" or state == "finished" and not args.force):
-        # nothing runs: Ray was started only to resolve auto
-        from actors.driver import disconnect
-
-        disconnect()
-    if state == "running":
-        print(
-            f"fedray: error: run {run_id} is being written into {cfg.output}/ by another live process",
-            file=sys.stderr,
-        )
+    if begun.said and not args.quiet:
+        print(begun.said, flush=True)
+    if begun.state == "running":
+        print(f"fedray: error: {begun.busy()}", file=sys.stderr)
         return EXIT_FAILED
-    if not args.force and state == "finished":
+    if events is None:
         print(f"run {run_id} already finished in {cfg.output}/ (use --force to run it again)")
         return 0
 
     t0 = time.perf_counter()
-    restart = args.restart or state == "finished"  # --force on a finished run: from the start
-    events = run_events(cfg, args.local, args.address, restart, started)
     try:
         for ev in events:
             for line, to_stderr in progress.run_lines(ev, cfg, args.quiet, t0):
