@@ -318,8 +318,19 @@ def load_sweep(
                 raise SweepError(f"--only {k}: unknown config key{suggest(k, keys)}")
         runs = [r for r in runs if all(resolved[r.index].get(k, object()) == v for k, v in wanted.items())]
         if not runs and not problems:
+            # a run's auto is resolved only where it goes (`fedray.api.resolve_sweep_gpus`), so
+            # --only sees the word, not the share it becomes
+            auto = "num_gpus_per_actor" in wanted and any(
+                d.get("num_gpus_per_actor") == "auto" for d in resolved.values()
+            )
             raise SweepError(
                 f"{source}: no run has {', '.join(f'{k}={_fmt(v)}' for k, v in wanted.items())} (--only)"
+                + (
+                    "; the sweep's num_gpus_per_actor is auto, resolved where its runs go: "
+                    "--only num_gpus_per_actor=auto picks those runs"
+                    if auto
+                    else ""
+                )
             )
     chosen = [(r.label, r.config) for r in runs]
     # Data sets are checked once per distinct source, for every run that reads it.

@@ -108,8 +108,14 @@ def test_set_applies_to_every_run_and_identical_runs_are_run_once(tmp_path):
     assert [r.label for r in set_lr.runs] == [f"lr=0.01 seed={s} (--set lr=0.5)" for s in (0, 1, 2)]
     only = load_sweep(path, only=["lr=0.1", "seed=2"])
     assert [r.label for r in only.runs] == ["lr=0.1 seed=2"] and only.runs[0].index == 6
-    with pytest.raises(SweepError, match=r"no run has lr=0.5 \(--only\)"):
+    with pytest.raises(SweepError, match=r"no run has lr=0.5 \(--only\)$"):
         load_sweep(path, only=["lr=0.5"])
+    # auto becomes a share only where the runs go: --only is told which value it can match
+    with pytest.raises(
+        SweepError, match=r"no run has num_gpus_per_actor=0.5 \(--only\); .* is auto, .*=auto"
+    ):
+        load_sweep(path, sets=["num_gpus_per_actor=auto"], only=["num_gpus_per_actor=0.5"])
+    assert len(load_sweep(path, sets=["num_gpus_per_actor=auto"], only=["num_gpus_per_actor=auto"]).runs) == 6
     with pytest.raises(SweepError, match=r"--only lrr: unknown config key; did you mean 'lr'\?"):
         load_sweep(path, only=["lrr=0.1"])
     with pytest.raises(ConfigError, match=r"--only 'lr': expected key=value"):
