@@ -111,3 +111,21 @@ def test_your_own_arrays_and_torch_datasets_are_a_data_set(tmp_path):
         fedray.from_arrays(xtr, ytr.astype(np.float32), xte, yte, folder=tmp_path / "bad")
     with pytest.raises(Exception, match="is not a file"):
         fedray.run(local=True, dataset="arrays", data_root=str(tmp_path / "missing.npz"))
+
+
+def test_a_run_another_process_is_writing_is_refused_by_the_cli_and_the_api_alike(tmp_path, capsys):
+    # fedray run and fedray.run decide this in one place (fedray.api.begin): neither touches it
+    from fedray.results import ResultsWriter, run_state
+    from jobs.cli import EXIT_FAILED, main
+
+    cfg = fedray.load_config(None, ["rounds=2", f"output={tmp_path / 'out'}"])
+    live = ResultsWriter(cfg.output, cfg.run_id(), cfg.to_dict())
+    live.start()  # this process holds the run's lock: a live writer
+    try:
+        assert main(["run", "--local", "--set", "rounds=2", "--output", cfg.output]) == EXIT_FAILED
+        assert f"run {cfg.run_id()} is being written into {cfg.output}/" in capsys.readouterr().err
+        with pytest.raises(ConfigError, match="is being written into .* by another live process"):
+            fedray.run(cfg, local=True)
+        assert run_state(cfg.output, cfg.run_id()) == "running"
+    finally:
+        live.finish({})
