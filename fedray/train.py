@@ -4,6 +4,7 @@ docs/algorithms/common.md#the-fedavg-core), and the evaluation loops."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from traceback import format_exc
 from typing import Any
@@ -12,6 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedray import seeding
 from fedray.client import Client
 from fedray.federation import ClientError
 from fedray.models import Arch
@@ -88,17 +90,31 @@ def train_update(client: Client, update: LocalUpdate) -> Trained:
                     entry.sub_(step)
 
     batches = None if update.inputs is None else feature_batches(client, update.inputs, update.round)
-    stats = _local_steps(
-        model,
-        client,
-        update,
-        opt,
-        device_context(client, update.context),
-        after_step,
-        batches,
-    )
+    with own_draws(client, update.round):
+        stats = _local_steps(
+            model,
+            client,
+            update,
+            opt,
+            device_context(client, update.context),
+            after_step,
+            batches,
+        )
     buffers = optimizer_state(opt, model) if update.keep_buffers else None
     return Trained(get_params(model), stats, buffers)
+
+
+@contextmanager
+def own_draws(client: Client, rnd: int) -> Iterator[None]:
+    """Torch's global generator (dropout's masks, a plug-in objective's own noise) seeded from the
+    client's stream for the round, (seed, "local_steps", client, round), and put back as it was
+    after. What a client's training draws then does not depend on what this process drew before
+    it: the clients an actor ran before, the runs a sweep's actors served, a resume from a
+    checkpoint; so a dropout model's numbers do not depend on the actor count either. Two updates
+    of one client in one round draw alike, as they walk the same batches (`Client.train_batches`)."""
+    with torch.random.fork_rng(devices=[client.device] if client.device.type == "cuda" else []):
+        torch.manual_seed(seeding.torch_seed(client.task.seed, "local_steps", client.cid, rnd))
+        yield
 
 
 def device_context(client: Client, context: Mapping[str, Any]) -> dict[str, Any]:

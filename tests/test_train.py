@@ -124,3 +124,22 @@ def test_kept_buffers_continue_one_optimizer_across_rounds(tmp_path):
     # without the buffers the second round differs (momentum restarts)
     fresh = train_update(client, LocalUpdate(first.params, 1, epochs=1))
     assert not _params_equal(second.params, fresh.params)
+
+
+def test_dropout_draws_do_not_depend_on_what_the_process_drew_before(tmp_path):
+    # A model with dropout (MobileNetV2's classifier; VGG-16, LayerCFL's model, has two) trains to
+    # the same parameters whatever torch's global generator went through before in this process:
+    # the clients an actor ran before this one, the runs a sweep's actors served, a resume from a
+    # checkpoint. So its numbers do not depend on the actor count or on being resumed.
+    client = one_client(tmp_path, model="mobilenet_v2")
+    init = get_params(client.task.build_model())
+    update = LocalUpdate(init, 1, max_steps=2)
+    first = train_update(client, update).params
+    torch.rand(1000)  # what another client's training would have drawn
+    before = torch.get_rng_state()
+    again = train_update(client, update).params
+    assert _params_equal(first, again)
+    assert torch.equal(torch.get_rng_state(), before)  # and the process's generator is left as it was
+    # the draws are the client's own, per round: another client's differ
+    other = one_client(tmp_path / "b", model="mobilenet_v2", seed=1)
+    assert not _params_equal(first, train_update(other, LocalUpdate(init, 1, max_steps=2)).params)
