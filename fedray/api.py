@@ -198,6 +198,15 @@ class Begun:
         return f"run {self.cfg.run_id()} is being written into {self.cfg.output}/ by another live process"
 
 
+def _stop_started(started: bool | None) -> None:
+    """Stop the Ray that `resolve_gpus` started only to resolve num_gpus_per_actor: auto, where the
+    run does not go on to use it."""
+    if started:
+        from actors.driver import disconnect
+
+        disconnect()
+
+
 def begin(
     cfg: Config, local: bool = False, address: str | None = None, force: bool = False, restart: bool = False
 ) -> Begun:
@@ -209,12 +218,13 @@ def begin(
     from fedray.results import run_state
 
     cfg, started, said = resolve_gpus(cfg, local, address)
-    state = run_state(cfg.output, cfg.run_id())
+    try:
+        state = run_state(cfg.output, cfg.run_id())
+    except BaseException:  # a damaged record (DamagedResults): nothing runs
+        _stop_started(started)
+        raise
     if state == "running" or state == "finished" and not force:
-        if started:  # Ray was started only to resolve num_gpus_per_actor: auto
-            from actors.driver import disconnect
-
-            disconnect()
+        _stop_started(started)
         return Begun(cfg, said, state, None)
     return Begun(cfg, said, state, events(cfg, local, address, restart or state == "finished", started))
 

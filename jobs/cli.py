@@ -61,7 +61,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedray.config import ConfigError
     from fedray.data import DatasetMissing, PartitionError
     from fedray.data.client_files import ClientFilesError
-    from fedray.results import run_state
+    from fedray.results import DamagedResults, run_state
 
     try:
         cfg = prepare(args.config, args.sets, args.plugins, output=args.output)
@@ -73,6 +73,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ConnectionError as e:  # no Ray to resolve num_gpus_per_actor: auto on
         print(f"fedray: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except DamagedResults:  # the run's record in its output folder, not Ray: `main` says which file
+        raise
     except Exception as e:  # noqa: BLE001 - Ray's start, a plug-in shipped with the job: said, not a traceback
         print(f"fedray: error: attaching to Ray: {type(e).__name__}: {e}", file=sys.stderr)
         return EXIT_FAILED

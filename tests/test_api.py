@@ -3,6 +3,8 @@ results as pandas; a researcher's own arrays or torch Dataset is a data set."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -129,3 +131,9 @@ def test_a_run_another_process_is_writing_is_refused_by_the_cli_and_the_api_alik
         assert run_state(cfg.output, cfg.run_id()) == "running"
     finally:
         live.finish({})
+    # a run record that cannot be read is said as such (the file named), not as a Ray failure
+    record = next((Path(cfg.output) / "runs").glob("*.parquet"))
+    record.write_bytes(b"PAR1 not a parquet file PAR1")
+    assert main(["run", "--local", "--set", "rounds=2", "--output", cfg.output]) == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert err.startswith("fedray: error: results file") and record.name in err, err
