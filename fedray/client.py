@@ -92,7 +92,8 @@ class Task:
         derived stream (seed, purpose). An initial model ("init", "init/K") of the task's own
         architecture starts from ``init_params`` when the run has them (init_model)."""
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.torch_seed(purpose))
+            # the CPU's generator only (the model is made there): the one forked and put back
+            torch.default_generator.manual_seed(self.torch_seed(purpose))
             task_model = partial(
                 build_model,
                 self.model,

@@ -61,12 +61,14 @@ def _answer(yielded: Any, answers: list[Answer]) -> Answer | list[Answer]:
     return answers[0] if isinstance(yielded, (LocalUpdate, Evaluation)) else answers
 
 
-def _answered_alone(client: Client, asked: list[Request]) -> list[Answer]:
+def _answered_alone(client: Client, asked: list[Request], drawn: int) -> list[Answer]:
     """One client's requests: its updates by the per-client engine, in order, its evaluations in
-    one call (`fedray.train.evaluate_requests`)."""
+    one call (`fedray.train.evaluate_requests`). ``drawn``: the updates the client trained before
+    in this call (each update's own draws, `fedray.train.own_draws`)."""
     evals = [r for r in asked if isinstance(r, Evaluation)]
     stats = iter(evaluate_requests([client] * len(evals), evals))
-    return [next(stats) if isinstance(r, Evaluation) else train_update(client, r) for r in asked]
+    draws = iter(range(drawn, drawn + len(asked)))
+    return [next(stats) if isinstance(r, Evaluation) else train_update(client, r, next(draws)) for r in asked]
 
 
 def run_one(fn: Callable, client: Client, cstate: Any, msg: Any) -> tuple[Any, Any]:
@@ -76,13 +78,15 @@ def run_one(fn: Callable, client: Client, cstate: Any, msg: Any) -> tuple[Any, A
         out = fn(client, cstate, msg)
         if not inspect.isgenerator(out):
             return out
-        answer = None
+        answer, drawn = None, 0
         while True:
             try:
                 yielded = out.send(answer)
             except StopIteration as stop:
                 return stop.value
-            answer = _answer(yielded, _answered_alone(client, requests(yielded, client.task.drop_last)))
+            asked = requests(yielded, client.task.drop_last)
+            answer = _answer(yielded, _answered_alone(client, asked, drawn))
+            drawn += sum(isinstance(r, LocalUpdate) for r in asked)
     except Exception as e:  # noqa: BLE001 - re-raised with the client id attached
         raise _failed(client.cid, e) from e
 
@@ -154,6 +158,7 @@ def run_stacked(
         else:
             results[i] = out
     answers: dict[int, Any] = dict.fromkeys(gens)
+    drawn = dict.fromkeys(gens, 0)  # the updates each client trained so far (`fedray.train.own_draws`)
     while gens:
         asked: dict[int, tuple[Any, list[Request]]] = {}
         for i, gen in list(gens.items()):
@@ -172,12 +177,15 @@ def run_stacked(
         # evaluation, the same way, all in one call
         shapes: dict[Any, list[tuple[int, int]]] = {}
         evals: list[tuple[int, int]] = []
+        draw: dict[tuple[int, int], int] = {}
         for i, (_, updates) in asked.items():
             for j, u in enumerate(updates):
                 if isinstance(u, Evaluation):
                     evals.append((i, j))
                 else:
                     shapes.setdefault(batched.signature(u), []).append((i, j))
+                    draw[(i, j)] = drawn[i]
+                    drawn[i] += 1
         trained: dict[tuple[int, int], Answer] = {}
         if evals:
             try:
@@ -193,7 +201,7 @@ def run_stacked(
             if len(members) == 1:
                 i = members[0][0]
                 try:
-                    trained[members[0]] = train_update(cs[0], us[0])
+                    trained[members[0]] = train_update(cs[0], us[0], draw[members[0]])
                 except Exception as e:  # noqa: BLE001
                     raise _failed(clients[i].cid, e) from e
                 continue

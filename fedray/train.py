@@ -58,7 +58,7 @@ def sgd(params: Iterable[nn.Parameter], client: Client) -> torch.optim.SGD:
 Batches = Callable[[int], Iterable[tuple[torch.Tensor, torch.Tensor, np.ndarray | None]]]
 
 
-def train_update(client: Client, update: LocalUpdate) -> Trained:
+def train_update(client: Client, update: LocalUpdate, draw: int = 0) -> Trained:
     """The per-client engine: ``update`` run on one model with `torch.optim.SGD` (the task's lr,
     momentum and weight decay; fresh unless the update gives buffers), one batch at a time.
 
@@ -67,6 +67,8 @@ def train_update(client: Client, update: LocalUpdate) -> Trained:
     the client's shuffled training batches (or ``inputs`` in the same order and sizes), stopping
     after ``max_steps``; after every step the ``correction`` times lr is subtracted from its
     state-dict entries. Frozen models of the context are the client's modules in eval mode.
+    What the model draws (dropout) comes from `own_draws`' stream for ``draw``: the updates the
+    client trained before this one in the same call (a FedEM client's K components: 0 to K-1).
     """
     model = client.model(update.params, arch=update.arch)
     trainable = None if update.trainable is None else set(update.trainable)
@@ -90,7 +92,7 @@ def train_update(client: Client, update: LocalUpdate) -> Trained:
                     entry.sub_(step)
 
     batches = None if update.inputs is None else feature_batches(client, update.inputs, update.round)
-    with own_draws(client, update.round):
+    with own_draws(client, update.round, draw):
         stats = _local_steps(
             model,
             client,
@@ -105,15 +107,22 @@ def train_update(client: Client, update: LocalUpdate) -> Trained:
 
 
 @contextmanager
-def own_draws(client: Client, rnd: int) -> Iterator[None]:
-    """Torch's global generator (dropout's masks, a plug-in objective's own noise) seeded from the
-    client's stream for the round, (seed, "local_steps", client, round), and put back as it was
-    after. What a client's training draws then does not depend on what this process drew before
-    it: the clients an actor ran before, the runs a sweep's actors served, a resume from a
-    checkpoint; so a dropout model's numbers do not depend on the actor count either. Two updates
-    of one client in one round draw alike, as they walk the same batches (`Client.train_batches`)."""
-    with torch.random.fork_rng(devices=[client.device] if client.device.type == "cuda" else []):
-        torch.manual_seed(seeding.torch_seed(client.task.seed, "local_steps", client.cid, rnd))
+def own_draws(client: Client, rnd: int, draw: int = 0) -> Iterator[None]:
+    """Torch's generators for the client's device (dropout's masks, a plug-in objective's own
+    noise) seeded from the client's stream for the round and the update, (seed, "local_steps/<draw>",
+    client, round), and put back as they were after. What a client's training draws then does not
+    depend on what this process drew before it: the clients an actor ran before, the runs a
+    sweep's actors served, a resume from a checkpoint; so a dropout model's numbers do not depend
+    on the actor count either. ``draw`` tells apart the updates of one client in one call (a
+    FedEM client's K components), whose masks are drawn independently, as the reference codes'
+    are. Only the generators that are forked are seeded: the CPU's, and the client's CUDA device's."""
+    seed = seeding.torch_seed(client.task.seed, f"local_steps/{draw}", client.cid, rnd)
+    cuda = client.device.type == "cuda"
+    with torch.random.fork_rng(devices=[client.device] if cuda else []):
+        torch.default_generator.manual_seed(seed)
+        if cuda:
+            with torch.cuda.device(client.device):
+                torch.cuda.manual_seed(seed)
         yield
 
 

@@ -140,6 +140,35 @@ def test_dropout_draws_do_not_depend_on_what_the_process_drew_before(tmp_path):
     again = train_update(client, update).params
     assert _params_equal(first, again)
     assert torch.equal(torch.get_rng_state(), before)  # and the process's generator is left as it was
-    # the draws are the client's own, per round: another client's differ
-    other = one_client(tmp_path / "b", model="mobilenet_v2", seed=1)
-    assert not _params_equal(first, train_update(other, LocalUpdate(init, 1, max_steps=2)).params)
+    # the stream is the client's own, per round and per update of the call (a FedEM client's K
+    # components draw independent masks)
+    from fedray.train import own_draws
+
+    def drawn(c, rnd, draw=0):
+        with own_draws(c, rnd, draw):
+            return torch.rand(8)
+
+    assert torch.equal(drawn(client, 1), drawn(client, 1))
+    other = one_client(tmp_path / "b", model="mobilenet_v2")
+    other.cid = client.cid + 1
+    for a, b in [(drawn(client, 2), drawn(client, 1)), (drawn(client, 1, 1), drawn(client, 1))]:
+        assert not torch.equal(a, b)
+    assert not torch.equal(drawn(other, 1), drawn(client, 1))
+
+
+def test_a_clients_updates_of_one_call_draw_their_own_dropout_masks(tmp_path):
+    # FedEM's K components of one client, one round: the same start and batches, their own masks;
+    # and the same again when the call is repeated
+    from fedray.drive import run_one
+
+    client = one_client(tmp_path, model="mobilenet_v2")
+    init = get_params(client.task.build_model())
+
+    def components(client, cstate, msg):
+        trained = yield [LocalUpdate(init, 1, max_steps=2), LocalUpdate(init, 1, max_steps=2)]
+        return [t.params for t in trained], cstate
+
+    (a, b), _ = run_one(components, client, None, None)
+    assert not _params_equal(a, b)
+    (a2, b2), _ = run_one(components, client, None, None)
+    assert _params_equal(a, a2) and _params_equal(b, b2)
