@@ -319,15 +319,16 @@ def load_sweep(
         runs = [r for r in runs if all(resolved[r.index].get(k, object()) == v for k, v in wanted.items())]
         if not runs and not problems:
             # a run's auto is resolved only where it goes (`fedray.api.resolve_sweep_gpus`), so
-            # --only sees the word, not the share it becomes
-            auto = "num_gpus_per_actor" in wanted and any(
-                d.get("num_gpus_per_actor") == "auto" for d in resolved.values()
+            # --only sees the word, not the share it becomes: say so where the word would match
+            as_auto = {**wanted, "num_gpus_per_actor": "auto"}
+            auto = wanted.get("num_gpus_per_actor", "auto") != "auto" and any(
+                all(d.get(k, object()) == v for k, v in as_auto.items()) for d in resolved.values()
             )
             raise SweepError(
                 f"{source}: no run has {', '.join(f'{k}={_fmt(v)}' for k, v in wanted.items())} (--only)"
                 + (
-                    "; the sweep's num_gpus_per_actor is auto, resolved where its runs go: "
-                    "--only num_gpus_per_actor=auto picks those runs"
+                    "; num_gpus_per_actor is auto in the runs that match the rest, resolved only where "
+                    "they go: --only num_gpus_per_actor=auto picks them"
                     if auto
                     else ""
                 )

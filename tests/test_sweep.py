@@ -112,9 +112,13 @@ def test_set_applies_to_every_run_and_identical_runs_are_run_once(tmp_path):
         load_sweep(path, only=["lr=0.5"])
     # auto becomes a share only where the runs go: --only is told which value it can match
     with pytest.raises(
-        SweepError, match=r"no run has num_gpus_per_actor=0.5 \(--only\); .* is auto, .*=auto"
+        SweepError, match=r"no run has num_gpus_per_actor=0.5 \(--only\); .* is auto .*=auto picks them$"
     ):
         load_sweep(path, sets=["num_gpus_per_actor=auto"], only=["num_gpus_per_actor=0.5"])
+    # ... and only where =auto would pick runs
+    for only in (["num_gpus_per_actor=0.5", "lr=0.5"], ["num_gpus_per_actor=auto", "lr=0.5"]):
+        with pytest.raises(SweepError, match=r"\(--only\)$"):
+            load_sweep(path, sets=["num_gpus_per_actor=auto"], only=only)
     assert len(load_sweep(path, sets=["num_gpus_per_actor=auto"], only=["num_gpus_per_actor=auto"]).runs) == 6
     with pytest.raises(SweepError, match=r"--only lrr: unknown config key; did you mean 'lr'\?"):
         load_sweep(path, only=["lrr=0.1"])
