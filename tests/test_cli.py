@@ -62,8 +62,16 @@ def test_jobs_run_attaches_to_a_running_ray(ray_session, tmp_path):
     helper.mkdir(parents=True)
     (helper / "__init__.py").write_text("WIDTH = 48\n")
     plugin = tmp_path / "lab_plugin.py"
-    plugin.write_text("import lab_helpers\n\nassert lab_helpers.WIDTH == 48\n")
-    job = {"runtime_env": {"py_modules": [str(helper)]}}  # as Ray gives the job's own process
+    plugin.write_text(
+        "import os\n\nimport lab_helpers\n\nassert lab_helpers.WIDTH == 48 and os.environ['LAB_FLAG'] == 'on'\n"
+    )
+    # the job's runtime_env as Ray's job supervisor gives it to the job's own process: its modules
+    # uploaded (gcs:// URIs, as `ray job submit` uploads them) and its env_vars
+    from ray._private.runtime_env.py_modules import upload_py_modules_if_needed
+
+    shipped = upload_py_modules_if_needed({"py_modules": [str(helper)]}, True, str(tmp_path))["py_modules"]
+    assert shipped[0].startswith("gcs://")
+    job = {"runtime_env": {"py_modules": shipped, "env_vars": {"LAB_FLAG": "on"}}}
     p = run(
         [
             sys.executable,
@@ -84,11 +92,12 @@ def test_jobs_run_attaches_to_a_running_ray(ray_session, tmp_path):
             "RAY_ADDRESS": address,
             "RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps(job),
             "PYTHONPATH": str(helper.parent),  # the job's process has its py_modules on its path
+            "LAB_FLAG": "on",  # and its env_vars
         },
     )
     # Ray refuses a ray.init runtime_env that sets a field the job set (py_modules for the
     # plug-in): fedray's keeps the job's modules and lets it replace them; the client actors
-    # import the plug-in, and it imports the job's module
+    # import the plug-in, and it imports the job's module and reads the job's env_vars
     assert p.returncode == 0, p.stderr
     assert "2 actors on 1 node(s)" in p.stdout and "done: final accuracy" in p.stdout
     # the session's 2 (logical) GPUs go unused by a config that asks for none: said once

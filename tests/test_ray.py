@@ -178,7 +178,8 @@ def test_the_shared_rays_tests_run_on_one_xdist_worker(request):
     # `--dist loadgroup` keeps this file's tests and every other test of the shared Ray on one
     # worker (tests/conftest.py), so the suite starts one Ray; a pytest/xdist pair under which
     # it silently groups nothing (pyproject.toml's pin) fails here instead of slowing the suite
-    if getattr(request.config.option, "loadgroup", False):
+    if hasattr(request.config, "workerinput"):  # an xdist worker (under -n 0 there is one process)
+        assert getattr(request.config.option, "loadgroup", False), "the suite runs with --dist loadgroup"
         assert request.node.nodeid.endswith("@ray"), request.node.nodeid
 
 
