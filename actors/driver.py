@@ -130,9 +130,10 @@ WORKER_NICENESS = {"RAY_worker_niceness": "0"}
 
 
 def job_runtime_env(plugins: Sequence[str] = ()) -> dict[str, Any]:
-    """The runtime_env fedray's job connects with: its workers at normal priority (unless the
-    job's submitter set their niceness: `ray job submit --runtime-env-json`), and the plug-ins'
-    files and packages for every node (``py_modules``)."""
+    """The runtime_env fedray's job connects with: its workers at normal priority (where the
+    submitted job's runtime_env has the niceness already, as Ray's job manager gives it where the
+    job asks for entrypoint resources, it stands: ray.init refuses the two as a conflict), and the
+    plug-ins' files and packages for every node (``py_modules``)."""
     submitted = submitted_runtime_env()
     given = submitted.get("env_vars") or {}
     env: dict[str, Any] = {"env_vars": {k: v for k, v in WORKER_NICENESS.items() if k not in given}}

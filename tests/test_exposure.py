@@ -61,8 +61,9 @@ def test_the_jobs_workers_run_at_normal_priority_unless_its_submitter_said_other
 
     monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
     assert job_runtime_env() == {"env_vars": {"RAY_worker_niceness": "0"}}
-    # under `ray job submit --runtime-env-json '{"env_vars": {"RAY_worker_niceness": "10"}}'` the
-    # job's own setting stands (and ray.init would refuse the two as a conflict)
+    # where the submitted job's runtime_env has it already (Ray's job manager gives the job's
+    # process its supervisor's 0 where the job asks for entrypoint resources) it stands: ray.init
+    # would refuse the two as a conflict
     submitted = {"runtime_env": {"env_vars": {"RAY_worker_niceness": "10"}, "working_dir": "x"}}
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(submitted))
     assert job_runtime_env() == {}
