@@ -50,8 +50,8 @@ class Work:
 
         train_update, train_stacked = drive.train_update, batched.train_stacked
 
-        def one(client, update):
-            got = train_update(client, update)
+        def one(client, update, draw=0):
+            got = train_update(client, update, draw)
             self.samples += got.stats.samples
             self.rows += got.stats.samples
             return got

@@ -1,0 +1,54 @@
+"""The Python parts of the prepared GPU check (scripts/gpu_check.sh) run, here on the CPU and
+tiny: a GPU is lent to a session rarely and for minutes, and a script broken by an engine change
+(the bench's counting wrapper once was, by a new argument of `train_update`) would waste it."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import ROOT
+
+DIGITS = str(ROOT / "jobs" / "configs" / "digits.yaml")
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [[], ["--set", "algorithm=fedrc", "--fold-mb", "1"]],
+    ids=["fedavg", "fedrc-folded"],
+)
+def test_bench_batched_times_both_engines(capsys, extra):
+    from jobs.bench_batched import main
+
+    assert main([DIGITS, "--rounds", "2", *extra]) == 0
+    out = capsys.readouterr().out
+    for engine in ("per-client", "batched"):
+        assert any(line.startswith(engine) and "s a round" in line for line in out.splitlines()), out
+    assert "stacked work:" in out and "evaluation:" in out
+
+
+def test_stacked_cnn_times_every_way(capsys):
+    from scripts.stacked_cnn import main
+
+    assert main(["--device", "cpu", "--models", "2", "--steps", "2"]) == 0
+    out = capsys.readouterr().out
+    for way in ("vmap", "vmap-im2col", "grouped", "bmm"):
+        assert any(line.startswith(f"{way} ") and "ms a step" in line for line in out.splitlines()), out
+
+
+def test_stack_widths_times_each_width_and_convolution(capsys):
+    from scripts.stack_widths import main
+
+    assert main([DIGITS, "--widths", "1,2", "--conv", "grouped,im2col"]) == 0
+    out = capsys.readouterr().out
+    assert sum("ms a step" in line for line in out.splitlines()) == 4, out
+
+
+def test_row_times_estimates_a_finished_runs_full_budget(tmp_path, capsys):
+    from jobs.cli import main as cli
+    from scripts.row_times import main
+
+    assert cli(["run", "--local", "--quiet", "--set", "rounds=2", "--output", str(tmp_path)]) == 0
+    capsys.readouterr()
+    main(str(tmp_path), 1)
+    out = capsys.readouterr().out
+    assert "fedavg finished" in out and "the whole table" in out
