@@ -472,3 +472,45 @@ def test_a_file_plugin_is_imported_by_its_path_and_what_lies_beside_it_shadows_n
     import colorsys  # noqa: F401 - the real one imports
 
     shutil.rmtree(lab)
+
+
+DROPOUT_MODEL = """
+import math
+
+from torch import nn
+
+import fedray
+from fedray.models import EncoderHead
+
+
+@fedray.register_model("dropout_mlp")
+def dropout_mlp(input_shape, num_classes):
+    d = math.prod(input_shape)
+    encoder = nn.Sequential(nn.Flatten(), nn.Linear(d, 64), nn.ReLU(), nn.Dropout(0.5))
+    return EncoderHead(encoder, nn.Linear(64, num_classes), 64)
+"""
+
+
+@pytest.mark.ray
+def test_a_model_with_dropout_gives_the_in_process_numbers_on_3_actors(tmp_path, isolated, ray_session):
+    """Dropout's masks come from each client's own stream (fedray.train.own_draws), not from what
+    the process drew before: before, the numbers depended on which clients shared an actor (this
+    test failed). FedEM: each client trains K components a round, each with its own masks."""
+    from fedray.api import run
+
+    plugin = tmp_path / "dropout_plug.py"
+    plugin.write_text(DROPOUT_MODEL)
+    cfg = dict(
+        dataset="synthetic",
+        synthetic_size=600,
+        model="dropout_mlp",
+        algorithm="fedem",
+        num_clients=6,
+        rounds=2,
+        batch_size=32,
+        plugins=[str(plugin)],
+    )
+    run(cfg, local=True, output=str(tmp_path / "local"), quiet=True)
+    run(cfg, output=str(tmp_path / "ray"), num_actors=3, quiet=True)
+    local, ray_ = metrics(tmp_path / "local"), metrics(tmp_path / "ray")
+    assert len(local) > 10 and local.equals(ray_), local.compare(ray_)
