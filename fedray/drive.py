@@ -17,6 +17,7 @@ be stacked: under ``batched_clients: on`` its first step fails, naming the funct
 from __future__ import annotations
 
 import inspect
+import itertools
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -61,13 +62,12 @@ def _answer(yielded: Any, answers: list[Answer]) -> Answer | list[Answer]:
     return answers[0] if isinstance(yielded, (LocalUpdate, Evaluation)) else answers
 
 
-def _answered_alone(client: Client, asked: list[Request], drawn: int) -> list[Answer]:
+def _answered_alone(client: Client, asked: list[Request], draws: Iterator[int]) -> list[Answer]:
     """One client's requests: its updates by the per-client engine, in order, its evaluations in
-    one call (`fedray.train.evaluate_requests`). ``drawn``: the updates the client trained before
-    in this call (each update's own draws, `fedray.train.own_draws`)."""
+    one call (`fedray.train.evaluate_requests`). ``draws`` numbers the client's updates through the
+    call (each update's own draws, `fedray.train.own_draws`)."""
     evals = [r for r in asked if isinstance(r, Evaluation)]
     stats = iter(evaluate_requests([client] * len(evals), evals))
-    draws = iter(range(drawn, drawn + len(asked)))
     return [next(stats) if isinstance(r, Evaluation) else train_update(client, r, next(draws)) for r in asked]
 
 
@@ -78,15 +78,15 @@ def run_one(fn: Callable, client: Client, cstate: Any, msg: Any) -> tuple[Any, A
         out = fn(client, cstate, msg)
         if not inspect.isgenerator(out):
             return out
-        answer, drawn = None, 0
+        answer, draws = None, itertools.count()
         while True:
             try:
                 yielded = out.send(answer)
             except StopIteration as stop:
                 return stop.value
-            asked = requests(yielded, client.task.drop_last)
-            answer = _answer(yielded, _answered_alone(client, asked, drawn))
-            drawn += sum(isinstance(r, LocalUpdate) for r in asked)
+            answer = _answer(
+                yielded, _answered_alone(client, requests(yielded, client.task.drop_last), draws)
+            )
     except Exception as e:  # noqa: BLE001 - re-raised with the client id attached
         raise _failed(client.cid, e) from e
 
@@ -158,7 +158,7 @@ def run_stacked(
         else:
             results[i] = out
     answers: dict[int, Any] = dict.fromkeys(gens)
-    drawn = dict.fromkeys(gens, 0)  # the updates each client trained so far (`fedray.train.own_draws`)
+    draws = {i: itertools.count() for i in gens}  # numbers each client's updates (`fedray.train.own_draws`)
     while gens:
         asked: dict[int, tuple[Any, list[Request]]] = {}
         for i, gen in list(gens.items()):
@@ -184,8 +184,7 @@ def run_stacked(
                     evals.append((i, j))
                 else:
                     shapes.setdefault(batched.signature(u), []).append((i, j))
-                    draw[(i, j)] = drawn[i]
-                    drawn[i] += 1
+                    draw[(i, j)] = next(draws[i])
         trained: dict[tuple[int, int], Answer] = {}
         if evals:
             try:

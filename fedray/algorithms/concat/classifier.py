@@ -19,6 +19,7 @@ import torch
 
 from fedray.algorithms.rounds import train_records, train_reply
 from fedray.client import Client
+from fedray.evaluation import stats_reply
 from fedray.federation import Federation
 from fedray.models import Arch, concat_params, head_from_clusters
 from fedray.params import Params, get_params, params_digest, weighted_average
@@ -88,7 +89,7 @@ def train_split_eval(client: Client, cstate: dict, msg: dict) -> tuple[dict, dic
     else:
         net = client.model(concat_params(cstate["models"], msg["head"]), slot="concat", arch=Arch(k))
         stats = evaluate(net, client.eval_train_batches())
-    return {"correct": stats.correct, "samples": stats.samples, "loss_sum": stats.loss_sum}, cstate
+    return stats_reply(stats), cstate
 
 
 def test_split_eval(client: Client, cstate: Any, msg: dict) -> tuple[list[EvalStats], Any]:
