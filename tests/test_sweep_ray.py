@@ -23,6 +23,8 @@ def test_runs_share_the_cluster_concurrently_and_failures_stay_contained(ray_ses
         tmp_path,
         """\
         num_gpus_per_actor: 0.5
+        rounds: 6          # long enough to overlap whatever their actors' start-up took (2 rounds once did not)
+        local_epochs: 4
         cases:
           - {lr: 0.05}
           - {lr: 0.1}
