@@ -4,6 +4,11 @@ Every file is written aside under a dot-name and renamed into place, so a killed
 complete files (readers skip dot-files). A run that starts again under the same run id first
 removes the part files of its earlier attempt, so no row is ever counted twice.
 
+A flush rewrites the run's open part file with the new rows added (the whole file again, renamed
+over the old one), and a part holding `PART_ROWS` rows is closed: a run that flushes every 10 s for
+days leaves a few part files, not one per flush, which every reader would open (a results folder of
+40,000 part files took 20 s to load on a laptop, and a shared file system is slower per file).
+
 While a run is being written its writer holds an exclusive lock on ``runs/.RUN_ID.lock`` (flock,
 released by the kernel when the process dies, however it dies; the file is removed when the writer
 releases it). A second writer of the same run id fails at once instead of deleting the first one's
@@ -349,8 +354,13 @@ def mark_ended(
     return True
 
 
+# Rows a part file takes before the writer opens the next one: its rows stay in the writer's memory
+# (about 15 MB at 100,000 rows) and each flush rewrites it (about 20 ms at 100,000 rows).
+PART_ROWS = 100_000
+
+
 class ResultsWriter:
-    """The only writer of a run's results. Buffers metric rows and flushes them as part files."""
+    """The only writer of a run's results. Buffers metric rows and flushes them into part files."""
 
     def __init__(
         self, out_dir: str | Path, run_id: str, config: dict[str, Any], flush_every_s: float = 10.0
@@ -361,7 +371,8 @@ class ResultsWriter:
         self.flush_every_s = flush_every_s
         self._rows: list[dict[str, Any]] = []
         self._assignments: list[dict[str, Any]] = []
-        self._seq = 0
+        self._seq = 0  # the open part files' number (metrics and assignments alike)
+        self._open: dict[str, pa.Table] = {}  # by table: the rows its open part file holds
         self._last_flush = time.monotonic()
         self._t0 = time.monotonic()
         self._started = _now()
@@ -512,16 +523,23 @@ class ResultsWriter:
         write_atomic(table, self.root / "partitions" / f"{self.run_id}.parquet")
 
     def flush(self) -> None:
+        """Write the buffered rows: each table's open part file is written again with them added,
+        and closed (the next flush opens the next number) once it holds `PART_ROWS` rows."""
         self._last_flush = time.monotonic()
         for table, rows, schema in (
             ("metrics", self._rows, METRICS_SCHEMA),
             ("assignments", self._assignments, ASSIGNMENTS_SCHEMA),
         ):
             if rows:
-                path = self.root / table / f"{self.run_id}-{self._seq:06d}.parquet"
-                write_atomic(pa.Table.from_pylist(rows, schema=schema), path)
-        if self._rows or self._assignments:
+                new = pa.Table.from_pylist(rows, schema=schema)
+                held = self._open.get(table)
+                # one chunk (a table of a chunk per flush writes 10x slower after 10,000 flushes)
+                part = new if held is None else pa.concat_tables([held, new]).combine_chunks()
+                write_atomic(part, self.root / table / f"{self.run_id}-{self._seq:06d}.parquet")
+                self._open[table] = part
+        if any(part.num_rows >= PART_ROWS for part in self._open.values()):
             self._seq += 1
+            self._open = {}
         self._rows, self._assignments = [], []
 
     def finish(self, summary: dict[str, Any], then: Callable[[], None] | None = None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -9,6 +10,7 @@ import sys
 import time
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -152,22 +154,62 @@ while True:
 
 
 def test_killed_mid_write_results_still_load(tmp_path):
-    """SIGKILL a writer that flushes 2,000-row part files back to back; every visible file is whole."""
+    """SIGKILL a writer that flushes 2,000 rows at a time back to back, each flush rewriting its
+    growing part file; every visible file is whole, holding whole flushes."""
     p = subprocess.Popen(
         [sys.executable, "-c", WRITER_LOOP, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True
     )
     assert p.stdout.readline().strip() == "started"
     deadline = time.monotonic() + 60
-    while len(list((tmp_path / "metrics").glob("*.parquet"))) < 5 and time.monotonic() < deadline:
+    part = tmp_path / "metrics" / "loop-000000.parquet"
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, pa.ArrowException):  # not there yet
+            if pq.read_metadata(part).num_rows >= 10 * 2000:
+                break
         time.sleep(0.05)
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
     df = load_metrics(tmp_path)
-    assert len(df) >= 5 * 2000 and len(df) % 2000 == 0  # only complete part files
+    assert len(df) >= 10 * 2000  # only complete files, of whole flushes
     for f in (tmp_path / "metrics").glob("*.parquet"):
-        assert pq.read_metadata(f).num_rows == 2000
+        assert pq.read_metadata(f).num_rows % 2000 == 0
+    assert sorted(set(df["round"])) == list(range(1, len(df) // 2000 + 1))
     assert not df.duplicated(["round", "entity"]).any()
     assert load_runs(tmp_path)["status"].tolist() == ["interrupted"]  # never finished, its writer is gone
+
+
+def test_flushes_grow_a_part_file_until_it_holds_part_rows_and_a_resume_truncates_across_parts(
+    tmp_path, monkeypatch
+):
+    # A run flushing every 10 s for days once left a part file per flush, which every reader opens.
+    from analysis import load_assignments
+    from fedray import results
+    from fedray.records import assignment_rec
+
+    monkeypatch.setattr(results, "PART_ROWS", 5)
+    cfg = small_config(tmp_path).to_dict()
+    w = ResultsWriter(tmp_path, "r", cfg, flush_every_s=0)
+    w.start()
+    for r in range(1, 13):  # two metric rows a round, each round one flush; one assignment row
+        w.add(r, [rec("accuracy", r / 100), rec("loss", r), assignment_rec(0, r % 2)])
+    parts = sorted(p.name for p in (tmp_path / "metrics").glob("*.parquet"))
+    assert parts == [f"r-{i:06d}.parquet" for i in range(4)]  # 6 rows each: closed at >= 5
+    assert [pq.read_metadata(tmp_path / "metrics" / p).num_rows for p in parts] == [6, 6, 6, 6]
+    assert len(list((tmp_path / "assignments").glob("*.parquet"))) == 4  # closed with the metrics
+    m = load_metrics(tmp_path)
+    assert m[m["metric"] == "loss"]["value"].tolist() == list(range(1, 13))
+    w.release()
+
+    # Resumed from a checkpoint after round 7: rounds 8-12 go, from inside a part and whole parts.
+    again = ResultsWriter(tmp_path, "r", cfg, flush_every_s=0)
+    again.start(keep_through=7)
+    again.add(8, [rec("accuracy", 0.99), rec("loss", 80.0), assignment_rec(0, 0)])
+    again.finish({})
+    parts = sorted(p.name for p in (tmp_path / "metrics").glob("*.parquet"))
+    assert parts == ["r-000000.parquet", "r-000001.parquet", "r-000002.parquet", "r-000004.parquet"]
+    m = load_metrics(tmp_path)
+    assert m[m["metric"] == "loss"]["value"].tolist() == [1, 2, 3, 4, 5, 6, 7, 80]
+    assert load_assignments(tmp_path)["round"].tolist() == [*range(1, 9)]
 
 
 def test_a_run_stopped_midway_is_recorded_as_interrupted(tmp_path):
