@@ -56,6 +56,16 @@ MODES = ("off", "on", "auto")
 CONVS = ("grouped", "im2col")
 STACKED_CONV = "grouped"
 
+# Whether a stack's step (forward, backward and SGD update of every model) runs compiled by
+# `torch.compile` (one graph, its elementwise operations fused: about 90 operations a step eager,
+# each a kernel on a GPU, where a step's time is mostly those kernels' fixed cost; docs/benchmark.md).
+# The numbers move by float round-off (3.6e-6 after an epoch of 8 simple CNNs on the CPU). The first
+# step of each stack shape in a process compiles (about 40 s on a 2-core CPU, 6 s from inductor's
+# cache). Being measured on GPUs (`python -m jobs.bench_batched --stacked-compile`); not a config
+# key until it pays. On a CPU it does not (an epoch of 8 simple CNNs: 1.1 s compiled in a fixed stack,
+# 0.9 s per client).
+STACKED_COMPILE = False
+
 
 def conv2d_im2col(
     input: torch.Tensor,
@@ -417,6 +427,9 @@ def train_stacked(
                 torch._foreach_sub_([p[n] for n in corr], list(corr.values()))
             acc["loss"].add_(ce.double() * count.double())
             acc["correct"].add_(((pred == y) & (mask > 0)).sum(1))
+
+    if STACKED_COMPILE:  # one graph (fullgraph): a break would split the fusion and the CUDA graph's step
+        step = torch.compile(step, fullgraph=True)
 
     stacked = [bs * k for k in steps]  # the sample rows each update's share of the stack steps
     if fixed:

@@ -18,7 +18,8 @@ how far the two engines' models are after the first round (largest |difference| 
 parameter). ``--profile N`` adds where one stacked round's time goes, operator by operator
 (torch.profiler). ``--fold-mb`` sets how many megabytes of replies a folded round (FedEM, FedRC,
 SCAFFOLD) gives a worker per call, so how many clients one call stacks; ``--stacked-conv im2col``
-computes the stack's convolutions as im2col and one batched matrix product. Needs no GPU
+computes the stack's convolutions as im2col and one batched matrix product; ``--stacked-compile``
+runs the stack's step compiled by ``torch.compile`` (its first round, untimed, compiles). Needs no GPU
 (``--device cpu``, the default); on a GPU it synchronises before reading the clock.
 """
 
@@ -114,6 +115,11 @@ def main(argv: list[str] | None = None) -> int:
         choices=["grouped", "im2col"],
         help="how the stacked engine computes a convolution (fedray.batched.STACKED_CONV; default grouped)",
     )
+    ap.add_argument(
+        "--stacked-compile",
+        action="store_true",
+        help="the stacked engine's step compiled by torch.compile (fedray.batched.STACKED_COMPILE)",
+    )
     args = ap.parse_args(argv)
     engines = one_run.picked_names(args.engines, list(ENGINES), ap.prog, "engine")
     if engines is None:
@@ -136,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     from fedray import batched
 
     batched.STACKED_CONV = args.stacked_conv
+    batched.STACKED_COMPILE = args.stacked_compile
     if args.fold_mb is not None:
         from fedray.algorithms import rounds
 

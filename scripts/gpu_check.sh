@@ -10,10 +10,13 @@
 #   bash scripts/gpu_check.sh conv     # a stacked round profiled with each convolution (at most 6 minutes)
 #
 # table (default), the GPU table's issue, each part under its own time limit:
-#   1. the stacked engine's round at the FedConcat paper's budget on Dir(0.1) for FedAvg, FedProx,
-#      FedRS, FedLC, MOON (bench_batched: s a round, FLOP/s against the peak, stacked work), FedAvg
-#      and MOON again with the stack's convolutions as im2col + batched matmul (--stacked-conv), and a
-#      stack's time against its width (scripts/stack_widths.py);
+#   1. the stacked engine's round at the FedConcat paper's budget on Dir(0.1) for FedAvg and MOON
+#      (bench_batched: s a round, FLOP/s against the peak, stacked work, evaluation s), both again
+#      with the stack's convolutions as im2col + batched matmul (--stacked-conv im2col), and FedAvg
+#      with the stack's step compiled (--stacked-compile: about 90 operations a step fused; its first
+#      round compiles), with the grouped convolution and with im2col. A step's time was about 0.5 ms
+#      fixed plus 37 us a model (2026-11-27); the convolution is the second term, the fusion the first.
+#      (FedProx, FedRS and FedLC measured within 8% of FedAvg twice; the widths of a stack twice.)
 #   1b. one SGD step of 40 to 640 simple CNNs written four ways (scripts/stacked_cnn.py): whether a
 #      convolution that does not launch per model (im2col + batched matmul) beats vmap's grouped one;
 #   2. one partition row of that paper's table (jobs/configs/bench_table1_row.yaml: Dir(0.1), 14 runs,
@@ -92,14 +95,12 @@ if [ "${1:-table}" = engines ]; then
     exit 0
 fi
 
-for algo in "fedavg" "fedprox --set hp.mu=0.01" "fedrs --set hp.alpha=0.5" "fedlc --set hp.tau=1" "moon --set hp.mu=1" \
-    "fedavg --stacked-conv im2col" "moon --set hp.mu=1 --stacked-conv im2col"; do
+for part in "60 fedavg" "60 moon --set hp.mu=1" "60 fedavg --stacked-conv im2col" \
+    "60 moon --set hp.mu=1 --stacked-conv im2col" "120 fedavg --stacked-compile" \
+    "120 fedavg --stacked-compile --stacked-conv im2col"; do
     # shellcheck disable=SC2086
-    bench 60 $cell --rounds 3 --engines batched --set algorithm=$algo
+    bench ${part%% *} $cell --rounds 3 --engines batched --set algorithm=${part#* }
 done
-
-say "stack_widths (lanes): a stack's time against its width"
-timeout 90 python3 -m scripts.stack_widths $cell --device cuda --widths 1,4,16 2>&1 | tee -a "$log"
 
 say "stacked_cnn: one step of M simple CNNs as vmap makes it, vmap with im2col, a grouped convolution, im2col + bmm"
 timeout 100 python3 -m scripts.stacked_cnn --device cuda --models 40,160,640 --steps 100 2>&1 | tee -a "$log"

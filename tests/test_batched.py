@@ -160,6 +160,33 @@ def test_each_update_trains_in_the_stack_as_the_per_client_engine_trains_it(augm
         assert stepped == 16 * sum(steps)
 
 
+@pytest.mark.parametrize("case", ["buffers", "frozen"])
+def test_a_compiled_stack_trains_each_update_as_the_per_client_engine_trains_it(monkeypatch, case):
+    # the compiled step being measured on GPUs (fedray.batched.STACKED_COMPILE), in a fixed stack as
+    # on CUDA: SGD with kept momentum buffers and weight decay; MOON's form with frozen models. The
+    # step is traced whole (fullgraph: what could break is fedray's, the closures, vmap and grad)
+    # and run by AOT autograd's eager backend: inductor's code generation is torch's own, and
+    # costs 35 s here on a cold cache (its numbers: docs/benchmark.md).
+    compiled = []
+    compile_ = torch.compile
+    monkeypatch.setattr(batched, "STACKED_COMPILE", True)
+    monkeypatch.setattr(
+        torch, "compile", lambda fn, **kw: compiled.append(kw) or compile_(fn, backend="aot_eager", **kw)
+    )
+    host = _host()
+    cids = host.client_ids
+    updates = _updates(host, case, _starts(host, len(cids)), 3)
+    got = batched.train_stacked([host.client(c) for c in cids], updates, fixed=True)
+    assert compiled == [{"fullgraph": True}]
+    for i, c in enumerate(cids):
+        alone = train_update(host.client(c), updates[i])
+        _close(alone.params, got[i].params, atol=1e-5)
+        assert got[i].stats.correct == alone.stats.correct
+        assert got[i].stats.loss_sum == pytest.approx(alone.stats.loss_sum, rel=1e-5, abs=1e-6)
+        if case == "buffers":
+            _close(alone.buffers, got[i].buffers, atol=1e-5)
+
+
 def test_lanes_run_the_updates_one_after_another_none_longer_than_the_longest():
     # first-fit decreasing, worked by hand: capacity 5; 0 (5) opens lane 0, 5 (4) lane 1, 2 (3)
     # lane 2; 3 (2) fits only lane 2 (3 + 2), 1 (1) lane 1 (4 + 1), 4 (0 steps) lane 0
