@@ -2,26 +2,29 @@
 # The prepared GPU check (run first whenever a GPU is lent; never in CI). From the repository root
 # on the GPU machine, with the carried .gpu/ folder (Ray, wheels, Fashion-MNIST: .gpu/setup.sh):
 #
-#   bash scripts/gpu_check.sh          # about 7 minutes on one H200; writes $OUT/gpu_check.log
+#   bash scripts/gpu_check.sh          # about 8 minutes on one H200 (its parts' limits add to 12: under a
+#                                      # 590 s limit the last parts give way); writes $OUT/gpu_check.log
 #   bash scripts/gpu_check.sh fedrc    # FedRC's round, 2 and 40 clients a call (at most 5 minutes)
 #   bash scripts/gpu_check.sh engines  # the engines' comparison (about 5 minutes)
 #   bash scripts/gpu_check.sh widths   # a stacked call's time against its width (at most 4 minutes)
 #   bash scripts/gpu_check.sh kernels  # the stacked step under each CUDA kernel setting (at most 5 minutes)
 #   bash scripts/gpu_check.sh conv     # a stacked round profiled with each convolution (at most 6 minutes)
 #
-# table (default), the GPU table's issue, each part under its own time limit:
+# table (default), the GPU table's issue, each part under its own time limit, in this order (what
+# the table's time needs first: a run cut off by its limit loses the last parts):
 #   1. the stacked engine's round at the FedConcat paper's budget on Dir(0.1) for FedAvg and MOON
 #      (bench_batched: s a round, FLOP/s against the peak, stacked work, evaluation s), both again
-#      with the stack's convolutions as im2col + batched matmul (--stacked-conv im2col), and FedAvg
-#      with the stack's step compiled (--stacked-compile: about 90 operations a step fused; its first
-#      round compiles), with the grouped convolution and with im2col. A step's time was about 0.5 ms
-#      fixed plus 37 us a model (2026-11-27); the convolution is the second term, the fusion the first.
-#      (FedProx, FedRS and FedLC measured within 8% of FedAvg twice; the widths of a stack twice.)
-#   1b. one SGD step of 40 to 640 simple CNNs written four ways (scripts/stacked_cnn.py): whether a
-#      convolution that does not launch per model (im2col + batched matmul) beats vmap's grouped one;
+#      with the stack's convolutions as im2col + batched matmul (--stacked-conv im2col);
 #   2. one partition row of that paper's table (jobs/configs/bench_table1_row.yaml: Dir(0.1), 14 runs,
 #      one seed, 3 rounds each) through `fedray sweep` on Ray, timed end to end, and what it says the
 #      whole table would take at the paper's budget (scripts/row_times.py);
+#   3. FedAvg's round with the stack's step compiled (--stacked-compile: about 90 operations a step
+#      fused; its first round, untimed, compiles), with the grouped convolution and with im2col. A
+#      step was about 0.5 ms fixed plus 37 us a model (2026-11-27): the convolution is the second
+#      term, the fusion the first. (FedProx, FedRS and FedLC were within 8% of FedAvg twice, and a
+#      stack's widths were measured twice: no longer run here.)
+#   4. one SGD step of 40 to 640 simple CNNs written four ways (scripts/stacked_cnn.py): whether a
+#      convolution that does not launch per model (im2col + batched matmul) beats vmap's grouped one.
 # fedrc: FedRC at the FedRC paper's budget (FMNIST-C, 303 clients), stacked rounds, with the clients
 #   a call as fedray gives them (2) and with 40 (--fold-mb 1024): whether its 44 s round is the calls' cost.
 # widths: scripts/stack_widths.py on the table's cell, 40 to 640 models a stack, grouped convolution
@@ -95,22 +98,26 @@ if [ "${1:-table}" = engines ]; then
     exit 0
 fi
 
+# The eager rounds, the row through `fedray sweep`, then the compiled rounds and stacked_cnn: in
+# the order of what the table's time needs first, so a run cut off by its time limit loses the last.
 for part in "60 fedavg" "60 moon --set hp.mu=1" "60 fedavg --stacked-conv im2col" \
-    "60 moon --set hp.mu=1 --stacked-conv im2col" "120 fedavg --stacked-compile" \
-    "120 fedavg --stacked-compile --stacked-conv im2col"; do
+    "60 moon --set hp.mu=1 --stacked-conv im2col"; do
+    # shellcheck disable=SC2086
+    bench ${part%% *} $cell --rounds 3 --engines batched --set algorithm=${part#* }
+done
+
+row=/tmp/table1-row
+say "fedray sweep jobs/configs/bench_table1_row.yaml (one actor a run, a quarter of the GPU each, 4 runs at once)"
+start=$(date +%s)
+timeout 200 python3 -m jobs.cli sweep jobs/configs/bench_table1_row.yaml --output $row \
+    --set num_gpus_per_actor=0.25 --set num_cpus_per_actor=2 --max-concurrent-runs 4 2>&1 | tail -20 | tee -a "$log"
+say "sweep wall $(($(date +%s) - start)) s"
+python3 scripts/row_times.py $row 4 2>&1 | tee -a "$log"
+
+for part in "100 fedavg --stacked-compile" "100 fedavg --stacked-compile --stacked-conv im2col"; do
     # shellcheck disable=SC2086
     bench ${part%% *} $cell --rounds 3 --engines batched --set algorithm=${part#* }
 done
 
 say "stacked_cnn: one step of M simple CNNs as vmap makes it, vmap with im2col, a grouped convolution, im2col + bmm"
-timeout 100 python3 -m scripts.stacked_cnn --device cuda --models 40,160,640 --steps 100 2>&1 | tee -a "$log"
-
-row=/tmp/table1-row
-say "fedray sweep jobs/configs/bench_table1_row.yaml (one actor a run, a quarter of the GPU each, 4 runs at once)"
-start=$(date +%s)
-timeout 240 python3 -m jobs.cli sweep jobs/configs/bench_table1_row.yaml --output $row \
-    --set num_gpus_per_actor=0.25 --set num_cpus_per_actor=2 --max-concurrent-runs 4 2>&1 | tail -20 | tee -a "$log"
-say "sweep wall $(($(date +%s) - start)) s"
-python3 scripts/row_times.py $row 4 2>&1 | tee -a "$log"
-
-
+timeout 80 python3 -m scripts.stacked_cnn --device cuda --models 40,160,640 --steps 100 2>&1 | tee -a "$log"
