@@ -35,8 +35,39 @@ TUNED_KEYS = ("lr",)
 FORMATS = ("text", "markdown", "csv", "latex")
 
 
+BETTER = ("higher", "lower")
+
+
 class ReportError(ValueError):
     """A report option names something the results folder does not have; the message says what it has."""
+
+
+def better_of(metric: str) -> str | None:
+    """Which way ``metric`` improves, where its name tells: "higher" for accuracies and purity,
+    "lower" for losses, seconds and bytes; None for the rest (participants, cluster counts, norms,
+    a plug-in's own metric), whose best a report must be told (``--better``)."""
+    if "accuracy" in metric or metric == "purity":
+        return "higher"
+    if "loss" in metric or metric.endswith("seconds") or metric.startswith("bytes_"):
+        return "lower"
+    return None
+
+
+def better_for(metric: str, better: str | None, why: str) -> str:
+    """``better`` (checked), else the way ``metric`` improves (`better_of`); a `ReportError` saying
+    so where neither tells, ``why`` naming what needs it."""
+    if better is not None:
+        if better not in BETTER:
+            raise ReportError(f"--better must be one of {', '.join(BETTER)}, got {better!r}")
+        return better
+    known = better_of(metric)
+    if known is None:
+        raise ReportError(
+            f"{why} needs to know which way metric {metric!r} improves, and its name does not tell "
+            "(accuracies and purity: higher; losses, seconds, bytes: lower): add --better higher or "
+            "--better lower"
+        )
+    return known
 
 
 def partition_label(c: dict) -> str:
@@ -140,9 +171,10 @@ def _covered(fields: Sequence[str]) -> set[str]:
 
 
 def _value_at(
-    rows: pd.DataFrame, metric: str, at: str, round_: int | None, stage: str | None
+    rows: pd.DataFrame, metric: str, at: str, round_: int | None, stage: str | None, better: str = "higher"
 ) -> tuple[float, float]:
-    """(round, value) for one run's global rows (already cut to the stage); NaNs where absent."""
+    """(round, value) for one run's global rows (already cut to the stage); NaNs where absent. ``at``
+    best: the first round of the highest value, or with ``better`` lower the lowest."""
     vals = rows[rows["metric"] == metric].drop_duplicates("round", keep="last").set_index("round")["value"]
     if vals.empty:
         return math.nan, math.nan
@@ -158,7 +190,7 @@ def _value_at(
     if at == "final":
         r = vals.index.max()
     elif at == "best":
-        r = vals.idxmax()
+        r = vals.idxmax() if better == "higher" else vals.idxmin()
     else:  # best-train: the round with the best training accuracy among those where the metric exists
         train = (
             rows[rows["metric"] == "train_accuracy"].drop_duplicates("round", keep="last").set_index("round")
@@ -177,16 +209,20 @@ def run_values(
     round: int | None = None,  # noqa: A002 - the option's name
     stage: str | None = None,
     include_unfinished: bool = False,
+    better: str | None = None,
 ) -> pd.DataFrame:
     """One row per run: run_id, status, config, started, round (where the value was read), value,
     in_stage (False for a run read at its final round because it never had ``stage``).
 
     With ``stage``, ``round`` counts that stage's rounds, and ``at`` looks only within it; runs that
-    never had the stage are read at their final round. Only finished runs unless
-    ``include_unfinished``. Raises `ReportError` for a metric or stage the folder never recorded.
+    never had the stage are read at their final round. ``at`` best reads the metric's best value:
+    its highest or lowest, as ``better`` says or else its name (`better_of`: a loss's lowest). Only
+    finished runs unless ``include_unfinished``. Raises `ReportError` for a metric or stage the
+    folder never recorded, and for a best whose direction nothing tells.
     """
     if at not in AT:
         raise ReportError(f"--at must be one of {', '.join(AT)}, got {at!r}")
+    way = better_for(metric, better, "--at best") if at == "best" and round is None else "higher"
     if round is not None and round < 1:
         raise ReportError(f"--round must be >= 1, got {round}")
     runs = load_runs(out_dir)
@@ -220,7 +256,7 @@ def run_values(
         if r not in by_run:
             read.append((math.nan, math.nan))
         elif stage is None or r in staged:
-            read.append(_value_at(by_run[r], metric, at, round, stage))
+            read.append(_value_at(by_run[r], metric, at, round, stage, way))
         else:
             read.append(_value_at(by_run[r], metric, "final", None, None))
     out = runs[["run_id", "status", "config", "started"]].copy()
@@ -281,13 +317,14 @@ def label_runs(
     return df
 
 
-def tuned_choice(grid: Mapping[str, tuple[list[float], int]]) -> str:
+def tuned_choice(grid: Mapping[str, tuple[list[float], int]], better: str = "higher") -> str:
     """The best setting of a tuned cell: {setting: (per-seed values, runs that diverged)}. Settings
     with no value (every run diverged, or none read) cannot win. Of the others, only those run with
     the most seeds (values and diverged runs together) compete, so a grid point that one lucky seed
     has reached cannot win over one run in full; among them, those with the fewest diverged runs,
-    then the best mean (the first listed on a tie). A NaN value (a run not read) counts as no seed.
-    A cell where no setting has a value keeps the first."""
+    then the best mean, the highest or with ``better`` lower the lowest (the first listed on a tie).
+    A NaN value (a run not read) counts as no seed. A cell where no setting has a value keeps the
+    first."""
     if not grid:
         raise ValueError("tuned_choice: no settings")
     clean = {s: ([x for x in v if not math.isnan(x)], d) for s, (v, d) in grid.items()}
@@ -298,7 +335,7 @@ def tuned_choice(grid: Mapping[str, tuple[list[float], int]]) -> str:
     full = {s: (v, d) for s, (v, d) in valued.items() if len(v) + d == most}
     fewest = min(d for _, d in full.values())
     scored = [(sum(v) / len(v), s) for s, (v, d) in full.items() if d == fewest]
-    best = max(m for m, _ in scored)
+    best = (max if better == "higher" else min)(m for m, _ in scored)
     return next(s for m, s in scored if m == best)
 
 
@@ -308,6 +345,7 @@ def pivot(
     cols: Sequence[str] = ("algorithm",),
     tuned: bool = False,
     tuned_by: pd.DataFrame | None = None,
+    better: str = "higher",
 ) -> pd.DataFrame:
     """Long table of cells: experiment, row fields..., col, mean, std, n (seeds with a value), runs,
     setting.
@@ -320,7 +358,8 @@ def pivot(
     their diverged runs). The choice is made per
     cell, on the value read, so it is only as fair as that value (a test-set choice, as in the papers);
     ``tuned_by`` (`run_values` of another metric) makes it on that reading instead (purity shown at the
-    lr each algorithm's accuracy picked).
+    lr each algorithm's accuracy picked). ``better``: which way the choosing reading improves (a
+    loss's best mean is its lowest: `better_for`).
     """
     out_cols = ["experiment", *rows, "col", "mean", "std", "n", "runs", "setting"]
     if values.empty:
@@ -340,7 +379,7 @@ def pivot(
         grids: dict[tuple, dict[str, tuple[list[float], int]]] = {}
         for (exp, row, col, setting), v in values.items():
             grids.setdefault((exp, row, col), {})[setting] = (v, 0)
-        best = {key: tuned_choice(grid) for key, grid in grids.items()}
+        best = {key: tuned_choice(grid, better) for key, grid in grids.items()}
         keep = [
             best[(e, r, c)] == s
             for e, r, c, s in cells[["experiment", "row", "col", "setting"]].itertuples(index=False)
@@ -393,12 +432,14 @@ def format_table(table: pd.DataFrame, fmt: str) -> str:
     raise ReportError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
 
 
-def describe_value(metric: str, at: str, round_: int | None, stage: str | None) -> str:
+def describe_value(
+    metric: str, at: str, round_: int | None, stage: str | None, better: str = "higher"
+) -> str:
     unit = " (%)" if _is_fraction(metric) else ""
     where = {
         "final": "the final round",
         "best-train": "the round of best train_accuracy",
-        "best": "its best round",
+        "best": f"its best round (its {'highest' if better == 'higher' else 'lowest'} value)",
     }[at]
     if round_ is not None:
         where = f"round {round_}" + (f" of stage {stage!r}" if stage else "")

@@ -248,7 +248,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from analysis.plots import write_plots
-    from analysis.report import ReportError, describe_value, format_table, pivot, run_values, wide_tables
+    from analysis.report import (
+        ReportError,
+        better_for,
+        describe_value,
+        format_table,
+        pivot,
+        run_values,
+        wide_tables,
+    )
 
     if not os.path.isdir(args.dir):
         print(f"fedray: error: results folder {args.dir!r} does not exist", file=sys.stderr)
@@ -259,14 +267,27 @@ def cmd_report(args: argparse.Namespace) -> int:
     rows, cols = _fields(args.rows), _fields(args.cols)
     at = "final" if args.at is None else args.at
     try:
-        values = run_values(args.dir, args.metric, at, args.round, args.stage, include_unfinished=True)
+        # which way each reading that picks a best improves (a loss's best is its lowest), before
+        # anything is read
+        reading_best = at == "best" and args.round is None
+        way = "higher"
+        if reading_best or (args.tuned and not args.tuned_by):
+            way = better_for(args.metric, args.better, "--at best" if reading_best else "--tuned")
+        pick_way = way
+        if args.tuned_by:
+            pick_way = better_for(args.tuned_by, None, "--tuned-by")
+        values = run_values(
+            args.dir, args.metric, at, args.round, args.stage, include_unfinished=True, better=way
+        )
         statuses = values["status"].value_counts()
         if not args.all:
             values = values[values["status"] == "finished"]
         picks = None
         if args.tuned_by:
-            picks = run_values(args.dir, args.tuned_by, at, args.round, args.stage, include_unfinished=True)
-        cells = pivot(values, rows, cols, tuned=args.tuned, tuned_by=picks)
+            picks = run_values(
+                args.dir, args.tuned_by, at, args.round, args.stage, include_unfinished=True, better=pick_way
+            )
+        cells = pivot(values, rows, cols, tuned=args.tuned, tuned_by=picks, better=pick_way)
         tables = wide_tables(cells, rows, args.metric)
         if args.format == "csv" and len(tables) > 1:  # one parseable table, experiment as a column
             tables = {"": pd.concat([t.assign(experiment=e) for e, t in tables.items()])}
@@ -289,15 +310,16 @@ def cmd_report(args: argparse.Namespace) -> int:
         if prose:
             print()
     if prose:
-        print(describe_value(args.metric, at, args.round, args.stage))
+        print(describe_value(args.metric, at, args.round, args.stage, way))
         if args.stage is not None and not values["in_stage"].all():
             algs = sorted({c["algorithm"] for c in values.loc[~values["in_stage"], "config"]})
             print(f"(runs without stage {args.stage!r}, here {', '.join(algs)}: read at their final round)")
         chosen = cells[cells["setting"] != ""]
         if args.tuned:
             on = f" of {args.tuned_by}" if args.tuned_by else ""
+            mean = "highest" if pick_way == "higher" else "lowest"
             print(
-                f"tuned: each cell is its column's best hp (and lr) setting (best mean{on} over seeds, of the settings run with the most seeds), here:"
+                f"tuned: each cell is its column's best hp (and lr) setting ({mean} mean{on} over seeds, of the settings run with the most seeds), here:"
                 if len(chosen)
                 else "tuned: no cell had hp settings to choose from"
             )
@@ -483,6 +505,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="METRIC",
         help="with --tuned: choose each cell's setting by this metric, read as --at/--round/--stage say (e.g. "
         "--metric purity --tuned --tuned-by accuracy: purity at the lr accuracy picks)",
+    )
+    p_rep.add_argument(
+        "--better",
+        choices=("higher", "lower"),
+        help="which way --metric improves, for --at best and --tuned (default: from its name: accuracies "
+        "and purity higher; losses, seconds, bytes lower; other metrics must say)",
     )
     p_rep.add_argument("--all", action="store_true", help="include failed and unfinished runs")
     p_rep.add_argument("--no-plots", action="store_true", help="only print the table")

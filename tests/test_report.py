@@ -367,7 +367,9 @@ def test_tuned_by_reads_one_metric_at_the_setting_another_picks(tmp_path):
     )
     assert p.returncode == 0, p.stderr
     assert (
-        "62.0 ± 2.8 (2)" in p.stdout and "best mean of accuracy" in p.stdout and "fedrc: lr=0.1" in p.stdout
+        "62.0 ± 2.8 (2)" in p.stdout
+        and "highest mean of accuracy" in p.stdout
+        and "fedrc: lr=0.1" in p.stdout
     )
     p = run([sys.executable, "-m", "jobs.cli", "report", str(out), "--tuned-by", "accuracy"], cwd=ROOT)
     assert p.returncode == 2 and "--tuned-by chooses the setting of a --tuned cell" in p.stderr
@@ -436,3 +438,60 @@ def test_an_hp_added_after_a_run_reads_as_its_default_and_does_not_split_a_colum
     )
     assert old == new and old["hp.optimizer_state"] == "fresh"
     assert run_flat({"algorithm": "not_registered_here"}, {"a": 1})["hp.a"] == 1
+
+
+def test_a_loss_is_best_at_its_lowest_and_a_metric_whose_name_does_not_tell_must_be_told(tmp_path):
+    # `--at best`, `--tuned` and `--tuned-by` once read every metric's best as its highest: a loss's
+    # worst round, and the lr with the highest loss picked.
+    out = tmp_path / "out"
+    base = {**small_config(tmp_path).to_dict(), "experiment": "lr", "hp": {}}
+    curves = {  # lr: per seed, (loss, accuracy, mean_update_norm) for rounds 1, 2, 3
+        0.01: [[(2.30, 0.40, 1.0), (2.20, 0.40, 0.9), (2.25, 0.40, 0.8)]] * 1
+        + [[(2.28, 0.42, 1.0), (2.24, 0.42, 0.9), (2.26, 0.42, 0.8)]],
+        0.1: [
+            [(2.00, 0.88, 3.0), (0.50, 0.90, 2.0), (0.60, 0.89, 2.5)],
+            [(1.90, 0.90, 3.0), (0.45, 0.92, 2.0), (0.55, 0.93, 2.5)],
+        ],
+    }
+    for lr, seeds in curves.items():
+        for seed, rounds in enumerate(seeds):
+            write_run(
+                out,
+                {**base, "algorithm": "fedprox", "lr": lr, "seed": seed},
+                {
+                    r: [rec("loss", loss), rec("accuracy", acc), rec("mean_update_norm", norm)]
+                    for r, (loss, acc, norm) in enumerate(rounds, start=1)
+                },
+            )
+    best = run_values(out, "loss", at="best").set_index("run_id")
+    assert sorted(best["value"]) == [0.45, 0.5, 2.2, 2.24] and set(best["round"]) == {2.0}
+    final_ = pivot(run_values(out, "loss"), rows=("dataset",), tuned=True, better="lower").iloc[0]
+    assert final_["setting"] == "lr=0.1" and final_["mean"] == pytest.approx(0.575)
+    at_best = pivot(run_values(out, "loss", at="best"), rows=("dataset",), tuned=True, better="lower")
+    assert at_best.iloc[0]["mean"] == pytest.approx(0.475)
+    by_loss = pivot(
+        run_values(out), rows=("dataset",), tuned=True, tuned_by=run_values(out, "loss"), better="lower"
+    ).iloc[0]
+    assert by_loss["setting"] == "lr=0.1" and by_loss["mean"] == pytest.approx(0.91)
+    # a metric whose name does not say which way it improves: told, or refused before reading
+    with pytest.raises(ReportError, match=r"'mean_update_norm' improves.*--better higher or --better lower"):
+        run_values(out, "mean_update_norm", at="best")
+    lowest = run_values(out, "mean_update_norm", at="best", better="lower")
+    assert sorted(lowest["value"]) == [0.8, 0.8, 2.0, 2.0]
+
+    def report(*flags):
+        return run(
+            [sys.executable, "-m", "jobs.cli", "report", str(out), "--no-plots", "--rows", "dataset", *flags],
+            cwd=ROOT,
+        )
+
+    p = report("--metric", "loss", "--at", "best", "--tuned")
+    assert p.returncode == 0, p.stderr
+    assert "0.4750 ± 0.0354 (2)" in p.stdout and "its lowest value" in p.stdout
+    assert "lowest mean over seeds" in p.stdout and "fedprox: lr=0.1" in p.stdout
+    p = report("--tuned", "--tuned-by", "loss")
+    assert p.returncode == 0 and "91.0 ± 2.8 (2)" in p.stdout and "lowest mean of loss" in p.stdout
+    p = report("--metric", "mean_update_norm", "--tuned")
+    assert p.returncode == 2 and "--tuned needs to know which way metric 'mean_update_norm'" in p.stderr
+    p = report("--metric", "mean_update_norm", "--tuned", "--better", "lower")
+    assert p.returncode == 0 and "fedprox: lr=0.01" in p.stdout, p.stderr
