@@ -85,7 +85,11 @@ def connect(address: str | None = None, plugins: Sequence[str] = ()) -> bool:
         )
     if not given and (found := _running_cluster()):
         if _answers(found):
-            given = found  # the cluster `ray start` runs here: attach (and say so by returning False)
+            # the cluster `ray start` runs here: attach (and say so by returning False) as a plain
+            # ray.init() does, by "auto": Ray then reads how the cluster authenticates from this
+            # machine (its token, as `ray start` enables by default); by the address itself it
+            # sends no token unless RAY_AUTH_MODE says so, and the cluster refuses it
+            given = "auto"
         else:
             logging.getLogger("fedray").warning(
                 "a Ray cluster recorded on this machine (%s) does not answer: starting a local Ray instead "
@@ -102,8 +106,19 @@ def connect(address: str | None = None, plugins: Sequence[str] = ()) -> bool:
     sigterm = signal.getsignal(signal.SIGTERM) if main else None
     try:
         if address:
-            with _replacing_job_fields(env["runtime_env"]):
-                ray.init(address=address, logging_level=logging.WARNING, **env)
+            try:
+                with _replacing_job_fields(env["runtime_env"]):
+                    ray.init(address=address, logging_level=logging.WARNING, **env)
+            except ConnectionError as e:
+                if address == "auto":
+                    raise
+                # it answered (`_answers`), then refused: most often a token this process did not send
+                raise ConnectionError(
+                    f"{e}: it answers but refused this process. A cluster with token authentication (what "
+                    "`ray start` sets up by default) needs RAY_AUTH_MODE=token here, and its token in "
+                    "~/.ray/auth_token or RAY_AUTH_TOKEN (docs/cluster.md); a cluster `ray start` runs on "
+                    "this machine is joined without an address"
+                ) from e
             return False
         notice = logging.getLogger("ray._private.authentication.authentication_token_setup")
         notice.addFilter(_token_on_notice)

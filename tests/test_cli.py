@@ -51,6 +51,55 @@ def test_fedray_run_local_then_skip_then_report(tmp_path):
     assert f"plots: {png}" in rep and png.stat().st_size > 5000  # one curve with a ±std band
 
 
+JOINS = r"""
+import os, subprocess, sys
+from ray.cluster_utils import Cluster
+
+# A cluster as `ray start` leaves one on this machine: recorded as the machine's current cluster,
+# with token authentication (its token in ~/.ray/auth_token), and a (logical) GPU to tell it by.
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 1})
+# a new shell's `fedray run`: no address, and nothing said of authentication
+shell = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
+try:
+    p = subprocess.run(
+        [sys.executable, "-m", "jobs.cli", "run", "--set", "rounds=1", "--set", "num_actors=1", "--output", sys.argv[1]],
+        env=shell, capture_output=True, text=True, timeout=240,
+    )
+    print(p.stdout)
+    print(p.stderr, file=sys.stderr)
+    sys.exit(p.returncode)
+finally:
+    cluster.shutdown()
+"""
+
+
+def test_fedray_run_joins_the_cluster_ray_start_left_on_this_machine_without_an_address(tmp_path):
+    # docs/running.md: with no address, fedray joins the cluster `ray start` runs here. It once passed
+    # that cluster's address to ray.init, which then sends no token, and the cluster (token
+    # authentication is `ray start`'s default) refused it after 20 s of retries.
+    import os
+    import subprocess
+    import tempfile
+
+    record = tempfile.mkdtemp(prefix="fr", dir="/tmp")  # short: Ray's socket paths live under it
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env |= {"RAY_TMPDIR": record, "RAY_AUTH_MODE": "token"}  # the machine's cluster record here, not /tmp/ray
+    try:
+        p = subprocess.run(
+            [sys.executable, "-c", JOINS, str(tmp_path / "out")],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        subprocess.run(["rm", "-rf", record], check=False)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "done: final accuracy" in p.stdout
+    assert "the Ray cluster has 1 GPU(s)" in p.stderr  # that cluster's, not a Ray of its own
+
+
 @pytest.mark.ray
 def test_jobs_run_attaches_to_a_running_ray(ray_session, tmp_path):
     """`RAY_ADDRESS=... python -m jobs.run CONFIG`: the entry point `ray job submit` runs, here as
