@@ -26,6 +26,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import stat
 import time
 import uuid
@@ -414,6 +415,13 @@ class ResultsWriter:
             for table in ("metrics", "assignments", "clients"):
                 for old in self._parts(table):
                     old.unlink()
+            # and the models a finished earlier attempt saved (`--force`): until this run finishes
+            # it has none, as its row says. Moved aside whole first, so none is ever left half removed.
+            models = self.root / "models" / self.run_id
+            if models.exists():
+                aside = models.with_name(f".{self.run_id}.{uuid.uuid4().hex[:8]}.old")
+                os.replace(models, aside)
+                shutil.rmtree(aside)
         else:
             self._seq = max(
                 self._truncate("metrics", keep_through), self._truncate("assignments", keep_through)

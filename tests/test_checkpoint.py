@@ -41,6 +41,7 @@ from fedray.checkpoint import (
 from fedray.client import Task, iterate
 from fedray.data import build_federated_data
 from fedray.experiment import Checkpointed, Finished, RoundDone, Started, execute
+from fedray.export import ModelsMissing
 from fedray.federation import Baton
 from fedray.local import make_local_federation
 from fedray.results import run_state
@@ -267,11 +268,19 @@ def test_checkpoints_are_kept_as_asked_and_restart_starts_over(tmp_path):
     manifest = json.loads((root / "round-000005" / "manifest.json").read_text())
     assert manifest["round"] == 5 and set(manifest["files"]) == {"state.npz"}  # FedAvg clients keep nothing
     ref = stored_metrics(cfg.output)
+    assert load_model(cfg.output, cfg.run_id()) is not None
     _stop_after(cfg, 3, restart=True)  # --restart: the old checkpoints go, the run starts at round 1
     assert sorted(p.name for p in root.iterdir()) == ["round-000002"]
     assert stored_metrics(cfg.output)["round"].max() == 3
+    # and the finished attempt's models with them: an interrupted run has none (they were once left,
+    # and load_model read the earlier attempt's model of a run that said "interrupted")
+    assert not (Path(cfg.output) / "models" / cfg.run_id()).exists()
+    with pytest.raises(ModelsMissing):
+        load_model(cfg.output, cfg.run_id())
     list(execute(cfg, make_local_federation))
     assert stored_metrics(cfg.output).equals(ref)
+    assert load_model(cfg.output, cfg.run_id()) is not None
+    assert not [p.name for p in (Path(cfg.output) / "models").iterdir() if p.name.startswith(".")]
 
 
 def test_a_finished_run_drops_its_checkpoints_when_asked_and_only_once_finished(tmp_path):
