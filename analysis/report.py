@@ -70,13 +70,29 @@ def better_for(metric: str, better: str | None, why: str) -> str:
     return known
 
 
-def partition_label(c: dict) -> str:
+def partition_label(c: dict, recorded: str | None = None) -> str:
     """The partition as papers write it: #C=2, dirichlet(0.5), ... (each partition's label in the
     partition registry, fedray/data/partitions.py); a federated data set that comes as its clients'
-    files (``dataset: client_files``) is partitioned by them: ``files:FOLDER``."""
-    from fedray.data import partition_label as label  # the registries (imported when a label is needed)
+    files (``dataset: client_files``) is partitioned by them: ``files:FOLDER``. A plug-in's partition
+    or data set, not registered in this process, reads as the run labelled it (``recorded``: its
+    summary's ``partition_label``)."""
+    # the registries (imported when a label is needed)
+    from fedray.data import DATASETS, PARTITIONS
+    from fedray.data import partition_label as label
 
+    if recorded and (c.get("partition") not in PARTITIONS or c.get("dataset") not in DATASETS):
+        return recorded
     return label(c)
+
+
+def recorded_partitions(runs: pd.DataFrame) -> list[str | None]:
+    """Each run's partition label as the run wrote it (`partition_label`), from a ``partition_label``
+    column (`run_values`) or the runs' summaries (`load_runs`); None for a run that did not."""
+    if "partition_label" in runs:
+        return [v if isinstance(v, str) else None for v in runs["partition_label"]]
+    if "summary" in runs:
+        return [sm.get("partition_label") if isinstance(sm, dict) else None for sm in runs["summary"]]
+    return [None] * len(runs)
 
 
 def _plugin_text(spec: str) -> str:
@@ -127,11 +143,11 @@ def hp_pairs(config: Mapping[str, Any]) -> list[str]:
     return [f"{k}={value_text(v)}" for k, v in sorted((config.get("hp") or {}).items())]
 
 
-def field_label(config: dict, name: str) -> str:
+def field_label(config: dict, name: str, partition: str | None = None) -> str:
     """How run ``config`` reads under field ``name``: a config key (hp.x too), `partition` (paper
-    style), or `hp` (all of it)."""
+    style; ``partition``: the label the run recorded, `partition_label`), or `hp` (all of it)."""
     if name == "partition":
-        return partition_label(config)
+        return partition_label(config, partition)
     if name == "source":  # who ran it: fedray, or a reference implementation whose results were imported
         return config.get("source", "fedray")
     if name == "hp":
@@ -148,10 +164,10 @@ def field_label(config: dict, name: str) -> str:
     return value_text(flat[name])
 
 
-def column_label(config: dict, fields: Sequence[str]) -> str:
+def column_label(config: dict, fields: Sequence[str], partition: str | None = None) -> str:
     """A column's label: its fields' labels joined by spaces. A run at its algorithm's default hp
     says so only when hp is the whole label (``fedavg``, not ``fedavg -``)."""
-    labels = [field_label(config, f) for f in fields]
+    labels = [field_label(config, f, partition) for f in fields]
     shown = [lab for f, lab in zip(fields, labels, strict=True) if not (f == "hp" and lab == "-")]
     return " ".join(shown or labels)
 
@@ -262,6 +278,7 @@ def run_values(
     out = runs[["run_id", "status", "config", "started"]].copy()
     # every hp value the run used, defaults included (its config names only non-defaults)
     out["hparams"] = [sm.get("hparams", {}) if isinstance(sm, dict) else {} for sm in runs["summary"]]
+    out["partition_label"] = recorded_partitions(runs)
     out["round"] = [r for r, _ in read]
     out["value"] = [v for _, v in read]
     out["in_stage"] = out["run_id"].isin(staged) if stage is not None else True
@@ -285,8 +302,11 @@ def label_runs(
     """
     df = runs.copy()
     df["experiment"] = df["config"].map(lambda c: c["experiment"])
-    df["row"] = df["config"].map(lambda c: tuple(field_label(c, f) for f in rows))
-    df["col"] = df["config"].map(lambda c: column_label(c, cols))
+    recorded = recorded_partitions(df)
+    df["row"] = [
+        tuple(field_label(c, f, p) for f in rows) for c, p in zip(df["config"], recorded, strict=True)
+    ]
+    df["col"] = [column_label(c, cols, p) for c, p in zip(df["config"], recorded, strict=True)]
     covered = _covered([*rows, *cols]) | set(_PER_RUN_KEYS) | {"experiment"}
     if "hp" in cols or "hp" in rows:
         covered |= {k for c in df["config"] for k in flat_config(c) if k.startswith("hp.")}

@@ -20,7 +20,7 @@ import numpy as np
 from fedray.algorithms import ALGORITHMS
 from fedray.checkpoint import Checkpoint, CheckpointError, Checkpoints
 from fedray.config import Config
-from fedray.data import FederatedData, build_federated_data
+from fedray.data import FederatedData, build_federated_data, partition_label
 from fedray.export import check_shapes, save_models
 from fedray.federation import Baton, Federation, WorkerLost
 from fedray.records import Record, rec
@@ -311,6 +311,8 @@ def execute(
             yield ev
         summary = summarize(history, writer.elapsed(), placement)
         summary["hparams"] = alg.full_hparams(cfg.hp)
+        # as reports name the partition: a plug-in's label, where its registry is loaded (here)
+        summary["partition_label"] = partition_label(cfg.to_dict())
         if cfg.save_models:
             summary["models"] = str(save_models(cfg, alg, hp, state, fed.task, fed.client_states))
         # keep_finished_checkpoints: false: removed once the run is recorded finished (a run stopped

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -264,6 +266,8 @@ def test_a_plugged_in_partition_is_chosen_validated_drawn_and_labelled(tmp_path)
     checked as a built-in's are, runs draw it, and reports name it."""
     from fedray.config import ConfigError
     from fedray.data import build_federated_data, partition_label, register_partition
+    from fedray.experiment import execute
+    from fedray.local import make_local_federation
     from fedray.validation import from_dict
     from tests.conftest import small_config
 
@@ -301,5 +305,51 @@ def test_a_plugged_in_partition_is_chosen_validated_drawn_and_labelled(tmp_path)
             match=r"'partition_k' is not read by partition 'dirichlet' \(it is read by: labels, halves\)",
         ):
             from_dict({"partition_k": 3})
+        list(execute(dataclasses.replace(cfg, rounds=1), make_local_federation))
     finally:
         PARTITIONS.pop("halves", None)
+    # a report in a process that has not loaded the plug-in names its partition as the run did
+    from analysis import pivot, run_values
+
+    assert pivot(run_values(cfg.output))["partition"].tolist() == ["halves(k=5)"]
+
+
+def test_a_plugged_in_draw_that_gives_no_partition_of_the_training_set_is_refused_naming_the_client(tmp_path):
+    # Lists of floats (or indices past the training set) once passed, the data was loaded, and the
+    # run failed in its first training step inside fedray/client.py ("only integer scalar arrays").
+    from fedray.data import PartitionError, check_partition, register_partition
+    from tests.conftest import small_config
+
+    gives, seen = {}, {}
+
+    @register_partition("given")
+    def given(labels, p, rng):
+        seen["n"], k = len(labels), p.num_clients
+        return gives["what"](
+            [list(range(c * (seen["n"] // k), (c + 1) * (seen["n"] // k))) for c in range(k)]
+        )
+
+    try:
+        cfg = small_config(tmp_path, partition="given")
+        last = cfg.num_clients - 1
+        gives["what"] = Partition  # lists of ints: taken as int64 arrays
+        sizes = check_partition(cfg)
+        assert len(sizes) == cfg.num_clients and all(v > 0 for v in sizes.values())
+        for what, says in (
+            (
+                lambda cs: Partition([np.asarray(c, float) for c in cs]),
+                "gave client 0 1-d indices of dtype float64",
+            ),
+            (
+                lambda cs: Partition([*cs[:-1], [0, seen["n"]]]),
+                f"gave client {last} index {{n}}, outside the",
+            ),
+            (lambda cs: Partition(cs[:-1]), f"gave {last} clients, and num_clients is {cfg.num_clients}"),
+            (lambda cs: cs, "returned a list, not a fedray.Partition"),
+        ):
+            gives["what"] = what
+            with pytest.raises(PartitionError, match="config key 'partition': partition 'given'") as e:
+                check_partition(cfg)
+            assert says.format(n=seen["n"]) in str(e.value), str(e.value)
+    finally:
+        PARTITIONS.pop("given", None)

@@ -101,14 +101,49 @@ def partition_for(cfg: Config, labels: np.ndarray, num_classes: int) -> Partitio
 
 
 def draw_partition(cfg: Config, labels: np.ndarray, num_classes: int) -> Partition:
-    """The run's partition; `PartitionError` (naming the config key) if it cannot be drawn."""
+    """The run's partition; `PartitionError` (naming the config key) if it cannot be drawn, or if a
+    draw (a plug-in's) gives what is not a partition of this training set: another number of clients
+    than num_clients, or a client's indices that are not integers in [0, training samples) (a list
+    of ints is taken as its int64 array)."""
     part = partition_for(cfg, labels, num_classes)
+    _check_drawn(cfg, part, len(labels))
     for cid, idx in enumerate(part.clients):
         if len(idx) == 0:
             raise PartitionError(
                 f"config key 'partition': client {cid} received no samples ({cfg.partition}); use fewer clients"
             )
     return part
+
+
+def _check_drawn(cfg: Config, part: Any, size: int) -> None:
+    """``part`` is a `Partition` of a training set of ``size`` samples into num_clients clients:
+    each client's indices made an int64 array, or a `PartitionError` naming the client."""
+    where = f"config key 'partition': partition {cfg.partition!r}"
+    if not isinstance(part, Partition):
+        raise PartitionError(f"{where} returned a {type(part).__name__}, not a fedray.Partition")
+    if len(part.clients) != cfg.num_clients:
+        raise PartitionError(
+            f"{where} gave {len(part.clients)} clients, and num_clients is {cfg.num_clients}"
+        )
+    clients = []
+    for cid, idx in enumerate(part.clients):
+        arr = np.asarray(idx)
+        if arr.size == 0:
+            arr = arr.astype(np.int64)
+        if arr.ndim != 1 or arr.dtype.kind not in "iu":
+            raise PartitionError(
+                f"{where} gave client {cid} {arr.ndim}-d indices of dtype {arr.dtype}: a client's "
+                "indices are a 1-d array of integers into the training set"
+            )
+        if arr.size and (arr.min() < 0 or arr.max() >= size):
+            raise PartitionError(
+                f"{where} gave client {cid} index {int(arr.min() if arr.min() < 0 else arr.max())}, outside "
+                f"the training set's {size} samples"
+            )
+        clients.append(arr.astype(np.int64, copy=False))
+    part.clients = clients
+    if part.groups is not None and len(part.groups) != cfg.num_clients:
+        raise PartitionError(f"{where} gave {len(part.groups)} groups for {cfg.num_clients} clients")
 
 
 def check_partition(cfg: Config) -> dict[int, int]:
