@@ -61,7 +61,8 @@ def load_metrics(out_dir: str | Path, scope: str | None = None) -> pd.DataFrame:
     """
     root = Path(out_dir)
     if not root.is_dir():
-        raise FileNotFoundError(f"results folder {str(root)!r} does not exist")
+        what = "is a file, not a folder" if root.exists() else "does not exist"
+        raise FileNotFoundError(f"results folder {str(root)!r} {what}")
     df = _read_dir(root / "metrics", None if scope is None else ds.field("scope") == scope)
     if df is None:
         return pd.DataFrame(

@@ -22,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.load import load_metrics, load_runs
+from fedray.coercion import suggest
 from fedray.config import NOT_IN_RUN_ID
 
 # Keys that tell replicates of one setting apart or cannot change a number (fedray.config.NOT_IN_RUN_ID),
@@ -158,8 +159,8 @@ def field_label(config: dict, name: str, partition: str | None = None) -> str:
         return value_text(full[name]) if name in full else "-"  # "-": its algorithm has no such hp
     if name not in flat:
         raise ReportError(
-            f"unknown field {name!r} for --rows/--cols (fields: partition, hp, and the config keys: "
-            f"{', '.join(sorted(flat))})"
+            f"unknown field {name!r} for --rows/--cols{suggest(name, ['partition', 'hp', *flat])} "
+            f"(fields: partition, hp, and the config keys: {', '.join(sorted(flat))})"
         )
     return value_text(flat[name])
 
@@ -259,8 +260,14 @@ def run_values(
         # are read at their final round, as beside a finished staged run
         stages = sorted(set(every["stage"]))
         if stage not in stages:
+            named = [s for s in stages if s]  # "" is no stage: the rounds of a run without stages
             raise ReportError(
-                f"stage {stage!r} was not recorded (stages: {', '.join(repr(s) for s in stages)})"
+                f"stage {stage!r} was not recorded"
+                + (
+                    f"{suggest(stage, named)} (stages: {', '.join(named)})"
+                    if named
+                    else ": these runs have no stages (FedConcat's are encoder and classifier)"
+                )
             )
         staged = set(m.loc[m["stage"] == stage, "run_id"])
         # Runs that have the stage are read within it; the others (FedAvg next to FedConcat) keep

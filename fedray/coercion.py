@@ -26,9 +26,10 @@ class ConfigError(ValueError):
 ON_OFF_KEYS = frozenset({"batched_clients"})
 
 
-def suggest(name: str, candidates: Iterable[str]) -> str:
+def suggest(name: str, candidates: Iterable[str], prefix: str = "") -> str:
+    """``; did you mean 'X'?`` for the candidate closest to ``name`` (as typed: ``prefix`` + X), or ""."""
     close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
-    return f"; did you mean '{close[0]}'?" if close else ""
+    return f"; did you mean '{prefix}{close[0]}'?" if close else ""
 
 
 def coerce(key: str, value: Any, typ: Any, str_from_number: bool = False) -> Any:

@@ -427,7 +427,8 @@ def merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
 def read_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} does not exist")
+        what = "is a folder, not a file" if p.is_dir() else "does not exist"
+        raise ConfigError(f"config file {str(p)!r} {what}")
     try:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:

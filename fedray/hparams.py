@@ -154,7 +154,7 @@ def hparams_from_dict(cls: type, values: Mapping[str, Any], algorithm: str) -> A
         if k not in fields:
             known = ", ".join(sorted(fields)) or "none"
             raise ConfigError(
-                f"unknown config key 'hp.{k}' for algorithm {algorithm}{suggest(k, fields)} (its hp keys: {known})"
+                f"unknown config key 'hp.{k}' for algorithm {algorithm}{suggest(k, fields, 'hp.')} (its hp keys: {known})"
             )
         kwargs[k] = coerce(f"hp.{k}", v, hints[k])
     hp = cls(**kwargs)

@@ -194,6 +194,8 @@ def check_writable(out_dir: str | Path) -> None:
     """Raise `OSError` naming the folder if results cannot be written there (checked before anything
     starts: a run that cannot record itself should not run)."""
     p = Path(out_dir)
+    if p.exists() and not p.is_dir():
+        raise OSError(f"config key 'output': {str(p)!r} is a file, not a folder for the results")
     try:
         p.mkdir(parents=True, exist_ok=True)
         probe = p / f".write-probe-{uuid.uuid4().hex[:8]}"

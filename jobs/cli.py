@@ -259,7 +259,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     )
 
     if not os.path.isdir(args.dir):
-        print(f"fedray: error: results folder {args.dir!r} does not exist", file=sys.stderr)
+        what = "is a file, not a folder" if os.path.exists(args.dir) else "does not exist"
+        print(f"fedray: error: results folder {args.dir!r} {what}", file=sys.stderr)
         return EXIT_USAGE
     if args.tuned_by and not args.tuned:
         print("fedray: error: --tuned-by chooses the setting of a --tuned cell: add --tuned", file=sys.stderr)
@@ -300,7 +301,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         unfinished = int(len(statuses) and statuses.sum() - statuses.get("finished", 0))
         hint = f" ({unfinished} not finished: --all includes them)" if unfinished and not args.all else ""
         print(f"no {'' if args.all else 'finished '}runs in {args.dir}/{hint}")
-        return 0
+        return 1  # nothing to report: a script reading the table can tell
     prose = args.format in ("text", "markdown")
     heading = {"text": "", "markdown": "# ", "latex": "% "}.get(args.format)
     for exp, text in texts.items():

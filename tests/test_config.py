@@ -87,6 +87,11 @@ def test_parse_sets_nests_and_parses_yaml_scalars():
         ({"weight_decay": float("nan")}, r"'weight_decay': expected a finite number, got nan"),
         ({"num_cpus_per_actor": float("inf")}, r"'num_cpus_per_actor': expected a finite number"),
         ({"hp": {"server_lr": float("inf")}}, r"'hp.server_lr': expected a finite number"),
+        # the key as it is typed: hp.server_lr, not server_lr
+        (
+            {"hp": {"serverlr": 0.5}},
+            r"unknown config key 'hp.serverlr' for algorithm fedavg; did you mean 'hp.server_lr'\?",
+        ),
         ({"seed": 10**29}, r"'seed': 100000000000000000000000000000 is beyond a 64-bit integer"),
         # it names the report's plot files: --set experiment=../../x once wrote outside the results
         ({"experiment": "../../x"}, r"'experiment': a name, not a path .*'\.\./\.\./x'"),
@@ -170,6 +175,9 @@ BAD_INPUT = [
         "download=true",
     ),
     (["run", "no_such_config.yaml"], "does not exist"),
+    (["run", "."], "config file '.' is a folder, not a file"),
+    (["run", "--local", "--output", "/etc/passwd"], "'output': '/etc/passwd' is a file, not a folder"),
+    (["report", "/etc/passwd"], "results folder '/etc/passwd' is a file, not a folder"),
     (  # refused before the data is looked for (the case above says the data is not there)
         [
             "run",

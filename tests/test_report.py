@@ -178,7 +178,9 @@ def test_rows_and_columns_are_chosen_by_flags(results):
     loss = table(results, metric="train_accuracy")["table"].set_index("partition")
     assert loss.loc["#C=2", "fedavg"] == "50.0 ± 0.0 (3)"
     with pytest.raises(
-        ReportError, match=r"unknown field 'partitoin'.*partition, hp, and the config keys: .*batch_size"
+        ReportError,
+        match=r"unknown field 'partitoin' for --rows/--cols; did you mean 'partition'\? \(fields: partition, hp, "
+        r"and the config keys: .*batch_size",
     ):
         table(results, rows=("partitoin",))
 
@@ -202,7 +204,8 @@ def test_round_is_counted_within_a_stage(results):
         == "82.0 ± 2.0 (3)"
     )
     with pytest.raises(
-        ReportError, match=r"stage 'clasifier' was not recorded \(stages: .*'classifier', 'encoder'"
+        ReportError,
+        match=r"stage 'clasifier' was not recorded; did you mean 'classifier'\? \(stages: classifier, encoder\)$",
     ):
         run_values(results, stage="clasifier")
 
