@@ -44,6 +44,7 @@ class ClientActor:
             expect=dict(expect or {}),
         )
 
+        self.num_cpus = num_cpus
         self.threads = set_torch_threads(num_cpus)
         # The GPU Ray assigned us is cuda:0 after Ray sets CUDA_VISIBLE_DEVICES; else the CPU.
         self.device = torch.device("cuda:0" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu")
@@ -54,7 +55,7 @@ class ClientActor:
     ) -> dict[str, Any]:
         from fedray.host import ClientHost
 
-        self.host = ClientHost(task, train, clients, self.device, test=test)
+        self.host = ClientHost(task, train, clients, self.device, test=test, cpus=self.num_cpus)
         return self.info()
 
     def info(self) -> dict[str, Any]:

@@ -37,10 +37,14 @@ def machine_memory() -> int:
         return 8 << 30
 
 
-def default_budget_mb() -> float:
-    """What ``client_state_memory_mb: 0`` means: a quarter of this machine's memory shared out over
-    its cores, so that a worker on every core keeps at most a quarter of the memory between them."""
-    return machine_memory() / 4 / max(1, os.cpu_count() or 1) / (1 << 20)
+def default_budget_mb(cpus: float | None = None) -> float:
+    """What ``client_state_memory_mb: 0`` means: a quarter of this machine's memory, shared out by
+    CPUs: a worker holding ``cpus`` of the machine's cores keeps cpus/cores of it (workers filling
+    every core keep a quarter between them, as Ray places no more CPUs than a node has); a worker
+    alone in its process with every client (an in-process run, ``cpus`` None) the whole quarter."""
+    cores = max(1, os.cpu_count() or 1)
+    share = 1.0 if cpus is None else min(1.0, max(cpus, 0.0) / cores)
+    return machine_memory() / 4 * share / (1 << 20)
 
 
 def _alive(pid: int) -> bool:
@@ -67,8 +71,9 @@ def remove_stale(root: Path) -> None:
 class ClientStates:
     """cid -> state, in memory up to ``budget_mb``, the least recently used beyond it on disk."""
 
-    def __init__(self, budget_mb: float = 0.0) -> None:
-        self.budget = int((budget_mb if budget_mb > 0 else default_budget_mb()) * (1 << 20))
+    def __init__(self, budget_mb: float = 0.0, cpus: float | None = None) -> None:
+        """``budget_mb`` 0: `default_budget_mb` for a worker of ``cpus`` CPUs (None: alone)."""
+        self.budget = int((budget_mb if budget_mb > 0 else default_budget_mb(cpus)) * (1 << 20))
         self._memory: OrderedDict[int, tuple[Any, int]] = OrderedDict()  # cid -> (state, bytes), LRU first
         self._bytes = 0
         self._disk: set[int] = set()

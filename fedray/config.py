@@ -198,11 +198,13 @@ class Config:
     # Clients' persistent state (SCAFFOLD's c_i, kept SGD buffers, FedEM/FedRC's weights, ...) held in
     # memory per worker up to this many MB; beyond it, the least recently used go to local disk and
     # come back exactly when their client is next sampled (fedray/client_states.py). 0 = a quarter
-    # of the machine's memory over its cores (a worker on every core: a quarter between them).
+    # of the machine's memory shared out by CPUs (an actor of c CPUs on a machine of n cores:
+    # c/n of it; workers on every core keep a quarter between them), all of it in-process (--local).
     # Changes no number.
     # per worker, MB
     client_state_memory_mb: float = field(
-        default=0.0, metadata=bound(ge=0, note="0 = a quarter of the machine's memory per core")
+        default=0.0,
+        metadata=bound(ge=0, note="0 = a quarter of the machine's memory, shared out by the workers' CPUs"),
     )
     # give up (loudly) if the actors cannot be placed within this time (a local Ray fedray started fails
     # at once)

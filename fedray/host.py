@@ -82,7 +82,9 @@ MADE_BYTES = 128 << 20
 class ClientHost:
     """Some clients, their data and their persistent state. ``clients`` maps each hosted client to
     its indices into ``data``; or it is `SourcedClients`, whose samples the host makes when a client
-    is used (``data`` then goes unused) and keeps up to `MADE_BYTES` of."""
+    is used (``data`` then goes unused) and keeps up to `MADE_BYTES` of. ``cpus``: the CPUs of the
+    worker it runs in, where workers share the machine (a Ray actor's; None: alone in its process),
+    which its share of the machine's memory for client state follows (`default_budget_mb`)."""
 
     def __init__(
         self,
@@ -91,6 +93,7 @@ class ClientHost:
         clients: Mapping[int, ClientIndices],
         device: torch.device | str = "cpu",
         test: ArrayDataset | None = None,
+        cpus: float | None = None,
     ) -> None:
         self.task = task
         self.device = torch.device(device)
@@ -102,7 +105,7 @@ class ClientHost:
         self._indices = clients if self._sourced else dict(clients)
         self._made: OrderedDict[int, ArrayDataset] = OrderedDict()
         self._made_bytes = 0
-        self._state = ClientStates(task.client_state_memory_mb)
+        self._state = ClientStates(task.client_state_memory_mb, cpus)
         self._model_cache: dict = {}
         self._batched: bool | None = None  # batched client training here (decided on first use)
 

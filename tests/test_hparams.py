@@ -118,7 +118,7 @@ def test_hparams_from_dict_checks_types_then_bounds_then_the_dataclass_check():
         hparams_from_dict(_Tied, {"lo": 0, "hi": -1}, "x")  # the bound first, then check()
     with pytest.raises(ConfigError, match=r"^config key 'hp.hi': must be >= hp.lo=3, got 2$"):
         hparams_from_dict(_Tied, {"lo": 3}, "x")
-    with pytest.raises(ConfigError, match=r"unknown config key 'hp.low' for algorithm x; did you mean 'lo'"):
+    with pytest.raises(ConfigError, match=r"unknown config key 'hp.low' for algorithm x; did you mean 'hp.lo'"):
         hparams_from_dict(_Tied, {"low": 3}, "x")
 
 
