@@ -118,7 +118,9 @@ def test_hparams_from_dict_checks_types_then_bounds_then_the_dataclass_check():
         hparams_from_dict(_Tied, {"lo": 0, "hi": -1}, "x")  # the bound first, then check()
     with pytest.raises(ConfigError, match=r"^config key 'hp.hi': must be >= hp.lo=3, got 2$"):
         hparams_from_dict(_Tied, {"lo": 3}, "x")
-    with pytest.raises(ConfigError, match=r"unknown config key 'hp.low' for algorithm x; did you mean 'hp.lo'"):
+    with pytest.raises(
+        ConfigError, match=r"unknown config key 'hp.low' for algorithm x; did you mean 'hp.lo'"
+    ):
         hparams_from_dict(_Tied, {"low": 3}, "x")
 
 
@@ -204,3 +206,17 @@ def test_every_config_key_bound_is_declared_and_refused_with_the_one_message(tmp
         match=rf"^config key '{key}': must be {re.escape(rule.describe() + note)}, got ",
     ):
         small_config(tmp_path, **choice, **{key: type(getattr(Config(), key))(bad)})
+
+
+def test_a_bare_off_read_as_false_by_yaml_is_the_word_where_it_is_a_choice():
+    # FedRC's adam: off | paper | code. `--set hp.adam=off` (or `adam: off` in YAML) reached it as
+    # False: "expected a string, got False", and FedRC-Adam could not be switched off by name.
+    from fedray.validation import from_dict
+
+    assert (
+        from_dict({"algorithm": "fedrc", "hp": {"adam": False}}).run_id()
+        == from_dict({"algorithm": "fedrc"}).run_id()
+    )
+    assert from_dict({"algorithm": "fedrc", "hp": {"adam": "paper"}}).hp == {"adam": "paper"}
+    with pytest.raises(ConfigError, match=r"'hp.adam': expected a string, got True"):  # "on" is no choice
+        from_dict({"algorithm": "fedrc", "hp": {"adam": True}})

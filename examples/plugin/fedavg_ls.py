@@ -10,7 +10,9 @@ The client function says what to train and gets the result back: it yields a
 way, the same function trains one client at a time or many clients as one stack
 (``batched_clients: on``, or ``auto`` on a GPU) with no other code: docs/extending.md.
 
-    fedray run examples/plugin/config.yaml --plugin examples/plugin/fedavg_ls.py --set algorithm=fedavg_ls
+    fedray run --plugin examples/plugin/fedavg_ls.py --set algorithm=fedavg_ls
+
+(the embedded default, digits and the MLP; examples/plugin/config.yaml is fedavgm's, whose hp it refuses)
 """
 
 from __future__ import annotations

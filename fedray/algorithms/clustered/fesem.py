@@ -41,9 +41,9 @@ from fedray.update import Evaluation, LocalUpdate
 
 @dataclass
 class Hparams(ifca.Hparams):
-    # what a client moving to centre k' gives k': its trained model (paper) or the copy it got (FedRC code)
+    # what a client moving to centre k' gives k': trained, its trained model (paper), or untrained, the copy it got (FedRC code)
     switch: str = field(default="trained", metadata=one_of("trained", "untrained"))
-    # a first participation's loss on each centre's copy: plain (paper) or weighed 1/K (FedRC code)
+    # a first participation's loss on each centre's copy: full, plain (paper), or split, weighed 1/K (FedRC code)
     first_round: str = field(default="full", metadata=one_of("full", "split"))
 
 
