@@ -28,5 +28,6 @@ def load_models(
 
 
 def load_model(out_dir: str | Path, run_id: str, name: str = "global") -> torch.nn.Module:
-    """One saved model of ``run_id`` as a torch module in eval mode (default: the global model)."""
+    """One saved model of ``run_id`` as a torch module in eval mode (default: the global model; a
+    clustered run's are ``cluster-K``, a personalised run's ``client-CID``: `model_index` lists them)."""
     return load_models(out_dir, run_id, [name])[name]

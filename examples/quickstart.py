@@ -3,6 +3,9 @@ label skew), then your own arrays, and print the final accuracies.
 
     python examples/quickstart.py             # in-process (no Ray), about 15 seconds
     python examples/quickstart.py --ray       # the same runs on a local Ray: the same numbers
+
+The runs go to out/quickstart (out/quickstart-ray with --ray): a run finished there already is
+read back, not run again.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import numpy as np
 import fedray
 
 local = "--ray" not in sys.argv
-out = "out/quickstart"
+out = "out/quickstart" if local else "out/quickstart-ray"
 
 # A config is a path, a dict or a fedray.Config; keyword arguments override its keys.
 fedavg = fedray.run(rounds=10, output=out, local=local)

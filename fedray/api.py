@@ -58,12 +58,19 @@ class RunResult:
 
     @property
     def final_accuracy(self) -> float | None:
+        """The global test accuracy after the last round evaluated (None: the run recorded none)."""
         return self.summary.get("final_accuracy")
 
     def curve(self, metric: str = "accuracy"):
-        """The global ``metric`` by round: a pandas Series."""
+        """The global ``metric`` by round: a pandas Series. A metric the run did not record is a
+        KeyError naming those it did."""
         m = self.metrics
-        m = m[(m["metric"] == metric) & (m["scope"] == "global")]
+        m = m[m["scope"] == "global"]
+        if metric not in set(m["metric"]):
+            raise KeyError(
+                f"run {self.run_id} recorded no global {metric!r} (it has: {', '.join(sorted(set(m['metric'])))})"
+            )
+        m = m[m["metric"] == metric]
         return m.set_index("round")["value"]
 
 

@@ -104,13 +104,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             latest = None
         if latest is None:  # stopped before its first checkpoint (Ray's start-up, the first rounds)
             print(
-                f"fedray: interrupted before run {run_id} wrote a checkpoint; `fedray run` with the same "
-                "config starts it from the beginning",
+                f"fedray: interrupted before run {run_id} wrote a checkpoint; the same command (or job) run "
+                "again starts it from the beginning",
                 file=sys.stderr,
             )
         else:
             print(
-                f"fedray: interrupted; `fedray run` with the same config goes on from run {run_id}'s "
+                f"fedray: interrupted; the same command (or job) run again goes on from run {run_id}'s "
                 f"checkpoint after round {latest.round} (in {cfg.output}/checkpoints/)",
                 file=sys.stderr,
             )
@@ -224,8 +224,8 @@ def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int, launcher
     except KeyboardInterrupt:
         events.close()
         print(
-            f"fedray: sweep interrupted; {shown.in_flight} runs in flight were stopped and run again on the next "
-            "submission",
+            f"fedray: sweep interrupted; {shown.in_flight} runs in flight were stopped, and go on from their "
+            "latest checkpoints when the same sweep is submitted again",
             file=sys.stderr,
         )
         return 130

@@ -35,6 +35,8 @@ def test_run_gives_the_clis_numbers_and_returns_its_results(tmp_path, capsys):
 
     assert values(res.metrics).equals(values(load_metrics(tmp_path / "cli")))
     assert res.status == "finished" and res.final_accuracy == res.curve().iloc[-1] and len(res.curve()) == 2
+    with pytest.raises(KeyError, match=r"recorded no global 'acuracy' \(it has: accuracy, "):
+        res.curve("acuracy")  # once an empty Series, silently
     assert len(res.clients) == res.config.num_clients and res.output == tmp_path / "api"
     # a mapping, with --set strings and keyword overrides; the finished run is found, not run again
     again = fedray.run(

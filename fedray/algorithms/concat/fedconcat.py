@@ -87,7 +87,7 @@ def check_config(cfg, hp: Hparams) -> None:
             raise ValueError(
                 f"config key 'rounds': {name} runs hp.encoder_rounds={hp.encoder_rounds} encoder rounds, then "
                 f"rounds - encoder_rounds classifier rounds; rounds is {cfg.rounds}. Set rounds: "
-                f"{hp.encoder_rounds + 200} for the paper's {hp.encoder_rounds} + 200"
+                f"{hp.encoder_rounds + 200} for these encoder rounds and the paper's 200 classifier rounds"
             )
     elif cfg.rounds != (total := hp.encoder_rounds + hp.classifier_rounds):
         raise ValueError(
