@@ -221,9 +221,12 @@ def _axes(raw: Mapping[str, Any], errors: list[str]) -> list[tuple[str, list[Cho
     return axes
 
 
-def _report(source: str, problems: dict[str, list[str]], total: int) -> str:
+def _report(source: str, problems: dict[str, list[str]], total: int, only: bool = False) -> str:
+    """The invalid runs' errors; with ``only`` (--only given) the count is of the runs it picks,
+    which the file's total is not."""
     bad = len({label for labels in problems.values() for label in labels})
-    lines = [f"{source}: {bad} of {total} runs are invalid; nothing was started:"]
+    among = " (of those --only picks)" if only else ""
+    lines = [f"{source}: {bad} of {total} runs are invalid{among}; nothing was started:"]
     for message, labels in problems.items():
         lines.append(f"  {message}")
         for label in labels[:_LISTED]:
@@ -349,10 +352,10 @@ def load_sweep(
             label for label, cfg in valid if cfg.output != valid[0][1].output
         )
     if problems:
-        raise SweepError(_report(source, problems, total))
+        raise SweepError(_report(source, problems, total, bool(wanted)))
     _check_partitions(chosen, problems)
     if problems:
-        raise SweepError(_report(source, problems, total))
+        raise SweepError(_report(source, problems, total, bool(wanted)))
     return Sweep(source, runs, max_concurrent, collapsed)
 
 

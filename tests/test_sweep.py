@@ -170,6 +170,9 @@ def test_every_invalid_run_is_listed_at_once_naming_the_run_and_the_key(tmp_path
     msg = str(info.value)
     # 12 runs: 6 with k=11 and 4 more with a bad algorithm or hp among the k=2 ones
     assert "10 of 12 runs are invalid; nothing was started" in msg
+    # with --only, the invalid ones counted are those it picks, and the message says so
+    with pytest.raises(SweepError, match=r"2 of 12 runs are invalid \(of those --only picks\); nothing"):
+        load_sweep(sweep_file(tmp_path, BAD), only=["partition_k=11", "algorithm=fedavg", "hp.server_lr=1.0"])
     assert "config key 'partition_k': #C=k needs 1 <= k <= 10" in msg
     assert "in run [partition=labels,partition_k=11 algorithm=fedavg seed=1]" in msg
     assert "config key 'hp.server_lr': must be > 0, got -1.0" in msg
