@@ -11,7 +11,7 @@ import math
 import re
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 INT64 = 2**63
@@ -32,11 +32,14 @@ def suggest(name: str, candidates: Iterable[str], prefix: str = "") -> str:
     return f"; did you mean '{prefix}{close[0]}'?" if close else ""
 
 
-def coerce(key: str, value: Any, typ: Any, str_from_number: bool = False) -> Any:
+def coerce(
+    key: str, value: Any, typ: Any, str_from_number: bool = False, choices: Collection[str] = ()
+) -> Any:
     """Check ``value`` against the annotation ``typ``; allow int -> float. Returns the value to store.
 
     ``str_from_number``: a number where a string is expected is taken as its text (names such as
-    ``experiment: 2024``).
+    ``experiment: 2024``). ``choices``: a string key's allowed values; where "on" or "off" is one
+    (or the key is in `ON_OFF_KEYS`), the boolean YAML 1.1 reads a bare on / off as is that word.
     """
     origin = typing.get_origin(typ)
     if typ is bool:
@@ -62,8 +65,10 @@ def coerce(key: str, value: Any, typ: Any, str_from_number: bool = False) -> Any
             raise ConfigError(f"config key '{key}': expected a finite number, got {value!r}")
         return number
     if typ is str:
-        if isinstance(value, bool) and key in ON_OFF_KEYS:
-            return "on" if value else "off"  # YAML 1.1 reads a bare on / off as a boolean
+        if isinstance(value, bool):  # YAML 1.1 (and --set) reads a bare on / off as a boolean
+            word = "on" if value else "off"
+            if key in ON_OFF_KEYS or word in choices:
+                return word
         if isinstance(value, str):
             return value
         if str_from_number and isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -83,7 +88,7 @@ def coerce(key: str, value: Any, typ: Any, str_from_number: bool = False) -> Any
             if option is type(None) and value is None:
                 return None
             try:
-                return coerce(key, value, option, str_from_number)
+                return coerce(key, value, option, str_from_number, choices)
             except ConfigError:
                 continue
         raise ConfigError(f"config key '{key}': value {value!r} does not fit {typ}")

@@ -157,11 +157,7 @@ def hparams_from_dict(cls: type, values: Mapping[str, Any], algorithm: str) -> A
                 f"unknown config key 'hp.{k}' for algorithm {algorithm}{suggest(k, fields, 'hp.')} (its hp keys: {known})"
             )
         rule = fields[k].metadata.get(RULE)
-        if isinstance(v, bool) and hints[k] is str and isinstance(rule, OneOf):
-            # YAML 1.1 (and --set) reads a bare on / off as a boolean: the word, where it is a choice
-            word = "on" if v else "off"
-            v = word if word in rule.choices else v
-        kwargs[k] = coerce(f"hp.{k}", v, hints[k])
+        kwargs[k] = coerce(f"hp.{k}", v, hints[k], choices=rule.choices if isinstance(rule, OneOf) else ())
     hp = cls(**kwargs)
     try:
         check_fields(hp)
