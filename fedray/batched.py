@@ -222,6 +222,20 @@ def signature(update: LocalUpdate) -> Any:
     )
 
 
+def stack_key(task: Any) -> Any:
+    """What `train_stacked` reads from its clients' task: updates whose clients' tasks differ here
+    (the runs of a pack with different learning rates, `fedray.pack`) train in different stacks."""
+    return (
+        task.batch_size,
+        task.lr,
+        task.momentum,
+        task.weight_decay,
+        task.local_epochs,
+        task.spec.augment,
+        task.channels_last,
+    )
+
+
 def _same(values: Sequence[Any]) -> bool:
     first = values[0]
     if isinstance(first, Frozen):

@@ -23,7 +23,7 @@ class ConfigError(ValueError):
 
 
 # String keys whose values include "on" and "off", which YAML 1.1 (PyYAML) reads as booleans.
-ON_OFF_KEYS = frozenset({"batched_clients"})
+ON_OFF_KEYS = frozenset({"batched_clients", "pack_runs"})
 
 
 def suggest(name: str, candidates: Iterable[str], prefix: str = "") -> str:

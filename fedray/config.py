@@ -195,6 +195,16 @@ class Config:
     # run on a GPU and the model allows it; off: one client at a time. docs/batched.md lists the
     # client functions it covers (others run per client).
     batched_clients: str = "auto"  # off | on | auto
+    # Packed runs (fedray/pack.py): a sweep's runs that share the data set, the model and the local
+    # training's batch, learning rate, momentum, weight decay and epochs train in one worker, each
+    # round's client updates of all of them in one stack (each run keeps its own run id, results,
+    # checkpoints and resume; its numbers are its own up to float round-off). on: pack them (needs
+    # batched training: batched_clients on, or auto on a GPU); auto: where the runs share a GPU
+    # (a fractional num_gpus_per_actor); off: every run alone. A pack is one worker of one client
+    # actor's resources; its runs take no client actors. docs/batched.md#packed-runs.
+    pack_runs: str = "off"  # off | on | auto
+    # at most this many runs a pack
+    pack_size: int = field(default=4, metadata=bound(ge=1))
     # Clients' persistent state (SCAFFOLD's c_i, kept SGD buffers, FedEM/FedRC's weights, ...) held in
     # memory per worker up to this many MB; beyond it, the least recently used go to local disk and
     # come back exactly when their client is next sampled (fedray/client_states.py). 0 = a quarter
@@ -302,6 +312,7 @@ NOT_IN_RUN_ID = (
     "partition_name",
     "keep_finished_checkpoints",
     "client_state_memory_mb",
+    "pack_size",
 )
 # Keys added after results existed, with the value that means "as before": at that value they stay
 # out of the run id, so every earlier run keeps its id (and a re-submitted sweep skips it).
@@ -321,6 +332,7 @@ ADDED_LATER = {
     "eval_clients": 0,
     "cuda_tf32": True,
     "drop_last": False,
+    "pack_runs": "off",
 }
 # Keys of a sweep file that are not config keys (fedray/sweep_file.py expands them into runs).
 SWEEP_KEYS = ("grid", "seeds", "cases", "max_concurrent_runs")

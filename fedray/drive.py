@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -95,15 +96,23 @@ class Unstackable(RuntimeError):
     """A client function trained by itself where the stacked engine was asked for."""
 
 
-_watched: list[tuple[str, str]] = []  # (function name, mode) of the plain client function running
+class _Watched(threading.local):
+    """(function name, mode) of the plain client functions running in this thread, innermost last
+    (a thread's own: the runs of a pack each run in a thread, `fedray.pack`)."""
+
+    def __init__(self) -> None:
+        self.stack: list[tuple[str, str]] = []
+
+
+_watched = _Watched()
 _said: set[str] = set()  # functions already reported (auto) in this process
 _hooked = False
 
 
 def _step_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
-    if not _watched:
+    if not _watched.stack:
         return
-    name, mode = _watched[-1]
+    name, mode = _watched.stack[-1]
     if mode == "on":
         raise Unstackable(
             f"client function {name} trains a model itself (an optimizer step inside it), so "
@@ -118,7 +127,7 @@ def _step_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
             file=sys.stderr,
             flush=True,
         )
-    _watched[-1] = (name, "said")
+    _watched.stack[-1] = (name, "said")
 
 
 @contextmanager
@@ -128,29 +137,36 @@ def _watching(fn: Callable, mode: str) -> Iterator[None]:
     if not _hooked:
         register_optimizer_step_pre_hook(_step_hook)
         _hooked = True
-    _watched.append((fn_name(fn), mode))
+    _watched.stack.append((fn_name(fn), mode))
     try:
         yield
     finally:
-        _watched.pop()
+        _watched.stack.pop()
 
 
 def run_stacked(
-    fn: Callable, clients: Sequence[Client], cstates: Sequence[Any], msgs: Sequence[Any], mode: str = "on"
+    fn: Callable | Sequence[Callable],
+    clients: Sequence[Client],
+    cstates: Sequence[Any],
+    msgs: Sequence[Any],
+    mode: str = "on",
 ) -> tuple[list[tuple[Any, Any]], list[bool]]:
     """``fn`` on every client at once: each is advanced to its next yield, then everything yielded
-    trains, updates of one `fedray.batched.signature` in one stack (an update alone in its shape
-    by the per-client engine), every evaluation in one call (`fedray.train.evaluate_requests`),
-    and the results go back; until every client has returned. Returns the ``(reply, new_cstate)``
-    of each client and whether its training ran stacked."""
+    trains, updates of one `fedray.batched.signature` and one `fedray.batched.stack_key` in one
+    stack (an update alone in its shape by the per-client engine), every evaluation in one call
+    (`fedray.train.evaluate_requests`), and the results go back; until every client has returned.
+    ``fn`` may be one function a client (the calls of several runs packed together,
+    `fedray.pack`). Returns the ``(reply, new_cstate)`` of each client and whether its training ran
+    stacked."""
     n = len(clients)
+    fns = list(fn) if isinstance(fn, Sequence) else [fn] * n
     results: list[Any] = [None] * n
     stacked = [False] * n
     gens: dict[int, Any] = {}
     for i, (client, cstate, msg) in enumerate(zip(clients, cstates, msgs, strict=True)):
         try:
-            with _watching(fn, mode):
-                out = fn(client, cstate, msg)
+            with _watching(fns[i], mode):
+                out = fns[i](client, cstate, msg)
         except Exception as e:  # noqa: BLE001 - re-raised with the client id attached
             raise _failed(client.cid, e) from e
         if inspect.isgenerator(out):
@@ -163,7 +179,7 @@ def run_stacked(
         asked: dict[int, tuple[Any, list[Request]]] = {}
         for i, gen in list(gens.items()):
             try:
-                with _watching(fn, mode):
+                with _watching(fns[i], mode):
                     yielded = gen.send(answers[i])
                 asked[i] = (yielded, requests(yielded, clients[i].task.drop_last))
             except StopIteration as stop:
@@ -183,7 +199,8 @@ def run_stacked(
                 if isinstance(u, Evaluation):
                     evals.append((i, j))
                 else:
-                    shapes.setdefault(batched.signature(u), []).append((i, j))
+                    key = (batched.signature(u), batched.stack_key(clients[i].task))
+                    shapes.setdefault(key, []).append((i, j))
                     draw[(i, j)] = next(draws[i])
         trained: dict[tuple[int, int], Answer] = {}
         if evals:

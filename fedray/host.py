@@ -108,6 +108,8 @@ class ClientHost:
         self._state = ClientStates(task.client_state_memory_mb, cpus)
         self._model_cache: dict = {}
         self._batched: bool | None = None  # batched client training here (decided on first use)
+        # the pack this host's run trains in (`fedray.pack.Packer`): its stacked calls go through it
+        self.packer: Any = None
 
     @property
     def client_ids(self) -> Sequence[int]:
@@ -175,7 +177,8 @@ class ClientHost:
             return [self._run_one(fn, cid, msg) for cid, msg in pairs]
         prepared = [self._prepared(cid) for cid, _ in pairs]
         t0 = time.perf_counter()
-        results, stacked = drive.run_stacked(
+        run_stacked = drive.run_stacked if self.packer is None else self.packer.run_stacked
+        results, stacked = run_stacked(
             fn,
             [c for c, _ in prepared],
             [s for _, s in prepared],

@@ -100,10 +100,11 @@ class LocalFederation(ClientCatalog):
 
 
 def make_local_federation(
-    cfg: Any, data: Any, device: str = "cpu", num_threads: float | None = None
+    cfg: Any, data: Any, device: str = "cpu", num_threads: float | None = None, packer: Any = None
 ) -> tuple[LocalFederation, dict[str, Any]]:
     """The `execute` factory for ``--local``: every client in this process, one at a time, on
-    ``device`` (the CPU), with ``num_threads`` torch threads (the config's CPUs per actor)."""
+    ``device`` (the CPU), with ``num_threads`` torch threads (the config's CPUs per actor).
+    ``packer``: the pack the run trains in (`fedray.pack`), which its stacked calls go through."""
     task = Task.from_config(cfg, data.dataset.spec)
     fed = LocalFederation(
         task,
@@ -116,4 +117,8 @@ def make_local_federation(
         eval_clients=data.eval_clients,
         device=device,
     )
-    return fed, {"mode": "local", "actors": 0, "torch_threads": torch.get_num_threads()}
+    fed.host.packer = packer
+    placement = {"mode": "local", "actors": 0, "torch_threads": torch.get_num_threads()}
+    if packer is not None:
+        placement["packed"] = True
+    return fed, placement

@@ -274,6 +274,7 @@ def validate(cfg: Config) -> None:
     _choice("shift", cfg.shift, SHIFTS)
     _choice("model_init", cfg.model_init, ("derived", "seed_plus_k"))
     _choice("batched_clients", cfg.batched_clients, MODES)
+    _choice("pack_runs", cfg.pack_runs, MODES)
     try:  # every key's declared bound (field metadata, fedray/hparams.py): one message for all
         check_fields(cfg, prefix="")
     except ValueError as e:
@@ -338,6 +339,27 @@ def validate(cfg: Config) -> None:
             "batched_clients",
             f"on: model {cfg.model} cannot train batched: {why}; use batched_clients: off, or auto "
             "(which trains such a model one client at a time)",
+        )
+    if cfg.pack_runs == "on":  # a pack trains its runs' clients in one stack: batched training
+        _check(
+            cfg.batched_clients == "on" or (cfg.batched_clients == "auto" and cfg.num_gpus_per_actor != 0),
+            "pack_runs",
+            f"on stacks the runs' clients together, which needs batched training, and batched_clients "
+            f"is {cfg.batched_clients}"
+            + (
+                " on the CPU (auto trains one client at a time there)"
+                if cfg.batched_clients == "auto"
+                else ""
+            )
+            + ": set batched_clients: on, or pack_runs: off",
+        )
+        why = refusal(
+            build_model(cfg.model, tuple(info.input_shape), info.num_classes, head_bias=cfg.head_bias)
+        )
+        _check(
+            why is None,
+            "pack_runs",
+            f"on: model {cfg.model} cannot train batched ({why}), so its runs cannot be stacked; use pack_runs: off",
         )
     if cfg.init_model:  # the file exists and holds a model of this run's architecture
         try:

@@ -1,0 +1,282 @@
+"""Packed runs (config key ``pack_runs``): several runs of a sweep in one worker process, their
+clients' local updates trained together in one stack.
+
+A pack's runs each go through `fedray.experiment.execute` in a thread of their own, with their own
+run id, results, checkpoints and resume, and their own in-process federation (`LocalFederation`).
+They take turns (`Packer.turn`): one runs its own code (its algorithm, aggregation, evaluation of
+the global test set, writing its rows) while the others wait. When a run calls its clients, its
+host hands the call to the `Packer` and waits; once every run still going has a call waiting, the
+last to arrive runs them all as one `fedray.drive.run_stacked`: every client of every run advanced
+to its next yield, their updates trained in stacks by shape (`fedray.batched.signature` and
+`fedray.batched.stack_key`), their evaluations in one call. A FedAvg sweep over seeds or a tuned
+FedProx grid thus trains each round's updates of all its runs in one stack: on a GPU one step for
+several runs' models where each run alone would take one step for its own.
+
+The numbers are each run's own up to float round-off (the stacks' sums run in another order);
+tests/test_pack.py checks a packed sweep against the same runs trained alone.
+
+Which runs pack together (`pack_groups`): those with pack_runs on (or auto, where the runs share
+a GPU) and an equal `pack_key`: the data set and its options, the model, the local training's
+batch, learning rate, momentum, weight decay and epochs, and where and how the worker runs. At most
+``pack_size`` runs a pack.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedray import drive
+from fedray.config import Config
+
+# What runs of one pack share. Keys of the data set (its files and options), of the model and of
+# its training (which `fedray.batched.stack_key` reads; runs with other values would train in
+# stacks of their own, so packing them gains nothing), and of the worker (its CPUs, its GPU share,
+# the process-wide CUDA settings).
+PACK_KEYS = (
+    "dataset",
+    "data_root",
+    "emnist_split",
+    "synthetic_size",
+    "synthetic_shape",
+    "shift",
+    "model",
+    "head_bias",
+    "local_epochs",
+    "batch_size",
+    "lr",
+    "momentum",
+    "weight_decay",
+    "drop_last",
+    "channels_last",
+    "batched_clients",
+    "num_cpus_per_actor",
+    "num_gpus_per_actor",
+    "cuda_deterministic",
+    "cuda_tf32",
+    "plugins",
+    "output",
+)
+
+
+def packs(cfg: Config) -> bool:
+    """Whether ``cfg`` (its GPU share resolved) trains in a pack: pack_runs on, or auto where its
+    runs share a GPU (a fractional ``num_gpus_per_actor``: the GPU's other runs could as well be
+    stacked with it)."""
+    if cfg.pack_runs == "on":
+        return True
+    share = cfg.num_gpus_per_actor
+    return cfg.pack_runs == "auto" and isinstance(share, float) and 0 < share < 1
+
+
+def pack_key(cfg: Config) -> tuple:
+    """Runs with equal keys may pack together (`PACK_KEYS`)."""
+    d = cfg.to_dict()
+    return tuple((k, repr(d[k])) for k in PACK_KEYS)
+
+
+def pack_groups(configs: Sequence[Config]) -> list[list[int]]:
+    """The sweep's runs (by index into ``configs``) in launch units, in the order of their first
+    run: a run that does not pack alone, the rest grouped by `pack_key` in their order, at most
+    ``pack_size`` (the first run's) a pack."""
+    units: list[list[int]] = []
+    open_packs: dict[tuple, list[int]] = {}
+    for i, cfg in enumerate(configs):
+        if not packs(cfg):
+            units.append([i])
+            continue
+        key = pack_key(cfg)
+        unit = open_packs.get(key)
+        if unit is None or len(unit) >= configs[unit[0]].pack_size:
+            unit = open_packs[key] = []
+            units.append(unit)
+        unit.append(i)
+    return units
+
+
+class PackStopped(KeyboardInterrupt):
+    """The pack was stopped from outside (Ctrl-C, a cancelled sweep): each of its runs records
+    itself as interrupted, as a run stopped alone does."""
+
+
+@dataclass
+class _Call:
+    fn: Callable
+    clients: list
+    cstates: list
+    msgs: list
+    mode: str
+    result: Any = None
+    error: BaseException | None = None
+    done: bool = False
+
+
+class Packer:
+    """The meeting point of a pack's runs (see the module's docstring). ``size``: the runs that
+    will call it; each calls `leave` when it ends, however it ends."""
+
+    def __init__(self, size: int) -> None:
+        self._cv = threading.Condition(threading.RLock())
+        self._live = size
+        self._calls: list[_Call] = []
+        self._stopped = False
+        self.merged_calls = 0  # calls run together with another run's (for the bench and tests)
+
+    @contextmanager
+    def turn(self) -> Iterator[None]:
+        """A run's own code runs inside its turn: one run at a time (their numbers then cannot
+        depend on each other's timing; torch's default generator, forked and seeded where a model
+        is drawn, is the process's)."""
+        with self._cv:
+            if self._stopped:
+                raise PackStopped("the pack was stopped")
+            yield
+
+    def run_stacked(
+        self, fn: Callable, clients: Sequence, cstates: Sequence, msgs: Sequence, mode: str
+    ) -> tuple[list[tuple[Any, Any]], list[bool]]:
+        """`fedray.drive.run_stacked`, run together with the other runs' calls; called by a run's
+        host in its turn, which it gives up while it waits."""
+        call = _Call(fn, list(clients), list(cstates), list(msgs), mode)
+        with self._cv:
+            self._calls.append(call)
+            self._run_if_all_waiting()
+            while not call.done:
+                if self._stopped:
+                    raise PackStopped("the pack was stopped")
+                self._cv.wait()
+        if call.error is not None:
+            raise call.error
+        return call.result
+
+    def leave(self) -> None:
+        """A run has ended: the others no longer wait for its calls."""
+        with self._cv:
+            self._live -= 1
+            self._run_if_all_waiting()
+
+    def stop(self) -> None:
+        """Every run stops at its next turn or wait (`PackStopped`)."""
+        with self._cv:
+            self._stopped = True
+            self._cv.notify_all()
+
+    def _run_if_all_waiting(self) -> None:
+        if not self._calls or len(self._calls) < self._live:
+            return
+        calls, self._calls = self._calls, []
+        try:
+            self._run(calls)
+        finally:
+            for c in calls:
+                c.done = True
+            self._cv.notify_all()
+
+    def _run(self, calls: list[_Call]) -> None:
+        """The calls as one `run_stacked`. Where it fails and several runs' calls were in it, each
+        call runs again alone, so a failure reaches the run whose client raised it and the others go
+        on (their updates then trained in their own stacks)."""
+        fns = [c.fn for c in calls for _ in c.clients]
+        clients = [x for c in calls for x in c.clients]
+        cstates = [x for c in calls for x in c.cstates]
+        msgs = [x for c in calls for x in c.msgs]
+        try:
+            results, stacked = drive.run_stacked(fns, clients, cstates, msgs, calls[0].mode)
+        except Exception as e:  # noqa: BLE001 - handed to the run it belongs to
+            if len(calls) == 1:
+                calls[0].error = e
+                return
+            for c in calls:
+                try:
+                    c.result = drive.run_stacked(c.fn, c.clients, c.cstates, c.msgs, c.mode)
+                except Exception as alone:  # noqa: BLE001 - raised in the run's own thread
+                    c.error = alone
+            return
+        if len(calls) > 1:
+            self.merged_calls += 1
+        at = 0
+        for c in calls:
+            n = len(c.clients)
+            c.result = (results[at : at + n], stacked[at : at + n])
+            at += n
+
+
+@dataclass
+class Ended:
+    """A packed run has ended: ``error`` is what it raised (None: it finished)."""
+
+    error: BaseException | None = None
+
+
+@dataclass
+class Pack:
+    """A pack in flight: `stop` ends it from another thread."""
+
+    packer: Packer | None = None
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    def stop(self) -> None:
+        if self.packer is not None:
+            self.packer.stop()
+
+
+def execute_pack(
+    configs: Sequence[Config],
+    make_federation: Callable[..., Any],
+    restarts: Sequence[bool] | None = None,
+    pack: Pack | None = None,
+) -> Iterator[tuple[int, Any]]:
+    """Run ``configs`` as one pack in this process; yields ``(k, event)`` for run ``k``: its
+    `fedray.experiment.execute` events, then `Ended`. ``make_federation(cfg, data, packer=)``
+    builds each run's federation, its host handing calls to the packer. Leaving the generator
+    early stops every run of the pack (recorded interrupted) and waits for their threads."""
+    from fedray.experiment import execute
+
+    restarts = list(restarts) if restarts is not None else [False] * len(configs)
+    pack = pack if pack is not None else Pack()
+    packer = pack.packer = Packer(len(configs))
+    out: queue.Queue[tuple[int, Any]] = queue.Queue()
+
+    def member(k: int) -> None:
+        error: BaseException | None = None
+        try:
+            make = lambda cfg, data: make_federation(cfg, data, packer=packer)  # noqa: E731
+            events = execute(configs[k], make, restarts[k])
+            try:
+                while True:
+                    with packer.turn():
+                        try:
+                            ev = next(events)
+                        except StopIteration:
+                            break
+                    out.put((k, ev))
+            finally:
+                if events.gi_frame is not None and not events.gi_running:
+                    with packer._cv:  # stopped between turns: the run records itself interrupted
+                        events.close()
+        except BaseException as e:  # noqa: BLE001 - reported as the run's end
+            error = e
+        finally:
+            packer.leave()
+            out.put((k, Ended(error)))
+
+    threads = [threading.Thread(target=member, args=(k,), daemon=True) for k in range(len(configs))]
+    pack.threads = threads
+    for t in threads:
+        t.start()
+    left = len(configs)
+    try:
+        while left:
+            k, ev = out.get()
+            if isinstance(ev, Ended):
+                left -= 1
+            yield k, ev
+    finally:
+        if left:
+            packer.stop()
+            for t in threads:
+                t.join()
