@@ -53,3 +53,35 @@ class CoordinatorCode:
 
 
 Coordinator = ray.remote(num_cpus=0, max_restarts=0)(CoordinatorCode)
+
+
+class PackWorkerCode:
+    """A pack's worker (`fedray.pack`): its runs in this one process, on the GPU share (and CPUs)
+    Ray gave it, each run's clients in an in-process federation whose stacked calls meet in the
+    pack's `Packer`. Like the coordinator it writes the results, so it runs on the driver's node."""
+
+    def run(
+        self, configs: list[dict[str, Any]], restarts: list[bool], cwd: str | None = None
+    ) -> Iterator[tuple[int, Any]]:
+        """Yields ``(k, event)`` for run ``k`` of ``configs``: its events, then `fedray.pack.Ended`."""
+        import os
+
+        if cwd:
+            os.chdir(cwd)
+        from fedray.host import set_torch_threads
+        from fedray.local import make_local_federation
+        from fedray.pack import execute_pack
+        from fedray.plugins import activate
+        from fedray.validation import from_dict
+
+        activate(
+            configs[0].get("plugins") or [], where=f"a pack's worker on node {ray.util.get_node_ip_address()}"
+        )
+        cfgs = [from_dict(c) for c in configs]
+        threads = set_torch_threads(cfgs[0].num_cpus_per_actor)
+        device = "cuda" if ray.get_gpu_ids() else "cpu"
+        make = partial(make_local_federation, device=device, num_threads=threads)
+        yield from execute_pack(cfgs, make, restarts)
+
+
+PackWorker = ray.remote(max_restarts=0)(PackWorkerCode)

@@ -3,17 +3,25 @@ actors handed from a finished run to the next run of the same shape."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import ray
 from ray.util.placement_group import placement_group_table
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from actors.driver import RunHandle, connect, stream_run
+from actors.coordinator import PackWorker
+from actors.driver import STOPPED, RunHandle, connect, stream_run
+from actors.federation import unwrap
 from actors.launch import ActorGroup, ActorPool, actor_shape
 from fedray.config import Config
-from fedray.experiment import Event
-from fedray.placement import Need
+from fedray.experiment import Event, RoundDone, Started
+from fedray.federation import WorkerLost
+from fedray.pack import Ended
+from fedray.placement import Need, PlacementError
+from fedray.results import mark_ended
 from fedray.sweep_file import SweepRun
 
 
@@ -71,6 +79,63 @@ class RayLauncher:
         finally:
             with self._lock:
                 self._handles.pop(run.index, None)
+
+    def launch_pack(self, runs: Sequence[SweepRun]) -> Iterator[tuple[int, Any]]:
+        """A pack's runs in one worker (`actors.coordinator.PackWorker`) of one actor's CPUs and GPU
+        share, on this node (it writes the results folder, a path here). Runs the worker leaves
+        unended (killed: Ctrl-C, a node lost) are recorded interrupted or failed here; they go on
+        from their checkpoints when the sweep is submitted again."""
+        cfg = runs[0].config
+        here = ray.get_runtime_context().get_node_id()
+        node = next((n for n in ray.nodes() if n.get("NodeID") == here), {})
+        has = node.get("Resources", {})
+        if cfg.num_gpus_per_actor > has.get("GPU", 0.0) or cfg.num_cpus_per_actor > has.get("CPU", 0.0):
+            raise PlacementError(
+                f"pack_runs: a pack runs on the node the sweep was started from (it writes the results "
+                f"folder there), which has {has.get('CPU', 0.0):g} CPUs and {has.get('GPU', 0.0):g} GPUs; "
+                f"it asks for num_cpus_per_actor {cfg.num_cpus_per_actor:g} and num_gpus_per_actor "
+                f"{cfg.num_gpus_per_actor:g}. Start the sweep on a node that has them, or set pack_runs: off"
+            )
+        handle = RunHandle()
+        with self._lock:
+            self._handles[runs[0].index] = handle
+        pin = NodeAffinitySchedulingStrategy(node_id=here, soft=False)
+        ended: set[int] = set()
+        rounds = dict.fromkeys(range(len(runs)), 0)
+        try:
+            handle.coordinator = PackWorker.options(
+                num_cpus=cfg.num_cpus_per_actor, num_gpus=cfg.num_gpus_per_actor, scheduling_strategy=pin
+            ).remote()
+            refs = handle.coordinator.run.remote(
+                [r.config.to_dict() for r in runs], [r.restart for r in runs], os.getcwd()
+            )
+            for ref in refs:
+                k, ev = ray.get(ref)
+                with self._lock:  # the worker runs: Ray's available resources count it now (`free`)
+                    self._placed.add(runs[0].index)
+                if isinstance(ev, Ended):
+                    ended.add(k)
+                elif isinstance(ev, RoundDone):
+                    rounds[k] = ev.round
+                elif isinstance(ev, Started):
+                    rounds[k] = ev.resumed_from
+                yield k, ev
+        except ray.exceptions.RayTaskError as e:
+            raise unwrap(e) from None
+        except ray.exceptions.RayActorError as e:  # the worker died with its runs
+            if handle.cancelled:
+                raise
+            for k, run in enumerate(runs):
+                if k not in ended:
+                    mark_ended(run.config.output, run.run_id, "failed", rounds[k], f"WorkerLost: {e}")
+            raise WorkerLost(f"the pack's worker died: {e}") from None
+        finally:
+            handle.free()
+            with self._lock:
+                self._handles.pop(runs[0].index, None)
+            for k, run in enumerate(runs):  # stopped from outside: the worker was killed, not asked
+                if k not in ended:
+                    mark_ended(run.config.output, run.run_id, "interrupted", rounds[k], STOPPED)
 
     def cancel(self) -> None:
         with self._lock:

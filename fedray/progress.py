@@ -128,6 +128,8 @@ class SweepProgress:
         if isinstance(ev, RunLaunched):
             self.in_flight += 1
             actors = "in-process" if self.local else f"{ev.actors} actor{'s' if ev.actors != 1 else ''}"
+            if ev.packed:
+                actors = f"packed: {ev.packed} runs " + ("in-process" if self.local else "in one worker")
             return [f"{tag} start  {ev.run.label}  ({ev.run.run_id}, {actors}; {self.in_flight} running)"]
         if isinstance(ev, Waiting):
             return [

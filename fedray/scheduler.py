@@ -5,6 +5,7 @@ streamed by its own thread, and turns what they report into `SweepEvent`s. No Ra
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 import time
@@ -38,6 +39,9 @@ class Launcher(Protocol):
     def cancel(self) -> None:
         """Stop every run in flight (Ctrl-C)."""
 
+    # A launcher that runs packs (`fedray.pack`) also has
+    # ``launch_pack(runs) -> Iterator[(k, Event | fedray.pack.Ended)]``: the runs in one worker.
+
 
 class LocalLauncher:
     """In-process, one run at a time, in the calling thread (``fedray sweep --local``; debugging, tests).
@@ -63,6 +67,12 @@ class LocalLauncher:
 
         return execute(run.config, make_local_federation, run.restart)
 
+    def launch_pack(self, runs: Sequence[SweepRun]) -> Iterator[tuple[int, Any]]:
+        from fedray.local import make_local_federation
+        from fedray.pack import execute_pack
+
+        return execute_pack([r.config for r in runs], make_local_federation, [r.restart for r in runs])
+
     def cancel(self) -> None:
         """Nothing runs elsewhere: the run in flight was stopped by the interrupt itself."""
 
@@ -71,6 +81,7 @@ class LocalLauncher:
 class RunLaunched:
     run: SweepRun
     actors: int
+    packed: int = 0  # the runs of its pack (`fedray.pack`), itself included; 0: not packed
 
 
 @dataclass
@@ -102,7 +113,14 @@ class RunEnded:
 SweepEvent = RunLaunched | RunProgress | RunEnded | Waiting
 
 
-def _run_events(launcher: Launcher, run: SweepRun, actors: int) -> Iterator[SweepEvent]:
+@dataclass
+class _UnitDone:
+    """A launch unit (a run, or a pack of runs) has ended: what it held is free (not yielded out)."""
+
+    key: int
+
+
+def _run_events(launcher: Launcher, run: SweepRun, actors: int) -> Iterator[SweepEvent | _UnitDone]:
     """One run's events; its end (with the error, if it failed) comes last. An interrupt propagates."""
     t0 = time.perf_counter()
     summary: dict[str, Any] = {}
@@ -113,8 +131,37 @@ def _run_events(launcher: Launcher, run: SweepRun, actors: int) -> Iterator[Swee
             yield RunProgress(run, ev)
     except Exception as e:  # noqa: BLE001 - reported by the scheduler; the other runs go on
         yield RunEnded(run, time.perf_counter() - t0, summary, e)
+        yield _UnitDone(run.index)
         return
     yield RunEnded(run, time.perf_counter() - t0, summary)
+    yield _UnitDone(run.index)
+
+
+def _pack_events(launcher: Launcher, runs: Sequence[SweepRun]) -> Iterator[SweepEvent | _UnitDone]:
+    """A pack's events (`fedray.pack`): each run's, each run's end as it ends; a failure of the
+    pack itself (its worker lost) ends every run not yet ended with it."""
+    from fedray.pack import Ended
+
+    t0 = time.perf_counter()
+    summaries: dict[int, dict[str, Any]] = {}
+    ended: set[int] = set()
+    try:
+        for k, ev in launcher.launch_pack(runs):
+            if isinstance(ev, Ended):
+                ended.add(k)
+                error = ev.error
+                if isinstance(error, BaseException) and not isinstance(error, Exception):
+                    raise error  # an interrupt of the pack: propagates, as a run's does
+                yield RunEnded(runs[k], time.perf_counter() - t0, summaries.get(k, {}), error)
+                continue
+            if isinstance(ev, Finished):
+                summaries[k] = ev.summary
+            yield RunProgress(runs[k], ev)
+    except Exception as e:  # noqa: BLE001 - reported by the scheduler; the other runs go on
+        for k, run in enumerate(runs):
+            if k not in ended:
+                yield RunEnded(run, time.perf_counter() - t0, summaries.get(k, {}), e)
+    yield _UnitDone(runs[0].index)
 
 
 def _forward(events: Iterator[SweepEvent], out: queue.Queue) -> None:
@@ -139,26 +186,33 @@ def run_sweep(
             f"runs {auto} have num_gpus_per_actor auto: resolve it on the cluster first "
             "(fedray.api.resolve_sweep_gpus)"
         )
-    events: queue.Queue[SweepEvent] = queue.Queue()
-    pending = list(runs)
-    running: dict[int, tuple[float, float]] = {}  # run index -> (CPUs, GPUs) it holds
+    events: queue.Queue[SweepEvent | _UnitDone] = queue.Queue()
+    # launch units: a run, or the runs of a pack (pack_runs, `fedray.pack.pack_groups`), which go
+    # to one worker together and hold what one actor of theirs asks for
+    pending = [[runs[i] for i in unit] for unit in _units(runs, launcher)]
+    running: dict[int, tuple[float, float]] = {}  # unit key (its first run's index) -> (CPUs, GPUs)
     threads: list[threading.Thread] = []
     inline = getattr(launcher, "inline", False)
     waiting = False
 
+    def need(unit: list[SweepRun]) -> Need:
+        one = launcher.need(unit[0].config)
+        return one if len(unit) == 1 else dataclasses.replace(one, num_actors=1, num_clients=1)
+
     def settle(ev: SweepEvent) -> SweepEvent:
-        if isinstance(ev, RunEnded):
-            running.pop(ev.run.index, None)
-            if not ev.ok:
-                cfg = ev.run.config
-                record_failure(cfg.output, ev.run.run_id, cfg.recorded(), _error_text(ev.error))
+        if isinstance(ev, RunEnded) and not ev.ok:
+            cfg = ev.run.config
+            record_failure(cfg.output, ev.run.run_id, cfg.recorded(), _error_text(ev.error))
         return ev
+
+    def unit_events(unit: list[SweepRun], actors: int) -> Iterator[SweepEvent | _UnitDone]:
+        return _run_events(launcher, unit[0], actors) if len(unit) == 1 else _pack_events(launcher, unit)
 
     try:
         while pending or running:
             if pending:
                 free_cpus, free_gpus = launcher.free(running)
-                needs = [launcher.need(r.config) for r in pending]
+                needs = [need(u) for u in pending]
                 launches = plan_launches(needs, free_cpus, free_gpus, len(running), max_concurrent_runs)
                 if not launches and not running:
                     total = launcher.resources()
@@ -176,21 +230,25 @@ def run_sweep(
                     launches = launches[:1]
                 started = {i for i, _ in launches}
                 for i, actors in launches:
-                    run = pending[i]
-                    running[run.index] = needs[i].resources(actors)
-                    if (prepare := getattr(launcher, "prepare", None)) is not None:
-                        prepare(run, actors)  # takes what the run is to start with, in this thread
-                    yield RunLaunched(run, actors)
+                    unit = pending[i]
+                    running[unit[0].index] = needs[i].resources(actors)
+                    if len(unit) == 1 and (prepare := getattr(launcher, "prepare", None)) is not None:
+                        prepare(unit[0], actors)  # takes what the run is to start with, in this thread
+                    for run in unit:
+                        yield RunLaunched(run, actors, len(unit) if len(unit) > 1 else 0)
                     if inline:
-                        for ev in _run_events(launcher, run, actors):
-                            yield settle(ev)
+                        for ev in unit_events(unit, actors):
+                            if isinstance(ev, _UnitDone):
+                                running.pop(ev.key, None)
+                            else:
+                                yield settle(ev)
                     else:
                         t = threading.Thread(
-                            target=_forward, args=(_run_events(launcher, run, actors), events), daemon=True
+                            target=_forward, args=(unit_events(unit, actors), events), daemon=True
                         )
                         t.start()
                         threads.append(t)
-                pending = [r for i, r in enumerate(pending) if i not in started]
+                pending = [u for i, u in enumerate(pending) if i not in started]
                 if not pending and (last := getattr(launcher, "no_more_runs", None)) is not None:
                     last()  # idle actors kept for later runs (actors/sweep.py) go back to the cluster
             if running or waiting:
@@ -198,6 +256,9 @@ def run_sweep(
                     ev = events.get(timeout=poll_s)
                 except queue.Empty:
                     continue  # look again: nodes may have joined, other jobs may have ended
+                if isinstance(ev, _UnitDone):
+                    running.pop(ev.key, None)
+                    continue
                 yield settle(ev)
     except BaseException:
         if running:
@@ -205,6 +266,16 @@ def run_sweep(
             for t in threads:
                 t.join(timeout=30)  # their runs were cancelled: they end at once
         raise
+
+
+def _units(runs: Sequence[SweepRun], launcher: Launcher) -> list[list[int]]:
+    """The runs' launch units (`fedray.pack.pack_groups`); a launcher that cannot run packs runs
+    every run alone."""
+    from fedray.pack import pack_groups
+
+    if getattr(launcher, "launch_pack", None) is None:
+        return [[i] for i in range(len(runs))]
+    return pack_groups([r.config for r in runs])
 
 
 def _error_text(error: BaseException | None) -> str:

@@ -209,6 +209,11 @@ def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int, launcher
             )
         )
     )
+    from fedray.pack import pack_groups
+
+    packed = [u for u in pack_groups([r.config for r in todo]) if len(u) > 1]
+    if packed:
+        where += f"; {sum(map(len, packed))} of them in {len(packed)} pack{'s' if len(packed) > 1 else ''} (pack_runs)"
     print(f"running {len(todo)} runs {where}", flush=True)
     if not args.local:
         from actors.driver import unused_gpus
