@@ -91,5 +91,5 @@ class ClientCatalog:
     def take_client_seconds(self) -> float:
         return self._traffic.take_client_seconds()
 
-    def take_batched_calls(self) -> int:
+    def take_batched_calls(self) -> tuple[int, int]:
         return self._traffic.take_batched_calls()

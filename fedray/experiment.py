@@ -46,6 +46,7 @@ class RoundDone:
     metrics: dict[str, float] = field(default_factory=dict)  # the round's global-scope values, by metric
     stage: str = ""  # the stage the round ran in (multi-stage algorithms)
     batched_calls: int = 0  # client calls of the round (its evaluation too) whose training ran stacked
+    packed_calls: int = 0  # ... of those, stacked with another run's clients (a pack, fedray/pack.py)
 
 
 @dataclass
@@ -91,8 +92,9 @@ class HostedFederation(Federation, Protocol):
         """Seconds the clients spent in their client functions since the last call, summed over the
         calls, then reset: what a round cost beyond its clients' own work is the rest."""
 
-    def take_batched_calls(self) -> int:
-        """Client calls since the last call whose training ran in the stacked engine, then reset."""
+    def take_batched_calls(self) -> tuple[int, int]:
+        """Client calls since the last call whose training ran in the stacked engine, and of those
+        the calls stacked with another run's clients (a pack, fedray/pack.py); then reset."""
 
     def peek_baton(self, baton: Baton) -> Any:
         """The value behind ``baton``, which stays usable (a checkpoint of a State holding Batons)."""
@@ -155,7 +157,7 @@ def run_rounds(
             fed.take_client_seconds()
             records.append(rec("eval_seconds", time.perf_counter() - t1, stage=stage))
         writer.add(rnd + 1, records)
-        yield RoundDone(rnd + 1, cfg.rounds, seconds, _global(records), stage, fed.take_batched_calls())
+        yield RoundDone(rnd + 1, cfg.rounds, seconds, _global(records), stage, *fed.take_batched_calls())
         if save is not None and checkpoint_due(cfg, rnd + 1):
             writer.flush()
             yield save(rnd + 1, state)
@@ -213,6 +215,8 @@ def summarize(history: list[RoundDone], total_seconds: float, placement: dict[st
         "placement": placement,
         # client calls whose training ran in the stacked engine (0: every client trained on its own)
         "batched_calls": sum(h.batched_calls for h in history),
+        # of those, calls stacked with another run's clients (pack_runs, fedray/pack.py)
+        "packed_calls": sum(h.packed_calls for h in history),
     }
     if seconds:
         out["mean_round_seconds"] = sum(seconds) / len(seconds)

@@ -41,6 +41,7 @@ class CallMeta:
     seconds: float
     carry_bytes: int = 0  # relay calls: the size of the carry the client left behind (part of bytes_out)
     stacked: bool = False  # the call's training ran in the stacked engine (fedray/batched.py)
+    packed: bool = False  # ... together with another run's calls (a pack, fedray/pack.py)
 
 
 def set_torch_threads(num_cpus: float) -> int:
@@ -177,19 +178,19 @@ class ClientHost:
             return [self._run_one(fn, cid, msg) for cid, msg in pairs]
         prepared = [self._prepared(cid) for cid, _ in pairs]
         t0 = time.perf_counter()
-        run_stacked = drive.run_stacked if self.packer is None else self.packer.run_stacked
-        results, stacked = run_stacked(
-            fn,
-            [c for c, _ in prepared],
-            [s for _, s in prepared],
-            [m for _, m in pairs],
-            self.task.batched_clients,
-        )
+        args = (fn, [c for c, _ in prepared], [s for _, s in prepared], [m for _, m in pairs])
+        packed = False
+        if self.packer is None:
+            results, stacked = drive.run_stacked(*args, self.task.batched_clients)
+        else:
+            results, stacked, packed = self.packer.run_stacked(*args, self.task.batched_clients)
         seconds = (time.perf_counter() - t0) / max(1, len(pairs))  # the call's time, shared out
         out = []
         for (cid, _), (reply, new_state), on in zip(pairs, results, stacked, strict=True):
             self._state.set(cid, new_state)
-            out.append((reply, CallMeta(cid, payload_nbytes(reply), seconds, stacked=on)))
+            out.append(
+                (reply, CallMeta(cid, payload_nbytes(reply), seconds, stacked=on, packed=on and packed))
+            )
         return out
 
     def _run_one(self, fn: ClientFn, cid: int, msg: Any) -> tuple[Any, CallMeta]:

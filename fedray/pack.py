@@ -113,6 +113,7 @@ class _Call:
     result: Any = None
     error: BaseException | None = None
     done: bool = False
+    merged: bool = False  # ran in one run_stacked with another run's call
 
 
 class Packer:
@@ -138,9 +139,10 @@ class Packer:
 
     def run_stacked(
         self, fn: Callable, clients: Sequence, cstates: Sequence, msgs: Sequence, mode: str
-    ) -> tuple[list[tuple[Any, Any]], list[bool]]:
+    ) -> tuple[list[tuple[Any, Any]], list[bool], bool]:
         """`fedray.drive.run_stacked`, run together with the other runs' calls; called by a run's
-        host in its turn, which it gives up while it waits."""
+        host in its turn, which it gives up while it waits. Its results, and whether they ran
+        together with another run's."""
         call = _Call(fn, list(clients), list(cstates), list(msgs), mode)
         with self._cv:
             self._calls.append(call)
@@ -151,7 +153,7 @@ class Packer:
                 self._cv.wait()
         if call.error is not None:
             raise call.error
-        return call.result
+        return (*call.result, call.merged)
 
     def leave(self) -> None:
         """A run has ended: the others no longer wait for its calls."""
@@ -201,7 +203,7 @@ class Packer:
         at = 0
         for c in calls:
             n = len(c.clients)
-            c.result = (results[at : at + n], stacked[at : at + n])
+            c.result, c.merged = (results[at : at + n], stacked[at : at + n]), len(calls) > 1
             at += n
 
 

@@ -1,0 +1,213 @@
+"""Packed runs (pack_runs, fedray/pack.py): several runs of a sweep in one worker, their clients'
+updates in one stack. Each run keeps its own numbers (up to float round-off), run id, results,
+checkpoints and resume; a run that fails fails alone; which runs pack together."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis import load_metrics, load_runs
+from fedray import drive, pack
+from fedray.config import ConfigError
+from fedray.experiment import Finished, RoundDone, Started
+from fedray.local import make_local_federation
+from fedray.pack import Ended, execute_pack, pack_groups
+from fedray.records import TIMING_METRICS
+from fedray.results import run_state
+from fedray.scheduler import LocalLauncher, RunEnded, RunLaunched, run_sweep
+from fedray.sweep_file import SweepRun
+from tests.conftest import small_config
+
+
+def packed_configs(tmp_path, folder="packed", **over):
+    """Three runs of one pack key: FedAvg at two seeds, FedProx at one (their objectives differ:
+    FedProx's updates stack apart from FedAvg's, the two FedAvg runs' together)."""
+    base = dict(
+        batched_clients="on",
+        pack_runs="on",
+        rounds=3,
+        local_epochs=2,
+        output=str(tmp_path / folder),
+        checkpoint_every=1,
+    )
+    base.update(over)
+    return [
+        small_config(tmp_path, seed=0, **base),
+        small_config(tmp_path, seed=1, **base),
+        small_config(tmp_path, seed=0, algorithm="fedprox", hp={"mu": 0.01}, **base),
+    ]
+
+
+def sweep_runs(configs):
+    return [SweepRun(i + 1, f"run {i + 1}", c) for i, c in enumerate(configs)]
+
+
+def values(out, cfg):
+    """A run's metrics but the timings, by (round, metric, scope, entity)."""
+    df = load_metrics(out)
+    df = df[(df["run_id"] == cfg.run_id()) & ~df["metric"].isin(TIMING_METRICS)]
+    return df.set_index(["round", "metric", "scope", "entity"])["value"].sort_index()
+
+
+def test_a_packed_sweep_gives_each_run_its_own_numbers_and_records(tmp_path):
+    configs = packed_configs(tmp_path)
+    events = list(run_sweep(sweep_runs(configs), LocalLauncher()))
+    launched = [e for e in events if isinstance(e, RunLaunched)]
+    assert [e.packed for e in launched] == [3, 3, 3]  # one pack of the three
+    ended = [e for e in events if isinstance(e, RunEnded)]
+    assert len(ended) == 3 and all(e.ok for e in ended)
+
+    runs = load_runs(str(tmp_path / "packed")).set_index("run_id")
+    assert set(runs.index) == {c.run_id() for c in configs}  # each its own run id and row
+    assert (runs["status"] == "finished").all()
+    for cfg in configs:
+        summary = runs.loc[cfg.run_id(), "summary"]
+        # every client call of every round stacked with another run's (the evaluation's too)
+        assert summary["packed_calls"] == summary["batched_calls"] > 0
+        assert (tmp_path / "packed" / "checkpoints" / cfg.run_id()).is_dir()
+
+    # the same runs, each alone (batched): the same numbers up to float round-off
+    for cfg in configs:
+        alone = dataclasses.replace(cfg, pack_runs="off", output=str(tmp_path / "alone"))
+        list(run_sweep(sweep_runs([alone]), LocalLauncher()))
+        a, b = values(tmp_path / "packed", cfg), values(tmp_path / "alone", alone)
+        assert list(a.index) == list(b.index)
+        np.testing.assert_allclose(a.to_numpy(), b.to_numpy(), rtol=1e-4, atol=1e-3)
+
+
+def test_runs_pack_by_their_key_at_most_pack_size_a_pack(tmp_path):
+    on = dict(batched_clients="on", pack_runs="on")
+    configs = [
+        small_config(tmp_path, seed=0, **on),
+        small_config(tmp_path, seed=1, lr=0.1, **on),  # another lr: another pack
+        small_config(tmp_path, seed=1, **on),
+        small_config(tmp_path, seed=2, **on),
+        small_config(tmp_path, seed=3, batched_clients="on"),  # pack_runs off: alone
+        small_config(tmp_path, seed=4, **on),
+    ]
+    assert pack_groups(configs) == [[0, 2, 3, 5], [1], [4]]
+    small = [dataclasses.replace(c, pack_size=2) for c in configs]
+    assert pack_groups(small) == [[0, 2], [1], [3, 5], [4]]
+    # auto: packed where the runs share a GPU (a fractional share), not on CPUs
+    auto = [
+        small_config(tmp_path, seed=s, pack_runs="auto", num_gpus_per_actor=g)
+        for s, g in ((0, 0.25), (1, 0.25))
+    ]
+    assert pack_groups(auto) == [[0, 1]]
+    assert pack_groups([dataclasses.replace(c, num_gpus_per_actor=0.0) for c in auto]) == [[0], [1]]
+    assert pack_groups([dataclasses.replace(c, num_gpus_per_actor=1.0) for c in auto]) == [[0], [1]]
+
+
+def test_pack_runs_on_needs_batched_training_and_says_so(tmp_path):
+    with pytest.raises(ConfigError, match="pack_runs.*batched_clients is auto on the CPU"):
+        small_config(tmp_path, pack_runs="on")
+    with pytest.raises(ConfigError, match="pack_runs.*batched_clients is off"):
+        small_config(tmp_path, pack_runs="on", batched_clients="off")
+    with pytest.raises(ConfigError, match="pack_runs"):
+        small_config(tmp_path, pack_runs="sometimes", batched_clients="on")
+    assert small_config(tmp_path, pack_runs=False, batched_clients="on").pack_runs == "off"  # YAML's bare off
+    # pack_size is not in the run id (which runs share a stack changes float round-off only);
+    # pack_runs is, as batched_clients is
+    a = small_config(tmp_path, pack_runs="on", batched_clients="on")
+    assert dataclasses.replace(a, pack_size=9).run_id() == a.run_id()
+    assert dataclasses.replace(a, pack_runs="off").run_id() != a.run_id()
+    assert (
+        small_config(tmp_path).run_id()
+        == dataclasses.replace(small_config(tmp_path), pack_runs="off").run_id()
+    )
+
+
+def test_a_run_that_fails_in_a_pack_fails_alone_and_the_others_finish(tmp_path):
+    configs = packed_configs(tmp_path)
+    configs[2] = dataclasses.replace(configs[2], hp={"mu": 1.0e30})  # FedProx diverges in round 1
+    events = list(run_sweep(sweep_runs(configs), LocalLauncher()))
+    ended = {e.run.index: e for e in events if isinstance(e, RunEnded)}
+    assert ended[1].ok and ended[2].ok
+    assert isinstance(ended[3].error, FloatingPointError)
+    status = load_runs(str(tmp_path / "packed")).set_index("run_id")["status"]
+    assert [status[c.run_id()] for c in configs] == ["finished", "finished", "failed"]
+
+
+def test_a_failure_inside_a_merged_call_reaches_only_the_run_whose_client_raised(monkeypatch):
+    """The packer runs the runs' calls as one; where that fails, each call runs again alone, so
+    the error goes to its own run and the other runs get their results."""
+    real = drive.run_stacked
+    seen = []
+
+    def run_stacked(fns, clients, cstates, msgs, mode):
+        seen.append(list(clients))
+        if "bad" in clients:
+            raise ValueError(f"client bad of {clients}")
+        return real(fns, clients, cstates, msgs, mode)
+
+    monkeypatch.setattr(pack.drive, "run_stacked", run_stacked)
+    packer = pack.Packer(2)
+    fn = lambda client, cstate, msg: (f"{client} got {msg}", cstate)  # noqa: E731
+    out = {}
+
+    import threading
+
+    def call(name, clients):
+        with packer.turn():
+            try:
+                out[name] = packer.run_stacked(fn, clients, [None] * len(clients), ["m"] * len(clients), "on")
+            except ValueError as e:
+                out[name] = e
+            finally:
+                packer.leave()
+
+    threads = [threading.Thread(target=call, args=a) for a in (("a", ["x", "y"]), ("b", ["bad"]))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(map(sorted, seen)) == [["bad"], ["bad", "x", "y"], ["x", "y"]]  # merged, then each alone
+    assert out["a"] == ([("x got m", None), ("y got m", None)], [False, False], False)
+    assert isinstance(out["b"], ValueError) and str(out["b"]) == "client bad of ['bad']"
+
+
+def test_a_stopped_pack_records_its_runs_interrupted_and_they_resume(tmp_path):
+    configs = packed_configs(tmp_path, rounds=4)
+    whole = packed_configs(tmp_path, folder="whole", rounds=4)
+    list(execute_pack(whole, make_local_federation))  # the same pack, never stopped
+
+    events = execute_pack(configs, make_local_federation)
+    rounds = 0
+    for _k, ev in events:
+        rounds += isinstance(ev, RoundDone)
+        if rounds == 4:  # a few rounds into the pack: stop it, as Ctrl-C does
+            break
+    events.close()
+    assert [run_state(str(tmp_path / "packed"), c.run_id()) for c in configs] == ["interrupted"] * 3
+
+    again = list(execute_pack(configs, make_local_federation))
+    started = [ev for _, ev in again if isinstance(ev, Started)]
+    assert len(started) == 3 and any(s.resumed_from > 0 for s in started)  # from their checkpoints
+    ends = [ev for _, ev in again if isinstance(ev, Ended)]
+    assert len(ends) == 3 and all(e.error is None for e in ends)
+    assert sum(isinstance(ev, Finished) for _, ev in again) == 3
+    for cfg in configs:
+        a, b = values(tmp_path / "packed", cfg), values(tmp_path / "whole", cfg)
+        assert list(a.index) == list(b.index)
+        np.testing.assert_allclose(a.to_numpy(), b.to_numpy(), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.ray
+def test_a_pack_runs_in_one_worker_on_ray_with_the_numbers_it_has_in_process(ray_session, tmp_path):
+    from actors.sweep import RayLauncher
+
+    configs = packed_configs(tmp_path, folder="ray")[:2]
+    events = list(run_sweep(sweep_runs(configs), RayLauncher(), poll_s=0.5))
+    assert [e.packed for e in events if isinstance(e, RunLaunched)] == [2, 2]
+    ended = [e for e in events if isinstance(e, RunEnded)]
+    assert len(ended) == 2 and all(e.ok for e in ended), [e.error for e in ended]
+    assert all(e.summary["packed_calls"] > 0 for e in ended)
+    inproc = [dataclasses.replace(c, output=str(tmp_path / "inproc")) for c in configs]
+    list(execute_pack(inproc, make_local_federation))
+    for cfg, here in zip(configs, inproc, strict=True):
+        pd.testing.assert_series_equal(values(tmp_path / "ray", cfg), values(tmp_path / "inproc", here))
+    assert ray_session.available_resources().get("CPU") == ray_session.cluster_resources().get("CPU")
