@@ -15,8 +15,8 @@ several runs' models where each run alone would take one step for its own.
 The numbers are each run's own up to float round-off (the stacks' sums run in another order);
 tests/test_pack.py checks a packed sweep against the same runs trained alone.
 
-Which runs pack together (`pack_groups`): those with pack_runs on (or auto, where the runs share
-a GPU) and an equal `pack_key`: the data set and its options, the model, the local training's
+Which runs pack together (`pack_groups`): those of one algorithm with pack_runs on (or auto, where
+the runs share a GPU) and an equal `pack_key`: the data set and its options, the model, the local training's
 batch, learning rate, momentum, weight decay and epochs, and where and how the worker runs. At most
 ``pack_size`` runs a pack.
 """
@@ -81,7 +81,8 @@ def pack_key(cfg: Config) -> tuple:
 
 def pack_groups(configs: Sequence[Config]) -> list[list[int]]:
     """The sweep's runs (by index into ``configs``) in launch units, in the order of their first
-    run: a run that does not pack alone, the rest grouped by `pack_key` in their order, at most
+    run: a run that does not pack alone, the rest grouped by `pack_key` and algorithm (one
+    algorithm's updates share a stack; two algorithms' mostly do not) in their order, at most
     ``pack_size`` (the first run's) a pack."""
     units: list[list[int]] = []
     open_packs: dict[tuple, list[int]] = {}
@@ -89,7 +90,7 @@ def pack_groups(configs: Sequence[Config]) -> list[list[int]]:
         if not packs(cfg):
             units.append([i])
             continue
-        key = pack_key(cfg)
+        key = (pack_key(cfg), cfg.algorithm)
         unit = open_packs.get(key)
         if unit is None or len(unit) >= configs[unit[0]].pack_size:
             unit = open_packs[key] = []

@@ -52,3 +52,18 @@ def test_row_times_estimates_a_finished_runs_full_budget(tmp_path, capsys):
     main(str(tmp_path), 1)
     out = capsys.readouterr().out
     assert "fedavg finished" in out and "the whole table" in out
+
+
+def test_bench_pack_times_runs_alone_and_packed(capsys):
+    from jobs.bench_pack import main
+
+    assert (
+        main([DIGITS, "--runs", "2", "--rounds", "2", "--set", "num_clients=4", "--set", "local_epochs=1"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert any(line.startswith("alone") and "run-rounds/s" in line for line in out.splitlines()), out
+    packed = next(line for line in out.splitlines() if line.startswith("packed"))
+    # 2 runs x 2 rounds x 4 clients, each called to train and to evaluate its training split
+    assert "16 of 16 client calls stacked with another run's" in packed, out
+    assert "speed-up" in out and "largest |difference|" in out

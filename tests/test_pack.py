@@ -24,8 +24,8 @@ from tests.conftest import small_config
 
 
 def packed_configs(tmp_path, folder="packed", **over):
-    """Three runs of one pack key: FedAvg at two seeds, FedProx at one (their objectives differ:
-    FedProx's updates stack apart from FedAvg's, the two FedAvg runs' together)."""
+    """Three runs of one pack: FedProx at two seeds (two partitions of the data) and at another mu
+    (each update's own mu, a row of the stack's context)."""
     base = dict(
         batched_clients="on",
         pack_runs="on",
@@ -36,9 +36,9 @@ def packed_configs(tmp_path, folder="packed", **over):
     )
     base.update(over)
     return [
-        small_config(tmp_path, seed=0, **base),
-        small_config(tmp_path, seed=1, **base),
         small_config(tmp_path, seed=0, algorithm="fedprox", hp={"mu": 0.01}, **base),
+        small_config(tmp_path, seed=1, algorithm="fedprox", hp={"mu": 0.01}, **base),
+        small_config(tmp_path, seed=0, algorithm="fedprox", hp={"mu": 0.1}, **base),
     ]
 
 
@@ -88,10 +88,12 @@ def test_runs_pack_by_their_key_at_most_pack_size_a_pack(tmp_path):
         small_config(tmp_path, seed=2, **on),
         small_config(tmp_path, seed=3, batched_clients="on"),  # pack_runs off: alone
         small_config(tmp_path, seed=4, **on),
+        small_config(tmp_path, seed=0, algorithm="fedprox", **on),  # another algorithm: its own pack
+        small_config(tmp_path, seed=5, **on),
     ]
-    assert pack_groups(configs) == [[0, 2, 3, 5], [1], [4]]
+    assert pack_groups(configs) == [[0, 2, 3, 5], [1], [4], [6], [7]]
     small = [dataclasses.replace(c, pack_size=2) for c in configs]
-    assert pack_groups(small) == [[0, 2], [1], [3, 5], [4]]
+    assert pack_groups(small) == [[0, 2], [1], [3, 5], [4], [6], [7]]
     # auto: packed where the runs share a GPU (a fractional share), not on CPUs
     auto = [
         small_config(tmp_path, seed=s, pack_runs="auto", num_gpus_per_actor=g)
@@ -123,7 +125,7 @@ def test_pack_runs_on_needs_batched_training_and_says_so(tmp_path):
 
 def test_a_run_that_fails_in_a_pack_fails_alone_and_the_others_finish(tmp_path):
     configs = packed_configs(tmp_path)
-    configs[2] = dataclasses.replace(configs[2], hp={"mu": 1.0e30})  # FedProx diverges in round 1
+    configs[2] = dataclasses.replace(configs[2], hp={"mu": 1.0e30})  # diverges in round 1
     events = list(run_sweep(sweep_runs(configs), LocalLauncher()))
     ended = {e.run.index: e for e in events if isinstance(e, RunEnded)}
     assert ended[1].ok and ended[2].ok
