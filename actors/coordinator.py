@@ -79,8 +79,13 @@ class PackWorkerCode:
         )
         cfgs = [from_dict(c) for c in configs]
         threads = set_torch_threads(cfgs[0].num_cpus_per_actor)
-        device = "cuda" if ray.get_gpu_ids() else "cpu"
-        make = partial(make_local_federation, device=device, num_threads=threads)
+        import torch
+
+        # the GPU Ray assigned is cuda:0 once Ray has set CUDA_VISIBLE_DEVICES (as a client actor's)
+        device = "cuda:0" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu"
+        make = partial(
+            make_local_federation, device=device, num_threads=threads, cpus=cfgs[0].num_cpus_per_actor
+        )
         yield from execute_pack(cfgs, make, restarts)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -10,6 +11,7 @@ import torch
 
 from fedray.catalog import ClientCatalog, check_groups
 from fedray.client import Task
+from fedray.client_states import default_budget_mb
 from fedray.data import ArrayDataset, ClientIndices
 from fedray.federation import Baton, ClientFn, FoldFn
 from fedray.host import ClientHost, set_torch_threads
@@ -100,12 +102,22 @@ class LocalFederation(ClientCatalog):
 
 
 def make_local_federation(
-    cfg: Any, data: Any, device: str = "cpu", num_threads: float | None = None, packer: Any = None
+    cfg: Any,
+    data: Any,
+    device: str = "cpu",
+    num_threads: float | None = None,
+    packer: Any = None,
+    cpus: float | None = None,
 ) -> tuple[LocalFederation, dict[str, Any]]:
     """The `execute` factory for ``--local``: every client in this process, one at a time, on
     ``device`` (the CPU), with ``num_threads`` torch threads (the config's CPUs per actor).
-    ``packer``: the pack the run trains in (`fedray.pack`), which its stacked calls go through."""
+    ``packer``: the pack the run trains in (`fedray.pack`), which its stacked calls go through; the
+    worker's memory for client state (``client_state_memory_mb``, or the share of a worker of
+    ``cpus`` CPUs, None: alone on the machine) is then shared out between the pack's runs."""
     task = Task.from_config(cfg, data.dataset.spec)
+    if packer is not None:
+        budget = cfg.client_state_memory_mb or default_budget_mb(cpus)
+        task = dataclasses.replace(task, client_state_memory_mb=budget / packer.size)
     fed = LocalFederation(
         task,
         data.dataset.train,

@@ -123,6 +123,7 @@ class Packer:
 
     def __init__(self, size: int) -> None:
         self._cv = threading.Condition(threading.RLock())
+        self.size = size  # the pack's runs
         self._live = size
         self._calls: list[_Call] = []
         self._stopped = False

@@ -18,7 +18,7 @@ from fedray.local import make_local_federation
 from fedray.pack import Ended, execute_pack, pack_groups
 from fedray.records import TIMING_METRICS
 from fedray.results import run_state
-from fedray.scheduler import LocalLauncher, RunEnded, RunLaunched, run_sweep
+from fedray.scheduler import LocalLauncher, RunEnded, RunLaunched, RunProgress, run_sweep
 from fedray.sweep_file import SweepRun
 from tests.conftest import small_config
 
@@ -213,3 +213,41 @@ def test_a_pack_runs_in_one_worker_on_ray_with_the_numbers_it_has_in_process(ray
     for cfg, here in zip(configs, inproc, strict=True):
         pd.testing.assert_series_equal(values(tmp_path / "ray", cfg), values(tmp_path / "inproc", here))
     assert ray_session.available_resources().get("CPU") == ray_session.cluster_resources().get("CPU")
+
+
+def test_a_packs_runs_share_out_the_workers_memory_for_client_state(tmp_path):
+    from fedray.client_states import default_budget_mb
+    from fedray.data import build_federated_data
+
+    cfg = packed_configs(tmp_path)[0]
+    data = build_federated_data(cfg)
+    mb = 1 << 20
+    alone = make_local_federation(cfg, data)[0]
+    assert alone.host._state.budget == int(default_budget_mb(None) * mb)
+    four = pack.Packer(4)
+    assert make_local_federation(cfg, data, packer=four)[0].host._state.budget == int(
+        default_budget_mb(None) / 4 * mb
+    )
+    on_ray = make_local_federation(cfg, data, packer=four, cpus=2)[0]  # a worker of 2 CPUs
+    assert on_ray.host._state.budget == int(default_budget_mb(2) / 4 * mb)
+    set_by_hand = dataclasses.replace(cfg, client_state_memory_mb=64.0)
+    assert make_local_federation(set_by_hand, data, packer=four)[0].host._state.budget == 16 * mb
+
+
+@pytest.mark.ray
+def test_a_pack_stopped_on_ray_records_its_runs_interrupted_and_they_resume(ray_session, tmp_path):
+    from actors.sweep import RayLauncher
+
+    configs = packed_configs(tmp_path, folder="ray", rounds=12)[:2]
+    events = run_sweep(sweep_runs(configs), RayLauncher(), poll_s=0.5)
+    for ev in events:  # stopped as a sweep's Ctrl-C stops it, once both runs are under way
+        if isinstance(ev, RunProgress) and isinstance(ev.event, RoundDone) and ev.event.round >= 2:
+            break
+    events.close()
+    assert [run_state(str(tmp_path / "ray"), c.run_id()) for c in configs] == ["interrupted"] * 2
+
+    again = list(run_sweep(sweep_runs(configs), RayLauncher(), poll_s=0.5))
+    started = [e.event for e in again if isinstance(e, RunProgress) and isinstance(e.event, Started)]
+    assert len(started) == 2 and all(s.resumed_from > 0 for s in started)
+    assert all(e.ok for e in again if isinstance(e, RunEnded))
+    assert [run_state(str(tmp_path / "ray"), c.run_id()) for c in configs] == ["finished"] * 2
