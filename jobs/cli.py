@@ -180,6 +180,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"  {'#':>3}  {'state':<11}  {'action':<6}  {'run id':<{width}}  settings")
         for p in planned:
             print(f"  {p.run.index:>3}  {p.state:<11}  {p.action:<6}  {p.run.run_id:<{width}}  {p.run.label}")
+        from fedray.pack import pack_groups
+
+        packs = [u for u in pack_groups([r.config for r in todo]) if len(u) > 1]
+        if packs:
+            listed = "; ".join(" ".join(f"#{todo[i].index}" for i in u) for u in packs)
+            print(f"  packed (pack_runs), each pack in one worker: {listed}")
         return 0
     return _execute_sweep(sweep, todo, args, skipped=len(planned) - len(todo), launcher=launcher)
 

@@ -20,7 +20,7 @@ from fedray.records import TIMING_METRICS
 from fedray.results import run_state
 from fedray.scheduler import LocalLauncher, RunEnded, RunLaunched, RunProgress, run_sweep
 from fedray.sweep_file import SweepRun
-from tests.conftest import small_config
+from tests.conftest import ROOT, small_config
 
 
 def packed_configs(tmp_path, folder="packed", **over):
@@ -251,3 +251,18 @@ def test_a_pack_stopped_on_ray_records_its_runs_interrupted_and_they_resume(ray_
     assert len(started) == 2 and all(s.resumed_from > 0 for s in started)
     assert all(e.ok for e in again if isinstance(e, RunEnded))
     assert [run_state(str(tmp_path / "ray"), c.run_id()) for c in configs] == ["finished"] * 2
+
+
+def test_the_sweeps_dry_run_and_header_say_which_runs_pack(tmp_path, capsys):
+    from jobs.cli import main
+
+    sweep = str(ROOT / "jobs" / "configs" / "digits_sweep.yaml")
+    sets = ["--set", "batched_clients=on", "--set", "pack_runs=on", "--set", "pack_size=3"]
+    assert main(["sweep", sweep, "--dry-run", "--output", str(tmp_path / "dry"), *sets]) == 0
+    out = capsys.readouterr().out
+    assert "packed (pack_runs), each pack in one worker: #1 #2 #3\n" in out
+    sets += ["--set", "rounds=1", "--set", "num_clients=4"]
+    assert main(["sweep", sweep, "--local", "--output", str(tmp_path / "run"), *sets]) == 0
+    out = capsys.readouterr().out
+    assert "running 4 runs in-process, one at a time; 3 of them in 1 pack (pack_runs)" in out
+    assert out.count("packed: 3 runs in-process") == 3
