@@ -27,7 +27,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from fedray import drive
@@ -111,6 +111,7 @@ class _Call:
     cstates: list
     msgs: list
     mode: str
+    slot: int  # the run's place in its pack: calls run together in this order, whatever their arrival
     result: Any = None
     error: BaseException | None = None
     done: bool = False
@@ -127,7 +128,11 @@ class Packer:
         self._live = size
         self._calls: list[_Call] = []
         self._stopped = False
-        self.merged_calls = 0  # calls run together with another run's (for the bench and tests)
+        self._slot = threading.local()  # the run this thread runs (its index in the pack)
+
+    def enter(self, slot: int) -> None:
+        """This thread runs the pack's run ``slot`` (its calls join the others' in slot order)."""
+        self._slot.k = slot
 
     @contextmanager
     def turn(self) -> Iterator[None]:
@@ -145,7 +150,7 @@ class Packer:
         """`fedray.drive.run_stacked`, run together with the other runs' calls; called by a run's
         host in its turn, which it gives up while it waits. Its results, and whether they ran
         together with another run's."""
-        call = _Call(fn, list(clients), list(cstates), list(msgs), mode)
+        call = _Call(fn, list(clients), list(cstates), list(msgs), mode, getattr(self._slot, "k", 0))
         with self._cv:
             self._calls.append(call)
             self._run_if_all_waiting()
@@ -172,7 +177,7 @@ class Packer:
     def _run_if_all_waiting(self) -> None:
         if not self._calls or len(self._calls) < self._live:
             return
-        calls, self._calls = self._calls, []
+        calls, self._calls = sorted(self._calls, key=lambda c: c.slot), []
         try:
             self._run(calls)
         finally:
@@ -200,8 +205,6 @@ class Packer:
                 except Exception as alone:  # noqa: BLE001 - raised in the run's own thread
                     c.error = alone
             return
-        if len(calls) > 1:
-            self.merged_calls += 1
         at = 0
         for c in calls:
             n = len(c.clients)
@@ -216,23 +219,10 @@ class Ended:
     error: BaseException | None = None
 
 
-@dataclass
-class Pack:
-    """A pack in flight: `stop` ends it from another thread."""
-
-    packer: Packer | None = None
-    threads: list[threading.Thread] = field(default_factory=list)
-
-    def stop(self) -> None:
-        if self.packer is not None:
-            self.packer.stop()
-
-
 def execute_pack(
     configs: Sequence[Config],
     make_federation: Callable[..., Any],
     restarts: Sequence[bool] | None = None,
-    pack: Pack | None = None,
 ) -> Iterator[tuple[int, Any]]:
     """Run ``configs`` as one pack in this process; yields ``(k, event)`` for run ``k``: its
     `fedray.experiment.execute` events, then `Ended`. ``make_federation(cfg, data, packer=)``
@@ -241,12 +231,12 @@ def execute_pack(
     from fedray.experiment import execute
 
     restarts = list(restarts) if restarts is not None else [False] * len(configs)
-    pack = pack if pack is not None else Pack()
-    packer = pack.packer = Packer(len(configs))
+    packer = Packer(len(configs))
     out: queue.Queue[tuple[int, Any]] = queue.Queue()
 
     def member(k: int) -> None:
         error: BaseException | None = None
+        packer.enter(k)
         try:
             make = lambda cfg, data: make_federation(cfg, data, packer=packer)  # noqa: E731
             events = execute(configs[k], make, restarts[k])
@@ -269,7 +259,6 @@ def execute_pack(
             out.put((k, Ended(error)))
 
     threads = [threading.Thread(target=member, args=(k,), daemon=True) for k in range(len(configs))]
-    pack.threads = threads
     for t in threads:
         t.start()
     left = len(configs)

@@ -153,7 +153,8 @@ def test_a_failure_inside_a_merged_call_reaches_only_the_run_whose_client_raised
 
     import threading
 
-    def call(name, clients):
+    def call(name, clients, slot):
+        packer.enter(slot)
         with packer.turn():
             try:
                 out[name] = packer.run_stacked(fn, clients, [None] * len(clients), ["m"] * len(clients), "on")
@@ -162,12 +163,13 @@ def test_a_failure_inside_a_merged_call_reaches_only_the_run_whose_client_raised
             finally:
                 packer.leave()
 
-    threads = [threading.Thread(target=call, args=a) for a in (("a", ["x", "y"]), ("b", ["bad"]))]
+    # a arrives first, but b is the pack's first run: the merged call takes b's clients first
+    threads = [threading.Thread(target=call, args=a) for a in (("a", ["x", "y"], 1), ("b", ["bad"], 0))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert sorted(map(sorted, seen)) == [["bad"], ["bad", "x", "y"], ["x", "y"]]  # merged, then each alone
+    assert seen == [["bad", "x", "y"], ["bad"], ["x", "y"]]  # merged, then each alone, in slot order
     assert out["a"] == ([("x got m", None), ("y got m", None)], [False, False], False)
     assert isinstance(out["b"], ValueError) and str(out["b"]) == "client bad of ['bad']"
 
