@@ -91,5 +91,10 @@ class ClientCatalog:
     def take_client_seconds(self) -> float:
         return self._traffic.take_client_seconds()
 
-    def take_batched_calls(self) -> tuple[int, int]:
+    def take_batched_calls(self) -> int:
         return self._traffic.take_batched_calls()
+
+    def take_packed_calls(self) -> int:
+        """Client calls since the last call stacked with another run's clients (a pack,
+        fedray/pack.py), then reset; none outside a pack."""
+        return 0

@@ -92,9 +92,11 @@ class HostedFederation(Federation, Protocol):
         """Seconds the clients spent in their client functions since the last call, summed over the
         calls, then reset: what a round cost beyond its clients' own work is the rest."""
 
-    def take_batched_calls(self) -> tuple[int, int]:
-        """Client calls since the last call whose training ran in the stacked engine, and of those
-        the calls stacked with another run's clients (a pack, fedray/pack.py); then reset."""
+    def take_batched_calls(self) -> int:
+        """Client calls since the last call whose training ran in the stacked engine, then reset."""
+
+    def take_packed_calls(self) -> int:
+        """Of those, the calls stacked with another run's clients (a pack, fedray/pack.py), then reset."""
 
     def peek_baton(self, baton: Baton) -> Any:
         """The value behind ``baton``, which stays usable (a checkpoint of a State holding Batons)."""
@@ -157,7 +159,8 @@ def run_rounds(
             fed.take_client_seconds()
             records.append(rec("eval_seconds", time.perf_counter() - t1, stage=stage))
         writer.add(rnd + 1, records)
-        yield RoundDone(rnd + 1, cfg.rounds, seconds, _global(records), stage, *fed.take_batched_calls())
+        calls = (fed.take_batched_calls(), fed.take_packed_calls())
+        yield RoundDone(rnd + 1, cfg.rounds, seconds, _global(records), stage, *calls)
         if save is not None and checkpoint_due(cfg, rnd + 1):
             writer.flush()
             yield save(rnd + 1, state)
@@ -289,6 +292,7 @@ def execute(
         fed.take_traffic()
         fed.take_client_seconds()
         fed.take_batched_calls()
+        fed.take_packed_calls()
         yield Started(run_id, len(fed.client_ids), placement, start, timings)
 
         def save(rounds_done: int, state: Any) -> Checkpointed:

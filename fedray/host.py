@@ -41,7 +41,6 @@ class CallMeta:
     seconds: float
     carry_bytes: int = 0  # relay calls: the size of the carry the client left behind (part of bytes_out)
     stacked: bool = False  # the call's training ran in the stacked engine (fedray/batched.py)
-    packed: bool = False  # ... together with another run's calls (a pack, fedray/pack.py)
 
 
 def set_torch_threads(num_cpus: float) -> int:
@@ -111,6 +110,7 @@ class ClientHost:
         self._batched: bool | None = None  # batched client training here (decided on first use)
         # the pack this host's run trains in (`fedray.pack.Packer`): its stacked calls go through it
         self.packer: Any = None
+        self.packed_calls = 0  # client calls stacked with another run's clients (in a pack)
 
     @property
     def client_ids(self) -> Sequence[int]:
@@ -184,13 +184,12 @@ class ClientHost:
             results, stacked = drive.run_stacked(*args, self.task.batched_clients)
         else:
             results, stacked, packed = self.packer.run_stacked(*args, self.task.batched_clients)
+            self.packed_calls += sum(stacked) if packed else 0
         seconds = (time.perf_counter() - t0) / max(1, len(pairs))  # the call's time, shared out
         out = []
         for (cid, _), (reply, new_state), on in zip(pairs, results, stacked, strict=True):
             self._state.set(cid, new_state)
-            out.append(
-                (reply, CallMeta(cid, payload_nbytes(reply), seconds, stacked=on, packed=on and packed))
-            )
+            out.append((reply, CallMeta(cid, payload_nbytes(reply), seconds, stacked=on)))
         return out
 
     def _run_one(self, fn: ClientFn, cid: int, msg: Any) -> tuple[Any, CallMeta]:

@@ -80,6 +80,10 @@ class LocalFederation(ClientCatalog):
         self._traffic.fetched([n for _, n in taken])
         return [v for v, _ in taken]
 
+    def take_packed_calls(self) -> int:
+        out, self.host.packed_calls = self.host.packed_calls, 0
+        return out
+
     def test_map(self, fn: ClientFn, msg: Any) -> list[Any]:
         return self.host.run_test(fn, 0, self._test_size, msg)
 

@@ -22,7 +22,6 @@ class TrafficMeter:
         self.received = 0
         self.client_seconds = 0.0
         self.batched_calls = 0  # client calls whose training ran in the stacked engine
-        self.packed_calls = 0  # ... in a stack with another run's clients (fedray/pack.py)
 
     def broadcast(self, msg: Any, receivers: int) -> None:
         self.down += payload_nbytes(msg) * receivers
@@ -32,7 +31,6 @@ class TrafficMeter:
         self.received += sum(m.bytes_out + payload_nbytes(m) for m in metas)
         self.client_seconds += sum(m.seconds for m in metas)
         self.batched_calls += sum(m.stacked for m in metas)
-        self.packed_calls += sum(m.packed for m in metas)
 
     def relay_hops(
         self, carry_sizes: Sequence[int], common: Any, infos: Sequence[Any], metas: Sequence[CallMeta]
@@ -44,7 +42,6 @@ class TrafficMeter:
         self.received += sum(payload_nbytes(i) + payload_nbytes(m) for i, m in zip(infos, metas, strict=True))
         self.client_seconds += sum(m.seconds for m in metas)
         self.batched_calls += sum(m.stacked for m in metas)
-        self.packed_calls += sum(m.packed for m in metas)
 
     def take_client_seconds(self) -> float:
         """Seconds the clients spent in their client functions since the last call, summed over
@@ -52,11 +49,9 @@ class TrafficMeter:
         out, self.client_seconds = self.client_seconds, 0.0
         return out
 
-    def take_batched_calls(self) -> tuple[int, int]:
-        """Client calls since the last call whose training ran stacked, and of those the calls
-        stacked with another run's (a pack); then reset."""
-        out = (self.batched_calls, self.packed_calls)
-        self.batched_calls = self.packed_calls = 0
+    def take_batched_calls(self) -> int:
+        """Client calls since the last call whose training ran stacked, then reset."""
+        out, self.batched_calls = self.batched_calls, 0
         return out
 
     def fetched(self, sizes: Sequence[int]) -> None:
