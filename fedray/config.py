@@ -201,7 +201,8 @@ class Config:
     # checkpoints and resume; its numbers are its own up to float round-off). on: pack them (needs
     # batched training: batched_clients on, or auto on a GPU); auto: where the runs share a GPU
     # (a fractional num_gpus_per_actor); off: every run alone. A pack is one worker of one client
-    # actor's resources; its runs take no client actors. docs/batched.md#packed-runs.
+    # actor's resources; its runs take no client actors. Sweeps only (`fedray run` runs one run:
+    # nothing to pack). docs/batched.md#packed-runs.
     pack_runs: str = "off"  # off | on | auto
     # at most this many runs a pack
     pack_size: int = field(default=4, metadata=bound(ge=1))

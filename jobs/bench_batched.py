@@ -86,6 +86,29 @@ def step_flops(task: Any, arch: Any = None) -> float:
     return counter.get_total_flops() / 8
 
 
+def add_stack_args(ap: argparse.ArgumentParser) -> None:
+    """``--stacked-conv`` and ``--stacked-compile``: how the stacked engine computes (`use_stack_args`)."""
+    ap.add_argument(
+        "--stacked-conv",
+        default="grouped",
+        choices=["grouped", "im2col"],
+        help="how the stacked engine computes a convolution (fedray.batched.STACKED_CONV; default grouped)",
+    )
+    ap.add_argument(
+        "--stacked-compile",
+        action="store_true",
+        help="the stacked engine's step compiled by torch.compile (fedray.batched.STACKED_COMPILE)",
+    )
+
+
+def use_stack_args(args: argparse.Namespace) -> None:
+    """Set the stacked engine's switches from `add_stack_args`' options."""
+    from fedray import batched
+
+    batched.STACKED_CONV = args.stacked_conv
+    batched.STACKED_COMPILE = args.stacked_compile
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m jobs.bench_batched", description=__doc__.split("\n\n")[0])
     one_run.add_args(ap)
@@ -109,17 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the replies a worker holds at a time in a folded round (FedEM, FedRC, SCAFFOLD), so "
         "the clients a call stacks (default: fedray.algorithms.rounds.FOLD_BYTES, 64 MB)",
     )
-    ap.add_argument(
-        "--stacked-conv",
-        default="grouped",
-        choices=["grouped", "im2col"],
-        help="how the stacked engine computes a convolution (fedray.batched.STACKED_CONV; default grouped)",
-    )
-    ap.add_argument(
-        "--stacked-compile",
-        action="store_true",
-        help="the stacked engine's step compiled by torch.compile (fedray.batched.STACKED_COMPILE)",
-    )
+    add_stack_args(ap)
     args = ap.parse_args(argv)
     engines = one_run.picked_names(args.engines, list(ENGINES), ap.prog, "engine")
     if engines is None:
@@ -139,10 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = one_run.picked(args, args.sets)
     if cfg is None:
         return 2
-    from fedray import batched
-
-    batched.STACKED_CONV = args.stacked_conv
-    batched.STACKED_COMPILE = args.stacked_compile
+    use_stack_args(args)
     if args.fold_mb is not None:
         from fedray.algorithms import rounds
 

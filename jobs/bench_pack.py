@@ -27,7 +27,7 @@ import tempfile
 import time
 from typing import Any
 
-from jobs import one_run
+from jobs import bench_batched, one_run
 
 
 def varied(cfg: Any, vary: str, runs: int) -> list[Any]:
@@ -56,17 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=4, help="rounds a run, the first untimed (default 4)")
     ap.add_argument("--vary", default="seed", help="seed (default), or KEY=V1,V2,... (hp.NAME for an hp)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as one actor)")
-    ap.add_argument(
-        "--stacked-conv",
-        default="grouped",
-        choices=["grouped", "im2col"],
-        help="how the stacked engine computes a convolution (fedray.batched.STACKED_CONV; default grouped)",
-    )
-    ap.add_argument(
-        "--stacked-compile",
-        action="store_true",
-        help="the stacked engine's step compiled by torch.compile (fedray.batched.STACKED_COMPILE)",
-    )
+    bench_batched.add_stack_args(ap)
     args = ap.parse_args(argv)
     if args.rounds < 2 or args.runs < 2:
         print(f"{ap.prog}: --rounds and --runs must be 2 or more", file=sys.stderr)
@@ -77,14 +67,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from fedray import batched
     from fedray.experiment import Finished, RoundDone, execute
     from fedray.local import make_local_federation
     from fedray.pack import Ended, execute_pack
 
     cuda = args.device.startswith("cuda")
-    batched.STACKED_CONV = args.stacked_conv
-    batched.STACKED_COMPILE = args.stacked_compile
+    bench_batched.use_stack_args(args)
 
     def factory(cfg: Any, data: Any, packer: Any = None) -> Any:
         return make_local_federation(cfg, data, args.device, args.threads, packer=packer)
