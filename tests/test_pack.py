@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from analysis import load_metrics, load_runs
@@ -200,23 +199,6 @@ def test_a_stopped_pack_records_its_runs_interrupted_and_they_resume(tmp_path):
         np.testing.assert_allclose(a.to_numpy(), b.to_numpy(), rtol=1e-4, atol=1e-3)
 
 
-@pytest.mark.ray
-def test_a_pack_runs_in_one_worker_on_ray_with_the_numbers_it_has_in_process(ray_session, tmp_path):
-    from actors.sweep import RayLauncher
-
-    configs = packed_configs(tmp_path, folder="ray")[:2]
-    events = list(run_sweep(sweep_runs(configs), RayLauncher(), poll_s=0.5))
-    assert [e.packed for e in events if isinstance(e, RunLaunched)] == [2, 2]
-    ended = [e for e in events if isinstance(e, RunEnded)]
-    assert len(ended) == 2 and all(e.ok for e in ended), [e.error for e in ended]
-    assert all(e.summary["packed_calls"] > 0 for e in ended)
-    inproc = [dataclasses.replace(c, output=str(tmp_path / "inproc")) for c in configs]
-    list(execute_pack(inproc, make_local_federation))
-    for cfg, here in zip(configs, inproc, strict=True):
-        pd.testing.assert_series_equal(values(tmp_path / "ray", cfg), values(tmp_path / "inproc", here))
-    assert ray_session.available_resources().get("CPU") == ray_session.cluster_resources().get("CPU")
-
-
 def test_a_packs_runs_share_out_the_workers_memory_for_client_state(tmp_path):
     from fedray.client_states import default_budget_mb
     from fedray.data import build_federated_data
@@ -237,22 +219,36 @@ def test_a_packs_runs_share_out_the_workers_memory_for_client_state(tmp_path):
 
 
 @pytest.mark.ray
-def test_a_pack_stopped_on_ray_records_its_runs_interrupted_and_they_resume(ray_session, tmp_path):
+def test_a_pack_on_ray_runs_in_one_worker_stops_resumes_and_gives_the_in_process_numbers(
+    ray_session, tmp_path
+):
     from actors.sweep import RayLauncher
 
-    configs = packed_configs(tmp_path, folder="ray", rounds=12)[:2]
+    configs = packed_configs(tmp_path, folder="ray", rounds=6)[:2]
     events = run_sweep(sweep_runs(configs), RayLauncher(), poll_s=0.5)
+    launched = []
     for ev in events:  # stopped as a sweep's Ctrl-C stops it, once both runs are under way
+        launched += [ev.packed] if isinstance(ev, RunLaunched) else []
         if isinstance(ev, RunProgress) and isinstance(ev.event, RoundDone) and ev.event.round >= 2:
             break
     events.close()
+    assert launched == [2, 2]  # one pack of the two
     assert [run_state(str(tmp_path / "ray"), c.run_id()) for c in configs] == ["interrupted"] * 2
 
     again = list(run_sweep(sweep_runs(configs), RayLauncher(), poll_s=0.5))
     started = [e.event for e in again if isinstance(e, RunProgress) and isinstance(e.event, Started)]
-    assert len(started) == 2 and all(s.resumed_from > 0 for s in started)
-    assert all(e.ok for e in again if isinstance(e, RunEnded))
-    assert [run_state(str(tmp_path / "ray"), c.run_id()) for c in configs] == ["finished"] * 2
+    assert len(started) == 2 and all(s.resumed_from > 0 for s in started)  # from their checkpoints
+    ended = [e for e in again if isinstance(e, RunEnded)]
+    assert len(ended) == 2 and all(e.ok for e in ended), [e.error for e in ended]
+    assert all(e.summary["packed_calls"] > 0 for e in ended)
+    # the same pack in-process, never stopped: the same numbers
+    inproc = [dataclasses.replace(c, output=str(tmp_path / "inproc")) for c in configs]
+    list(execute_pack(inproc, make_local_federation))
+    for cfg, here in zip(configs, inproc, strict=True):
+        a, b = values(tmp_path / "ray", cfg), values(tmp_path / "inproc", here)
+        assert list(a.index) == list(b.index)
+        np.testing.assert_allclose(a.to_numpy(), b.to_numpy(), rtol=1e-6, atol=1e-6)
+    assert ray_session.available_resources().get("CPU") == ray_session.cluster_resources().get("CPU")
 
 
 def test_the_sweeps_dry_run_and_header_say_which_runs_pack(tmp_path, capsys):
@@ -268,3 +264,20 @@ def test_the_sweeps_dry_run_and_header_say_which_runs_pack(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "running 4 runs in-process, one at a time; 3 of them in 1 pack (pack_runs)" in out
     assert out.count("packed: 3 runs in-process") == 3
+
+
+@pytest.mark.ray
+def test_a_pack_that_the_drivers_node_cannot_hold_fails_at_once_naming_pack_runs(ray_session, tmp_path):
+    from actors.sweep import RayLauncher
+
+    # the session's one node has 2 GPUs; a pack runs on the driver's node (it writes the results)
+    configs = [
+        dataclasses.replace(c, num_gpus_per_actor=3.0) for c in packed_configs(tmp_path, folder="big")[:2]
+    ]
+    events = list(run_sweep(sweep_runs(configs), RayLauncher(), poll_s=0.5))
+    ended = [e for e in events if isinstance(e, RunEnded)]
+    assert len(ended) == 2
+    for e in ended:
+        assert type(e.error).__name__ == "PlacementError" and "pack_runs" in str(e.error)
+    status = load_runs(str(tmp_path / "big")).set_index("run_id")["status"]
+    assert [status[c.run_id()] for c in configs] == ["failed", "failed"]
