@@ -21,6 +21,19 @@ from fedray.data import ArrayDataset, DataSpec
 from fedray.models import TASK, Arch, build_arch, build_model
 from fedray.params import Params, get_params, set_params
 
+# A host keeps its clients' splits on a CUDA device up to these fractions of the memory free when it
+# keeps the first (`Client._kept_on_device`): 1/4 for training splits, 1/8 for test splits.
+KEPT_SHARES = {"train_tensors": 4, "test_tensors": 8}
+
+
+def share_device_memory(cache: dict, device: torch.device, hosts: int) -> None:
+    """Hosts sharing one device in one process (the runs of a pack, fedray/pack.py) each keep
+    1/``hosts`` of what a host alone keeps, from the memory free now (``cache``: a host's model
+    cache, where `Client._kept_on_device` keeps its budgets)."""
+    free = torch.cuda.mem_get_info(device)[0]
+    for kind, share in KEPT_SHARES.items():
+        cache[(f"{kind}_budget",)] = [free // (share * hosts)]
+
 
 @dataclass(frozen=True)
 class Task:
@@ -233,7 +246,7 @@ class Client:
         key: tuple,
         idx: np.ndarray,
         make: Callable[[], tuple[torch.Tensor, torch.Tensor]],
-        share: int = 4,
+        share: int = KEPT_SHARES["train_tensors"],
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``make()``'s tensors (inputs and labels of the samples ``idx``) on the device, kept under
         ``key`` across calls while the host's kept copies of their kind (``key[0]``: training or
@@ -293,7 +306,9 @@ class Client:
         if kept is None and self.device.type == "cuda" and len(self.test_idx):
             # their own budget (an eighth of the free memory), so test splits never crowd out the
             # training splits batched training keeps; past it, batch by batch from the host as before
-            kept = self._kept_on_device(key, self.test_idx, self.test_tensors, share=8)
+            kept = self._kept_on_device(
+                key, self.test_idx, self.test_tensors, share=KEPT_SHARES["test_tensors"]
+            )
         if kept is None:
             yield from iterate(self._data, self.test_idx, self.task, self.device)
         else:

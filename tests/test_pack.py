@@ -281,3 +281,15 @@ def test_a_pack_that_the_drivers_node_cannot_hold_fails_at_once_naming_pack_runs
         assert type(e.error).__name__ == "PlacementError" and "pack_runs" in str(e.error)
     status = load_runs(str(tmp_path / "big")).set_index("run_id")["status"]
     assert [status[c.run_id()] for c in configs] == ["failed", "failed"]
+
+
+def test_a_packs_runs_share_out_the_gpu_memory_a_host_keeps_splits_in(monkeypatch):
+    import torch
+
+    from fedray.client import share_device_memory
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (64_000, 100_000))
+    cache: dict = {}
+    share_device_memory(cache, torch.device("cuda"), 4)
+    # alone a host keeps training splits in a quarter of the free memory and test splits in an eighth
+    assert cache == {("train_tensors_budget",): [4_000], ("test_tensors_budget",): [2_000]}
