@@ -70,7 +70,7 @@ class PackWorkerCode:
             os.chdir(cwd)
         from fedray.host import set_torch_threads
         from fedray.local import make_local_federation
-        from fedray.pack import execute_pack
+        from fedray.pack import Ended, execute_pack
         from fedray.plugins import activate
         from fedray.validation import from_dict
 
@@ -86,7 +86,26 @@ class PackWorkerCode:
         make = partial(
             make_local_federation, device=device, num_threads=threads, cpus=cfgs[0].num_cpus_per_actor
         )
-        yield from execute_pack(cfgs, make, restarts)
+        for k, ev in execute_pack(cfgs, make, restarts):
+            if isinstance(ev, Ended) and ev.error is not None:
+                ev = Ended(shippable(ev.error))
+            yield k, ev
+
+
+def shippable(error: BaseException) -> BaseException:
+    """``error`` as it can cross to the driver: itself where it pickles and comes back, else a
+    RuntimeError with its type, message and traceback (a run's error must not break the stream
+    that carries its pack's other runs)."""
+    import traceback
+
+    from ray import cloudpickle
+
+    try:
+        cloudpickle.loads(cloudpickle.dumps(error))
+        return error
+    except Exception:  # noqa: BLE001 - any failure to pickle or rebuild it
+        text = "".join(traceback.format_exception(error))
+        return RuntimeError(f"{type(error).__name__}: {error}\n{text}")
 
 
 PackWorker = ray.remote(max_restarts=0)(PackWorkerCode)

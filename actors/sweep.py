@@ -80,6 +80,15 @@ class RayLauncher:
             with self._lock:
                 self._handles.pop(run.index, None)
 
+    def _driver_node(self) -> dict[str, float]:
+        here = ray.get_runtime_context().get_node_id()
+        return next((n for n in ray.nodes() if n.get("NodeID") == here), {}).get("Resources", {})
+
+    def holds_pack(self, cfg: Config) -> bool:
+        """Whether this node (the driver's, where a pack runs) has the CPUs and GPUs of one pack."""
+        has = self._driver_node()
+        return cfg.num_gpus_per_actor <= has.get("GPU", 0.0) and cfg.num_cpus_per_actor <= has.get("CPU", 0.0)
+
     def launch_pack(self, runs: Sequence[SweepRun]) -> Iterator[tuple[int, Any]]:
         """A pack's runs in one worker (`actors.coordinator.PackWorker`) of one actor's CPUs and GPU
         share, on this node (it writes the results folder, a path here). Runs the worker leaves
@@ -87,9 +96,8 @@ class RayLauncher:
         from their checkpoints when the sweep is submitted again."""
         cfg = runs[0].config
         here = ray.get_runtime_context().get_node_id()
-        node = next((n for n in ray.nodes() if n.get("NodeID") == here), {})
-        has = node.get("Resources", {})
-        if cfg.num_gpus_per_actor > has.get("GPU", 0.0) or cfg.num_cpus_per_actor > has.get("CPU", 0.0):
+        has = self._driver_node()
+        if not self.holds_pack(cfg):
             raise PlacementError(
                 f"pack_runs: a pack runs on the node the sweep was started from (it writes the results "
                 f"folder there), which has {has.get('CPU', 0.0):g} CPUs and {has.get('GPU', 0.0):g} GPUs; "

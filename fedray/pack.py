@@ -24,11 +24,14 @@ batch, learning rate, momentum, weight decay and epochs, and where and how the w
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from fedray import drive
 from fedray.config import Config
@@ -64,13 +67,24 @@ PACK_KEYS = (
 
 
 def packs(cfg: Config) -> bool:
-    """Whether ``cfg`` (its GPU share resolved) trains in a pack: pack_runs on, or auto where its
-    runs share a GPU (a fractional ``num_gpus_per_actor``: the GPU's other runs could as well be
-    stacked with it)."""
+    """Whether ``cfg`` (its GPU share resolved) trains in a pack: pack_runs on (validated to train
+    batched), or auto where its runs share a GPU (a fractional ``num_gpus_per_actor``: the GPU's
+    other runs could as well be stacked with it) and train batched there (not batched_clients off,
+    nor a model the stacked engine refuses: such runs would only take turns in one worker)."""
     if cfg.pack_runs == "on":
         return True
     share = cfg.num_gpus_per_actor
-    return cfg.pack_runs == "auto" and isinstance(share, float) and 0 < share < 1
+    if cfg.pack_runs != "auto" or not (isinstance(share, float) and 0 < share < 1):
+        return False
+    if cfg.batched_clients == "off":
+        return False
+    from fedray.batched import refusal
+    from fedray.data import dataset_info
+    from fedray.models import build_model
+
+    info = dataset_info(cfg)
+    model = build_model(cfg.model, tuple(info.input_shape), info.num_classes, head_bias=cfg.head_bias)
+    return refusal(model) is None
 
 
 def pack_key(cfg: Config) -> tuple:
@@ -79,15 +93,17 @@ def pack_key(cfg: Config) -> tuple:
     return tuple((k, repr(d[k])) for k in PACK_KEYS)
 
 
-def pack_groups(configs: Sequence[Config]) -> list[list[int]]:
+def pack_groups(configs: Sequence[Config], holds: Callable[[Config], bool] | None = None) -> list[list[int]]:
     """The sweep's runs (by index into ``configs``) in launch units, in the order of their first
     run: a run that does not pack alone, the rest grouped by `pack_key` and algorithm (one
     algorithm's updates share a stack; two algorithms' mostly do not) in their order, at most
-    ``pack_size`` (the first run's) a pack."""
+    ``pack_size`` (the first run's) a pack. ``holds(cfg)``: whether the launcher can hold a pack of
+    such runs (on Ray: the driver's node); where it cannot, pack_runs auto runs them alone (on:
+    packs them, and the launch says why they cannot start)."""
     units: list[list[int]] = []
     open_packs: dict[tuple, list[int]] = {}
     for i, cfg in enumerate(configs):
-        if not packs(cfg):
+        if not packs(cfg) or (cfg.pack_runs == "auto" and holds is not None and not holds(cfg)):
             units.append([i])
             continue
         key = (pack_key(cfg), cfg.algorithm)
@@ -128,6 +144,7 @@ class Packer:
         self._live = size
         self._calls: list[_Call] = []
         self._stopped = False
+        self._said = False
         self._slot = threading.local()  # the run this thread runs (its index in the pack)
 
     def enter(self, slot: int) -> None:
@@ -152,15 +169,30 @@ class Packer:
         together with another run's."""
         call = _Call(fn, list(clients), list(cstates), list(msgs), mode, getattr(self._slot, "k", 0))
         with self._cv:
+            if self._stopped:
+                raise PackStopped("the pack was stopped")
             self._calls.append(call)
             self._run_if_all_waiting()
             while not call.done:
-                if self._stopped:
+                if self._stopped:  # its call is not run: the others' merged call would not be whole
+                    self._calls = [c for c in self._calls if c is not call]
                     raise PackStopped("the pack was stopped")
                 self._cv.wait()
         if call.error is not None:
             raise call.error
         return (*call.result, call.merged)
+
+    def _said_failure(self, what: str) -> None:
+        """Say (once a pack) that a merged call failed and its runs' calls run again alone."""
+        if not self._said:
+            self._said = True
+            print(
+                f"fedray: a call of several packed runs failed ({what}); each run's call runs again "
+                "alone (where every run's call succeeds alone, a merged stack was too much: "
+                "lower pack_size)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def leave(self) -> None:
         """A run has ended: the others no longer wait for its calls."""
@@ -175,7 +207,7 @@ class Packer:
             self._cv.notify_all()
 
     def _run_if_all_waiting(self) -> None:
-        if not self._calls or len(self._calls) < self._live:
+        if self._stopped or not self._calls or len(self._calls) < self._live:
             return
         calls, self._calls = sorted(self._calls, key=lambda c: c.slot), []
         try:
@@ -193,12 +225,20 @@ class Packer:
         clients = [x for c in calls for x in c.clients]
         cstates = [x for c in calls for x in c.cstates]
         msgs = [x for c in calls for x in c.msgs]
+        failed = None
         try:
             results, stacked = drive.run_stacked(fns, clients, cstates, msgs, calls[0].mode)
         except Exception as e:  # noqa: BLE001 - handed to the run it belongs to
             if len(calls) == 1:
                 calls[0].error = e
                 return
+            failed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        if failed is not None:
+            # out of the except block: the failed call's frames (every run's stacked data, a
+            # CUDA out-of-memory's tensors) are gone before the calls run again alone
+            self._said_failure(failed)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
             for c in calls:
                 try:
                     c.result = drive.run_stacked(c.fn, c.clients, c.cstates, c.msgs, c.mode)
@@ -228,7 +268,7 @@ def execute_pack(
     `fedray.experiment.execute` events, then `Ended`. ``make_federation(cfg, data, packer=)``
     builds each run's federation, its host handing calls to the packer. Leaving the generator
     early stops every run of the pack (recorded interrupted) and waits for their threads."""
-    from fedray.experiment import execute
+    from fedray.experiment import Finished, execute
 
     restarts = list(restarts) if restarts is not None else [False] * len(configs)
     packer = Packer(len(configs))
@@ -247,6 +287,9 @@ def execute_pack(
                             ev = next(events)
                         except StopIteration:
                             break
+                        if isinstance(ev, Finished):  # recorded finished: its generator ends now, in
+                            for _ in events:  # this turn, so no stop can land at that yield
+                                pass
                     out.put((k, ev))
             finally:
                 if events.gi_frame is not None and not events.gi_running:

@@ -341,15 +341,15 @@ def mark_ended(
     row = read_checked(path).to_pylist()[0]
     summary = json.loads(row["summary"] or "{}")
     ev = {
-        "event": "interrupted",
+        "event": status,
         "round": rounds_done,
         "time": _now().isoformat(timespec="seconds"),
         "detail": detail,
     }
     summary["events"] = [*summary.get("events", []), ev]
     row.update(
-        status="interrupted",
-        error=f"interrupted after {rounds_done} of {row['rounds']} rounds ({detail})",
+        status=status,
+        error=f"{status} after {rounds_done} of {row['rounds']} rounds ({detail})",
         summary=json.dumps(summary, sort_keys=True),
         finished=_now(),
     )

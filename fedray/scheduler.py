@@ -149,24 +149,32 @@ def _pack_events(launcher: Launcher, runs: Sequence[SweepRun]) -> Iterator[Sweep
         for k, ev in launcher.launch_pack(runs):
             if isinstance(ev, Ended):
                 ended.add(k)
-                error = ev.error
-                if isinstance(error, BaseException) and not isinstance(error, Exception):
-                    raise error  # an interrupt of the pack: propagates, as a run's does
-                yield RunEnded(runs[k], time.perf_counter() - t0, summaries.get(k, {}), error)
+                if isinstance(
+                    ev.error, KeyboardInterrupt
+                ):  # the pack was stopped: propagates, as a run's does
+                    raise ev.error
+                yield RunEnded(runs[k], time.perf_counter() - t0, summaries.get(k, {}), ev.error)
                 continue
             if isinstance(ev, Finished):
                 summaries[k] = ev.summary
             yield RunProgress(runs[k], ev)
-    except Exception as e:  # noqa: BLE001 - reported by the scheduler; the other runs go on
+    except BaseException as e:  # noqa: BLE001 - reported by the scheduler; the other runs go on
+        if isinstance(e, (KeyboardInterrupt, GeneratorExit)):  # stopped: propagates, as a run's does
+            raise
         for k, run in enumerate(runs):
             if k not in ended:
                 yield RunEnded(run, time.perf_counter() - t0, summaries.get(k, {}), e)
     yield _UnitDone(runs[0].index)
 
 
-def _forward(events: Iterator[SweepEvent], out: queue.Queue) -> None:
-    for ev in events:  # a worker thread's loop; it ends with the run's RunEnded
-        out.put(ev)
+def _forward(events: Iterator[SweepEvent | _UnitDone], out: queue.Queue, key: int) -> None:
+    """A worker thread's loop: a unit's events, which end with its `_UnitDone`; posted here too
+    however the thread ends (a unit whose end never came would hold its resources for good)."""
+    try:
+        for ev in events:
+            out.put(ev)
+    finally:
+        out.put(_UnitDone(key))
 
 
 def run_sweep(
@@ -244,7 +252,9 @@ def run_sweep(
                                 yield settle(ev)
                     else:
                         t = threading.Thread(
-                            target=_forward, args=(unit_events(unit, actors), events), daemon=True
+                            target=_forward,
+                            args=(unit_events(unit, actors), events, unit[0].index),
+                            daemon=True,
                         )
                         t.start()
                         threads.append(t)
@@ -275,7 +285,7 @@ def _units(runs: Sequence[SweepRun], launcher: Launcher) -> list[list[int]]:
 
     if getattr(launcher, "launch_pack", None) is None:
         return [[i] for i in range(len(runs))]
-    return pack_groups([r.config for r in runs])
+    return pack_groups([r.config for r in runs], getattr(launcher, "holds_pack", None))
 
 
 def _error_text(error: BaseException | None) -> str:

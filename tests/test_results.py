@@ -341,3 +341,20 @@ def test_every_bit_flipped_in_a_metrics_files_values_is_caught_naming_the_file(t
     assert main(["report", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
     assert err.startswith("fedray: error: results file") and part.name in err and "damaged" in err
+
+
+def test_a_run_whose_writer_died_is_recorded_with_the_status_it_is_given(tmp_path):
+    from analysis import load_events
+    from fedray.results import mark_ended
+
+    out = str(tmp_path)
+    for run_id, status in (("a-run", "failed"), ("b-run", "interrupted")):
+        ResultsWriter(out, run_id, small_config(tmp_path, rounds=5).to_dict())._write_run(
+            "running"
+        )  # writer gone
+        assert mark_ended(out, run_id, status, 3, "WorkerLost: the node went away", wait_s=1)
+        assert run_status(out, run_id) == status
+    runs = load_runs(out).set_index("run_id")
+    assert runs.loc["a-run", "error"] == "failed after 3 of 5 rounds (WorkerLost: the node went away)"
+    events = load_events(out).set_index("run_id")
+    assert (events.loc["a-run", "event"], events.loc["b-run", "event"]) == ("failed", "interrupted")
