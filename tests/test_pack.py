@@ -352,3 +352,22 @@ def test_a_stopped_pack_runs_no_call_left_waiting(monkeypatch):
     assert isinstance(got["error"], pack.PackStopped) and ran == []
     with pytest.raises(pack.PackStopped):  # and no new call is taken
         packer.run_stacked(lambda *a: None, ["y"], [None], ["m"], "on")
+
+
+@pytest.mark.parametrize("name", ["fedcat", "fedem"])
+def test_relayed_and_folded_rounds_pack_to_their_own_numbers(tmp_path, name):
+    """FedCat's hops (relay calls) and FedEM's folded rounds (a call a chunk of clients) go through
+    the pack as FedAvg's map does: two seeds packed, against each alone (the digits CNN of
+    tests/test_batched.py, whose batched numbers are checked against the per-client engine there)."""
+    from tests.test_batched import ALL, BASE
+
+    over = {**BASE, **ALL[name], "batched_clients": "on", "pack_runs": "on"}
+    configs = [small_config(tmp_path, **{**over, "seed": s}, output=str(tmp_path / "packed")) for s in (3, 4)]
+    ends = [ev for _, ev in execute_pack(configs, make_local_federation) if isinstance(ev, Finished)]
+    assert len(ends) == 2 and all(e.summary["packed_calls"] == e.summary["batched_calls"] > 0 for e in ends)
+    for cfg in configs:
+        alone = dataclasses.replace(cfg, pack_runs="off", output=str(tmp_path / "alone"))
+        list(run_sweep(sweep_runs([alone]), LocalLauncher()))
+        a, b = values(tmp_path / "packed", cfg), values(tmp_path / "alone", alone)
+        assert list(a.index) == list(b.index)
+        np.testing.assert_allclose(a.to_numpy(), b.to_numpy(), rtol=1e-4, atol=1e-4)
