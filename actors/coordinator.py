@@ -61,9 +61,10 @@ class PackWorkerCode:
     pack's `Packer`. Like the coordinator it writes the results, so it runs on the driver's node."""
 
     def run(
-        self, configs: list[dict[str, Any]], restarts: list[bool], cwd: str | None = None
+        self, configs: list[dict[str, Any]], restarts: list[bool], cwd: str | None = None, reason: str = ""
     ) -> Iterator[tuple[int, Any]]:
-        """Yields ``(k, event)`` for run ``k`` of ``configs``: its events, then `fedray.pack.Ended`."""
+        """Yields ``(k, event)`` for run ``k`` of ``configs``: its events, then `fedray.pack.Ended`.
+        ``reason``: noted with each run's resume (a pack started again after its worker was lost)."""
         import os
 
         if cwd:
@@ -86,7 +87,7 @@ class PackWorkerCode:
         make = partial(
             make_local_federation, device=device, num_threads=threads, cpus=cfgs[0].num_cpus_per_actor
         )
-        for k, ev in execute_pack(cfgs, make, restarts):
+        for k, ev in execute_pack(cfgs, make, restarts, reason):
             if isinstance(ev, Ended) and ev.error is not None:
                 ev = Ended(shippable(ev.error))
             yield k, ev

@@ -17,7 +17,7 @@ from actors.driver import STOPPED, RunHandle, connect, stream_run
 from actors.federation import unwrap
 from actors.launch import ActorGroup, ActorPool, actor_shape
 from fedray.config import Config
-from fedray.experiment import Event, RoundDone, Started
+from fedray.experiment import Event, Recovered, RoundDone, Started
 from fedray.federation import WorkerLost
 from fedray.pack import Ended
 from fedray.placement import Need, PlacementError
@@ -91,9 +91,11 @@ class RayLauncher:
 
     def launch_pack(self, runs: Sequence[SweepRun]) -> Iterator[tuple[int, Any]]:
         """A pack's runs in one worker (`actors.coordinator.PackWorker`) of one actor's CPUs and GPU
-        share, on this node (it writes the results folder, a path here). Runs the worker leaves
-        unended (killed: Ctrl-C, a node lost) are recorded interrupted or failed here; they go on
-        from their checkpoints when the sweep is submitted again."""
+        share, on this node (it writes the results folder, a path here). A worker lost (its process
+        killed, out of memory) is started again, its unended runs going on from their checkpoints,
+        up to ``max_failures`` times (each announced by a `Recovered` event a run); past that they
+        are recorded failed. Stopped from outside (Ctrl-C), they are recorded interrupted. Either
+        way they go on from their checkpoints when the sweep is submitted again."""
         cfg = runs[0].config
         here = ray.get_runtime_context().get_node_id()
         has = self._driver_node()
@@ -110,33 +112,54 @@ class RayLauncher:
         pin = NodeAffinitySchedulingStrategy(node_id=here, soft=False)
         ended: set[int] = set()
         rounds = dict.fromkeys(range(len(runs)), 0)
+        restarts, reason, failures = [r.restart for r in runs], "", 0
         try:
-            handle.coordinator = PackWorker.options(
-                num_cpus=cfg.num_cpus_per_actor, num_gpus=cfg.num_gpus_per_actor, scheduling_strategy=pin
-            ).remote()
-            refs = handle.coordinator.run.remote(
-                [r.config.to_dict() for r in runs], [r.restart for r in runs], os.getcwd()
-            )
-            for ref in refs:
-                k, ev = ray.get(ref)
-                with self._lock:  # the worker runs: Ray's available resources count it now (`free`)
-                    self._placed.add(runs[0].index)
-                if isinstance(ev, Ended):
-                    ended.add(k)
-                elif isinstance(ev, RoundDone):
-                    rounds[k] = ev.round
-                elif isinstance(ev, Started):
-                    rounds[k] = ev.resumed_from
-                yield k, ev
-        except ray.exceptions.RayTaskError as e:
-            raise unwrap(e) from None
-        except ray.exceptions.RayActorError as e:  # the worker died with its runs
-            if handle.cancelled:
-                raise
-            for k, run in enumerate(runs):
-                if k not in ended:
-                    mark_ended(run.config.output, run.run_id, "failed", rounds[k], f"WorkerLost: {e}")
-            raise WorkerLost(f"the pack's worker died: {e}") from None
+            while True:
+                going = [k for k in range(len(runs)) if k not in ended]
+                try:
+                    handle.coordinator = PackWorker.options(
+                        num_cpus=cfg.num_cpus_per_actor,
+                        num_gpus=cfg.num_gpus_per_actor,
+                        scheduling_strategy=pin,
+                    ).remote()
+                    refs = handle.coordinator.run.remote(
+                        [runs[k].config.to_dict() for k in going],
+                        [restarts[k] for k in going],
+                        os.getcwd(),
+                        reason,
+                    )
+                    for ref in refs:
+                        j, ev = ray.get(ref)
+                        k = going[j]
+                        with self._lock:  # the worker runs: Ray's available resources count it now (`free`)
+                            self._placed.add(runs[0].index)
+                        if isinstance(ev, Ended):
+                            ended.add(k)
+                        elif isinstance(ev, RoundDone):
+                            rounds[k] = ev.round
+                        elif isinstance(ev, Started):
+                            rounds[k] = ev.resumed_from
+                        yield k, ev
+                    return
+                except ray.exceptions.RayTaskError as e:
+                    raise unwrap(e) from None
+                except ray.exceptions.RayActorError as e:  # the worker died with its runs
+                    if handle.cancelled:
+                        raise
+                    if failures >= cfg.max_failures:
+                        for k in going:
+                            if k not in ended:
+                                detail = f"WorkerLost: the pack's worker died: {e}"
+                                mark_ended(runs[k].config.output, runs[k].run_id, "failed", rounds[k], detail)
+                                ended.add(k)
+                        raise WorkerLost(f"the pack's worker died: {e}") from None
+                    failures += 1
+                    handle.free()
+                    restarts = [False] * len(runs)  # from their checkpoints now
+                    reason = f"recovery {failures} of {cfg.max_failures} after: the pack's worker died: {e}"
+                    for k in going:
+                        if k not in ended:
+                            yield k, Recovered(runs[k].run_id, failures, cfg.max_failures, str(e), 1)
         finally:
             handle.free()
             with self._lock:

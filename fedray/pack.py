@@ -263,11 +263,13 @@ def execute_pack(
     configs: Sequence[Config],
     make_federation: Callable[..., Any],
     restarts: Sequence[bool] | None = None,
+    reason: str = "",
 ) -> Iterator[tuple[int, Any]]:
     """Run ``configs`` as one pack in this process; yields ``(k, event)`` for run ``k``: its
     `fedray.experiment.execute` events, then `Ended`. ``make_federation(cfg, data, packer=)``
     builds each run's federation, its host handing calls to the packer. Leaving the generator
-    early stops every run of the pack (recorded interrupted) and waits for their threads."""
+    early stops every run of the pack (recorded interrupted) and waits for their threads. ``reason``
+    is noted with each run's resume (`fedray.experiment.execute`)."""
     from fedray.experiment import Finished, execute
 
     restarts = list(restarts) if restarts is not None else [False] * len(configs)
@@ -279,7 +281,7 @@ def execute_pack(
         packer.enter(k)
         try:
             make = lambda cfg, data: make_federation(cfg, data, packer=packer)  # noqa: E731
-            events = execute(configs[k], make, restarts[k])
+            events = execute(configs[k], make, restarts[k], reason)
             try:
                 while True:
                     with packer.turn():

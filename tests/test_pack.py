@@ -219,21 +219,35 @@ def test_a_packs_runs_share_out_the_workers_memory_for_client_state(tmp_path):
 
 
 @pytest.mark.ray
-def test_a_pack_on_ray_runs_in_one_worker_stops_resumes_and_gives_the_in_process_numbers(
+def test_a_pack_on_ray_survives_its_worker_lost_stops_resumes_and_gives_the_in_process_numbers(
     ray_session, tmp_path
 ):
-    from actors.sweep import RayLauncher
+    import ray
 
-    configs = packed_configs(tmp_path, folder="ray", rounds=6)[:2]
-    events = run_sweep(sweep_runs(configs), RayLauncher(), poll_s=0.5)
-    launched = []
-    for ev in events:  # stopped as a sweep's Ctrl-C stops it, once both runs are under way
-        launched += [ev.packed] if isinstance(ev, RunLaunched) else []
-        if isinstance(ev, RunProgress) and isinstance(ev.event, RoundDone) and ev.event.round >= 2:
+    from actors.sweep import RayLauncher
+    from analysis import load_events
+    from fedray.experiment import Recovered
+
+    configs = packed_configs(tmp_path, folder="ray", rounds=8)[:2]
+    launcher = RayLauncher()
+    events = run_sweep(sweep_runs(configs), launcher, poll_s=0.5)
+    seen, killed = [], False
+    for ev in events:
+        seen.append(ev)
+        done = ev.event.round if isinstance(ev, RunProgress) and isinstance(ev.event, RoundDone) else 0
+        if done >= 2 and not killed:  # the worker lost (as to a node's loss): started again
+            ray.kill(launcher._handles[1].coordinator)
+            killed = True
+        if done >= 5:  # then stopped as a sweep's Ctrl-C stops it
             break
     events.close()
-    assert launched == [2, 2]  # one pack of the two
-    assert [run_state(str(tmp_path / "ray"), c.run_id()) for c in configs] == ["interrupted"] * 2
+    assert [e.packed for e in seen if isinstance(e, RunLaunched)] == [2, 2]  # one pack of the two
+    recovered = [e for e in seen if isinstance(e, RunProgress) and isinstance(e.event, Recovered)]
+    assert sorted(e.run.index for e in recovered) == [1, 2]
+    out = str(tmp_path / "ray")
+    assert [run_state(out, c.run_id()) for c in configs] == ["interrupted"] * 2
+    resumed = load_events(out)
+    assert (resumed["detail"].str.startswith("recovery 1 of 3 after: the pack's worker died")).sum() == 2
 
     again = list(run_sweep(sweep_runs(configs), RayLauncher(), poll_s=0.5))
     started = [e.event for e in again if isinstance(e, RunProgress) and isinstance(e.event, Started)]
@@ -241,7 +255,7 @@ def test_a_pack_on_ray_runs_in_one_worker_stops_resumes_and_gives_the_in_process
     ended = [e for e in again if isinstance(e, RunEnded)]
     assert len(ended) == 2 and all(e.ok for e in ended), [e.error for e in ended]
     assert all(e.summary["packed_calls"] > 0 for e in ended)
-    # the same pack in-process, never stopped: the same numbers
+    # the same pack in-process, never lost or stopped: the same numbers
     inproc = [dataclasses.replace(c, output=str(tmp_path / "inproc")) for c in configs]
     list(execute_pack(inproc, make_local_federation))
     for cfg, here in zip(configs, inproc, strict=True):
