@@ -52,6 +52,17 @@ def values(out, cfg):
     return df.set_index(["round", "metric", "scope", "entity"])["value"].sort_index()
 
 
+def assert_alone_gives_the_packed_numbers(tmp_path, configs, atol):
+    """Each of ``configs`` (run packed into tmp_path/packed) run alone, batched: every metric as
+    packed, up to float round-off."""
+    for cfg in configs:
+        alone = dataclasses.replace(cfg, pack_runs="off", output=str(tmp_path / "alone"))
+        list(run_sweep(sweep_runs([alone]), LocalLauncher()))
+        a, b = values(tmp_path / "packed", cfg), values(tmp_path / "alone", alone)
+        assert list(a.index) == list(b.index)
+        np.testing.assert_allclose(a.to_numpy(), b.to_numpy(), rtol=1e-4, atol=atol)
+
+
 def test_a_packed_sweep_gives_each_run_its_own_numbers_and_records(tmp_path):
     configs = packed_configs(tmp_path)
     events = list(run_sweep(sweep_runs(configs), LocalLauncher()))
@@ -70,12 +81,7 @@ def test_a_packed_sweep_gives_each_run_its_own_numbers_and_records(tmp_path):
         assert (tmp_path / "packed" / "checkpoints" / cfg.run_id()).is_dir()
 
     # the same runs, each alone (batched): the same numbers up to float round-off
-    for cfg in configs:
-        alone = dataclasses.replace(cfg, pack_runs="off", output=str(tmp_path / "alone"))
-        list(run_sweep(sweep_runs([alone]), LocalLauncher()))
-        a, b = values(tmp_path / "packed", cfg), values(tmp_path / "alone", alone)
-        assert list(a.index) == list(b.index)
-        np.testing.assert_allclose(a.to_numpy(), b.to_numpy(), rtol=1e-4, atol=1e-3)
+    assert_alone_gives_the_packed_numbers(tmp_path, configs, atol=1e-3)
 
 
 def test_runs_pack_by_their_key_at_most_pack_size_a_pack(tmp_path):
@@ -379,9 +385,4 @@ def test_relayed_and_folded_rounds_pack_to_their_own_numbers(tmp_path, name):
     configs = [small_config(tmp_path, **{**over, "seed": s}, output=str(tmp_path / "packed")) for s in (3, 4)]
     ends = [ev for _, ev in execute_pack(configs, make_local_federation) if isinstance(ev, Finished)]
     assert len(ends) == 2 and all(e.summary["packed_calls"] == e.summary["batched_calls"] > 0 for e in ends)
-    for cfg in configs:
-        alone = dataclasses.replace(cfg, pack_runs="off", output=str(tmp_path / "alone"))
-        list(run_sweep(sweep_runs([alone]), LocalLauncher()))
-        a, b = values(tmp_path / "packed", cfg), values(tmp_path / "alone", alone)
-        assert list(a.index) == list(b.index)
-        np.testing.assert_allclose(a.to_numpy(), b.to_numpy(), rtol=1e-4, atol=1e-4)
+    assert_alone_gives_the_packed_numbers(tmp_path, configs, atol=1e-4)
