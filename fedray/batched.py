@@ -223,11 +223,11 @@ def signature(update: LocalUpdate) -> Any:
 
 
 def stack_key(task: Any) -> Any:
-    """What `train_stacked` reads from its clients' task: updates whose clients' tasks differ here
-    (the runs of a pack with different learning rates, `fedray.pack`) train in different stacks."""
+    """What `train_stacked` reads from its clients' task, but the learning rate (a stack's rows may
+    each have their own): updates whose clients' tasks differ here (the runs of a pack with
+    different momenta, `fedray.pack`) train in different stacks."""
     return (
         task.batch_size,
-        task.lr,
         task.momentum,
         task.weight_decay,
         task.local_epochs,
@@ -253,6 +253,11 @@ def _stacked(
     rows: Sequence[Mapping[str, Any]], keys: Sequence[str], device: torch.device
 ) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(np.stack([np.asarray(r[k]) for r in rows])).to(device) for k in keys}
+
+
+def _per_row(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A value a stack row, shaped to scale ``like`` (a stacked tensor, rows first) row by row."""
+    return values.view(-1, *([1] * (like.dim() - 1)))
 
 
 def lanes_of(steps: Sequence[int]) -> list[list[int]]:
@@ -302,13 +307,22 @@ def train_stacked(
     module_buffers = {n: b.detach() for n, b in template.named_buffers()}
     n_all, bs = len(clients), task.batch_size
     lr, mom, wd = task.lr, task.momentum, task.weight_decay
+    # each update's learning rate: its client's task's (the runs of a pack may differ, `fedray.pack`);
+    # a row of the stack each where they differ, else the one number (as SGD takes it)
+    lrs = [c.task.lr for c in clients]
+    lr_rows = (
+        None if all(v == lr for v in lrs) else {"lr": torch.tensor(lrs, dtype=torch.float32, device=device)}
+    )
 
     p = _stacked([u.params for u in updates], names, device)
     held = _stacked([u.params for u in updates], fixed_names, device)  # parameters that do not train
     corr = None
     if first.correction is not None:
         keys = [k for k in first.correction if k in set(names)]
-        corr = {n: t * lr for n, t in _stacked([u.correction for u in updates], keys, device).items()}
+        corr = {
+            n: t * (lr if lr_rows is None else _per_row(lr_rows["lr"], t))
+            for n, t in _stacked([u.correction for u in updates], keys, device).items()
+        }
     buf = None
     if mom:  # SGD's momentum buffers: the given ones (`optimizer_state`'s form), else zeros
         buf = _stacked(
@@ -436,7 +450,10 @@ def train_stacked(
                 torch._foreach_mul_(bufs, mom)
                 torch._foreach_add_(bufs, gs)
                 gs = bufs
-            torch._foreach_add_(ps, gs, alpha=-lr)
+            if lr_rows is None:
+                torch._foreach_add_(ps, gs, alpha=-lr)
+            else:
+                torch._foreach_sub_(ps, [g * _per_row(lr_rows["lr"], g) for g in gs])
             if corr is not None:
                 torch._foreach_sub_([p[n] for n in corr], list(corr.values()))
             acc["loss"].add_(ce.double() * count.double())
@@ -450,11 +467,11 @@ def train_stacked(
         # one row a lane, holding its current update; the next is copied in, in place (the CUDA
         # graph's tensors stay the same), when one has taken its steps
         firsts = torch.tensor([lane[0] for lane in lanes], device=device)
-        sources = (p, held, rows_ctx, corr, buf)  # every update's start
+        sources = (p, held, rows_ctx, corr, buf, lr_rows)  # every update's start
         take = functools.partial(torch.index_select, dim=0, index=firsts)
-        p, held, rows_ctx, corr, buf = (None if d is None else tree_map(take, d) for d in sources)
+        p, held, rows_ctx, corr, buf, lr_rows = (None if d is None else tree_map(take, d) for d in sources)
         acc = {k: v.index_select(0, firsts) for k, v in acc.items()}
-        lanes_now = (p, held, rows_ctx, corr, buf)
+        lanes_now = (p, held, rows_ctx, corr, buf, lr_rows)
         pairs = [
             pair
             for d, source in zip(lanes_now, sources, strict=True)
@@ -491,7 +508,7 @@ def train_stacked(
             idx = torch.tensor(stay, device=device)
             keep_rows = functools.partial(torch.index_select, dim=0, index=idx)
             p, held, rows_ctx = (tree_map(keep_rows, d) for d in (p, held, rows_ctx))
-            for d in (corr, buf, acc):
+            for d in (corr, buf, acc, lr_rows):
                 if d is not None:
                     for n in d:
                         d[n] = d[n].index_select(0, idx)

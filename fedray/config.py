@@ -196,7 +196,7 @@ class Config:
     # client functions it covers (others run per client).
     batched_clients: str = "auto"  # off | on | auto
     # Packed runs (fedray/pack.py): a sweep's runs that share the data set, the model and the local
-    # training's batch, learning rate, momentum, weight decay and epochs train in one worker, each
+    # training's batch, momentum, weight decay and epochs (each may have its own lr) train in one worker, each
     # round's client updates of all of them in one stack (each run keeps its own run id, results,
     # checkpoints and resume; its numbers are its own up to float round-off). on: pack them (needs
     # batched training: batched_clients on, or auto on a GPU); auto: where the runs share a GPU

@@ -8,7 +8,8 @@ the global test set, writing its rows) while the others wait. When a run calls i
 host hands the call to the `Packer` and waits; once every run still going has a call waiting, the
 last to arrive runs them all as one `fedray.drive.run_stacked`: every client of every run advanced
 to its next yield, their updates trained in stacks by shape (`fedray.batched.signature` and
-`fedray.batched.stack_key`), their evaluations in one call. A FedAvg sweep over seeds or a tuned
+`fedray.batched.stack_key`; each update at its own run's learning rate), their evaluations in one
+call. A FedAvg sweep over seeds or a tuned
 FedProx grid thus trains each round's updates of all its runs in one stack: on a GPU one step for
 several runs' models where each run alone would take one step for its own.
 
@@ -16,9 +17,9 @@ The numbers are each run's own up to float round-off (the stacks' sums run in an
 tests/test_pack.py checks a packed sweep against the same runs trained alone.
 
 Which runs pack together (`pack_groups`): those of one algorithm with pack_runs on (or auto, where
-the runs share a GPU) and an equal `pack_key`: the data set and its options, the model, the local training's
-batch, learning rate, momentum, weight decay and epochs, and where and how the worker runs. At most
-``pack_size`` runs a pack.
+the runs share a GPU) and an equal `pack_key`: the data set and its options, the model, the local
+training's batch, momentum, weight decay and epochs (not its learning rate: a tuned-lr grid packs),
+and where and how the worker runs. At most ``pack_size`` runs a pack.
 """
 
 from __future__ import annotations
@@ -51,7 +52,6 @@ PACK_KEYS = (
     "head_bias",
     "local_epochs",
     "batch_size",
-    "lr",
     "momentum",
     "weight_decay",
     "drop_last",

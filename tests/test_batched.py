@@ -28,7 +28,7 @@ from tests.conftest import small_config
 from tests.helpers import ALGORITHM_HP, CONFIG_OVER, round_metrics
 
 
-def _host(augment: str = "none", sizes=(37, 64, 5, 0, 90), momentum=0.9, wd=1e-3) -> ClientHost:
+def _host(augment: str = "none", sizes=(37, 64, 5, 0, 90), momentum=0.9, wd=1e-3, lr=0.05) -> ClientHost:
     """Clients of unequal sizes (one with no data, one a single partial batch) on 3x6x6 images."""
     g = np.random.default_rng(0)
     n = sum(sizes)
@@ -39,7 +39,7 @@ def _host(augment: str = "none", sizes=(37, 64, 5, 0, 90), momentum=0.9, wd=1e-3
         model="mlp",
         batch_size=16,
         local_epochs=2,
-        lr=0.05,
+        lr=lr,
         momentum=momentum,
         weight_decay=wd,
         channels_last=False,
@@ -158,6 +158,34 @@ def test_each_update_trains_in_the_stack_as_the_per_client_engine_trains_it(augm
         assert stepped == 16 * len(lanes) * max(steps)
     else:  # a shrinking stack steps each update's own batches
         assert stepped == 16 * sum(steps)
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+@pytest.mark.parametrize("case", ["plain", "correction", "buffers"])
+def test_updates_of_clients_with_their_own_learning_rates_train_in_one_stack(fixed, case):
+    """Two runs' clients with different learning rates (packed runs, fedray/pack.py) in one stack:
+    each update as the per-client engine trains it at its client's rate (SCAFFOLD's correction
+    scaled by it too, momentum buffers kept); in a fixed stack the rate follows an update into its
+    lane."""
+    hosts = [_host(lr=0.05), _host(lr=0.2, sizes=(20, 70, 33))]
+    clients, updates = [], []
+    for h in hosts:
+        starts = _starts(h, len(h.client_ids))
+        clients += [h.client(c) for c in h.client_ids]
+        updates += _updates(h, case, starts, 3)
+    assert batched.stack_key(hosts[0].task) == batched.stack_key(hosts[1].task)
+    got = batched.train_stacked(clients, updates, fixed=fixed)
+    for client, update, trained in zip(clients, updates, got, strict=True):
+        alone = train_update(client, update)
+        _close(alone.params, trained.params)
+        if case == "buffers":
+            _close(alone.buffers, trained.buffers)
+    # not the same rate for all: the second run's clients moved further
+    moved = [
+        max(float(np.abs(t.params[k] - u.params[k]).max()) for k in u.params)
+        for t, u in zip(got, updates, strict=True)
+    ]
+    assert max(moved[5:]) > max(moved[:5])
 
 
 @pytest.mark.parametrize("case", ["buffers", "frozen"])

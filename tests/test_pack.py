@@ -24,7 +24,7 @@ from tests.conftest import ROOT, small_config
 
 def packed_configs(tmp_path, folder="packed", **over):
     """Three runs of one pack: FedProx at two seeds (two partitions of the data) and at another mu
-    (each update's own mu, a row of the stack's context)."""
+    and learning rate (each update's own mu and lr, rows of the stack)."""
     base = dict(
         batched_clients="on",
         pack_runs="on",
@@ -37,7 +37,7 @@ def packed_configs(tmp_path, folder="packed", **over):
     return [
         small_config(tmp_path, seed=0, algorithm="fedprox", hp={"mu": 0.01}, **base),
         small_config(tmp_path, seed=1, algorithm="fedprox", hp={"mu": 0.01}, **base),
-        small_config(tmp_path, seed=0, algorithm="fedprox", hp={"mu": 0.1}, **base),
+        small_config(tmp_path, seed=0, algorithm="fedprox", hp={"mu": 0.1}, **{"lr": 0.1, **base}),
     ]
 
 
@@ -88,7 +88,7 @@ def test_runs_pack_by_their_key_at_most_pack_size_a_pack(tmp_path):
     on = dict(batched_clients="on", pack_runs="on")
     configs = [
         small_config(tmp_path, seed=0, **on),
-        small_config(tmp_path, seed=1, lr=0.1, **on),  # another lr: another pack
+        small_config(tmp_path, seed=1, momentum=0.5, **on),  # another momentum: another pack
         small_config(tmp_path, seed=1, **on),
         small_config(tmp_path, seed=2, **on),
         small_config(tmp_path, seed=3, batched_clients="on"),  # pack_runs off: alone
