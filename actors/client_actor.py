@@ -19,6 +19,14 @@ if TYPE_CHECKING:
     from fedray.host import CallMeta
 
 
+def assigned_device() -> str:
+    """This actor's device: the GPU Ray assigned it is cuda:0 once Ray has set
+    CUDA_VISIBLE_DEVICES; else the CPU."""
+    import torch
+
+    return "cuda:0" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu"
+
+
 @ray.remote(max_restarts=0)
 class ClientActor:
     """Serves its clients one call at a time (Ray runs an actor's calls in order)."""
@@ -46,8 +54,7 @@ class ClientActor:
 
         self.num_cpus = num_cpus
         self.threads = set_torch_threads(num_cpus)
-        # The GPU Ray assigned us is cuda:0 after Ray sets CUDA_VISIBLE_DEVICES; else the CPU.
-        self.device = torch.device("cuda:0" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu")
+        self.device = torch.device(assigned_device())
         self.host = None
 
     def setup(

@@ -69,6 +69,7 @@ class PackWorkerCode:
 
         if cwd:
             os.chdir(cwd)
+        from actors.client_actor import assigned_device
         from fedray.host import set_torch_threads
         from fedray.local import make_local_federation
         from fedray.pack import Ended, execute_pack
@@ -80,12 +81,11 @@ class PackWorkerCode:
         )
         cfgs = [from_dict(c) for c in configs]
         threads = set_torch_threads(cfgs[0].num_cpus_per_actor)
-        import torch
-
-        # the GPU Ray assigned is cuda:0 once Ray has set CUDA_VISIBLE_DEVICES (as a client actor's)
-        device = "cuda:0" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu"
         make = partial(
-            make_local_federation, device=device, num_threads=threads, cpus=cfgs[0].num_cpus_per_actor
+            make_local_federation,
+            device=assigned_device(),
+            num_threads=threads,
+            cpus=cfgs[0].num_cpus_per_actor,
         )
         for k, ev in execute_pack(cfgs, make, restarts, reason):
             if isinstance(ev, Ended) and ev.error is not None:

@@ -84,9 +84,10 @@ class RayLauncher:
         here = ray.get_runtime_context().get_node_id()
         return next((n for n in ray.nodes() if n.get("NodeID") == here), {}).get("Resources", {})
 
-    def holds_pack(self, cfg: Config) -> bool:
-        """Whether this node (the driver's, where a pack runs) has the CPUs and GPUs of one pack."""
-        has = self._driver_node()
+    def holds_pack(self, cfg: Config, has: Mapping[str, float] | None = None) -> bool:
+        """Whether this node (the driver's, where a pack runs; ``has``: its resources, read if not
+        given) has the CPUs and GPUs of one pack."""
+        has = self._driver_node() if has is None else has
         return cfg.num_gpus_per_actor <= has.get("GPU", 0.0) and cfg.num_cpus_per_actor <= has.get("CPU", 0.0)
 
     def launch_pack(self, runs: Sequence[SweepRun]) -> Iterator[tuple[int, Any]]:
@@ -99,7 +100,7 @@ class RayLauncher:
         cfg = runs[0].config
         here = ray.get_runtime_context().get_node_id()
         has = self._driver_node()
-        if not self.holds_pack(cfg):
+        if not self.holds_pack(cfg, has):
             raise PlacementError(
                 f"pack_runs: a pack runs on the node the sweep was started from (it writes the results "
                 f"folder there), which has {has.get('CPU', 0.0):g} CPUs and {has.get('GPU', 0.0):g} GPUs; "

@@ -20,7 +20,7 @@ import torch
 
 from fedray import batched, drive
 from fedray.checkpoint import StateFile
-from fedray.client import Client, Task
+from fedray.client import Client, Task, share_device_memory
 from fedray.client_states import ClientStates
 from fedray.data import ArrayDataset, ClientIndices, SourcedClients
 from fedray.federation import TEST_SHARD, ClientError, ClientFn
@@ -179,7 +179,6 @@ class ClientHost:
         prepared = [self._prepared(cid) for cid, _ in pairs]
         t0 = time.perf_counter()
         args = (fn, [c for c, _ in prepared], [s for _, s in prepared], [m for _, m in pairs])
-        packed = False
         if self.packer is None:
             results, stacked = drive.run_stacked(*args, self.task.batched_clients)
         else:
@@ -208,6 +207,13 @@ class ClientHost:
             raise ClientError(
                 cid, f"making its data or reading its state: {type(e).__name__}: {e}", traceback.format_exc()
             ) from e
+
+    def join_pack(self, packer: Any) -> None:
+        """Train in ``packer``'s pack (`fedray.pack`): stacked calls go through it, and on CUDA the
+        pack's hosts share out the device memory a host keeps clients' splits in."""
+        self.packer = packer
+        if self.device.type == "cuda":
+            share_device_memory(self._model_cache, self.device, packer.size)
 
     def trains_batched(self) -> bool:
         """Whether this host runs batched client functions (config key batched_clients)."""

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from fedray.catalog import ClientCatalog, check_groups
-from fedray.client import Task, share_device_memory
+from fedray.client import Task
 from fedray.client_states import default_budget_mb
 from fedray.data import ArrayDataset, ClientIndices
 from fedray.federation import Baton, ClientFn, FoldFn
@@ -133,10 +133,8 @@ def make_local_federation(
         eval_clients=data.eval_clients,
         device=device,
     )
-    fed.host.packer = packer
-    if packer is not None and fed.host.device.type == "cuda":  # the pack's runs share the device
-        share_device_memory(fed.host._model_cache, fed.host.device, packer.size)
     placement = {"mode": "local", "actors": 0, "torch_threads": torch.get_num_threads()}
     if packer is not None:
+        fed.host.join_pack(packer)
         placement["packed"] = True
     return fed, placement

@@ -120,7 +120,7 @@ class _UnitDone:
     key: int
 
 
-def _run_events(launcher: Launcher, run: SweepRun, actors: int) -> Iterator[SweepEvent | _UnitDone]:
+def _run_events(launcher: Launcher, run: SweepRun, actors: int) -> Iterator[SweepEvent]:
     """One run's events; its end (with the error, if it failed) comes last. An interrupt propagates."""
     t0 = time.perf_counter()
     summary: dict[str, Any] = {}
@@ -131,13 +131,11 @@ def _run_events(launcher: Launcher, run: SweepRun, actors: int) -> Iterator[Swee
             yield RunProgress(run, ev)
     except Exception as e:  # noqa: BLE001 - reported by the scheduler; the other runs go on
         yield RunEnded(run, time.perf_counter() - t0, summary, e)
-        yield _UnitDone(run.index)
         return
     yield RunEnded(run, time.perf_counter() - t0, summary)
-    yield _UnitDone(run.index)
 
 
-def _pack_events(launcher: Launcher, runs: Sequence[SweepRun]) -> Iterator[SweepEvent | _UnitDone]:
+def _pack_events(launcher: Launcher, runs: Sequence[SweepRun]) -> Iterator[SweepEvent]:
     """A pack's events (`fedray.pack`): each run's, each run's end as it ends; a failure of the
     pack itself (its worker lost) ends every run not yet ended with it."""
     from fedray.pack import Ended
@@ -149,9 +147,7 @@ def _pack_events(launcher: Launcher, runs: Sequence[SweepRun]) -> Iterator[Sweep
         for k, ev in launcher.launch_pack(runs):
             if isinstance(ev, Ended):
                 ended.add(k)
-                if isinstance(
-                    ev.error, KeyboardInterrupt
-                ):  # the pack was stopped: propagates, as a run's does
+                if isinstance(ev.error, KeyboardInterrupt):  # stopped: propagates, as a run's does
                     raise ev.error
                 yield RunEnded(runs[k], time.perf_counter() - t0, summaries.get(k, {}), ev.error)
                 continue
@@ -164,12 +160,11 @@ def _pack_events(launcher: Launcher, runs: Sequence[SweepRun]) -> Iterator[Sweep
         for k, run in enumerate(runs):
             if k not in ended:
                 yield RunEnded(run, time.perf_counter() - t0, summaries.get(k, {}), e)
-    yield _UnitDone(runs[0].index)
 
 
-def _forward(events: Iterator[SweepEvent | _UnitDone], out: queue.Queue, key: int) -> None:
-    """A worker thread's loop: a unit's events, which end with its `_UnitDone`; posted here too
-    however the thread ends (a unit whose end never came would hold its resources for good)."""
+def _forward(events: Iterator[SweepEvent], out: queue.Queue, key: int) -> None:
+    """A worker thread's loop: a unit's events, then its `_UnitDone`, however the thread ends (a
+    unit whose end never came would hold its resources for good)."""
     try:
         for ev in events:
             out.put(ev)
@@ -213,7 +208,7 @@ def run_sweep(
             record_failure(cfg.output, ev.run.run_id, cfg.recorded(), _error_text(ev.error))
         return ev
 
-    def unit_events(unit: list[SweepRun], actors: int) -> Iterator[SweepEvent | _UnitDone]:
+    def unit_events(unit: list[SweepRun], actors: int) -> Iterator[SweepEvent]:
         return _run_events(launcher, unit[0], actors) if len(unit) == 1 else _pack_events(launcher, unit)
 
     try:
@@ -246,10 +241,8 @@ def run_sweep(
                         yield RunLaunched(run, actors, len(unit) if len(unit) > 1 else 0)
                     if inline:
                         for ev in unit_events(unit, actors):
-                            if isinstance(ev, _UnitDone):
-                                running.pop(ev.key, None)
-                            else:
-                                yield settle(ev)
+                            yield settle(ev)
+                        running.pop(unit[0].index, None)
                     else:
                         t = threading.Thread(
                             target=_forward,
