@@ -61,10 +61,17 @@ class PackWorkerCode:
     pack's `Packer`. Like the coordinator it writes the results, so it runs on the driver's node."""
 
     def run(
-        self, configs: list[dict[str, Any]], restarts: list[bool], cwd: str | None = None, reason: str = ""
+        self,
+        configs: list[dict[str, Any]],
+        restarts: list[bool],
+        cwd: str | None = None,
+        reason: str = "",
+        plugins: dict[str, str] | None = None,
     ) -> Iterator[tuple[int, Any]]:
         """Yields ``(k, event)`` for run ``k`` of ``configs``: its events, then `fedray.pack.Ended`.
-        ``reason``: noted with each run's resume (a pack started again after its worker was lost)."""
+        ``reason``: noted with each run's resume (a pack started again after its worker was lost).
+        ``plugins`` (spec -> digest): the plug-ins as the driver read them, checked as the client
+        actors check theirs (`actors.launch.launch_actors`)."""
         import os
 
         if cwd:
@@ -77,7 +84,9 @@ class PackWorkerCode:
         from fedray.validation import from_dict
 
         activate(
-            configs[0].get("plugins") or [], where=f"a pack's worker on node {ray.util.get_node_ip_address()}"
+            configs[0].get("plugins") or [],
+            where=f"a pack's worker on node {ray.util.get_node_ip_address()}",
+            expect=plugins,
         )
         cfgs = [from_dict(c) for c in configs]
         threads = set_torch_threads(cfgs[0].num_cpus_per_actor)

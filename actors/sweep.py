@@ -21,6 +21,7 @@ from fedray.experiment import Event, Recovered, RoundDone, Started
 from fedray.federation import WorkerLost
 from fedray.pack import Ended
 from fedray.placement import Need, PlacementError
+from fedray.plugins import digest
 from fedray.results import mark_ended
 from fedray.sweep_file import SweepRun
 
@@ -114,6 +115,8 @@ class RayLauncher:
         ended: set[int] = set()
         rounds = dict.fromkeys(range(len(runs)), 0)
         restarts, reason, failures = [r.restart for r in runs], "", 0
+        # the plug-ins as read here, when the runs' ids were computed: the worker checks its own
+        expect = {s: digest(s) for s in cfg.plugins}
         try:
             while True:
                 going = [k for k in range(len(runs)) if k not in ended]
@@ -128,6 +131,7 @@ class RayLauncher:
                         [restarts[k] for k in going],
                         os.getcwd(),
                         reason,
+                        expect,
                     )
                     for ref in refs:
                         j, ev = ray.get(ref)

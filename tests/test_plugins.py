@@ -211,6 +211,19 @@ def test_the_coordinator_checks_its_plugins_against_what_the_driver_read(tmp_pat
     assert "is not the one the driver read (sha256" in str(e.value) and "000000000000 there" in str(e.value)
 
 
+def test_a_packs_worker_checks_its_plugins_against_what_the_driver_read(tmp_path, isolated):
+    # A pack's worker (`fedray.pack`) runs its runs' algorithms and clients: it checks its plug-ins as
+    # the coordinator and the client actors do (before, it imported whatever it found).
+    from actors.coordinator import PackWorkerCode
+
+    plugin = tmp_path / "labplug_pack.py"
+    plugin.write_text("import fedray\n")
+    with pytest.raises(plugins.PluginError) as e:
+        list(PackWorkerCode().run([{"plugins": [str(plugin)]}], [False], plugins={str(plugin): "0" * 64}))
+    assert "labplug_pack.py' in a pack's worker on node" in str(e.value), str(e.value)
+    assert "is not the one the driver read (sha256" in str(e.value) and "000000000000 there" in str(e.value)
+
+
 def test_a_packages_digest_covers_its_data_files_too(tmp_path):
     # Before: only its .py files, so a changed YAML or JSON it reads was the same run.
     pkg = tmp_path / "labpkg"
