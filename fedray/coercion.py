@@ -11,7 +11,7 @@ import math
 import re
 import types
 import typing
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 INT64 = 2**63
@@ -19,7 +19,27 @@ _SCIENTIFIC = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
 
 
 class ConfigError(ValueError):
-    """A config key or value is wrong; the message names the key."""
+    """A config key or value is wrong; the message names the key. ``problems``: each problem's own
+    message, where one error tells several (`ConfigError.of`); else the one message."""
+
+    def __init__(self, message: str, problems: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.problems = list(problems) or [message]
+
+    @classmethod
+    def of(cls, problems: Sequence[str]) -> ConfigError:
+        """One error for every problem found at once, each naming its key: a single one as it is,
+        several as a list, so a config with three mistakes is mended in one go, not three runs."""
+        if len(problems) == 1:
+            return cls(problems[0])
+        return cls(all_problems(problems), problems)
+
+
+def all_problems(problems: Sequence[str]) -> str:
+    """Several problems' messages as one: a count, then one line each (a single one as it is)."""
+    if len(problems) == 1:
+        return problems[0]
+    return f"{len(problems)} problems in the config:\n" + "\n".join(f"  - {p}" for p in problems)
 
 
 # String keys whose values include "on" and "off", which YAML 1.1 (PyYAML) reads as booleans.

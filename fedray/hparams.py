@@ -27,9 +27,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fedray.coercion import ConfigError, coerce, suggest
+from fedray.coercion import ConfigError, all_problems, coerce, suggest
 
-__all__ = ["Bound", "OneOf", "bound", "check_fields", "declared", "hparams_from_dict", "one_of"]
+__all__ = [
+    "Bound",
+    "OneOf",
+    "bound",
+    "check_fields",
+    "declared",
+    "field_problems",
+    "hparams_from_dict",
+    "one_of",
+]
 
 RULE = "fedray.rule"  # the field-metadata key holding a field's Bound or OneOf
 
@@ -135,13 +144,23 @@ def declared(cls_or_obj: Any) -> dict[str, Bound | OneOf]:
     return {f.name: f.metadata[RULE] for f in dataclasses.fields(cls_or_obj) if RULE in f.metadata}
 
 
-def check_fields(obj: Any, prefix: str = "hp.") -> None:
-    """Check every declared field of the dataclass instance ``obj``; the first that fails raises
-    ValueError naming the key (``prefix`` + the field's name)."""
+def field_problems(obj: Any, prefix: str = "hp.") -> list[str]:
+    """What is wrong with the declared fields of the dataclass instance ``obj``: one message a field
+    that fails its rule, naming the key (``prefix`` + the field's name)."""
+    out = []
     for name, rule in declared(obj).items():
         problem = rule.problem(getattr(obj, name))
         if problem is not None:
-            raise ValueError(f"config key '{prefix}{name}': {problem}")
+            out.append(f"config key '{prefix}{name}': {problem}")
+    return out
+
+
+def check_fields(obj: Any, prefix: str = "hp.") -> None:
+    """Check every declared field of the dataclass instance ``obj``: a ValueError naming each key
+    that fails (``prefix`` + the field's name), all of them in one message."""
+    problems = field_problems(obj, prefix)
+    if problems:
+        raise ValueError(all_problems(problems))
 
 
 def hparams_from_dict(cls: type, values: Mapping[str, Any], algorithm: str) -> Any:
@@ -149,18 +168,26 @@ def hparams_from_dict(cls: type, values: Mapping[str, Any], algorithm: str) -> A
     known keys, types, the declared bounds (`check_fields`), then the dataclass's own ``check()``."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
-    kwargs = {}
+    kwargs, problems = {}, []
     for k, v in values.items():
         if k not in fields:
             known = ", ".join(sorted(fields)) or "none"
-            raise ConfigError(
+            problems.append(
                 f"unknown config key 'hp.{k}' for algorithm {algorithm}{suggest(k, fields, 'hp.')} (its hp keys: {known})"
             )
+            continue
         rule = fields[k].metadata.get(RULE)
-        kwargs[k] = coerce(f"hp.{k}", v, hints[k], choices=rule.choices if isinstance(rule, OneOf) else ())
-    hp = cls(**kwargs)
+        try:
+            kwargs[k] = coerce(
+                f"hp.{k}", v, hints[k], choices=rule.choices if isinstance(rule, OneOf) else ()
+            )
+        except ConfigError as e:
+            problems.append(str(e))
+    hp = cls(**kwargs)  # the values that are of their type, so their bounds are told in the same message
+    problems += field_problems(hp)
+    if problems:
+        raise ConfigError.of(problems)
     try:
-        check_fields(hp)
         check = getattr(hp, "check", None)
         if check is not None:
             check()

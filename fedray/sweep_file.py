@@ -302,7 +302,8 @@ def load_sweep(
             valid.append((label, from_dict(tree)))
         except ConfigError as e:
             if not _left_out(tree, wanted):  # a run --only leaves out is not in the way
-                problems.setdefault(str(e), []).append(label)
+                for problem in e.problems:  # each with the runs it is in
+                    problems.setdefault(problem, []).append(label)
     if unread_errors := unread.errors():
         raise SweepError("\n  ".join([f"{source}: invalid sweep; nothing was started:", *unread_errors]))
 

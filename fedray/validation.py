@@ -42,7 +42,7 @@ from fedray.data import DATASETS, PARTITIONS, dataset_info, partition_keys
 from fedray.data.partitions import readers
 from fedray.data.shift import SHIFTS
 from fedray.export import initial_params
-from fedray.hparams import check_fields
+from fedray.hparams import field_problems
 from fedray.models import MODELS, SELF_NORMALIZING, build_model
 from fedray.plugins import PluginError, activate, describe, origin, resolve
 
@@ -77,10 +77,17 @@ def from_dict(raw: Mapping[str, Any]) -> Config:
                 f"key '{key}' belongs to sweeps: run this file with `fedray sweep`, not `fedray run`"
             )
     values: dict[str, Any] = {}
+    problems = []  # every unknown key and wrong type at once
     for key, value in raw.items():
         if key not in FIELDS:
-            raise ConfigError(f"unknown config key '{key}'{key_hint(key, raw.get('algorithm'))}")
-        values[key] = coerce(key, value, field_type(key), str_from_number=key in NAME_KEYS)
+            problems.append(f"unknown config key '{key}'{key_hint(key, raw.get('algorithm'))}")
+            continue
+        try:
+            values[key] = coerce(key, value, field_type(key), str_from_number=key in NAME_KEYS)
+        except ConfigError as e:
+            problems.append(str(e))
+    if problems:
+        raise ConfigError.of(problems)
     # Before any name is looked up: plug-ins (named, and installed ones' entry points) add names.
     if values.get("plugins"):
         values["plugins"] = resolve_plugins(values["plugins"], None, "config key 'plugins'")
@@ -88,8 +95,8 @@ def from_dict(raw: Mapping[str, Any]) -> Config:
         activate(values.get("plugins", []))
     except PluginError as e:
         raise ConfigError(f"config key 'plugins': {e}") from None
-    for unread in unread_keys(values).values():
-        raise ConfigError(unread.message())
+    if unread := unread_keys(values):
+        raise ConfigError.of([u.message() for u in unread.values()])
     _derive_unset(values)
     cfg = Config(**values)
     validate(cfg)
@@ -237,20 +244,19 @@ def key_hint(key: str, algorithm: Any = None) -> str:
 REGISTERED = ("algorithm", "model", "dataset", "partition")
 
 
-def _choice(key: str, value: str, allowed: Iterable[str]) -> None:
+def _choice(key: str, value: str, allowed: Iterable[str]) -> str | None:
+    """What is wrong with ``value`` for ``key``, whose values are ``allowed``; None if nothing."""
     allowed = sorted(allowed)
-    if value not in allowed:
-        hint = ""
-        if key in REGISTERED and not suggest(value, allowed):
-            article = "an" if key == "algorithm" else "a"
-            hint = (
-                f"; {article} {key} of your own comes from a plug-in: name its file or module under "
-                "plugins: (or --plugin), docs/extending.md"
-            )
-        raise ConfigError(
-            f"config key '{key}': unknown value {value!r}{suggest(value, allowed)} "
-            f"(allowed: {', '.join(allowed)}){hint}"
+    if value in allowed:
+        return None
+    hint = ""
+    if key in REGISTERED and not suggest(value, allowed):
+        article = "an" if key == "algorithm" else "a"
+        hint = (
+            f"; {article} {key} of your own comes from a plug-in: name its file or module under "
+            "plugins: (or --plugin), docs/extending.md"
         )
+    return f"config key '{key}': unknown value {value!r}{suggest(value, allowed)} (allowed: {', '.join(allowed)}){hint}"
 
 
 def _check(cond: bool, key: str, message: str) -> None:
@@ -267,18 +273,21 @@ def validate(cfg: Config) -> None:
         "experiment",
         f"a name, not a path (it names files under the results folder): {cfg.experiment!r}",
     )
-    _choice("algorithm", cfg.algorithm, ALGORITHMS)
-    _choice("dataset", cfg.dataset, DATASETS)
-    _choice("partition", cfg.partition, PARTITIONS)
-    _choice("model", cfg.model, MODELS)
-    _choice("shift", cfg.shift, SHIFTS)
-    _choice("model_init", cfg.model_init, ("derived", "seed_plus_k"))
-    _choice("batched_clients", cfg.batched_clients, MODES)
-    _choice("pack_runs", cfg.pack_runs, MODES)
-    try:  # every key's declared bound (field metadata, fedray/hparams.py): one message for all
-        check_fields(cfg, prefix="")
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    # every name and every key's declared bound (field metadata, fedray/hparams.py) at once; the
+    # checks below read them, so they come after
+    problems = [
+        _choice("algorithm", cfg.algorithm, ALGORITHMS),
+        _choice("dataset", cfg.dataset, DATASETS),
+        _choice("partition", cfg.partition, PARTITIONS),
+        _choice("model", cfg.model, MODELS),
+        _choice("shift", cfg.shift, SHIFTS),
+        _choice("model_init", cfg.model_init, ("derived", "seed_plus_k")),
+        _choice("batched_clients", cfg.batched_clients, MODES),
+        _choice("pack_runs", cfg.pack_runs, MODES),
+        *field_problems(cfg, prefix=""),
+    ]
+    if any(problems):
+        raise ConfigError.of([p for p in problems if p])
 
     _check(
         isinstance(cfg.num_gpus_per_actor, str)

@@ -116,6 +116,40 @@ def test_bad_keys_and_values_name_the_key(raw, pattern):
         from_dict(raw)
 
 
+def test_every_mistake_of_a_config_is_told_at_once_each_naming_its_key():
+    # A config with four mistakes is mended in one go: every unknown key and wrong type, then every
+    # unknown name and value out of bounds, each on a line of its own. One mistake reads as before.
+    with pytest.raises(ConfigError) as e:
+        from_dict({"lrr": 0.1, "rounds": "abc", "seed": 1.5, "batch_size": 32})
+    assert e.value.problems == [
+        "unknown config key 'lrr'; did you mean 'lr'?",
+        "config key 'rounds': expected an integer, got 'abc'",
+        "config key 'seed': expected an integer, got 1.5",
+    ]
+    assert str(e.value).splitlines()[0] == "3 problems in the config:"
+    assert str(e.value).splitlines()[1:] == [f"  - {p}" for p in e.value.problems]
+    with pytest.raises(ConfigError) as e:
+        from_dict({"algorithm": "fedavgg", "local_epochs": -1, "batch_size": 0})
+    assert [p.split(":")[0] for p in e.value.problems] == [
+        "config key 'algorithm'",
+        "config key 'local_epochs'",
+        "config key 'batch_size'",
+    ]
+    assert "did you mean 'fedavg'?" in e.value.problems[0]
+    with pytest.raises(ConfigError) as e:  # an algorithm's hp: unknown keys, types and bounds together
+        from_dict({"algorithm": "fedprox", "hp": {"muu": 3, "mu": -1, "server_lr": "x"}})
+    assert [p.split(":")[0] for p in e.value.problems] == [
+        "unknown config key 'hp.muu' for algorithm fedprox; did you mean 'hp.mu'? (its hp keys",
+        "config key 'hp.server_lr'",
+        "config key 'hp.mu'",
+    ]
+    with pytest.raises(ConfigError) as e:
+        from_dict({"local_epochs": 0})
+    assert str(e.value) == "config key 'local_epochs': must be >= 1, got 0" and e.value.problems == [
+        str(e.value)
+    ]
+
+
 def test_bad_yaml_file_errors_name_the_file(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "missing.yaml")

@@ -303,6 +303,21 @@ def test_only_matches_an_hp_value_the_config_leaves_at_its_default(tmp_path):
         load_sweep(path, only=["hp.tauu=1"])
 
 
+def test_a_sweeps_invalid_runs_list_every_mistake_with_the_runs_it_is_in(tmp_path):
+    # Each run's mistakes are all told (not only its first), each once, with the runs that have it.
+    path = sweep_file(tmp_path, "grid:\n  local_epochs: [0, 1]\n  batch_size: [0]\nseeds: [0]\n")
+    with pytest.raises(SweepError) as e:
+        load_sweep(path)
+    assert str(e.value).splitlines()[1:] == [
+        "  config key 'local_epochs': must be >= 1, got 0",
+        "    in run [local_epochs=0 batch_size=0 seed=0]",
+        "  config key 'batch_size': must be >= 1, got 0",
+        "    in run [local_epochs=0 batch_size=0 seed=0]",
+        "    in run [local_epochs=1 batch_size=0 seed=0]",
+    ]
+    assert "2 of 2 runs are invalid" in str(e.value)
+
+
 def test_only_is_not_blocked_by_a_run_it_leaves_out(tmp_path):
     # A sweep with some invalid runs runs the valid ones --only asks for (the user is told of
     # the others when they ask for them); partitions and data are checked for the chosen runs only.
