@@ -13,8 +13,9 @@ def model_index(out_dir: str | Path, run_id: str) -> dict[str, Any]:
     """What ``DIR/models/RUN_ID/index.json`` lists: each model's kind (global | cluster | personal),
     cluster or client, members, and the network it is."""
     from fedray.export import read_index
+    from fedray.results import models_folder
 
-    return read_index(Path(out_dir) / "models" / run_id)
+    return read_index(models_folder(out_dir, run_id))
 
 
 def load_models(
@@ -23,8 +24,9 @@ def load_models(
     """Every saved model of ``run_id`` (or those named), by name, as torch modules in eval mode:
     ``global`` (FedConcat: the concatenated model), ``cluster-K``, ``client-CID`` (personal)."""
     from fedray.export import load_models as load
+    from fedray.results import models_folder
 
-    return load(Path(out_dir) / "models" / run_id, names)
+    return load(models_folder(out_dir, run_id), names)
 
 
 def load_model(out_dir: str | Path, run_id: str, name: str = "global") -> torch.nn.Module:

@@ -113,11 +113,11 @@ def save_models(
     models (`Algorithm.personal_model`) come from ``client_states()``, every client's state."""
     import yaml
 
-    from fedray.results import fsync_dir, write_text_atomic
+    from fedray.results import fsync_dir, models_folder, write_text_atomic
 
     run_id = cfg.run_id()
-    root = Path(cfg.output) / "models"
-    final, tmp = root / run_id, root / f".{run_id}.{uuid.uuid4().hex[:8]}.tmp"
+    final = models_folder(cfg.output, run_id)
+    tmp = final.with_name(f".{run_id}.{uuid.uuid4().hex[:8]}.tmp")
     tmp.mkdir(parents=True)
     try:
         models = list(alg.models(state, hp))
@@ -153,7 +153,7 @@ def save_models(
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        fsync_dir(root)
+        fsync_dir(final.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -190,6 +190,12 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
+def models_folder(out_dir: str | Path, run_id: str) -> Path:
+    """Where run ``run_id`` of results folder ``out_dir`` keeps its trained models: ``models/RUN_ID/``
+    (written by `fedray.export.save_models`, read by `analysis.models`)."""
+    return Path(out_dir) / "models" / run_id
+
+
 def check_writable(out_dir: str | Path) -> None:
     """Raise `OSError` naming the folder if results cannot be written there (checked before anything
     starts: a run that cannot record itself should not run)."""
@@ -419,7 +425,7 @@ class ResultsWriter:
                     old.unlink()
             # and the models a finished earlier attempt saved (`--force`): until this run finishes
             # it has none, as its row says. Moved aside whole first, so none is ever left half removed.
-            models = self.root / "models" / self.run_id
+            models = models_folder(self.root, self.run_id)
             if models.exists():
                 aside = models.with_name(f".{self.run_id}.{uuid.uuid4().hex[:8]}.old")
                 os.replace(models, aside)
