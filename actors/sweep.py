@@ -85,11 +85,21 @@ class RayLauncher:
         here = ray.get_runtime_context().get_node_id()
         return next((n for n in ray.nodes() if n.get("NodeID") == here), {}).get("Resources", {})
 
-    def holds_pack(self, cfg: Config, has: Mapping[str, float] | None = None) -> bool:
-        """Whether this node (the driver's, where a pack runs; ``has``: its resources, read if not
-        given) has the CPUs and GPUs of one pack."""
-        has = self._driver_node() if has is None else has
-        return cfg.num_gpus_per_actor <= has.get("GPU", 0.0) and cfg.num_cpus_per_actor <= has.get("CPU", 0.0)
+    def pack_refusal(self, cfg: Config) -> str | None:
+        """Why this node (the driver's, where a pack runs) cannot hold a pack of runs of ``cfg``: it
+        has fewer CPUs or GPUs than one pack's worker takes; None where it can."""
+        has = self._driver_node()
+        if cfg.num_gpus_per_actor <= has.get("GPU", 0.0) and cfg.num_cpus_per_actor <= has.get("CPU", 0.0):
+            return None
+        return (
+            f"a pack runs on the node the sweep was started from (it writes the results folder there), "
+            f"which has {has.get('CPU', 0.0):g} CPUs and {has.get('GPU', 0.0):g} GPUs; it asks for "
+            f"num_cpus_per_actor {cfg.num_cpus_per_actor:g} and num_gpus_per_actor {cfg.num_gpus_per_actor:g}"
+        )
+
+    def holds_pack(self, cfg: Config) -> bool:
+        """Whether this node can hold a pack of runs of ``cfg`` (`pack_refusal`)."""
+        return self.pack_refusal(cfg) is None
 
     def launch_pack(self, runs: Sequence[SweepRun]) -> Iterator[tuple[int, Any]]:
         """A pack's runs in one worker (`actors.coordinator.PackWorker`) of one actor's CPUs and GPU
@@ -100,13 +110,9 @@ class RayLauncher:
         way they go on from their checkpoints when the sweep is submitted again."""
         cfg = runs[0].config
         here = ray.get_runtime_context().get_node_id()
-        has = self._driver_node()
-        if not self.holds_pack(cfg, has):
+        if refusal := self.pack_refusal(cfg):
             raise PlacementError(
-                f"pack_runs: a pack runs on the node the sweep was started from (it writes the results "
-                f"folder there), which has {has.get('CPU', 0.0):g} CPUs and {has.get('GPU', 0.0):g} GPUs; "
-                f"it asks for num_cpus_per_actor {cfg.num_cpus_per_actor:g} and num_gpus_per_actor "
-                f"{cfg.num_gpus_per_actor:g}. Start the sweep on a node that has them, or set pack_runs: off"
+                f"pack_runs: {refusal}. Start the sweep on a node that has them, or set pack_runs: off"
             )
         handle = RunHandle()
         with self._lock:

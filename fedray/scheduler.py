@@ -192,7 +192,7 @@ def run_sweep(
     events: queue.Queue[SweepEvent | _UnitDone] = queue.Queue()
     # launch units: a run, or the runs of a pack (pack_runs, `fedray.pack.pack_groups`), which go
     # to one worker together and hold what one actor of theirs asks for
-    pending = [[runs[i] for i in unit] for unit in _units(runs, launcher)]
+    pending = [[runs[i] for i in unit] for unit in launch_units(runs, launcher)]
     running: dict[int, tuple[float, float]] = {}  # unit key (its first run's index) -> (CPUs, GPUs)
     threads: list[threading.Thread] = []
     inline = getattr(launcher, "inline", False)
@@ -271,9 +271,9 @@ def run_sweep(
         raise
 
 
-def _units(runs: Sequence[SweepRun], launcher: Launcher) -> list[list[int]]:
-    """The runs' launch units (`fedray.pack.pack_groups`); a launcher that cannot run packs runs
-    every run alone."""
+def launch_units(runs: Sequence[SweepRun], launcher: Launcher) -> list[list[int]]:
+    """The runs' launch units (`fedray.pack.pack_groups`), as `run_sweep` launches them on
+    ``launcher``; a launcher that cannot run packs runs every run alone."""
     from fedray.pack import pack_groups
 
     if getattr(launcher, "launch_pack", None) is None:

@@ -286,6 +286,36 @@ def test_the_sweeps_dry_run_and_header_say_which_runs_pack(tmp_path, capsys):
     assert out.count("packed: 3 runs in-process") == 3
 
 
+def test_the_header_says_why_auto_runs_go_alone_where_the_launcher_cannot_hold_their_pack(
+    tmp_path, capsys, monkeypatch
+):
+    # On Ray a pack runs on the driver's node; on a cluster whose head has no GPU, auto runs the runs
+    # alone. The header once counted them as packed all the same (it grouped them without asking the
+    # launcher), and said nothing of why they went alone.
+    import fedray.api
+    from fedray.scheduler import LocalLauncher
+    from jobs.cli import main
+
+    class NoRoomHere(LocalLauncher):
+        def pack_refusal(self, cfg):
+            return f"this node has 0 GPUs; it asks for num_gpus_per_actor {cfg.num_gpus_per_actor:g}"
+
+        def holds_pack(self, cfg):
+            return False
+
+    monkeypatch.setattr(fedray.api, "sweep_launcher", lambda *a, **k: NoRoomHere())
+    sweep = str(ROOT / "jobs" / "configs" / "digits_sweep.yaml")
+    sets = ["pack_runs=auto", "num_gpus_per_actor=0.5", "pack_size=3", "rounds=1", "num_clients=4"]
+    args = ["sweep", sweep, "--local", "--output", str(tmp_path / "run")]
+    assert main([*args, *(x for kv in sets for x in ("--set", kv))]) == 0
+    out = capsys.readouterr().out
+    assert "running 4 runs in-process, one at a time\n" in out and "pack (pack_runs)" not in out
+    # the three that would pack (the fourth is a pack of its own, of one, anyway)
+    said = "  pack_runs auto: 3 runs go alone: this node has 0 GPUs; it asks for num_gpus_per_actor 0.5\n"
+    assert said in out
+    assert "packed:" not in out
+
+
 @pytest.mark.ray
 def test_a_pack_that_the_drivers_node_cannot_hold_fails_at_once_naming_pack_runs(ray_session, tmp_path):
     from actors.sweep import RayLauncher
