@@ -31,6 +31,9 @@ class RayLauncher:
 
     def __init__(self, address: str | None = None, plugins: Sequence[str] = ()) -> None:
         self.started = connect(address, plugins)
+        # a Ray fedray started on this machine cannot grow: a run whose actors exceed its totals fails
+        # at once (`launch_actors`), not after placement_timeout_s of waiting for nodes
+        self.fixed = self.started
         # client actors a finished run left for the next run of its shape (`stream_run`)
         self.pool = ActorPool()
         self._handles: dict[int, RunHandle] = {}
@@ -76,7 +79,9 @@ class RayLauncher:
             self._handles[run.index] = handle
             group = self._ready.pop(run.index, None)
         try:
-            yield from stream_run(run.config, actors, handle, run.restart, pool=self.pool, group=group)
+            yield from stream_run(
+                run.config, actors, handle, run.restart, self.fixed, pool=self.pool, group=group
+            )
         finally:
             with self._lock:
                 self._handles.pop(run.index, None)

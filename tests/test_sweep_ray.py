@@ -60,6 +60,21 @@ def test_runs_share_the_cluster_concurrently_and_failures_stay_contained(ray_ses
     assert ray_session.available_resources().get("GPU") == 2  # every actor and placement group freed
 
 
+def test_on_a_ray_that_cannot_grow_a_run_that_never_fits_fails_at_once(ray_session, tmp_path):
+    # `fedray sweep` on the private Ray it started (which cannot grow): a run whose actors exceed the
+    # cluster fails at once, naming the keys, as `fedray run` does there. It waited placement_timeout_s
+    # (300 s a run by default) for nodes that never come, Ray's autoscaler saying so every 35 s.
+    from actors.sweep import RayLauncher
+
+    sw = load_sweep(sweep_file(tmp_path, "num_gpus_per_actor: 3\nplacement_timeout_s: 30\n"))  # 2 GPUs here
+    launcher = RayLauncher()
+    launcher.fixed = True  # as on a Ray it started (the suite's Ray is shared: not started by it)
+    ended = [e for e in run_sweep(sw.runs, launcher, poll_s=0.2) if isinstance(e, RunEnded)]
+    assert type(ended[0].error).__name__ == "PlacementError", ended[0].error
+    assert "do not fit the local Ray fedray started on this machine" in str(ended[0].error)
+    assert "num_gpus_per_actor" in str(ended[0].error)
+
+
 def test_python_m_jobs_sweep_attached_to_a_running_ray_then_resubmitted(ray_session, tmp_path):
     """`ray job submit -- python -m jobs.sweep CONFIG`: the driver attaches to the cluster it runs on."""
     address = ray_session.get_runtime_context().gcs_address
