@@ -47,9 +47,19 @@ ON_OFF_KEYS = frozenset({"batched_clients", "pack_runs"})
 
 
 def suggest(name: str, candidates: Iterable[str], prefix: str = "") -> str:
-    """``; did you mean 'X'?`` for the candidate closest to ``name`` (as typed: ``prefix`` + X), or ""."""
-    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
-    return f"; did you mean '{prefix}{close[0]}'?" if close else ""
+    """``; did you mean 'X'?`` for the candidate closest to ``name`` (as typed: ``prefix`` + X); where
+    none is close, the candidates that contain ``name`` (``cnn``: ``one of 'fedrc_cnn', 'mcmahan_cnn',
+    'simple_cnn'``; up to three); else ""."""
+    candidates = list(candidates)
+    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean '{prefix}{close[0]}'?"
+    within = sorted(c for c in candidates if len(name) >= 3 and name.lower() in c.lower())
+    if len(within) == 1:
+        return f"; did you mean '{prefix}{within[0]}'?"
+    if len(within) in (2, 3):
+        return "; did you mean one of " + ", ".join(f"'{prefix}{c}'" for c in within) + "?"
+    return ""
 
 
 def coerce(

@@ -73,6 +73,12 @@ def test_parse_sets_nests_and_parses_yaml_scalars():
         ),
         ({"dataset": "fmnst"}, r"'dataset'.*did you mean 'fmnist'"),
         ({"algorithm": "fedavgg"}, r"'algorithm'.*did you mean 'fedavg'"),
+        # a part of names: those that contain it (difflib finds none close)
+        (
+            {"model": "cnn"},
+            r"'cnn'; did you mean one of 'fedrc_cnn', 'mcmahan_cnn', 'simple_cnn'\? \(allowed",
+        ),
+        ({"model": "mobilenet"}, r"'mobilenet'; did you mean 'mobilenet_v2'\?"),
         # no close name: perhaps a plug-in's, which the config does not import
         (
             {"algorithm": "myalg"},
