@@ -335,6 +335,11 @@ def sweep(
 
             if said_gpus := unused_gpus(launcher.resources().get("GPU", 0), [r.config for r in todo]):
                 print(said_gpus, flush=True)
+        if not quiet:
+            from fedray.scheduler import launch_units, packs_declined
+
+            for line in packs_declined(todo, launch_units(todo, launcher), launcher):
+                print(line, flush=True)
         limit = sw.max_concurrent_runs if max_concurrent_runs is None else max_concurrent_runs
         shown = progress.SweepProgress(len(todo), local, verbose)
         evs = run_sweep(todo, launcher, limit)

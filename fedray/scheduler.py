@@ -281,5 +281,25 @@ def launch_units(runs: Sequence[SweepRun], launcher: Launcher) -> list[list[int]
     return pack_groups([r.config for r in runs], getattr(launcher, "holds_pack", None))
 
 
+def packs_declined(runs: Sequence[SweepRun], units: list[list[int]], launcher: Launcher) -> list[str]:
+    """Lines that say why runs ``pack_runs: auto`` would pack with others go alone (``units``:
+    `launch_units`; the launcher cannot hold their pack where packs run), with how many runs each
+    reason keeps alone."""
+    from fedray.pack import pack_groups
+
+    refusal = getattr(launcher, "pack_refusal", None)
+    counts: dict[str, int] = {}
+    if refusal is None:
+        return []
+    alone = {u[0] for u in units if len(u) == 1}
+    for unit in pack_groups([r.config for r in runs]):  # as they would pack on a launcher that holds any
+        for i in unit if len(unit) > 1 else ():
+            if i in alone and (reason := refusal(runs[i].config)):
+                counts[reason] = counts.get(reason, 0) + 1
+    return [
+        f"pack_runs auto: {n} run{'s go' if n > 1 else ' goes'} alone: {why}" for why, n in counts.items()
+    ]
+
+
 def _error_text(error: BaseException | None) -> str:
     return f"{type(error).__name__}: {error}" if error is not None else ""

@@ -190,23 +190,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return _execute_sweep(sweep, todo, args, skipped=len(planned) - len(todo), launcher=launcher)
 
 
-def _packs_declined(todo, units, launcher) -> dict[str, int]:
-    """Why runs that ``pack_runs: auto`` would pack with others go alone (the launcher cannot hold
-    their pack where packs run), with how many runs each reason keeps alone."""
-    from fedray.pack import pack_groups
-
-    refusal = getattr(launcher, "pack_refusal", None)
-    out: dict[str, int] = {}
-    if refusal is None:
-        return out
-    alone = {u[0] for u in units if len(u) == 1}
-    for unit in pack_groups([r.config for r in todo]):  # as they would pack on a launcher that holds any
-        for i in unit if len(unit) > 1 else ():
-            if i in alone and (reason := refusal(todo[i].config)):
-                out[reason] = out.get(reason, 0) + 1
-    return out
-
-
 def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int, launcher=None) -> int:
     from fedray.api import sweep_launcher
     from fedray.scheduler import run_sweep
@@ -232,15 +215,15 @@ def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int, launcher
             )
         )
     )
-    from fedray.scheduler import launch_units
+    from fedray.scheduler import launch_units, packs_declined
 
     units = launch_units(todo, launcher)  # as the sweep launches them: where this node can hold a pack
     packed = [u for u in units if len(u) > 1]
     if packed:
         where += f"; {sum(map(len, packed))} of them in {len(packed)} pack{'s' if len(packed) > 1 else ''} (pack_runs)"
     print(f"running {len(todo)} runs {where}", flush=True)
-    for reason, n in _packs_declined(todo, units, launcher).items():
-        print(f"  pack_runs auto: {n} run{'s go' if n > 1 else ' goes'} alone: {reason}", flush=True)
+    for line in packs_declined(todo, units, launcher):
+        print(f"  {line}", flush=True)
     if not args.local:
         from actors.driver import unused_gpus
 

@@ -314,6 +314,9 @@ def test_the_header_says_why_auto_runs_go_alone_where_the_launcher_cannot_hold_t
     said = "  pack_runs auto: 3 runs go alone: this node has 0 GPUs; it asks for num_gpus_per_actor 0.5\n"
     assert said in out
     assert "packed:" not in out
+    # the Python API says it too
+    fedray.api.sweep(sweep, sets=sets, local=True, output=str(tmp_path / "api"))
+    assert said.strip() + "\n" in capsys.readouterr().out
 
 
 @pytest.mark.ray
