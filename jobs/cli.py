@@ -233,7 +233,8 @@ def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int, launcher
     events = run_sweep(todo, launcher, limit)
     try:
         for ev in events:
-            for line in shown.lines(ev):
+            lines = shown.lines(ev)  # read either way: it counts the runs ended and in flight
+            for line in [] if args.quiet else lines:
                 print(line, flush=True)
     except KeyboardInterrupt:
         events.close()
@@ -481,8 +482,14 @@ def build_parser() -> argparse.ArgumentParser:
     p_sw.add_argument(
         "--address", help="Ray address to attach to (default: RAY_ADDRESS, else start a local Ray)"
     )
-    p_sw.add_argument(
+    shown = p_sw.add_mutually_exclusive_group()
+    shown.add_argument(
         "--verbose", action="store_true", help="print every round of every run, prefixed with #run"
+    )
+    shown.add_argument(
+        "--quiet",
+        action="store_true",
+        help="print the plan and the summary, not a line as each run starts and ends",
     )
     p_sw.set_defaults(func=cmd_sweep)
     p_rep = sub.add_parser(

@@ -318,6 +318,17 @@ def test_a_sweeps_invalid_runs_list_every_mistake_with_the_runs_it_is_in(tmp_pat
     assert "2 of 2 runs are invalid" in str(e.value)
 
 
+def test_a_quiet_sweep_prints_its_plan_and_summary_not_each_runs_lines(tmp_path, capsys):
+    from jobs.cli import main
+
+    path = sweep_file(tmp_path, "rounds: 1\ngrid:\n  lr: [0.05, 1.0e30]\n")  # the second diverges
+    assert main(["sweep", str(path), "--local", "--quiet"]) == 1
+    out = capsys.readouterr().out
+    assert "2 new; to run: 2" in out and "sweep done in" in out and "1 finished, 1 failed, 0 skipped" in out
+    assert "  FAILED #2 lr=1.0e30" in out and "FloatingPointError" in out  # a failure is still told
+    assert "#1 start" not in out and "#1 done" not in out
+
+
 def test_only_is_not_blocked_by_a_run_it_leaves_out(tmp_path):
     # A sweep with some invalid runs runs the valid ones --only asks for (the user is told of
     # the others when they ask for them); partitions and data are checked for the chosen runs only.
