@@ -26,9 +26,10 @@ from fedray.coercion import suggest
 from fedray.config import NOT_IN_RUN_ID
 
 # Keys that tell replicates of one setting apart or cannot change a number (fedray.config.NOT_IN_RUN_ID),
-# and where the work ran (CPUs and GPUs per actor: at most the last bits of a float sum, as another
-# machine would): runs that differ only there are seeds of one cell, never columns of their own.
-_PER_RUN_KEYS = ("seed", *NOT_IN_RUN_ID, "num_cpus_per_actor", "num_gpus_per_actor")
+# and where the work ran (CPUs and GPUs per actor, and whether the run trained packed with other runs:
+# at most the last bits of a float sum, as another machine would): runs that differ only there are
+# seeds of one cell, never columns of their own.
+_PER_RUN_KEYS = ("seed", *NOT_IN_RUN_ID, "num_cpus_per_actor", "num_gpus_per_actor", "pack_runs")
 AT = ("final", "best-train", "best")
 # Besides the hp.* keys, what `--tuned` picks the best of: the local learning rate (the FedRC paper
 # tunes every algorithm's from {0.01, 0.03, 0.06, 0.1}).

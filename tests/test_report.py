@@ -155,6 +155,19 @@ def test_seeds_run_on_other_placements_share_one_cell(tmp_path):
     assert cells[["col", "n"]].values.tolist() == [["fedavg", 2]]
 
 
+def test_seeds_run_packed_and_alone_share_one_cell(tmp_path):
+    # a sweep's seeds packed (`pack_runs`: each run's numbers are its own alone, up to float round-off)
+    # and a seed run alone afterwards: one cell of three seeds, not a column `fedavg pack_runs=on`
+    out = tmp_path / "out"
+    base = {**small_config(tmp_path).to_dict(), "experiment": "t", "batched_clients": "on"}
+    write_run(out, {**base, "seed": 0, "pack_runs": "on"}, final(0.70))
+    write_run(out, {**base, "seed": 1, "pack_runs": "on"}, final(0.80))
+    write_run(out, {**base, "seed": 2, "pack_runs": "off"}, final(0.90))
+    cells = pivot(run_values(out))
+    assert cells[["col", "n"]].values.tolist() == [["fedavg", 3]]
+    assert cells["mean"].iloc[0] == pytest.approx(0.80)
+
+
 def test_rows_by_one_hp_key_read_a_default_as_its_value(tmp_path):
     # FedAvg's stragglers at 0.5, and at their default 0 (left out of the config); SCAFFOLD has no
     # such key: its row reads "-"
