@@ -174,18 +174,27 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         + ("" if args.force else " (finished runs are skipped; --force runs them again)")
     )
     if args.dry_run or not todo:
-        if launcher is not None:
-            launcher.close()
         width = max(len(p.run.run_id) for p in planned)
         print(f"  {'#':>3}  {'state':<11}  {'action':<6}  {'run id':<{width}}  settings")
         for p in planned:
             print(f"  {p.run.index:>3}  {p.state:<11}  {p.action:<6}  {p.run.run_id:<{width}}  {p.run.label}")
         from fedray.pack import pack_groups
+        from fedray.scheduler import launch_units, packs_declined
 
-        packs = [u for u in pack_groups([r.config for r in todo]) if len(u) > 1]
+        # as the sweep would launch them where a launcher is connected already (num_gpus_per_actor
+        # auto); else as packs go in-process (on Ray: where the node the sweep runs from can hold one)
+        units = pack_groups([r.config for r in todo]) if launcher is None else launch_units(todo, launcher)
+        packs = [u for u in units if len(u) > 1]
         if packs:
             listed = "; ".join(" ".join(f"#{todo[i].index}" for i in u) for u in packs)
-            print(f"  packed (pack_runs), each pack in one worker: {listed}")
+            where = (
+                " (on Ray: where this node can hold a pack)" if launcher is None and not args.local else ""
+            )
+            print(f"  packed (pack_runs), each pack in one worker{where}: {listed}")
+        for line in [] if launcher is None else packs_declined(todo, units, launcher):
+            print(f"  {line}")
+        if launcher is not None:
+            launcher.close()
         return 0
     return _execute_sweep(sweep, todo, args, skipped=len(planned) - len(todo), launcher=launcher)
 

@@ -278,7 +278,13 @@ def test_the_sweeps_dry_run_and_header_say_which_runs_pack(tmp_path, capsys):
     sets = ["--set", "batched_clients=on", "--set", "pack_runs=on", "--set", "pack_size=3"]
     assert main(["sweep", sweep, "--dry-run", "--output", str(tmp_path / "dry"), *sets]) == 0
     out = capsys.readouterr().out
-    assert "packed (pack_runs), each pack in one worker: #1 #2 #3\n" in out
+    # without --local the sweep would go to Ray, where a pack needs this node to hold it
+    assert (
+        "packed (pack_runs), each pack in one worker (on Ray: where this node can hold a pack): #1 #2 #3\n"
+        in out
+    )
+    assert main(["sweep", sweep, "--dry-run", "--local", "--output", str(tmp_path / "dry"), *sets]) == 0
+    assert "packed (pack_runs), each pack in one worker: #1 #2 #3\n" in capsys.readouterr().out
     sets += ["--set", "rounds=1", "--set", "num_clients=4"]
     assert main(["sweep", sweep, "--local", "--output", str(tmp_path / "run"), *sets]) == 0
     out = capsys.readouterr().out
