@@ -67,6 +67,20 @@ class LocalLauncher:
 
         return execute(run.config, make_local_federation, run.restart)
 
+    def pack_refusal(self, cfg: Config) -> str | None:
+        """Why runs of ``cfg`` gain nothing packed here: in this process they train on the CPU, where
+        ``batched_clients: auto`` trains one client at a time (they would only take turns); None
+        where they train batched."""
+        if cfg.batched_clients == "auto":
+            return (
+                "in this process the runs train on the CPU, where batched_clients auto trains one client "
+                "at a time (batched_clients: on packs them here)"
+            )
+        return None
+
+    def holds_pack(self, cfg: Config) -> bool:
+        return self.pack_refusal(cfg) is None
+
     def launch_pack(self, runs: Sequence[SweepRun]) -> Iterator[tuple[int, Any]]:
         from fedray.local import make_local_federation
         from fedray.pack import execute_pack

@@ -179,19 +179,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         for p in planned:
             print(f"  {p.run.index:>3}  {p.state:<11}  {p.action:<6}  {p.run.run_id:<{width}}  {p.run.label}")
         from fedray.pack import pack_groups
-        from fedray.scheduler import launch_units, packs_declined
+        from fedray.scheduler import LocalLauncher, launch_units, packs_declined
 
-        # as the sweep would launch them where a launcher is connected already (num_gpus_per_actor
-        # auto); else as packs go in-process (on Ray: where the node the sweep runs from can hold one)
-        units = pack_groups([r.config for r in todo]) if launcher is None else launch_units(todo, launcher)
+        # as the sweep would launch them: in-process, or where a launcher is connected already
+        # (num_gpus_per_actor auto); else as they would pack on Ray where this node can hold a pack
+        planner = LocalLauncher() if args.local else launcher
+        units = pack_groups([r.config for r in todo]) if planner is None else launch_units(todo, planner)
         packs = [u for u in units if len(u) > 1]
         if packs:
             listed = "; ".join(" ".join(f"#{todo[i].index}" for i in u) for u in packs)
-            where = (
-                " (on Ray: where this node can hold a pack)" if launcher is None and not args.local else ""
-            )
+            where = " (on Ray: where this node can hold a pack)" if planner is None else ""
             print(f"  packed (pack_runs), each pack in one worker{where}: {listed}")
-        for line in [] if launcher is None else packs_declined(todo, units, launcher):
+        for line in [] if planner is None else packs_declined(todo, units, planner):
             print(f"  {line}")
         if launcher is not None:
             launcher.close()

@@ -365,6 +365,19 @@ def test_auto_packs_only_runs_that_train_batched_and_that_the_launcher_can_hold(
     assert pack_groups(auto, holds=lambda cfg: False) == [[0], [1]]
     on = [dataclasses.replace(c, pack_runs="on") for c in auto]
     assert pack_groups(on, holds=lambda cfg: False) == [[0, 1]]
+    # in-process (--local) the runs train on the CPU, where batched_clients auto trains one client at
+    # a time: auto packs them only where batched_clients is on, and says why the others go alone
+    from fedray.scheduler import LocalLauncher, launch_units, packs_declined
+
+    runs = sweep_runs(auto)
+    assert launch_units(runs, LocalLauncher()) == [[0], [1]]
+    assert packs_declined(runs, [[0], [1]], LocalLauncher()) == [
+        "pack_runs auto: 2 runs go alone: in this process the runs train on the CPU, where batched_clients "
+        "auto trains one client at a time (batched_clients: on packs them here)"
+    ]
+    assert launch_units(
+        sweep_runs([dataclasses.replace(c, batched_clients="on") for c in auto]), LocalLauncher()
+    ) == [[0, 1]]
 
 
 def test_a_run_that_finished_stays_finished_when_its_pack_is_stopped_right_after(tmp_path):
