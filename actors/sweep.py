@@ -102,10 +102,6 @@ class RayLauncher:
             f"num_cpus_per_actor {cfg.num_cpus_per_actor:g} and num_gpus_per_actor {cfg.num_gpus_per_actor:g}"
         )
 
-    def holds_pack(self, cfg: Config) -> bool:
-        """Whether this node can hold a pack of runs of ``cfg`` (`pack_refusal`)."""
-        return self.pack_refusal(cfg) is None
-
     def launch_pack(self, runs: Sequence[SweepRun]) -> Iterator[tuple[int, Any]]:
         """A pack's runs in one worker (`actors.coordinator.PackWorker`) of one actor's CPUs and GPU
         share, on this node (it writes the results folder, a path here). A worker lost (its process

@@ -30,8 +30,6 @@ class ConfigError(ValueError):
     def of(cls, problems: Sequence[str]) -> ConfigError:
         """One error for every problem found at once, each naming its key: a single one as it is,
         several as a list, so a config with three mistakes is mended in one go, not three runs."""
-        if len(problems) == 1:
-            return cls(problems[0])
         return cls(all_problems(problems), problems)
 
 

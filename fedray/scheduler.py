@@ -40,7 +40,9 @@ class Launcher(Protocol):
         """Stop every run in flight (Ctrl-C)."""
 
     # A launcher that runs packs (`fedray.pack`) also has
-    # ``launch_pack(runs) -> Iterator[(k, Event | fedray.pack.Ended)]``: the runs in one worker.
+    # ``launch_pack(runs) -> Iterator[(k, Event | fedray.pack.Ended)]``: the runs in one worker; and
+    # may have ``pack_refusal(cfg) -> str | None``: why it cannot hold a pack of such runs (pack_runs
+    # auto then runs them alone, `launch_units`), None where it can.
 
 
 class LocalLauncher:
@@ -77,9 +79,6 @@ class LocalLauncher:
                 "at a time (batched_clients: on packs them here)"
             )
         return None
-
-    def holds_pack(self, cfg: Config) -> bool:
-        return self.pack_refusal(cfg) is None
 
     def launch_pack(self, runs: Sequence[SweepRun]) -> Iterator[tuple[int, Any]]:
         from fedray.local import make_local_federation
@@ -287,12 +286,15 @@ def run_sweep(
 
 def launch_units(runs: Sequence[SweepRun], launcher: Launcher) -> list[list[int]]:
     """The runs' launch units (`fedray.pack.pack_groups`), as `run_sweep` launches them on
-    ``launcher``; a launcher that cannot run packs runs every run alone."""
+    ``launcher``: where it refuses a pack of auto runs (``pack_refusal``), they go alone; a launcher
+    that cannot run packs runs every run alone."""
     from fedray.pack import pack_groups
 
     if getattr(launcher, "launch_pack", None) is None:
         return [[i] for i in range(len(runs))]
-    return pack_groups([r.config for r in runs], getattr(launcher, "holds_pack", None))
+    refusal = getattr(launcher, "pack_refusal", None)
+    holds = None if refusal is None else (lambda cfg: refusal(cfg) is None)
+    return pack_groups([r.config for r in runs], holds)
 
 
 def packs_declined(runs: Sequence[SweepRun], units: list[list[int]], launcher: Launcher) -> list[str]:

@@ -306,9 +306,6 @@ def test_the_header_says_why_auto_runs_go_alone_where_the_launcher_cannot_hold_t
         def pack_refusal(self, cfg):
             return f"this node has 0 GPUs; it asks for num_gpus_per_actor {cfg.num_gpus_per_actor:g}"
 
-        def holds_pack(self, cfg):
-            return False
-
     monkeypatch.setattr(fedray.api, "sweep_launcher", lambda *a, **k: NoRoomHere())
     sweep = str(ROOT / "jobs" / "configs" / "digits_sweep.yaml")
     sets = ["pack_runs=auto", "num_gpus_per_actor=0.5", "pack_size=3", "rounds=1", "num_clients=4"]
