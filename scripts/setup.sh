@@ -16,7 +16,10 @@ fi
 # One resolver run for everything. Installed modules are byte-compiled here: where
 # PYTHONDONTWRITEBYTECODE is set (as on the CI machines), nothing compiled later is kept, and every
 # process of the test suite would compile torch and Ray again (the suite then takes twice as long).
-.venv/bin/python -m pip install --quiet "torch==2.14.1" "torchvision==0.29.1" -e ".[test]"
+# pip compiles one file at a time; compileall uses every core (about 12 s less on 2 cores). A file
+# that does not compile is skipped, as pip skips it (torch ships one in Python 3.12's syntax).
+.venv/bin/python -m pip install --quiet --no-compile "torch==2.14.1" "torchvision==0.29.1" -e ".[test]"
+.venv/bin/python -m compileall -q -j 0 "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null || true
 
 # Real Fashion-MNIST for the benchmark and the paper configs (optional: digits needs nothing).
 if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
