@@ -195,7 +195,13 @@ def decode(tree: Any, arrays: list[np.ndarray], baton: Callable[[int, Any], Any]
         if isinstance(fields, dict) and renames:
             fields = {renames.get(k, k): v for k, v in fields.items()}
         names = {f.name for f in dataclasses.fields(cls) if f.init}
-        if not isinstance(fields, dict) or set(fields) != names:
+        # a field added since the file was written takes its default (a file of an older fedray)
+        needed = {
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        }
+        if not isinstance(fields, dict) or not needed <= set(fields) <= names:
             raise ValueError(
                 f"{cls.__qualname__} has fields {sorted(names)}, the file {sorted(fields or {})} "
                 "(written by another fedray version?)"

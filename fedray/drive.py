@@ -54,7 +54,7 @@ def _failed_together(cids: list[int], what: str, e: Exception) -> ClientError:
     return ClientError(cids[0], f"{what} of clients {cids}: {type(e).__name__}: {e}", traceback.format_exc())
 
 
-Answer = Trained | EvalStats | np.ndarray
+Answer = Trained | EvalStats | np.ndarray | tuple[np.ndarray, np.ndarray]
 
 
 def _answer(yielded: Any, answers: list[Answer]) -> Answer | list[Answer]:

@@ -282,7 +282,9 @@ def evaluate(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tenso
 
 
 @torch.no_grad()
-def evaluate_requests(clients: Sequence[Client], evals: Sequence[Evaluation]) -> list[EvalStats | np.ndarray]:
+def evaluate_requests(
+    clients: Sequence[Client], evals: Sequence[Evaluation]
+) -> list[EvalStats | np.ndarray | tuple[np.ndarray, np.ndarray]]:
     """Each `Evaluation` on its client's split (``clients[i]`` evaluates ``evals[i]``): the numbers of
     evaluating each alone (`evaluate`'s, batch by batch, summed in order; or each sample's values).
     Evaluations of one model (the same ``params`` object and arch) load it once, and every batch's
@@ -315,7 +317,7 @@ def evaluate_requests(clients: Sequence[Client], evals: Sequence[Evaluation]) ->
                 ) from e
         model.train()
     flat = torch.cat(queued).cpu().numpy() if queued else np.zeros(0)  # the call's one copy
-    out: list[EvalStats | np.ndarray] = [EvalStats()] * len(evals)
+    out: list[Any] = [EvalStats()] * len(evals)
     at = 0
     for i in (i for members in by_model.values() for i in members):  # in the order they were queued
         kind = evals[i].per_sample
@@ -332,18 +334,24 @@ def evaluate_requests(clients: Sequence[Client], evals: Sequence[Evaluation]) ->
             size = int(np.prod(shape))
             parts.append(flat[at : at + size].reshape(shape))
             at += size
-        width = () if kind == "loss" else (clients[i].task.spec.num_classes,)
+        classes = clients[i].task.spec.num_classes
+        width = {"loss": (), "proba": (classes,), "loss_proba": (1 + classes,)}[kind]
         values = np.concatenate(parts) if parts else np.zeros((0, *width))
-        out[i] = values if kind == "loss" else values.astype(np.float32)
+        if kind == "loss_proba":  # each value as its own kind gives it (float32 -> float64 is exact)
+            out[i] = (values[:, 0].copy(), values[:, 1:].astype(np.float32))
+        else:
+            out[i] = values if kind == "loss" else values.astype(np.float32)
     return out
 
 
 def _batch_values(logits: torch.Tensor, y: torch.Tensor, kind: str | None) -> torch.Tensor:
     """One batch's values on the device: its summed cross-entropy and correct predictions, or each
-    sample's cross-entropy or softmax probabilities."""
+    sample's cross-entropy, softmax probabilities, or both (a column of the one, then the other)."""
     if kind == "loss":
         return nn.functional.cross_entropy(logits, y, reduction="none")
     if kind == "proba":
         return torch.softmax(logits, 1)
+    if kind == "loss_proba":
+        return torch.cat([_batch_values(logits, y, "loss")[:, None], _batch_values(logits, y, "proba")], 1)
     loss = nn.functional.cross_entropy(logits, y, reduction="sum")
     return torch.stack([loss.double(), (logits.argmax(1) == y).sum().double()])

@@ -171,7 +171,7 @@ class Trained:
 
 
 SPLITS = ("train", "test")
-PER_SAMPLE = (None, "loss", "proba")
+PER_SAMPLE = (None, "loss", "proba", "loss_proba")
 
 
 @dataclass(frozen=True, eq=False)
@@ -187,7 +187,9 @@ class Evaluation:
 
     With ``per_sample`` the answer is each sample's value instead, in the split's order: ``"loss"``,
     the cross-entropies (float64, n; the E-steps of FedEM, FedRC and FedSoft), ``"proba"``, the
-    softmax probabilities (float32, n x classes; the mixtures' ensembles).
+    softmax probabilities (float32, n x classes; the mixtures' ensembles), ``"loss_proba"``, both
+    from one pass, as a pair (the mixtures' ensembles on the training split, whose losses the next
+    round's E-step reads instead of a second pass).
 
     The numbers are those of evaluating the client alone. Where the host runs its clients together
     (batched clients), every evaluation they yield at one point runs in one call: each model loaded
@@ -197,7 +199,7 @@ class Evaluation:
     params: Params
     split: str = "train"  # "train": the training split in order; "test": the client's test split
     arch: Arch = TASK  # the network ``params`` belong to
-    per_sample: str | None = None  # None: the split's EvalStats; "loss" or "proba": each sample's
+    per_sample: str | None = None  # None: the split's EvalStats; "loss", "proba", "loss_proba": each sample's
 
     def __post_init__(self) -> None:
         if self.split not in SPLITS:

@@ -393,14 +393,15 @@ def _per_sample(client, cstate, msg):
         Evaluation(m, split, per_sample=kind)
         for m in msg["models"]
         for split in ("train", "test")
-        for kind in ("loss", "proba")
+        for kind in ("loss", "proba", "loss_proba")
     ]
     return got, cstate
 
 
 def test_per_sample_evaluations_give_each_samples_loss_and_probabilities_in_split_order():
     # The E-steps' per-sample losses (float64) and the ensembles' probabilities (float32): each
-    # the model's own on the client's batches, in order, on either engine.
+    # the model's own on the client's batches, in order, on either engine; both from one pass
+    # (loss_proba, what a mixture's evaluation keeps for the next E-step) are the same values.
     off, on = _with_test_splits("off"), _with_test_splits("on")
     msg = {"models": _starts(off, 2)}
     cids = off.client_ids
@@ -414,7 +415,9 @@ def test_per_sample_evaluations_give_each_samples_loss_and_probabilities_in_spli
                 for batches in (client.eval_train_batches, client.test_batches):
                     with torch.no_grad():
                         logits = [(model(x), y) for x, y in batches()]
-                    loss, proba = next(got), next(got)
+                    loss, proba, (both_loss, both_proba) = next(got), next(got), next(got)
+                    assert both_loss.dtype == loss.dtype and np.array_equal(both_loss, loss)
+                    assert both_proba.dtype == proba.dtype and np.array_equal(both_proba, proba)
                     n = sum(len(y) for _, y in logits)
                     assert loss.dtype == np.float64 and loss.shape == (n,)
                     assert proba.dtype == np.float32 and proba.shape == (n, 4)

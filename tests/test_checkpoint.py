@@ -105,9 +105,10 @@ def test_what_is_not_plain_data_is_refused_naming_where_it_is():
         encode(Inner(np.zeros(1)), [], "state")  # defined outside fedray: a file could not name it safely
 
 
-def test_a_checkpoint_written_before_a_class_moved_or_a_field_was_renamed_reads_back():
+def test_a_checkpoint_written_before_a_class_moved_or_a_field_was_renamed_or_added_reads_back():
     """Checkpoints of format 1 name FedEM's and CFL's states as they were (fedray.algorithms.fedem:State,
-    :ClientMixture; cfl:State with its field ``layers``): they read back as the classes that hold them now."""
+    :ClientMixture; cfl:State with its field ``layers``): they read back as the classes that hold them now,
+    a field added since with its default. A field without a default that the file lacks is refused."""
     from fedray.algorithms.mixture.client import ClientMixture
     from fedray.algorithms.mixture.fedem import MixtureState
     from fedray.algorithms.splitting.cfl import SplitState
@@ -138,7 +139,9 @@ def test_a_checkpoint_written_before_a_class_moved_or_a_field_was_renamed_reads_
         },
         arrays,
     )
+    # written before ClientMixture kept the evaluation's losses: those fields take their defaults
     assert type(client) is ClientMixture and client.gamma.shape == (1, 2)
+    assert client.next_losses is None and client.next_round == -1
     cfl = decode(
         {
             "__dataclass__": "fedray.algorithms.cfl:State",

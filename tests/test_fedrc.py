@@ -4,6 +4,8 @@ tested by hand in test_mixture.py."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -53,6 +55,59 @@ def test_fedrc_round_0_uses_a_constant_prior_so_it_is_fedems_round(tmp_path):
     first = lambda df: df[df["round"] == 1].reset_index(drop=True)  # noqa: E731
     assert first(got).equals(first(ref))
     assert not got[got["round"] == 3]["value"].equals(ref[ref["round"] == 3]["value"].reset_index(drop=True))
+
+
+@pytest.mark.parametrize("algorithm", ["fedem", "fedrc"])
+def test_the_e_step_reads_the_losses_the_last_evaluation_found_with_the_same_numbers(
+    tmp_path, monkeypatch, algorithm
+):
+    """Every client in every round: the evaluation's ensemble on the training splits keeps each
+    model's per-sample losses, and the next round's E-step reads them instead of evaluating the same
+    models on the same split again. The numbers are those of evaluating again, bit for bit."""
+    from fedray import drive
+    from fedray.algorithms.mixture import ensemble
+
+    loss_passes = []
+    counted = drive.evaluate_requests
+
+    def counting(clients, evals):
+        loss_passes.extend(e for e in evals if e.per_sample == "loss")
+        return counted(clients, evals)
+
+    monkeypatch.setattr(drive, "evaluate_requests", counting)
+    hp = {"num_clusters": 2}
+    kept = metrics(small_config(tmp_path / "kept", algorithm=algorithm, hp=hp, **OVER))
+    assert len(loss_passes) == 6 * 2  # round 0's E-step only: 6 clients, 2 models
+    evaluate = ensemble.evaluate
+    monkeypatch.setattr(ensemble, "evaluate", lambda fed, live, hard, rnd=None: evaluate(fed, live, hard))
+    loss_passes.clear()
+    again = metrics(small_config(tmp_path / "again", algorithm=algorithm, hp=hp, **OVER))
+    assert len(loss_passes) == 3 * 6 * 2  # every round's E-step
+    numbers = lambda df: df[~df["metric"].str.contains("seconds")].reset_index(drop=True)  # noqa: E731
+    assert numbers(kept).equals(numbers(again)), numbers(kept).compare(numbers(again))
+
+
+def test_a_client_that_missed_the_evaluation_or_whose_models_changed_evaluates_again():
+    state = mixture_client.fresh([0, 1], 3)
+    kept = np.array([[0.5, 1.0, 2.0], [2.0, 1.0, 0.5]])
+    state = mixture_client.ClientMixture(state.ids, state.gamma, state.omega, next_losses=kept, next_round=4)
+    models = [{"w": np.zeros(1)}, {"w": np.ones(1)}]
+
+    def e_step(state, msg):
+        client = SimpleNamespace(train_labels=lambda: np.array([0, 1, 0]))
+        gen = mixture_client.e_step(client, state, models, msg)
+        try:
+            asked = next(gen)
+        except StopIteration as done:
+            return None, done.value
+        return asked, None
+
+    asked, got = e_step(state, {"round": 4})  # the round it was kept for: read, and dropped
+    assert asked is None and got.next_losses is None and got.next_round == -1
+    assert np.array_equal(got.gamma, mixture_client.mixture.e_step(kept, state.omega, None, None))
+    for msg in ({"round": 5}, {}):  # another round (it missed an evaluation), a test client's E-step
+        asked, _ = e_step(state, msg)
+        assert [e.per_sample for e in asked] == ["loss", "loss"]
 
 
 def test_the_label_prior_is_built_from_every_clients_last_statistics(tmp_path):

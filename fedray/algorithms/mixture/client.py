@@ -5,6 +5,12 @@ training split, eval mode; gamma_kj = softmax_k(log omega_k - l_kj), FedRC: minu
 omega_k = mean_j gamma_kj), the per-class gamma sums S[k, y] (FedRC's label prior; FedEM ignores
 them), then each model with omega_k > 0 trained for the local epochs on (1/|B|) sum_b gamma_bk CE_b
 from the received weights.
+
+The losses l_kj are those of the models the last evaluation ran on the same split (its ensemble's
+train accuracy): where every client takes part in every round, the evaluation keeps them in the
+client's state (``next_losses``, for round ``next_round``) and the E-step reads them instead of a
+second pass over the split with the same models (the same numbers; a fifth of a FedRC round on the
+CPU). A client that missed that evaluation, or whose models changed since, evaluates them again.
 """
 
 from __future__ import annotations
@@ -32,6 +38,10 @@ class ClientMixture:
     nu: np.ndarray | None = None  # FedRC-Adam's first moment of gamma (K x n)
     a: np.ndarray | None = None  # FedRC-Adam's second moment
     opt: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)  # model id -> SGD buffers
+    # the per-sample losses (K x n) of the models round ``next_round`` sends, as the evaluation
+    # before it found them on the training split (`fedray.algorithms.mixture.ensemble.own_ensemble_eval`)
+    next_losses: np.ndarray | None = None
+    next_round: int = -1
 
 
 def fresh(ids: list[int], n: int) -> ClientMixture:
@@ -57,8 +67,13 @@ def e_step(
     client: Client, state: ClientMixture, models: list[Params], msg: dict
 ) -> Generator[list[Evaluation], list[np.ndarray], ClientMixture]:
     """gamma and omega from the received models (with the label prior and Adam where the message
-    says): each model's per-sample losses on the training split, yielded (`fedray.Evaluation`)."""
-    losses = np.stack((yield [Evaluation(m, per_sample="loss") for m in models]))
+    says): each model's per-sample losses on the training split, yielded (`fedray.Evaluation`), or
+    those the last evaluation kept for this round (``next_losses``)."""
+    kept = state.next_losses if "round" in msg and state.next_round == msg["round"] else None
+    if kept is not None and len(kept) == len(models):
+        losses = kept
+    else:
+        losses = np.stack((yield [Evaluation(m, per_sample="loss") for m in models]))
     gamma = mixture.e_step(losses, state.omega, client.train_labels(), msg.get("prior"))
     nu, a = state.nu, state.a
     if msg.get("adam") is not None:
@@ -66,7 +81,9 @@ def e_step(
         gamma, nu, a = mixture.adam_gamma(
             state.gamma, gamma, zero if nu is None else nu, zero if a is None else a, msg["adam"]
         )
-    return replace(state, gamma=gamma, omega=mixture.omega_update(gamma), nu=nu, a=a)
+    return replace(
+        state, gamma=gamma, omega=mixture.omega_update(gamma), nu=nu, a=a, next_losses=None, next_round=-1
+    )
 
 
 def train_models(client: Client, state: ClientMixture, models: list[Params], msg: dict):

@@ -11,6 +11,7 @@ split (pooled; FedRC reads its numbers at the round of best train accuracy).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Generator
 from typing import Any
 
@@ -57,16 +58,27 @@ def ensemble_eval(client: Client, state: ClientMixture, models: list[Params], ha
 
 def own_ensemble_eval(client: Client, cstate: Any, msg: dict) -> Generator[Any, Any, tuple[dict, Any]]:
     """Client function: the client's ensemble (its omega) on its training split and, if it has one,
-    its test split (FedRC's train and local accuracy), both asked at once. State unchanged."""
+    its test split (FedRC's train and local accuracy), both asked at once. Where the message names
+    the round that sends these models next (``keep_for``), the models' per-sample losses on the
+    training split come from the same pass and are kept in the client's state for that round's
+    E-step (`fedray.algorithms.mixture.client.e_step`); the state is otherwise unchanged."""
     state = aligned(cstate, msg["ids"], client.num_examples)
+    keep = msg.get("keep_for") is not None and cstate is not None  # a client that never trained: none
     splits = ["train", "test"] if client.num_test_examples else ["train"]
-    probas = yield [e for split in splits for e in ensemble_asked(msg["models"], split)]
+    asked = ensemble_asked(msg["models"], "train")
+    if keep:
+        asked = [dataclasses.replace(e, per_sample="loss_proba") for e in asked]
+    got = yield asked + (ensemble_asked(msg["models"], "test") if "test" in splits else [])
     k = len(msg["models"])
+    losses = [g[0] for g in got[:k]] if keep else None
+    probas = [g[1] for g in got[:k]] + got[k:] if keep else got
     out = {}
     for j, split in enumerate(splits):
         out[split] = ensemble_stats(
             state, probas[j * k : (j + 1) * k], split_labels(client, split), msg["hard"]
         )
+    if keep:
+        return out, dataclasses.replace(state, next_losses=np.stack(losses), next_round=msg["keep_for"])
     return out, cstate
 
 
@@ -88,10 +100,12 @@ def pooled(replies: dict, part: str) -> float:
     return sum(g["correct"] for g in got) / max(1, sum(g["samples"] for g in got))
 
 
-def evaluate(fed: Federation, live: dict[int, Params], hard: bool) -> list[Record]:
-    """The records of an evaluation of the live models ``live`` (model id -> weights): accuracy and
-    loss, train_accuracy and train_loss, local_accuracy (per client and pooled) where clients have
-    test splits, purity where the clients' groups are known, live_models."""
+def evaluate(fed: Federation, live: dict[int, Params], hard: bool, rnd: int | None = None) -> list[Record]:
+    """The records of an evaluation of the live models ``live`` (model id -> weights) after round
+    ``rnd``: accuracy and loss, train_accuracy and train_loss, local_accuracy (per client and
+    pooled) where clients have test splits, purity where the clients' groups are known, live_models.
+    Where every client takes part in every round, the clients keep their training splits' losses
+    for round ``rnd`` + 1's E-step (`own_ensemble_eval`)."""
     ids = sorted(live)
     models = [live[i] for i in ids]
     omega = fed.map(report_omega, fed.client_ids, {"ids": ids})
@@ -108,7 +122,9 @@ def evaluate(fed: Federation, live: dict[int, Params], hard: bool) -> list[Recor
             rec("accuracy", sum(p["correct"] for p in parts) / samples),
             rec("loss", sum(p["loss_sum"] for p in parts) / samples),
         ]
-    own = fed.map(own_ensemble_eval, fed.eval_client_ids, {"ids": ids, "models": models, "hard": hard})
+    keep_for = rnd + 1 if rnd is not None and fed.task.participation >= 1.0 else None
+    msg = {"ids": ids, "models": models, "hard": hard, "keep_for": keep_for}
+    own = fed.map(own_ensemble_eval, fed.eval_client_ids, msg)
     records.append(rec("train_accuracy", pooled(own, "train")))  # FedRC's, to pick the reported round
     records.append(
         rec(

@@ -161,4 +161,4 @@ def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, 
 
 
 def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Record]:
-    return ensemble.evaluate(fed, state.models, hp.hard_predict)
+    return ensemble.evaluate(fed, state.models, hp.hard_predict, rnd)

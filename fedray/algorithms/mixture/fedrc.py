@@ -124,7 +124,7 @@ def finetuned_eval(client: Client, cstate: Any, msg: dict):
 
 
 def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Record]:
-    records = ensemble.evaluate(fed, state.models, hp.hard_predict)
+    records = ensemble.evaluate(fed, state.models, hp.hard_predict, rnd)
     if hp.finetune:  # after FedEM's evaluation: test clients fine-tune with the gamma of its E-step
         ids = sorted(state.models)
         with_test = [c for c, k in fed.num_test_examples(fed.eval_client_ids).items() if k > 0]
