@@ -87,6 +87,31 @@ def test_the_e_step_reads_the_losses_the_last_evaluation_found_with_the_same_num
     assert numbers(kept).equals(numbers(again)), numbers(kept).compare(numbers(again))
 
 
+def test_clients_that_kept_losses_train_in_one_stack_with_those_that_evaluate_again(tmp_path, monkeypatch):
+    """Stacked clients, only some evaluated (eval_clients): the others evaluate again in the next
+    E-step, and every client's updates still train in the one stack they would without kept losses."""
+    from fedray import batched
+    from fedray.algorithms.mixture import ensemble
+
+    stacks = []
+    stacked = batched.train_stacked
+
+    def recording(clients, updates):
+        stacks.append(sorted(c.cid for c in clients))
+        return stacked(clients, updates)
+
+    monkeypatch.setattr(batched, "train_stacked", recording)
+    over = {**OVER, "batched_clients": "on", "eval_clients": 3}
+    kept = metrics(small_config(tmp_path / "kept", algorithm="fedrc", hp={"num_clusters": 2}, **over))
+    kept_stacks, stacks[:] = list(stacks), []
+    evaluate = ensemble.evaluate
+    monkeypatch.setattr(ensemble, "evaluate", lambda fed, live, hard, rnd=None: evaluate(fed, live, hard))
+    again = metrics(small_config(tmp_path / "again", algorithm="fedrc", hp={"num_clusters": 2}, **over))
+    assert kept_stacks == stacks and len(stacks) == 3 and all(len(s) == 12 for s in stacks)
+    numbers = lambda df: df[~df["metric"].str.contains("seconds")].reset_index(drop=True)  # noqa: E731
+    assert numbers(kept).equals(numbers(again)), numbers(kept).compare(numbers(again))
+
+
 def test_a_client_that_missed_the_evaluation_or_whose_models_changed_evaluates_again():
     state = mixture_client.fresh([0, 1], 3)
     kept = np.array([[0.5, 1.0, 2.0], [2.0, 1.0, 0.5]])
@@ -96,17 +121,18 @@ def test_a_client_that_missed_the_evaluation_or_whose_models_changed_evaluates_a
     def e_step(state, msg):
         client = SimpleNamespace(train_labels=lambda: np.array([0, 1, 0]))
         gen = mixture_client.e_step(client, state, models, msg)
-        try:
-            asked = next(gen)
-        except StopIteration as done:
-            return None, done.value
-        return asked, None
+        return gen, next(gen)
 
-    asked, got = e_step(state, {"round": 4})  # the round it was kept for: read, and dropped
-    assert asked is None and got.next_losses is None and got.next_round == -1
+    # the round it was kept for: read, and dropped; an empty step where the evaluation would be
+    gen, asked = e_step(state, {"round": 4})
+    assert asked == []
+    with pytest.raises(StopIteration) as done:
+        gen.send([])
+    got = done.value.value
+    assert got.next_losses is None and got.next_round == -1
     assert np.array_equal(got.gamma, mixture_client.mixture.e_step(kept, state.omega, None, None))
     for msg in ({"round": 5}, {}):  # another round (it missed an evaluation), a test client's E-step
-        asked, _ = e_step(state, msg)
+        _, asked = e_step(state, msg)
         assert [e.per_sample for e in asked] == ["loss", "loss"]
 
 

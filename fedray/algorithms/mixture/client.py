@@ -10,7 +10,9 @@ The losses l_kj are those of the models the last evaluation ran on the same spli
 train accuracy): where every client takes part in every round, the evaluation keeps them in the
 client's state (``next_losses``, for round ``next_round``) and the E-step reads them instead of a
 second pass over the split with the same models (the same numbers; a fifth of a FedRC round on the
-CPU). A client that missed that evaluation, or whose models changed since, evaluates them again.
+CPU). They are the losses of the models the run's state holds from that evaluation to the next
+round, which sends the same ones (the algorithm's code keeps it so). A client that missed that
+evaluation (``eval_clients``; a round of other model ids) evaluates them again.
 """
 
 from __future__ import annotations
@@ -71,6 +73,9 @@ def e_step(
     those the last evaluation kept for this round (``next_losses``)."""
     kept = state.next_losses if "round" in msg and state.next_round == msg["round"] else None
     if kept is not None and len(kept) == len(models):
+        # nothing to evaluate, yet a step as the others': a call's clients that kept losses and
+        # those that evaluate again then yield their updates together (one stack, as without kept)
+        yield []
         losses = kept
     else:
         losses = np.stack((yield [Evaluation(m, per_sample="loss") for m in models]))
