@@ -72,7 +72,7 @@ def e_step(
     says): each model's per-sample losses on the training split, yielded (`fedray.Evaluation`), or
     those the last evaluation kept for this round (``next_losses``)."""
     kept = state.next_losses if "round" in msg and state.next_round == msg["round"] else None
-    if kept is not None and len(kept) == len(models):
+    if kept is not None:  # kept for these models: `aligned` drops it where their ids changed
         # nothing to evaluate, yet a step as the others': a call's clients that kept losses and
         # those that evaluate again then yield their updates together (one stack, as without kept)
         yield []

@@ -28,9 +28,10 @@ from fedray.records import Record, rec
 from fedray.update import Evaluation
 
 
-def ensemble_asked(models: list[Params], split: str) -> list[Evaluation]:
-    """The evaluations an ensemble on the client's ``split`` needs: each model's probabilities."""
-    return [Evaluation(p, split, per_sample="proba") for p in models]
+def ensemble_asked(models: list[Params], split: str, per_sample: str = "proba") -> list[Evaluation]:
+    """The evaluations an ensemble on the client's ``split`` needs: each model's probabilities
+    (``loss_proba``: with its losses, from the same pass)."""
+    return [Evaluation(p, split, per_sample=per_sample) for p in models]
 
 
 def split_labels(client: Client, split: str) -> np.ndarray:
@@ -65,20 +66,19 @@ def own_ensemble_eval(client: Client, cstate: Any, msg: dict) -> Generator[Any, 
     state = aligned(cstate, msg["ids"], client.num_examples)
     keep = msg.get("keep_for") is not None and cstate is not None  # a client that never trained: none
     splits = ["train", "test"] if client.num_test_examples else ["train"]
-    asked = ensemble_asked(msg["models"], "train")
-    if keep:
-        asked = [dataclasses.replace(e, per_sample="loss_proba") for e in asked]
-    got = yield asked + (ensemble_asked(msg["models"], "test") if "test" in splits else [])
+    kinds = {"train": "loss_proba" if keep else "proba", "test": "proba"}
+    probas = yield [e for split in splits for e in ensemble_asked(msg["models"], split, kinds[split])]
     k = len(msg["models"])
-    losses = [g[0] for g in got[:k]] if keep else None
-    probas = [g[1] for g in got[:k]] + got[k:] if keep else got
+    if keep:  # the training split's (losses, probabilities) pairs
+        losses = np.stack([pair[0] for pair in probas[:k]])
+        probas = [pair[1] for pair in probas[:k]] + probas[k:]
     out = {}
     for j, split in enumerate(splits):
         out[split] = ensemble_stats(
             state, probas[j * k : (j + 1) * k], split_labels(client, split), msg["hard"]
         )
     if keep:
-        return out, dataclasses.replace(state, next_losses=np.stack(losses), next_round=msg["keep_for"])
+        return out, dataclasses.replace(state, next_losses=losses, next_round=msg["keep_for"])
     return out, cstate
 
 
