@@ -4,10 +4,19 @@ import os
 import time
 from pathlib import Path
 
-import pytest
+# One thread for OpenMP (PyTorch's CPU kernels, MKL), OpenBLAS and MKL in every process of the suite:
+# its two xdist workers, the Ray they start, and the fedray commands they run already take the
+# machine's cores, and a library spreading one small product over every core then spins waiting for
+# threads that other processes hold (tests/test_batched.py under -n 2 on 2 cores: 92 CPU-seconds
+# this way and 72 with one thread each). Set before anything imports torch or numpy, which read
+# these once. fedray itself gives each host the torch threads of its CPUs (`num_cpus_per_actor`).
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
-from fedray.config import Config
-from fedray.validation import from_dict
+import pytest  # noqa: E402
+
+from fedray.config import Config  # noqa: E402
+from fedray.validation import from_dict  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
