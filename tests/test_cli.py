@@ -55,7 +55,7 @@ def test_readmes_first_run_prints_the_numbers_readme_shows(tmp_path):
     assert len(want) == 5
     decimal = re.compile(r"\d+\.\d+")
     assert [decimal.sub("#", g) for g in got] == [decimal.sub("#", w) for w in want]
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert [float(x) for x in decimal.findall(g)] == pytest.approx(
             [float(x) for x in decimal.findall(w)], abs=0.0015
         ), (g, w)
