@@ -35,7 +35,7 @@ def test_a_killed_client_actor_costs_rounds_not_numbers(ray_session, tmp_path):
 
     ref = small_config(tmp_path / "ref", **SLOW)
     list(execute(ref, make_local_federation))
-    cfg = small_config(tmp_path / "ray", num_actors=3, **SLOW)
+    cfg = small_config(tmp_path / "ray", num_actors=2, **SLOW)  # one killed, one left holding its clients
     handle, events, killed = RunHandle(), [], False
     for ev in stream_run(cfg, handle=handle):
         events.append(ev)
