@@ -120,9 +120,8 @@ def test_ctrl_c_stops_the_sweep_cleanly_and_frees_what_it_held(ray_session, tmp_
 
     from fedray.results import run_state
 
-    path = sweep_file(
-        tmp_path, "num_actors: 1\ngrid:\n  lr: [0.05, 0.1]\n"
-    )  # an actor a run: start-up is the cost
+    # one client actor a run: each one more costs the suite its start-up and checks nothing more
+    path = sweep_file(tmp_path, "num_actors: 1\ngrid:\n  lr: [0.05, 0.1]\n")
     cmd = [sys.executable, "-m", "jobs.cli", "sweep", str(path), "--set", "rounds=100000", "--verbose"]
     env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
     if mode == "local":
