@@ -4,7 +4,7 @@ import os
 import time
 from pathlib import Path
 
-# One thread for OpenMP (PyTorch's CPU kernels, MKL), OpenBLAS and MKL in every process of the suite:
+# One thread for OpenMP (PyTorch's CPU kernels), OpenBLAS (numpy) and MKL in every process of the suite:
 # its two xdist workers, the Ray they start, and the fedray commands they run already take the
 # machine's cores, and a library spreading one small product over every core then spins waiting for
 # threads that other processes hold (tests/test_batched.py under -n 2 on 2 cores: 92 CPU-seconds
