@@ -3,6 +3,7 @@ docs/algorithms/common.md#the-fedavg-core), and the evaluation loops."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.optim.sgd import sgd as sgd_rule
 
 from fedray import seeding
 from fedray.client import Client
@@ -49,9 +51,53 @@ class TrainStats(EvalStats):
         self.stacked += other.stacked
 
 
-def sgd(params: Iterable[nn.Parameter], client: Client) -> torch.optim.SGD:
+class SGD:
+    """`torch.optim.SGD` (dampening 0, no Nesterov) as the per-client engine runs it: each step is
+    torch's own functional form of that optimizer's rule (`torch.optim.sgd.sgd`) given what
+    `torch.optim.SGD.step` gives it, so the numbers are the optimizer's bit for bit
+    (tests/test_train.py), and the momentum buffers sit where the optimizer keeps them
+    (``state[p]["momentum_buffer"]``, the parameters in ``param_groups``).
+
+    Why not the optimizer itself: `torch.optim.Optimizer`'s methods are wrapped for TorchDynamo, and
+    the first call imports ``torch._dynamo`` (about 1.1 s of CPU), in every process that trains:
+    each client actor, each pack worker, each command. The functional form imports nothing."""
+
+    def __init__(
+        self, params: Iterable[nn.Parameter], lr: float, momentum: float, weight_decay: float
+    ) -> None:
+        self.param_groups = [{"params": list(params)}]
+        self.state: dict[torch.Tensor, dict[str, torch.Tensor]] = defaultdict(dict)
+        self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
+
+    def zero_grad(self) -> None:
+        """The gradients dropped (`torch.optim.Optimizer.zero_grad`'s default, ``set_to_none``)."""
+        for p in self.param_groups[0]["params"]:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        params = [p for p in self.param_groups[0]["params"] if p.grad is not None]
+        buffers = [self.state[p].get("momentum_buffer") for p in params] if self.momentum else []
+        sgd_rule(
+            params,
+            [p.grad for p in params],
+            buffers,
+            weight_decay=self.weight_decay,
+            momentum=self.momentum,
+            lr=self.lr,
+            dampening=0.0,
+            nesterov=False,
+            maximize=False,
+        )
+        if self.momentum:  # without momentum the optimizer keeps no buffer
+            for p, buf in zip(params, buffers, strict=True):
+                self.state[p]["momentum_buffer"] = buf
+
+
+def sgd(params: Iterable[nn.Parameter], client: Client) -> SGD:
+    """The task's SGD (lr, momentum, weight decay) over ``params``."""
     t = client.task
-    return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
+    return SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
 
 
 # Batches of one epoch: epoch -> (inputs, labels, positions in the training split) triples.
@@ -59,8 +105,8 @@ Batches = Callable[[int], Iterable[tuple[torch.Tensor, torch.Tensor, np.ndarray 
 
 
 def train_update(client: Client, update: LocalUpdate, draw: int = 0) -> Trained:
-    """The per-client engine: ``update`` run on one model with `torch.optim.SGD` (the task's lr,
-    momentum and weight decay; fresh unless the update gives buffers), one batch at a time.
+    """The per-client engine: ``update`` run on one model with `torch.optim.SGD`'s rule (`SGD`: the
+    task's lr, momentum and weight decay; fresh unless the update gives buffers), one batch at a time.
 
     The model is the client's module for the update's architecture, loaded with its start; its
     parameters outside ``trainable`` are fixed (no gradient, not in the optimizer). Each epoch walks
@@ -150,7 +196,7 @@ def _local_steps(
     model: nn.Module,
     client: Client,
     update: LocalUpdate,
-    opt: torch.optim.Optimizer,
+    opt: SGD,
     context: Mapping[str, Any],
     after_step: Callable[[], None] | None,
     batches: Batches | None,
@@ -174,7 +220,7 @@ def _local_steps(
         for x, y, pos in epoch_batches:
             if update.max_steps is not None and stats.steps >= update.max_steps:
                 break
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad()
             w = None if w_all is None else w_all[torch.from_numpy(pos).to(client.device)]
             step = update.objective(model, Batch(x, y, w), context)
             step.loss.backward()
@@ -193,7 +239,7 @@ def _local_steps(
     return stats
 
 
-def optimizer_state(opt: torch.optim.Optimizer, model: nn.Module) -> dict[str, np.ndarray]:
+def optimizer_state(opt: SGD, model: nn.Module) -> dict[str, np.ndarray]:
     """The optimizer's per-parameter buffers (SGD's momentum) as plain arrays keyed by parameter
     name and buffer (``"encoder.fc1.weight/momentum_buffer"``): client state that survives between
     a client's rounds (FedRC/FedEM and CFL keep their optimizer, docs/algorithms/common.md#optimizer-state)."""
@@ -207,7 +253,7 @@ def optimizer_state(opt: torch.optim.Optimizer, model: nn.Module) -> dict[str, n
     return out
 
 
-def load_optimizer_state(opt: torch.optim.Optimizer, model: nn.Module, arrays: dict[str, np.ndarray]) -> None:
+def load_optimizer_state(opt: SGD, model: nn.Module, arrays: dict[str, np.ndarray]) -> None:
     """Put buffers saved by `optimizer_state` back (a fresh optimizer for the same parameters)."""
     params = dict(model.named_parameters())
     for name, value in arrays.items():

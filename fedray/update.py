@@ -10,7 +10,7 @@ K components) and receives the `Trained` result (or a list), then returns ``(rep
         return train_reply(client, trained), cstate
 
 The host that runs it (`fedray.host.ClientHost`) picks the engine: the per-client engine
-(`fedray.train.train_update`: one model, `torch.optim.SGD`, the client's batches one at a time) or
+(`fedray.train.train_update`: one model, `torch.optim.SGD`'s rule, the client's batches one at a time) or
 the stacked engine (`fedray.batched.train_stacked`: every update the host's clients yielded in one
 call, stacked along a leading axis and stepped together under `torch.func.vmap`). Both run the
 same description, so an algorithm, built-in or plug-in, is written once and trains batched where

@@ -682,7 +682,7 @@ def test_a_failing_stacked_training_names_its_clients():
 def _trains_by_itself(client, cstate, msg):
     """A client function that runs its own optimizer: nothing the stacked engine can stack."""
     model = client.model(msg["params"])
-    opt = sgd(model.parameters(), client)
+    opt = torch.optim.SGD(model.parameters(), lr=client.task.lr)
     for x, y in client.train_batches(0, 0):
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()

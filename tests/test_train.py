@@ -4,16 +4,20 @@ optimizer buffers."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
+import pytest
 import torch
 
 from fedray.data import build_federated_data
 from fedray.local import make_local_federation
 from fedray.models import Arch
 from fedray.params import get_params
-from fedray.train import feature_batches, sgd, train_update
+from fedray.train import feature_batches, optimizer_state, sgd, train_update
 from fedray.update import LocalUpdate
-from tests.conftest import small_config
+from tests.conftest import ROOT, small_config
 
 
 def one_client(tmp_path, **over):
@@ -105,11 +109,12 @@ def test_drop_last_drops_the_partial_batch(tmp_path):
 
 
 def test_kept_buffers_continue_one_optimizer_across_rounds(tmp_path):
-    client = one_client(tmp_path, momentum=0.9)
+    client = one_client(tmp_path, momentum=0.9, weight_decay=1e-3)
     init = get_params(client.task.build_model())
-    # one torch.optim.SGD kept across two rounds, by hand ...
+    # one torch.optim.SGD kept across two rounds, by hand (the engine runs its rule, bit for bit) ...
     model = client.model(init, slot="by-hand")
-    opt = sgd(model.parameters(), client)
+    t = client.task
+    opt = torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
     for rnd in (0, 1):
         for x, y in client.train_batches(rnd, 0):
             opt.zero_grad(set_to_none=True)
@@ -172,3 +177,47 @@ def test_a_clients_updates_of_one_call_draw_their_own_dropout_masks(tmp_path):
     assert not _params_equal(a, b)
     (a2, b2), _ = run_one(components, client, None, None)
     assert _params_equal(a, a2) and _params_equal(b, b2)
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_the_engines_sgd_is_torch_optim_sgd_bit_for_bit(tmp_path, momentum):
+    # parameters that train and one that does not (no gradient: skipped, as the optimizer skips it)
+    client = one_client(tmp_path, momentum=momentum, weight_decay=5e-4, lr=0.07)
+    init = get_params(client.task.build_model())
+    mine, theirs = client.model(init, slot="mine"), client.model(init, slot="theirs")
+    for m in (mine, theirs):
+        m.head.bias.requires_grad_(False)
+    t = client.task
+    ours = sgd([p for p in mine.parameters() if p.requires_grad], client)
+    ref = torch.optim.SGD(
+        [p for p in theirs.parameters() if p.requires_grad],
+        lr=t.lr,
+        momentum=t.momentum,
+        weight_decay=t.weight_decay,
+    )
+    for x, y in list(client.train_batches(0, 0)) * 2:
+        for m, opt in ((mine, ours), (theirs, ref)):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(m(x), y).backward()
+            opt.step()
+    assert _params_equal(get_params(mine), get_params(theirs))
+    kept, want = optimizer_state(ours, mine), optimizer_state(ref, theirs)
+    assert kept.keys() == want.keys() and _params_equal(kept, want)
+    assert bool(kept) == bool(momentum) and not any(k.startswith("head.bias") for k in kept)
+
+
+def test_the_per_client_engine_does_not_import_torchdynamo(tmp_path):
+    # torch.optim's optimizers import torch._dynamo at their first call: about a second in every
+    # process that trains (each client actor, each command), which the per-client engine (the CPU's
+    # default) does not pay. The stacked engine does: torch.func's gradients import it.
+    code = (
+        "import sys, tempfile; from pathlib import Path\n"
+        "from fedray.experiment import execute; from fedray.local import make_local_federation\n"
+        "from tests.conftest import ROOT, small_config\n"
+        "for extra in ({}, {'algorithm': 'fedrc', 'momentum': 0.9}):\n"
+        "    list(execute(small_config(Path(tempfile.mkdtemp()), rounds=1, **extra), make_local_federation))\n"
+        "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo')))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip().splitlines()[-1] == "[]", p.stdout[-500:]
