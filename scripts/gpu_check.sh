@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The prepared GPU check (run first whenever a GPU is lent; never in CI). From the repository root
-# on the GPU machine, with the carried .gpu/ folder (Ray, wheels, Fashion-MNIST: .gpu/setup.sh):
+# on the GPU machine, with the carried .gpu/ folder (Ray, wheels, Fashion-MNIST: .gpu/setup.sh), which
+# `bash scripts/gpu_prepare.sh` builds on the development machine first (about a minute; not committed):
 #
 #   bash scripts/gpu_check.sh          # about 8 minutes on one H200 (its parts' limits add to 12: under a
 #                                      # 590 s limit the last parts give way); writes $OUT/gpu_check.log
@@ -45,6 +46,10 @@
 #   at the paper's budget on 2026-11-28).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+if [ ! -f .gpu/setup.sh ]; then
+    echo "gpu_check: no .gpu/setup.sh: run bash scripts/gpu_prepare.sh on the development machine, and carry .gpu" >&2
+    exit 1
+fi
 source .gpu/setup.sh || exit 1
 export PYTHONUNBUFFERED=1
 log=${OUT:-/tmp}/gpu_check.log
