@@ -239,7 +239,7 @@ def _local_steps(
     return stats
 
 
-def optimizer_state(opt: SGD, model: nn.Module) -> dict[str, np.ndarray]:
+def optimizer_state(opt: SGD | torch.optim.Optimizer, model: nn.Module) -> dict[str, np.ndarray]:
     """The optimizer's per-parameter buffers (SGD's momentum) as plain arrays keyed by parameter
     name and buffer (``"encoder.fc1.weight/momentum_buffer"``): client state that survives between
     a client's rounds (FedRC/FedEM and CFL keep their optimizer, docs/algorithms/common.md#optimizer-state)."""
@@ -253,7 +253,9 @@ def optimizer_state(opt: SGD, model: nn.Module) -> dict[str, np.ndarray]:
     return out
 
 
-def load_optimizer_state(opt: SGD, model: nn.Module, arrays: dict[str, np.ndarray]) -> None:
+def load_optimizer_state(
+    opt: SGD | torch.optim.Optimizer, model: nn.Module, arrays: dict[str, np.ndarray]
+) -> None:
     """Put buffers saved by `optimizer_state` back (a fresh optimizer for the same parameters)."""
     params = dict(model.named_parameters())
     for name, value in arrays.items():
