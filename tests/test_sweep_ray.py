@@ -8,6 +8,7 @@ import time
 import pytest
 
 from analysis import load_runs
+from fedray.experiment import RoundDone
 from fedray.scheduler import RunEnded, RunLaunched, RunProgress, run_sweep
 from fedray.sweep_file import load_sweep
 from tests.conftest import ROOT
@@ -181,9 +182,12 @@ def test_a_second_sweep_waits_for_the_first_instead_of_failing_placement(ray_ses
     )
     runner.start()
     try:
-        while not any(isinstance(e, RunLaunched) for e in events_a):
+        # until the first sweep's run has trained a round: its 4 actors hold the session's 4 CPUs
+        # (and 24 rounds are left to it), however fast actors start on this machine
+        deadline = time.monotonic() + 120
+        while not any(isinstance(e, RunProgress) and isinstance(e.event, RoundDone) for e in events_a):
+            assert runner.is_alive() and time.monotonic() < deadline, events_a
             time.sleep(0.05)
-        time.sleep(3)  # the first sweep's 4 actors hold the session's 4 CPUs
         events_b = list(run_sweep(second.runs, RayLauncher(), poll_s=0.2))
     finally:
         runner.join(timeout=120)
