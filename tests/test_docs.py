@@ -289,3 +289,14 @@ def test_fidelity_page_is_what_fedray_fidelity_writes_from_the_kept_results(tmp_
     assert page.read_text() == (ROOT / "docs" / "fidelity.md").read_text()
     for image in ("fidelity-fedcat.png", "fidelity-layercfl-onset.png"):
         assert (tmp_path / image).exists() and (ROOT / "docs" / image).exists()
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/sweeps-and-reports.md"])
+def test_the_sample_sweeps_run_ids_are_the_ones_the_sweep_file_gives(page):
+    # The pages show `fedray sweep jobs/configs/digits_sweep.yaml`'s output; a reader matches its
+    # run ids against their own results folder, so a change to what a run id hashes must show here.
+    from fedray.sweep_file import load_sweep
+
+    shown = set(re.findall(r"\((fedavg-digits-s\d-[0-9a-f]{10}),", (ROOT / page).read_text()))
+    runs = {r.run_id for r in load_sweep(ROOT / "jobs" / "configs" / "digits_sweep.yaml").runs}
+    assert shown and shown <= runs, (shown - runs, runs)
