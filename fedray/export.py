@@ -86,6 +86,15 @@ def check_shapes(algorithm: str, models: Iterable[SavedModel], task: Any, when: 
     fresh model of its architecture: a plug-in's aggregate of the wrong shape is named here, with
     the parameter and both shapes, not at the next evaluation's tensor arithmetic."""
     fresh: dict[Any, dict[str, tuple[int, ...]]] = {}
+    models = list(models)
+    for i, m in enumerate(models):
+        if not isinstance(m, SavedModel):
+            raise TypeError(
+                f"algorithm {algorithm!r}: models(state, hp) must return a list of "
+                f"fedray.export.SavedModel; item {i} {when} is a {type(m).__name__} "
+                "(global_model(params) and cluster_models(models) already return such a list: "
+                "return it, not a list holding it)"
+            )
     for m in models:
         if m.arch not in fresh:
             model = task.build_model("shape-check", m.arch)

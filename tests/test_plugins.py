@@ -465,6 +465,36 @@ def test_an_aggregate_of_the_wrong_shape_is_named_with_its_algorithm_parameter_a
     assert load_runs(cfg.output)["status"][0] == "failed"
 
 
+NESTED_MODELS = """
+import fedray
+from fedray.algorithms.baselines.fedavg import Hparams, State, evaluate, init, round  # noqa: F401
+from fedray.export import global_model
+
+
+def models(state, hp):
+    return [global_model(state.params)]  # global_model already returns the list
+
+
+fedray.register_algorithm("fedavg_nested", __import__(__name__))
+"""
+
+
+def test_models_that_are_not_saved_models_are_named_with_the_algorithm_after_round_1(tmp_path, isolated):
+    from fedray.experiment import execute
+    from fedray.local import make_local_federation
+    from tests.conftest import small_config
+
+    plugin = tmp_path / "nested.py"
+    plugin.write_text(NESTED_MODELS)
+    cfg = small_config(tmp_path, algorithm="fedavg_nested", plugins=[str(plugin)], rounds=5)
+    with pytest.raises(
+        TypeError,
+        match=r"algorithm 'fedavg_nested': models\(state, hp\) must return a list of "
+        r"fedray.export.SavedModel; item 0 after round 1 is a list .*return it, not a list holding it",
+    ):
+        list(execute(cfg, make_local_federation))
+
+
 def test_a_file_plugin_is_imported_by_its_path_and_what_lies_beside_it_shadows_nothing(tmp_path, isolated):
     # A plug-in's folder was put first on sys.path: a `colorsys.py` (or `ray.py`, `numpy.py`) beside
     # the plug-in file then stood in for the installed module everywhere in the process.
