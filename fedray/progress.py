@@ -57,6 +57,11 @@ def auto_gpus_line(
     )
 
 
+def count(n: int, noun: str) -> str:
+    """``n`` and the noun, plural unless one: "1 round", "30 rounds"."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def duration(seconds: float) -> str:
     s = int(round(seconds))
     if s < 60:
@@ -102,7 +107,7 @@ def run_lines(ev: Any, cfg: Any, quiet: bool, t0: float) -> list[tuple[str, bool
         s = ev.summary
         return [
             (
-                f"done: {outcome(s, 'final accuracy')}; {s['rounds_done']} rounds, {s.get('steady_round_seconds', 0):.2f} s/round, "
+                f"done: {outcome(s, 'final accuracy')}; {count(s['rounds_done'], 'round')}, {s.get('steady_round_seconds', 0):.2f} s/round, "
                 f"{time.perf_counter() - t0:.1f} s in all; results in {cfg.output}/ (fedray report {cfg.output})",
                 False,
             )

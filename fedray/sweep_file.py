@@ -226,7 +226,9 @@ def _report(source: str, problems: dict[str, list[str]], total: int, only: bool 
     which the file's total is not."""
     bad = len({label for labels in problems.values() for label in labels})
     among = " (of those --only picks)" if only else ""
-    lines = [f"{source}: {bad} of {total} runs are invalid{among}; nothing was started:"]
+    verb = "is" if bad == 1 else "are"
+    runs = "run" if total == 1 else "runs"
+    lines = [f"{source}: {bad} of {total} {runs} {verb} invalid{among}; nothing was started:"]
     for message, labels in problems.items():
         lines.append(f"  {message}")
         for label in labels[:_LISTED]:

@@ -166,7 +166,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     for p in planned:
         counts[p.state] = counts.get(p.state, 0) + 1
     collapsed = f" ({sweep.collapsed} more identical to one of them, run once)" if sweep.collapsed else ""
-    print(f"sweep {sweep.source}: {len(sweep.runs)} runs{collapsed}, results in {sweep.output}/")
+    print(
+        f"sweep {sweep.source}: {progress.count(len(sweep.runs), 'run')}{collapsed}, results in {sweep.output}/"
+    )
     print(
         "  "
         + ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
@@ -217,7 +219,7 @@ def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int, launcher
         + (
             f"Ray with {res.get('CPU', 0):g} CPUs and {res.get('GPU', 0):g} GPUs; "
             + (
-                f"at most {limit} runs at once"
+                f"at most {progress.count(limit, 'run')} at once"
                 if limit
                 else "as many runs at once as fit (max_concurrent_runs=0)"
             )
@@ -229,7 +231,7 @@ def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int, launcher
     packed = [u for u in units if len(u) > 1]
     if packed:
         where += f"; {sum(map(len, packed))} of them in {len(packed)} pack{'s' if len(packed) > 1 else ''} (pack_runs)"
-    print(f"running {len(todo)} runs {where}", flush=True)
+    print(f"running {progress.count(len(todo), 'run')} {where}", flush=True)
     for line in packs_declined(todo, units, launcher):
         print(f"  {line}", flush=True)
     if not args.local:

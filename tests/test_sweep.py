@@ -200,7 +200,7 @@ def test_the_cli_rejects_an_invalid_sweep_before_importing_ray_and_writes_nothin
 def test_a_missing_dataset_is_reported_for_the_runs_that_read_it(tmp_path):
     body = "grid:\n  dataset: [synthetic, fmnist]\n  model: [mlp]\ndata_root: /nonexistent\n"
     with pytest.raises(
-        SweepError, match=r"(?s)1 of 2 runs are invalid.*fmnist.*in run \[dataset=fmnist model=mlp\]"
+        SweepError, match=r"(?s)1 of 2 runs is invalid.*fmnist.*in run \[dataset=fmnist model=mlp\]"
     ):
         load_sweep(sweep_file(tmp_path, body))
 
@@ -333,7 +333,7 @@ def test_only_is_not_blocked_by_a_run_it_leaves_out(tmp_path):
     # A sweep with some invalid runs runs the valid ones --only asks for (the user is told of
     # the others when they ask for them); partitions and data are checked for the chosen runs only.
     path = sweep_file(tmp_path, "grid:\n  local_epochs: [1, 0]\nseeds: [0]\n")
-    with pytest.raises(SweepError, match=r"(?s)1 of 2 runs are invalid.*'local_epochs'"):
+    with pytest.raises(SweepError, match=r"(?s)1 of 2 runs is invalid.*'local_epochs'"):
         load_sweep(path)
     only = load_sweep(path, only=["local_epochs=1"])
     assert [r.label for r in only.runs] == ["local_epochs=1 seed=0"] and only.runs[0].index == 1

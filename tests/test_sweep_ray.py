@@ -99,7 +99,7 @@ def test_python_m_jobs_sweep_attached_to_a_running_ray_then_resubmitted(ray_sess
     assert p.returncode == 0, p.stderr
     out = p.stdout
     assert "num_gpus_per_actor auto: 1 (the Ray cluster has GPUs: 1 client actor(s) of 2 CPU(s) a GPU)" in out
-    assert "2 new; to run: 2" in out and "at most 1 runs at once" in out
+    assert "2 new; to run: 2" in out and "at most 1 run at once" in out
     # one run at a time gets the whole cluster
     assert "#1 start  lr=0.05  (" in out and "2 actors; 1 running)" in out
     assert "#1 round 1/1  acc" in out and "#2 done   [2/2] acc" in out
