@@ -87,7 +87,7 @@ def from_dict(raw: Mapping[str, Any]) -> Config:
         except ConfigError as e:
             problems.append(str(e))
     if problems:
-        raise ConfigError.of(problems)
+        raise ConfigError.of(problems + _names_and_bounds(values))
     # Before any name is looked up: plug-ins (named, and installed ones' entry points) add names.
     if values.get("plugins"):
         values["plugins"] = resolve_plugins(values["plugins"], None, "config key 'plugins'")
@@ -102,6 +102,19 @@ def from_dict(raw: Mapping[str, Any]) -> Config:
     validate(cfg)
     used = [p for p in plugins_used(cfg) if p not in cfg.plugins]
     return dataclasses.replace(cfg, plugins=[*cfg.plugins, *used]) if used else cfg
+
+
+def _names_and_bounds(values: dict[str, Any]) -> list[str]:
+    """The unknown names and out-of-bound values among the keys that parsed, for the message that
+    names the unknown keys and wrong types: a config is then mended in one go. The keys that did not
+    parse are left at their defaults here, so only each key's own checks run (none across keys);
+    where the config's plug-ins do not load, their names cannot be told apart from typos: none."""
+    try:
+        if values.get("plugins"):
+            activate(resolve_plugins(values["plugins"], None, "config key 'plugins'"))
+        return name_and_bound_problems(Config(**values))
+    except Exception:  # noqa: BLE001 - the first message stands as it is
+        return []
 
 
 def resolve_plugins(specs: Any, base: Path | None, where: str) -> list[str]:
@@ -264,17 +277,9 @@ def _check(cond: bool, key: str, message: str) -> None:
         raise ConfigError(f"config key '{key}': {message}")
 
 
-def validate(cfg: Config) -> None:
-    """Value checks and cross-key checks. Cheap: no data is read, no Ray is started."""
-    _check(
-        bool(cfg.experiment)
-        and not re.search(r"[/\\\x00]", cfg.experiment)
-        and not cfg.experiment.startswith("."),
-        "experiment",
-        f"a name, not a path (it names files under the results folder): {cfg.experiment!r}",
-    )
-    # every name and every key's declared bound (field metadata, fedray/hparams.py) at once; the
-    # checks below read them, so they come after
+def name_and_bound_problems(cfg: Config) -> list[str]:
+    """Every unknown name (algorithm, data set, partition, model, ...) and every value outside its
+    key's declared bound (field metadata, fedray/hparams.py): each key's own checks."""
     problems = [
         _choice("algorithm", cfg.algorithm, ALGORITHMS),
         _choice("dataset", cfg.dataset, DATASETS),
@@ -286,8 +291,22 @@ def validate(cfg: Config) -> None:
         _choice("pack_runs", cfg.pack_runs, MODES),
         *field_problems(cfg, prefix=""),
     ]
-    if any(problems):
-        raise ConfigError.of([p for p in problems if p])
+    return [p for p in problems if p]
+
+
+def validate(cfg: Config) -> None:
+    """Value checks and cross-key checks. Cheap: no data is read, no Ray is started."""
+    _check(
+        bool(cfg.experiment)
+        and not re.search(r"[/\\\x00]", cfg.experiment)
+        and not cfg.experiment.startswith("."),
+        "experiment",
+        f"a name, not a path (it names files under the results folder): {cfg.experiment!r}",
+    )
+    # every name and every key's declared bound (field metadata, fedray/hparams.py) at once; the
+    # checks below read them, so they come after
+    if problems := name_and_bound_problems(cfg):
+        raise ConfigError.of(problems)
 
     _check(
         isinstance(cfg.num_gpus_per_actor, str)

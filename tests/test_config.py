@@ -149,6 +149,14 @@ def test_every_mistake_of_a_config_is_told_at_once_each_naming_its_key():
         "config key 'hp.server_lr'",
         "config key 'hp.mu'",
     ]
+    with pytest.raises(ConfigError) as e:  # both kinds in one message: none waits for the next try
+        from_dict({"partiton": "labels", "lr": "x", "model": "cnn", "rounds": -1})
+    assert [p.split(":")[0].split(";")[0] for p in e.value.problems] == [
+        "unknown config key 'partiton'",
+        "config key 'lr'",
+        "config key 'model'",
+        "config key 'rounds'",
+    ]
     with pytest.raises(ConfigError) as e:
         from_dict({"local_epochs": 0})
     assert str(e.value) == "config key 'local_epochs': must be >= 1, got 0" and e.value.problems == [
