@@ -196,12 +196,26 @@ def models_folder(out_dir: str | Path, run_id: str) -> Path:
     return Path(out_dir) / "models" / run_id
 
 
-def check_writable(out_dir: str | Path) -> None:
+def check_writable(out_dir: str | Path, create: bool = True) -> None:
     """Raise `OSError` naming the folder if results cannot be written there (checked before anything
-    starts: a run that cannot record itself should not run)."""
+    starts: a run that cannot record itself should not run). ``create=False`` (a dry run) leaves
+    the disk as it is: the folder, or the nearest folder above it that exists, must be writable."""
     p = Path(out_dir)
     if p.exists() and not p.is_dir():
         raise OSError(f"config key 'output': {str(p)!r} is a file, not a folder for the results")
+    if not create:  # a probe folder made and removed in the nearest folder that exists
+        there = p.absolute()
+        while not there.exists():
+            there = there.parent
+        probe = there / f".write-probe-{uuid.uuid4().hex[:8]}"
+        try:
+            probe.mkdir()
+            probe.rmdir()
+        except OSError as e:
+            raise OSError(
+                f"config key 'output': cannot write results to {str(p)!r}: {e.strerror or e}"
+            ) from None
+        return
     try:
         p.mkdir(parents=True, exist_ok=True)
         probe = p / f".write-probe-{uuid.uuid4().hex[:8]}"

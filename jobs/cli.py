@@ -149,7 +149,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 f"--max-concurrent-runs must be >= 0 (0 = from resources), got {args.max_concurrent_runs}"
             )
         sweep = load_sweep(args.config, args.sets, output=args.output, only=args.only, plugins=args.plugins)
-        check_writable(sweep.output)
+        check_writable(sweep.output, create=not args.dry_run)
         # before run ids are read: they carry the GPU fraction auto resolves to on the cluster
         sweep, launcher, said = resolve_sweep_gpus(sweep, args.local, args.address)
     except (ConfigError, DatasetMissing, OSError, ConnectionError) as e:

@@ -28,13 +28,22 @@ def cli(tmp_path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.parametrize("command", ["run", "sweep"])
+@pytest.mark.parametrize("command", ["run", "sweep", "sweep --dry-run"])
 def test_an_output_folder_that_cannot_be_written_is_refused_before_anything_starts(tmp_path, command):
+    command, *flags = command.split()
     target = ["jobs/configs/digits_sweep.yaml"] if command == "sweep" else []
-    p = cli(tmp_path, command, *target, "--output", "/proc/fedray-cannot-write-here")
+    p = cli(tmp_path, command, *target, *flags, "--output", "/proc/fedray-cannot-write-here")
     assert p.returncode == 2, p.stderr
     assert "config key 'output': cannot write results to '/proc/fedray-cannot-write-here'" in p.stderr
     assert "recorded" not in p.stderr  # nothing claims a record that was not written
+
+
+def test_a_dry_run_leaves_the_disk_as_it_was(tmp_path):
+    out = tmp_path / "not" / "yet"
+    p = cli(tmp_path, "sweep", "jobs/configs/digits_sweep.yaml", "--dry-run", "--output", str(out))
+    assert p.returncode == 0, p.stderr
+    assert "4 new; to run: 4" in p.stdout
+    assert list(tmp_path.iterdir()) == []  # no results folder, no probe left behind
 
 
 def test_a_partition_that_cannot_be_drawn_fails_before_ray(tmp_path):
