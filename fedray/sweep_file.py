@@ -140,10 +140,12 @@ def _check_overlap(axes: Sequence[tuple[str, list[Choice]]], where: str, errors:
     for pos, (name, choices) in enumerate(axes):
         for key in sorted({k for c in choices for k in c.overrides}):
             if key in owner and owner[key] != pos:
-                errors.append(
-                    f"{where}: key '{key}' is set by two axes, '{axes[owner[key]][0]}' and '{name}' "
+                clash = (
+                    f"key '{key}' is set by two axes, '{axes[owner[key]][0]}' and '{name}' "
                     "(set each key on one axis, or vary the keys together as cases of one axis)"
                 )
+                if not any(e.endswith(f": {clash}") for e in errors):  # the sweep's axes hold the grid's
+                    errors.append(f"{where}: {clash}")
             owner.setdefault(key, pos)
 
 

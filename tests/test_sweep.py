@@ -147,8 +147,9 @@ def test_set_applies_to_every_run_and_identical_runs_are_run_once(tmp_path):
     ],
 )
 def test_malformed_sweeps_are_rejected_naming_the_key(tmp_path, body, pattern):
-    with pytest.raises(SweepError, match=pattern):
+    with pytest.raises(SweepError, match=pattern) as e:
         load_sweep(sweep_file(tmp_path, body))
+    assert str(e.value).count("is set by two axes") <= 1  # once: not by the grid and the sweep both
 
 
 BAD = """\
