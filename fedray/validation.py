@@ -85,7 +85,8 @@ def from_dict(raw: Mapping[str, Any]) -> Config:
         try:
             values[key] = coerce(key, value, field_type(key), str_from_number=key in NAME_KEYS)
         except ConfigError as e:
-            problems.append(str(e))
+            several = key == "seed" and isinstance(value, list)
+            problems.append(f"{e}; several seeds are a sweep's key seeds: {value}" if several else str(e))
     if problems:
         raise ConfigError.of(problems + _names_and_bounds(values))
     # Before any name is looked up: plug-ins (named, and installed ones' entry points) add names.
@@ -249,7 +250,7 @@ def key_hint(key: str, algorithm: Any = None) -> str:
     if name in MISNAMED:
         found.append(f"'{MISNAMED[name]}'")
     if not found:
-        return suggest(key, FIELDS)
+        return suggest(key, [*FIELDS, *SWEEP_KEYS])  # a sweep file's own keys too (grid, seeds, ...)
     return f"; did you mean {' or '.join(found)}?"
 
 

@@ -115,6 +115,12 @@ def test_parse_sets_nests_and_parses_yaml_scalars():
         ({"hp": {"server_lr": "x"}}, r"'hp.server_lr': expected a number"),
         ({"hp": {"server_lr": 0}}, r"'hp.server_lr': must be > 0"),
         ({"grid": {"seed": [0, 1]}}, r"fedray sweep"),
+        # a sweep file's own keys, mistyped: told as such
+        ({"grdi": {"lr": [0.1]}}, r"unknown config key 'grdi'; did you mean 'grid'\?"),
+        (
+            {"seed": [0, 1]},
+            r"'seed': expected an integer, got \[0, 1\]; several seeds are a sweep's key seeds",
+        ),
     ],
 )
 def test_bad_keys_and_values_name_the_key(raw, pattern):
