@@ -253,7 +253,8 @@ def run_values(
     m = every[every["run_id"].isin(runs["run_id"])]
     if not m.empty and metric not in set(m["metric"]):
         raise ReportError(
-            f"metric {metric!r} was not recorded (global metrics: {', '.join(sorted(set(m['metric'])))})"
+            f"metric {metric!r} was not recorded{suggest(metric, set(m['metric']))} "
+            f"(global metrics: {', '.join(sorted(set(m['metric'])))})"
         )
     staged: set[str] = set()
     if stage is not None and not m.empty:
@@ -283,6 +284,15 @@ def run_values(
             read.append(_value_at(by_run[r], metric, at, round, stage, way))
         else:
             read.append(_value_at(by_run[r], metric, "final", None, None))
+    if round is not None and by_run and all(math.isnan(v) for _, v in read):
+        # a round beyond every run is a question the folder cannot answer (a round some run reached
+        # without a value there, under eval_every, is a table of "-")
+        reached = max(
+            len(g["round"].unique()) if r in staged else int(g["round"].max()) for r, g in by_run.items()
+        )
+        if round > reached:
+            within = f" of stage {stage!r}" if stage is not None else ""
+            raise ReportError(f"--round {round}: no run got that far (the furthest: round {reached}{within})")
     out = runs[["run_id", "status", "config", "started"]].copy()
     # every hp value the run used, defaults included (its config names only non-defaults)
     out["hparams"] = [sm.get("hparams", {}) if isinstance(sm, dict) else {} for sm in runs["summary"]]

@@ -332,8 +332,15 @@ def load_sweep(
             auto = wanted.get("num_gpus_per_actor", "auto") != "auto" and any(
                 all(d.get(k, object()) == v for k, v in as_auto.items()) for d in resolved.values()
             )
+            # a name no run has, close to one some run has: the likely typo (labels for label)
+            near = "".join(
+                suggest(v, {d[k] for d in resolved.values() if isinstance(d.get(k), str)}, prefix=f"{k}=")
+                for k, v in wanted.items()
+                if isinstance(v, str) and not any(d.get(k, object()) == v for d in resolved.values())
+            )
             raise SweepError(
                 f"{source}: no run has {', '.join(f'{k}={_fmt(v)}' for k, v in wanted.items())} (--only)"
+                + near
                 + (
                     "; num_gpus_per_actor is auto in the runs that match the rest, resolved only where "
                     "they go: --only num_gpus_per_actor=auto picks them"

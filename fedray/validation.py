@@ -73,9 +73,7 @@ def from_dict(raw: Mapping[str, Any]) -> Config:
     """Build and validate a Config from a (possibly nested) mapping."""
     for key in SWEEP_KEYS:
         if key in raw:
-            raise ConfigError(
-                f"key '{key}' belongs to sweeps: run this file with `fedray sweep`, not `fedray run`"
-            )
+            raise ConfigError(f"key '{key}' belongs to sweeps: run it with `fedray sweep`, not `fedray run`")
     values: dict[str, Any] = {}
     problems = []  # every unknown key and wrong type at once
     for key, value in raw.items():

@@ -221,6 +221,11 @@ def test_round_is_counted_within_a_stage(results):
         match=r"stage 'clasifier' was not recorded; did you mean 'classifier'\? \(stages: classifier, encoder\)$",
     ):
         run_values(results, stage="clasifier")
+    # a round no run got to is refused, naming the furthest (within the stage where one is given)
+    with pytest.raises(ReportError, match=r"^--round 99: no run got that far \(the furthest: round 8\)$"):
+        run_values(results, round=99)
+    far = run_values(results, stage="classifier", round=99)  # FedAvg's runs still answer, at their end
+    assert far[far["in_stage"]]["value"].isna().all() and far[~far["in_stage"]]["value"].notna().all()
 
 
 def test_a_folder_with_no_finished_run_reads_empty_whatever_the_stage(tmp_path):
@@ -258,7 +263,8 @@ def test_at_best_train_reads_the_round_of_best_training_accuracy(results):
     # train accuracy is best (0.95) at rounds 2 and 4 among rounds with an accuracy: the first wins
     assert protocol("best-train") == "60.0 (1)"
     with pytest.raises(
-        ReportError, match=r"metric 'acuracy' was not recorded \(global metrics: accuracy, seconds"
+        ReportError,
+        match=r"metric 'acuracy' was not recorded; did you mean 'accuracy'\? \(global metrics: accuracy, seconds",
     ):
         run_values(results, metric="acuracy")
 

@@ -110,6 +110,11 @@ def test_set_applies_to_every_run_and_identical_runs_are_run_once(tmp_path):
     assert [r.label for r in only.runs] == ["lr=0.1 seed=2"] and only.runs[0].index == 6
     with pytest.raises(SweepError, match=r"no run has lr=0.5 \(--only\)$"):
         load_sweep(path, only=["lr=0.5"])
+    named = sweep_file(tmp_path / "named", "grid:\n  partition: [iid, dirichlet]\n")
+    with pytest.raises(
+        SweepError, match=r"no run has partition=dirichle \(--only\); did you mean 'partition=dirichlet'\?$"
+    ):
+        load_sweep(named, only=["partition=dirichle"])
     # auto becomes a share only where the runs go: --only is told which value it can match
     with pytest.raises(
         SweepError, match=r"no run has num_gpus_per_actor=0.5 \(--only\); .* is auto .*=auto picks them$"
