@@ -18,6 +18,7 @@ import pandas as pd
 
 from analysis.load import load_metrics, load_runs
 from analysis.report import label_runs
+from fedray.coercion import count
 
 
 def accuracy_curves(
@@ -104,7 +105,7 @@ def write_plots(
         for ax, panel in zip(axes.flat, panels, strict=False):
             for col, c in ce[ce["row"] == panel].groupby("col", sort=False):
                 seeds = int(c["seeds"].max())
-                label = f"{col} ({seeds} seed{'s' if seeds > 1 else ''})"
+                label = f"{col} ({count(seeds, 'seed')})"
                 ax.plot(c["round"], scale * c["mean"], color=color[col], label=label)
                 low, high = scale * (c["mean"] - c["std"]), scale * (c["mean"] + c["std"])
                 ax.fill_between(c["round"], low, high, color=color[col], alpha=0.2)

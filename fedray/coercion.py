@@ -33,6 +33,11 @@ class ConfigError(ValueError):
         return cls(all_problems(problems), problems)
 
 
+def count(n: int, noun: str) -> str:
+    """``n`` and the noun, plural unless one: "1 round", "30 rounds"."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def all_problems(problems: Sequence[str]) -> str:
     """Several problems' messages as one: a count, then one line each (a single one as it is)."""
     if len(problems) == 1:

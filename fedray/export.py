@@ -86,7 +86,6 @@ def check_shapes(algorithm: str, models: Iterable[SavedModel], task: Any, when: 
     fresh model of its architecture: a plug-in's aggregate of the wrong shape is named here, with
     the parameter and both shapes, not at the next evaluation's tensor arithmetic."""
     fresh: dict[Any, dict[str, tuple[int, ...]]] = {}
-    models = list(models)
     for i, m in enumerate(models):
         if not isinstance(m, SavedModel):
             raise TypeError(
@@ -95,7 +94,6 @@ def check_shapes(algorithm: str, models: Iterable[SavedModel], task: Any, when: 
                 "(global_model(params) and cluster_models(models) already return such a list: "
                 "return it, not a list holding it)"
             )
-    for m in models:
         if m.arch not in fresh:
             model = task.build_model("shape-check", m.arch)
             fresh[m.arch] = {k: tuple(v.shape) for k, v in model.state_dict().items()}

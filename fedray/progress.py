@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from fedray.coercion import count
+
 
 def round_line(ev: Any) -> str:
     """One line per round: its number, the global metrics it has, its wall time."""
@@ -55,11 +57,6 @@ def auto_gpus_line(
         f"num_gpus_per_actor auto: {share:g} (the Ray cluster has GPUs: {per_gpu} client actor(s) of "
         f"{cpus_per_actor:g} CPU(s) a GPU)"
     )
-
-
-def count(n: int, noun: str) -> str:
-    """``n`` and the noun, plural unless one: "1 round", "30 rounds"."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def duration(seconds: float) -> str:
@@ -132,7 +129,7 @@ class SweepProgress:
         tag = f"#{ev.run.index}" if hasattr(ev, "run") else ""
         if isinstance(ev, RunLaunched):
             self.in_flight += 1
-            actors = "in-process" if self.local else f"{ev.actors} actor{'s' if ev.actors != 1 else ''}"
+            actors = "in-process" if self.local else count(ev.actors, "actor")
             if ev.packed:
                 actors = f"packed: {ev.packed} runs " + ("in-process" if self.local else "in one worker")
             return [f"{tag} start  {ev.run.label}  ({ev.run.run_id}, {actors}; {self.in_flight} running)"]

@@ -203,24 +203,15 @@ def check_writable(out_dir: str | Path, create: bool = True) -> None:
     p = Path(out_dir)
     if p.exists() and not p.is_dir():
         raise OSError(f"config key 'output': {str(p)!r} is a file, not a folder for the results")
-    if not create:  # a probe folder made and removed in the nearest folder that exists
-        there = p.absolute()
-        while not there.exists():
-            there = there.parent
-        probe = there / f".write-probe-{uuid.uuid4().hex[:8]}"
-        try:
-            probe.mkdir()
-            probe.rmdir()
-        except OSError as e:
-            raise OSError(
-                f"config key 'output': cannot write results to {str(p)!r}: {e.strerror or e}"
-            ) from None
-        return
     try:
-        p.mkdir(parents=True, exist_ok=True)
-        probe = p / f".write-probe-{uuid.uuid4().hex[:8]}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        if create:
+            p.mkdir(parents=True, exist_ok=True)
+        there = p.absolute()
+        while not there.exists():  # not made (a dry run): the nearest folder above it that exists
+            there = there.parent
+        probe = there / f".write-probe-{uuid.uuid4().hex[:8]}"  # made and removed
+        probe.mkdir()
+        probe.rmdir()
     except OSError as e:
         raise OSError(f"config key 'output': cannot write results to {str(p)!r}: {e.strerror or e}") from None
 

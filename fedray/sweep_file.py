@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from fedray.algorithms import ALGORITHMS
-from fedray.coercion import suggest
+from fedray.coercion import count, suggest
 from fedray.config import SWEEP_KEYS, Config, ConfigError, flatten, parse_sets, read_yaml, set_dotted
 from fedray.results import run_state
 from fedray.validation import Unread, at_default, check_last_batches, from_dict, unread_keys
@@ -229,8 +229,7 @@ def _report(source: str, problems: dict[str, list[str]], total: int, only: bool 
     bad = len({label for labels in problems.values() for label in labels})
     among = " (of those --only picks)" if only else ""
     verb = "is" if bad == 1 else "are"
-    runs = "run" if total == 1 else "runs"
-    lines = [f"{source}: {bad} of {total} {runs} {verb} invalid{among}; nothing was started:"]
+    lines = [f"{source}: {bad} of {count(total, 'run')} {verb} invalid{among}; nothing was started:"]
     for message, labels in problems.items():
         lines.append(f"  {message}")
         for label in labels[:_LISTED]:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from fedray import progress
+from fedray.coercion import count
 
 EXIT_USAGE = 2  # bad config, bad data path: the user's input
 EXIT_FAILED = 1  # the run itself failed
@@ -166,9 +167,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     for p in planned:
         counts[p.state] = counts.get(p.state, 0) + 1
     collapsed = f" ({sweep.collapsed} more identical to one of them, run once)" if sweep.collapsed else ""
-    print(
-        f"sweep {sweep.source}: {progress.count(len(sweep.runs), 'run')}{collapsed}, results in {sweep.output}/"
-    )
+    print(f"sweep {sweep.source}: {count(len(sweep.runs), 'run')}{collapsed}, results in {sweep.output}/")
     print(
         "  "
         + ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
@@ -219,7 +218,7 @@ def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int, launcher
         + (
             f"Ray with {res.get('CPU', 0):g} CPUs and {res.get('GPU', 0):g} GPUs; "
             + (
-                f"at most {progress.count(limit, 'run')} at once"
+                f"at most {count(limit, 'run')} at once"
                 if limit
                 else "as many runs at once as fit (max_concurrent_runs=0)"
             )
@@ -230,8 +229,8 @@ def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int, launcher
     units = launch_units(todo, launcher)  # as the sweep launches them: where this node can hold a pack
     packed = [u for u in units if len(u) > 1]
     if packed:
-        where += f"; {sum(map(len, packed))} of them in {len(packed)} pack{'s' if len(packed) > 1 else ''} (pack_runs)"
-    print(f"running {progress.count(len(todo), 'run')} {where}", flush=True)
+        where += f"; {sum(map(len, packed))} of them in {count(len(packed), 'pack')} (pack_runs)"
+    print(f"running {count(len(todo), 'run')} {where}", flush=True)
     for line in packs_declined(todo, units, launcher):
         print(f"  {line}", flush=True)
     if not args.local:
