@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The prepared GPU check (run first whenever a GPU is lent; never in CI). From the repository root
 # on the GPU machine, with the carried .gpu/ folder (Ray, wheels, Fashion-MNIST: .gpu/setup.sh), which
-# `bash scripts/gpu_prepare.sh` builds on the development machine first (about a minute; not committed):
+# `bash scripts/gpu_prepare.sh` builds on the development machine first (about 40 s; not committed):
 #
 #   bash scripts/gpu_check.sh          # about 8 minutes on one H200 (its parts' limits add to 12: under a
 #                                      # 590 s limit the last parts give way); writes $OUT/gpu_check.log
