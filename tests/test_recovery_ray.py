@@ -113,13 +113,14 @@ def _stop_after(cmd, env, out, round_, stop, rounds):
 
 
 def _goes_on(cmd, env, out, rounds):
-    """The same command again finishes the run from its checkpoint, every round once."""
+    """The same command again finishes the run from its checkpoint, every round once; its output."""
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert re.search(rf"resuming from the checkpoint after round \d+ of {rounds}", done.stdout)
     assert load_runs(out)["status"][0] == "finished"
     assert not stored_metrics(out).duplicated(METRIC_KEYS).any()
     assert sorted(set(stored_metrics(out)["round"])) == list(range(1, rounds + 1))
+    return done.stdout
 
 
 def _run_command(out, rounds, *extra):
