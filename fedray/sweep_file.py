@@ -34,6 +34,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -232,6 +233,9 @@ def _report(source: str, problems: dict[str, list[str]], total: int, only: bool 
     lines = [f"{source}: {bad} of {count(total, 'run')} {verb} invalid{among}; nothing was started:"]
     for message, labels in problems.items():
         lines.append(f"  {message}")
+        if total > 1 and len(set(labels)) == total:
+            lines.append(f"    in all {total} runs")
+            continue
         for label in labels[:_LISTED]:
             lines.append(f"    in run [{label}]")
         if len(labels) > _LISTED:
@@ -305,8 +309,9 @@ def load_sweep(
             valid.append((label, from_dict(tree)))
         except ConfigError as e:
             if not _left_out(tree, wanted):  # a run --only leaves out is not in the way
+                set_by = {k for c in combo for k in c.overrides}
                 for problem in e.problems:  # each with the runs it is in
-                    problems.setdefault(problem, []).append(label)
+                    problems.setdefault(problem + _origin(problem, over, base, set_by), []).append(label)
     if unread_errors := unread.errors():
         raise SweepError("\n  ".join([f"{source}: invalid sweep; nothing was started:", *unread_errors]))
 
@@ -404,6 +409,25 @@ class _Unread:
                 message = first.message([u.chosen for u in (first, *others) if u.what == first.what])
                 out.append(f"{where}: {message}" if where else message)
         return out
+
+
+def _origin(problem: str, over: Mapping[str, Any], base: Mapping[str, Any], set_by: Iterable[str]) -> str:
+    """Where the key a run's ``problem`` names got its value, where the run's label does not say:
+    `` (set by --set K=V)`` or `` (set at the file's top level)``; "" for a key an axis of the run
+    sets (its label shows the value), a key left at its default, or a problem that names no key.
+    ``over``: --set's keys (dotted); ``base``: the file's top level; ``set_by``: the run's axes' keys."""
+    match = re.search(r"config key '([\w.]+)'", problem)
+    if match is None:
+        return ""
+    key = match[1]
+    within = lambda keys: any(_overlaps(key, k) for k in keys)  # noqa: E731
+    if within(over):
+        return (
+            " (set by --set " + ",".join(f"{k}={_fmt(v)}" for k, v in over.items() if _overlaps(key, k)) + ")"
+        )
+    if within(set_by) or not within(flatten(dict(base))):
+        return ""
+    return " (set at the file's top level)"
 
 
 def _left_out(tree: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:

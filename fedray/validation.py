@@ -277,8 +277,9 @@ def _check(cond: bool, key: str, message: str) -> None:
 
 
 def name_and_bound_problems(cfg: Config) -> list[str]:
-    """Every unknown name (algorithm, data set, partition, model, ...) and every value outside its
-    key's declared bound (field metadata, fedray/hparams.py): each key's own checks."""
+    """Every unknown name (algorithm, data set, partition, model, ...), every value outside its
+    key's declared bound (field metadata, fedray/hparams.py), and what is wrong with the hp for
+    the algorithm (unknown keys, types, bounds): each key's own checks."""
     problems = [
         _choice("algorithm", cfg.algorithm, ALGORITHMS),
         _choice("dataset", cfg.dataset, DATASETS),
@@ -290,6 +291,11 @@ def name_and_bound_problems(cfg: Config) -> list[str]:
         _choice("pack_runs", cfg.pack_runs, MODES),
         *field_problems(cfg, prefix=""),
     ]
+    if cfg.algorithm in ALGORITHMS:
+        try:
+            ALGORITHMS[cfg.algorithm].make_hparams(cfg.hp)
+        except ConfigError as e:
+            problems += e.problems
     return [p for p in problems if p]
 
 

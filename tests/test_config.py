@@ -163,6 +163,14 @@ def test_every_mistake_of_a_config_is_told_at_once_each_naming_its_key():
         "config key 'model'",
         "config key 'rounds'",
     ]
+    with pytest.raises(ConfigError) as e:  # the hp's mistakes with the rest's, whichever kind they are
+        from_dict({"lr": "x", "rounds": 0, "algorithm": "fedprox", "hp": {"muu": 3, "mu": -1}})
+    assert [p.split(":")[0].split(";")[0] for p in e.value.problems] == [
+        "config key 'lr'",
+        "config key 'rounds'",
+        "unknown config key 'hp.muu' for algorithm fedprox",
+        "config key 'hp.mu'",
+    ]
     with pytest.raises(ConfigError) as e:
         from_dict({"local_epochs": 0})
     assert str(e.value) == "config key 'local_epochs': must be >= 1, got 0" and e.value.problems == [

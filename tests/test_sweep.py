@@ -318,10 +318,37 @@ def test_a_sweeps_invalid_runs_list_every_mistake_with_the_runs_it_is_in(tmp_pat
         "  config key 'local_epochs': must be >= 1, got 0",
         "    in run [local_epochs=0 batch_size=0 seed=0]",
         "  config key 'batch_size': must be >= 1, got 0",
-        "    in run [local_epochs=0 batch_size=0 seed=0]",
-        "    in run [local_epochs=1 batch_size=0 seed=0]",
+        "    in all 2 runs",
     ]
     assert "2 of 2 runs are invalid" in str(e.value)
+
+
+def test_a_mistake_in_every_run_says_so_and_where_its_value_was_set(tmp_path):
+    # A run's label shows its axes' values only: a value set by --set or at the file's top level is
+    # named where it was set, and a mistake every run has reads "in all N runs", not N labels.
+    path = sweep_file(tmp_path, "rounds: 0\ngrid:\n  lr: [0.05, -0.1]\nseeds: [0, 1]\n")
+    with pytest.raises(SweepError) as e:
+        load_sweep(path, sets=["local_epochs=-1"])
+    assert str(e.value).splitlines()[1:] == [
+        "  config key 'rounds': must be >= 1, got 0 (set at the file's top level)",
+        "    in all 4 runs",
+        "  config key 'local_epochs': must be >= 1, got -1 (set by --set local_epochs=-1)",
+        "    in all 4 runs",
+        "  config key 'lr': must be > 0, got -0.1",
+        "    in run [lr=-0.1 seed=0]",
+        "    in run [lr=-0.1 seed=1]",
+    ]
+    # --set over an axis's key: every run has its value. An hp key the algorithm lacks is told in the
+    # same message as a wrong type (each key's own checks, all at once).
+    with pytest.raises(SweepError) as e:
+        load_sweep(path, sets=["rounds=2", "lr=abc", "hp.mu=1"])
+    assert str(e.value).splitlines()[1:] == [
+        "  config key 'lr': expected a number, got 'abc' (set by --set lr=abc)",
+        "    in all 4 runs",
+        "  unknown config key 'hp.mu' for algorithm fedavg (its hp keys: drop_last, drop_stragglers, "
+        "persistent_optimizer, server_lr, stragglers) (set by --set hp.mu=1)",
+        "    in all 4 runs",
+    ]
 
 
 def test_a_quiet_sweep_prints_its_plan_and_summary_not_each_runs_lines(tmp_path, capsys):
