@@ -59,7 +59,7 @@ def test_more_losses_than_max_failures_fail_the_run(ray_session, tmp_path):
 
     from actors.driver import RunHandle, stream_run
 
-    cfg = small_config(tmp_path, num_actors=2, max_failures=0, **SLOW)
+    cfg = small_config(tmp_path, num_actors=1, max_failures=0, **SLOW)
     handle = RunHandle()
     with pytest.raises(Exception, match="client actor died") as err:
         for ev in stream_run(cfg, handle=handle):

@@ -172,9 +172,15 @@ def test_a_second_sweep_waits_for_the_first_instead_of_failing_placement(ray_ses
     from actors.sweep import RayLauncher
     from fedray.scheduler import Waiting
 
-    first = load_sweep(sweep_file(tmp_path / "a", "num_actors: 4\nrounds: 25\ncases: [{lr: 0.05}]\n"))
+    # one actor a run, of all the session's 4 CPUs, then of 2 (each actor more costs its start-up)
+    first = load_sweep(
+        sweep_file(tmp_path / "a", "num_actors: 1\nnum_cpus_per_actor: 4\nrounds: 25\ncases: [{lr: 0.05}]\n")
+    )
     second = load_sweep(
-        sweep_file(tmp_path / "b", "num_actors: 2\nplacement_timeout_s: 2\ncases: [{lr: 0.1}]\n")
+        sweep_file(
+            tmp_path / "b",
+            "num_actors: 1\nnum_cpus_per_actor: 2\nplacement_timeout_s: 2\ncases: [{lr: 0.1}]\n",
+        )
     )
     events_a: list = []
     runner = threading.Thread(
@@ -182,7 +188,7 @@ def test_a_second_sweep_waits_for_the_first_instead_of_failing_placement(ray_ses
     )
     runner.start()
     try:
-        # until the first sweep's run has trained a round: its 4 actors hold the session's 4 CPUs
+        # until the first sweep's run has trained a round: its actor holds the session's 4 CPUs
         # (and 24 rounds are left to it), however fast actors start on this machine
         deadline = time.monotonic() + 120
         while not any(isinstance(e, RunProgress) and isinstance(e.event, RoundDone) for e in events_a):
