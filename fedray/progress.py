@@ -77,7 +77,7 @@ def outcome(summary: dict, label: str = "acc") -> str:
 
 
 def placed(pl: dict) -> str:
-    return f"{pl.get('actors')} actors on {pl.get('nodes')} node(s) {pl.get('devices')}"
+    return f"{count(pl.get('actors'), 'actor')} on {count(pl.get('nodes'), 'node')} {pl.get('devices')}"
 
 
 def run_lines(ev: Any, cfg: Any, quiet: bool, t0: float) -> list[tuple[str, bool]]:

@@ -163,7 +163,7 @@ def test_jobs_run_attaches_to_a_running_ray(ray_session, tmp_path):
             "--set",
             "rounds=2",
             "--set",
-            "num_actors=2",
+            "num_actors=1",  # each actor more costs the suite its start-up and checks nothing more
             "--output",
             str(out),
             "--plugin",
@@ -181,7 +181,7 @@ def test_jobs_run_attaches_to_a_running_ray(ray_session, tmp_path):
     # plug-in): fedray's keeps the job's modules and lets it replace them; the client actors
     # import the plug-in, and it imports the job's module and reads the job's env_vars
     assert p.returncode == 0, p.stderr
-    assert "2 actors on 1 node(s)" in p.stdout and "done: final accuracy" in p.stdout
+    assert "1 actor on 1 node " in p.stdout and "done: final accuracy" in p.stdout
     # the session's 2 (logical) GPUs go unused by a config that asks for none: said once
     assert "fedray: the Ray cluster has 2 GPU(s) and num_gpus_per_actor is 0" in p.stderr
     assert "num_gpus_per_actor: auto shares the GPUs" in p.stderr

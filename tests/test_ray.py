@@ -116,7 +116,7 @@ def test_failed_run_is_recorded_with_the_client_error(ray_session, tmp_path):
     from analysis import load_runs
 
     # lr so large the MLP diverges to non-finite values: a failure that comes from inside the run.
-    cfg = small_config(tmp_path, lr=1e30, rounds=2, num_actors=2)
+    cfg = small_config(tmp_path, lr=1e30, rounds=2, num_actors=1)
     with pytest.raises(FloatingPointError, match="non-finite"):
         list(run_on_ray(cfg))
     runs = load_runs(cfg.output)
