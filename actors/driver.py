@@ -26,7 +26,7 @@ from fedray.experiment import Event, Recovered, RoundDone, Started
 from fedray.federation import WorkerLost
 from fedray.placement import PlacementError, actor_slots, auto_gpus_per_actor
 from fedray.plugins import PluginError, py_modules
-from fedray.results import mark_ended, record_failure
+from fedray.results import failure_text, mark_ended, record_failure
 
 CONNECT_TIMEOUT_S = 10.0  # how long an address may take to answer before we say it cannot be reached
 
@@ -270,6 +270,7 @@ def stream_run(
     """
     handle = handle or RunHandle()
     run_id, failures, reason, rounds_done, ended, done = cfg.run_id(), 0, "", 0, False, False
+    failed: Exception | None = None  # raised here, in the driver, not by the run
     try:
         while True:
             try:
@@ -323,6 +324,10 @@ def stream_run(
             handle.free()
             num_actors = _actors_that_fit(cfg, actors)
             yield Recovered(run_id, failures, cfg.max_failures, str(error), num_actors)
+    except Exception as e:
+        if not ended and not handle.cancelled:
+            failed = e
+        raise
     finally:
         kept = handle.group if done and pool is not None and not handle.cancelled else None
         if kept is not None:
@@ -330,7 +335,11 @@ def stream_run(
         handle.free()
         if kept is not None:
             pool.give(kept)
-        if not ended:  # Ctrl-C, SIGTERM, a cancelled sweep: the coordinator was killed, not asked
+        if failed is not None:  # the driver's own error (its coordinator, if any, was killed)
+            text = failure_text(failed)
+            if not mark_ended(cfg.output, run_id, "failed", rounds_done, text):
+                record_failure(cfg.output, run_id, cfg.recorded(), text)  # before the run had started
+        elif not ended:  # Ctrl-C, SIGTERM, a cancelled sweep: the coordinator was killed, not asked
             mark_ended(cfg.output, run_id, "interrupted", rounds_done, STOPPED)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-import traceback
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -24,7 +23,7 @@ from fedray.data import FederatedData, build_federated_data, partition_label
 from fedray.export import check_shapes, save_models
 from fedray.federation import Baton, Federation, WorkerLost
 from fedray.records import Record, rec
-from fedray.results import ResultsWriter, versions
+from fedray.results import ResultsWriter, failure_text, versions
 
 
 @dataclass
@@ -338,7 +337,7 @@ def execute(
             writer.release()
             raise
         else:
-            error = f"{type(e).__name__}: {e}\n{getattr(e, 'remote_traceback', '') or traceback.format_exc()}"
+            error = failure_text(e)
             writer.event("failed", done, f"{type(e).__name__}: {e}")
         writer.fail(error, summarize(history, writer.elapsed(), placement), status)
         raise

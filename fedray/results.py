@@ -29,6 +29,7 @@ import re
 import shutil
 import stat
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -322,6 +323,13 @@ def run_state(out_dir: str | Path, run_id: str) -> str:
     if status == "running":
         return "running" if RunLock(out_dir, run_id).held_elsewhere() else "interrupted"
     return status
+
+
+def failure_text(error: BaseException) -> str:
+    """A failed run's recorded error: its type and message, then where it was raised (a client's own
+    traceback where the error carries one, `fedray.federation.ClientError`)."""
+    where = getattr(error, "remote_traceback", "") or "".join(traceback.format_exception(error))
+    return f"{type(error).__name__}: {error}\n{where}"
 
 
 def record_failure(out_dir: str | Path, run_id: str, config: dict[str, Any], error: str) -> None:

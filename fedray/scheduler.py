@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from fedray.config import Config
 from fedray.experiment import Event, Finished
 from fedray.placement import Need, plan_launches
-from fedray.results import record_failure
+from fedray.results import failure_text, record_failure
 from fedray.sweep_file import SweepRun
 
 
@@ -318,4 +318,4 @@ def packs_declined(runs: Sequence[SweepRun], units: list[list[int]], launcher: L
 
 
 def _error_text(error: BaseException | None) -> str:
-    return f"{type(error).__name__}: {error}" if error is not None else ""
+    return failure_text(error) if error is not None else ""

@@ -70,6 +70,39 @@ def test_more_losses_than_max_failures_fail_the_run(ray_session, tmp_path):
     assert runs["status"][0] == "failed" and "WorkerLost" in runs["error"][0]
 
 
+def test_an_error_in_the_driver_mid_run_records_the_run_failed_with_its_traceback(
+    ray_session, tmp_path, monkeypatch
+):
+    # Before: an exception raised in the driver (here: Ray's stream broken by an OSError, as a job
+    # whose working folder vanished once raised) killed the coordinator and recorded the run
+    # "interrupted" as if it had been stopped from outside, and nothing said where it came from.
+    import ray
+
+    from actors.driver import stream_run
+
+    cfg = small_config(tmp_path, num_actors=1, rounds=6)
+    real, items = ray.get, []
+
+    def get(ref, *args, **kw):
+        if sys._getframe(1).f_code.co_name == "stream_run":
+            items.append(ref)
+            if len(items) == 3:  # Started, round 1, then the driver fails
+                raise OSError("the driver's own failure")
+        return real(ref, *args, **kw)
+
+    monkeypatch.setattr(ray, "get", get)
+    with pytest.raises(OSError, match="the driver's own failure"):
+        for _ in stream_run(cfg):
+            pass
+    monkeypatch.undo()
+    runs = load_runs(cfg.output)
+    assert runs["status"][0] == "failed", runs["error"][0]
+    error = runs["error"][0]
+    assert re.match(r"failed after \d of 6 rounds \(OSError: the driver's own failure\n", error), error
+    assert "in stream_run" in error, error  # where it was raised
+    assert run_state(cfg.output, runs["run_id"][0]) == "failed"
+
+
 def test_a_placement_error_in_the_driver_is_recorded_as_failed(ray_session, tmp_path):
     from actors.driver import run_on_ray
 
