@@ -130,7 +130,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(e.remote_traceback.rstrip(), file=sys.stderr)
         print(f"fedray: run {run_id} failed: {type(e).__name__}: {e}", file=sys.stderr)
         if run_state(cfg.output, run_id) in ("failed", "interrupted"):
-            print(f"(status and error recorded in {cfg.output}/runs/)", file=sys.stderr)
+            print(f"(status, error and its traceback recorded in {cfg.output}/runs/)", file=sys.stderr)
         else:
             print(f"(the failure could not be recorded in {cfg.output}/runs/)", file=sys.stderr)
         return EXIT_FAILED
