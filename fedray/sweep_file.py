@@ -274,7 +274,8 @@ def load_sweep(
     base = {k: v for k, v in raw.items() if k not in SWEEP_KEYS}
     if base.get("plugins"):
         base["plugins"] = resolve_plugins(base["plugins"], Path(path).resolve().parent, f"{source}: plugins")
-    over = flatten(parse_sets(sets))
+    from_set = flatten(parse_sets(sets))  # what --set says, for the errors that name it
+    over = dict(from_set)
     if plugins:
         over["plugins"] = [*base.get("plugins", []), *resolve_plugins(list(plugins), None, "--plugin")]
     if output is not None:
@@ -311,7 +312,7 @@ def load_sweep(
             if not _left_out(tree, wanted):  # a run --only leaves out is not in the way
                 set_by = {k for c in combo for k in c.overrides}
                 for problem in e.problems:  # each with the runs it is in
-                    problems.setdefault(problem + _origin(problem, over, base, set_by), []).append(label)
+                    problems.setdefault(problem + _origin(problem, from_set, base, set_by), []).append(label)
     if unread_errors := unread.errors():
         raise SweepError("\n  ".join([f"{source}: invalid sweep; nothing was started:", *unread_errors]))
 
@@ -420,7 +421,10 @@ def _origin(problem: str, over: Mapping[str, Any], base: Mapping[str, Any], set_
     if match is None:
         return ""
     key = match[1]
-    within = lambda keys: any(_overlaps(key, k) for k in keys)  # noqa: E731
+
+    def within(keys: Iterable[str]) -> bool:
+        return any(_overlaps(key, k) for k in keys)
+
     if within(over):
         return (
             " (set by --set " + ",".join(f"{k}={_fmt(v)}" for k, v in over.items() if _overlaps(key, k)) + ")"
