@@ -218,7 +218,7 @@ def run_sweep(
     def settle(ev: SweepEvent) -> SweepEvent:
         if isinstance(ev, RunEnded) and not ev.ok:
             cfg = ev.run.config
-            record_failure(cfg.output, ev.run.run_id, cfg.recorded(), _error_text(ev.error))
+            record_failure(cfg.output, ev.run.run_id, cfg.recorded(), failure_text(ev.error))
         return ev
 
     def unit_events(unit: list[SweepRun], actors: int) -> Iterator[SweepEvent]:
@@ -315,7 +315,3 @@ def packs_declined(runs: Sequence[SweepRun], units: list[list[int]], launcher: L
     return [
         f"pack_runs auto: {n} run{'s go' if n > 1 else ' goes'} alone: {why}" for why, n in counts.items()
     ]
-
-
-def _error_text(error: BaseException | None) -> str:
-    return failure_text(error) if error is not None else ""

@@ -275,6 +275,7 @@ def load_sweep(
     if base.get("plugins"):
         base["plugins"] = resolve_plugins(base["plugins"], Path(path).resolve().parent, f"{source}: plugins")
     from_set = flatten(parse_sets(sets))  # what --set says, for the errors that name it
+    top = flatten(base)  # the file's top-level keys (dotted), likewise
     over = dict(from_set)
     if plugins:
         over["plugins"] = [*base.get("plugins", []), *resolve_plugins(list(plugins), None, "--plugin")]
@@ -312,7 +313,7 @@ def load_sweep(
             if not _left_out(tree, wanted):  # a run --only leaves out is not in the way
                 set_by = {k for c in combo for k in c.overrides}
                 for problem in e.problems:  # each with the runs it is in
-                    problems.setdefault(problem + _origin(problem, from_set, base, set_by), []).append(label)
+                    problems.setdefault(problem + _origin(problem, from_set, top, set_by), []).append(label)
     if unread_errors := unread.errors():
         raise SweepError("\n  ".join([f"{source}: invalid sweep; nothing was started:", *unread_errors]))
 
@@ -412,11 +413,12 @@ class _Unread:
         return out
 
 
-def _origin(problem: str, over: Mapping[str, Any], base: Mapping[str, Any], set_by: Iterable[str]) -> str:
+def _origin(problem: str, sets: Mapping[str, Any], top: Iterable[str], set_by: Iterable[str]) -> str:
     """Where the key a run's ``problem`` names got its value, where the run's label does not say:
     `` (set by --set K=V)`` or `` (set at the file's top level)``; "" for a key an axis of the run
     sets (its label shows the value), a key left at its default, or a problem that names no key.
-    ``over``: --set's keys (dotted); ``base``: the file's top level; ``set_by``: the run's axes' keys."""
+    ``sets``: what --set says (dotted keys); ``top``: the file's top-level keys (dotted);
+    ``set_by``: the run's axes' keys."""
     match = re.search(r"config key '([\w.]+)'", problem)
     if match is None:
         return ""
@@ -425,11 +427,11 @@ def _origin(problem: str, over: Mapping[str, Any], base: Mapping[str, Any], set_
     def within(keys: Iterable[str]) -> bool:
         return any(_overlaps(key, k) for k in keys)
 
-    if within(over):
+    if within(sets):
         return (
-            " (set by --set " + ",".join(f"{k}={_fmt(v)}" for k, v in over.items() if _overlaps(key, k)) + ")"
+            " (set by --set " + ",".join(f"{k}={_fmt(v)}" for k, v in sets.items() if _overlaps(key, k)) + ")"
         )
-    if within(set_by) or not within(flatten(dict(base))):
+    if within(set_by) or not within(top):
         return ""
     return " (set at the file's top level)"
 
