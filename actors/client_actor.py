@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 if TYPE_CHECKING:
-    from fedray.client import Task
     from fedray.data import ArrayDataset, ClientIndices
+    from fedray.engine.client import Task
     from fedray.federation import ClientFn
-    from fedray.host import CallMeta
+    from fedray.federation.host import CallMeta
 
 
 def assigned_device() -> str:
@@ -40,9 +40,9 @@ class ClientActor:
         # arrive pickled by reference, and unpickling the first one would otherwise import it all
         # in the first round (seconds of every run's first round).
         import fedray.algorithms  # noqa: F401
-        import fedray.evaluation  # noqa: F401
-        from fedray.host import set_torch_threads
-        from fedray.plugins import activate
+        import fedray.algorithms.evaluation  # noqa: F401
+        from fedray.config.plugins import activate
+        from fedray.federation.host import set_torch_threads
 
         # The run's plug-ins before anything of theirs arrives (their models, their client
         # functions): a failure names the plug-in, this node and the import error.
@@ -60,7 +60,7 @@ class ClientActor:
     def setup(
         self, task: Task, train: ArrayDataset, test: ArrayDataset, clients: Mapping[int, ClientIndices]
     ) -> dict[str, Any]:
-        from fedray.host import ClientHost
+        from fedray.federation.host import ClientHost
 
         self.host = ClientHost(task, train, clients, self.device, test=test, cpus=self.num_cpus)
         return self.info()
@@ -106,7 +106,7 @@ class ClientActor:
 
     def get_state(self, cid: int, node: str | None = None) -> Any:
         """Client ``cid``'s state; for a caller on this actor's node (``node``), a spilled state as
-        its file (`fedray.checkpoint.StateFile`), which the caller can link."""
+        its file (`fedray.storage.checkpoint.StateFile`), which the caller can link."""
         return self.host.checkpoint_state(cid, files=node == ray.get_runtime_context().get_node_id())
 
     def set_state(self, cid: int, state: Any) -> None:

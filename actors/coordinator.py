@@ -10,7 +10,7 @@ import ray
 
 if TYPE_CHECKING:
     from actors.launch import ActorGroup
-    from fedray.experiment import Event
+    from fedray.experiment.loop import Event
 
 
 # num_cpus=0: the coordinator mostly waits on the client actors (which also evaluate); reserving a
@@ -28,7 +28,7 @@ class CoordinatorCode:
         cwd: str | None = None,
     ) -> Iterator[Event]:
         """Run the experiment on ``group``, the client actors the driver started (and will free);
-        the arguments after it are `fedray.experiment.execute`'s. ``cwd``: the driver's working
+        the arguments after it are `fedray.experiment.loop.execute`'s. ``cwd``: the driver's working
         directory, which the config's relative paths (output, data_root, ...) mean: the coordinator
         runs on the driver's node, but a Ray started elsewhere starts it in another folder."""
         import os
@@ -37,10 +37,10 @@ class CoordinatorCode:
             os.chdir(cwd)
         # Imported here, not at module level: the actors already import torch while we do.
         from actors.federation import make_ray_federation
-        from fedray.experiment import execute
-        from fedray.host import set_torch_threads
-        from fedray.plugins import activate
-        from fedray.validation import from_dict
+        from fedray.config.plugins import activate
+        from fedray.experiment.loop import execute
+        from fedray.experiment.validation import from_dict
+        from fedray.federation.host import set_torch_threads
 
         activate(  # checked against what the driver read, as the client actors check theirs
             config.get("plugins") or [],
@@ -56,7 +56,7 @@ Coordinator = ray.remote(num_cpus=0, max_restarts=0)(CoordinatorCode)
 
 
 class PackWorkerCode:
-    """A pack's worker (`fedray.pack`): its runs in this one process, on the GPU share (and CPUs)
+    """A pack's worker (`fedray.sweeps.pack`): its runs in this one process, on the GPU share (and CPUs)
     Ray gave it, each run's clients in an in-process federation whose stacked calls meet in the
     pack's `Packer`. Like the coordinator it writes the results, so it runs on the driver's node."""
 
@@ -68,7 +68,7 @@ class PackWorkerCode:
         reason: str = "",
         plugins: dict[str, str] | None = None,
     ) -> Iterator[tuple[int, Any]]:
-        """Yields ``(k, event)`` for run ``k`` of ``configs``: its events, then `fedray.pack.Ended`.
+        """Yields ``(k, event)`` for run ``k`` of ``configs``: its events, then `fedray.sweeps.pack.Ended`.
         ``reason``: noted with each run's resume (a pack started again after its worker was lost).
         ``plugins`` (spec -> digest): the plug-ins as the driver read them, checked as the client
         actors check theirs (`actors.launch.launch_actors`)."""
@@ -77,11 +77,11 @@ class PackWorkerCode:
         if cwd:
             os.chdir(cwd)
         from actors.client_actor import assigned_device
-        from fedray.host import set_torch_threads
-        from fedray.local import make_local_federation
-        from fedray.pack import Ended, execute_pack
-        from fedray.plugins import activate
-        from fedray.validation import from_dict
+        from fedray.config.plugins import activate
+        from fedray.experiment.validation import from_dict
+        from fedray.federation.host import set_torch_threads
+        from fedray.federation.local import make_local_federation
+        from fedray.sweeps.pack import Ended, execute_pack
 
         activate(
             configs[0].get("plugins") or [],

@@ -21,12 +21,12 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from actors.coordinator import Coordinator
 from actors.federation import unwrap
 from actors.launch import ActorGroup, ActorPool, launch_actors
-from fedray.config import Config, ConfigError
-from fedray.experiment import Event, Recovered, RoundDone, Started
+from fedray.config.keys import Config, ConfigError
+from fedray.config.plugins import PluginError, py_modules
+from fedray.experiment.loop import Event, Recovered, RoundDone, Started
 from fedray.federation import WorkerLost
-from fedray.placement import PlacementError, actor_slots, auto_gpus_per_actor
-from fedray.plugins import PluginError, py_modules
-from fedray.results import failure_text, mark_ended, record_failure
+from fedray.federation.placement import PlacementError, actor_slots, auto_gpus_per_actor
+from fedray.storage.results import failure_text, mark_ended, record_failure
 
 CONNECT_TIMEOUT_S = 10.0  # how long an address may take to answer before we say it cannot be reached
 
@@ -376,7 +376,7 @@ def cluster_gpus() -> float:
 
 def auto_gpus(cpus_per_actor: float) -> float:
     """What ``num_gpus_per_actor: auto`` resolves to on the connected Ray: its live nodes' CPUs and
-    GPUs (`fedray.placement.auto_gpus_per_actor`)."""
+    GPUs (`fedray.federation.placement.auto_gpus_per_actor`)."""
     nodes = [
         (n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0))
         for n in ray.nodes()

@@ -8,20 +8,22 @@ from typing import Any
 import ray
 
 from actors.launch import ActorGroup, launch_actors
-from fedray.catalog import ClientCatalog, check_groups
-from fedray.client import Task
-from fedray.config import Config
+from fedray.config.keys import Config
+from fedray.config.plugins import PluginError
 from fedray.data import FederatedData
+from fedray.engine.client import Task
 from fedray.federation import Baton, ClientError, ClientFn, FoldFn, WorkerLost
-from fedray.host import ClientHost, test_shards
+from fedray.federation.catalog import ClientCatalog, check_groups
+from fedray.federation.host import ClientHost, test_shards
+from fedray.federation.placement import assign_clients
 from fedray.params import payload_nbytes
-from fedray.placement import assign_clients
-from fedray.plugins import PluginError
 
 # What a lost client actor (or its node) looks like to the caller: the run can go on from its last
 # checkpoint on new actors. ObjectLostError covers values that lived in a lost node's object store.
 LOST = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError, ray.exceptions.NodeDiedError)
-PLUGIN_FAILED = "fedray.plugins.PluginError: "  # how an actor's failed plug-in import reads in Ray's error
+PLUGIN_FAILED = (
+    "fedray.config.plugins.PluginError: "  # how an actor's failed plug-in import reads in Ray's error
+)
 _STATE_WINDOW = 4  # client states in flight at once when a checkpoint is saved or restored
 
 
@@ -123,7 +125,7 @@ class RayFederation(ClientCatalog):
                 by_actor.setdefault(a, []).append((part, msg_ref))
             self._traffic.broadcast(msg, len(cids))
         # One call per actor with its share of every group: all groups run at once, and an actor
-        # that trains batched stacks them all (fedray/batched.py).
+        # that trains batched stacks them all (fedray/engine/batched.py).
         refs = [a.run_groups.remote(fn, parts) for a, parts in by_actor.items()]
         results = [r for batch in self._get(refs) for r in batch]
         self._traffic.replies([m for _, m in results])

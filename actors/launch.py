@@ -11,8 +11,8 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.client_actor import ClientActor
-from fedray.placement import PlacementError, actor_slots, plan_actor_count
-from fedray.plugins import digest
+from fedray.config.plugins import digest
+from fedray.federation.placement import PlacementError, actor_slots, plan_actor_count
 
 
 @dataclass

@@ -16,14 +16,14 @@ from actors.coordinator import PackWorker
 from actors.driver import STOPPED, RunHandle, connect, stream_run
 from actors.federation import unwrap
 from actors.launch import ActorGroup, ActorPool, actor_shape
-from fedray.config import Config
-from fedray.experiment import Event, Recovered, RoundDone, Started
+from fedray.config.keys import Config
+from fedray.config.plugins import digest
+from fedray.experiment.loop import Event, Recovered, RoundDone, Started
 from fedray.federation import WorkerLost
-from fedray.pack import Ended
-from fedray.placement import Need, PlacementError
-from fedray.plugins import digest
-from fedray.results import mark_ended
-from fedray.sweep_file import SweepRun
+from fedray.federation.placement import Need, PlacementError
+from fedray.storage.results import mark_ended
+from fedray.sweeps.pack import Ended
+from fedray.sweeps.sweep_file import SweepRun
 
 
 class RayLauncher:

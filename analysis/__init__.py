@@ -1,5 +1,5 @@
 """pandas over fedray's Parquet output: reads files only, never starts Ray. It imports fedray's
-layout of the results (fedray.results) and, to load trained models, fedray.export; nothing of Ray."""
+layout of the results (fedray.storage.results) and, to load trained models, fedray.storage.export; nothing of Ray."""
 
 from analysis.load import (
     layer_gaps,

@@ -10,8 +10,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from fedray.config import ADDED_LATER
-from fedray.results import (
+from fedray.config.keys import ADDED_LATER
+from fedray.storage.results import (
     ASSIGNMENTS_SCHEMA,
     CLIENTS_SCHEMA,
     METRICS_SCHEMA,
@@ -182,7 +182,7 @@ def archive(src: str | Path, dst: str | Path) -> list[str]:
 
     import pyarrow as pa
 
-    from fedray.results import write_atomic
+    from fedray.storage.results import write_atomic
 
     src, dst = Path(src), Path(dst)
     if not (src / "runs").is_dir():

@@ -12,8 +12,8 @@ if TYPE_CHECKING:
 def model_index(out_dir: str | Path, run_id: str) -> dict[str, Any]:
     """What ``DIR/models/RUN_ID/index.json`` lists: each model's kind (global | cluster | personal),
     cluster or client, members, and the network it is."""
-    from fedray.export import read_index
-    from fedray.results import models_folder
+    from fedray.storage.export import read_index
+    from fedray.storage.results import models_folder
 
     return read_index(models_folder(out_dir, run_id))
 
@@ -23,8 +23,8 @@ def load_models(
 ) -> dict[str, torch.nn.Module]:
     """Every saved model of ``run_id`` (or those named), by name, as torch modules in eval mode:
     ``global`` (FedConcat: the concatenated model), ``cluster-K``, ``client-CID`` (personal)."""
-    from fedray.export import load_models as load
-    from fedray.results import models_folder
+    from fedray.storage.export import load_models as load
+    from fedray.storage.results import models_folder
 
     return load(models_folder(out_dir, run_id), names)
 

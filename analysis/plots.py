@@ -18,7 +18,7 @@ import pandas as pd
 
 from analysis.load import load_metrics, load_runs
 from analysis.report import label_runs
-from fedray.coercion import count
+from fedray.config.coercion import count
 
 
 def accuracy_curves(

@@ -22,8 +22,8 @@ from typing import Any
 import pandas as pd
 
 from analysis.load import load_metrics, load_runs
-from fedray.coercion import suggest
-from fedray.config import NOT_IN_RUN_ID
+from fedray.config.coercion import suggest
+from fedray.config.keys import NOT_IN_RUN_ID
 
 # Keys that tell replicates of one setting apart or cannot change a number (fedray.config.NOT_IN_RUN_ID),
 # and where the work ran (CPUs and GPUs per actor, and whether the run trained packed with other runs:
@@ -100,7 +100,7 @@ def recorded_partitions(runs: pd.DataFrame) -> list[str | None]:
 def _plugin_text(spec: str) -> str:
     """A recorded plug-in as a label names it: its file or module name and its source's hash,
     ``fedavgm.py@3f2a9c1b`` (the path apart: the same source elsewhere is the same plug-in)."""
-    from fedray.plugins import PIN
+    from fedray.config.plugins import PIN
 
     name, _, sha = spec.partition(PIN)
     short = name.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]

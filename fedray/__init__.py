@@ -15,11 +15,20 @@ package's front door, the one module that reaches the Ray layer (`actors/`, insi
 and the results readers (`analysis/`); the library below it never imports Ray. The
 registration functions (``register_algorithm``, ``register_model``, ``register_dataset``,
 ``register_partition``) are how plug-ins and the built-ins alike add what a config can name.
+
+The folders below are the layers, each importing only those before it (docs/architecture.md walks
+them): `config/`, `data/` and `models/`, `storage/`, `engine/`, `federation/`, `algorithms/`,
+`experiment/`, `sweeps/`; then this front door (`api.py`, `progress.py`). `params.py` and
+`records.py` are the vocabulary every layer speaks (parameter dicts, metric rows).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
+import sys
+import warnings
 from typing import Any
 
 __version__ = "0.1.0"
@@ -46,21 +55,89 @@ _API = {
     "Partition": "fedray.data.partitions",
     "from_arrays": "fedray.data.arrays",
     "from_torch": "fedray.data.arrays",
-    "LocalUpdate": "fedray.update",
-    "Evaluation": "fedray.update",
-    "Trained": "fedray.update",
-    "Step": "fedray.update",
-    "Batch": "fedray.update",
-    "Frozen": "fedray.update",
+    "LocalUpdate": "fedray.engine.update",
+    "Evaluation": "fedray.engine.update",
+    "Trained": "fedray.engine.update",
+    "Step": "fedray.engine.update",
+    "Batch": "fedray.engine.update",
+    "Frozen": "fedray.engine.update",
     "Config": "fedray.config",
     "ConfigError": "fedray.config",
-    "load_config": "fedray.validation",
-    "from_dict": "fedray.validation",
+    "load_config": "fedray.experiment.validation",
+    "from_dict": "fedray.experiment.validation",
     "run": "fedray.api",
     "sweep": "fedray.api",
     "RunResult": "fedray.api",
 }
 __all__ = sorted(_API)
+
+
+# Modules that moved (old name -> where it lives now). An import of an old name gets the module
+# itself (the same object, so isinstance and pickling agree) and says so once; a checkpoint that
+# names a class by its old module reads back as the class (fedray.storage.checkpoint).
+_ALGORITHM_FAMILIES = {
+    "baselines": ("fedavg", "fedprox", "scaffold", "fednova", "moon", "fedrs", "fedlc"),
+    "clustered": ("clusterfedavg", "ifca", "fesem", "fedsoft"),
+    "concat": ("fedconcat", "fedconcat_id"),
+    "mixture": ("fedem", "fedrc"),
+    "relay": ("fedcat",),
+    "sampling": ("clusamp",),
+    "splitting": ("cfl", "layercfl"),
+}
+MOVED_MODULES = {
+    # the algorithm families, each one folder under fedray/algorithms/
+    **{
+        f"fedray.algorithms.{name}": f"fedray.algorithms.{family}.{name}"
+        for family, names in _ALGORITHM_FAMILIES.items()
+        for name in names
+    },
+    "fedray.clustering": "fedray.algorithms.clustering",
+    "fedray.splitting": "fedray.algorithms.splitting.cfl",
+    "fedray.mixture": "fedray.algorithms.mixture",
+    "fedray.mixture.client": "fedray.algorithms.mixture.client",
+    "fedray.mixture.server": "fedray.algorithms.mixture.fedem",
+    # the flat modules of fedray/, each into its layer's folder
+    **{
+        f"fedray.{name}": f"fedray.{folder}.{name}"
+        for folder, names in {
+            "config": ("coercion", "hparams", "plugins", "seeding"),
+            "storage": ("results", "checkpoint", "export"),
+            "engine": ("update", "train", "batched", "drive", "client"),
+            "federation": ("host", "catalog", "local", "traffic", "batons", "client_states", "placement"),
+            "algorithms": ("evaluation",),
+            "sweeps": ("sweep_file", "scheduler", "pack"),
+        }.items()
+        for name in names
+    },
+    "fedray.validation": "fedray.experiment.validation",
+}
+
+
+class FedrayMovedWarning(FutureWarning):
+    """A module imported by a name it had in an earlier fedray: it works, and the name will go."""
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports an old module name as the module that now holds it (`MOVED_MODULES`)."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        return importlib.util.spec_from_loader(name, self) if name in MOVED_MODULES else None
+
+    def create_module(self, spec: Any) -> Any:
+        new = MOVED_MODULES[spec.name]
+        warnings.warn(
+            f"{spec.name} is now {new}: the old name still imports it, and will go in a later fedray",
+            FedrayMovedWarning,
+            stacklevel=2,
+        )
+        return importlib.import_module(new)
+
+    def exec_module(self, module: Any) -> None:
+        """The module was run under its own name already."""
+
+
+if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
+    sys.meta_path.insert(0, _MovedModules())
 
 
 def __getattr__(name: str) -> Any:

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedray.config import Config, ConfigError, merge, parse_sets
+from fedray.config.keys import Config, ConfigError, merge, parse_sets
 
 
 @dataclass
@@ -95,8 +95,8 @@ def prepare(
     """The checked Config of a run, with its data and partition checked too: every error a bad
     config or a missing data set can give, before any training (and before Ray)."""
     from fedray.data import check_available, check_partition
-    from fedray.results import check_writable
-    from fedray.validation import check_last_batches, from_dict, load_config
+    from fedray.experiment.validation import check_last_batches, from_dict, load_config
+    from fedray.storage.results import check_writable
 
     mapping, path = _config_mapping(config)
     if path is not None or not mapping:
@@ -141,7 +141,7 @@ def sweep_launcher(sw: Any, local: bool = False, address: str | None = None) -> 
     """Where a sweep's runs go: in this process one at a time (``local``), or a Ray cluster (attached
     to ``address`` / RAY_ADDRESS, else a local Ray started for the sweep)."""
     if local:
-        from fedray.scheduler import LocalLauncher
+        from fedray.sweeps.scheduler import LocalLauncher
 
         return LocalLauncher()
     from actors.sweep import RayLauncher
@@ -177,11 +177,11 @@ def events(
     restart: bool = False,
     started: bool | None = None,
 ) -> Iterator[Any]:
-    """The run's events (`fedray.experiment`): in this process, or on Ray (attached to ``address`` /
+    """The run's events (`fedray.experiment.loop`): in this process, or on Ray (attached to ``address`` /
     RAY_ADDRESS, else a local Ray started for it). ``started``: `resolve_gpus` connected already."""
     if local:
-        from fedray.experiment import execute
-        from fedray.local import make_local_federation
+        from fedray.experiment.loop import execute
+        from fedray.federation.local import make_local_federation
 
         return execute(cfg, make_local_federation, restart)
     from actors.driver import run_on_ray
@@ -193,7 +193,7 @@ def events(
 class Begun:
     """A run as `begin` found it: its config (``num_gpus_per_actor: auto`` resolved), the line that
     says what auto chose (None: nothing was auto), its state in its output folder
-    (`fedray.results.run_state`) and its events, None where it does not run (finished and not
+    (`fedray.storage.results.run_state`) and its events, None where it does not run (finished and not
     forced, or being written by another live process)."""
 
     cfg: Config
@@ -222,7 +222,7 @@ def begin(
     start) or being written by another process (a Ray started only to resolve auto is stopped
     again), else its events (``restart``: from the start, not the checkpoint). Nothing of the run
     starts until the events are read."""
-    from fedray.results import run_state
+    from fedray.storage.results import run_state
 
     cfg, started, said = resolve_gpus(cfg, local, address)
     try:
@@ -312,8 +312,8 @@ def sweep(
     from dataclasses import replace
 
     from fedray import progress
-    from fedray.scheduler import run_sweep
-    from fedray.sweep_file import load_sweep, plan
+    from fedray.sweeps.scheduler import run_sweep
+    from fedray.sweeps.sweep_file import load_sweep, plan
 
     sw = load_sweep(path, sets, output=output, only=only, plugins=plugins)
     sw, launcher, said = resolve_sweep_gpus(sw, local, address)
@@ -336,7 +336,7 @@ def sweep(
             if said_gpus := unused_gpus(launcher.resources().get("GPU", 0), [r.config for r in todo]):
                 print(said_gpus, flush=True)
         if not quiet:
-            from fedray.scheduler import launch_units, packs_declined
+            from fedray.sweeps.scheduler import launch_units, packs_declined
 
             for line in packs_declined(todo, launch_units(todo, launcher), launcher):
                 print(line, flush=True)

@@ -1,4 +1,4 @@
-"""How the `fedray` command renders what a run or a sweep reports (`fedray.experiment` events,
+"""How the `fedray` command renders what a run or a sweep reports (`fedray.experiment.loop` events,
 run summaries) as lines for the terminal."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fedray.coercion import count
+from fedray.config.coercion import count
 
 
 def round_line(ev: Any) -> str:
@@ -83,7 +83,7 @@ def placed(pl: dict) -> str:
 def run_lines(ev: Any, cfg: Any, quiet: bool, t0: float) -> list[tuple[str, bool]]:
     """`fedray run`: the lines one event of a run prints, each with whether it goes to stderr."""
     from fedray.data import partition_label
-    from fedray.experiment import Checkpointed, Finished, Recovered, RoundDone, Started
+    from fedray.experiment.loop import Checkpointed, Finished, Recovered, RoundDone, Started
 
     if isinstance(ev, Started):
         where = "in-process" if ev.placement.get("mode") == "local" else placed(ev.placement)
@@ -123,8 +123,8 @@ class SweepProgress:
         self.ended: list[Any] = []
 
     def lines(self, ev: Any) -> list[str]:
-        from fedray.experiment import Recovered, RoundDone, Started
-        from fedray.scheduler import RunEnded, RunLaunched, RunProgress, Waiting
+        from fedray.experiment.loop import Recovered, RoundDone, Started
+        from fedray.sweeps.scheduler import RunEnded, RunLaunched, RunProgress, Waiting
 
         tag = f"#{ev.run.index}" if hasattr(ev, "run") else ""
         if isinstance(ev, RunLaunched):

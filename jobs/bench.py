@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedray.config import Config
+from fedray.config.keys import Config
 from fedray.data import build_federated_data, check_available
-from fedray.validation import from_dict
+from fedray.experiment.validation import from_dict
 from jobs import one_run
 
 WORKLOAD = dict(
@@ -69,7 +69,7 @@ WORKLOAD = dict(
 def _fedray(cfg: Config, events, t0: float) -> dict[str, Any]:
     """Round times, accuracy and placement; ``start``: where the seconds before the first round went
     (``t0``: when the variant began, on the perf_counter clock)."""
-    from fedray.experiment import Finished, RoundDone, Started
+    from fedray.experiment.loop import Finished, RoundDone, Started
 
     rounds, placement, start = [], {}, {}
     for ev in events:
@@ -129,8 +129,8 @@ def bench_ray(cfg: Config) -> dict[str, Any]:
 
 def bench_local(cfg: Config) -> dict[str, Any]:
     t0 = time.perf_counter()
-    from fedray.experiment import execute
-    from fedray.local import make_local_federation
+    from fedray.experiment.loop import execute
+    from fedray.federation.local import make_local_federation
 
     return _fedray(cfg, execute(cfg, make_local_federation), t0)
 

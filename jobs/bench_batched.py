@@ -1,4 +1,4 @@
-"""Whole rounds of one algorithm, its clients trained one at a time against stacked (fedray/batched.py).
+"""Whole rounds of one algorithm, its clients trained one at a time against stacked (fedray/engine/batched.py).
 
     python -m jobs.bench_batched CONFIG [--only KEY=VALUE] [--set KEY=VALUE] [--device cuda]
         [--rounds 3] [--engines per-client,batched] [--profile ROWS]
@@ -47,7 +47,7 @@ class Work:
         self.rows = 0
 
     def install(self) -> None:
-        from fedray import batched, drive
+        from fedray.engine import batched, drive
 
         train_update, train_stacked = drive.train_update, batched.train_stacked
 
@@ -92,18 +92,18 @@ def add_stack_args(ap: argparse.ArgumentParser) -> None:
         "--stacked-conv",
         default="grouped",
         choices=["grouped", "im2col"],
-        help="how the stacked engine computes a convolution (fedray.batched.STACKED_CONV; default grouped)",
+        help="how the stacked engine computes a convolution (fedray.engine.batched.STACKED_CONV; default grouped)",
     )
     ap.add_argument(
         "--stacked-compile",
         action="store_true",
-        help="the stacked engine's step compiled by torch.compile (fedray.batched.STACKED_COMPILE)",
+        help="the stacked engine's step compiled by torch.compile (fedray.engine.batched.STACKED_COMPILE)",
     )
 
 
 def use_stack_args(args: argparse.Namespace) -> None:
     """Set the stacked engine's switches from `add_stack_args`' options."""
-    from fedray import batched
+    from fedray.engine import batched
 
     batched.STACKED_CONV = args.stacked_conv
     batched.STACKED_COMPILE = args.stacked_compile
@@ -145,9 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from fedray.algorithms import ALGORITHMS
-    from fedray.client import Task
     from fedray.data import build_federated_data
-    from fedray.local import LocalFederation, make_local_federation
+    from fedray.engine.client import Task
+    from fedray.federation.local import LocalFederation, make_local_federation
 
     cfg = one_run.picked(args, args.sets)
     if cfg is None:

@@ -37,9 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the scratch folder")
     args = ap.parse_args(argv)
 
-    from fedray.checkpoint import Checkpoints, read_blob
-    from fedray.experiment import Checkpointed, RoundDone, Started
-    from fedray.validation import from_dict
+    from fedray.experiment.loop import Checkpointed, RoundDone, Started
+    from fedray.experiment.validation import from_dict
+    from fedray.storage.checkpoint import Checkpoints, read_blob
 
     out = Path(args.output or tempfile.mkdtemp(prefix="fedray-ckpt-"))
     sets = [
@@ -55,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     default_every = args.default_every or from_dict({}).checkpoint_every
     if args.local:
-        from fedray.experiment import execute
-        from fedray.local import make_local_federation
+        from fedray.experiment.loop import execute
+        from fedray.federation.local import make_local_federation
 
         events = execute(cfg, make_local_federation, restart=True)
     else:

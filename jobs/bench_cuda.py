@@ -35,7 +35,7 @@ def run_side(cfg, label: str, placement: dict | None = None) -> tuple[list[str],
     """One run on Ray; the client actors' devices and each round's stage, seconds and global
     metrics (``placement``, when given, receives the run's placement)."""
     from actors.driver import run_on_ray
-    from fedray.experiment import RoundDone, Started
+    from fedray.experiment.loop import RoundDone, Started
 
     devices, rounds = [], {}
     for ev in run_on_ray(cfg, restart=True):

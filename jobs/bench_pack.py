@@ -1,4 +1,4 @@
-"""Packed runs against the same runs one after another: what packing (pack_runs, fedray/pack.py)
+"""Packed runs against the same runs one after another: what packing (pack_runs, fedray/sweeps/pack.py)
 gives a sweep on one worker.
 
     python -m jobs.bench_pack CONFIG [--only KEY=VALUE] [--set KEY=VALUE] [--device cuda]
@@ -32,7 +32,7 @@ from jobs import bench_batched, one_run
 
 def varied(cfg: Any, vary: str, runs: int) -> list[Any]:
     """``runs`` configs: seeds 0.. (``seed``), or ``KEY=V1,V2,...``'s values (hp.NAME for an hp)."""
-    from fedray.validation import from_dict
+    from fedray.experiment.validation import from_dict
 
     if vary == "seed":
         return [dataclasses.replace(cfg, seed=s) for s in range(runs)]
@@ -67,9 +67,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from fedray.experiment import Finished, RoundDone, execute
-    from fedray.local import make_local_federation
-    from fedray.pack import Ended, execute_pack
+    from fedray.experiment.loop import Finished, RoundDone, execute
+    from fedray.federation.local import make_local_federation
+    from fedray.sweeps.pack import Ended, execute_pack
 
     cuda = args.device.startswith("cuda")
     bench_batched.use_stack_args(args)

@@ -39,9 +39,9 @@ from typing import Any
 
 import pandas as pd
 
-from fedray.client_states import PREFIX
-from fedray.config import dump_yaml
-from fedray.validation import load_config
+from fedray.config.keys import dump_yaml
+from fedray.experiment.validation import load_config
+from fedray.federation.client_states import PREFIX
 from jobs import one_run
 
 FEDAVG, SCAFFOLD = "jobs/configs/scale_fedavg_1m.yaml", "jobs/configs/scale_scaffold_100k.yaml"

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedray.config import dump_yaml
+from fedray.config.keys import dump_yaml
 from fedray.records import TIMING_METRICS
-from fedray.sweep_file import load_sweep
+from fedray.sweeps.sweep_file import load_sweep
 
 VARIANTS = ("sweep", "sweep-serial", "runs")
 

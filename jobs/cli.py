@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from fedray import progress
-from fedray.coercion import count
+from fedray.config.coercion import count
 
 EXIT_USAGE = 2  # bad config, bad data path: the user's input
 EXIT_FAILED = 1  # the run itself failed
@@ -59,10 +59,10 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from fedray.api import begin, prepare
-    from fedray.config import ConfigError
+    from fedray.config.keys import ConfigError
     from fedray.data import DatasetMissing, PartitionError
     from fedray.data.client_files import ClientFilesError
-    from fedray.results import DamagedResults, run_state
+    from fedray.storage.results import DamagedResults, run_state
 
     try:
         cfg = prepare(args.config, args.sets, args.plugins, output=args.output)
@@ -97,7 +97,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(line, file=sys.stderr if to_stderr else sys.stdout, flush=True)
     except KeyboardInterrupt:
         events.close()  # frees the actors and records the run as interrupted
-        from fedray.checkpoint import Checkpoints
+        from fedray.storage.checkpoint import Checkpoints
 
         try:
             latest = Checkpoints(cfg.output, run_id, cfg.keep_checkpoints).latest()
@@ -118,7 +118,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 130
     except Exception as e:  # noqa: BLE001 - reported to the user with the real cause
         from fedray.federation import ClientError
-        from fedray.results import RunLocked
+        from fedray.storage.results import RunLocked
 
         if isinstance(e, RunLocked):
             print(f"fedray: error: {e}", file=sys.stderr)
@@ -139,10 +139,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from fedray.api import resolve_sweep_gpus
-    from fedray.coercion import ConfigError
+    from fedray.config.coercion import ConfigError
     from fedray.data import DatasetMissing
-    from fedray.results import check_writable
-    from fedray.sweep_file import load_sweep, plan
+    from fedray.storage.results import check_writable
+    from fedray.sweeps.sweep_file import load_sweep, plan
 
     try:
         if args.max_concurrent_runs is not None and args.max_concurrent_runs < 0:
@@ -179,8 +179,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"  {'#':>3}  {'state':<11}  {'action':<6}  {'run id':<{width}}  settings")
         for p in planned:
             print(f"  {p.run.index:>3}  {p.state:<11}  {p.action:<6}  {p.run.run_id:<{width}}  {p.run.label}")
-        from fedray.pack import pack_groups
-        from fedray.scheduler import LocalLauncher, launch_units, packs_declined
+        from fedray.sweeps.pack import pack_groups
+        from fedray.sweeps.scheduler import LocalLauncher, launch_units, packs_declined
 
         # as the sweep would launch them: in-process, or where a launcher is connected already
         # (num_gpus_per_actor auto); else as they would pack on Ray where this node can hold a pack
@@ -201,7 +201,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int, launcher=None) -> int:
     from fedray.api import sweep_launcher
-    from fedray.scheduler import run_sweep
+    from fedray.sweeps.scheduler import run_sweep
 
     if launcher is None:
         try:
@@ -224,7 +224,7 @@ def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int, launcher
             )
         )
     )
-    from fedray.scheduler import launch_units, packs_declined
+    from fedray.sweeps.scheduler import launch_units, packs_declined
 
     units = launch_units(todo, launcher)  # as the sweep launches them: where this node can hold a pack
     packed = [u for u in units if len(u) > 1]
@@ -613,7 +613,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAILED
     except OSError as e:
-        from fedray.results import DamagedResults
+        from fedray.storage.results import DamagedResults
 
         if not isinstance(e, DamagedResults):
             raise

@@ -161,7 +161,7 @@ def configs_by_algorithm(folder: Path = CONFIGS, default: str = "fedavg") -> dic
 
 def algorithm_docs() -> list[AlgorithmDoc]:
     from fedray.algorithms import ALGORITHMS
-    from fedray.config import Config
+    from fedray.config.keys import Config
 
     configs = configs_by_algorithm(default=Config.__dataclass_fields__["algorithm"].default)
     docs = []

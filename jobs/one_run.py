@@ -30,7 +30,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
 def picked(args: argparse.Namespace, sets: Sequence[str]) -> Any | None:
     """The one run ``args.config`` with ``sets`` and ``args.only`` gives, or None (said on stderr)
     when it gives none or several."""
-    from fedray.sweep_file import SweepError, load_sweep
+    from fedray.sweeps.sweep_file import SweepError, load_sweep
 
     try:
         runs = load_sweep(args.config, sets, only=args.only).runs

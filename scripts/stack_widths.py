@@ -15,7 +15,7 @@ that off: the pick is not reproducible); with ``--set cuda_deterministic=false``
 grouped convolutions are slow under.
 
 ``--conv im2col`` runs the same calls with every convolution of the stack computed as unfold and
-one batched matrix product over the models (`fedray.batched.STACKED_CONV`) in place of the grouped
+one batched matrix product over the models (`fedray.engine.batched.STACKED_CONV`) in place of the grouped
 convolution vmap makes of it: which the GPU does faster at which width. (The matmul variant of
 2026-11-27, a broadcast matrix product per model's batch, 17x slower, is gone.)
 """
@@ -45,11 +45,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from fedray import batched
-    from fedray.client import num_steps
     from fedray.data import build_federated_data
-    from fedray.local import make_local_federation
-    from fedray.update import LocalUpdate
+    from fedray.engine import batched
+    from fedray.engine.client import num_steps
+    from fedray.engine.update import LocalUpdate
+    from fedray.federation.local import make_local_federation
 
     data = build_federated_data(cfg)
     fed = make_local_federation(dataclasses.replace(cfg, batched_clients="on"), data, args.device, 1)[0]

@@ -15,8 +15,8 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import pytest  # noqa: E402
 
-from fedray.config import Config  # noqa: E402
-from fedray.validation import from_dict  # noqa: E402
+from fedray.config.keys import Config  # noqa: E402
+from fedray.experiment.validation import from_dict  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 
 from analysis import load_metrics
-from fedray.experiment import execute
-from fedray.local import make_local_federation
+from fedray.experiment.loop import execute
+from fedray.federation.local import make_local_federation
 from fedray.records import TIMING_METRICS, rec
-from fedray.results import ResultsWriter
+from fedray.storage.results import ResultsWriter
 
 TIMING = TIMING_METRICS  # metrics that measure time: never compared
 
@@ -243,7 +243,7 @@ def sweep_file(tmp_path: Path, body: str, name: str = "sweep.yaml") -> Path:
 def draw_borrowed_partition(c) -> list[np.ndarray]:
     """A partition file where a NIID-Bench-family harness leaves it, for the harnesses that borrow
     clients (FedRepo, FL-bench): four clients, two labels each."""
-    from fedray.config import partition_file_for
+    from fedray.config.keys import partition_file_for
     from fedray.data import partition_file
     from fedray.data.datasets import train_labels
     from jobs.reference.harness import partition_template

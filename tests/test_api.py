@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import fedray
-from fedray.config import ConfigError
+from fedray.config.keys import ConfigError
 from tests.conftest import ROOT
 
 
@@ -64,10 +64,10 @@ def test_sweep_returns_every_runs_results(tmp_path, capsys):
 def test_num_gpus_per_actor_auto_is_resolved_where_the_run_goes_and_said(tmp_path, capsys):
     import yaml
 
-    from fedray.experiment import execute
-    from fedray.local import make_local_federation
-    from fedray.scheduler import LocalLauncher, run_sweep
-    from fedray.sweep_file import load_sweep
+    from fedray.experiment.loop import execute
+    from fedray.federation.local import make_local_federation
+    from fedray.sweeps.scheduler import LocalLauncher, run_sweep
+    from fedray.sweeps.sweep_file import load_sweep
 
     out = str(tmp_path / "out")
     # in this process: the CPU, so the run is the one num_gpus_per_actor 0 names, saved as 0
@@ -119,7 +119,7 @@ def test_your_own_arrays_and_torch_datasets_are_a_data_set(tmp_path):
 
 def test_a_run_another_process_is_writing_is_refused_by_the_cli_and_the_api_alike(tmp_path, capsys):
     # fedray run and fedray.run decide this in one place (fedray.api.begin): neither touches it
-    from fedray.results import ResultsWriter, run_state
+    from fedray.storage.results import ResultsWriter, run_state
     from jobs.cli import EXIT_FAILED, main
 
     cfg = fedray.load_config(None, ["rounds=2", f"output={tmp_path / 'out'}"])

@@ -13,11 +13,11 @@ import torch
 from fedray.algorithms import ALGORITHMS
 from fedray.algorithms.baselines import fedlc, fednova, fedrs, moon, scaffold
 from fedray.data import build_federated_data
-from fedray.drive import run_one
-from fedray.local import make_local_federation
+from fedray.engine.drive import run_one
+from fedray.engine.update import Batch
+from fedray.federation.local import make_local_federation
 from fedray.models import EncoderHead
 from fedray.params import get_params, set_params
-from fedray.update import Batch
 from tests.conftest import small_config
 from tests.helpers import run_metrics
 

@@ -1,4 +1,4 @@
-"""The stacked engine (fedray/batched.py): the per-client engine's numbers for every kind of local
+"""The stacked engine (fedray/engine/batched.py): the per-client engine's numbers for every kind of local
 update and every algorithm, in-process and on Ray; which models and devices use it; its errors."""
 
 from __future__ import annotations
@@ -11,19 +11,19 @@ import pytest
 import torch
 
 from analysis import load_runs
-from fedray import batched
-from fedray.client import Task
-from fedray.coercion import ConfigError
+from fedray.config.coercion import ConfigError
 from fedray.data import ArrayDataset, ClientIndices, DataSpec
-from fedray.experiment import execute
+from fedray.engine import batched
+from fedray.engine.client import Task
+from fedray.engine.train import optimizer_state, sgd, train_update
+from fedray.engine.update import Evaluation, Frozen, LocalUpdate, Step, cross_entropy, proximal
+from fedray.experiment.loop import execute
+from fedray.experiment.validation import from_dict
 from fedray.federation import ClientError
-from fedray.host import ClientHost
-from fedray.local import make_local_federation
+from fedray.federation.host import ClientHost
+from fedray.federation.local import make_local_federation
 from fedray.models import Arch
 from fedray.params import get_params
-from fedray.train import optimizer_state, sgd, train_update
-from fedray.update import Evaluation, Frozen, LocalUpdate, Step, cross_entropy, proximal
-from fedray.validation import from_dict
 from tests.conftest import small_config
 from tests.helpers import ALGORITHM_HP, CONFIG_OVER, round_metrics
 
@@ -163,7 +163,7 @@ def test_each_update_trains_in_the_stack_as_the_per_client_engine_trains_it(augm
 @pytest.mark.parametrize("fixed", [False, True])
 @pytest.mark.parametrize("case", ["plain", "correction", "buffers"])
 def test_updates_of_clients_with_their_own_learning_rates_train_in_one_stack(fixed, case):
-    """Two runs' clients with different learning rates (packed runs, fedray/pack.py) in one stack:
+    """Two runs' clients with different learning rates (packed runs, fedray/sweeps/pack.py) in one stack:
     each update as the per-client engine trains it at its client's rate (SCAFFOLD's correction
     scaled by it too, momentum buffers kept); in a fixed stack the rate follows an update into its
     lane."""
@@ -190,7 +190,7 @@ def test_updates_of_clients_with_their_own_learning_rates_train_in_one_stack(fix
 
 @pytest.mark.parametrize("case", ["buffers", "frozen"])
 def test_a_compiled_stack_trains_each_update_as_the_per_client_engine_trains_it(monkeypatch, case):
-    # the compiled step being measured on GPUs (fedray.batched.STACKED_COMPILE), in a fixed stack as
+    # the compiled step being measured on GPUs (fedray.engine.batched.STACKED_COMPILE), in a fixed stack as
     # on CUDA: SGD with kept momentum buffers and weight decay; MOON's form with frozen models. The
     # step is traced whole (fullgraph: what could break is fedray's, the closures, vmap and grad)
     # and run by AOT autograd's eager backend: inductor's code generation is torch's own, and
@@ -247,8 +247,8 @@ def test_evaluation_on_a_split_kept_on_the_device_gives_the_hosts_batches():
     # On CUDA batched training keeps each client's training split on the device; evaluating on it
     # slices that copy instead of converting and moving the split from the host again. Played here
     # by keeping the split as CUDA would (the values must be the host path's, bit for bit).
-    from fedray.client import iterate
-    from fedray.train import evaluate
+    from fedray.engine.client import iterate
+    from fedray.engine.train import evaluate
 
     host = _host(sizes=(37, 64, 5))
     host.task = dataclasses.replace(host.task, eval_batch_size=16)
@@ -267,10 +267,10 @@ def test_evaluation_on_a_split_kept_on_the_device_gives_the_hosts_batches():
 def test_a_test_split_kept_on_the_device_gives_the_hosts_batches_for_clients_and_test_shards():
     # On CUDA a client's test split, and each global test shard, is kept on the device after its
     # first evaluation. Played here by keeping them as CUDA would: the host path's values, bit for bit.
-    from fedray.client import Client, iterate
-    from fedray.evaluation import eval_batches
+    from fedray.algorithms.evaluation import eval_batches
+    from fedray.engine.client import Client, iterate
+    from fedray.engine.train import evaluate
     from fedray.federation import TEST_SHARD
-    from fedray.train import evaluate
 
     base = _host()
     task = dataclasses.replace(base.task, eval_batch_size=8)
@@ -351,8 +351,8 @@ def test_evaluations_run_together_each_model_loaded_once_with_each_clients_own_n
     # What each client gets is `evaluate` of the model on its split alone, bit for bit, on either
     # engine; run together, each model is loaded once for all the clients evaluating it (one
     # group's message is one object), where one client at a time loads it for each client.
-    from fedray.client import Client
-    from fedray.train import evaluate
+    from fedray.engine.client import Client
+    from fedray.engine.train import evaluate
 
     loads = []
     model = Client.model
@@ -432,7 +432,7 @@ def test_per_sample_evaluations_give_each_samples_loss_and_probabilities_in_spli
 
 
 def test_a_failing_evaluation_names_its_client(monkeypatch):
-    from fedray.client import Client
+    from fedray.engine.client import Client
 
     host = _with_test_splits("on")
     batches = Client.eval_train_batches
@@ -444,7 +444,7 @@ def test_a_failing_evaluation_names_its_client(monkeypatch):
 
     monkeypatch.setattr(Client, "eval_train_batches", broken)
     msg = {"params": _starts(host, 1)[0]}
-    from fedray.evaluation import member_eval
+    from fedray.algorithms.evaluation import member_eval
 
     with pytest.raises(
         ClientError, match=r"client 4: evaluating on its train split: OSError: split unreadable"
@@ -539,7 +539,7 @@ def test_batched_runs_give_the_per_client_numbers(tmp_path, name):
 
 @pytest.mark.parametrize("name", ["fedavg", "moon"])
 def test_stacked_convolutions_as_im2col_give_the_per_client_numbers(tmp_path, monkeypatch, name):
-    # the convolution being measured on GPUs (fedray.batched.STACKED_CONV): McMahan's CNN's "same"
+    # the convolution being measured on GPUs (fedray.engine.batched.STACKED_CONV): McMahan's CNN's "same"
     # convolutions (padding 2), MOON's frozen models too
     calls = []
     im2col = batched.conv2d_im2col
@@ -645,7 +645,7 @@ def test_a_model_that_cannot_train_batched_is_refused_before_the_run(tmp_path):
 
 
 def test_yaml_reads_a_bare_on_and_off_as_the_words(tmp_path):
-    from fedray.validation import load_config
+    from fedray.experiment.validation import load_config
 
     path = tmp_path / "c.yaml"
     for word in ("on", "off"):

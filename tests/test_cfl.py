@@ -10,7 +10,7 @@ import pytest
 from analysis import layer_gaps, load_assignments
 from fedray.algorithms import clustering
 from fedray.algorithms.splitting import cfl, geometry, layers
-from fedray.config import ConfigError
+from fedray.config.keys import ConfigError
 from fedray.data import build_federated_data
 from fedray.data.rotation import rotate
 from fedray.models import MODELS
@@ -283,7 +283,7 @@ def test_a_federation_too_big_for_the_similarities_is_refused_before_anything_st
     tmp_path, monkeypatch, algorithm
 ):
     from fedray.algorithms import scale
-    from fedray.coercion import ConfigError
+    from fedray.config.coercion import ConfigError
     from tests.conftest import small_config
 
     monkeypatch.setattr(scale, "machine_memory", lambda: 1 << 20)  # a 1 MiB machine

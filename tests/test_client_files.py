@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from analysis import load_metrics
-from fedray.config import ConfigError
+from fedray.config.keys import ConfigError
 from fedray.data import build_federated_data
 from fedray.data import client_files as cf
-from fedray.experiment import execute
-from fedray.local import make_local_federation
-from fedray.validation import from_dict
+from fedray.experiment.loop import execute
+from fedray.experiment.validation import from_dict
+from fedray.federation.local import make_local_federation
 from tests.conftest import ROOT
 from tests.helpers import clis_without_ray
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedray.client_states import PREFIX, ClientStates
-from fedray.experiment import execute
-from fedray.local import make_local_federation
+from fedray.experiment.loop import execute
+from fedray.federation.client_states import PREFIX, ClientStates
+from fedray.federation.local import make_local_federation
 from tests.conftest import small_config
 from tests.helpers import round_metrics
 
@@ -135,8 +135,8 @@ def test_spilled_state_on_ray_and_through_a_checkpoint(ray_session, tmp_path):
 def test_a_checkpoint_links_spilled_states_and_a_run_resumes_from_them_bit_identically(tmp_path):
     """A spilled state goes into the checkpoint as its file, hard-linked (the same inode, nothing
     written again), and a run stopped there resumes to the same numbers as one never stopped."""
-    from fedray.checkpoint import Checkpoints
-    from fedray.experiment import Checkpointed
+    from fedray.experiment.loop import Checkpointed
+    from fedray.storage.checkpoint import Checkpoints
 
     over = dict(
         algorithm="scaffold",
@@ -181,10 +181,10 @@ def test_the_default_budget_is_a_quarter_of_memory_shared_out_by_the_workers_cpu
     # It was a quarter over the machine's cores whatever the worker: an in-process FedRC run (300
     # clients, 26 MB of SGD buffers each) on a 16-core, 128 GiB GPU machine kept 2 GiB of its 7.8 GB
     # in memory and wrote the rest to disk and back every round (about 0.1 s a client here).
-    from fedray import client_states
-    from fedray.client import Task
     from fedray.data import ArrayDataset, DataSpec
-    from fedray.host import ClientHost
+    from fedray.engine.client import Task
+    from fedray.federation import client_states
+    from fedray.federation.host import ClientHost
 
     monkeypatch.setattr(client_states, "machine_memory", lambda: 128 << 30)
     monkeypatch.setattr(client_states.os, "cpu_count", lambda: 16)

@@ -16,9 +16,9 @@ from fedray.algorithms.sampling.strata import (
     similarity_strata,
     update_distances,
 )
-from fedray.config import ConfigError
+from fedray.config.keys import ConfigError
 from fedray.data import build_federated_data
-from fedray.local import make_local_federation
+from fedray.federation.local import make_local_federation
 from tests.conftest import small_config
 from tests.helpers import run_metrics
 

@@ -9,11 +9,11 @@ from analysis import load_assignments, load_metrics
 from fedray.algorithms import ALGORITHMS
 from fedray.algorithms.baselines import fedavg
 from fedray.algorithms.clustered import clusterfedavg
-from fedray.client import Task
-from fedray.config import ConfigError
+from fedray.config.keys import ConfigError
 from fedray.data import build_federated_data
-from fedray.experiment import execute
-from fedray.local import LocalFederation, make_local_federation
+from fedray.engine.client import Task
+from fedray.experiment.loop import execute
+from fedray.federation.local import LocalFederation, make_local_federation
 from tests.conftest import small_config
 from tests.helpers import TIMING
 

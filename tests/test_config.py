@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import yaml
 
-from fedray.config import Config, ConfigError, parse_sets
-from fedray.validation import from_dict, load_config
+from fedray.config.keys import Config, ConfigError, parse_sets
+from fedray.experiment.validation import from_dict, load_config
 from tests.conftest import ROOT
 from tests.helpers import clis_without_ray
 
@@ -281,7 +281,7 @@ def test_every_shipped_config_validates(path, tmp_path):
     # (download=true: the files need not be on this machine; client_files: a folder of as many
     # clients as the config says, made here, stands in for the one a harness writes).
     from fedray.data import client_files
-    from fedray.sweep_file import load_sweep
+    from fedray.sweeps.sweep_file import load_sweep
 
     raw = yaml.safe_load(path.read_text())
     sets = ["download=true"]
@@ -433,7 +433,7 @@ def test_every_hyperparameter_written_bare_points_to_hp():
     import dataclasses
 
     from fedray.algorithms import ALGORITHMS
-    from fedray.config import FIELDS, MISNAMED
+    from fedray.config.keys import FIELDS, MISNAMED
 
     both = set()
     for name, alg in ALGORITHMS.items():
@@ -456,8 +456,8 @@ def test_every_hyperparameter_written_bare_points_to_hp():
 def test_task_from_config_carries_every_field_from_the_key_of_its_name():
     import dataclasses
 
-    from fedray.client import Task
     from fedray.data import DataSpec
+    from fedray.engine.client import Task
 
     # init_params: test_init_model.py
     names = [f.name for f in dataclasses.fields(Task) if f.name not in ("spec", "init_params")]

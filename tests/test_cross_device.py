@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from fedray.algorithms import ALGORITHMS
-from fedray.checkpoint import Checkpoints
 from fedray.data import ArrayDataset, ClientSource, SourcedClients, build_federated_data
-from fedray.experiment import RoundDone, execute
-from fedray.host import ClientHost
-from fedray.local import make_local_federation
-from fedray.train import evaluate
+from fedray.engine.train import evaluate
+from fedray.experiment.loop import RoundDone, execute
+from fedray.federation.host import ClientHost
+from fedray.federation.local import make_local_federation
+from fedray.storage.checkpoint import Checkpoints
 from tests.conftest import small_config
 from tests.helpers import round_metrics, run_metrics
 
@@ -49,8 +49,8 @@ class _Counting(ClientSource):
 
 
 def test_a_host_makes_a_client_when_it_is_used_and_keeps_a_few(tmp_path, monkeypatch):
-    from fedray import host as host_module
-    from fedray.client import Task
+    from fedray.engine.client import Task
+    from fedray.federation import host as host_module
 
     task = Task.from_config(small_config(tmp_path), build_federated_data(small_config(tmp_path)).dataset.spec)
     src = _Counting(10**6)
@@ -184,7 +184,7 @@ def test_a_cross_silo_method_too_big_for_this_machine_is_refused_before_anything
     tmp_path, monkeypatch, algorithm, hp, holds
 ):
     from fedray.algorithms import scale
-    from fedray.coercion import ConfigError
+    from fedray.config.coercion import ConfigError
 
     # rounds: FedCat's runs are whole cycles of its K = 200 groups
     over = dict(
@@ -211,7 +211,7 @@ def test_a_cross_silo_method_too_big_for_this_machine_is_refused_before_anything
 
 def test_a_source_that_fails_to_make_a_client_names_the_client(tmp_path):
     """A ClientSource's error while making a client is the run's error, with the client's id."""
-    from fedray.client import Task
+    from fedray.engine.client import Task
     from fedray.federation import ClientError
 
     class Broken(_Counting):

@@ -11,7 +11,7 @@ import torch
 
 from fedray.data import DatasetMissing, build_federated_data, check_available, dataset_info, load_dataset
 from fedray.data.datasets import crop_flip
-from fedray.validation import from_dict
+from fedray.experiment.validation import from_dict
 from tests.helpers import FMNIST_NAMES, G, mnist_like
 
 
@@ -213,7 +213,7 @@ def test_rotation_keeps_the_centre_and_zero_angle_is_identity():
 
 
 def test_every_dataset_is_one_record_with_the_keys_only_it_reads():
-    from fedray.config import ConfigError
+    from fedray.config.keys import ConfigError
     from fedray.data import DATASETS
 
     keys = {name: kind.keys for name, kind in DATASETS.items() if kind.keys}
@@ -259,7 +259,7 @@ def test_every_dataset_is_one_record_with_the_keys_only_it_reads():
 
 
 def test_a_plugged_in_dataset_is_chosen_checked_and_loaded(tmp_path):
-    from fedray.config import ConfigError
+    from fedray.config.keys import ConfigError
     from fedray.data import (
         DATASETS,
         ArrayDataset,

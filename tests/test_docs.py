@@ -261,18 +261,78 @@ def test_cycle_finder():
 
 
 def test_no_module_imports_itself_back_even_inside_a_function():
-    """No import cycle among the project's modules, function-level imports counted: fedray.config
-    is a leaf (the registry checks are fedray.validation's; the plug-ins' hashes in the run id
-    come from fedray.plugins, a leaf itself), and the CLI hands the reference harness its sweep
+    """No import cycle among the project's modules, function-level imports counted: fedray's config
+    keys import only their own folder's coercion, hparams and plug-ins (the registry checks are
+    fedray.experiment.validation's; the plug-ins' hashes in the run id come from
+    fedray.config.plugins, a leaf itself), and the CLI hands the reference harness its sweep
     runner instead of being imported back."""
     graph = _module_graph()
-    assert graph["fedray.config"] <= {"fedray.hparams", "fedray.coercion", "fedray.plugins"}, graph[
-        "fedray.config"
-    ]
-    assert not graph["fedray.plugins"], graph["fedray.plugins"]  # the standard library only
+    assert graph["fedray.config.keys"] <= {
+        "fedray.config.hparams",
+        "fedray.config.coercion",
+        "fedray.config.plugins",
+    }, graph["fedray.config.keys"]
+    assert not graph["fedray.config.plugins"], graph["fedray.config.plugins"]  # the standard library only
     front = {m for m, deps in graph.items() if "fedray.api" in deps}
     assert front <= {"jobs.cli"}, f"only the command line goes through the front door: {front}"
     assert not _cycles(graph)
+
+
+# fedray's folders are its layers, bottom up (docs/architecture.md and each folder's __init__): a
+# module imports its own folder and those of the layers below it, never one above, function-level
+# imports included. The package's own __init__ (public names, moved modules) and the vocabulary
+# every layer speaks (params, records) are at the bottom; the front door (api, progress) on top.
+LAYERS = [
+    ("fedray", "fedray.params", "fedray.records"),
+    ("fedray.config",),
+    ("fedray.models",),
+    ("fedray.data",),
+    ("fedray.storage",),
+    ("fedray.engine",),
+    ("fedray.federation",),
+    ("fedray.algorithms",),
+    ("fedray.experiment",),
+    ("fedray.sweeps",),
+    ("fedray.progress", "fedray.api"),
+]
+
+
+def _layer(module: str) -> int:
+    """The index in LAYERS of the folder (or top-level module) that holds ``module``."""
+    parts = module.split(".")
+    place = ".".join(parts[:2])
+    return next(i for i, names in enumerate(LAYERS) if place in names)
+
+
+def test_every_module_of_fedray_is_in_a_layer_and_the_top_level_holds_few():
+    places = {".".join(m.split(".")[:2]) for m in _module_graph() if m.startswith("fedray")}
+    listed = {name for names in LAYERS for name in names}
+    assert places == listed, (places - listed, listed - places)
+    top = sorted(p.name for p in (ROOT / "fedray").glob("*.py"))
+    assert top == ["__init__.py", "api.py", "params.py", "progress.py", "records.py"], top
+    for folder in (ROOT / "fedray").iterdir():
+        if folder.is_dir() and (folder / "__init__.py").exists():
+            doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or ""
+            assert "May import" in doc, (
+                f"fedray/{folder.name}/__init__.py: say what the folder holds and what it may import"
+            )
+
+
+def test_no_module_of_fedray_imports_a_layer_above_its_own():
+    upward = [
+        f"{module} imports {dep}"
+        for module, deps in sorted(_module_graph().items())
+        if module.startswith("fedray")
+        for dep in sorted(deps)
+        if dep.startswith("fedray") and _layer(dep) > _layer(module)
+    ]
+    assert not upward, upward
+
+
+def test_the_layer_rule_catches_an_import_from_above():
+    assert _layer("fedray.engine.batched") > _layer("fedray.storage.checkpoint")
+    assert _layer("fedray.federation") == _layer("fedray.federation.host")
+    assert _layer("fedray.api") == len(LAYERS) - 1 and _layer("fedray.params") == 0
 
 
 def test_fidelity_page_is_what_fedray_fidelity_writes_from_the_kept_results(tmp_path):
@@ -295,8 +355,28 @@ def test_fidelity_page_is_what_fedray_fidelity_writes_from_the_kept_results(tmp_
 def test_the_sample_sweeps_run_ids_are_the_ones_the_sweep_file_gives(page):
     # The pages show `fedray sweep jobs/configs/digits_sweep.yaml`'s output; a reader matches its
     # run ids against their own results folder, so a change to what a run id hashes must show here.
-    from fedray.sweep_file import load_sweep
+    from fedray.sweeps.sweep_file import load_sweep
 
     shown = set(re.findall(r"\((fedavg-digits-s\d-[0-9a-f]{10}),", (ROOT / page).read_text()))
     runs = {r.run_id for r in load_sweep(ROOT / "jobs" / "configs" / "digits_sweep.yaml").runs}
     assert shown and shown <= runs, (shown - runs, runs)
+
+
+def test_an_old_module_name_imports_the_module_it_moved_to_and_says_so_once():
+    # a plug-in written against an earlier fedray (from fedray.hparams import bound) keeps working:
+    # it gets the module itself, and one warning names the new place
+    import subprocess
+    import sys
+
+    code = (
+        "from fedray.hparams import bound\n"
+        "from fedray.hparams import one_of\n"
+        "import fedray.evaluation as old, fedray.algorithms.evaluation as new\n"
+        "import fedray.config.hparams as h\n"
+        "assert bound is h.bound and old is new\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.count("fedray.hparams is now fedray.config.hparams") == 1, p.stderr
+    assert p.stderr.count("fedray.evaluation is now fedray.algorithms.evaluation") == 1, p.stderr
+    assert "FedrayMovedWarning" in p.stderr

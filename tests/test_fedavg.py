@@ -8,10 +8,10 @@ import torch
 
 from fedray.algorithms.baselines import fedavg
 from fedray.algorithms.rounds import fedavg_aggregate
-from fedray.client import Task
 from fedray.data import ArrayDataset, ClientIndices, DataSpec
+from fedray.engine.client import Task
 from fedray.federation import sample_clients
-from fedray.local import LocalFederation
+from fedray.federation.local import LocalFederation
 from fedray.params import WeightedSum, get_params, set_params, weighted_average
 
 

@@ -10,10 +10,10 @@ from analysis import load_assignments, load_metrics
 from fedray.algorithms import ALGORITHMS
 from fedray.algorithms.concat import classifier as concat
 from fedray.algorithms.concat import fedconcat_id
-from fedray.config import ConfigError
+from fedray.config.keys import ConfigError
 from fedray.data import build_federated_data
-from fedray.experiment import execute
-from fedray.local import make_local_federation
+from fedray.experiment.loop import execute
+from fedray.federation.local import make_local_federation
 from fedray.params import get_params
 from tests.conftest import small_config
 from tests.helpers import TIMING, encoder_params, num_parameters
@@ -406,7 +406,7 @@ def test_stage_3_train_accuracy_from_the_kept_features_is_the_whole_models_bit_f
     # Stage 3's train_accuracy runs the classifier on the features each client kept (the encoders are
     # frozen), not its images through K encoders every round: the same numbers as the whole
     # concatenated model on the images, exactly.
-    from fedray.evaluation import member_eval, model_msg
+    from fedray.algorithms.evaluation import member_eval, model_msg
     from fedray.models import Arch, concat_params
 
     fed, alg, h, state = at_stage_3(tmp_path, cache)
@@ -427,7 +427,7 @@ def test_stage_3_test_accuracy_from_the_kept_test_features_is_the_whole_models_b
     # The global test set's features are computed once per set of encoders and kept by the worker;
     # every later evaluation runs the classifier alone and gives the whole model's numbers exactly.
     # New encoders (another digest) are encoded afresh, never served the old features.
-    from fedray.evaluation import evaluate_global
+    from fedray.algorithms.evaluation import evaluate_global
     from fedray.models import Arch, concat_params
 
     fed, alg, h, state = at_stage_3(tmp_path, True)

@@ -7,7 +7,7 @@ import pytest
 
 from fedray.data import build_federated_data
 from fedray.federation import ClientError
-from fedray.local import LocalFederation, make_local_federation
+from fedray.federation.local import LocalFederation, make_local_federation
 from tests.conftest import small_config
 from tests.helpers import count_calls, fail_on_three
 
@@ -56,7 +56,7 @@ def test_metadata(fed):
 
 
 def test_test_shards_are_whole_batches_covering_the_test_set():
-    from fedray.host import test_shards
+    from fedray.federation.host import test_shards
 
     assert test_shards(1000, 300, 2) == [(0, 600), (600, 1000)]
     assert test_shards(1000, 300, 10) == [(0, 300), (300, 600), (600, 900), (900, 1000)]
@@ -64,7 +64,7 @@ def test_test_shards_are_whole_batches_covering_the_test_set():
 
 
 def test_global_evaluation_is_summed_per_batch_in_order(fed):
-    from fedray.evaluation import eval_batches, evaluate_global
+    from fedray.algorithms.evaluation import eval_batches, evaluate_global
     from fedray.params import get_params
 
     params = get_params(fed.task.build_model())

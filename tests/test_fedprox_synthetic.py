@@ -9,16 +9,16 @@ import pytest
 from sklearn.linear_model import LogisticRegression
 
 from fedray.algorithms.baselines import fedavg, fedprox
-from fedray.batched import train_stacked
-from fedray.coercion import ConfigError
+from fedray.config.coercion import ConfigError
 from fedray.data import build_federated_data, partition_label
 from fedray.data.fedprox_synthetic import DIM, client_arrays, client_size
-from fedray.local import make_local_federation
+from fedray.engine.batched import train_stacked
+from fedray.engine.train import train_update
+from fedray.engine.update import LocalUpdate
+from fedray.experiment.validation import from_dict
+from fedray.federation.local import make_local_federation
 from fedray.models import build_model
 from fedray.params import get_params, weighted_average
-from fedray.train import train_update
-from fedray.update import LocalUpdate
-from fedray.validation import from_dict
 from tests.conftest import small_config
 from tests.helpers import run_metrics
 

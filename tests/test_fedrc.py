@@ -14,9 +14,9 @@ from fedray.algorithms import ALGORITHMS
 from fedray.algorithms.mixture import client as mixture_client
 from fedray.algorithms.mixture import fedrc
 from fedray.algorithms.mixture.fedem import MixtureAverage
-from fedray.config import ConfigError
+from fedray.config.keys import ConfigError
 from fedray.data import build_federated_data
-from fedray.local import make_local_federation
+from fedray.federation.local import make_local_federation
 from tests.conftest import small_config
 from tests.helpers import run_metrics as all_metrics
 
@@ -64,8 +64,8 @@ def test_the_e_step_reads_the_losses_the_last_evaluation_found_with_the_same_num
     """Every client in every round: the evaluation's ensemble on the training splits keeps each
     model's per-sample losses, and the next round's E-step reads them instead of evaluating the same
     models on the same split again. The numbers are those of evaluating again, bit for bit."""
-    from fedray import drive
     from fedray.algorithms.mixture import ensemble
+    from fedray.engine import drive
 
     loss_passes = []
     counted = drive.evaluate_requests
@@ -90,8 +90,8 @@ def test_the_e_step_reads_the_losses_the_last_evaluation_found_with_the_same_num
 def test_clients_that_kept_losses_train_in_one_stack_with_those_that_evaluate_again(tmp_path, monkeypatch):
     """Stacked clients, only some evaluated (eval_clients): the others evaluate again in the next
     E-step, and every client's updates still train in the one stack they would without kept losses."""
-    from fedray import batched
     from fedray.algorithms.mixture import ensemble
+    from fedray.engine import batched
 
     stacks = []
     stacked = batched.train_stacked
@@ -195,7 +195,7 @@ def test_removal_waits_for_converged_shares_then_drops_a_model_everywhere(tmp_pa
 
 
 def test_omega_of_every_participant_is_written_each_round(tmp_path):
-    from fedray.experiment import execute
+    from fedray.experiment.loop import execute
 
     cfg = small_config(tmp_path, algorithm="fedrc", hp={"num_clusters": 2}, **OVER)
     list(execute(cfg, make_local_federation))

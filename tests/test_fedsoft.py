@@ -10,9 +10,9 @@ from analysis import load_assignments
 from fedray.algorithms import ALGORITHMS
 from fedray.algorithms.clustered import fedsoft
 from fedray.data import build_federated_data
-from fedray.local import make_local_federation
-from fedray.train import train_update
-from fedray.update import LocalUpdate
+from fedray.engine.train import train_update
+from fedray.engine.update import LocalUpdate
+from fedray.federation.local import make_local_federation
 from tests.conftest import small_config
 from tests.helpers import run_metrics
 

@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-from fedray.config import ConfigError
-from fedray.experiment import execute
-from fedray.local import make_local_federation
+from fedray.config.keys import ConfigError
+from fedray.experiment.loop import execute
+from fedray.experiment.validation import from_dict
+from fedray.federation.local import make_local_federation
 from fedray.records import TIMING_METRICS
-from fedray.validation import from_dict
 from tests.conftest import ROOT, small_config
 
 # The CLI in a fresh interpreter; fails if Ray was imported on the way to the answer.
@@ -218,7 +218,7 @@ def test_help_sets_the_maintainers_commands_apart(capsys):
 
 
 def test_runs_last_line_says_how_to_look_and_report_says_when_runs_are_left_out(tmp_path, capsys):
-    from fedray.results import ResultsWriter
+    from fedray.storage.results import ResultsWriter
     from jobs.cli import main
 
     out = tmp_path / "out"

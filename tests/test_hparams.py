@@ -1,4 +1,4 @@
-"""Declared hyperparameter bounds (fedray/hparams.py): the checker on a hand-made dataclass, every
+"""Declared hyperparameter bounds (fedray/config/hparams.py): the checker on a hand-made dataclass, every
 bound kind and its exact message; and for every registered algorithm, a value outside each
 declared bound is refused by the config, naming 'hp.NAME', before anything runs."""
 
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from fedray.algorithms import ALGORITHMS
-from fedray.coercion import ConfigError
-from fedray.config import Config
-from fedray.hparams import Bound, OneOf, bound, check_fields, declared, hparams_from_dict, one_of
+from fedray.config.coercion import ConfigError
+from fedray.config.hparams import Bound, OneOf, bound, check_fields, declared, hparams_from_dict, one_of
+from fedray.config.keys import Config
 from tests.conftest import small_config
 
 
@@ -211,7 +211,7 @@ def test_every_config_key_bound_is_declared_and_refused_with_the_one_message(tmp
 def test_a_bare_off_read_as_false_by_yaml_is_the_word_where_it_is_a_choice():
     # FedRC's adam: off | paper | code. `--set hp.adam=off` (or `adam: off` in YAML) reached it as
     # False: "expected a string, got False", and FedRC-Adam could not be switched off by name.
-    from fedray.validation import from_dict
+    from fedray.experiment.validation import from_dict
 
     assert (
         from_dict({"algorithm": "fedrc", "hp": {"adam": False}}).run_id()

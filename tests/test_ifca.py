@@ -10,9 +10,9 @@ import pytest
 from analysis import load_assignments
 from fedray.algorithms import ALGORITHMS
 from fedray.algorithms.clustered import fesem, ifca
+from fedray.algorithms.evaluation import member_eval
 from fedray.data import build_federated_data
-from fedray.evaluation import member_eval
-from fedray.local import make_local_federation
+from fedray.federation.local import make_local_federation
 from tests.conftest import small_config
 from tests.helpers import run_metrics
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from fedray.algorithms import ALGORITHMS
-from fedray.config import ConfigError
+from fedray.config.keys import ConfigError
 from fedray.data import build_federated_data
-from fedray.experiment import execute
-from fedray.local import make_local_federation
+from fedray.experiment.loop import execute
+from fedray.federation.local import make_local_federation
 from tests.conftest import small_config
 
 

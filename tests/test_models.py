@@ -94,8 +94,8 @@ def test_concatenated_model_from_cluster_models_and_the_f5_head_init():
 
 
 def test_task_builds_each_arch_with_seeded_init():
-    from fedray.client import Task
     from fedray.data import DataSpec
+    from fedray.engine.client import Task
     from fedray.models import Arch
 
     spec = DataSpec((1, 28, 28), 10, 1 / 255)
@@ -157,8 +157,8 @@ def test_head_bias_false_drops_only_the_last_layers_bias():
 
 def test_head_bias_false_runs_saves_and_loads_back(tmp_path):
     from analysis import load_models
-    from fedray.config import ConfigError
-    from fedray.validation import validate
+    from fedray.config.keys import ConfigError
+    from fedray.experiment.validation import validate
     from tests.conftest import small_config
     from tests.helpers import run_metrics
 
@@ -174,8 +174,8 @@ def test_head_bias_false_runs_saves_and_loads_back(tmp_path):
 def test_model_init_seed_plus_k_draws_model_k_after_torch_seed_seed_plus_k():
     # The FedEM/FedRC code draws learner k right after torch.manual_seed(seed + k); checked here bit for
     # bit against its FemnistCNN (2,171,786 parameters), and by hand against the rule below.
-    from fedray.client import Task
     from fedray.data import DataSpec
+    from fedray.engine.client import Task
     from fedray.params import get_params
 
     def task(seed, init):

@@ -64,8 +64,8 @@ print("plugin on", on_ray.summary["placement"]["nodes"], "nodes: same numbers", 
 # A run that loses a node mid-run goes on from its checkpoint on the node left (argv[1]: its config).
 import json
 from actors.driver import RunHandle, stream_run
-from fedray.experiment import Recovered, RoundDone, Started
-from fedray.validation import from_dict
+from fedray.experiment.loop import Recovered, RoundDone, Started
+from fedray.experiment.validation import from_dict
 ray.shutdown()
 ray.init(address=cluster.address, log_to_driver=False, runtime_env=job_runtime_env())
 cfg = from_dict(json.loads(sys.argv[1]))
@@ -91,8 +91,8 @@ def test_actors_spread_over_nodes_and_node_loss_is_loud_or_survived(tmp_path):
     import json
     import os
 
-    from fedray.experiment import execute
-    from fedray.local import make_local_federation
+    from fedray.experiment.loop import execute
+    from fedray.federation.local import make_local_federation
     from tests.conftest import small_config
     from tests.helpers import stored_metrics
     from tests.test_recovery_ray import SLOW

@@ -1,4 +1,4 @@
-"""Packed runs (pack_runs, fedray/pack.py): several runs of a sweep in one worker, their clients'
+"""Packed runs (pack_runs, fedray/sweeps/pack.py): several runs of a sweep in one worker, their clients'
 updates in one stack. Each run keeps its own numbers (up to float round-off), run id, results,
 checkpoints and resume; a run that fails fails alone; which runs pack together."""
 
@@ -10,15 +10,16 @@ import numpy as np
 import pytest
 
 from analysis import load_metrics, load_runs
-from fedray import drive, pack
-from fedray.config import ConfigError
-from fedray.experiment import Finished, RoundDone, Started
-from fedray.local import make_local_federation
-from fedray.pack import Ended, execute_pack, pack_groups
+from fedray.config.keys import ConfigError
+from fedray.engine import drive
+from fedray.experiment.loop import Finished, RoundDone, Started
+from fedray.federation.local import make_local_federation
 from fedray.records import TIMING_METRICS
-from fedray.results import run_state
-from fedray.scheduler import LocalLauncher, RunEnded, RunLaunched, RunProgress, run_sweep
-from fedray.sweep_file import SweepRun
+from fedray.storage.results import run_state
+from fedray.sweeps import pack
+from fedray.sweeps.pack import Ended, execute_pack, pack_groups
+from fedray.sweeps.scheduler import LocalLauncher, RunEnded, RunLaunched, RunProgress, run_sweep
+from fedray.sweeps.sweep_file import SweepRun
 from tests.conftest import ROOT, small_config
 
 
@@ -206,8 +207,8 @@ def test_a_stopped_pack_records_its_runs_interrupted_and_they_resume(tmp_path):
 
 
 def test_a_packs_runs_share_out_the_workers_memory_for_client_state(tmp_path):
-    from fedray.client_states import default_budget_mb
     from fedray.data import build_federated_data
+    from fedray.federation.client_states import default_budget_mb
 
     cfg = packed_configs(tmp_path)[0]
     data = build_federated_data(cfg)
@@ -232,7 +233,7 @@ def test_a_pack_on_ray_survives_its_worker_lost_stops_resumes_and_gives_the_in_p
 
     from actors.sweep import RayLauncher
     from analysis import load_events
-    from fedray.experiment import Recovered
+    from fedray.experiment.loop import Recovered
 
     configs = packed_configs(tmp_path, folder="ray", rounds=8)[:2]
     launcher = RayLauncher()
@@ -299,7 +300,7 @@ def test_the_header_says_why_auto_runs_go_alone_where_the_launcher_cannot_hold_t
     # alone. The header once counted them as packed all the same (it grouped them without asking the
     # launcher), and said nothing of why they went alone.
     import fedray.api
-    from fedray.scheduler import LocalLauncher
+    from fedray.sweeps.scheduler import LocalLauncher
     from jobs.cli import main
 
     class NoRoomHere(LocalLauncher):
@@ -342,7 +343,7 @@ def test_a_pack_that_the_drivers_node_cannot_hold_fails_at_once_naming_pack_runs
 def test_a_packs_runs_share_out_the_gpu_memory_a_host_keeps_splits_in(monkeypatch):
     import torch
 
-    from fedray.client import share_device_memory
+    from fedray.engine.client import share_device_memory
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (64_000, 100_000))
     cache: dict = {}
@@ -364,7 +365,7 @@ def test_auto_packs_only_runs_that_train_batched_and_that_the_launcher_can_hold(
     assert pack_groups(on, holds=lambda cfg: False) == [[0, 1]]
     # in-process (--local) the runs train on the CPU, where batched_clients auto trains one client at
     # a time: auto packs them only where batched_clients is on, and says why the others go alone
-    from fedray.scheduler import LocalLauncher, launch_units, packs_declined
+    from fedray.sweeps.scheduler import LocalLauncher, launch_units, packs_declined
 
     runs = sweep_runs(auto)
     assert launch_units(runs, LocalLauncher()) == [[0], [1]]

@@ -198,7 +198,7 @@ EXPECTED = {
 
 
 def test_every_partition_is_one_record_with_its_keys_and_label():
-    from fedray.config import Config
+    from fedray.config.keys import Config
 
     assert set(PARTITIONS) == set(EXPECTED)
     config = {
@@ -227,7 +227,7 @@ def test_the_grouped_partitions_are_those_whose_record_says_so():
 
 
 def test_a_draw_gets_its_declared_keys_with_the_config_defaults_and_nothing_else():
-    from fedray.config import Config
+    from fedray.config.keys import Config
 
     p = PARTITIONS["dirichlet"].params(40, 10, partition_beta=0.1)
     assert p["partition_beta"] == 0.1 and p["partition_min_size"] == Config().partition_min_size
@@ -264,11 +264,11 @@ def test_the_report_labels_come_from_the_registry():
 def test_a_plugged_in_partition_is_chosen_validated_drawn_and_labelled(tmp_path):
     """A partition from outside fedray: registered once, it is a value of `partition`, its keys are
     checked as a built-in's are, runs draw it, and reports name it."""
-    from fedray.config import ConfigError
+    from fedray.config.keys import ConfigError
     from fedray.data import build_federated_data, partition_label, register_partition
-    from fedray.experiment import execute
-    from fedray.local import make_local_federation
-    from fedray.validation import from_dict
+    from fedray.experiment.loop import execute
+    from fedray.experiment.validation import from_dict
+    from fedray.federation.local import make_local_federation
     from tests.conftest import small_config
 
     def check(cfg, info):
@@ -316,7 +316,7 @@ def test_a_plugged_in_partition_is_chosen_validated_drawn_and_labelled(tmp_path)
 
 def test_a_plugged_in_draw_that_gives_no_partition_of_the_training_set_is_refused_naming_the_client(tmp_path):
     # Lists of floats (or indices past the training set) once passed, the data was loaded, and the
-    # run failed in its first training step inside fedray/client.py ("only integer scalar arrays").
+    # run failed in its first training step inside fedray/engine/client.py ("only integer scalar arrays").
     from fedray.data import PartitionError, check_partition, register_partition
     from tests.conftest import small_config
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from fedray.placement import (
+from fedray.federation.placement import (
     Need,
     PlacementError,
     actor_slots,
@@ -110,9 +110,9 @@ def test_clients_on_a_gpu_get_deterministic_cuda_kernels_unless_the_config_says_
     off. Hosts on the CPU leave torch's settings alone."""
     import torch
 
-    from fedray.client import Task
     from fedray.data import build_federated_data
-    from fedray.host import ClientHost
+    from fedray.engine.client import Task
+    from fedray.federation.host import ClientHost
     from tests.conftest import small_config
 
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)

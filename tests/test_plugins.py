@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from fedray import plugins
-from fedray.config import ConfigError
+from fedray.config import plugins
+from fedray.config.keys import ConfigError
 from tests.conftest import ROOT
 
 EXAMPLE = ROOT / "examples" / "plugin"
@@ -94,7 +94,7 @@ def test_fedavgm_with_no_momentum_is_fedavg_exactly(tmp_path, isolated):
 def test_a_plugins_bad_hyperparameter_is_refused_before_anything_runs_with_the_builtins_message(
     tmp_path, isolated
 ):
-    from fedray.validation import load_config
+    from fedray.experiment.validation import load_config
 
     # without the plug-in, no such algorithm
     with pytest.raises(ConfigError, match=r"unknown value 'fedavgm'"):
@@ -113,7 +113,7 @@ def test_a_plugins_bad_hyperparameter_is_refused_before_anything_runs_with_the_b
 
 def test_a_changed_plugin_is_another_run_and_never_resumes_or_skips_the_old_one(tmp_path, isolated):
     from analysis import load_runs
-    from fedray.validation import load_config
+    from fedray.experiment.validation import load_config
     from tests.helpers import run
 
     mine = tmp_path / "mine"
@@ -179,7 +179,7 @@ def test_a_plugin_that_does_not_import_in_the_workers_fails_the_run_before_a_rou
 ):
     from analysis import load_runs
     from fedray.api import run
-    from fedray.plugins import PluginError
+    from fedray.config.plugins import PluginError
 
     plugin = tmp_path / "labplug.py"
     plugin.write_text(FAILS_IN_ACTORS)
@@ -219,7 +219,7 @@ def test_the_coordinator_checks_its_plugins_against_what_the_driver_read(tmp_pat
 
 
 def test_a_packs_worker_checks_its_plugins_against_what_the_driver_read(tmp_path, isolated):
-    # A pack's worker (`fedray.pack`) runs its runs' algorithms and clients: it checks its plug-ins as
+    # A pack's worker (`fedray.sweeps.pack`) runs its runs' algorithms and clients: it checks its plug-ins as
     # the coordinator and the client actors do (before, it imported whatever it found).
     from actors.coordinator import PackWorkerCode
 
@@ -247,7 +247,7 @@ def test_a_packages_digest_covers_its_data_files_too(tmp_path):
 
 
 def test_an_installed_package_registers_through_its_entry_point(tmp_path, isolated, monkeypatch):
-    from fedray.validation import from_dict
+    from fedray.experiment.validation import from_dict
 
     site = tmp_path / "site"
     (site / "labmodels").mkdir(parents=True)
@@ -257,7 +257,7 @@ def test_an_installed_package_registers_through_its_entry_point(tmp_path, isolat
     dist = site / "labmodels-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: labmodels\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[fedray.plugins]\nlabmodels = labmodels\n")
+    (dist / "entry_points.txt").write_text("[fedray.config.plugins]\nlabmodels = labmodels\n")
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setattr(plugins, "_ENTRY_POINTS_LOADED", False)
     monkeypatch.setattr(plugins, "_ENTRY_MODULES", [])
@@ -277,8 +277,8 @@ def test_a_registration_made_in_main_is_refused_with_what_to_do(isolated, monkey
     import types
 
     import fedray
+    from fedray.experiment.validation import from_dict
     from fedray.models import mlp
-    from fedray.validation import from_dict
 
     main = types.ModuleType("__main__")
     monkeypatch.setitem(sys.modules, "__main__", main)
@@ -295,7 +295,7 @@ def test_a_registration_made_in_main_is_refused_with_what_to_do(isolated, monkey
 
 
 def test_a_plugin_name_that_shadows_another_module_is_refused(tmp_path, isolated):
-    from fedray.validation import from_dict
+    from fedray.experiment.validation import from_dict
 
     shadow = tmp_path / "json.py"  # a module named json is imported already, from the standard library
     shadow.write_text("x = 1\n")
@@ -316,7 +316,7 @@ def test_registering_a_name_twice_is_refused(isolated):
 
 
 def test_the_plugin_path_of_a_config_is_relative_to_the_config(tmp_path, isolated):
-    from fedray.validation import load_config
+    from fedray.experiment.validation import load_config
 
     cfg = load_config(EXAMPLE / "config.yaml", ["rounds=1"])
     assert cfg.plugins == [str(EXAMPLE / "fedavgm.py")] and Path(cfg.plugins[0]).is_absolute()
@@ -455,9 +455,9 @@ fedray.register_algorithm("fedavg_short", __import__(__name__))
 
 def test_an_aggregate_of_the_wrong_shape_is_named_with_its_algorithm_parameter_and_shapes(tmp_path, isolated):
     from analysis import load_runs
-    from fedray.experiment import execute
-    from fedray.export import ModelShapeError
-    from fedray.local import make_local_federation
+    from fedray.experiment.loop import execute
+    from fedray.federation.local import make_local_federation
+    from fedray.storage.export import ModelShapeError
     from tests.conftest import small_config
 
     plugin = tmp_path / "short.py"
@@ -475,7 +475,7 @@ def test_an_aggregate_of_the_wrong_shape_is_named_with_its_algorithm_parameter_a
 NESTED_MODELS = """
 import fedray
 from fedray.algorithms.baselines.fedavg import Hparams, State, evaluate, init, round  # noqa: F401
-from fedray.export import global_model
+from fedray.storage.export import global_model
 
 
 def models(state, hp):
@@ -487,8 +487,8 @@ fedray.register_algorithm("fedavg_nested", __import__(__name__))
 
 
 def test_models_that_are_not_saved_models_are_named_with_the_algorithm_after_round_1(tmp_path, isolated):
-    from fedray.experiment import execute
-    from fedray.local import make_local_federation
+    from fedray.experiment.loop import execute
+    from fedray.federation.local import make_local_federation
     from tests.conftest import small_config
 
     plugin = tmp_path / "nested.py"
@@ -497,7 +497,7 @@ def test_models_that_are_not_saved_models_are_named_with_the_algorithm_after_rou
     with pytest.raises(
         TypeError,
         match=r"algorithm 'fedavg_nested': models\(state, hp\) must return a list of "
-        r"fedray.export.SavedModel; item 0 after round 1 is a list .*return it, not a list holding it",
+        r"fedray.storage.export.SavedModel; item 0 after round 1 is a list .*return it, not a list holding it",
     ):
         list(execute(cfg, make_local_federation))
 
@@ -507,7 +507,7 @@ def test_a_file_plugin_is_imported_by_its_path_and_what_lies_beside_it_shadows_n
     # the plug-in file then stood in for the installed module everywhere in the process.
     import importlib.util
 
-    from fedray.validation import load_config
+    from fedray.experiment.validation import load_config
 
     lab = tmp_path / "lab"
     lab.mkdir()
@@ -543,7 +543,7 @@ def dropout_mlp(input_shape, num_classes):
 
 @pytest.mark.ray
 def test_a_model_with_dropout_gives_the_in_process_numbers_on_3_actors(tmp_path, isolated, ray_session):
-    """Dropout's masks come from each client's own stream (fedray.train.own_draws), not from what
+    """Dropout's masks come from each client's own stream (fedray.engine.train.own_draws), not from what
     the process drew before: before, the numbers depended on which clients shared an actor (this
     test failed). FedEM: each client trains K components a round, each with its own masks."""
     from fedray.api import run

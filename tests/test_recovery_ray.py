@@ -15,10 +15,10 @@ import time
 import pytest
 
 from analysis import load_events, load_runs
-from fedray.experiment import Recovered, RoundDone, Started, execute
-from fedray.local import make_local_federation
-from fedray.placement import PlacementError
-from fedray.results import run_state
+from fedray.experiment.loop import Recovered, RoundDone, Started, execute
+from fedray.federation.local import make_local_federation
+from fedray.federation.placement import PlacementError
+from fedray.storage.results import run_state
 from tests.conftest import ROOT, small_config
 from tests.helpers import METRIC_KEYS, stored_metrics
 

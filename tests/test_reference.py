@@ -18,7 +18,7 @@ import torch
 from analysis.fidelity import agreement, section_table
 from analysis.fidelity import cells as fidelity_cells
 from analysis.report import pivot, run_values
-from fedray.validation import from_dict
+from fedray.experiment.validation import from_dict
 from jobs.reference import harness
 from jobs.reference.harness import Job, Reference, ReferenceError
 from jobs.reference.niid_bench import FEDCONCAT, NIID_BENCH, eval_round
@@ -333,7 +333,7 @@ def test_reference_runs_land_next_to_fedrays_and_report_side_by_side(tmp_path):
     assert cells["mean"].iloc[0] == pytest.approx(0.71)
     # The fedray side: the same runs on those partitions, a sweep file that validates.
     side = harness.write_fedray_side("fake", [cfg(out, seed=s, rounds=2) for s in (0, 1)], out, ref.repo)
-    from fedray.sweep_file import load_sweep
+    from fedray.sweeps.sweep_file import load_sweep
 
     runs = load_sweep(side).runs
     assert [r.config.seed for r in runs] == [0, 1]
@@ -465,7 +465,7 @@ def test_pieces_written_at_once_into_one_folder_all_land_in_the_side_file(tmp_pa
     # runs to DIR/reference/NAME-fedray.yaml, and none may lose another's or read it half-written.
     import threading
 
-    from fedray.sweep_file import load_sweep
+    from fedray.sweeps.sweep_file import load_sweep
 
     pieces = [cfg(tmp_path, lr=lr, seed=seed) for lr in (0.01, 0.03, 0.06, 0.1) for seed in (0, 1, 2)]
     start = threading.Barrier(len(pieces))

@@ -12,9 +12,9 @@ import sys
 import numpy as np
 import pytest
 
-from fedray.coercion import ConfigError
+from fedray.config.coercion import ConfigError
 from fedray.data import build_federated_data
-from fedray.validation import from_dict
+from fedray.experiment.validation import from_dict
 from jobs.reference import fedrc
 from jobs.reference.harness import ReferenceError
 
@@ -268,7 +268,7 @@ def test_reference_runs_on_the_same_clients_land_beside_fedrays(tmp_path, monkey
     from dataclasses import replace
 
     from analysis import load_metrics, load_runs
-    from fedray.sweep_file import load_sweep
+    from fedray.sweeps.sweep_file import load_sweep
 
     checkout = tmp_path / "FedRC"
     (checkout / "create_c").mkdir(parents=True)

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from analysis.report import run_values
-from fedray.config import partition_file_for
+from fedray.config.keys import partition_file_for
 from fedray.data.datasets import train_labels
-from fedray.validation import from_dict
+from fedray.experiment.validation import from_dict
 from jobs.cli import main as cli
 from jobs.reference import harness
 from jobs.reference.fedrepo import FEDREPO
@@ -133,7 +133,7 @@ def test_fedrs_runs_on_the_partitions_clients_with_a_bias_free_model_and_lands_b
     assert [e["model_sha256"] for e in again["evals"]] == [e["model_sha256"] for e in record["evals"]]
     # the fedray side: the same run on the same file
     side = harness.write_fedray_side("fedrepo", [c], out, FEDREPO.repo)
-    from fedray.sweep_file import load_sweep
+    from fedray.sweeps.sweep_file import load_sweep
 
     (run,) = load_sweep(side).runs
     assert run.config.partition == "file" and run.config.head_bias is False

@@ -10,7 +10,7 @@ import pytest
 
 from analysis import ReportError, format_table, pivot, run_values, wide_tables
 from fedray.records import rec
-from fedray.results import ResultsWriter
+from fedray.storage.results import ResultsWriter
 from tests.conftest import ROOT, small_config
 from tests.helpers import final, run, write_run
 

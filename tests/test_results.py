@@ -15,10 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from analysis import load_metrics, load_runs
-from fedray.experiment import execute
-from fedray.local import make_local_federation
+from fedray.experiment.loop import execute
+from fedray.federation.local import make_local_federation
 from fedray.records import rec
-from fedray.results import ResultsWriter, run_status
+from fedray.storage.results import ResultsWriter, run_status
 from tests.conftest import ROOT, small_config
 
 DESIGN_COLUMNS = {
@@ -140,7 +140,7 @@ def test_leftover_temporary_files_are_ignored(tmp_path):
 WRITER_LOOP = """
 import sys
 from fedray.records import rec
-from fedray.results import ResultsWriter
+from fedray.storage.results import ResultsWriter
 from tests.conftest import small_config
 out = sys.argv[1]
 w = ResultsWriter(out, "loop", small_config(__import__("pathlib").Path(out)).to_dict(), flush_every_s=0)
@@ -183,8 +183,8 @@ def test_flushes_grow_a_part_file_until_it_holds_part_rows_and_a_resume_truncate
 ):
     # A run flushing every 10 s for days once left a part file per flush, which every reader opens.
     from analysis import load_assignments
-    from fedray import results
     from fedray.records import assignment_rec
+    from fedray.storage import results
 
     monkeypatch.setattr(results, "PART_ROWS", 5)
     cfg = small_config(tmp_path).to_dict()
@@ -270,7 +270,7 @@ def test_a_finished_or_failed_run_leaves_no_lock_file_behind(tmp_path):
 def test_a_link_planted_at_the_lock_path_is_refused_and_its_target_left_whole(tmp_path):
     # Run ids are predictable: a symbolic or hard link at runs/.RUN_ID.lock once made the writer
     # truncate the file it points to.
-    from fedray.results import UnsafeLockFile, run_state
+    from fedray.storage.results import UnsafeLockFile, run_state
 
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")
@@ -288,7 +288,7 @@ def test_a_link_planted_at_the_lock_path_is_refused_and_its_target_left_whole(tm
 def test_a_fifo_at_the_lock_path_neither_hangs_a_report_nor_a_writer(tmp_path):
     import threading
 
-    from fedray.results import UnsafeLockFile, run_state
+    from fedray.storage.results import UnsafeLockFile, run_state
 
     runs = tmp_path / "out" / "runs"
     runs.mkdir(parents=True)
@@ -307,7 +307,7 @@ def test_a_fifo_at_the_lock_path_neither_hangs_a_report_nor_a_writer(tmp_path):
 def test_every_bit_flipped_in_a_metrics_files_values_is_caught_naming_the_file(tmp_path, capsys):
     # Results carry page checksums (CRC-32): a flipped bit in the stored values is an error that
     # names the damaged file, never a changed number in `fedray report` (83 of 174 flips were, before).
-    from fedray.results import DamagedResults
+    from fedray.storage.results import DamagedResults
 
     cfg = small_config(tmp_path, rounds=2)
     list(execute(cfg, make_local_federation))
@@ -345,7 +345,7 @@ def test_every_bit_flipped_in_a_metrics_files_values_is_caught_naming_the_file(t
 
 def test_a_run_whose_writer_died_is_recorded_with_the_status_it_is_given(tmp_path):
     from analysis import load_events
-    from fedray.results import mark_ended
+    from fedray.storage.results import mark_ended
 
     out = str(tmp_path)
     for run_id, status in (("a-run", "failed"), ("b-run", "interrupted")):

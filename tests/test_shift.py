@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 
 from analysis import load_clients, load_metrics
-from fedray import seeding
-from fedray.config import ConfigError
+from fedray.config import seeding
+from fedray.config.keys import ConfigError
 from fedray.data import build_federated_data, partition_for
 from fedray.data.corruptions import corrupt
 from fedray.data.shift import assign_shifts, label_map, roles
-from fedray.experiment import execute
-from fedray.local import make_local_federation
-from fedray.validation import from_dict
+from fedray.experiment.loop import execute
+from fedray.experiment.validation import from_dict
+from fedray.federation.local import make_local_federation
 from tests.helpers import FMNIST_NAMES, mnist_like, round_metrics
 
 

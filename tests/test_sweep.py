@@ -11,11 +11,11 @@ import pytest
 import yaml
 
 from analysis import load_runs
-from fedray.config import ConfigError
-from fedray.results import ResultsWriter, RunLock, run_state
-from fedray.scheduler import LocalLauncher, RunEnded, RunLaunched, run_sweep
-from fedray.sweep_file import SweepError, load_sweep, plan
-from fedray.validation import from_dict
+from fedray.config.keys import ConfigError
+from fedray.experiment.validation import from_dict
+from fedray.storage.results import ResultsWriter, RunLock, run_state
+from fedray.sweeps.scheduler import LocalLauncher, RunEnded, RunLaunched, run_sweep
+from fedray.sweeps.sweep_file import SweepError, load_sweep, plan
 from tests.conftest import ROOT
 from tests.helpers import SWEEP_BASE, sweep_file
 
@@ -272,7 +272,7 @@ def test_interrupted_runs_are_rerun_but_a_run_another_process_is_writing_is_left
 
 def test_a_second_writer_of_a_live_run_fails_at_once_and_deletes_nothing(tmp_path):
     from fedray.records import rec
-    from fedray.results import RunLocked
+    from fedray.storage.results import RunLocked
 
     out = tmp_path / "out"
     cfg = {

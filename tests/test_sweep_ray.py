@@ -8,9 +8,9 @@ import time
 import pytest
 
 from analysis import load_runs
-from fedray.experiment import RoundDone
-from fedray.scheduler import RunEnded, RunLaunched, RunProgress, run_sweep
-from fedray.sweep_file import load_sweep
+from fedray.experiment.loop import RoundDone
+from fedray.sweeps.scheduler import RunEnded, RunLaunched, RunProgress, run_sweep
+from fedray.sweeps.sweep_file import load_sweep
 from tests.conftest import ROOT
 from tests.helpers import run, stored_metrics, sweep_file
 
@@ -119,7 +119,7 @@ def test_ctrl_c_stops_the_sweep_cleanly_and_frees_what_it_held(ray_session, tmp_
     import subprocess
     import time
 
-    from fedray.results import run_state
+    from fedray.storage.results import run_state
 
     # one client actor a run: each one more costs the suite its start-up and checks nothing more
     path = sweep_file(tmp_path, "num_actors: 1\ngrid:\n  lr: [0.05, 0.1]\n")
@@ -170,7 +170,7 @@ def test_a_second_sweep_waits_for_the_first_instead_of_failing_placement(ray_ses
     import threading
 
     from actors.sweep import RayLauncher
-    from fedray.scheduler import Waiting
+    from fedray.sweeps.scheduler import Waiting
 
     # one actor a run, of all the session's 4 CPUs, then of 2 (each actor more costs its start-up)
     first = load_sweep(

@@ -1,4 +1,4 @@
-"""The per-client engine of a local-update description (fedray.train.train_update): a cap on
+"""The per-client engine of a local-update description (fedray.engine.train.train_update): a cap on
 steps, precomputed inputs, frozen parameters, sample weights, a correction after each step, kept
 optimizer buffers."""
 
@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from fedray.data import build_federated_data
-from fedray.local import make_local_federation
+from fedray.engine.train import feature_batches, optimizer_state, sgd, train_update
+from fedray.engine.update import LocalUpdate
+from fedray.federation.local import make_local_federation
 from fedray.models import Arch
 from fedray.params import get_params
-from fedray.train import feature_batches, optimizer_state, sgd, train_update
-from fedray.update import LocalUpdate
 from tests.conftest import ROOT, small_config
 
 
@@ -147,7 +147,7 @@ def test_dropout_draws_do_not_depend_on_what_the_process_drew_before(tmp_path):
     assert torch.equal(torch.get_rng_state(), before)  # and the process's generator is left as it was
     # the stream is the client's own, per round and per update of the call (a FedEM client's K
     # components draw independent masks)
-    from fedray.train import own_draws
+    from fedray.engine.train import own_draws
 
     def drawn(c, rnd, draw=0):
         with own_draws(c, rnd, draw):
@@ -164,7 +164,7 @@ def test_dropout_draws_do_not_depend_on_what_the_process_drew_before(tmp_path):
 def test_a_clients_updates_of_one_call_draw_their_own_dropout_masks(tmp_path):
     # FedEM's K components of one client, one round: the same start and batches, their own masks;
     # and the same again when the call is repeated
-    from fedray.drive import run_one
+    from fedray.engine.drive import run_one
 
     client = one_client(tmp_path, model="mobilenet_v2")
     init = get_params(client.task.build_model())
@@ -212,7 +212,7 @@ def test_the_per_client_engine_does_not_import_torchdynamo(tmp_path):
     # default) does not pay. The stacked engine does: torch.func's gradients import it.
     code = (
         "import sys, tempfile; from pathlib import Path\n"
-        "from fedray.experiment import execute; from fedray.local import make_local_federation\n"
+        "from fedray.experiment.loop import execute; from fedray.federation.local import make_local_federation\n"
         "from tests.conftest import ROOT, small_config\n"
         "for extra in ({}, {'algorithm': 'fedrc', 'momentum': 0.9}):\n"
         "    list(execute(small_config(Path(tempfile.mkdtemp()), rounds=1, **extra), make_local_federation))\n"

@@ -24,7 +24,7 @@ import torch
 import fedray
 from fedray.algorithms.baselines.fedavg import State, evaluate, init, models  # noqa: F401 - FedAvg's, part of the record
 from fedray.algorithms.rounds import fedavg_aggregate, train_records, train_reply
-from fedray.hparams import bound
+from fedray.config.hparams import bound
 
 
 @dataclass

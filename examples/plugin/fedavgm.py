@@ -23,8 +23,8 @@ from torch import nn
 import fedray
 from fedray.algorithms.baselines.fedavg import evaluate, models  # noqa: F401 - FedAvg's, part of the record
 from fedray.algorithms.rounds import fedavg_aggregate, local_update, train_records
+from fedray.config.hparams import bound
 from fedray.federation import Federation
-from fedray.hparams import bound
 from fedray.models import EncoderHead
 from fedray.params import Params, get_params
 from fedray.records import Record, rec

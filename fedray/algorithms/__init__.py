@@ -1,4 +1,12 @@
-"""Algorithm registry: an explicit dict from config name to `Algorithm` record (docs/architecture.md#adding-an-algorithm)."""
+"""Algorithm registry: an explicit dict from config name to `Algorithm` record (docs/architecture.md#adding-an-algorithm).
+
+The algorithms live in their families' folders; what several share sits beside them (`rounds`:
+FedAvg's local SGD and aggregate, `evaluation`: models evaluated on the test set and the clients'
+splits, `clustering`: K-means and purity).
+
+May import: `fedray.federation` and every layer below it; an algorithm reaches its clients only
+through the `Federation` protocol.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +23,7 @@ from fedray.algorithms.mixture import fedem, fedrc
 from fedray.algorithms.relay import fedcat
 from fedray.algorithms.sampling import clusamp
 from fedray.algorithms.splitting import cfl, layercfl
-from fedray.hparams import hparams_from_dict
+from fedray.config.hparams import hparams_from_dict
 
 
 @dataclass(frozen=True)
@@ -31,7 +39,7 @@ class Algorithm:
     # (state, hp, rnd) -> bool: evaluate after this round whatever eval_every says (FedCat: after
     # each aggregation). Optional.
     evaluate_after: Callable[..., bool] | None = None
-    # (state, hp) -> list[SavedModel]: the trained models, saved when the run finishes (fedray/export.py).
+    # (state, hp) -> list[SavedModel]: the trained models, saved when the run finishes (fedray/storage/export.py).
     models: Callable[..., Any] = lambda state, hp: []
     # (cstate) -> Params | None: a client's personal model, where clients keep one (FedSoft). Optional.
     personal_model: Callable[..., Any] | None = None

@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from fedray.client import Client
+from fedray.engine.client import Client
+from fedray.engine.update import LocalUpdate, Objective, Trained, cross_entropy
 from fedray.federation import Federation
 from fedray.params import Params, weighted_average
 from fedray.records import Record, rec
-from fedray.update import LocalUpdate, Objective, Trained, cross_entropy
 
 
 def local_sgd_reply(

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from fedray.client_states import machine_memory  # the driver's node: the coordinator runs there
+from fedray.federation.client_states import machine_memory  # the driver's node: the coordinator runs there
 
 
 def check_fits(cfg: Any, need: Callable[[int], float], holds: str) -> None:

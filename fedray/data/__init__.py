@@ -1,4 +1,7 @@
-"""Datasets, client partitions, and the per-run federated data (arrays + per-client indices)."""
+"""Datasets, client partitions, and the per-run federated data (arrays + per-client indices).
+
+May import: `fedray.config`, `fedray.models` and `fedray.params`.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedray import seeding
+from fedray.config import seeding
 from fedray.data import arrays as _arrays  # noqa: F401 - registers dataset 'arrays'
 from fedray.data import client_files_dataset as _client_files_dataset  # noqa: F401 - registers dataset 'client_files'
 from fedray.data import fedprox_synthetic as _fedprox_synthetic  # noqa: F401 - registers dataset 'fedprox_synthetic'
@@ -49,7 +52,7 @@ from fedray.data.partitions import (
 from fedray.data.shift import TEST_CLIENTS, ClientShift, assign_shifts, shifted_arrays
 
 if TYPE_CHECKING:
-    from fedray.config import Config
+    from fedray.config.keys import Config
 
 __all__ = [
     "DATASETS",

@@ -31,7 +31,7 @@ from fedray.data.datasets import (
 from fedray.params import read_npz
 
 if TYPE_CHECKING:
-    from fedray.config import Config
+    from fedray.config.keys import Config
 
 KEYS = ("x_train", "y_train", "x_test", "y_test")
 

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedray import seeding
-from fedray.coercion import ConfigError
+from fedray.config import seeding
+from fedray.config.coercion import ConfigError
 from fedray.data.client_files import ClientFilesError, client_paths, read_client, read_global_test, read_meta
 from fedray.data.datasets import (
     ArrayDataset,
@@ -25,7 +25,7 @@ from fedray.data.federated import ClientIndices, FederatedData
 from fedray.data.partitions import split_train_test
 
 if TYPE_CHECKING:
-    from fedray.config import Config
+    from fedray.config.keys import Config
 
 
 def client_files_data(cfg: Config) -> FederatedData:

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from fedray.coercion import ConfigError, suggest
-from fedray.config import FIELDS
+from fedray.config.coercion import ConfigError, suggest
+from fedray.config.keys import FIELDS
 
 if TYPE_CHECKING:
-    from fedray.config import Config
+    from fedray.config.keys import Config
 
 
 class DatasetMissing(FileNotFoundError):

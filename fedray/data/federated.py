@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedray import seeding
+from fedray.config import seeding
 
 if TYPE_CHECKING:
     from fedray.data.datasets import ArrayDataset, Dataset

@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedray import seeding
-from fedray.coercion import ConfigError
+from fedray.config import seeding
+from fedray.config.coercion import ConfigError
 from fedray.data.datasets import ArrayDataset, Dataset, DatasetInfo, DatasetKind, DataSpec, register_dataset
 from fedray.data.federated import ClientSource, FederatedData, SourcedClients, evaluation_clients
 
 if TYPE_CHECKING:
-    from fedray.config import Config
+    from fedray.config.keys import Config
 
 DIM, CLASSES = 60, 10
 TRAIN_FRACTION = 0.9

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedray.coercion import ConfigError
-from fedray.config import FIELDS, field_default
+from fedray.config.coercion import ConfigError
+from fedray.config.keys import FIELDS, field_default
 
 if TYPE_CHECKING:
-    from fedray.config import Config
+    from fedray.config.keys import Config
     from fedray.data.datasets import DatasetInfo
 
 MAX_ATTEMPTS = 1000  # redraws for the min-size rules before we give up with a clear error
@@ -496,7 +496,7 @@ def _file_label(config: Mapping[str, Any]) -> str:
 def from_file(labels: np.ndarray, p: PartitionParams, rng: np.random.Generator) -> Partition:
     """A partition another tool drew (`fedray.data.partition_file`), read from ``partition_file``
     ("{seed}" replaced by the run's seed). The labels and the generator are not used."""
-    from fedray.config import partition_file_for
+    from fedray.config.keys import partition_file_for
     from fedray.data.partition_file import read
 
     fp = read(partition_file_for(p["partition_file"], p.seed), shift=p.shift)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedray import seeding
+from fedray.config import seeding
 from fedray.data.corruptions import CORRUPTIONS, corrupt
 
 SHIFTS = ("none", "fedrc_paper", "fedrc_code")

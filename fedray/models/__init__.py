@@ -3,6 +3,8 @@
 FedConcat concatenates encoders, MOON and FedRS work on the feature, LayerCFL picks layers by
 name, so the encoder/head split and stable layer names are part of every model's contract.
 New models (FedRC's CNN, VGG-9, torchvision ResNets, MobileNetV2) slot into `MODELS`.
+
+May import: `fedray.config` and `fedray.params`.
 """
 
 from __future__ import annotations

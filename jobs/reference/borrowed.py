@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fedray.config import Config, partition_file_for
+from fedray.config.keys import Config, partition_file_for
 
 
 def script_args(cfg: Config, out: Path) -> list[str]:
@@ -99,7 +99,7 @@ def client_data(a: argparse.Namespace, prog: str) -> tuple[Any, Any, dict[int, A
     import numpy as np
 
     from fedray.data import build_federated_data, partition_file
-    from fedray.validation import from_dict
+    from fedray.experiment.validation import from_dict
 
     n = len(partition_file.read(a.partition_file).train)
     cfg = from_dict(

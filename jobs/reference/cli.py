@@ -104,9 +104,9 @@ def cmd_reference(args: argparse.Namespace) -> int:
     except ReferenceError as e:
         print(f"fedray: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    from fedray.config import ConfigError
+    from fedray.config.keys import ConfigError
     from fedray.data import DatasetMissing
-    from fedray.sweep_file import load_sweep
+    from fedray.sweeps.sweep_file import load_sweep
     from jobs.reference.harness import check_checkout, run_wrapped, write_fedray_side
 
     out, checkout = Path(args.output).resolve(), args.checkout.resolve()

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedray.config import Config
+from fedray.config.keys import Config
 from fedray.records import rec
 from jobs.reference.niid_bench import write_fmnist_raw
 from jobs.reference.record import Option, Reference, ReferenceError
@@ -383,7 +383,7 @@ def import_run(cfg: Config, record: dict, out: Path, commit: str) -> str:
     local_accuracy (each training client's ensemble on its test split), train_accuracy and
     train_loss (on the training splits), the round's wall time, and purity where the run has more
     than one model and its record the clusters (`cluster_purity`)."""
-    from fedray.results import ResultsWriter
+    from fedray.storage.results import ResultsWriter
 
     run_id = run_id_of(cfg)
     truth = groups(Path(cfg.data_root)) if cfg.algorithm != "fedavg" else {}
@@ -440,7 +440,7 @@ def run_reference(
 ) -> int:
     """Every run not imported yet, ``jobs`` at a time (each its own process, on ``device``);
     returns the number that failed (reported, the others go on)."""
-    from fedray.results import run_status
+    from fedray.storage.results import run_status
     from jobs.reference.harness import run_pool
 
     commit = check_checkout(checkout)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedray.config import Config
+from fedray.config.keys import Config
 from jobs.reference import borrowed
 from jobs.reference.record import FORCE, Reference, ReferenceError
 

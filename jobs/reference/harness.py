@@ -28,10 +28,10 @@ from typing import Any, TypeVar
 
 import yaml
 
-from fedray.config import NOT_IN_RUN_ID, Config, partition_file_for
+from fedray.config.keys import NOT_IN_RUN_ID, Config, partition_file_for
 from fedray.data import partition_file
 from fedray.records import rec
-from fedray.results import ResultsWriter, run_status, write_text_atomic
+from fedray.storage.results import ResultsWriter, run_status, write_text_atomic
 from jobs.reference.record import Reference, ReferenceError
 
 T = TypeVar("T")
@@ -292,7 +292,7 @@ def _merge_fedray_side(path: Path, sides: list[dict], source: str, name: str, wh
     out = path.parent.parent
     earlier = []
     if path.is_file():
-        from fedray.sweep_file import load_sweep
+        from fedray.sweeps.sweep_file import load_sweep
 
         earlier = [r.config.to_dict() for r in load_sweep(path).runs]
     # One entry per run: a run written again (a setting outside the run id changed since, such as

@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fedray.config import Config
+from fedray.config.keys import Config
 from jobs.reference.record import (
     CHECK,
     FORCE,
@@ -205,7 +205,7 @@ def write_fmnist_raw(raw: Path) -> None:
     there without downloading), from the Debian package's folder."""
     import gzip
 
-    from fedray.config import DEFAULT_FMNIST_ROOT
+    from fedray.config.keys import DEFAULT_FMNIST_ROOT
     from fedray.data.datasets import FMNIST_FILES, _find_idx
 
     raw.mkdir(parents=True, exist_ok=True)

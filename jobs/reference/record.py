@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedray.config import ConfigError
+from fedray.config.keys import ConfigError
 
 if TYPE_CHECKING:
-    from fedray.config import Config
+    from fedray.config.keys import Config
 
 
 class ReferenceError(ConfigError):

@@ -19,13 +19,13 @@ import builtins
 from dataclasses import dataclass, field
 from typing import Any
 
+from fedray.algorithms.evaluation import single_model_records
 from fedray.algorithms.rounds import fedavg_aggregate, kept_update, local_update, train_records
-from fedray.evaluation import single_model_records
-from fedray.export import SavedModel, global_model
+from fedray.config.hparams import bound
 from fedray.federation import ClientFn, Federation
-from fedray.hparams import bound
 from fedray.params import Params, get_params
 from fedray.records import Record
+from fedray.storage.export import SavedModel, global_model
 
 
 @dataclass
@@ -76,7 +76,7 @@ def init(fed: Federation, hp: Hparams) -> State:
 
 
 def models(state: State, hp: Hparams) -> list[SavedModel]:
-    """The trained model, saved when the run finishes (fedray/export.py)."""
+    """The trained model, saved when the run finishes (fedray/storage/export.py)."""
     return global_model(state.params)
 
 

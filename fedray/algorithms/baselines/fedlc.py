@@ -19,11 +19,11 @@ import numpy as np
 from fedray.algorithms.baselines import fedavg
 from fedray.algorithms.baselines.fedavg import State, evaluate, init, models  # noqa: F401 - FedAvg's, part of the record
 from fedray.algorithms.rounds import class_count_update
-from fedray.client import Client
+from fedray.config.hparams import bound
+from fedray.engine.client import Client
+from fedray.engine.update import Batch, Step
 from fedray.federation import Federation
-from fedray.hparams import bound
 from fedray.records import Record
-from fedray.update import Batch, Step
 
 FLOOR = 1e-8  # the floor on class counts (FL-bench)
 

@@ -20,8 +20,8 @@ import numpy as np
 
 from fedray.algorithms.baselines.fedavg import State, evaluate, init, models  # noqa: F401 - FedAvg's, part of the record
 from fedray.algorithms.rounds import local_update, train_records
+from fedray.config.hparams import one_of
 from fedray.federation import Federation
-from fedray.hparams import one_of
 from fedray.params import Params, weighted_average
 from fedray.records import Record
 

@@ -15,11 +15,11 @@ from typing import Any
 from fedray.algorithms.baselines import fedavg
 from fedray.algorithms.baselines.fedavg import State, check_config, evaluate, init, models  # noqa: F401 - FedAvg's, part of the record
 from fedray.algorithms.rounds import local_sgd_reply, msg_epochs
-from fedray.client import Client
+from fedray.config.hparams import bound
+from fedray.engine.client import Client
+from fedray.engine.update import proximal
 from fedray.federation import Federation
-from fedray.hparams import bound
 from fedray.records import Record
-from fedray.update import proximal
 
 
 @dataclass

@@ -21,11 +21,11 @@ import torch
 from fedray.algorithms.baselines import fedavg
 from fedray.algorithms.baselines.fedavg import State, evaluate, init, models  # noqa: F401 - FedAvg's, part of the record
 from fedray.algorithms.rounds import class_count_update
-from fedray.client import Client
+from fedray.config.hparams import bound
+from fedray.engine.client import Client
+from fedray.engine.update import Batch, Step
 from fedray.federation import Federation
-from fedray.hparams import bound
 from fedray.records import Record
-from fedray.update import Batch, Step
 
 
 @dataclass

@@ -25,16 +25,16 @@ import torch
 
 from fedray.algorithms.baselines import fedavg
 from fedray.algorithms.baselines.fedavg import State
+from fedray.algorithms.evaluation import single_model_records
 from fedray.algorithms.rounds import local_sgd_reply
-from fedray.client import Client
-from fedray.evaluation import single_model_records
-from fedray.export import SavedModel, global_model
+from fedray.config.hparams import bound
+from fedray.engine.client import Client
+from fedray.engine.update import Batch, Frozen, Step
 from fedray.federation import Federation
-from fedray.hparams import bound
 from fedray.models import Arch
 from fedray.params import Params, get_params
 from fedray.records import Record
-from fedray.update import Batch, Frozen, Step
+from fedray.storage.export import SavedModel, global_model
 
 
 @dataclass

@@ -21,9 +21,9 @@ import numpy as np
 from fedray.algorithms.baselines import fedavg
 from fedray.algorithms.baselines.fedavg import evaluate, models, server_step  # noqa: F401 - FedAvg's evaluation, part of the record
 from fedray.algorithms.rounds import fold_chunk, local_sgd_reply, train_records, train_stats
-from fedray.client import Client
+from fedray.config.hparams import one_of
+from fedray.engine.client import Client
 from fedray.federation import Federation
-from fedray.hparams import one_of
 from fedray.params import OrderedAverage, Params, get_params
 from fedray.records import Record
 

@@ -28,13 +28,13 @@ from fedray.algorithms.clustered.groups import (
     start_clusters,
 )
 from fedray.algorithms.clustering import Clustering, cluster_vectors
+from fedray.algorithms.evaluation import cluster_model_records, lowest_loss_global
 from fedray.algorithms.rounds import clustered_fedavg_round
-from fedray.evaluation import cluster_model_records, lowest_loss_global
-from fedray.export import SavedModel, cluster_models, global_model, members_of
+from fedray.config.hparams import bound, one_of
 from fedray.federation import Federation
-from fedray.hparams import bound, one_of
 from fedray.params import Params, get_params
 from fedray.records import Record
+from fedray.storage.export import SavedModel, cluster_models, global_model, members_of
 
 GROUPS = ("kmeans", "oracle")
 

@@ -40,13 +40,13 @@ from fedray.algorithms.clustered.fedsoft_client import (  # noqa: F401 - importa
     personal_update,
 )
 from fedray.algorithms.clustering import purity
+from fedray.algorithms.evaluation import cluster_global_records, own_data_records, train_split_records
 from fedray.algorithms.rounds import train_records
-from fedray.evaluation import cluster_global_records, own_data_records, train_split_records
-from fedray.export import SavedModel, cluster_models
+from fedray.config.hparams import bound
 from fedray.federation import Federation
-from fedray.hparams import bound
 from fedray.params import Params, weighted_average
 from fedray.records import Record, assignment_rec, rec
+from fedray.storage.export import SavedModel, cluster_models
 
 
 @dataclass

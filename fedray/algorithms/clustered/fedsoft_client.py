@@ -8,12 +8,12 @@ from typing import Any
 
 import numpy as np
 
+from fedray.algorithms.evaluation import stats_reply
 from fedray.algorithms.rounds import local_sgd_reply
-from fedray.client import Client
-from fedray.evaluation import stats_reply
+from fedray.engine.client import Client
+from fedray.engine.train import EvalStats
+from fedray.engine.update import Evaluation, proximal
 from fedray.params import Params, weighted_average
-from fedray.train import EvalStats
-from fedray.update import Evaluation, proximal
 
 
 def importance(losses: np.ndarray, sigma: float) -> np.ndarray:

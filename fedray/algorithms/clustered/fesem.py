@@ -31,12 +31,12 @@ import numpy as np
 
 from fedray.algorithms.clustered import ifca
 from fedray.algorithms.rounds import kept_optimizer_update, train_reply
-from fedray.client import Client
+from fedray.config.hparams import one_of
+from fedray.engine.client import Client
+from fedray.engine.update import Evaluation, LocalUpdate
 from fedray.federation import Federation
-from fedray.hparams import one_of
 from fedray.params import Params
 from fedray.records import Record
-from fedray.update import Evaluation, LocalUpdate
 
 
 @dataclass

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from fedray.algorithms.clustering import Clustering, label_distributions, laplace_noise
-from fedray.client import Client
+from fedray.engine.client import Client
 from fedray.federation import Federation
 from fedray.params import Params
 from fedray.records import Record, assignment_rec, rec

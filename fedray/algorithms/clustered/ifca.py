@@ -27,15 +27,15 @@ from typing import Any
 import numpy as np
 
 from fedray.algorithms.clustering import purity
+from fedray.algorithms.evaluation import hard_cluster_records
 from fedray.algorithms.rounds import fedavg_aggregate, kept_optimizer_update, train_records
-from fedray.client import Client
-from fedray.evaluation import hard_cluster_records
-from fedray.export import SavedModel, cluster_models, members_of
+from fedray.config.hparams import bound, one_of
+from fedray.engine.client import Client
+from fedray.engine.update import Evaluation
 from fedray.federation import Federation
-from fedray.hparams import bound, one_of
 from fedray.params import Params
 from fedray.records import Record, assignment_rec, rec
-from fedray.update import Evaluation
+from fedray.storage.export import SavedModel, cluster_models, members_of
 
 EMPTY = ("keep", "zero")  # keep its weights (the paper's average over its members); zero (the code's)
 

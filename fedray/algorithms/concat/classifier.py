@@ -17,15 +17,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedray.algorithms.evaluation import stats_reply
 from fedray.algorithms.rounds import train_records, train_reply
-from fedray.client import Client
-from fedray.evaluation import stats_reply
+from fedray.engine.client import Client
+from fedray.engine.train import EvalStats, eval_feature_batches, evaluate, evaluate_batches
+from fedray.engine.update import LocalUpdate
 from fedray.federation import Federation
 from fedray.models import Arch, concat_params, head_from_clusters
 from fedray.params import Params, get_params, params_digest, weighted_average
 from fedray.records import Record
-from fedray.train import EvalStats, eval_feature_batches, evaluate, evaluate_batches
-from fedray.update import LocalUpdate
 
 
 def receive_encoders(client: Client, cstate: Any, msg: dict) -> tuple[None, Any]:

@@ -34,14 +34,14 @@ from fedray.algorithms.clustered.groups import one_cluster, reported_distributio
 from fedray.algorithms.clustering import Clustering, cluster_vectors
 from fedray.algorithms.concat import CLASSIFIER, ENCODER, table10
 from fedray.algorithms.concat import classifier as concat
+from fedray.algorithms.evaluation import cluster_model_records, single_model_records
 from fedray.algorithms.rounds import clustered_fedavg_round
-from fedray.evaluation import cluster_model_records, single_model_records
-from fedray.export import SavedModel, cluster_models, global_model, members_of
+from fedray.config.hparams import bound, one_of
 from fedray.federation import Federation
-from fedray.hparams import bound, one_of
 from fedray.models import Arch, concat_params
 from fedray.params import Params, get_params
 from fedray.records import Record
+from fedray.storage.export import SavedModel, cluster_models, global_model, members_of
 
 
 @dataclass

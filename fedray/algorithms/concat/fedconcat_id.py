@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedray import seeding
 from fedray.algorithms.clustering import label_distributions
 from fedray.algorithms.concat import fedconcat
 from fedray.algorithms.concat.fedconcat import (  # noqa: F401 - the record
@@ -39,9 +38,10 @@ from fedray.algorithms.concat.fedconcat import (  # noqa: F401 - the record
     rounds_from_hp,
 )
 from fedray.algorithms.rounds import fedavg_aggregate, local_sgd_reply, train_records
-from fedray.client import Client
+from fedray.config import seeding
+from fedray.config.hparams import bound
+from fedray.engine.client import Client
 from fedray.federation import Federation
-from fedray.hparams import bound
 from fedray.records import Record, assignment_rec, rec
 
 BATCH = 100  # random inputs per forward pass (the code's 100 x 100)

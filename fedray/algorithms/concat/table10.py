@@ -20,9 +20,9 @@ from typing import Any
 
 from fedray.algorithms.clustered import fedsoft, fesem, ifca
 from fedray.algorithms.concat import ENCODER, staged
-from fedray.export import SavedModel
 from fedray.federation import Federation
 from fedray.records import Record
+from fedray.storage.export import SavedModel
 
 # Stage 1 is K-means on the clients' label distributions (``clustering: kmeans``). Or a clustered-FL
 # algorithm runs stage 2 itself, clustering as it trains (FedConcat-IFCA, -FeSEM, -FedSoft: the

@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 
 from fedray.algorithms import mixture
-from fedray.client import Client
+from fedray.engine.client import Client
+from fedray.engine.train import TrainStats
+from fedray.engine.update import Evaluation, LocalUpdate
 from fedray.params import Params
-from fedray.train import TrainStats
-from fedray.update import Evaluation, LocalUpdate
 
 
 @dataclass

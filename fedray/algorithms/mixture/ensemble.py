@@ -19,13 +19,13 @@ import numpy as np
 
 from fedray.algorithms import mixture
 from fedray.algorithms.clustering import purity
+from fedray.algorithms.evaluation import test_client_records
 from fedray.algorithms.mixture.client import ClientMixture, aligned, report_omega
-from fedray.client import Client
-from fedray.evaluation import test_client_records
+from fedray.engine.client import Client
+from fedray.engine.update import Evaluation
 from fedray.federation import Federation
 from fedray.params import Params
 from fedray.records import Record, rec
-from fedray.update import Evaluation
 
 
 def ensemble_asked(models: list[Params], split: str, per_sample: str = "proba") -> list[Evaluation]:

@@ -38,11 +38,11 @@ from fedray.algorithms.mixture.client import (
     test_client_e_step,
 )
 from fedray.algorithms.rounds import fold_chunk
-from fedray.export import SavedModel, cluster_models
+from fedray.config.hparams import bound
 from fedray.federation import Federation
-from fedray.hparams import bound
 from fedray.params import Params, WeightedSum
 from fedray.records import Record, assignment_rec, rec
+from fedray.storage.export import SavedModel, cluster_models
 
 __all__ = ["Hparams", "State", "init", "models", "round", "evaluate"]
 

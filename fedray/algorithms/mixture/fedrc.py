@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from fedray.algorithms import mixture
+from fedray.algorithms.evaluation import test_client_records
 from fedray.algorithms.mixture import ensemble
 from fedray.algorithms.mixture.client import aligned
 from fedray.algorithms.mixture.fedem import (
@@ -39,12 +40,11 @@ from fedray.algorithms.mixture.fedem import (
     models,
     update_test_clients,
 )
-from fedray.client import Client
-from fedray.evaluation import test_client_records
+from fedray.config.hparams import bound, one_of
+from fedray.engine.client import Client
+from fedray.engine.update import LocalUpdate
 from fedray.federation import Federation
-from fedray.hparams import bound, one_of
 from fedray.records import Record, rec
-from fedray.update import LocalUpdate
 
 ADAM = {"off": None, "paper": mixture.PAPER_ADAM, "code": mixture.CODE_ADAM}
 

@@ -31,16 +31,16 @@ from typing import Any
 
 import numpy as np
 
+from fedray.algorithms.evaluation import single_model_records
 from fedray.algorithms.relay.selection import latin_square, select_devices
 from fedray.algorithms.rounds import kept_optimizer_update, local_sgd_reply, train_records
 from fedray.algorithms.scale import check_fits
-from fedray.client import Client
-from fedray.evaluation import single_model_records
-from fedray.export import SavedModel, global_model
+from fedray.config.hparams import bound, one_of
+from fedray.engine.client import Client
 from fedray.federation import Baton, Federation, participants
-from fedray.hparams import bound, one_of
 from fedray.params import Params, get_params, weighted_average
 from fedray.records import Record, assignment_rec
+from fedray.storage.export import SavedModel, global_model
 
 
 @dataclass

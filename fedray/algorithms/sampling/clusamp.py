@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from fedray.algorithms.evaluation import single_model_records
 from fedray.algorithms.rounds import local_update, train_records
 from fedray.algorithms.sampling.strata import (
     draw_from_strata,
@@ -34,12 +35,11 @@ from fedray.algorithms.sampling.strata import (
     update_distances,
 )
 from fedray.algorithms.scale import check_fits, trainable_values
-from fedray.evaluation import single_model_records
-from fedray.export import SavedModel, global_model
+from fedray.config.hparams import bound, one_of
 from fedray.federation import Federation, participants
-from fedray.hparams import bound, one_of
 from fedray.params import Params, get_params, weighted_average
 from fedray.records import Record, assignment_rec, rec
+from fedray.storage.export import SavedModel, global_model
 
 SIMILARITIES = ("arccos", "L2", "L1", "none")
 

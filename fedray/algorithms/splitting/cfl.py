@@ -34,8 +34,8 @@ from fedray.algorithms.splitting.layers import flatten as flat
 from fedray.algorithms.splitting.layers import layer_params, select
 from fedray.algorithms.splitting.measures import Similarity, evaluate, models, truth_records  # noqa: F401 - the record's
 from fedray.algorithms.splitting.scale import check_participation, check_size
+from fedray.config.hparams import bound, one_of
 from fedray.federation import Federation
-from fedray.hparams import bound, one_of
 from fedray.params import Params, get_params, weighted_average
 from fedray.records import Record, assignment_rec, rec
 

@@ -39,8 +39,8 @@ from fedray.algorithms.splitting.geometry import DISTANCES
 from fedray.algorithms.splitting.layers import PRESETS, is_preset, select
 from fedray.algorithms.splitting.measures import Similarity
 from fedray.algorithms.splitting.scale import check_participation, check_size
+from fedray.config.hparams import bound, one_of
 from fedray.federation import Federation
-from fedray.hparams import bound, one_of
 from fedray.records import Record
 
 State = SplitState  # CFL's: the clusters, their models, the layers, the split history

@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 
 from fedray.algorithms import clustering
+from fedray.algorithms.evaluation import cluster_model_records, lowest_loss_global, lowest_loss_records
 from fedray.algorithms.splitting import geometry
-from fedray.evaluation import cluster_model_records, lowest_loss_global, lowest_loss_records
-from fedray.export import SavedModel, cluster_models
 from fedray.federation import Federation
 from fedray.records import Record, rec
+from fedray.storage.export import SavedModel, cluster_models
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ K components) and receives the `Trained` result (or a list), then returns ``(rep
                                     context={"anchor": msg["params"], "mu": mu})
         return train_reply(client, trained), cstate
 
-The host that runs it (`fedray.host.ClientHost`) picks the engine: the per-client engine
-(`fedray.train.train_update`: one model, `torch.optim.SGD`'s rule, the client's batches one at a time) or
-the stacked engine (`fedray.batched.train_stacked`: every update the host's clients yielded in one
+The host that runs it (`fedray.federation.host.ClientHost`) picks the engine: the per-client engine
+(`fedray.engine.train.train_update`: one model, `torch.optim.SGD`'s rule, the client's batches one at a time) or
+the stacked engine (`fedray.engine.batched.train_stacked`: every update the host's clients yielded in one
 call, stacked along a leading axis and stepped together under `torch.func.vmap`). Both run the
 same description, so an algorithm, built-in or plug-in, is written once and trains batched where
 the config asks (``batched_clients``).
@@ -24,7 +24,7 @@ epochs or a cap on steps; per-sample loss weights; a correction subtracted after
 (precomputed features). The optimizer is the task's SGD (lr, momentum, weight decay).
 
 An objective is written once for both engines: ``model`` is the real `nn.Module` in the per-client
-engine and a functional view of it (`fedray.batched.View`) in the stacked one, so it may call the
+engine and a functional view of it (`fedray.engine.batched.View`) in the stacked one, so it may call the
 model and its submodules (``model.encoder(x)``), read its parameters (``model.head.weight``) and
 walk ``model.named_parameters()``; reductions over the batch go through ``batch`` (`Batch`), which
 knows which of a stacked batch's rows are padding.
@@ -32,7 +32,7 @@ knows which of a stacked batch's rows are padding.
 Evaluation is described the same way: a client function yields an `Evaluation` (a model, the split,
 and whether it wants the split's totals or each sample's loss or probabilities) and receives the
 numbers. Run one client at a time, each is evaluated alone; run together, every evaluation the
-clients yielded at one point is one call (`fedray.train.evaluate_requests`), each model loaded once
+clients yielded at one point is one call (`fedray.engine.train.evaluate_requests`), each model loaded once
 and the values read back from the device once. The numbers are the same either way.
 """
 
@@ -154,7 +154,7 @@ class LocalUpdate:
     drop_last: bool = False  # drop each epoch's last partial batch
     weights: np.ndarray | None = None  # one loss weight per training sample, in the split's order
     correction: Params | None = None  # subtracted, times lr, from these entries after every step (SCAFFOLD)
-    # momentum buffers to go on from (`fedray.train.optimizer_state`'s form)
+    # momentum buffers to go on from (`fedray.engine.train.optimizer_state`'s form)
     buffers: Mapping[str, np.ndarray] | None = None
     keep_buffers: bool = False  # return the final momentum buffers
     # per-sample inputs aligned with the training split, replacing its images (precomputed features)
@@ -166,7 +166,7 @@ class Trained:
     """What a `LocalUpdate` gives back."""
 
     params: Params  # the trained model, every state-dict entry, in the start's key order
-    stats: Any  # fedray.train.TrainStats: samples, loss_sum, correct, steps
+    stats: Any  # fedray.engine.train.TrainStats: samples, loss_sum, correct, steps
     buffers: dict[str, np.ndarray] | None = None  # the final momentum buffers, when asked to keep them
 
 
@@ -178,7 +178,7 @@ PER_SAMPLE = (None, "loss", "proba", "loss_proba")
 class Evaluation:
     """A model on one of the client's own splits, as data: a client function yields it (alone, or in
     a list, updates beside it too) where it would evaluate, and receives the split's
-    `fedray.train.EvalStats` (samples, summed cross-entropy, correct argmax predictions), in eval
+    `fedray.engine.train.EvalStats` (samples, summed cross-entropy, correct argmax predictions), in eval
     mode and without augmentation::
 
         def member_eval(client, cstate, msg):

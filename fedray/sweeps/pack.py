@@ -1,14 +1,14 @@
 """Packed runs (config key ``pack_runs``): several runs of a sweep in one worker process, their
 clients' local updates trained together in one stack.
 
-A pack's runs each go through `fedray.experiment.execute` in a thread of their own, with their own
+A pack's runs each go through `fedray.experiment.loop.execute` in a thread of their own, with their own
 run id, results, checkpoints and resume, and their own in-process federation (`LocalFederation`).
 They take turns (`Packer.turn`): one runs its own code (its algorithm, aggregation, evaluation of
 the global test set, writing its rows) while the others wait. When a run calls its clients, its
 host hands the call to the `Packer` and waits; once every run still going has a call waiting, the
-last to arrive runs them all as one `fedray.drive.run_stacked`: every client of every run advanced
-to its next yield, their updates trained in stacks by shape (`fedray.batched.signature` and
-`fedray.batched.stack_key`; each update at its own run's learning rate), their evaluations in one
+last to arrive runs them all as one `fedray.engine.drive.run_stacked`: every client of every run advanced
+to its next yield, their updates trained in stacks by shape (`fedray.engine.batched.signature` and
+`fedray.engine.batched.stack_key`; each update at its own run's learning rate), their evaluations in one
 call. A FedAvg sweep over seeds or a tuned
 FedProx grid thus trains each round's updates of all its runs in one stack: on a GPU one step for
 several runs' models where each run alone would take one step for its own.
@@ -34,11 +34,11 @@ from typing import Any
 
 import torch
 
-from fedray import drive
-from fedray.config import Config
+from fedray.config.keys import Config
+from fedray.engine import drive
 
 # What runs of one pack share. Keys of the data set (its files and options), of the model and of
-# its training (which `fedray.batched.stack_key` reads; runs with other values would train in
+# its training (which `fedray.engine.batched.stack_key` reads; runs with other values would train in
 # stacks of their own, so packing them gains nothing), and of the worker (its CPUs, its GPU share,
 # the process-wide CUDA settings).
 PACK_KEYS = (
@@ -78,8 +78,8 @@ def packs(cfg: Config) -> bool:
         return False
     if cfg.batched_clients == "off":
         return False
-    from fedray.batched import refusal
     from fedray.data import dataset_info
+    from fedray.engine.batched import refusal
     from fedray.models import build_model
 
     info = dataset_info(cfg)
@@ -164,7 +164,7 @@ class Packer:
     def run_stacked(
         self, fn: Callable, clients: Sequence, cstates: Sequence, msgs: Sequence, mode: str
     ) -> tuple[list[tuple[Any, Any]], list[bool], bool]:
-        """`fedray.drive.run_stacked`, run together with the other runs' calls; called by a run's
+        """`fedray.engine.drive.run_stacked`, run together with the other runs' calls; called by a run's
         host in its turn, which it gives up while it waits. Its results, and whether they ran
         together with another run's."""
         call = _Call(fn, list(clients), list(cstates), list(msgs), mode, getattr(self._slot, "k", 0))
@@ -266,11 +266,11 @@ def execute_pack(
     reason: str = "",
 ) -> Iterator[tuple[int, Any]]:
     """Run ``configs`` as one pack in this process; yields ``(k, event)`` for run ``k``: its
-    `fedray.experiment.execute` events, then `Ended`. ``make_federation(cfg, data, packer=)``
+    `fedray.experiment.loop.execute` events, then `Ended`. ``make_federation(cfg, data, packer=)``
     builds each run's federation, its host handing calls to the packer. Leaving the generator
     early stops every run of the pack (recorded interrupted) and waits for their threads. ``reason``
-    is noted with each run's resume (`fedray.experiment.execute`)."""
-    from fedray.experiment import Finished, execute
+    is noted with each run's resume (`fedray.experiment.loop.execute`)."""
+    from fedray.experiment.loop import Finished, execute
 
     restarts = list(restarts) if restarts is not None else [False] * len(configs)
     packer = Packer(len(configs))

@@ -1,7 +1,7 @@
 """Typed values from YAML: checking a value against a dataclass field's annotation.
 
 Shared by the experiment config (`fedray.config`) and the algorithms' ``Hparams`` (built by
-`fedray.hparams.hparams_from_dict`), so neither has to import the other.
+`fedray.config.hparams.hparams_from_dict`), so neither has to import the other.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The per-client engine of a `fedray.update.LocalUpdate` (NIID-Bench's local SGD,
+"""The per-client engine of a `fedray.engine.update.LocalUpdate` (NIID-Bench's local SGD,
 docs/algorithms/common.md#the-fedavg-core), and the evaluation loops."""
 
 from __future__ import annotations
@@ -15,12 +15,11 @@ import torch
 from torch import nn
 from torch.optim.sgd import sgd as sgd_rule
 
-from fedray import seeding
-from fedray.client import Client
-from fedray.federation import ClientError
+from fedray.config import seeding
+from fedray.engine.client import Client, ClientError
+from fedray.engine.update import Batch, Evaluation, Frozen, LocalUpdate, Trained
 from fedray.models import Arch
 from fedray.params import get_params
-from fedray.update import Batch, Evaluation, Frozen, LocalUpdate, Trained
 
 
 @dataclass

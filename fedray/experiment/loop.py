@@ -17,13 +17,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from fedray.algorithms import ALGORITHMS
-from fedray.checkpoint import Checkpoint, CheckpointError, Checkpoints
-from fedray.config import Config
+from fedray.config.keys import Config
 from fedray.data import FederatedData, build_federated_data, partition_label
-from fedray.export import check_shapes, save_models
 from fedray.federation import Baton, Federation, WorkerLost
 from fedray.records import Record, rec
-from fedray.results import ResultsWriter, failure_text, versions
+from fedray.storage.checkpoint import Checkpoint, CheckpointError, Checkpoints
+from fedray.storage.export import check_shapes, save_models
+from fedray.storage.results import ResultsWriter, failure_text, versions
 
 
 @dataclass
@@ -45,7 +45,7 @@ class RoundDone:
     metrics: dict[str, float] = field(default_factory=dict)  # the round's global-scope values, by metric
     stage: str = ""  # the stage the round ran in (multi-stage algorithms)
     batched_calls: int = 0  # client calls of the round (its evaluation too) whose training ran stacked
-    packed_calls: int = 0  # ... of those, stacked with another run's clients (a pack, fedray/pack.py)
+    packed_calls: int = 0  # ... of those, stacked with another run's clients (a pack, fedray/sweeps/pack.py)
 
 
 @dataclass
@@ -82,7 +82,7 @@ class HostedFederation(Federation, Protocol):
     def client_states(self, files: bool = False) -> Iterator[tuple[int, Any]]:
         """Every hosted client's persistent state (test clients too), in client order, one at a time;
         clients without state are left out. ``files``: a state spilled to a file this process can
-        reach comes as that file (`fedray.checkpoint.StateFile`), which a checkpoint links."""
+        reach comes as that file (`fedray.storage.checkpoint.StateFile`), which a checkpoint links."""
 
     def restore_client_states(self, states: Iterable[tuple[int, Any]]) -> None:
         """Give clients back the states `client_states` produced (in a new federation: a resumed run)."""
@@ -95,7 +95,7 @@ class HostedFederation(Federation, Protocol):
         """Client calls since the last call whose training ran in the stacked engine, then reset."""
 
     def take_packed_calls(self) -> int:
-        """Of those, the calls stacked with another run's clients (a pack, fedray/pack.py), then reset."""
+        """Of those, the calls stacked with another run's clients (a pack, fedray/sweeps/pack.py), then reset."""
 
     def peek_baton(self, baton: Baton) -> Any:
         """The value behind ``baton``, which stays usable (a checkpoint of a State holding Batons)."""
@@ -217,7 +217,7 @@ def summarize(history: list[RoundDone], total_seconds: float, placement: dict[st
         "placement": placement,
         # client calls whose training ran in the stacked engine (0: every client trained on its own)
         "batched_calls": sum(h.batched_calls for h in history),
-        # of those, calls stacked with another run's clients (pack_runs, fedray/pack.py)
+        # of those, calls stacked with another run's clients (pack_runs, fedray/sweeps/pack.py)
         "packed_calls": sum(h.packed_calls for h in history),
     }
     if seconds:

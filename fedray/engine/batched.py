@@ -1,4 +1,4 @@
-"""The stacked engine: many clients' `fedray.update.LocalUpdate`s trained as one model.
+"""The stacked engine: many clients' `fedray.engine.update.LocalUpdate`s trained as one model.
 
 On a GPU the papers' small CNNs are kernel-launch bound: a client's step is a few dozen tiny
 kernels, and one model at a time leaves the device idle. Here the updates a host's clients yield in
@@ -9,7 +9,7 @@ and one step runs every update's objective on its own mini-batch through
 convolution, a linear layer one batched matrix product), with every update's SGD step applied to its
 own slice.
 
-The numbers are the per-client engine's (`fedray.train.train_update`) up to float round-off: each
+The numbers are the per-client engine's (`fedray.engine.train.train_update`) up to float round-off: each
 update sees the same batches in the same order (`Client.host_batches`), the same augmentation draws
 and the same SGD rule (`torch.optim.SGD`'s: weight decay added to the gradient, the momentum buffer
 started at the first gradient, dampening 0), a fresh optimizer unless buffers are given, and its
@@ -42,9 +42,9 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_leaves, tree_map
 
-from fedray.client import Client, num_steps
-from fedray.train import TrainStats
-from fedray.update import Batch, Frozen, LocalUpdate, Trained
+from fedray.engine.client import Client, num_steps
+from fedray.engine.train import TrainStats
+from fedray.engine.update import Batch, Frozen, LocalUpdate, Trained
 
 MODES = ("off", "on", "auto")
 
@@ -118,7 +118,7 @@ class _Im2col(torch.overrides.TorchFunctionMode):
 def conv_mode() -> Any:
     """The context a stacked step's convolutions run in (`STACKED_CONV`)."""
     if STACKED_CONV not in CONVS:
-        raise ValueError(f"fedray.batched.STACKED_CONV must be one of {CONVS}, got {STACKED_CONV!r}")
+        raise ValueError(f"fedray.engine.batched.STACKED_CONV must be one of {CONVS}, got {STACKED_CONV!r}")
     return _Im2col() if STACKED_CONV == "im2col" else contextlib.nullcontext()
 
 
@@ -225,7 +225,7 @@ def signature(update: LocalUpdate) -> Any:
 def stack_key(task: Any) -> Any:
     """What `train_stacked` reads from its clients' task, but the learning rate (a stack's rows may
     each have their own): updates whose clients' tasks differ here (the runs of a pack with
-    different momenta, `fedray.pack`) train in different stacks."""
+    different momenta, `fedray.sweeps.pack`) train in different stacks."""
     return (
         task.batch_size,
         task.momentum,
@@ -307,7 +307,7 @@ def train_stacked(
     module_buffers = {n: b.detach() for n, b in template.named_buffers()}
     n_all, bs = len(clients), task.batch_size
     lr, mom, wd = task.lr, task.momentum, task.weight_decay
-    # each update's learning rate: its client's task's (the runs of a pack may differ, `fedray.pack`);
+    # each update's learning rate: its client's task's (the runs of a pack may differ, `fedray.sweeps.pack`);
     # a row of the stack each where they differ, else the one number (as SGD takes it)
     lrs = [c.task.lr for c in clients]
     lr_rows = (

@@ -40,36 +40,27 @@ from typing import Any
 
 import numpy as np
 
-from fedray.results import fsync_dir, write_text_synced
+from fedray import MOVED_MODULES
+from fedray.storage.results import fsync_dir, write_text_synced
+
+
+@dataclass(frozen=True)
+class Baton:
+    """A value a client left in the federation instead of sending it back (FedCat's model copies
+    between the rounds of a cycle). Plain data, so it can sit in an algorithm's State; the value
+    stays where it was made (under Ray: in the object store of the client actor's node) until a
+    later `relay` hop or `fetch` uses it, once.
+
+    Algorithms meet it through the Federation protocol (`fedray.federation.Baton`); it is defined
+    here, beside the format that writes a Baton with the value behind it (`encode`)."""
+
+    key: int
+
 
 FORMAT = 1  # of the .npz files (tree.json)
 MANIFEST_FORMAT = 2  # of manifest.json: 2 has its own digest; 1 (earlier fedray) is still read
 _SAFE_MODULES = "fedray."  # a file may only name dataclasses defined under this package (or a run's plug-ins)
 _CHUNK = 1 << 22
-# Where classes a checkpoint may name have moved since it was written (module -> its new module):
-# the algorithm families moved under fedray/algorithms/ (each family one folder), and FedEM's
-# server and CFL's recursion into their algorithms' files. A file naming an old module reads back
-# as the class that lives in the new one.
-MOVED_MODULES = {
-    **{
-        f"fedray.algorithms.{name}": f"fedray.algorithms.{family}.{name}"
-        for family, names in {
-            "baselines": ("fedavg", "fedprox", "scaffold", "fednova", "moon", "fedrs", "fedlc"),
-            "clustered": ("clusterfedavg", "ifca", "fesem", "fedsoft"),
-            "concat": ("fedconcat", "fedconcat_id"),
-            "mixture": ("fedem", "fedrc"),
-            "relay": ("fedcat",),
-            "sampling": ("clusamp",),
-            "splitting": ("cfl", "layercfl"),
-        }.items()
-        for name in names
-    },
-    "fedray.clustering": "fedray.algorithms.clustering",
-    "fedray.splitting": "fedray.algorithms.splitting.cfl",
-    "fedray.mixture": "fedray.algorithms.mixture",
-    "fedray.mixture.client": "fedray.algorithms.mixture.client",
-    "fedray.mixture.server": "fedray.algorithms.mixture.fedem",
-}
 
 
 class CheckpointError(RuntimeError):
@@ -87,7 +78,6 @@ def encode(obj: Any, arrays: list[np.ndarray], where: str, baton: Callable[[Any]
     ``baton(b)`` gives the value behind a `fedray.federation.Baton` (stored in its place); ``where``
     names the object in errors (``state.models[2]``).
     """
-    from fedray.federation import Baton
 
     if obj is None or isinstance(obj, (bool, str)):
         return obj
@@ -139,7 +129,7 @@ def encode(obj: Any, arrays: list[np.ndarray], where: str, baton: Callable[[Any]
 
 def _safe(module: str) -> bool:
     """A module whose dataclasses a checkpoint may name: fedray's, or a plug-in's the run imported."""
-    from fedray.plugins import is_plugin_module
+    from fedray.config.plugins import is_plugin_module
 
     return module.startswith(_SAFE_MODULES) or is_plugin_module(module)
 
@@ -151,7 +141,7 @@ def _dataclass(name: Any) -> type:
     module, qualname = name.split(":", 1)
     if not _safe(module):
         raise ValueError(f"class {name!r} is not defined in fedray or in the run's plug-ins")
-    where = MOVED_MODULES.get(module, module)
+    where = MOVED_MODULES.get(module, module)  # a module that moved since the file was written
     obj: Any = importlib.import_module(where)
     for part in qualname.split("."):
         obj = getattr(obj, part, None)
@@ -285,7 +275,7 @@ def sha256(path: Path) -> str:
 @dataclass(frozen=True)
 class StateFile:
     """A client's state that is already a file in the checkpoints' format (spilled to disk,
-    `fedray.client_states`): a checkpoint takes the file itself, hard-linked where it is on the same
+    `fedray.federation.client_states`): a checkpoint takes the file itself, hard-linked where it is on the same
     file system (nothing copied: the spilled file is never written again, a new spill is a new file)
     and copied otherwise, instead of reading the state and writing it again."""
 
@@ -296,7 +286,7 @@ SPILL_PREFIX = "fedray-client-state-"  # a host's spill folder under the tempora
 
 
 def is_spill_file(path: str | Path) -> bool:
-    """Whether ``path`` is a spilled client state as `fedray.client_states` writes them: a regular
+    """Whether ``path`` is a spilled client state as `fedray.federation.client_states` writes them: a regular
     file (not a link) NNNNNNNN.npz in a spill folder directly under the system's temporary
     directory. Nothing else is ever taken into a checkpoint."""
     p = Path(path)

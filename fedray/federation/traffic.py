@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fedray.federation import Traffic
-from fedray.host import CallMeta
+from fedray.federation.host import CallMeta
 from fedray.params import payload_nbytes
 
 

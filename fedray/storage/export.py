@@ -36,7 +36,7 @@ from fedray.params import Params, read_npz
 if TYPE_CHECKING:
     import torch
 
-    from fedray.config import Config
+    from fedray.config.keys import Config
 
 FORMAT = 1
 
@@ -90,7 +90,7 @@ def check_shapes(algorithm: str, models: Iterable[SavedModel], task: Any, when: 
         if not isinstance(m, SavedModel):
             raise TypeError(
                 f"algorithm {algorithm!r}: models(state, hp) must return a list of "
-                f"fedray.export.SavedModel; item {i} {when} is a {type(m).__name__} "
+                f"fedray.storage.export.SavedModel; item {i} {when} is a {type(m).__name__} "
                 "(global_model(params) and cluster_models(models) already return such a list: "
                 "return it, not a list holding it)"
             )
@@ -120,7 +120,7 @@ def save_models(
     models (`Algorithm.personal_model`) come from ``client_states()``, every client's state."""
     import yaml
 
-    from fedray.results import fsync_dir, models_folder, write_text_atomic
+    from fedray.storage.results import fsync_dir, models_folder, write_text_atomic
 
     run_id = cfg.run_id()
     final = models_folder(cfg.output, run_id)
@@ -218,7 +218,7 @@ def initial_params(
     whose global model it is, or one model file in one), checked to be of the task's architecture:
     the same model, inputs and classes, and one array of the right shape for every entry of its
     state dict. Raises ValueError saying what differs."""
-    from fedray.config import init_model_file
+    from fedray.config.keys import init_model_file
     from fedray.models import build_model
     from fedray.params import get_params
 

@@ -13,11 +13,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from fedray.config import Config
-from fedray.experiment import Event, Finished
-from fedray.placement import Need, plan_launches
-from fedray.results import failure_text, record_failure
-from fedray.sweep_file import SweepRun
+from fedray.config.keys import Config
+from fedray.experiment.loop import Event, Finished
+from fedray.federation.placement import Need, plan_launches
+from fedray.storage.results import failure_text, record_failure
+from fedray.sweeps.sweep_file import SweepRun
 
 
 class Launcher(Protocol):
@@ -39,8 +39,8 @@ class Launcher(Protocol):
     def cancel(self) -> None:
         """Stop every run in flight (Ctrl-C)."""
 
-    # A launcher that runs packs (`fedray.pack`) also has
-    # ``launch_pack(runs) -> Iterator[(k, Event | fedray.pack.Ended)]``: the runs in one worker; and
+    # A launcher that runs packs (`fedray.sweeps.pack`) also has
+    # ``launch_pack(runs) -> Iterator[(k, Event | fedray.sweeps.pack.Ended)]``: the runs in one worker; and
     # may have ``pack_refusal(cfg) -> str | None``: why it cannot hold a pack of such runs (pack_runs
     # auto then runs them alone, `launch_units`), None where it can.
 
@@ -64,8 +64,8 @@ class LocalLauncher:
         return Need(cpus=1.0, gpus=0.0, num_actors=1, num_clients=cfg.num_clients)
 
     def launch(self, run: SweepRun, actors: int) -> Iterator[Event]:
-        from fedray.experiment import execute
-        from fedray.local import make_local_federation
+        from fedray.experiment.loop import execute
+        from fedray.federation.local import make_local_federation
 
         return execute(run.config, make_local_federation, run.restart)
 
@@ -81,8 +81,8 @@ class LocalLauncher:
         return None
 
     def launch_pack(self, runs: Sequence[SweepRun]) -> Iterator[tuple[int, Any]]:
-        from fedray.local import make_local_federation
-        from fedray.pack import execute_pack
+        from fedray.federation.local import make_local_federation
+        from fedray.sweeps.pack import execute_pack
 
         return execute_pack([r.config for r in runs], make_local_federation, [r.restart for r in runs])
 
@@ -94,7 +94,7 @@ class LocalLauncher:
 class RunLaunched:
     run: SweepRun
     actors: int
-    packed: int = 0  # the runs of its pack (`fedray.pack`), itself included; 0: not packed
+    packed: int = 0  # the runs of its pack (`fedray.sweeps.pack`), itself included; 0: not packed
 
 
 @dataclass
@@ -149,9 +149,9 @@ def _run_events(launcher: Launcher, run: SweepRun, actors: int) -> Iterator[Swee
 
 
 def _pack_events(launcher: Launcher, runs: Sequence[SweepRun]) -> Iterator[SweepEvent]:
-    """A pack's events (`fedray.pack`): each run's, each run's end as it ends; a failure of the
+    """A pack's events (`fedray.sweeps.pack`): each run's, each run's end as it ends; a failure of the
     pack itself (its worker lost) ends every run not yet ended with it."""
-    from fedray.pack import Ended
+    from fedray.sweeps.pack import Ended
 
     t0 = time.perf_counter()
     summaries: dict[int, dict[str, Any]] = {}
@@ -203,7 +203,7 @@ def run_sweep(
             "(fedray.api.resolve_sweep_gpus)"
         )
     events: queue.Queue[SweepEvent | _UnitDone] = queue.Queue()
-    # launch units: a run, or the runs of a pack (pack_runs, `fedray.pack.pack_groups`), which go
+    # launch units: a run, or the runs of a pack (pack_runs, `fedray.sweeps.pack.pack_groups`), which go
     # to one worker together and hold what one actor of theirs asks for
     pending = [[runs[i] for i in unit] for unit in launch_units(runs, launcher)]
     running: dict[int, tuple[float, float]] = {}  # unit key (its first run's index) -> (CPUs, GPUs)
@@ -285,10 +285,10 @@ def run_sweep(
 
 
 def launch_units(runs: Sequence[SweepRun], launcher: Launcher) -> list[list[int]]:
-    """The runs' launch units (`fedray.pack.pack_groups`), as `run_sweep` launches them on
+    """The runs' launch units (`fedray.sweeps.pack.pack_groups`), as `run_sweep` launches them on
     ``launcher``: where it refuses a pack of auto runs (``pack_refusal``), they go alone; a launcher
     that cannot run packs runs every run alone."""
-    from fedray.pack import pack_groups
+    from fedray.sweeps.pack import pack_groups
 
     if getattr(launcher, "launch_pack", None) is None:
         return [[i] for i in range(len(runs))]
@@ -301,7 +301,7 @@ def packs_declined(runs: Sequence[SweepRun], units: list[list[int]], launcher: L
     """Lines that say why runs ``pack_runs: auto`` would pack with others go alone (``units``:
     `launch_units`; the launcher cannot hold their pack where packs run), with how many runs each
     reason keeps alone."""
-    from fedray.pack import pack_groups
+    from fedray.sweeps.pack import pack_groups
 
     refusal = getattr(launcher, "pack_refusal", None)
     counts: dict[str, int] = {}

@@ -5,58 +5,36 @@ An algorithm's round sends messages to clients and gets their replies back throu
 one at a time), `relay` and `fetch` (values left with the clients between rounds, FedCat's model
 copies), `test_map` (the global test set, split across the workers), and what the server may know
 about its clients (sizes, label counts where the paper allows, sampling). A client function
-``fn(client, cstate, msg) -> (reply, new cstate)`` runs on the client's data (`fedray.client.Client`)
+``fn(client, cstate, msg) -> (reply, new cstate)`` runs on the client's data (`fedray.engine.client.Client`)
 with its persistent state. Two federations implement the protocol with the same client code, so
-they give bit-identical numbers for a seed: `fedray.local.LocalFederation` (in-process, one client
+they give bit-identical numbers for a seed: `fedray.federation.local.LocalFederation` (in-process, one client
 at a time) and `actors.federation.RayFederation` (client actors). The pieces they share live
-apart: `fedray.catalog` (what is known of the clients without running them, their common base),
-`fedray.host` (runs client functions on hosted clients), `fedray.traffic` (bytes counted from the
-objects themselves), `fedray.batons` (values left behind a `Baton`). What the round loop needs
-beyond this protocol (checkpoints, shutdown) is `fedray.experiment.HostedFederation`.
+apart: `fedray.federation.catalog` (what is known of the clients without running them, their common base),
+`fedray.federation.host` (runs client functions on hosted clients), `fedray.federation.traffic` (bytes counted from the
+objects themselves), `fedray.federation.batons` (values left behind a `Baton`). What the round loop needs
+beyond this protocol (checkpoints, shutdown) is `fedray.experiment.loop.HostedFederation`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from fedray.client import Client, Task
+from fedray.engine.client import Client, Task
+from fedray.engine.client import ClientError as ClientError  # raised by the engines: defined with Client
+from fedray.storage.checkpoint import Baton  # defined with the format that writes it
 
 ClientFn = Callable[[Client, Any, Any], tuple[Any, Any]]
 FoldFn = Callable[[Any, int, Any], Any]  # (acc, cid, reply) -> acc
 TEST_SHARD = -1  # the client id a shard of the global test set poses as in test_map
 
 
-class ClientError(RuntimeError):
-    """A client function raised; carries the client id and the original traceback text."""
-
-    def __init__(self, cid: int, message: str, remote_traceback: str = "") -> None:
-        super().__init__(f"client {cid}: {message}")
-        self.cid = cid
-        self.message = message
-        self.remote_traceback = remote_traceback
-
-    def __reduce__(self):  # keep the fields when Ray pickles the exception
-        return (ClientError, (self.cid, self.message, self.remote_traceback))
-
-
 class WorkerLost(RuntimeError):
     """A worker hosting clients died (its node was lost, it ran out of memory, it was killed). The
     run can go on from its last checkpoint on new workers (``max_failures``)."""
-
-
-@dataclass(frozen=True)
-class Baton:
-    """A value a client left in the federation instead of sending it back (FedCat's model copies
-    between the rounds of a cycle). Plain data, so it can sit in an algorithm's State; the value
-    stays where it was made (under Ray: in the object store of the client actor's node) until a
-    later `relay` hop or `fetch` uses it, once."""
-
-    key: int
 
 
 class Traffic(NamedTuple):

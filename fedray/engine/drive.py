@@ -1,10 +1,10 @@
-"""Running client functions: the generators that yield `fedray.update.LocalUpdate`s and
-`fedray.update.Evaluation`s, and the rest.
+"""Running client functions: the generators that yield `fedray.engine.update.LocalUpdate`s and
+`fedray.engine.update.Evaluation`s, and the rest.
 
 A client function is ``fn(client, cstate, msg) -> (reply, new_cstate)``. One that trains or
 evaluates is a generator: it yields a `LocalUpdate` or an `Evaluation` (or a list of them) where
 it would train or evaluate, receives the result (`Trained`, `EvalStats` or per-sample values; a
-list for a list), and returns its reply and state (fedray/update.py). `run_one` runs one client to
+list for a list), and returns its reply and state (fedray/engine/update.py). `run_one` runs one client to
 its end with the per-client engine (a yield's evaluations in one call); `run_stacked` runs many at
 once, advancing every client to its next yield, training everything they yielded together in the
 stacked engine and evaluating everything they yielded in one call.
@@ -29,11 +29,10 @@ from typing import Any
 import numpy as np
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from fedray import batched
-from fedray.client import Client
-from fedray.federation import ClientError
-from fedray.train import EvalStats, evaluate_requests, train_update
-from fedray.update import Evaluation, LocalUpdate, Request, Trained, requests
+from fedray.engine import batched
+from fedray.engine.client import Client, ClientError
+from fedray.engine.train import EvalStats, evaluate_requests, train_update
+from fedray.engine.update import Evaluation, LocalUpdate, Request, Trained, requests
 
 
 def fn_name(fn: Callable) -> str:
@@ -65,8 +64,8 @@ def _answer(yielded: Any, answers: list[Answer]) -> Answer | list[Answer]:
 
 def _answered_alone(client: Client, asked: list[Request], draws: Iterator[int]) -> list[Answer]:
     """One client's requests: its updates by the per-client engine, in order, its evaluations in
-    one call (`fedray.train.evaluate_requests`). ``draws`` numbers the client's updates through the
-    call (each update's own draws, `fedray.train.own_draws`)."""
+    one call (`fedray.engine.train.evaluate_requests`). ``draws`` numbers the client's updates through the
+    call (each update's own draws, `fedray.engine.train.own_draws`)."""
     evals = [r for r in asked if isinstance(r, Evaluation)]
     stats = iter(evaluate_requests([client] * len(evals), evals))
     return [next(stats) if isinstance(r, Evaluation) else train_update(client, r, next(draws)) for r in asked]
@@ -98,7 +97,7 @@ class Unstackable(RuntimeError):
 
 class _Watched(threading.local):
     """(function name, mode) of the plain client functions running in this thread, innermost last
-    (a thread's own: the runs of a pack each run in a thread, `fedray.pack`)."""
+    (a thread's own: the runs of a pack each run in a thread, `fedray.sweeps.pack`)."""
 
     def __init__(self) -> None:
         self.stack: list[tuple[str, str]] = []
@@ -152,11 +151,11 @@ def run_stacked(
     mode: str = "on",
 ) -> tuple[list[tuple[Any, Any]], list[bool]]:
     """``fn`` on every client at once: each is advanced to its next yield, then everything yielded
-    trains, updates of one `fedray.batched.signature` and one `fedray.batched.stack_key` in one
+    trains, updates of one `fedray.engine.batched.signature` and one `fedray.engine.batched.stack_key` in one
     stack (an update alone in its shape by the per-client engine), every evaluation in one call
-    (`fedray.train.evaluate_requests`), and the results go back; until every client has returned.
+    (`fedray.engine.train.evaluate_requests`), and the results go back; until every client has returned.
     ``fn`` may be one function a client (the calls of several runs packed together,
-    `fedray.pack`). Returns the ``(reply, new_cstate)`` of each client and whether its training ran
+    `fedray.sweeps.pack`). Returns the ``(reply, new_cstate)`` of each client and whether its training ran
     stacked."""
     n = len(clients)
     fns = list(fn) if isinstance(fn, Sequence) else [fn] * n
@@ -174,7 +173,9 @@ def run_stacked(
         else:
             results[i] = out
     answers: dict[int, Any] = dict.fromkeys(gens)
-    draws = {i: itertools.count() for i in gens}  # numbers each client's updates (`fedray.train.own_draws`)
+    draws = {
+        i: itertools.count() for i in gens
+    }  # numbers each client's updates (`fedray.engine.train.own_draws`)
     while gens:
         asked: dict[int, tuple[Any, list[Request]]] = {}
         for i, gen in list(gens.items()):

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedray import seeding
+from fedray.config import seeding
 from fedray.data import ArrayDataset, DataSpec
 from fedray.models import TASK, Arch, build_arch, build_model
 from fedray.params import Params, get_params, set_params
@@ -26,8 +26,21 @@ from fedray.params import Params, get_params, set_params
 KEPT_SHARES = {"train_tensors": 4, "test_tensors": 8}
 
 
+class ClientError(RuntimeError):
+    """A client function raised; carries the client id and the original traceback text."""
+
+    def __init__(self, cid: int, message: str, remote_traceback: str = "") -> None:
+        super().__init__(f"client {cid}: {message}")
+        self.cid = cid
+        self.message = message
+        self.remote_traceback = remote_traceback
+
+    def __reduce__(self):  # keep the fields when Ray pickles the exception
+        return (ClientError, (self.cid, self.message, self.remote_traceback))
+
+
 def share_device_memory(cache: dict, device: torch.device, hosts: int) -> None:
-    """Hosts sharing one device in one process (the runs of a pack, fedray/pack.py) each keep
+    """Hosts sharing one device in one process (the runs of a pack, fedray/sweeps/pack.py) each keep
     1/``hosts`` of what a host alone keeps, from the memory free now (``cache``: a host's model
     cache, where `Client._kept_on_device` keeps its budgets)."""
     free = torch.cuda.mem_get_info(device)[0]
@@ -55,9 +68,11 @@ class Task:
     cuda_tf32: bool = True  # cuDNN's TF32 convolutions on an Ampere+ GPU (torch's default)
     head_bias: bool = True  # the model's last layer has a bias (config key head_bias)
     model_init: str = "derived"  # how initial models are seeded (config key model_init)
-    batched_clients: str = "auto"  # batched client training: off | on | auto (fedray/batched.py)
+    batched_clients: str = "auto"  # batched client training: off | on | auto (fedray/engine/batched.py)
     drop_last: bool = False  # every local update drops each epoch's last partial batch (config key drop_last)
-    client_state_memory_mb: float = 0.0  # clients' state in memory per host, MB (fedray/client_states.py)
+    client_state_memory_mb: float = (
+        0.0  # clients' state in memory per host, MB (fedray/federation/client_states.py)
+    )
     # the trained model every initial model starts from (config key init_model), loaded once by the
     # coordinator and sent with the task; None: fresh draws
     init_params: Params | None = field(default=None, compare=False, repr=False)
@@ -66,7 +81,7 @@ class Task:
     def from_config(cls, cfg, spec: DataSpec) -> Task:
         """The run's Task: every field but ``spec`` and ``init_params`` is the config key of its name;
         ``init_params`` is the model ``init_model`` names (checked to be of the task's architecture)."""
-        from fedray.export import initial_params
+        from fedray.storage.export import initial_params
 
         keys = {f.name: getattr(cfg, f.name) for f in fields(cls) if f.name not in ("spec", "init_params")}
         init = (
@@ -210,7 +225,7 @@ class Client:
         self, rnd: int, epoch: int, batch_size: int | None = None, drop_last: bool = False
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor, np.ndarray]]:
         """`train_batches_at`'s batches before they move to the client's device (in host memory):
-        batched training (fedray.batched) stacks many clients' batches and moves them at once."""
+        batched training (fedray.engine.batched) stacks many clients' batches and moves them at once."""
         bs = batch_size or self.task.batch_size
         positions = self.train_order(rnd, epoch)
         aug = seeding.torch_generator(self.task.seed, f"augment/{epoch}", self.cid, rnd)

@@ -26,7 +26,7 @@ a case (the runs of that case; ``{partition: dirichlet, partition_k: 3}`` is an 
 
 `load_sweep` validates every run before anything starts and reports all errors at once
 (`SweepError`); `plan` says what a submission would do with each run. Running them is
-`fedray.scheduler.run_sweep`. No Ray here.
+`fedray.sweeps.scheduler.run_sweep`. No Ray here.
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ from pathlib import Path
 from typing import Any
 
 from fedray.algorithms import ALGORITHMS
-from fedray.coercion import count, suggest
-from fedray.config import SWEEP_KEYS, Config, ConfigError, flatten, parse_sets, read_yaml, set_dotted
-from fedray.results import run_state
-from fedray.validation import Unread, at_default, check_last_batches, from_dict, unread_keys
+from fedray.config.coercion import count, suggest
+from fedray.config.keys import SWEEP_KEYS, Config, ConfigError, flatten, parse_sets, read_yaml, set_dotted
+from fedray.experiment.validation import Unread, at_default, check_last_batches, from_dict, unread_keys
+from fedray.storage.results import run_state
 
 _LISTED = 8  # runs named under one error before "... and N more"
 
@@ -96,7 +96,7 @@ class Sweep:
 
     def with_gpus(self, share: Callable[[float], float]) -> tuple[Sweep, dict[float, float]]:
         """The sweep with ``num_gpus_per_actor: auto`` resolved in every run, ``share`` giving the
-        fraction for a CPU count per actor (`fedray.placement.auto_gpus_per_actor` on the cluster the
+        fraction for a CPU count per actor (`fedray.federation.placement.auto_gpus_per_actor` on the cluster the
         sweep attached to), and what it chose by CPU count. Runs it makes identical to an earlier one
         (auto resolved to a fraction another run sets by hand) are run once."""
         chosen: dict[float, float] = {}
@@ -258,7 +258,7 @@ def load_sweep(
     are only checked to exist).
     """
     from fedray.data import DATASETS, DatasetMissing, check_available
-    from fedray.validation import resolve_plugins
+    from fedray.experiment.validation import resolve_plugins
 
     source = str(path)
     raw = read_yaml(path)

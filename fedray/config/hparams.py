@@ -16,7 +16,7 @@ config. `hparams_from_dict` runs them in that order: types, declared bounds, ``c
 
 The experiment config's own keys declare their bounds the same way (`fedray.config.Config`).
 
-Config layer: imports nothing from fedray but `fedray.coercion`.
+Config layer: imports nothing from fedray but `fedray.config.coercion`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fedray.coercion import ConfigError, all_problems, coerce, suggest
+from fedray.config.coercion import ConfigError, all_problems, coerce, suggest
 
 __all__ = [
     "Bound",

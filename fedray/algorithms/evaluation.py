@@ -16,13 +16,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedray.client import Client
+from fedray.engine.client import Client
+from fedray.engine.train import EvalStats, evaluate_batches, total
+from fedray.engine.update import Evaluation
 from fedray.federation import ClientFn, Federation
 from fedray.models import TASK, Arch
 from fedray.params import Params
 from fedray.records import Record, rec
-from fedray.train import EvalStats, evaluate_batches, total
-from fedray.update import Evaluation
 
 
 def model_msg(params: Params, arch: Arch = TASK) -> dict:

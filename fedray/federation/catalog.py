@@ -1,6 +1,6 @@
 """`ClientCatalog`: what every federation knows of its clients without running them (ids, sizes,
 label counts, ground-truth groups, sampling, the traffic meter, the batons), the base both
-`fedray.local.LocalFederation` and `actors.federation.RayFederation` build on."""
+`fedray.federation.local.LocalFederation` and `actors.federation.RayFederation` build on."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from fedray.batons import BatonStore
 from fedray.federation import Traffic, sample_sorted
-from fedray.host import ClientHost
-from fedray.traffic import TrafficMeter
+from fedray.federation.batons import BatonStore
+from fedray.federation.host import ClientHost
+from fedray.federation.traffic import TrafficMeter
 
 
 def check_groups(groups: Sequence[tuple[Sequence[int], Any]]) -> None:
@@ -96,5 +96,5 @@ class ClientCatalog:
 
     def take_packed_calls(self) -> int:
         """Client calls since the last call stacked with another run's clients (a pack,
-        fedray/pack.py), then reset; none outside a pack."""
+        fedray/sweeps/pack.py), then reset; none outside a pack."""
         return 0

@@ -9,7 +9,7 @@ partition or dataset that does not read it when it is set to another value than 
 would change the run id and not one number. At its default it changes neither, so a resolved
 config (`Config.to_dict`, every key) and a side file load as they are. A file's key for its own
 partition (dataset) gives way when ``--set`` chooses another (it is dropped); in a sweep
-(fedray/sweep_file.py) a key set for the whole grid counts only for the runs that read it.
+(fedray/sweeps/sweep_file.py) a key set for the whole grid counts only for the runs that read it.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from typing import Any
 import torch
 
 from fedray.algorithms import ALGORITHMS
-from fedray.batched import MODES, refusal
-from fedray.coercion import ConfigError, coerce, suggest
-from fedray.config import (
+from fedray.config.coercion import ConfigError, coerce, suggest
+from fedray.config.hparams import field_problems
+from fedray.config.keys import (
     FIELDS,
     MISNAMED,
     NAME_KEYS,
@@ -38,13 +38,13 @@ from fedray.config import (
     parse_sets,
     read_yaml,
 )
+from fedray.config.plugins import PluginError, activate, describe, origin, resolve
 from fedray.data import DATASETS, PARTITIONS, dataset_info, partition_keys
 from fedray.data.partitions import readers
 from fedray.data.shift import SHIFTS
-from fedray.export import initial_params
-from fedray.hparams import field_problems
+from fedray.engine.batched import MODES, refusal
 from fedray.models import MODELS, SELF_NORMALIZING, build_model
-from fedray.plugins import PluginError, activate, describe, origin, resolve
+from fedray.storage.export import initial_params
 
 
 def load_config(
@@ -278,7 +278,7 @@ def _check(cond: bool, key: str, message: str) -> None:
 
 def name_and_bound_problems(cfg: Config) -> list[str]:
     """Every unknown name (algorithm, data set, partition, model, ...), every value outside its
-    key's declared bound (field metadata, fedray/hparams.py), and what is wrong with the hp for
+    key's declared bound (field metadata, fedray/config/hparams.py), and what is wrong with the hp for
     the algorithm (unknown keys, types, bounds): each key's own checks."""
     problems = [
         _choice("algorithm", cfg.algorithm, ALGORITHMS),
@@ -308,7 +308,7 @@ def validate(cfg: Config) -> None:
         "experiment",
         f"a name, not a path (it names files under the results folder): {cfg.experiment!r}",
     )
-    # every name and every key's declared bound (field metadata, fedray/hparams.py) at once; the
+    # every name and every key's declared bound (field metadata, fedray/config/hparams.py) at once; the
     # checks below read them, so they come after
     if problems := name_and_bound_problems(cfg):
         raise ConfigError.of(problems)

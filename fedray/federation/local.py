@@ -9,12 +9,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedray.catalog import ClientCatalog, check_groups
-from fedray.client import Task
-from fedray.client_states import default_budget_mb
 from fedray.data import ArrayDataset, ClientIndices
+from fedray.engine.client import Task
 from fedray.federation import Baton, ClientFn, FoldFn
-from fedray.host import ClientHost, set_torch_threads
+from fedray.federation.catalog import ClientCatalog, check_groups
+from fedray.federation.client_states import default_budget_mb
+from fedray.federation.host import ClientHost, set_torch_threads
 from fedray.params import payload_nbytes
 
 
@@ -115,7 +115,7 @@ def make_local_federation(
 ) -> tuple[LocalFederation, dict[str, Any]]:
     """The `execute` factory for ``--local``: every client in this process, one at a time, on
     ``device`` (the CPU), with ``num_threads`` torch threads (the config's CPUs per actor).
-    ``packer``: the pack the run trains in (`fedray.pack`), which its stacked calls go through; the
+    ``packer``: the pack the run trains in (`fedray.sweeps.pack`), which its stacked calls go through; the
     worker's memory for client state (``client_state_memory_mb``, or the share of a worker of
     ``cpus`` CPUs, None: alone on the machine) is then shared out between the pack's runs."""
     task = Task.from_config(cfg, data.dataset.spec)

@@ -1,6 +1,6 @@
 """`ClientHost`: some clients' data and persistent state, and the client functions run on them.
 
-`fedray.local.LocalFederation` wraps one host with every client; each Ray client actor (actors/)
+`fedray.federation.local.LocalFederation` wraps one host with every client; each Ray client actor (actors/)
 wraps one host with its share of the clients: the same client code runs either way.
 """
 
@@ -18,13 +18,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedray import batched, drive
-from fedray.checkpoint import StateFile
-from fedray.client import Client, Task, share_device_memory
-from fedray.client_states import ClientStates
 from fedray.data import ArrayDataset, ClientIndices, SourcedClients
+from fedray.engine import batched, drive
+from fedray.engine.client import Client, Task, share_device_memory
 from fedray.federation import TEST_SHARD, ClientError, ClientFn
+from fedray.federation.client_states import ClientStates
 from fedray.params import payload_nbytes
+from fedray.storage.checkpoint import StateFile
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class CallMeta:
     bytes_out: int
     seconds: float
     carry_bytes: int = 0  # relay calls: the size of the carry the client left behind (part of bytes_out)
-    stacked: bool = False  # the call's training ran in the stacked engine (fedray/batched.py)
+    stacked: bool = False  # the call's training ran in the stacked engine (fedray/engine/batched.py)
 
 
 def set_torch_threads(num_cpus: float) -> int:
@@ -108,7 +108,7 @@ class ClientHost:
         self._state = ClientStates(task.client_state_memory_mb, cpus)
         self._model_cache: dict = {}
         self._batched: bool | None = None  # batched client training here (decided on first use)
-        # the pack this host's run trains in (`fedray.pack.Packer`): its stacked calls go through it
+        # the pack this host's run trains in (`fedray.sweeps.pack.Packer`): its stacked calls go through it
         self.packer: Any = None
         self.packed_calls = 0  # client calls stacked with another run's clients (in a pack)
 
@@ -166,7 +166,7 @@ class ClientHost:
     ) -> list[tuple[Any, CallMeta]]:
         """``fn`` on each group's clients with the group's message, in the order given.
 
-        A client function that trains yields its `fedray.update.LocalUpdate`s (`fedray.drive`):
+        A client function that trains yields its `fedray.engine.update.LocalUpdate`s (`fedray.engine.drive`):
         where this host trains batched, every update its clients yield at one point (every client
         of every group: cluster-wise FedAvg's clusters in one stack) trains in the stacked engine;
         else each client runs to its end in turn, each update in the per-client engine."""
@@ -209,7 +209,7 @@ class ClientHost:
             ) from e
 
     def join_pack(self, packer: Any) -> None:
-        """Train in ``packer``'s pack (`fedray.pack`): stacked calls go through it, and on CUDA the
+        """Train in ``packer``'s pack (`fedray.sweeps.pack`): stacked calls go through it, and on CUDA the
         pack's hosts share out the device memory a host keeps clients' splits in."""
         self.packer = packer
         if self.device.type == "cuda":
@@ -228,7 +228,7 @@ class ClientHost:
 
     def checkpoint_state(self, cid: int, files: bool = False) -> Any:
         """What a checkpoint saves of client ``cid``: its state, or with ``files`` where the state
-        is spilled, the file it is in (`fedray.checkpoint.StateFile`, for the checkpoint to link)."""
+        is spilled, the file it is in (`fedray.storage.checkpoint.StateFile`, for the checkpoint to link)."""
         path = self._state.file(cid) if files else None
         return StateFile(str(path)) if path is not None else self._state.peek(cid)
 

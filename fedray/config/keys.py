@@ -1,13 +1,13 @@
 """The typed experiment config (docs/running.md#running-experiments): YAML files plus ``--set key=value`` overrides.
 
 Every key, its default and its meaning is in `Config` below. Building a Config
-(`fedray.validation.from_dict`, `load_config`) raises `ConfigError` naming the key (and suggesting
+(`fedray.experiment.validation.from_dict`, `load_config`) raises `ConfigError` naming the key (and suggesting
 a close match) for an unknown key or a bad value, before any data is read or Ray is started.
 Algorithm hyperparameters live under ``hp.`` and are checked against the chosen algorithm's
 ``Hparams`` dataclass.
 
 This module is a leaf: it parses and types keys, and knows no registry. Building a checked Config
-(`fedray.validation.from_dict`, `load_config`) checks the values against the registries of
+(`fedray.experiment.validation.from_dict`, `load_config`) checks the values against the registries of
 algorithms, datasets, partitions and models.
 """
 
@@ -24,8 +24,8 @@ from typing import Any
 
 import yaml
 
-from fedray.coercion import ConfigError
-from fedray.hparams import bound
+from fedray.config.coercion import ConfigError
+from fedray.config.hparams import bound
 
 __all__ = [
     "ADDED_LATER",
@@ -172,7 +172,7 @@ class Config:
     num_cpus_per_actor: float = field(default=1.0, metadata=bound(gt=0))
     # GPUs per client actor, fractional (e.g. 0.25 puts 4 actors on a GPU). auto: the cluster
     # decides when the run (the sweep) attaches to it: no GPU, 0; else each GPU shared by as many
-    # actors as its node's CPUs hold, at most 4 (`fedray.placement.auto_gpus_per_actor`), said in
+    # actors as its node's CPUs hold, at most 4 (`fedray.federation.placement.auto_gpus_per_actor`), said in
     # one line. The run id, the saved config and the records carry the fraction it resolved to.
     num_gpus_per_actor: float | str = field(default=0.0, metadata=bound(ge=0, words=("auto",)))
     # client actors to start; 0 = as many as the cluster's resources allow (at most N)
@@ -188,14 +188,14 @@ class Config:
     # false; an unstable cell still amplifies 1e-4 into points over rounds), at 6-12% more time a
     # step (docs/benchmark.md). No effect on the CPU.
     cuda_tf32: bool = True  # TF32 convolutions on an Ampere+ GPU (torch's default); false: float32
-    # Batched client training (fedray/batched.py): the clients a worker runs in one call train as
+    # Batched client training (fedray/engine/batched.py): the clients a worker runs in one call train as
     # one stacked model, each on its own batches, through torch.func.vmap: on a GPU many small
     # models per step instead of one. The numbers equal the per-client path's up to float
     # round-off. on: always (a model with BatchNorm or dropout is refused); auto: where the clients
     # run on a GPU and the model allows it; off: one client at a time. docs/batched.md lists the
     # client functions it covers (others run per client).
     batched_clients: str = "auto"  # off | on | auto
-    # Packed runs (fedray/pack.py): a sweep's runs that share the data set, the model and the local
+    # Packed runs (fedray/sweeps/pack.py): a sweep's runs that share the data set, the model and the local
     # training's batch, momentum, weight decay and epochs (each may have its own lr) train in one worker, each
     # round's client updates of all of them in one stack (each run keeps its own run id, results,
     # checkpoints and resume; its numbers are its own up to float round-off). on: pack them (needs
@@ -208,7 +208,7 @@ class Config:
     pack_size: int = field(default=4, metadata=bound(ge=1))
     # Clients' persistent state (SCAFFOLD's c_i, kept SGD buffers, FedEM/FedRC's weights, ...) held in
     # memory per worker up to this many MB; beyond it, the least recently used go to local disk and
-    # come back exactly when their client is next sampled (fedray/client_states.py). 0 = a quarter
+    # come back exactly when their client is next sampled (fedray/federation/client_states.py). 0 = a quarter
     # of the machine's memory shared out by CPUs (an actor of c CPUs on a machine of n cores:
     # c/n of it; workers on every core keep a quarter between them), all of it in-process (--local).
     # Changes no number.
@@ -250,7 +250,7 @@ class Config:
         refuses, and runs of two versions of a plug-in never read as seeds of one setting."""
         d = self.to_dict()
         if self.plugins:
-            from fedray.plugins import pinned
+            from fedray.config.plugins import pinned
 
             d["plugins"] = [pinned(s) for s in self.plugins]
         return d
@@ -262,7 +262,7 @@ class Config:
 
     def with_gpus(self, share: float) -> Config:
         """This config with ``num_gpus_per_actor: auto`` replaced by ``share``, what the cluster the run
-        goes to gives it (`fedray.placement.auto_gpus_per_actor`); a number set by hand stays."""
+        goes to gives it (`fedray.federation.placement.auto_gpus_per_actor`); a number set by hand stays."""
         return dataclasses.replace(self, num_gpus_per_actor=float(share)) if self.gpus_auto else self
 
     def run_id(self) -> str:
@@ -278,7 +278,7 @@ class Config:
         if self.partition_file:  # the clients the file holds, wherever it lies
             d["partition_file"] = "sha256:" + file_digest(self.resolved_partition_file())
         if self.plugins:  # each plug-in by its module name and the hash of its source, wherever it lies
-            from fedray.plugins import describe, digest
+            from fedray.config.plugins import describe, digest
 
             d["plugins"] = [f"{describe(s).name}:sha256:{digest(s)}" for s in self.plugins]
         # the user's arrays (fedray.from_arrays), wherever they lie
@@ -335,7 +335,7 @@ ADDED_LATER = {
     "drop_last": False,
     "pack_runs": "off",
 }
-# Keys of a sweep file that are not config keys (fedray/sweep_file.py expands them into runs).
+# Keys of a sweep file that are not config keys (fedray/sweeps/sweep_file.py expands them into runs).
 SWEEP_KEYS = ("grid", "seeds", "cases", "max_concurrent_runs")
 # What other tools (and papers) call a key: an unknown key named here says "did you mean ...?"
 # (close misspellings are suggested without this table; algorithm hyperparameters written without

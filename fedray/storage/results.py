@@ -193,7 +193,7 @@ def _now() -> dt.datetime:
 
 def models_folder(out_dir: str | Path, run_id: str) -> Path:
     """Where run ``run_id`` of results folder ``out_dir`` keeps its trained models: ``models/RUN_ID/``
-    (written by `fedray.export.save_models`, read by `analysis.models`)."""
+    (written by `fedray.storage.export.save_models`, read by `analysis.models`)."""
     return Path(out_dir) / "models" / run_id
 
 

@@ -1,0 +1,137 @@
+"""One sweep from its file to its last event, the same for `fedray sweep` and `fedray.sweep`.
+
+`open_sweep` loads and checks the sweep file, checks that its results folder can be written,
+resolves ``num_gpus_per_actor: auto`` where the runs go (connecting the launcher for it), and plans
+which runs to run; the `SweepSession` it returns connects the launcher when a run needs it, says
+how the runs launch (packs, packs declined, GPUs left unused), runs them, and closes the launcher
+when it is closed itself (a ``with`` block). The callers keep what is theirs: the command line its
+arguments, printing and exit codes; the Python API its printing and return values.
+
+The launcher comes from ``connect``, given by the caller (`fedray.api.sweep_launcher`: in this
+process, or on Ray), so nothing here imports Ray.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from fedray.config.coercion import ConfigError
+from fedray.federation.placement import unused_gpus
+from fedray.storage.results import check_writable
+from fedray.sweeps.pack import pack_groups
+from fedray.sweeps.scheduler import Launcher, SweepEvent, launch_units, packs_declined, run_sweep
+from fedray.sweeps.sweep_file import PlannedRun, Sweep, SweepRun, load_sweep, plan
+
+
+@dataclass
+class SweepSession:
+    """A sweep planned: its runs, what to do with each, and the launcher (connected when first
+    needed, closed with the session)."""
+
+    sweep: Sweep
+    planned: list[PlannedRun]
+    todo: list[SweepRun]  # the runs to run, in the sweep's order (restart set where they start over)
+    auto: dict[float, float]  # num_gpus_per_actor auto: CPUs an actor -> the GPU share chosen
+    local: bool  # the runs go in this process, one at a time
+    max_concurrent_runs: int
+    connect: Callable[[], Launcher]
+    _launcher: Launcher | None = field(default=None, repr=False)
+
+    @property
+    def launcher(self) -> Launcher:
+        """Where the runs go, connected on first use."""
+        if self._launcher is None:
+            self._launcher = self.connect()
+        return self._launcher
+
+    @property
+    def connected(self) -> bool:
+        return self._launcher is not None
+
+    @property
+    def skipped(self) -> int:
+        return len(self.planned) - len(self.todo)
+
+    def states(self) -> dict[str, int]:
+        """How many runs are in each state (new, finished, failed, interrupted, running)."""
+        counts: dict[str, int] = {}
+        for p in self.planned:
+            counts[p.state] = counts.get(p.state, 0) + 1
+        return dict(sorted(counts.items()))
+
+    def units(self, ask: bool = True) -> tuple[list[list[int]], bool]:
+        """The runs to run as they launch, a list of indices into ``todo`` a unit (a pack of several
+        runs, or one), and whether the launcher was asked. ``ask=False`` (a dry run) asks only a
+        launcher at hand (in this process, or connected already for auto): else the runs are
+        grouped as they would pack on a launcher that holds any pack."""
+        if ask or self.local or self.connected:
+            return launch_units(self.todo, self.launcher), True
+        return pack_groups([r.config for r in self.todo]), False
+
+    def packs_declined(self, units: list[list[int]]) -> list[str]:
+        """Why runs that would pack go alone on this launcher (`fedray.sweeps.scheduler.packs_declined`)."""
+        return packs_declined(self.todo, units, self.launcher)
+
+    def unused_gpus(self) -> str | None:
+        """What to say where the cluster has GPUs that some runs to run ask none of."""
+        return unused_gpus(self.launcher.resources().get("GPU", 0.0), [r.config for r in self.todo])
+
+    def run(self) -> Iterator[SweepEvent]:
+        """The runs to run, run (`fedray.sweeps.scheduler.run_sweep`); leaving early cancels those
+        in flight."""
+        return run_sweep(self.todo, self.launcher, self.max_concurrent_runs)
+
+    def close(self) -> None:
+        """Give back what the launcher holds (a Ray started for the sweep is stopped)."""
+        launcher, self._launcher = self._launcher, None
+        if launcher is not None:
+            launcher.close()
+
+    def __enter__(self) -> SweepSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_sweep(
+    path: str | Path,
+    connect: Callable[[], Launcher],
+    *,
+    sets: Iterable[str] = (),
+    output: str | None = None,
+    only: Iterable[str] = (),
+    plugins: Iterable[str] = (),
+    local: bool = False,
+    force: bool = False,
+    restart: bool = False,
+    dry_run: bool = False,
+    max_concurrent_runs: int | None = None,
+) -> SweepSession:
+    """Load, check and plan a sweep (every error before anything runs: `SweepError`, `ConfigError`,
+    `DatasetMissing`, `OSError` naming the results folder, `ConnectionError` where no Ray can be
+    reached to resolve auto). ``force``: run finished runs again, from their start; ``restart``:
+    start unfinished runs over instead of going on from their checkpoints; ``dry_run``: nothing is
+    written (the results folder is not made). ``max_concurrent_runs``: None takes the sweep's own."""
+    if max_concurrent_runs is not None and max_concurrent_runs < 0:
+        raise ConfigError(
+            f"max_concurrent_runs must be >= 0 (0 = from resources), got {max_concurrent_runs}"
+        )
+    sweep = load_sweep(path, sets, output=output, only=only, plugins=plugins)
+    check_writable(sweep.output, create=not dry_run)
+    launcher = None
+    auto: dict[float, float] = {}
+    try:
+        if sweep.gpus_auto:  # before run ids are read: they carry the share auto resolves to
+            launcher = connect()
+            sweep, auto = sweep.with_gpus(launcher.auto_gpus)
+        planned = plan(sweep, force=force)
+    except BaseException:
+        if launcher is not None:
+            launcher.close()
+        raise
+    todo = [replace(p.run, restart=restart or p.state == "finished") for p in planned if p.action == "run"]
+    limit = sweep.max_concurrent_runs if max_concurrent_runs is None else max_concurrent_runs
+    return SweepSession(sweep, planned, todo, auto, local, limit, connect, launcher)
