@@ -25,7 +25,7 @@ from fedray.config.keys import Config, ConfigError
 from fedray.config.plugins import PluginError, py_modules
 from fedray.experiment.loop import Event, Recovered, RoundDone, Started
 from fedray.federation import WorkerLost
-from fedray.federation.placement import PlacementError, actor_slots, auto_gpus_per_actor
+from fedray.federation.placement import PlacementError, actor_slots, auto_gpus_per_actor, unused_gpus
 from fedray.storage.results import failure_text, mark_ended, record_failure
 
 CONNECT_TIMEOUT_S = 10.0  # how long an address may take to answer before we say it cannot be reached
@@ -351,17 +351,6 @@ def _actors_that_fit(cfg: Config, before: int) -> int:
         cfg.num_cpus_per_actor, cfg.num_gpus_per_actor, res.get("CPU", 0.0), res.get("GPU", 0.0)
     )
     return max(1, min(before, slots)) if before else max(1, slots)
-
-
-def unused_gpus(gpus: float, configs: Sequence[Config]) -> str | None:
-    """What a run or sweep (``configs``) says where some of it asks for no GPU on a cluster with
-    ``gpus``; None where there is nothing to say."""
-    if gpus <= 0 or all(c.num_gpus_per_actor != 0 for c in configs):
-        return None
-    return (
-        f"the Ray cluster has {gpus:g} GPU(s) and num_gpus_per_actor is 0: client actors train on CPUs "
-        "(num_gpus_per_actor: auto shares the GPUs between them)"
-    )
 
 
 def disconnect() -> None:

@@ -13,7 +13,7 @@ from ray.util.placement_group import placement_group_table
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors.coordinator import PackWorker
-from actors.driver import STOPPED, RunHandle, connect, stream_run
+from actors.driver import STOPPED, RunHandle, auto_gpus, cluster_gpus, connect, stream_run
 from actors.federation import unwrap
 from actors.launch import ActorGroup, ActorPool, actor_shape
 from fedray.config.keys import Config
@@ -27,7 +27,10 @@ from fedray.sweeps.sweep_file import SweepRun
 
 
 class RayLauncher:
-    """Runs of a sweep on one Ray cluster (attached to, or started once for the whole sweep)."""
+    """Runs of a sweep on one Ray cluster (attached to, or started once for the whole sweep): a
+    `fedray.sweeps.scheduler.Launcher`."""
+
+    inline = False  # each run is streamed by a worker thread of the scheduler
 
     def __init__(self, address: str | None = None, plugins: Sequence[str] = ()) -> None:
         self.started = connect(address, plugins)
@@ -64,6 +67,12 @@ class RayLauncher:
 
     def need(self, cfg: Config) -> Need:
         return Need(cfg.num_cpus_per_actor, cfg.num_gpus_per_actor, cfg.num_actors, cfg.num_clients)
+
+    def auto_gpus(self, cpus_per_actor: float) -> float:
+        return auto_gpus(cpus_per_actor)
+
+    def cluster_gpus(self) -> float:
+        return cluster_gpus()
 
     def prepare(self, run: SweepRun, actors: int) -> None:
         """Called as the run is launched, before its thread starts: it takes idle actors of its shape

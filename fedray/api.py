@@ -149,25 +149,14 @@ def sweep_launcher(sw: Any, local: bool = False, address: str | None = None) -> 
     return RayLauncher(address, sorted({p for r in sw.runs for p in r.config.plugins}))
 
 
-def resolve_sweep_gpus(
-    sw: Any, local: bool = False, address: str | None = None
-) -> tuple[Any, Any, list[str]]:
-    """The sweep with ``num_gpus_per_actor: auto`` resolved where its runs go (`resolve_gpus`'s rule),
-    before `plan` reads run ids; the launcher connected for it (None where nothing was auto or the
-    runs stay in this process); the lines that say what auto chose."""
-    from fedray import progress
+def open_sweep(path: str | Path, *, local: bool = False, address: str | None = None, **options: Any) -> Any:
+    """The sweep flow `fedray sweep` and `fedray.sweep` share (`fedray.sweeps.flow.open_sweep`,
+    which takes ``options``), its runs going in this process (``local``) or to Ray (attached to
+    ``address`` / RAY_ADDRESS, else a local Ray started for the sweep and stopped when the session
+    closes)."""
+    from fedray.sweeps.flow import open_sweep as open_
 
-    if not sw.gpus_auto:
-        return sw, None, []
-    if local:
-        resolved, _ = sw.with_gpus(lambda cpus: 0.0)
-        return resolved, None, [progress.auto_gpus_line(0.0, 0.0, local=True)]
-    from actors.driver import auto_gpus, cluster_gpus
-
-    launcher = sweep_launcher(sw, local, address)
-    resolved, chosen = sw.with_gpus(auto_gpus)
-    gpus = cluster_gpus()
-    return resolved, launcher, [progress.auto_gpus_line(s, c, cluster_gpus=gpus) for c, s in chosen.items()]
+    return open_(path, lambda sw: sweep_launcher(sw, local, address), local=local, **options)
 
 
 def events(
@@ -302,54 +291,45 @@ def sweep(
     address: str | None = None,
     max_concurrent_runs: int | None = None,
     force: bool = False,
+    restart: bool = False,
     verbose: bool = False,
     quiet: bool = False,
 ) -> list[RunResult]:
-    """Run every run of a sweep file (finished ones are skipped unless ``force``) and return their
-    results, in the sweep's order. A run that fails is in the list with its status. It prints what
-    `fedray sweep` prints (a line as each run starts and ends); ``verbose``: every round of every
-    run too; ``quiet``: nothing."""
-    from dataclasses import replace
-
+    """Run every run of a sweep file (finished ones are skipped unless ``force``; ``restart``:
+    unfinished ones start over instead of going on from their checkpoints) and return their
+    results, in the sweep's order. A run that fails is in the list with its status. Errors in the
+    sweep file, a results folder that cannot be written and missing data are raised before anything
+    runs. It prints what `fedray sweep` prints (a line as each run starts and ends); ``verbose``:
+    every round of every run too; ``quiet``: nothing."""
     from fedray import progress
-    from fedray.sweeps.scheduler import run_sweep
-    from fedray.sweeps.sweep_file import load_sweep, plan
 
-    sw = load_sweep(path, sets, output=output, only=only, plugins=plugins)
-    sw, launcher, said = resolve_sweep_gpus(sw, local, address)
-    for line in [] if quiet else said:
-        print(line, flush=True)
-    try:
-        planned = plan(sw, force=force)
-    except BaseException:
-        if launcher is not None:
-            launcher.close()
-        raise
-    todo = [replace(p.run, restart=p.state == "finished") for p in planned if p.action == "run"]
-    if not todo and launcher is not None:
-        launcher.close()
-    if todo:
-        launcher = launcher or sweep_launcher(sw, local, address)
-        if not (local or quiet):
-            from actors.driver import unused_gpus
-
-            if said_gpus := unused_gpus(launcher.resources().get("GPU", 0), [r.config for r in todo]):
-                print(said_gpus, flush=True)
-        if not quiet:
-            from fedray.sweeps.scheduler import launch_units, packs_declined
-
-            for line in packs_declined(todo, launch_units(todo, launcher), launcher):
-                print(line, flush=True)
-        limit = sw.max_concurrent_runs if max_concurrent_runs is None else max_concurrent_runs
-        shown = progress.SweepProgress(len(todo), local, verbose)
-        evs = run_sweep(todo, launcher, limit)
-        try:
-            for ev in evs:
-                for line in [] if quiet else shown.lines(ev):
-                    print(line, flush=True)
-        finally:
-            evs.close()
-            close = getattr(launcher, "close", None)
-            if close is not None:
-                close()
-    return [result(r.config) for r in sw.runs]
+    session = open_sweep(
+        path,
+        sets=sets,
+        output=output,
+        only=only,
+        plugins=plugins,
+        local=local,
+        address=address,
+        force=force,
+        restart=restart,
+        max_concurrent_runs=max_concurrent_runs,
+    )
+    with session:
+        say = (lambda line: None) if quiet else (lambda line: print(line, flush=True))
+        for line in progress.sweep_auto_lines(session):
+            say(line)
+        if session.todo:
+            if said := session.unused_gpus():
+                say(said)
+            for line in session.packs_declined(session.units()[0]):
+                say(line)
+            shown = progress.SweepProgress(len(session.todo), local, verbose)
+            evs = session.run()
+            try:
+                for ev in evs:
+                    for line in shown.lines(ev):
+                        say(line)
+            finally:
+                evs.close()
+    return [result(r.config) for r in session.sweep.runs]

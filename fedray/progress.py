@@ -59,6 +59,17 @@ def auto_gpus_line(
     )
 
 
+def sweep_auto_lines(session: Any) -> list[str]:
+    """What ``num_gpus_per_actor: auto`` resolved to in a sweep (`fedray.sweeps.flow.SweepSession`):
+    one line in this process, else one a CPU count; none where nothing was auto."""
+    if not session.auto:
+        return []
+    if session.local:
+        return [auto_gpus_line(0.0, 0.0, local=True)]
+    gpus = session.launcher.cluster_gpus()
+    return [auto_gpus_line(share, cpus, cluster_gpus=gpus) for cpus, share in session.auto.items()]
+
+
 def duration(seconds: float) -> str:
     s = int(round(seconds))
     if s < 60:

@@ -12,7 +12,6 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 
 from fedray import progress
 from fedray.config.coercion import count
@@ -138,79 +137,79 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from fedray.api import resolve_sweep_gpus
+    from fedray.api import open_sweep
     from fedray.config.coercion import ConfigError
     from fedray.data import DatasetMissing
-    from fedray.storage.results import check_writable
-    from fedray.sweeps.sweep_file import load_sweep, plan
 
     try:
         if args.max_concurrent_runs is not None and args.max_concurrent_runs < 0:
             raise ConfigError(
                 f"--max-concurrent-runs must be >= 0 (0 = from resources), got {args.max_concurrent_runs}"
             )
-        sweep = load_sweep(args.config, args.sets, output=args.output, only=args.only, plugins=args.plugins)
-        check_writable(sweep.output, create=not args.dry_run)
-        # before run ids are read: they carry the GPU fraction auto resolves to on the cluster
-        sweep, launcher, said = resolve_sweep_gpus(sweep, args.local, args.address)
+        session = open_sweep(
+            args.config,
+            sets=args.sets,
+            output=args.output,
+            only=args.only,
+            plugins=args.plugins,
+            local=args.local,
+            address=args.address,
+            force=args.force,
+            restart=args.restart,
+            dry_run=args.dry_run,
+            max_concurrent_runs=args.max_concurrent_runs,
+        )
     except (ConfigError, DatasetMissing, OSError, ConnectionError) as e:
         print(f"fedray: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    for line in said:
-        print(line)
-    planned = plan(sweep, force=args.force)
-    # --force runs a finished run from the start; an unfinished one goes on from its checkpoint.
-    todo = [
-        replace(p.run, restart=args.restart or p.state == "finished") for p in planned if p.action == "run"
-    ]
-    counts: dict[str, int] = {}
-    for p in planned:
-        counts[p.state] = counts.get(p.state, 0) + 1
+    with session:
+        for line in progress.sweep_auto_lines(session):
+            print(line)
+        _print_plan(session, args.force)
+        if args.dry_run or not session.todo:
+            _print_dry_run(session)
+            return 0
+        return _execute_sweep(session, args)
+
+
+def _print_plan(session, force: bool) -> None:
+    sweep = session.sweep
     collapsed = f" ({sweep.collapsed} more identical to one of them, run once)" if sweep.collapsed else ""
     print(f"sweep {sweep.source}: {count(len(sweep.runs), 'run')}{collapsed}, results in {sweep.output}/")
     print(
         "  "
-        + ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
-        + f"; to run: {len(todo)}"
-        + ("" if args.force else " (finished runs are skipped; --force runs them again)")
+        + ", ".join(f"{n} {state}" for state, n in session.states().items())
+        + f"; to run: {len(session.todo)}"
+        + ("" if force else " (finished runs are skipped; --force runs them again)")
     )
-    if args.dry_run or not todo:
-        width = max(len(p.run.run_id) for p in planned)
-        print(f"  {'#':>3}  {'state':<11}  {'action':<6}  {'run id':<{width}}  settings")
-        for p in planned:
-            print(f"  {p.run.index:>3}  {p.state:<11}  {p.action:<6}  {p.run.run_id:<{width}}  {p.run.label}")
-        from fedray.sweeps.pack import pack_groups
-        from fedray.sweeps.scheduler import LocalLauncher, launch_units, packs_declined
-
-        # as the sweep would launch them: in-process, or where a launcher is connected already
-        # (num_gpus_per_actor auto); else as they would pack on Ray where this node can hold a pack
-        planner = LocalLauncher() if args.local else launcher
-        units = pack_groups([r.config for r in todo]) if planner is None else launch_units(todo, planner)
-        packs = [u for u in units if len(u) > 1]
-        if packs:
-            listed = "; ".join(" ".join(f"#{todo[i].index}" for i in u) for u in packs)
-            where = " (on Ray: where this node can hold a pack)" if planner is None else ""
-            print(f"  packed (pack_runs), each pack in one worker{where}: {listed}")
-        for line in [] if planner is None else packs_declined(todo, units, planner):
-            print(f"  {line}")
-        if launcher is not None:
-            launcher.close()
-        return 0
-    return _execute_sweep(sweep, todo, args, skipped=len(planned) - len(todo), launcher=launcher)
 
 
-def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int, launcher=None) -> int:
-    from fedray.api import sweep_launcher
-    from fedray.sweeps.scheduler import run_sweep
+def _print_dry_run(session) -> None:
+    """Every run of the sweep, its state and what the sweep does with it, and its packs."""
+    planned, todo = session.planned, session.todo
+    width = max(len(p.run.run_id) for p in planned)
+    print(f"  {'#':>3}  {'state':<11}  {'action':<6}  {'run id':<{width}}  settings")
+    for p in planned:
+        print(f"  {p.run.index:>3}  {p.state:<11}  {p.action:<6}  {p.run.run_id:<{width}}  {p.run.label}")
+    # as the sweep would launch them: in-process, or where a launcher is connected already
+    # (num_gpus_per_actor auto); else as they would pack on Ray where this node can hold a pack
+    units, asked = session.units(ask=False)
+    packs = [u for u in units if len(u) > 1]
+    if packs:
+        listed = "; ".join(" ".join(f"#{todo[i].index}" for i in u) for u in packs)
+        where = "" if asked else " (on Ray: where this node can hold a pack)"
+        print(f"  packed (pack_runs), each pack in one worker{where}: {listed}")
+    for line in session.packs_declined(units) if asked else []:
+        print(f"  {line}")
 
-    if launcher is None:
-        try:
-            launcher = sweep_launcher(sweep, args.local, args.address)
-        except ConnectionError as e:
-            print(f"fedray: error: {e}", file=sys.stderr)
-            return EXIT_USAGE
-    limit = sweep.max_concurrent_runs if args.max_concurrent_runs is None else args.max_concurrent_runs
-    res = launcher.resources()
+
+def _execute_sweep(session, args: argparse.Namespace) -> int:
+    try:
+        res = session.launcher.resources()
+    except ConnectionError as e:
+        print(f"fedray: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    todo, limit = session.todo, session.max_concurrent_runs
     where = (
         "in-process, one at a time"
         if args.local
@@ -224,22 +223,17 @@ def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int, launcher
             )
         )
     )
-    from fedray.sweeps.scheduler import launch_units, packs_declined
-
-    units = launch_units(todo, launcher)  # as the sweep launches them: where this node can hold a pack
+    units, _ = session.units()  # as the sweep launches them: where this node can hold a pack
     packed = [u for u in units if len(u) > 1]
     if packed:
         where += f"; {sum(map(len, packed))} of them in {count(len(packed), 'pack')} (pack_runs)"
     print(f"running {count(len(todo), 'run')} {where}", flush=True)
-    for line in packs_declined(todo, units, launcher):
+    for line in session.packs_declined(units):
         print(f"  {line}", flush=True)
-    if not args.local:
-        from actors.driver import unused_gpus
-
-        if said := unused_gpus(res.get("GPU", 0), [r.config for r in todo]):
-            print(f"  {said}", flush=True)
+    if said := session.unused_gpus():
+        print(f"  {said}", flush=True)
     shown = progress.SweepProgress(len(todo), args.local, args.verbose)
-    events = run_sweep(todo, launcher, limit)
+    events = session.run()
     try:
         for ev in events:
             lines = shown.lines(ev)  # read either way: it counts the runs ended and in flight
@@ -253,18 +247,14 @@ def _execute_sweep(sweep, todo, args: argparse.Namespace, skipped: int, launcher
             file=sys.stderr,
         )
         return 130
-    finally:
-        close = getattr(launcher, "close", None)
-        if close is not None:
-            close()
     failed = [e for e in shown.ended if not e.ok]
     print(
         f"sweep done in {progress.duration(time.perf_counter() - shown.t0)}: {len(shown.ended) - len(failed)} finished, "
-        f"{len(failed)} failed, {skipped} skipped"
+        f"{len(failed)} failed, {session.skipped} skipped"
     )
     for e in failed:
         print(f"  FAILED #{e.run.index} {e.run.label} ({e.run.run_id}): {type(e.error).__name__}: {e.error}")
-    print(f"results: {sweep.output}/  (fedray report {sweep.output})")
+    print(f"results: {session.sweep.output}/  (fedray report {session.sweep.output})")
     return EXIT_FAILED if failed else 0
 
 

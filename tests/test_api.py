@@ -61,6 +61,45 @@ def test_sweep_returns_every_runs_results(tmp_path, capsys):
     assert "#1 start" in out and "#2 done   [2/2]" in out
 
 
+def test_sweep_restart_and_an_unwritable_output_folder_behave_as_fedray_sweep_does(tmp_path, capsys):
+    # one sweep flow serves both (fedray.sweeps.flow): fedray.sweep had no restart, and never
+    # checked its results folder before the runs (each then failed to record itself)
+    from fedray.experiment.loop import RoundDone, execute
+    from fedray.federation.local import make_local_federation
+    from fedray.sweeps.sweep_file import load_sweep
+    from jobs.cli import main
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text("dataset: digits\nrounds: 3\ncheckpoint_every: 1\nnum_clients: 4\nseeds: [0]\n")
+
+    def stopped_after_round_2(output: str) -> None:  # stopped as Ctrl-C stops it, its checkpoint kept
+        (run,) = load_sweep(path, output=output).runs
+        events = execute(run.config, make_local_federation)
+        next(ev for ev in events if isinstance(ev, RoundDone) and ev.round == 2)
+        events.close()
+
+    def events_of(result) -> list[str]:
+        return [e["event"] for e in result.summary.get("events", [])]
+
+    api, cli, resumed = (str(tmp_path / name) for name in ("api", "cli", "resumed"))
+    for output in (api, cli, resumed):
+        stopped_after_round_2(output)
+    (goes_on,) = fedray.sweep(path, local=True, output=resumed, quiet=True)
+    assert events_of(goes_on) == ["interrupted", "resumed"]  # without restart: from its checkpoint
+    (restarted,) = fedray.sweep(path, local=True, output=api, restart=True, quiet=True)
+    assert main(["sweep", str(path), "--local", "--output", cli, "--restart"]) == 0
+    (by_cli,) = fedray.sweep(path, local=True, output=cli, quiet=True)  # found finished: read back
+    assert restarted.status == by_cli.status == "finished"
+    assert events_of(restarted) == events_of(by_cli) == []  # started over: nothing of the stopped attempt
+    assert restarted.final_accuracy == by_cli.final_accuracy == goes_on.final_accuracy
+    capsys.readouterr()
+    unwritable = "/proc/fedray-cannot-write-here"
+    with pytest.raises(OSError, match="config key 'output': cannot write results to '/proc/fedray-cannot"):
+        fedray.sweep(path, local=True, output=unwritable, quiet=True)
+    assert main(["sweep", str(path), "--local", "--output", unwritable]) == 2
+    assert "config key 'output': cannot write results to '/proc/fedray-cannot" in capsys.readouterr().err
+
+
 def test_num_gpus_per_actor_auto_is_resolved_where_the_run_goes_and_said(tmp_path, capsys):
     import yaml
 

@@ -10,6 +10,7 @@ import heapq
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 _EPS = 1e-9  # 0.1 * 10 is 0.9999999999999999 in floating point
 
@@ -151,3 +152,14 @@ def plan_launches(
         if k >= 1:
             take(i, min(-(-slots // k), need.num_clients))
     return sorted(out)
+
+
+def unused_gpus(gpus: float, configs: Sequence[Any]) -> str | None:
+    """What a run or sweep (``configs``) says where some of it asks for no GPU on a cluster with
+    ``gpus``; None where there is nothing to say."""
+    if gpus <= 0 or all(c.num_gpus_per_actor != 0 for c in configs):
+        return None
+    return (
+        f"the Ray cluster has {gpus:g} GPU(s) and num_gpus_per_actor is 0: client actors train on CPUs "
+        "(num_gpus_per_actor: auto shares the GPUs between them)"
+    )

@@ -7,7 +7,7 @@ how the runs launch (packs, packs declined, GPUs left unused), runs them, and cl
 when it is closed itself (a ``with`` block). The callers keep what is theirs: the command line its
 arguments, printing and exit codes; the Python API its printing and return values.
 
-The launcher comes from ``connect``, given by the caller (`fedray.api.sweep_launcher`: in this
+The launcher comes from ``connect(sweep)``, given by the caller (`fedray.api.open_sweep`: in this
 process, or on Ray), so nothing here imports Ray.
 """
 
@@ -36,14 +36,14 @@ class SweepSession:
     auto: dict[float, float]  # num_gpus_per_actor auto: CPUs an actor -> the GPU share chosen
     local: bool  # the runs go in this process, one at a time
     max_concurrent_runs: int
-    connect: Callable[[], Launcher]
+    connect: Callable[[Sweep], Launcher]  # where the sweep's runs go
     _launcher: Launcher | None = field(default=None, repr=False)
 
     @property
     def launcher(self) -> Launcher:
         """Where the runs go, connected on first use."""
         if self._launcher is None:
-            self._launcher = self.connect()
+            self._launcher = self.connect(self.sweep)
         return self._launcher
 
     @property
@@ -98,7 +98,7 @@ class SweepSession:
 
 def open_sweep(
     path: str | Path,
-    connect: Callable[[], Launcher],
+    connect: Callable[[Sweep], Launcher],
     *,
     sets: Iterable[str] = (),
     output: str | None = None,
@@ -116,16 +116,14 @@ def open_sweep(
     start unfinished runs over instead of going on from their checkpoints; ``dry_run``: nothing is
     written (the results folder is not made). ``max_concurrent_runs``: None takes the sweep's own."""
     if max_concurrent_runs is not None and max_concurrent_runs < 0:
-        raise ConfigError(
-            f"max_concurrent_runs must be >= 0 (0 = from resources), got {max_concurrent_runs}"
-        )
+        raise ConfigError(f"max_concurrent_runs must be >= 0 (0 = from resources), got {max_concurrent_runs}")
     sweep = load_sweep(path, sets, output=output, only=only, plugins=plugins)
     check_writable(sweep.output, create=not dry_run)
     launcher = None
     auto: dict[float, float] = {}
     try:
         if sweep.gpus_auto:  # before run ids are read: they carry the share auto resolves to
-            launcher = connect()
+            launcher = connect(sweep)
             sweep, auto = sweep.with_gpus(launcher.auto_gpus)
         planned = plan(sweep, force=force)
     except BaseException:

@@ -21,7 +21,12 @@ from fedray.sweeps.sweep_file import SweepRun
 
 
 class Launcher(Protocol):
-    """Where the runs of a sweep execute (Ray, or in-process one at a time)."""
+    """Where the runs of a sweep execute (Ray, `actors.sweep.RayLauncher`; or in this process one at
+    a time, `LocalLauncher`): every method the sweep flow (`fedray.sweeps.flow`) and `run_sweep` call."""
+
+    # the runs go one at a time in the calling thread (no worker threads), so Ctrl-C lands inside
+    # the run, which records itself interrupted
+    inline: bool
 
     def resources(self) -> dict[str, float]:
         """Total CPUs/GPUs of the cluster (read again at every scheduling step: nodes may join)."""
@@ -33,16 +38,35 @@ class Launcher(Protocol):
     def need(self, cfg: Config) -> Need:
         """What one run asks for."""
 
+    def auto_gpus(self, cpus_per_actor: float) -> float:
+        """What ``num_gpus_per_actor: auto`` resolves to here for actors of ``cpus_per_actor`` CPUs."""
+
+    def cluster_gpus(self) -> float:
+        """The GPUs where the runs go (what the line that says what auto chose reads)."""
+
+    def prepare(self, run: SweepRun, actors: int) -> None:
+        """Called as a run is launched, in the scheduler's thread, before its own thread starts: it
+        takes what the run is to start with (idle actors a finished run left)."""
+
     def launch(self, run: SweepRun, actors: int) -> Iterator[Event]:
         """Run it with ``actors`` client actors and yield its events (called in a worker thread)."""
+
+    def pack_refusal(self, cfg: Config) -> str | None:
+        """Why this launcher cannot hold a pack of runs of ``cfg`` (`fedray.sweeps.pack`): pack_runs
+        auto then runs them alone (`launch_units`); None where it can."""
+
+    def launch_pack(self, runs: Sequence[SweepRun]) -> Iterator[tuple[int, Any]]:
+        """A pack's runs in one worker: ``(k, event)`` of run ``runs[k]``, and a `fedray.sweeps.pack.Ended`
+        as each ends."""
+
+    def no_more_runs(self) -> None:
+        """Every run is launched: what is kept for later runs (idle actors) goes back."""
 
     def cancel(self) -> None:
         """Stop every run in flight (Ctrl-C)."""
 
-    # A launcher that runs packs (`fedray.sweeps.pack`) also has
-    # ``launch_pack(runs) -> Iterator[(k, Event | fedray.sweeps.pack.Ended)]``: the runs in one worker; and
-    # may have ``pack_refusal(cfg) -> str | None``: why it cannot hold a pack of such runs (pack_runs
-    # auto then runs them alone, `launch_units`), None where it can.
+    def close(self) -> None:
+        """Give back everything held (a Ray started for the sweep is stopped)."""
 
 
 class LocalLauncher:
@@ -62,6 +86,16 @@ class LocalLauncher:
 
     def need(self, cfg: Config) -> Need:
         return Need(cpus=1.0, gpus=0.0, num_actors=1, num_clients=cfg.num_clients)
+
+    def auto_gpus(self, cpus_per_actor: float) -> float:
+        """In this process client training is on the CPU."""
+        return 0.0
+
+    def cluster_gpus(self) -> float:
+        return 0.0
+
+    def prepare(self, run: SweepRun, actors: int) -> None:
+        """Nothing is held between runs here."""
 
     def launch(self, run: SweepRun, actors: int) -> Iterator[Event]:
         from fedray.experiment.loop import execute
@@ -86,8 +120,14 @@ class LocalLauncher:
 
         return execute_pack([r.config for r in runs], make_local_federation, [r.restart for r in runs])
 
+    def no_more_runs(self) -> None:
+        """Nothing is kept for later runs."""
+
     def cancel(self) -> None:
         """Nothing runs elsewhere: the run in flight was stopped by the interrupt itself."""
+
+    def close(self) -> None:
+        """Nothing to give back."""
 
 
 @dataclass
@@ -200,7 +240,7 @@ def run_sweep(
     if auto := [r.index for r in runs if r.config.gpus_auto]:  # run ids depend on where they go
         raise ValueError(
             f"runs {auto} have num_gpus_per_actor auto: resolve it on the cluster first "
-            "(fedray.api.resolve_sweep_gpus)"
+            "(fedray.sweeps.flow.open_sweep)"
         )
     events: queue.Queue[SweepEvent | _UnitDone] = queue.Queue()
     # launch units: a run, or the runs of a pack (pack_runs, `fedray.sweeps.pack.pack_groups`), which go
@@ -208,7 +248,7 @@ def run_sweep(
     pending = [[runs[i] for i in unit] for unit in launch_units(runs, launcher)]
     running: dict[int, tuple[float, float]] = {}  # unit key (its first run's index) -> (CPUs, GPUs)
     threads: list[threading.Thread] = []
-    inline = getattr(launcher, "inline", False)
+    inline = launcher.inline
     waiting = False
 
     def need(unit: list[SweepRun]) -> Need:
@@ -248,8 +288,10 @@ def run_sweep(
                 for i, actors in launches:
                     unit = pending[i]
                     running[unit[0].index] = needs[i].resources(actors)
-                    if len(unit) == 1 and (prepare := getattr(launcher, "prepare", None)) is not None:
-                        prepare(unit[0], actors)  # takes what the run is to start with, in this thread
+                    if len(unit) == 1:
+                        launcher.prepare(
+                            unit[0], actors
+                        )  # takes what the run is to start with, in this thread
                     for run in unit:
                         yield RunLaunched(run, actors, len(unit) if len(unit) > 1 else 0)
                     if inline:
@@ -265,8 +307,8 @@ def run_sweep(
                         t.start()
                         threads.append(t)
                 pending = [u for i, u in enumerate(pending) if i not in started]
-                if not pending and (last := getattr(launcher, "no_more_runs", None)) is not None:
-                    last()  # idle actors kept for later runs (actors/sweep.py) go back to the cluster
+                if not pending:
+                    launcher.no_more_runs()  # idle actors kept for later runs (actors/sweep.py) go back
             if running or waiting:
                 try:
                     ev = events.get(timeout=poll_s)
@@ -286,15 +328,10 @@ def run_sweep(
 
 def launch_units(runs: Sequence[SweepRun], launcher: Launcher) -> list[list[int]]:
     """The runs' launch units (`fedray.sweeps.pack.pack_groups`), as `run_sweep` launches them on
-    ``launcher``: where it refuses a pack of auto runs (``pack_refusal``), they go alone; a launcher
-    that cannot run packs runs every run alone."""
+    ``launcher``: where it refuses a pack of auto runs (``pack_refusal``), they go alone."""
     from fedray.sweeps.pack import pack_groups
 
-    if getattr(launcher, "launch_pack", None) is None:
-        return [[i] for i in range(len(runs))]
-    refusal = getattr(launcher, "pack_refusal", None)
-    holds = None if refusal is None else (lambda cfg: refusal(cfg) is None)
-    return pack_groups([r.config for r in runs], holds)
+    return pack_groups([r.config for r in runs], lambda cfg: launcher.pack_refusal(cfg) is None)
 
 
 def packs_declined(runs: Sequence[SweepRun], units: list[list[int]], launcher: Launcher) -> list[str]:
@@ -303,14 +340,11 @@ def packs_declined(runs: Sequence[SweepRun], units: list[list[int]], launcher: L
     reason keeps alone."""
     from fedray.sweeps.pack import pack_groups
 
-    refusal = getattr(launcher, "pack_refusal", None)
     counts: dict[str, int] = {}
-    if refusal is None:
-        return []
     alone = {u[0] for u in units if len(u) == 1}
     for unit in pack_groups([r.config for r in runs]):  # as they would pack on a launcher that holds any
         for i in unit if len(unit) > 1 else ():
-            if i in alone and (reason := refusal(runs[i].config)):
+            if i in alone and (reason := launcher.pack_refusal(runs[i].config)):
                 counts[reason] = counts.get(reason, 0) + 1
     return [
         f"pack_runs auto: {n} run{'s go' if n > 1 else ' goes'} alone: {why}" for why, n in counts.items()

@@ -332,7 +332,7 @@ def load_sweep(
                 raise SweepError(f"--only {k}: unknown config key{suggest(k, keys)}")
         runs = [r for r in runs if all(resolved[r.index].get(k, object()) == v for k, v in wanted.items())]
         if not runs and not problems:
-            # a run's auto is resolved only where it goes (`fedray.api.resolve_sweep_gpus`), so
+            # a run's auto is resolved only where it goes (`fedray.sweeps.flow.open_sweep`), so
             # --only sees the word, not the share it becomes: say so where the word would match
             as_auto = {**wanted, "num_gpus_per_actor": "auto"}
             auto = wanted.get("num_gpus_per_actor", "auto") != "auto" and any(
