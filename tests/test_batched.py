@@ -13,7 +13,7 @@ import torch
 from analysis import load_runs
 from fedray.config.coercion import ConfigError
 from fedray.data import ArrayDataset, ClientIndices, DataSpec
-from fedray.engine import batched
+from fedray.engine import batched, choice
 from fedray.engine.client import Task
 from fedray.engine.train import optimizer_state, sgd, train_update
 from fedray.engine.update import Evaluation, Frozen, LocalUpdate, Step, cross_entropy, proximal
@@ -173,7 +173,7 @@ def test_updates_of_clients_with_their_own_learning_rates_train_in_one_stack(fix
         starts = _starts(h, len(h.client_ids))
         clients += [h.client(c) for c in h.client_ids]
         updates += _updates(h, case, starts, 3)
-    assert batched.stack_key(hosts[0].task) == batched.stack_key(hosts[1].task)
+    assert choice.stack_key(hosts[0].task) == choice.stack_key(hosts[1].task)
     got = batched.train_stacked(clients, updates, fixed=fixed)
     for client, update, trained in zip(clients, updates, got, strict=True):
         alone = train_update(client, update)
@@ -604,13 +604,48 @@ def test_auto_trains_one_client_at_a_time_on_the_cpu_and_on_means_on(tmp_path):
         dataclasses.replace(host.task, batched_clients="on"), host._data, host._indices
     ).trains_batched()
     assert cfg.batched_clients == "auto"
-    model = host.task.build_model()
-    assert batched.enabled("auto", torch.device("cuda"), model)  # a GPU and a model it can do
-    assert not batched.enabled("off", torch.device("cuda"), model)
+    model = host.task.build_model
+    assert choice.choose("auto", "cuda", model).stacked  # a GPU and a model it can do
+    assert not choice.choose("off", "cuda", model).stacked
     from fedray.models import build_model
 
-    resnet = build_model("resnet18", (3, 32, 32), 10)
-    assert not batched.enabled("auto", torch.device("cuda"), resnet)  # BatchNorm: per client instead
+    resnet = lambda: build_model("resnet18", (3, 32, 32), 10)  # noqa: E731
+    assert not choice.choose("auto", "cuda", resnet).stacked  # BatchNorm: per client instead
+
+
+def test_one_place_decides_the_engine_and_says_why():
+    # the host, the config's checks, packing and the in-process launcher all ask fedray.engine.choice
+    from fedray.models import build_model
+
+    built = []
+    mlp = lambda: built.append("mlp") or build_model("mlp", (1, 8, 8), 10)  # noqa: E731
+    resnet = lambda: build_model("resnet18", (3, 32, 32), 10)  # noqa: E731
+    off, cpu = choice.choose("off", "cuda", mlp), choice.choose("auto", "cpu", mlp)
+    assert (off.stacked, off.required, off.why) == (False, False, "batched_clients is off")
+    assert (cpu.stacked, cpu.why) == (False, "on the CPU, batched_clients auto trains one client at a time")
+    assert not built  # the model is built only where the answer depends on it
+    gpu, on = choice.choose("auto", "cuda", mlp), choice.choose("on", "cpu", mlp)
+    assert (gpu.stacked, gpu.required, on.stacked, on.required) == (True, False, True, True)
+    bn = choice.choose("on", "cuda", resnet)
+    assert not bn.stacked and bn.required and "BatchNorm2d" in bn.model_refusal and bn.model_refusal in bn.why
+    with pytest.raises(ValueError, match="batched_clients must be one of off, on, auto, got 'yes'"):
+        choice.choose("yes", "cpu", mlp)
+
+
+def test_the_settings_a_stack_shares_are_declared_once_and_key_stacks_and_packs():
+    from fedray.config.keys import Config
+    from fedray.sweeps.pack import PACK_KEYS
+
+    task_fields = {f.name for f in dataclasses.fields(Task)}
+    config_keys = {f.name for f in dataclasses.fields(Config)}
+    assert set(choice.STACK_SETTINGS) <= task_fields & config_keys & set(PACK_KEYS)
+    task = _host().task
+    assert choice.stack_key(task) == (*(getattr(task, k) for k in choice.STACK_SETTINGS), task.spec.augment)
+    for name in choice.STACK_SETTINGS:  # each one splits a stack
+        changed = dataclasses.replace(
+            task, **{name: not getattr(task, name) if name == "channels_last" else 7}
+        )
+        assert choice.stack_key(changed) != choice.stack_key(task), name
 
 
 def test_batched_on_ray_gives_the_per_client_numbers(ray_session, tmp_path):
@@ -699,7 +734,7 @@ def test_a_function_that_trains_by_itself_is_named_under_on_and_runs_per_client_
     ):
         _on_host("on").run_groups(_trains_by_itself, [([0, 1], msg)])
     auto = _on_host("auto")
-    auto._batched = True  # as on a GPU
+    auto._engine = choice.Engine(True, False, "batched_clients auto on a GPU")  # as on a GPU
     got = [r for r, _ in auto.run_groups(_trains_by_itself, [([0, 1], msg)])]
     again = [r for r, _ in auto.run_groups(_trains_by_itself, [([0, 1], msg)])]
     alone = [r for r, _ in _on_host("off").run_groups(_trains_by_itself, [([0, 1], msg)])]

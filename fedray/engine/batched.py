@@ -22,9 +22,8 @@ value that is the same object for every update of a stack (the global model MOON
 with) is shared, not copied per row.
 
 Models whose training mutates buffers or draws randomness (BatchNorm's running statistics,
-dropout) are refused by `refusal`: `batched_clients: on` names the layer, `auto` falls back to the
-per-client engine. The config key `batched_clients` (off | on | auto; auto: on where the clients run
-on a GPU) decides which engine a host uses.
+dropout) cannot be stacked: which engine a host uses (config key `batched_clients`) is decided in
+`fedray.engine.choice`.
 """
 
 from __future__ import annotations
@@ -45,8 +44,6 @@ from torch.utils._pytree import tree_leaves, tree_map
 from fedray.engine.client import Client, num_steps
 from fedray.engine.train import TrainStats
 from fedray.engine.update import Batch, Frozen, LocalUpdate, Trained
-
-MODES = ("off", "on", "auto")
 
 # How a stack computes a convolution: "grouped", vmap's own batching of the module's (one grouped
 # convolution of the stack's models, which cuDNN runs a kernel a group), or "im2col", every model's
@@ -122,32 +119,6 @@ def conv_mode() -> Any:
     return _Im2col() if STACKED_CONV == "im2col" else contextlib.nullcontext()
 
 
-def refusal(model: nn.Module) -> str | None:
-    """Why ``model`` cannot train batched (a layer whose training step mutates buffers or draws
-    random numbers), or None."""
-    for name, m in model.named_modules():
-        if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats:
-            return f"layer {name!r} is {type(m).__name__}, whose running statistics each client updates"
-        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
-            return f"layer {name!r} is {type(m).__name__}, whose random masks each client draws"
-    return None
-
-
-def enabled(mode: str, device: torch.device, model: nn.Module) -> bool:
-    """Whether a host on ``device`` trains batched under ``batched_clients: mode``."""
-    if mode == "off":
-        return False
-    if mode == "auto":
-        return device.type == "cuda" and refusal(model) is None
-    return True  # "on": validated before the run starts (validation refuses a model it cannot do)
-
-
-def trains_batched(task: Any, device: torch.device) -> bool:
-    """Whether a worker of ``task`` on ``device`` trains batched (config key batched_clients, with
-    the task's model): what `ClientHost` decides once."""
-    return enabled(task.batched_clients, device, task.build_model())
-
-
 class View:
     """A module called with given tensors for its parameters and buffers (`functional_call`): the
     stacked engine's stand-in for the module an objective gets, one row of the stack under vmap.
@@ -219,20 +190,6 @@ def signature(update: LocalUpdate) -> Any:
         None if update.correction is None else tuple(update.correction),
         None if update.inputs is None else update.inputs.shape[1:],
         update.drop_last,
-    )
-
-
-def stack_key(task: Any) -> Any:
-    """What `train_stacked` reads from its clients' task, but the learning rate (a stack's rows may
-    each have their own): updates whose clients' tasks differ here (the runs of a pack with
-    different momenta, `fedray.sweeps.pack`) train in different stacks."""
-    return (
-        task.batch_size,
-        task.momentum,
-        task.weight_decay,
-        task.local_epochs,
-        task.spec.augment,
-        task.channels_last,
     )
 
 

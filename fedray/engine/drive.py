@@ -30,6 +30,7 @@ import numpy as np
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from fedray.engine import batched
+from fedray.engine.choice import stack_key
 from fedray.engine.client import Client, ClientError
 from fedray.engine.train import EvalStats, evaluate_requests, train_update
 from fedray.engine.update import Evaluation, LocalUpdate, Request, Trained, requests
@@ -96,11 +97,11 @@ class Unstackable(RuntimeError):
 
 
 class _Watched(threading.local):
-    """(function name, mode) of the plain client functions running in this thread, innermost last
+    """(function name, stacking required) of the plain client functions running in this thread, innermost last
     (a thread's own: the runs of a pack each run in a thread, `fedray.sweeps.pack`)."""
 
     def __init__(self) -> None:
-        self.stack: list[tuple[str, str]] = []
+        self.stack: list[tuple[str, bool | None]] = []  # None: said already
 
 
 _watched = _Watched()
@@ -111,8 +112,10 @@ _hooked = False
 def _step_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
     if not _watched.stack:
         return
-    name, mode = _watched.stack[-1]
-    if mode == "on":
+    name, required = _watched.stack[-1]
+    if required is None:
+        return
+    if required:
         raise Unstackable(
             f"client function {name} trains a model itself (an optimizer step inside it), so "
             "batched_clients: on cannot stack its clients; yield a fedray.LocalUpdate where it trains "
@@ -126,17 +129,18 @@ def _step_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
             file=sys.stderr,
             flush=True,
         )
-    _watched.stack[-1] = (name, "said")
+    _watched.stack[-1] = (name, None)
 
 
 @contextmanager
-def _watching(fn: Callable, mode: str) -> Iterator[None]:
-    """Notice an optimizer step taken while ``fn`` (a plain client function) runs."""
+def _watching(fn: Callable, required: bool) -> Iterator[None]:
+    """Notice an optimizer step taken while ``fn`` (a plain client function) runs: an error where
+    stacking is ``required`` (batched_clients on), else said once a function."""
     global _hooked
     if not _hooked:
         register_optimizer_step_pre_hook(_step_hook)
         _hooked = True
-    _watched.stack.append((fn_name(fn), mode))
+    _watched.stack.append((fn_name(fn), required))
     try:
         yield
     finally:
@@ -148,15 +152,16 @@ def run_stacked(
     clients: Sequence[Client],
     cstates: Sequence[Any],
     msgs: Sequence[Any],
-    mode: str = "on",
+    required: bool = True,
 ) -> tuple[list[tuple[Any, Any]], list[bool]]:
     """``fn`` on every client at once: each is advanced to its next yield, then everything yielded
-    trains, updates of one `fedray.engine.batched.signature` and one `fedray.engine.batched.stack_key` in one
+    trains, updates of one `fedray.engine.batched.signature` and one `fedray.engine.choice.stack_key` in one
     stack (an update alone in its shape by the per-client engine), every evaluation in one call
     (`fedray.engine.train.evaluate_requests`), and the results go back; until every client has returned.
     ``fn`` may be one function a client (the calls of several runs packed together,
-    `fedray.sweeps.pack`). Returns the ``(reply, new_cstate)`` of each client and whether its training ran
-    stacked."""
+    `fedray.sweeps.pack`). ``required`` (batched_clients on, `fedray.engine.choice.Engine`): a client
+    function that trains by itself is an error; else it is said once and its clients train one at a
+    time. Returns the ``(reply, new_cstate)`` of each client and whether its training ran stacked."""
     n = len(clients)
     fns = list(fn) if isinstance(fn, Sequence) else [fn] * n
     results: list[Any] = [None] * n
@@ -164,7 +169,7 @@ def run_stacked(
     gens: dict[int, Any] = {}
     for i, (client, cstate, msg) in enumerate(zip(clients, cstates, msgs, strict=True)):
         try:
-            with _watching(fns[i], mode):
+            with _watching(fns[i], required):
                 out = fns[i](client, cstate, msg)
         except Exception as e:  # noqa: BLE001 - re-raised with the client id attached
             raise _failed(client.cid, e) from e
@@ -180,7 +185,7 @@ def run_stacked(
         asked: dict[int, tuple[Any, list[Request]]] = {}
         for i, gen in list(gens.items()):
             try:
-                with _watching(fns[i], mode):
+                with _watching(fns[i], required):
                     yielded = gen.send(answers[i])
                 asked[i] = (yielded, requests(yielded, clients[i].task.drop_last))
             except StopIteration as stop:
@@ -200,7 +205,7 @@ def run_stacked(
                 if isinstance(u, Evaluation):
                     evals.append((i, j))
                 else:
-                    key = (batched.signature(u), batched.stack_key(clients[i].task))
+                    key = (batched.signature(u), stack_key(clients[i].task))
                     shapes.setdefault(key, []).append((i, j))
                     draw[(i, j)] = next(draws[i])
         trained: dict[tuple[int, int], Answer] = {}

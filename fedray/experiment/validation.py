@@ -42,7 +42,7 @@ from fedray.config.plugins import PluginError, activate, describe, origin, resol
 from fedray.data import DATASETS, PARTITIONS, dataset_info, partition_keys
 from fedray.data.partitions import readers
 from fedray.data.shift import SHIFTS
-from fedray.engine.batched import MODES, refusal
+from fedray.engine.choice import MODES, for_config
 from fedray.models import MODELS, SELF_NORMALIZING, build_model
 from fedray.storage.export import initial_params
 
@@ -363,19 +363,18 @@ def validate(cfg: Config) -> None:
     problem = MODELS[cfg.model].incompatibility(info.input_shape)
     if problem:
         raise ConfigError(f"config key 'model': {cfg.model} cannot take {cfg.dataset} inputs: {problem}")
-    if cfg.batched_clients == "on":
-        why = refusal(
-            build_model(cfg.model, tuple(info.input_shape), info.num_classes, head_bias=cfg.head_bias)
-        )
+    # per client or stacked, where the run's clients train: what on asks for must be possible
+    engine = for_config(cfg) if "on" in (cfg.batched_clients, cfg.pack_runs) else None
+    if engine is not None and cfg.batched_clients == "on":
         _check(
-            why is None,
+            engine.stacked,
             "batched_clients",
-            f"on: model {cfg.model} cannot train batched: {why}; use batched_clients: off, or auto "
-            "(which trains such a model one client at a time)",
+            f"on: model {cfg.model} cannot train batched: {engine.model_refusal}; use batched_clients: off, "
+            "or auto (which trains such a model one client at a time)",
         )
-    if cfg.pack_runs == "on":  # a pack trains its runs' clients in one stack: batched training
+    if engine is not None and cfg.pack_runs == "on":  # a pack trains its runs' clients in one stack
         _check(
-            cfg.batched_clients == "on" or (cfg.batched_clients == "auto" and cfg.num_gpus_per_actor != 0),
+            engine.stacked or engine.model_refusal is not None,
             "pack_runs",
             f"on stacks the runs' clients together, which needs batched training, and batched_clients "
             f"is {cfg.batched_clients}"
@@ -386,13 +385,11 @@ def validate(cfg: Config) -> None:
             )
             + ": set batched_clients: on, or pack_runs: off",
         )
-        why = refusal(
-            build_model(cfg.model, tuple(info.input_shape), info.num_classes, head_bias=cfg.head_bias)
-        )
         _check(
-            why is None,
+            engine.model_refusal is None,
             "pack_runs",
-            f"on: model {cfg.model} cannot train batched ({why}), so its runs cannot be stacked; use pack_runs: off",
+            f"on: model {cfg.model} cannot train batched ({engine.model_refusal}), so its runs cannot be "
+            "stacked; use pack_runs: off",
         )
     if cfg.init_model:  # the file exists and holds a model of this run's architecture
         try:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from fedray.data import ArrayDataset, ClientIndices, SourcedClients
-from fedray.engine import batched, drive
+from fedray.engine import choice, drive
 from fedray.engine.client import Client, Task, share_device_memory
 from fedray.federation import TEST_SHARD, ClientError, ClientFn
 from fedray.federation.client_states import ClientStates
@@ -107,7 +107,7 @@ class ClientHost:
         self._made_bytes = 0
         self._state = ClientStates(task.client_state_memory_mb, cpus)
         self._model_cache: dict = {}
-        self._batched: bool | None = None  # batched client training here (decided on first use)
+        self._engine: choice.Engine | None = None  # the engine it trains with (decided on first use)
         # the pack this host's run trains in (`fedray.sweeps.pack.Packer`): its stacked calls go through it
         self.packer: Any = None
         self.packed_calls = 0  # client calls stacked with another run's clients (in a pack)
@@ -179,10 +179,11 @@ class ClientHost:
         prepared = [self._prepared(cid) for cid, _ in pairs]
         t0 = time.perf_counter()
         args = (fn, [c for c, _ in prepared], [s for _, s in prepared], [m for _, m in pairs])
+        required = self.engine().required
         if self.packer is None:
-            results, stacked = drive.run_stacked(*args, self.task.batched_clients)
+            results, stacked = drive.run_stacked(*args, required)
         else:
-            results, stacked, packed = self.packer.run_stacked(*args, self.task.batched_clients)
+            results, stacked, packed = self.packer.run_stacked(*args, required)
             self.packed_calls += sum(stacked) if packed else 0
         seconds = (time.perf_counter() - t0) / max(1, len(pairs))  # the call's time, shared out
         out = []
@@ -215,11 +216,16 @@ class ClientHost:
         if self.device.type == "cuda":
             share_device_memory(self._model_cache, self.device, packer.size)
 
+    def engine(self) -> choice.Engine:
+        """The engine this host trains its clients with (config key batched_clients, on its device,
+        with the task's model): decided once."""
+        if self._engine is None:
+            self._engine = choice.choose(self.task.batched_clients, self.device.type, self.task.build_model)
+        return self._engine
+
     def trains_batched(self) -> bool:
-        """Whether this host runs batched client functions (config key batched_clients)."""
-        if self._batched is None:
-            self._batched = batched.trains_batched(self.task, self.device)
-        return self._batched
+        """Whether this host runs batched client functions (`engine`)."""
+        return self.engine().stacked
 
     def get_state(self, cid: int) -> Any:
         """Client ``cid``'s persistent state (None if it has none): what a checkpoint saves. A state

@@ -8,7 +8,7 @@ the global test set, writing its rows) while the others wait. When a run calls i
 host hands the call to the `Packer` and waits; once every run still going has a call waiting, the
 last to arrive runs them all as one `fedray.engine.drive.run_stacked`: every client of every run advanced
 to its next yield, their updates trained in stacks by shape (`fedray.engine.batched.signature` and
-`fedray.engine.batched.stack_key`; each update at its own run's learning rate), their evaluations in one
+`fedray.engine.choice.stack_key`; each update at its own run's learning rate), their evaluations in one
 call. A FedAvg sweep over seeds or a tuned
 FedProx grid thus trains each round's updates of all its runs in one stack: on a GPU one step for
 several runs' models where each run alone would take one step for its own.
@@ -35,34 +35,19 @@ from typing import Any
 import torch
 
 from fedray.config.keys import Config
-from fedray.engine import drive
+from fedray.engine import choice, drive
+from fedray.engine.choice import STACK_SETTINGS
 
-# What runs of one pack share. Keys of the data set (its files and options), of the model and of
-# its training (which `fedray.engine.batched.stack_key` reads; runs with other values would train in
-# stacks of their own, so packing them gains nothing), and of the worker (its CPUs, its GPU share,
-# the process-wide CUDA settings).
+# What runs of one pack share: the data set (its files and options, and so the augmentation a
+# stack shares), the model, what every update of one stack shares (`STACK_SETTINGS`: runs that
+# differ there would train in stacks of their own, so packing them gains nothing) and how they
+# train, and the worker (its CPUs, its GPU share, the process-wide CUDA settings).
 PACK_KEYS = (
-    "dataset",
-    "data_root",
-    "emnist_split",
-    "synthetic_size",
-    "synthetic_shape",
-    "shift",
-    "model",
-    "head_bias",
-    "local_epochs",
-    "batch_size",
-    "momentum",
-    "weight_decay",
-    "drop_last",
-    "channels_last",
-    "batched_clients",
-    "num_cpus_per_actor",
-    "num_gpus_per_actor",
-    "cuda_deterministic",
-    "cuda_tf32",
-    "plugins",
-    "output",
+    *("dataset", "data_root", "emnist_split", "synthetic_size", "synthetic_shape", "shift"),
+    *("model", "head_bias"),
+    *STACK_SETTINGS,
+    *("drop_last", "batched_clients"),
+    *("num_cpus_per_actor", "num_gpus_per_actor", "cuda_deterministic", "cuda_tf32", "plugins", "output"),
 )
 
 
@@ -76,15 +61,7 @@ def packs(cfg: Config) -> bool:
     share = cfg.num_gpus_per_actor
     if cfg.pack_runs != "auto" or not (isinstance(share, float) and 0 < share < 1):
         return False
-    if cfg.batched_clients == "off":
-        return False
-    from fedray.data import dataset_info
-    from fedray.engine.batched import refusal
-    from fedray.models import build_model
-
-    info = dataset_info(cfg)
-    model = build_model(cfg.model, tuple(info.input_shape), info.num_classes, head_bias=cfg.head_bias)
-    return refusal(model) is None
+    return choice.for_config(cfg, "cuda").stacked
 
 
 def pack_key(cfg: Config) -> tuple:
@@ -126,7 +103,7 @@ class _Call:
     clients: list
     cstates: list
     msgs: list
-    mode: str
+    required: bool  # batched_clients on (`fedray.engine.choice.Engine`)
     slot: int  # the run's place in its pack: calls run together in this order, whatever their arrival
     result: Any = None
     error: BaseException | None = None
@@ -162,12 +139,12 @@ class Packer:
             yield
 
     def run_stacked(
-        self, fn: Callable, clients: Sequence, cstates: Sequence, msgs: Sequence, mode: str
+        self, fn: Callable, clients: Sequence, cstates: Sequence, msgs: Sequence, required: bool
     ) -> tuple[list[tuple[Any, Any]], list[bool], bool]:
         """`fedray.engine.drive.run_stacked`, run together with the other runs' calls; called by a run's
         host in its turn, which it gives up while it waits. Its results, and whether they ran
         together with another run's."""
-        call = _Call(fn, list(clients), list(cstates), list(msgs), mode, getattr(self._slot, "k", 0))
+        call = _Call(fn, list(clients), list(cstates), list(msgs), required, getattr(self._slot, "k", 0))
         with self._cv:
             if self._stopped:
                 raise PackStopped("the pack was stopped")
@@ -227,7 +204,7 @@ class Packer:
         msgs = [x for c in calls for x in c.msgs]
         failed = None
         try:
-            results, stacked = drive.run_stacked(fns, clients, cstates, msgs, calls[0].mode)
+            results, stacked = drive.run_stacked(fns, clients, cstates, msgs, calls[0].required)
         except Exception as e:  # noqa: BLE001 - handed to the run it belongs to
             if len(calls) == 1:
                 calls[0].error = e
@@ -241,7 +218,7 @@ class Packer:
                 torch.cuda.empty_cache()
             for c in calls:
                 try:
-                    c.result = drive.run_stacked(c.fn, c.clients, c.cstates, c.msgs, c.mode)
+                    c.result = drive.run_stacked(c.fn, c.clients, c.cstates, c.msgs, c.required)
                 except Exception as alone:  # noqa: BLE001 - raised in the run's own thread
                     c.error = alone
             return

@@ -107,12 +107,17 @@ class LocalLauncher:
         """Why runs of ``cfg`` gain nothing packed here: in this process they train on the CPU, where
         ``batched_clients: auto`` trains one client at a time (they would only take turns); None
         where they train batched."""
+        from fedray.engine.choice import for_config
+
+        engine = for_config(cfg, "cpu")
+        if engine.stacked:
+            return None
         if cfg.batched_clients == "auto":
             return (
                 "in this process the runs train on the CPU, where batched_clients auto trains one client "
                 "at a time (batched_clients: on packs them here)"
             )
-        return None
+        return f"in this process the runs would train one client at a time: {engine.why}"
 
     def launch_pack(self, runs: Sequence[SweepRun]) -> Iterator[tuple[int, Any]]:
         from fedray.federation.local import make_local_federation

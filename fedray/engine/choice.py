@@ -1,0 +1,94 @@
+"""Which engine trains a run's clients, per client or stacked, and why: decided here, once, for
+every caller. The host that trains asks it (`fedray.federation.host.ClientHost`), and so do the
+checks before a run (`batched_clients: on` with a model that cannot stack, `pack_runs: on`),
+packing (`pack_runs: auto` packs runs that would train stacked) and the in-process launcher (its
+runs train on the CPU).
+
+The config key ``batched_clients``: ``off`` trains one client at a time; ``on`` stacks, and a
+model or a client function that cannot be stacked is an error naming it; ``auto`` stacks where the
+clients run on a GPU and the model can be stacked, else trains one client at a time.
+
+The settings that let updates share a stack are declared once (`STACK_SETTINGS`): the stacked
+engine keys its stacks by them (`stack_key`) and packs of runs by them (`fedray.sweeps.pack`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+MODES = ("off", "on", "auto")
+
+# The settings of a client's task that every update of one stack shares (the learning rate may
+# differ row by row): config keys that are `fedray.engine.client.Task` fields of the same name. The
+# data's augmentation is shared too (`stack_key`), which the data set's own keys decide.
+STACK_SETTINGS = ("batch_size", "momentum", "weight_decay", "local_epochs", "channels_last")
+
+
+def stack_key(task: Any) -> tuple:
+    """What the stacked engine reads from its clients' task, but the learning rate: updates whose
+    clients' tasks differ here (the runs of a pack with different momenta, `fedray.sweeps.pack`)
+    train in different stacks."""
+    return (*(getattr(task, name) for name in STACK_SETTINGS), task.spec.augment)
+
+
+def refusal(model: nn.Module) -> str | None:
+    """Why ``model`` cannot train stacked (a layer whose training step mutates buffers or draws
+    random numbers), or None."""
+    for name, m in model.named_modules():
+        if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats:
+            return f"layer {name!r} is {type(m).__name__}, whose running statistics each client updates"
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
+            return f"layer {name!r} is {type(m).__name__}, whose random masks each client draws"
+    return None
+
+
+@dataclass(frozen=True)
+class Engine:
+    """The engine a run's clients train with, and why."""
+
+    stacked: bool
+    # batched_clients on: what cannot be stacked (the model, a client function that trains by
+    # itself) is an error, not a fallback to one client at a time
+    required: bool
+    why: str  # the reason, said where the choice is reported or refused
+    model_refusal: str | None = None  # why the model cannot train stacked, where that decided it
+
+    @property
+    def name(self) -> str:
+        return "stacked" if self.stacked else "per client"
+
+
+def choose(mode: str, device: str, model: Callable[[], nn.Module]) -> Engine:
+    """The engine under ``batched_clients: mode`` for clients on ``device`` ("cpu", "cuda"), with
+    the run's ``model()`` (built only where the answer depends on it)."""
+    if mode not in MODES:
+        raise ValueError(f"batched_clients must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "off":
+        return Engine(False, False, "batched_clients is off")
+    if mode == "auto" and device != "cuda":
+        return Engine(
+            False, False, f"on the {device.upper()}, batched_clients auto trains one client at a time"
+        )
+    why = refusal(model())
+    if why is not None:
+        return Engine(False, mode == "on", f"the model cannot train stacked: {why}", why)
+    return Engine(True, mode == "on", f"batched_clients {mode}" + (" on a GPU" if mode == "auto" else ""))
+
+
+def for_config(cfg: Any, device: str | None = None) -> Engine:
+    """`choose` for a run's config, before any data is read (the model built from the data set's
+    shape). ``device``: where its clients train; by default a GPU where the run may have one (a
+    GPU share, or auto, which may resolve to one)."""
+    from fedray.data import dataset_info
+    from fedray.models import build_model
+
+    def model() -> nn.Module:
+        info = dataset_info(cfg)
+        return build_model(cfg.model, tuple(info.input_shape), info.num_classes, head_bias=cfg.head_bias)
+
+    where = device or ("cpu" if cfg.num_gpus_per_actor == 0 else "cuda")
+    return choose(cfg.batched_clients, where, model)
