@@ -92,21 +92,20 @@ def add_stack_args(ap: argparse.ArgumentParser) -> None:
         "--stacked-conv",
         default="grouped",
         choices=["grouped", "im2col"],
-        help="how the stacked engine computes a convolution (fedray.engine.batched.STACKED_CONV; default grouped)",
+        help="how the stacked engine computes a convolution (fedray.engine.step_options; default grouped)",
     )
     ap.add_argument(
         "--stacked-compile",
         action="store_true",
-        help="the stacked engine's step compiled by torch.compile (fedray.engine.batched.STACKED_COMPILE)",
+        help="the stacked engine's step compiled by torch.compile (fedray.engine.step_options)",
     )
 
 
 def use_stack_args(args: argparse.Namespace) -> None:
-    """Set the stacked engine's switches from `add_stack_args`' options."""
-    from fedray.engine import batched
+    """Set the stacked engine's step options from `add_stack_args`' options."""
+    from fedray.engine import step_options
 
-    batched.STACKED_CONV = args.stacked_conv
-    batched.STACKED_COMPILE = args.stacked_compile
+    step_options.use(conv=args.stacked_conv, compile=args.stacked_compile)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,7 +15,7 @@ that off: the pick is not reproducible); with ``--set cuda_deterministic=false``
 grouped convolutions are slow under.
 
 ``--conv im2col`` runs the same calls with every convolution of the stack computed as unfold and
-one batched matrix product over the models (`fedray.engine.batched.STACKED_CONV`) in place of the grouped
+one batched matrix product over the models (`fedray.engine.step_options`) in place of the grouped
 convolution vmap makes of it: which the GPU does faster at which width. (The matmul variant of
 2026-11-27, a broadcast matrix product per model's batch, 17x slower, is gone.)
 """
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from fedray.data import build_federated_data
-    from fedray.engine import batched
+    from fedray.engine import batched, step_options
     from fedray.engine.client import num_steps
     from fedray.engine.update import LocalUpdate
     from fedray.federation.local import make_local_federation
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         return took, max(t.stats.steps for t in got)
 
     for conv in args.conv.split(","):
-        batched.STACKED_CONV = conv
+        step_options.use(conv=conv)
         for w in [int(v) for v in args.widths.split(",")]:
             took, steps = timed(clients * w, w)
             samples = real * bs * w  # an upper bound on the real sample-steps (last batches full)

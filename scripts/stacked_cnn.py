@@ -11,8 +11,8 @@ engine around them, each step captured in a CUDA graph on CUDA:
 
 - ``vmap``: ``vmap(grad(loss))`` over the models of a ``functional_call`` of the module, as the
   stacked engine does (the convolution becomes a grouped one);
-- ``vmap-im2col``: as ``vmap``, with the stacked engine's im2col convolutions (`fedray.engine.batched`'s
-  ``STACKED_CONV = "im2col"``: ``F.unfold`` contracted with the weights, which vmap batches as one
+- ``vmap-im2col``: as ``vmap``, with the stacked engine's im2col convolutions (`fedray.engine.step_options`'
+  ``conv="im2col"``: ``F.unfold`` contracted with the weights, which vmap batches as one
   contraction over the models): what the engine does when switched;
 - ``grouped``: the same grouped convolution written out (models folded into the channels), no vmap;
 - ``bmm``: each convolution as ``unfold`` (im2col) of every model's batch at once and one batched
@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
-from fedray.engine import batched
+from fedray.engine import step_options
 from fedray.models import build_model
 
 BATCH, CLASSES, SHAPE = 64, 10, (1, 28, 28)
@@ -105,7 +105,7 @@ def explicit_step(conv):
 
 def vmap_step(module: torch.nn.Module, im2col: bool = False):
     """``vmap(grad(loss))`` over the models; with ``im2col`` each convolution as the stacked engine
-    computes it under ``STACKED_CONV = "im2col"`` (`fedray.engine.batched.conv_mode`)."""
+    computes it under ``conv="im2col"`` (`fedray.engine.step_options.conv_mode`)."""
 
     def loss_one(params, x, y):
         return F.cross_entropy(functional_call(module, params, (x,)), y)
@@ -115,12 +115,12 @@ def vmap_step(module: torch.nn.Module, im2col: bool = False):
         return g
 
     def with_im2col(p, x, y):
-        batched.STACKED_CONV = "im2col"
+        before = step_options.use(conv="im2col")
         try:
-            with batched.conv_mode():
+            with step_options.conv_mode():
                 return g(p, x, y)
         finally:
-            batched.STACKED_CONV = "grouped"
+            step_options.use(conv=before.conv)
 
     return with_im2col
 
@@ -149,7 +149,7 @@ def timed(way: str, m: int, steps: int, device: torch.device) -> float:
 
     cuda = device.type == "cuda"
     # matrix products at the convolutions' precision (TF32) where they replace them, as
-    # fedray.engine.batched's im2col does (vmap-im2col: its mode sets it); float32 elsewhere, as fedray runs
+    # fedray.engine.step_options' im2col does (vmap-im2col: its mode sets it); float32 elsewhere, as fedray runs
     torch.backends.cuda.matmul.allow_tf32 = way == "bmm"
     if cuda:
         side = torch.cuda.Stream()

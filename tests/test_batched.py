@@ -13,7 +13,7 @@ import torch
 from analysis import load_runs
 from fedray.config.coercion import ConfigError
 from fedray.data import ArrayDataset, ClientIndices, DataSpec
-from fedray.engine import batched, choice
+from fedray.engine import batched, choice, step_options
 from fedray.engine.client import Task
 from fedray.engine.train import optimizer_state, sgd, train_update
 from fedray.engine.update import Evaluation, Frozen, LocalUpdate, Step, cross_entropy, proximal
@@ -190,14 +190,14 @@ def test_updates_of_clients_with_their_own_learning_rates_train_in_one_stack(fix
 
 @pytest.mark.parametrize("case", ["buffers", "frozen"])
 def test_a_compiled_stack_trains_each_update_as_the_per_client_engine_trains_it(monkeypatch, case):
-    # the compiled step being measured on GPUs (fedray.engine.batched.STACKED_COMPILE), in a fixed stack as
+    # the compiled step being measured on GPUs (fedray.engine.step_options), in a fixed stack as
     # on CUDA: SGD with kept momentum buffers and weight decay; MOON's form with frozen models. The
     # step is traced whole (fullgraph: what could break is fedray's, the closures, vmap and grad)
     # and run by AOT autograd's eager backend: inductor's code generation is torch's own, and
     # costs 35 s here on a cold cache (its numbers: docs/benchmark.md).
     compiled = []
     compile_ = torch.compile
-    monkeypatch.setattr(batched, "STACKED_COMPILE", True)
+    monkeypatch.setattr(step_options, "_options", step_options.StepOptions(compile=True))
     monkeypatch.setattr(
         torch, "compile", lambda fn, **kw: compiled.append(kw) or compile_(fn, backend="aot_eager", **kw)
     )
@@ -539,14 +539,26 @@ def test_batched_runs_give_the_per_client_numbers(tmp_path, name):
 
 @pytest.mark.parametrize("name", ["fedavg", "moon"])
 def test_stacked_convolutions_as_im2col_give_the_per_client_numbers(tmp_path, monkeypatch, name):
-    # the convolution being measured on GPUs (fedray.engine.batched.STACKED_CONV): McMahan's CNN's "same"
+    # the convolution being measured on GPUs (fedray.engine.step_options): McMahan's CNN's "same"
     # convolutions (padding 2), MOON's frozen models too
     calls = []
-    im2col = batched.conv2d_im2col
-    monkeypatch.setattr(batched, "STACKED_CONV", "im2col")
-    monkeypatch.setattr(batched, "conv2d_im2col", lambda *a, **k: calls.append(1) or im2col(*a, **k))
+    im2col = step_options.conv2d_im2col
+    monkeypatch.setattr(step_options, "_options", step_options.StepOptions(conv="im2col"))
+    monkeypatch.setattr(step_options, "conv2d_im2col", lambda *a, **k: calls.append(1) or im2col(*a, **k))
     _off_and_on_agree(tmp_path, {**BASE, **ALL[name]})
     assert calls
+
+
+def test_the_step_options_are_checked_and_put_back():
+    before = step_options.use(conv="im2col", compile=True)
+    try:
+        assert step_options.current() == step_options.StepOptions("im2col", True)
+        with pytest.raises(ValueError, match="convolution must be one of grouped, im2col, got 'fft'"):
+            step_options.use(conv="fft")
+        assert step_options.current().conv == "im2col"  # a refused option changes nothing
+    finally:
+        step_options.use(before.conv, before.compile)
+    assert step_options.current() == step_options.StepOptions() == before  # off by default
 
 
 def test_im2col_is_the_convolution():
@@ -555,9 +567,9 @@ def test_im2col_is_the_convolution():
     w, b = torch.randn(5, 4, 3, 2, generator=g), torch.randn(5, generator=g)
     for kw in ({}, {"stride": 2}, {"padding": (1, 2)}, {"dilation": 2, "stride": (1, 2)}):
         assert torch.allclose(
-            batched.conv2d_im2col(x, w, b, **kw), torch.nn.functional.conv2d(x, w, b, **kw), atol=1e-5
+            step_options.conv2d_im2col(x, w, b, **kw), torch.nn.functional.conv2d(x, w, b, **kw), atol=1e-5
         )
-    assert torch.allclose(batched.conv2d_im2col(x, w), torch.nn.functional.conv2d(x, w), atol=1e-5)
+    assert torch.allclose(step_options.conv2d_im2col(x, w), torch.nn.functional.conv2d(x, w), atol=1e-5)
 
 
 def _off_and_on_agree(tmp_path, over):

@@ -24,7 +24,7 @@ epochs or a cap on steps; per-sample loss weights; a correction subtracted after
 (precomputed features). The optimizer is the task's SGD (lr, momentum, weight decay).
 
 An objective is written once for both engines: ``model`` is the real `nn.Module` in the per-client
-engine and a functional view of it (`fedray.engine.batched.View`) in the stacked one, so it may call the
+engine and a functional view of it (`fedray.engine.stack.View`) in the stacked one, so it may call the
 model and its submodules (``model.encoder(x)``), read its parameters (``model.head.weight``) and
 walk ``model.named_parameters()``; reductions over the batch go through ``batch`` (`Batch`), which
 knows which of a stacked batch's rows are padding.
