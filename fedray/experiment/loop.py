@@ -231,6 +231,122 @@ def summarize(history: list[RoundDone], total_seconds: float, placement: dict[st
     return out
 
 
+@dataclass
+class _Run:
+    """One attempt at a run, as `execute` goes through it: what it writes to, what it has built and
+    the rounds done so far."""
+
+    cfg: Config
+    writer: ResultsWriter
+    ckpts: Checkpoints
+    fed: Any = None
+    placement: dict[str, Any] = field(default_factory=dict)
+    history: list[RoundDone] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=lambda: {"begun": time.time()})
+
+    def summary(self) -> dict[str, Any]:
+        return summarize(self.history, self.writer.elapsed(), self.placement)
+
+    def start(
+        self, make_federation: FederationFactory, restart: bool, reason: str
+    ) -> tuple[Any, Any, Any, int]:
+        """The data loaded, the federation built, the algorithm's State made or restored from the
+        latest checkpoint (its files verified before any data is read); the rows of the earlier
+        attempt's later rounds removed only then. Returns the algorithm, its hyperparameters, the
+        State and the rounds already done."""
+        cfg, writer = self.cfg, self.writer
+        if restart:
+            self.ckpts.clear()
+        latest = self.ckpts.latest()
+        t0 = time.perf_counter()
+        data = build_federated_data(cfg)
+        t1 = time.perf_counter()
+        self.fed, self.placement = make_federation(cfg, data)
+        self.timings.update(data=t1 - t0, federation=time.perf_counter() - t1)
+        alg = ALGORITHMS[cfg.algorithm]
+        hp = alg.make_hparams(cfg.hp)
+        if latest is None:
+            state, start = alg.init(self.fed, hp), 0
+        else:
+            state, start = restore(latest, self.fed), latest.round
+            self.history = [RoundDone(**h) for h in latest.extra["history"]]
+        writer.start(keep_through=None if latest is None else start)
+        writer.write_clients(client_rows(data))
+        if not data.sourced:  # clients made on demand are in no data set's arrays: no partition to write
+            train_size = data.origin_train_size if data.origin is not None else len(data.dataset.train)
+            writer.write_partition(data.partition_rows(), train_size, cfg.dataset)
+        if latest is not None:
+            writer.set_elapsed(latest.extra["elapsed"])
+            writer.event("resumed", start, reason or "started again")
+            writer.write_progress(self.summary())
+        self.fed.take_traffic()
+        self.fed.take_client_seconds()
+        self.fed.take_batched_calls()
+        self.fed.take_packed_calls()
+        return alg, hp, state, start
+
+    def save(self, rounds_done: int, state: Any) -> Checkpointed:
+        """A checkpoint after ``rounds_done`` rounds, with the history and time so far."""
+        extra = {"history": [dataclasses.asdict(h) for h in self.history], "elapsed": self.writer.elapsed()}
+        fed = self.fed
+        st = self.ckpts.save(
+            rounds_done, state, fed.client_states(files=True), fed.peek_baton, extra, versions()
+        )
+        return Checkpointed(st.round, st.seconds, st.bytes)
+
+    def rounds(self, state: Any, start: int) -> Generator[Event, None, Any]:
+        """The rounds from ``start`` (`run_rounds`), each round's global values checked finite;
+        returns the last State."""
+        save = self.save if self.cfg.checkpoint_every > 0 else None
+        rounds = run_rounds(self.cfg, self.fed, self.writer, state, start, save)
+        while True:
+            try:
+                ev = next(rounds)
+            except StopIteration as stop:
+                return stop.value
+            if isinstance(ev, RoundDone):
+                if not all(math.isfinite(v) for v in ev.metrics.values()):
+                    bad = {k: v for k, v in ev.metrics.items() if not math.isfinite(v)}
+                    raise FloatingPointError(
+                        f"round {ev.round}: non-finite metrics {bad} (diverged? lower lr)"
+                    )
+                self.history.append(ev)
+            yield ev
+
+    def finish(self, alg: Any, hp: Any, state: Any) -> dict[str, Any]:
+        """The summary (every hyperparameter, the partition's label, where the models went) and the
+        run recorded finished; returns the summary."""
+        cfg = self.cfg
+        summary = self.summary()
+        summary["hparams"] = alg.full_hparams(cfg.hp)
+        # as reports name the partition: a plug-in's label, where its registry is loaded (here)
+        summary["partition_label"] = partition_label(cfg.to_dict())
+        if cfg.save_models:
+            summary["models"] = str(save_models(cfg, alg, hp, state, self.fed.task, self.fed.client_states))
+        # keep_finished_checkpoints: false: removed once the run is recorded finished (a run stopped
+        # before then resumes from them), under its lock (no other process resumes from half of one)
+        self.writer.finish(summary, then=None if cfg.keep_finished_checkpoints else self.ckpts.clear)
+        return summary
+
+    def ended(self, e: BaseException, failures_left: int) -> None:
+        """Record how the attempt ended: interrupted (the consumer stopped: Ctrl-C, a stopped job),
+        left running for the caller to start again (a lost worker with recoveries left), or failed."""
+        writer = self.writer
+        status, done = "failed", len(self.history) and self.history[-1].round
+        if isinstance(e, (GeneratorExit, KeyboardInterrupt)):
+            status, error = "interrupted", f"interrupted after {done} of {self.cfg.rounds} rounds"
+            writer.event("interrupted", done)
+        elif isinstance(e, WorkerLost) and failures_left > 0:
+            writer.event("worker_lost", done, str(e))
+            writer.write_progress(self.summary())
+            writer.release()
+            return
+        else:
+            error = failure_text(e)
+            writer.event("failed", done, f"{type(e).__name__}: {e}")
+        writer.fail(error, self.summary(), status)
+
+
 def execute(
     cfg: Config,
     make_federation: FederationFactory,
@@ -249,101 +365,29 @@ def execute(
             "num_gpus_per_actor is auto: resolve it where the run goes first (fedray.api.resolve_gpus)"
         )
     run_id = cfg.run_id()
-    writer = ResultsWriter(cfg.output, run_id, cfg.recorded())
-    ckpts = Checkpoints(cfg.output, run_id, cfg.keep_checkpoints)
-    fed = None
-    history: list[RoundDone] = []
-    placement: dict[str, Any] = {}
-    timings = {"begun": time.time()}
-    writer.acquire()  # before reading or removing anything of an earlier attempt
-    if not restart and writer.earlier_status == "finished":
+    run = _Run(
+        cfg,
+        ResultsWriter(cfg.output, run_id, cfg.recorded()),
+        Checkpoints(cfg.output, run_id, cfg.keep_checkpoints),
+    )
+    run.writer.acquire()  # before reading or removing anything of an earlier attempt
+    if not restart and run.writer.earlier_status == "finished":
         # Finished since whoever called this looked (another sweep over the same runs finished it
         # meanwhile): nothing to run, and nothing of it is touched.
-        writer.release()
-        yield Finished(run_id, writer.earlier_summary)
+        run.writer.release()
+        yield Finished(run_id, run.writer.earlier_summary)
         return
     try:
-        if restart:
-            ckpts.clear()
-        latest = ckpts.latest()  # its files verified before any data is read
-        t0 = time.perf_counter()
-        data = build_federated_data(cfg)
-        t1 = time.perf_counter()
-        fed, placement = make_federation(cfg, data)
-        timings.update(data=t1 - t0, federation=time.perf_counter() - t1)
-        alg = ALGORITHMS[cfg.algorithm]
-        hp = alg.make_hparams(cfg.hp)
-        if latest is None:
-            state, start = alg.init(fed, hp), 0
-        else:
-            state, start = restore(latest, fed), latest.round
-            history = [RoundDone(**h) for h in latest.extra["history"]]
-        # Only now, with the checkpoint read, are the earlier attempt's rows of later rounds removed.
-        writer.start(keep_through=None if latest is None else start)
-        writer.write_clients(client_rows(data))
-        if not data.sourced:  # clients made on demand are in no data set's arrays: no partition to write
-            train_size = data.origin_train_size if data.origin is not None else len(data.dataset.train)
-            writer.write_partition(data.partition_rows(), train_size, cfg.dataset)
-        if latest is not None:
-            writer.set_elapsed(latest.extra["elapsed"])
-            writer.event("resumed", start, reason or "started again")
-            writer.write_progress(summarize(history, writer.elapsed(), placement))
-        fed.take_traffic()
-        fed.take_client_seconds()
-        fed.take_batched_calls()
-        fed.take_packed_calls()
-        yield Started(run_id, len(fed.client_ids), placement, start, timings)
-
-        def save(rounds_done: int, state: Any) -> Checkpointed:
-            extra = {"history": [dataclasses.asdict(h) for h in history], "elapsed": writer.elapsed()}
-            st = ckpts.save(
-                rounds_done, state, fed.client_states(files=True), fed.peek_baton, extra, versions()
-            )
-            return Checkpointed(st.round, st.seconds, st.bytes)
-
-        rounds = run_rounds(cfg, fed, writer, state, start, save if cfg.checkpoint_every > 0 else None)
-        while True:
-            try:
-                ev = next(rounds)
-            except StopIteration as stop:
-                state = stop.value
-                break
-            if isinstance(ev, RoundDone):
-                if not all(math.isfinite(v) for v in ev.metrics.values()):
-                    bad = {k: v for k, v in ev.metrics.items() if not math.isfinite(v)}
-                    raise FloatingPointError(
-                        f"round {ev.round}: non-finite metrics {bad} (diverged? lower lr)"
-                    )
-                history.append(ev)
-            yield ev
-        summary = summarize(history, writer.elapsed(), placement)
-        summary["hparams"] = alg.full_hparams(cfg.hp)
-        # as reports name the partition: a plug-in's label, where its registry is loaded (here)
-        summary["partition_label"] = partition_label(cfg.to_dict())
-        if cfg.save_models:
-            summary["models"] = str(save_models(cfg, alg, hp, state, fed.task, fed.client_states))
-        # keep_finished_checkpoints: false: removed once the run is recorded finished (a run stopped
-        # before then resumes from them), under its lock (no other process resumes from half of one)
-        writer.finish(summary, then=None if cfg.keep_finished_checkpoints else ckpts.clear)
-        yield Finished(run_id, summary)
+        alg, hp, state, start = run.start(make_federation, restart, reason)
+        yield Started(run_id, len(run.fed.client_ids), run.placement, start, run.timings)
+        state = yield from run.rounds(state, start)
+        yield Finished(run_id, run.finish(alg, hp, state))
     except BaseException as e:
-        status, done = "failed", len(history) and history[-1].round
-        if isinstance(e, (GeneratorExit, KeyboardInterrupt)):  # the consumer stopped: Ctrl-C, job stopped
-            status, error = "interrupted", f"interrupted after {done} of {cfg.rounds} rounds"
-            writer.event("interrupted", done)
-        elif isinstance(e, WorkerLost) and failures_left > 0:
-            writer.event("worker_lost", done, str(e))
-            writer.write_progress(summarize(history, writer.elapsed(), placement))
-            writer.release()
-            raise
-        else:
-            error = failure_text(e)
-            writer.event("failed", done, f"{type(e).__name__}: {e}")
-        writer.fail(error, summarize(history, writer.elapsed(), placement), status)
+        run.ended(e, failures_left)
         raise
     finally:
-        if fed is not None:
-            fed.close()
+        if run.fed is not None:
+            run.fed.close()
 
 
 def restore(ckpt: Checkpoint, fed: HostedFederation) -> Any:

@@ -321,25 +321,24 @@ def validate(cfg: Config) -> None:
         f"above 1 it must be a whole number of GPUs (Ray's rule), got {cfg.num_gpus_per_actor}",
     )
     _check(bool(cfg.output), "output", "must name a folder")
+    info = _check_data(cfg)
+    _check_model(cfg, info)
+    _check_engine(cfg)
+    _check_algorithm(cfg)
+
+
+def _check_data(cfg: Config) -> Any:
+    """The data set's own keys, its info (without reading it), and the partition and client counts
+    against it. Returns the info."""
     kind = DATASETS[cfg.dataset]
     if kind.check is not None:  # its own keys (emnist_split, synthetic_shape)
         kind.check(cfg)
-
     try:
         info = dataset_info(cfg)
     except ValueError as e:  # client_files: a missing or bad meta.json
         raise ConfigError(f"config key 'data_root': {e}") from None
     if kind.check_info is not None:  # what needs the data set's info first (client_files: its files)
         kind.check_info(cfg, info)
-    if cfg.model in SELF_NORMALIZING:
-        mean, std = SELF_NORMALIZING[cfg.model]
-        _check(
-            not info.normalized,
-            "model",
-            f"{cfg.model} normalises its inputs itself (mean {mean}, std {std}, as its paper's code), and "
-            f"{cfg.dataset} normalises them already (data_root's meta.json has mean and std): they would be "
-            "normalised twice; drop the mean and std from meta.json, or pick another model",
-        )
     scheme = PARTITIONS[cfg.partition]
     if scheme.check is not None and not kind.own_clients:  # what its keys need from the rest of the config
         scheme.check(cfg, info)
@@ -360,38 +359,25 @@ def validate(cfg: Config) -> None:
         f"{cfg.shift}'s FMNIST-C corruptions need 1x28x28 images (fmnist, mnist, emnist); "
         f"{cfg.dataset} gives {'x'.join(map(str, info.input_shape))}",
     )
+    return info
+
+
+def _check_model(cfg: Config, info: Any) -> None:
+    """The model takes the data set's inputs (normalised once), and ``init_model`` holds a model
+    of this run's architecture."""
+    if cfg.model in SELF_NORMALIZING:
+        mean, std = SELF_NORMALIZING[cfg.model]
+        _check(
+            not info.normalized,
+            "model",
+            f"{cfg.model} normalises its inputs itself (mean {mean}, std {std}, as its paper's code), and "
+            f"{cfg.dataset} normalises them already (data_root's meta.json has mean and std): they would be "
+            "normalised twice; drop the mean and std from meta.json, or pick another model",
+        )
     problem = MODELS[cfg.model].incompatibility(info.input_shape)
     if problem:
         raise ConfigError(f"config key 'model': {cfg.model} cannot take {cfg.dataset} inputs: {problem}")
-    # per client or stacked, where the run's clients train: what on asks for must be possible
-    engine = for_config(cfg) if "on" in (cfg.batched_clients, cfg.pack_runs) else None
-    if engine is not None and cfg.batched_clients == "on":
-        _check(
-            engine.stacked,
-            "batched_clients",
-            f"on: model {cfg.model} cannot train batched: {engine.model_refusal}; use batched_clients: off, "
-            "or auto (which trains such a model one client at a time)",
-        )
-    if engine is not None and cfg.pack_runs == "on":  # a pack trains its runs' clients in one stack
-        _check(
-            engine.stacked or engine.model_refusal is not None,
-            "pack_runs",
-            f"on stacks the runs' clients together, which needs batched training, and batched_clients "
-            f"is {cfg.batched_clients}"
-            + (
-                " on the CPU (auto trains one client at a time there)"
-                if cfg.batched_clients == "auto"
-                else ""
-            )
-            + ": set batched_clients: on, or pack_runs: off",
-        )
-        _check(
-            engine.model_refusal is None,
-            "pack_runs",
-            f"on: model {cfg.model} cannot train batched ({engine.model_refusal}), so its runs cannot be "
-            "stacked; use pack_runs: off",
-        )
-    if cfg.init_model:  # the file exists and holds a model of this run's architecture
+    if cfg.init_model:
         try:
             initial_params(
                 cfg.init_model, cfg.model, cfg.head_bias, tuple(info.input_shape), info.num_classes
@@ -399,6 +385,43 @@ def validate(cfg: Config) -> None:
         except (ValueError, OSError) as e:
             raise ConfigError(f"config key 'init_model': {e}") from None
 
+
+def _check_engine(cfg: Config) -> None:
+    """What ``on`` asks of the engine (`fedray.engine.choice`) must be possible: ``batched_clients:
+    on`` a model that can train stacked; ``pack_runs: on`` stacked training."""
+    if "on" not in (cfg.batched_clients, cfg.pack_runs):
+        return
+    engine = for_config(cfg)
+    if cfg.batched_clients == "on":
+        _check(
+            engine.stacked,
+            "batched_clients",
+            f"on: model {cfg.model} cannot train batched: {engine.model_refusal}; use batched_clients: off, "
+            "or auto (which trains such a model one client at a time)",
+        )
+    if cfg.pack_runs == "on":  # a pack trains its runs' clients in one stack
+        where = (
+            " on the CPU (auto trains one client at a time there)" if cfg.batched_clients == "auto" else ""
+        )
+        _check(
+            engine.stacked or engine.model_refusal is not None,
+            "pack_runs",
+            f"on stacks the runs' clients together, which needs batched training, and batched_clients "
+            f"is {cfg.batched_clients}{where}: set batched_clients: on, or pack_runs: off",
+        )
+        _check(
+            engine.model_refusal is None,
+            "pack_runs",
+            f"on: model {cfg.model} cannot train batched ({engine.model_refusal}), so its runs cannot be "
+            "stacked; use pack_runs: off",
+        )
+
+
+def _check_algorithm(cfg: Config) -> None:
+    """The algorithm's own checks against the rest of the config; then its hp made canonical: the
+    checked, typed values that differ from the algorithm's defaults. Writing a default out
+    (hp.classifier_steps: 3) names the same run as leaving it out, so the run id and the report's
+    settings agree; the full hp is in the run's summary."""
     alg = ALGORITHMS[cfg.algorithm]
     hp = alg.make_hparams(cfg.hp)
     if alg.check_config is not None:
@@ -406,9 +429,6 @@ def validate(cfg: Config) -> None:
             alg.check_config(cfg, hp)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    # Canonical hp: the checked, typed values that differ from the algorithm's defaults. Writing a
-    # default out (hp.classifier_steps: 3) names the same run as leaving it out, so the run id
-    # and the report's settings agree; the full hp is in the run's summary.
     defaults = alg.Hparams()
     cfg.hp = {k: getattr(hp, k) for k in sorted(cfg.hp) if getattr(hp, k) != getattr(defaults, k)}
 

@@ -257,7 +257,49 @@ def load_sweep(
     run, relative to the working directory. Cheap: no data is read and no Ray is started (datasets
     are only checked to exist).
     """
-    from fedray.data import DATASETS, DatasetMissing, check_available
+    parts = _read_sweep(path, sets, output, only, plugins)
+    valid, problems, total = _expand(parts)
+    runs: list[SweepRun] = []
+    seen: set[str] = set()
+    for label, cfg in valid:  # runs identical to an earlier one are run once
+        if cfg.run_id() not in seen:
+            seen.add(cfg.run_id())
+            runs.append(SweepRun(len(runs) + 1, label, cfg))
+    collapsed = len(valid) - len(runs)
+    if parts.wanted:  # before the data and partition checks, which are then done only for the runs wanted
+        runs = _only(runs, parts.wanted, parts.source, bool(problems))
+    chosen = [(r.label, r.config) for r in runs]
+    _check_data_sources(chosen, problems)
+    if len({cfg.output for _, cfg in valid}) > 1:
+        problems.setdefault("config key 'output': every run of a sweep writes to one folder", []).extend(
+            label for label, cfg in valid if cfg.output != valid[0][1].output
+        )
+    if problems:
+        raise SweepError(_report(parts.source, problems, total, bool(parts.wanted)))
+    _check_partitions(chosen, problems)
+    if problems:
+        raise SweepError(_report(parts.source, problems, total, bool(parts.wanted)))
+    return Sweep(parts.source, runs, parts.max_concurrent, collapsed)
+
+
+@dataclass
+class _SweepParts:
+    """A sweep file read: its axes and the keys every run starts from, and what the command line
+    adds (``over``: --set, --plugin, --output) or keeps (``wanted``: --only)."""
+
+    source: str
+    axes: list[tuple[str, list[Choice]]]  # (the axis, its choices), outermost first
+    max_concurrent: int
+    base: dict[str, Any]  # the file's keys but the sweep's own
+    from_set: dict[str, Any]  # what --set says (dotted), for the errors that name it
+    top: dict[str, Any]  # the file's top-level keys (dotted), likewise
+    over: dict[str, Any]
+    wanted: dict[str, Any]
+
+
+def _read_sweep(
+    path: str | Path, sets: Iterable[str], output: str | None, only: Iterable[str], plugins: Iterable[str]
+) -> _SweepParts:
     from fedray.experiment.validation import resolve_plugins
 
     source = str(path)
@@ -274,20 +316,26 @@ def load_sweep(
     base = {k: v for k, v in raw.items() if k not in SWEEP_KEYS}
     if base.get("plugins"):
         base["plugins"] = resolve_plugins(base["plugins"], Path(path).resolve().parent, f"{source}: plugins")
-    from_set = flatten(parse_sets(sets))  # what --set says, for the errors that name it
-    top = flatten(base)  # the file's top-level keys (dotted), likewise
+    from_set = flatten(parse_sets(sets))
     over = dict(from_set)
     if plugins:
         over["plugins"] = [*base.get("plugins", []), *resolve_plugins(list(plugins), None, "--plugin")]
     if output is not None:
         over["output"] = output
     wanted = flatten(parse_sets(only, flag="--only"))
+    return _SweepParts(source, axes, max_concurrent, base, from_set, flatten(base), over, wanted)
 
+
+def _expand(parts: _SweepParts) -> tuple[list[tuple[str, Config]], dict[str, list[str]], int]:
+    """Every combination of the axes as a checked config with its label; the problems of those that
+    do not check (each with the runs it is in), and how many combinations there are. A key set where
+    no run reached reads it is refused at once (`_Unread`)."""
+    base, over = parts.base, parts.over
     problems: dict[str, list[str]] = {}
     valid: list[tuple[str, Config]] = []
     unread = _Unread()
     total = 0
-    for combo in _product(axes):
+    for combo in _product(parts.axes):
         total += 1
         tree = copy.deepcopy(base)
         label = " ".join(c.label for c in combo) or "the file as it is"  # a sweep file with no axes
@@ -310,52 +358,58 @@ def load_sweep(
                 del tree[key]  # for this run's partition (dataset) the key is not there
             valid.append((label, from_dict(tree)))
         except ConfigError as e:
-            if not _left_out(tree, wanted):  # a run --only leaves out is not in the way
+            if not _left_out(tree, parts.wanted):  # a run --only leaves out is not in the way
                 set_by = {k for c in combo for k in c.overrides}
                 for problem in e.problems:  # each with the runs it is in
-                    problems.setdefault(problem + _origin(problem, from_set, top, set_by), []).append(label)
+                    origin = _origin(problem, parts.from_set, parts.top, set_by)
+                    problems.setdefault(problem + origin, []).append(label)
     if unread_errors := unread.errors():
-        raise SweepError("\n  ".join([f"{source}: invalid sweep; nothing was started:", *unread_errors]))
+        raise SweepError(
+            "\n  ".join([f"{parts.source}: invalid sweep; nothing was started:", *unread_errors])
+        )
+    return valid, problems, total
 
-    runs: list[SweepRun] = []
-    seen: set[str] = set()
-    for label, cfg in valid:
-        if cfg.run_id() not in seen:
-            seen.add(cfg.run_id())
-            runs.append(SweepRun(len(runs) + 1, label, cfg))
-    collapsed = len(valid) - len(runs)
-    if wanted:  # before the data and partition checks, which are then done only for the runs wanted
-        resolved = {r.index: _resolved(r.config) for r in runs}
-        keys = {k for d in resolved.values() for k in d}
-        for k in wanted:
-            if keys and k not in keys:
-                raise SweepError(f"--only {k}: unknown config key{suggest(k, keys)}")
-        runs = [r for r in runs if all(resolved[r.index].get(k, object()) == v for k, v in wanted.items())]
-        if not runs and not problems:
-            # a run's auto is resolved only where it goes (`fedray.sweeps.flow.open_sweep`), so
-            # --only sees the word, not the share it becomes: say so where the word would match
-            as_auto = {**wanted, "num_gpus_per_actor": "auto"}
-            auto = wanted.get("num_gpus_per_actor", "auto") != "auto" and any(
-                all(d.get(k, object()) == v for k, v in as_auto.items()) for d in resolved.values()
-            )
-            # a name no run has, close to one some run has: the likely typo (labels for label)
-            near = "".join(
-                suggest(v, {d[k] for d in resolved.values() if isinstance(d.get(k), str)}, prefix=f"{k}=")
-                for k, v in wanted.items()
-                if isinstance(v, str) and not any(d.get(k, object()) == v for d in resolved.values())
-            )
-            raise SweepError(
-                f"{source}: no run has {', '.join(f'{k}={_fmt(v)}' for k, v in wanted.items())} (--only)"
-                + near
-                + (
-                    "; num_gpus_per_actor is auto in the runs that match the rest, resolved only where "
-                    "they go: --only num_gpus_per_actor=auto picks them"
-                    if auto
-                    else ""
-                )
-            )
-    chosen = [(r.label, r.config) for r in runs]
-    # Data sets are checked once per distinct source, for every run that reads it.
+
+def _only(runs: list[SweepRun], wanted: dict[str, Any], source: str, other_problems: bool) -> list[SweepRun]:
+    """The runs whose resolved config has every value --only asks for; none is an error that says
+    what was likely meant (unless other problems are said already)."""
+    resolved = {r.index: _resolved(r.config) for r in runs}
+    keys = {k for d in resolved.values() for k in d}
+    for k in wanted:
+        if keys and k not in keys:
+            raise SweepError(f"--only {k}: unknown config key{suggest(k, keys)}")
+    runs = [r for r in runs if all(resolved[r.index].get(k, object()) == v for k, v in wanted.items())]
+    if runs or other_problems:
+        return runs
+    # a run's auto is resolved only where it goes (`fedray.sweeps.flow.open_sweep`), so --only sees
+    # the word, not the share it becomes: say so where the word would match
+    as_auto = {**wanted, "num_gpus_per_actor": "auto"}
+    auto = wanted.get("num_gpus_per_actor", "auto") != "auto" and any(
+        all(d.get(k, object()) == v for k, v in as_auto.items()) for d in resolved.values()
+    )
+    # a name no run has, close to one some run has: the likely typo (labels for label)
+    near = "".join(
+        suggest(v, {d[k] for d in resolved.values() if isinstance(d.get(k), str)}, prefix=f"{k}=")
+        for k, v in wanted.items()
+        if isinstance(v, str) and not any(d.get(k, object()) == v for d in resolved.values())
+    )
+    raise SweepError(
+        f"{source}: no run has {', '.join(f'{k}={_fmt(v)}' for k, v in wanted.items())} (--only)"
+        + near
+        + (
+            "; num_gpus_per_actor is auto in the runs that match the rest, resolved only where "
+            "they go: --only num_gpus_per_actor=auto picks them"
+            if auto
+            else ""
+        )
+    )
+
+
+def _check_data_sources(chosen: list[tuple[str, Config]], problems: dict[str, list[str]]) -> None:
+    """Every data set the runs read is there, checked once per distinct source; a missing one is a
+    problem of every run that reads it."""
+    from fedray.data import DATASETS, DatasetMissing, check_available
+
     by_source: dict[tuple, list[tuple[str, Config]]] = {}
     for label, cfg in chosen:
         key = (cfg.dataset, cfg.resolved_data_root(), cfg.download, *_values(cfg, DATASETS[cfg.dataset].keys))
@@ -365,16 +419,6 @@ def load_sweep(
             check_available(group[0][1])
         except DatasetMissing as e:
             problems.setdefault(str(e), []).extend(label for label, _ in group)
-    if len({cfg.output for _, cfg in valid}) > 1:
-        problems.setdefault("config key 'output': every run of a sweep writes to one folder", []).extend(
-            label for label, cfg in valid if cfg.output != valid[0][1].output
-        )
-    if problems:
-        raise SweepError(_report(source, problems, total, bool(wanted)))
-    _check_partitions(chosen, problems)
-    if problems:
-        raise SweepError(_report(source, problems, total, bool(wanted)))
-    return Sweep(source, runs, max_concurrent, collapsed)
 
 
 class _Unread:
