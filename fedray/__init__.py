@@ -17,7 +17,7 @@ registration functions (``register_algorithm``, ``register_model``, ``register_d
 ``register_partition``) are how plug-ins and the built-ins alike add what a config can name.
 
 The folders below are the layers, each importing only those before it (docs/architecture.md walks
-them): `config/`, `data/` and `models/`, `storage/`, `engine/`, `federation/`, `algorithms/`,
+them): `config/`, `models/` and `data/`, `storage/`, `engine/`, `federation/`, `algorithms/`,
 `experiment/`, `sweeps/`; then this front door (`api.py`, `progress.py`). `params.py` and
 `records.py` are the vocabulary every layer speaks (parameter dicts, metric rows).
 """
@@ -68,6 +68,27 @@ _API = {
     "run": "fedray.api",
     "sweep": "fedray.api",
     "RunResult": "fedray.api",
+    # what an algorithm plug-in writes with (docs/extending.md#what-is-stable)
+    "Federation": "fedray.federation",
+    "Client": "fedray.engine.client",
+    "Task": "fedray.engine.client",
+    "Params": "fedray.params",
+    "get_params": "fedray.params",
+    "set_params": "fedray.params",
+    "weighted_average": "fedray.params",
+    "Record": "fedray.records",
+    "rec": "fedray.records",
+    "assignment_rec": "fedray.records",
+    "bound": "fedray.config.hparams",
+    "one_of": "fedray.config.hparams",
+    "local_update": "fedray.algorithms.rounds",
+    "fedavg_aggregate": "fedray.algorithms.rounds",
+    "train_reply": "fedray.algorithms.rounds",
+    "train_records": "fedray.algorithms.rounds",
+    "single_model_records": "fedray.algorithms.evaluation",
+    "SavedModel": "fedray.storage.export",
+    "global_model": "fedray.storage.export",
+    "cluster_models": "fedray.storage.export",
 }
 __all__ = sorted(_API)
 

@@ -380,3 +380,16 @@ def test_an_old_module_name_imports_the_module_it_moved_to_and_says_so_once():
     assert p.stderr.count("fedray.hparams is now fedray.config.hparams") == 1, p.stderr
     assert p.stderr.count("fedray.evaluation is now fedray.algorithms.evaluation") == 1, p.stderr
     assert "FedrayMovedWarning" in p.stderr
+
+
+def test_the_worked_example_in_architecture_md_is_the_code_as_it_is():
+    # each code block of the worked example stands, word for word, in a file the section links to
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    section = page[page.index("### Worked example") :]
+    section = section[: section.index("Then, for a new algorithm:")]
+    linked = {ROOT / "docs" / target for target in INLINE_LINK.findall(section)}
+    sources = {path: path.read_text() for path in linked if path.suffix == ".py"}
+    blocks = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+    assert len(blocks) >= 3 and len(sources) >= 3
+    for block in blocks:
+        assert any(block.strip() in text for text in sources.values()), f"not in the code:\n{block}"

@@ -5,6 +5,7 @@ are; an installed package registers itself through its entry point."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 
 from fedray.config import plugins
 from fedray.config.keys import ConfigError
-from tests.conftest import ROOT
+from tests.conftest import ROOT, small_config
 
 EXAMPLE = ROOT / "examples" / "plugin"
 
@@ -564,3 +565,48 @@ def test_a_model_with_dropout_gives_the_in_process_numbers_on_3_actors(tmp_path,
     run(cfg, output=str(tmp_path / "ray"), num_actors=3, quiet=True)
     local, ray_ = metrics(tmp_path / "local"), metrics(tmp_path / "ray")
     assert len(local) > 10 and local.equals(ray_), local.compare(ray_)
+
+
+# --- the stable surface a plug-in author writes with (docs/extending.md#what-is-stable) ------------
+
+
+def _stable_names() -> set[str]:
+    page = (ROOT / "docs" / "extending.md").read_text()
+    section = page[page.index("## What is stable") :]
+    section = section[: section.index("The example plug-ins")]
+    return set(re.findall(r"`(\w+)`", section)) - {"NAME", "fedray"}
+
+
+def test_every_name_docs_call_stable_is_fedrays_own_and_resolves():
+    import fedray
+
+    stable = _stable_names()
+    assert {"train_reply", "single_model_records", "global_model", "Federation", "bound"} <= stable
+    assert stable <= set(fedray.__all__), stable - set(fedray.__all__)
+    for name in fedray.__all__:
+        assert getattr(fedray, name) is not None, name
+
+
+def test_the_example_plugins_import_only_fedray_itself():
+    # what docs/extending.md's examples show is what a plug-in author may lean on: no internal module
+    import ast
+
+    for path in sorted((ROOT / "examples").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "fedray":
+                raise AssertionError(f"{path.relative_to(ROOT)}: from {node.module} import ...")
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    assert alias.name == "fedray" or not alias.name.startswith("fedray."), (path, alias.name)
+
+
+def test_a_federation_says_how_many_clients_it_has(tmp_path):
+    from fedray.data import build_federated_data
+    from fedray.federation.local import make_local_federation
+
+    cfg = small_config(tmp_path, num_clients=7)
+    fed, _ = make_local_federation(cfg, build_federated_data(cfg))
+    try:
+        assert fed.num_clients == len(fed.client_ids) == 7
+    finally:
+        fed.close()

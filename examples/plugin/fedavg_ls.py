@@ -21,15 +21,23 @@ from dataclasses import dataclass, field
 
 import torch
 
-import fedray
-from fedray.algorithms.baselines.fedavg import State, evaluate, init, models  # noqa: F401 - FedAvg's, part of the record
-from fedray.algorithms.rounds import fedavg_aggregate, train_records, train_reply
-from fedray.config.hparams import bound
+import fedray  # every name a plug-in needs is fedray's own (docs/extending.md#what-is-stable)
 
 
 @dataclass
 class Hparams:
-    smoothing: float = field(default=0.1, metadata=bound(ge=0, lt=1))  # eps: the weight of the uniform target
+    smoothing: float = field(
+        default=0.1, metadata=fedray.bound(ge=0, lt=1)
+    )  # eps: the weight of the uniform target
+
+
+@dataclass
+class State:
+    params: fedray.Params  # the global model
+
+
+def init(fed: fedray.Federation, hp: Hparams) -> State:
+    return State(fedray.get_params(fed.task.build_model()))
 
 
 def smoothed(model, batch: fedray.Batch, context) -> fedray.Step:
@@ -41,20 +49,29 @@ def smoothed(model, batch: fedray.Batch, context) -> fedray.Step:
     return fedray.Step(out, ce, (1 - eps) * ce + eps * uniform)
 
 
-def smoothed_update(client, cstate, msg):
-    """Client function: the received model trained on the smoothed objective."""
+def smoothed_update(client: fedray.Client, cstate, msg):
+    """Client function: the received model trained on the smoothed objective. ``cstate`` is the
+    client's own state, None on its first call; this algorithm keeps none."""
     trained = yield fedray.LocalUpdate(
         msg["params"], msg["round"], objective=smoothed, context={"smoothing": msg["smoothing"]}
     )
-    return train_reply(client, trained.params, trained.stats), cstate
+    return fedray.train_reply(client, trained.params, trained.stats), cstate
 
 
-def round(state, fed, hp: Hparams, rnd: int):  # noqa: A001
+def round(state: State, fed: fedray.Federation, hp: Hparams, rnd: int):  # noqa: A001
     cids = fed.sample(fed.task.participation, fed.task.rng("sample", rnd=rnd))
     replies = fed.map(
         smoothed_update, cids, {"params": state.params, "round": rnd, "smoothing": hp.smoothing}
     )
-    return State(fedavg_aggregate(replies)), train_records(replies)
+    return State(fedray.fedavg_aggregate(replies)), fedray.train_records(replies)
+
+
+def evaluate(state: State, fed: fedray.Federation, hp: Hparams, rnd: int) -> list[fedray.Record]:
+    return fedray.single_model_records(fed, state.params)  # FedAvg's: the global model everywhere
+
+
+def models(state: State, hp: Hparams) -> list[fedray.SavedModel]:
+    return fedray.global_model(state.params)
 
 
 fedray.register_algorithm("fedavg_ls", __import__(__name__))

@@ -20,33 +20,26 @@ from dataclasses import dataclass, field
 import numpy as np
 from torch import nn
 
-import fedray
-from fedray.algorithms.baselines.fedavg import evaluate, models  # noqa: F401 - FedAvg's, part of the record
-from fedray.algorithms.rounds import fedavg_aggregate, local_update, train_records
-from fedray.config.hparams import bound
-from fedray.federation import Federation
-from fedray.models import EncoderHead
-from fedray.params import Params, get_params
-from fedray.records import Record, rec
+import fedray  # every name a plug-in needs is fedray's own (docs/extending.md#what-is-stable)
 
 
 @dataclass
 class Hparams:
-    beta: float = field(default=0.9, metadata=bound(ge=0, lt=1))  # server momentum (Hsu et al.: 0.9)
-    server_lr: float = field(default=1.0, metadata=bound(gt=0))  # server step size on the velocity
+    beta: float = field(default=0.9, metadata=fedray.bound(ge=0, lt=1))  # server momentum (Hsu et al.: 0.9)
+    server_lr: float = field(default=1.0, metadata=fedray.bound(gt=0))  # server step size on the velocity
 
 
 @dataclass
 class State:
-    params: Params  # the global model w
-    velocity: Params | None = None  # v: None until the first round
+    params: fedray.Params  # the global model w
+    velocity: fedray.Params | None = None  # v: None until the first round
 
 
-def init(fed: Federation, hp: Hparams) -> State:
-    return State(get_params(fed.task.build_model()))
+def init(fed: fedray.Federation, hp: Hparams) -> State:
+    return State(fedray.get_params(fed.task.build_model()))
 
 
-def server_momentum(state: State, average: Params, hp: Hparams) -> State:
+def server_momentum(state: State, average: fedray.Params, hp: Hparams) -> State:
     if hp.beta == 0 and hp.server_lr == 1.0:
         return State(average, None)  # FedAvg exactly: no round-off from w - (w - avg)
     w = state.params
@@ -55,16 +48,24 @@ def server_momentum(state: State, average: Params, hp: Hparams) -> State:
     return State({k: (w[k] - hp.server_lr * v[k]).astype(w[k].dtype) for k in w}, v)
 
 
-def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
+def round(state: State, fed: fedray.Federation, hp: Hparams, rnd: int) -> tuple[State, list[fedray.Record]]:  # noqa: A001
     cids = fed.sample(fed.task.participation, fed.task.rng("sample", rnd=rnd))
-    replies = fed.map(local_update, cids, {"params": state.params, "round": rnd})
-    new = server_momentum(state, fedavg_aggregate(replies), hp)
+    replies = fed.map(fedray.local_update, cids, {"params": state.params, "round": rnd})
+    new = server_momentum(state, fedray.fedavg_aggregate(replies), hp)
     norm = (
         0.0
         if new.velocity is None
         else float(np.sqrt(sum(np.sum(v.astype(np.float64) ** 2) for v in new.velocity.values())))
     )
-    return new, [*train_records(replies), rec("velocity_norm", norm)]
+    return new, [*fedray.train_records(replies), fedray.rec("velocity_norm", norm)]
+
+
+def evaluate(state: State, fed: fedray.Federation, hp: Hparams, rnd: int) -> list[fedray.Record]:
+    return fedray.single_model_records(fed, state.params)  # FedAvg's: the global model everywhere
+
+
+def models(state: State, hp: Hparams) -> list[fedray.SavedModel]:
+    return fedray.global_model(state.params)
 
 
 # Imported by name in every process of a run (driver, coordinator, client actors), this module
@@ -75,8 +76,8 @@ fedray.register_algorithm("fedavgm", __import__(__name__))
 @fedray.register_model(
     "digits_cnn", problem=lambda shape: None if len(shape) == 3 else "needs C x H x W images"
 )
-def digits_cnn(input_shape: tuple[int, ...], num_classes: int) -> EncoderHead:
+def digits_cnn(input_shape: tuple[int, ...], num_classes: int) -> fedray.EncoderHead:
     c, h, w = input_shape
     encoder = nn.Sequential(nn.Conv2d(c, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten())
     features = 16 * (h // 2) * (w // 2)
-    return EncoderHead(encoder, nn.Linear(features, num_classes), features)
+    return fedray.EncoderHead(encoder, nn.Linear(features, num_classes), features)

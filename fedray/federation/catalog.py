@@ -70,6 +70,11 @@ class ClientCatalog:
             raise KeyError(int(want[bad][0]))
         return want, pos
 
+    @property
+    def num_clients(self) -> int:
+        """The training clients (``len(client_ids)``; FedRC's test clients are not among them)."""
+        return len(self.client_ids)
+
     def num_examples(self, cids: Sequence[int] | None = None) -> dict[int, int]:
         want, pos = self._positions(cids)
         return dict(zip(want.tolist(), self._train[pos].tolist(), strict=True))

@@ -49,6 +49,10 @@ class Federation(Protocol):
     task: Task
     client_ids: Sequence[int]  # a list, or a range for clients made on demand
 
+    @property
+    def num_clients(self) -> int:
+        """How many training clients there are (``len(client_ids)``: FedDyn's 1/m, SCAFFOLD's N)."""
+
     groups: dict[int, int] | None
     """Ground-truth client groups of the partition (``dominant``), else None. Only an oracle may read it."""
 
