@@ -8,7 +8,8 @@ import os
 import signal
 import stat
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,7 +65,9 @@ def _running_cluster() -> str | None:
         return None
 
 
-def connect(address: str | None = None, plugins: Sequence[str] = ()) -> bool:
+def connect(
+    address: str | None = None, plugins: Sequence[str] = (), say: Callable[[str], None] | None = None
+) -> bool:
     """Attach to ``address`` / RAY_ADDRESS, or to the cluster `ray start` runs on this machine, or
     start a local Ray (``address="local"`` always does). Returns True if we started it. An address
     that does not answer within `CONNECT_TIMEOUT_S` is an error naming it (a stale cluster found on
@@ -72,7 +75,9 @@ def connect(address: str | None = None, plugins: Sequence[str] = ()) -> bool:
 
     The job's workers (the coordinator, the client actors) run at normal priority and the
     plug-ins' files and packages go with the job to every node (`job_runtime_env`); with a Ray
-    already initialised in this process the caller's ``ray.init`` decides both."""
+    already initialised in this process the caller's ``ray.init`` decides both. ``say`` is told
+    at once that a local Ray starts (on a busy machine that takes most of a minute), and then how
+    long it took."""
     if ray.is_initialized():
         return False
     given = address or os.environ.get("RAY_ADDRESS") or None
@@ -122,6 +127,11 @@ def connect(address: str | None = None, plugins: Sequence[str] = ()) -> bool:
             return False
         notice = logging.getLogger("ray._private.authentication.authentication_token_setup")
         notice.addFilter(_token_on_notice)
+        if say is not None:
+            say(
+                f"starting a local Ray with this machine's {os.cpu_count()} CPUs (no cluster to attach to) ..."
+            )
+        t0 = time.perf_counter()
         try:
             with _replacing_job_fields(env["runtime_env"]):
                 ray.init(
@@ -129,6 +139,8 @@ def connect(address: str | None = None, plugins: Sequence[str] = ()) -> bool:
                 )
         finally:
             notice.removeFilter(_token_on_notice)
+        if say is not None:
+            say(f"local Ray started in {time.perf_counter() - t0:.1f} s")
         _owner_only(Path.home() / ".ray" / "auth_token")
         return True
     finally:
@@ -375,12 +387,16 @@ def auto_gpus(cpus_per_actor: float) -> float:
 
 
 def run_on_ray(
-    cfg: Config, address: str | None = None, restart: bool = False, started: bool | None = None
+    cfg: Config,
+    address: str | None = None,
+    restart: bool = False,
+    started: bool | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> Iterator[Event]:
-    """`fedray run` on Ray: connect (or start a private Ray), run, and stop what we started.
-    ``started``: the caller connected already (True: it started that Ray, which stops here)."""
+    """`fedray run` on Ray: connect (or start a private Ray, said to ``say``), run, and stop what we
+    started. ``started``: the caller connected already (True: it started that Ray, which stops here)."""
     if started is None:
-        started = connect(address, cfg.plugins)
+        started = connect(address, cfg.plugins, say)
     try:
         cfg = cfg.with_gpus(auto_gpus(cfg.num_cpus_per_actor)) if cfg.gpus_auto else cfg
         if said := unused_gpus(cluster_gpus(), [cfg]):

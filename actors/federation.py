@@ -35,6 +35,25 @@ def unwrap(error: BaseException) -> BaseException:
     return error
 
 
+def _first_failure(refs: Any, first: ray.exceptions.RayTaskError) -> BaseException:
+    """The failure of a call to several actors that names the lowest client: every other ref of the
+    call is waited for and read too, so no actor's failure is left for Ray to print as an "Unhandled
+    error", and the client named is the one the in-process run names (it runs clients in order and
+    stops at the first that fails)."""
+    if not isinstance(refs, list):
+        return first
+    failures: list[BaseException] = []
+    for ref in refs:
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayTaskError as e:
+            failures.append(e)
+        except Exception:  # noqa: BLE001 - a lost actor: `first` is what this call reports
+            continue
+    clients = [e for e in failures if isinstance(unwrap(e), ClientError)]
+    return min(clients, key=lambda e: unwrap(e).cid) if clients else first
+
+
 class _EveryNth:
     """Which actor hosts a client when actor a hosts every n-th client of ``ids`` from the a-th."""
 
@@ -88,9 +107,9 @@ class RayFederation(ClientCatalog):
         try:
             return ray.get(refs)
         except ray.exceptions.RayTaskError as e:
-            inner = unwrap(e)
+            inner = unwrap(_first_failure(refs, e))
             if isinstance(inner, ClientError):
-                raise ClientError(inner.cid, inner.message, inner.remote_traceback) from None
+                raise ClientError(inner.cid, inner.message, inner.remote_traceback, inner.mistake) from None
             raise
         except LOST as e:
             text = str(e)
@@ -153,7 +172,12 @@ class RayFederation(ClientCatalog):
         for cid in cids:
             i = call_of[cid]
             if i not in got:
-                got[i] = {m.cid: (r, m) for r, m in self._get(calls[i])}
+                try:
+                    replies = self._get(calls[i])
+                except ClientError:  # every call read, the lowest failing client named (`_get`)
+                    self._get([c for c in calls if c is not None])
+                    raise
+                got[i] = {m.cid: (r, m) for r, m in replies}
                 calls[i] = None  # drop our ref: Ray frees the replies once nothing holds them
             reply, meta = got[i].pop(cid)
             if not got[i]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import ray
@@ -32,8 +32,13 @@ class RayLauncher:
 
     inline = False  # each run is streamed by a worker thread of the scheduler
 
-    def __init__(self, address: str | None = None, plugins: Sequence[str] = ()) -> None:
-        self.started = connect(address, plugins)
+    def __init__(
+        self,
+        address: str | None = None,
+        plugins: Sequence[str] = (),
+        say: Callable[[str], None] | None = None,
+    ) -> None:
+        self.started = connect(address, plugins, say)
         # a Ray fedray started on this machine cannot grow: a run whose actors exceed its totals fails
         # at once (`launch_actors`), not after placement_timeout_s of waiting for nodes
         self.fixed = self.started

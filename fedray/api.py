@@ -14,12 +14,14 @@ A config is a path, a mapping or a `fedray.config.Config`; keyword arguments ove
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fedray.config.keys import Config, ConfigError, merge, parse_sets
+
+Say = Callable[[str], None] | None  # where a line about Ray's start goes (None: nowhere)
 
 
 @dataclass
@@ -116,7 +118,7 @@ def prepare(
 
 
 def resolve_gpus(
-    cfg: Config, local: bool = False, address: str | None = None
+    cfg: Config, local: bool = False, address: str | None = None, say: Say = None
 ) -> tuple[Config, bool | None, str | None]:
     """``cfg`` with ``num_gpus_per_actor: auto`` resolved where the run goes, before its run id is
     read: 0 in this process (``local``), else from the Ray cluster, connected to for it (attached
@@ -131,32 +133,34 @@ def resolve_gpus(
         return cfg.with_gpus(0.0), None, progress.auto_gpus_line(0.0, cfg.num_cpus_per_actor, local=True)
     from actors.driver import auto_gpus, cluster_gpus, connect
 
-    started = connect(address, cfg.plugins)
+    started = connect(address, cfg.plugins, say)
     share = auto_gpus(cfg.num_cpus_per_actor)
     said = progress.auto_gpus_line(share, cfg.num_cpus_per_actor, cluster_gpus=cluster_gpus())
     return cfg.with_gpus(share), started, said
 
 
-def sweep_launcher(sw: Any, local: bool = False, address: str | None = None) -> Any:
+def sweep_launcher(sw: Any, local: bool = False, address: str | None = None, say: Say = None) -> Any:
     """Where a sweep's runs go: in this process one at a time (``local``), or a Ray cluster (attached
-    to ``address`` / RAY_ADDRESS, else a local Ray started for the sweep)."""
+    to ``address`` / RAY_ADDRESS, else a local Ray started for the sweep, said to ``say``)."""
     if local:
         from fedray.sweeps.scheduler import LocalLauncher
 
         return LocalLauncher()
     from actors.sweep import RayLauncher
 
-    return RayLauncher(address, sorted({p for r in sw.runs for p in r.config.plugins}))
+    return RayLauncher(address, sorted({p for r in sw.runs for p in r.config.plugins}), say)
 
 
-def open_sweep(path: str | Path, *, local: bool = False, address: str | None = None, **options: Any) -> Any:
+def open_sweep(
+    path: str | Path, *, local: bool = False, address: str | None = None, say: Say = None, **options: Any
+) -> Any:
     """The sweep flow `fedray sweep` and `fedray.sweep` share (`fedray.sweeps.flow.open_sweep`,
     which takes ``options``), its runs going in this process (``local``) or to Ray (attached to
     ``address`` / RAY_ADDRESS, else a local Ray started for the sweep and stopped when the session
     closes)."""
     from fedray.sweeps.flow import open_sweep as open_
 
-    return open_(path, lambda sw: sweep_launcher(sw, local, address), local=local, **options)
+    return open_(path, lambda sw: sweep_launcher(sw, local, address, say), local=local, **options)
 
 
 def events(
@@ -165,9 +169,11 @@ def events(
     address: str | None = None,
     restart: bool = False,
     started: bool | None = None,
+    say: Say = None,
 ) -> Iterator[Any]:
     """The run's events (`fedray.experiment.loop`): in this process, or on Ray (attached to ``address`` /
-    RAY_ADDRESS, else a local Ray started for it). ``started``: `resolve_gpus` connected already."""
+    RAY_ADDRESS, else a local Ray started for it, said to ``say``). ``started``: `resolve_gpus`
+    connected already."""
     if local:
         from fedray.experiment.loop import execute
         from fedray.federation.local import make_local_federation
@@ -175,7 +181,11 @@ def events(
         return execute(cfg, make_local_federation, restart)
     from actors.driver import run_on_ray
 
-    return run_on_ray(cfg, address, restart, started)
+    return run_on_ray(cfg, address, restart, started, say)
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
 
 
 @dataclass
@@ -204,7 +214,12 @@ def _stop_started(started: bool | None) -> None:
 
 
 def begin(
-    cfg: Config, local: bool = False, address: str | None = None, force: bool = False, restart: bool = False
+    cfg: Config,
+    local: bool = False,
+    address: str | None = None,
+    force: bool = False,
+    restart: bool = False,
+    say: Say = None,
 ) -> Begun:
     """What `run` and `fedray run` decide before a run starts, in one place: auto resolved where
     the run goes (`resolve_gpus`), the run found finished (run again with ``force``, from its
@@ -213,7 +228,7 @@ def begin(
     starts until the events are read."""
     from fedray.storage.results import run_state
 
-    cfg, started, said = resolve_gpus(cfg, local, address)
+    cfg, started, said = resolve_gpus(cfg, local, address, say)
     try:
         state = run_state(cfg.output, cfg.run_id())
     except BaseException:  # a damaged record (DamagedResults): nothing runs
@@ -222,7 +237,7 @@ def begin(
     if state == "running" or state == "finished" and not force:
         _stop_started(started)
         return Begun(cfg, said, state, None)
-    return Begun(cfg, said, state, events(cfg, local, address, restart or state == "finished", started))
+    return Begun(cfg, said, state, events(cfg, local, address, restart or state == "finished", started, say))
 
 
 def run(
@@ -250,7 +265,7 @@ def run(
     from fedray import progress
 
     cfg = prepare(config, sets, plugins, **overrides)
-    begun = begin(cfg, local, address, force, restart)
+    begun = begin(cfg, local, address, force, restart, None if quiet else _say)
     cfg, evs = begun.cfg, begun.events
     if begun.said and not quiet:
         print(begun.said, flush=True)
@@ -305,6 +320,7 @@ def sweep(
 
     session = open_sweep(
         path,
+        say=None if quiet else _say,
         sets=sets,
         output=output,
         only=only,

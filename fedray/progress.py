@@ -115,8 +115,9 @@ def run_lines(ev: Any, cfg: Any, quiet: bool, t0: float) -> list[tuple[str, bool
         s = ev.summary
         return [
             (
-                f"done: {outcome(s, 'final accuracy')}; {count(s['rounds_done'], 'round')}, {s.get('steady_round_seconds', 0):.2f} s/round, "
-                f"{time.perf_counter() - t0:.1f} s in all; results in {cfg.output}/ (fedray report {cfg.output})",
+                f"done: {outcome(s, 'final accuracy')}; {count(s['rounds_done'], 'round')}, {s.get('steady_round_seconds', 0):.2f} s/round; "
+                f"the run {s.get('total_seconds', 0):.1f} s (runs/ total_seconds), {time.perf_counter() - t0:.1f} s in all for this command; "
+                f"results in {cfg.output}/ (fedray report {cfg.output})",
                 False,
             )
         ]

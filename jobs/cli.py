@@ -54,6 +54,17 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
         help="start an unfinished run over instead of going on from its latest checkpoint",
     )
     p.add_argument("--quiet", action="store_true", help="print only the summary")
+    p.add_argument(
+        "--traceback",
+        action="store_true",
+        help="on a plug-in's mistake (an objective's loss not a scalar, a client state not plain data), print "
+        "the traceback too, not only the line that says it (or set FEDRAY_TRACEBACK=1)",
+    )
+
+
+def _say(line: str) -> None:
+    """A line about what fedray is doing before a run's own lines (starting a local Ray)."""
+    print(line, flush=True)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -69,7 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"fedray: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        begun = begin(cfg, args.local, args.address, args.force, args.restart)
+        begun = begin(cfg, args.local, args.address, args.force, args.restart, _say)
     except ConnectionError as e:  # no Ray to resolve num_gpus_per_actor: auto on
         print(f"fedray: error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -125,11 +136,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         if isinstance(e, ConnectionError):  # no Ray to run on: nothing of the run was started
             print(f"fedray: error: {e}", file=sys.stderr)
             return EXIT_USAGE
-        if isinstance(e, ClientError) and e.remote_traceback:
+        mistake = isinstance(e, ClientError) and e.mistake
+        traceback_asked = getattr(args, "traceback", False) or os.environ.get("FEDRAY_TRACEBACK") == "1"
+        if isinstance(e, ClientError) and e.remote_traceback and (traceback_asked or not mistake):
             print(e.remote_traceback.rstrip(), file=sys.stderr)
-        print(f"fedray: run {run_id} failed: {type(e).__name__}: {e}", file=sys.stderr)
+        if mistake:  # the plug-in's own mistake, said in one line that names it: no traceback
+            print(f"fedray: run {run_id} failed: algorithm {cfg.algorithm}, {e}", file=sys.stderr)
+        else:
+            print(f"fedray: run {run_id} failed: {type(e).__name__}: {e}", file=sys.stderr)
         if run_state(cfg.output, run_id) in ("failed", "interrupted"):
-            print(f"(status, error and its traceback recorded in {cfg.output}/runs/)", file=sys.stderr)
+            more = "; --traceback prints it here" if mistake and not traceback_asked else ""
+            print(f"(status, error and its traceback recorded in {cfg.output}/runs/{more})", file=sys.stderr)
         else:
             print(f"(the failure could not be recorded in {cfg.output}/runs/)", file=sys.stderr)
         return EXIT_FAILED
@@ -148,6 +165,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             )
         session = open_sweep(
             args.config,
+            say=_say,
             sets=args.sets,
             output=args.output,
             only=args.only,

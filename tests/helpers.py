@@ -145,6 +145,12 @@ def stamp_big(client, cstate, msg):
     return (out, int(out.sum())), cstate
 
 
+def fail_from_two(client, cstate, msg):
+    if client.cid >= 2:
+        raise ValueError(f"bad batch of client {client.cid}")
+    return None, cstate
+
+
 def fail_on_three(client, cstate, msg):
     if client.cid == 3:
         raise ValueError("bad batch")

@@ -70,6 +70,16 @@ def test_fedray_run_local_then_skip_then_report(tmp_path):
     )
     assert rc == 0, err
     assert "round 1/2" in p and "done: final accuracy" in p
+    # the done line says which times it gives: the run's own (runs/ total_seconds, as recorded), and
+    # the command's in all (once only "in all", which the runs table's total_seconds is not)
+    from analysis import load_runs
+
+    said = re.search(
+        r"; the run (\d+\.\d) s \(runs/ total_seconds\), (\d+\.\d) s in all for this command; ", p
+    )
+    run_id = re.search(r"^run (\S+):", p, re.M)[1]
+    summary = load_runs(out).set_index("run_id")["summary"][run_id]
+    assert said and float(said[1]) == round(summary["total_seconds"], 1) <= float(said[2]) + 0.05, p
     df = pd.read_parquet(out / "metrics")
     acc = df[(df.metric == "accuracy") & (df.scope == "global")]
     # the two seeds' runs, each its two rounds (the repeated command added none)

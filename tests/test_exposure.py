@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -16,7 +17,8 @@ import ray
 import psutil  # Ray's own copy (ray/thirdparty_files), on the path once ray is imported
 from actors.driver import connect
 
-assert connect("local")
+said = []
+assert connect("local", say=said.append)
 time.sleep(2)  # the agents bind their ports once they are up
 ours = {p.pid: p.name() for p in psutil.Process().children(recursive=True)}
 ours[os.getpid()] = "driver"
@@ -29,7 +31,7 @@ token = Path.home() / ".ray" / "auth_token"
 mode = stat.S_IMODE(token.stat().st_mode) if token.exists() else None
 niceness = ray.get(ray.remote(num_cpus=0)(lambda: os.nice(0)).remote())
 ray.shutdown()
-print(json.dumps({"listening": listening, "token_mode": mode, "worker_niceness": niceness}))
+print(json.dumps({"listening": listening, "token_mode": mode, "worker_niceness": niceness, "said": said}))
 """
 
 
@@ -54,6 +56,14 @@ def test_a_private_ray_exports_no_metrics_keeps_its_token_to_its_owner_and_its_w
     # Ray's default niceness for workers is 15: then any busy process beside them took the run's
     # actors minutes to start (issue: attaching took 105 s on a busy machine)
     assert got["worker_niceness"] == 0
+    # the first minute on a busy machine was silent while Ray started: it is said at once, and then
+    # how long the start took
+    starting, started = got["said"]
+    assert (
+        starting
+        == f"starting a local Ray with this machine's {os.cpu_count()} CPUs (no cluster to attach to) ..."
+    )
+    assert re.fullmatch(r"local Ray started in \d+\.\d s", started), started
 
 
 def test_the_jobs_workers_run_at_normal_priority_unless_its_submitter_said_otherwise(monkeypatch):

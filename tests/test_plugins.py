@@ -610,3 +610,101 @@ def test_a_federation_says_how_many_clients_it_has(tmp_path):
         assert fed.num_clients == len(fed.client_ids) == 7
     finally:
         fed.close()
+
+
+# --- a plug-in author's mistakes, named where they happen ---------------------------------------
+
+PER_SAMPLE_LOSS = """
+import torch
+import fedray
+
+
+def per_sample(model, batch, context):
+    out = model(batch.x)
+    each = torch.nn.functional.cross_entropy(out, batch.y, reduction="none")  # the slip: not reduced
+    return fedray.Step(out, each.mean(), each)
+
+
+def update(client, cstate, msg):
+    trained = yield fedray.LocalUpdate(msg["params"], msg["round"], objective=per_sample)
+    return fedray.train_reply(client, trained.params, trained.stats), cstate
+
+
+from fedray.algorithms.baselines.fedavg import Hparams, State, evaluate, init, models  # noqa: E402,F401
+
+
+def round(state, fed, hp, rnd):
+    replies = fed.map(update, fed.sample(1.0, fed.task.rng("sample", rnd=rnd)), {"params": state.params, "round": rnd})
+    return State(fedray.fedavg_aggregate(replies)), fedray.train_records(replies)
+
+
+fedray.register_algorithm("per_sample", __import__(__name__))
+"""
+
+
+@pytest.mark.parametrize("engine", ["off", "on"])
+def test_a_loss_that_is_not_a_scalar_is_named_in_one_line_on_either_engine(tmp_path, isolated, engine):
+    # reduction="none", the most common slip: once 26 lines of fedray's and torch's frames ending in
+    # "grad can be implicitly created only for scalar outputs" (functorch's vjp advice, stacked)
+    from tests.helpers import FEDRAY, run
+
+    plugin = tmp_path / "per_sample.py"
+    plugin.write_text(PER_SAMPLE_LOSS)
+    args = [*FEDRAY, "run", "--local", "--plugin", str(plugin), "--output", str(tmp_path / "out")]
+    sets = ["algorithm=per_sample", "rounds=2", "num_clients=4", f"batched_clients={engine}"]
+    p = run([*args, *(x for kv in sets for x in ("--set", kv))], cwd=tmp_path)
+    assert p.returncode == 1, p.stderr
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    said = next(line for line in lines if "failed" in line)
+    assert said.startswith("fedray: run per_sample-digits-") and "algorithm per_sample, client 0: " in said
+    line = PER_SAMPLE_LOSS.splitlines().index("def per_sample(model, batch, context):") + 1
+    assert f"objective per_sample.per_sample ({plugin}:{line}) returned Step.loss of shape (32,): " in said
+    assert "must be scalars, one number for the batch" in said
+    assert "Traceback" not in p.stderr and "grad can be implicitly created" not in p.stderr
+    assert len(lines) == 2 and "--traceback prints it here" in lines[1]
+    again = run([*args, "--traceback", *(x for kv in sets for x in ("--set", kv))], cwd=tmp_path)
+    assert "Traceback (most recent call last)" in again.stderr and said in again.stderr
+
+
+TENSOR_STATE = """
+import torch
+import fedray
+from fedray.algorithms.baselines.fedavg import Hparams, State, evaluate, init, models  # noqa: F401
+
+
+def keeps_tensors(client, cstate, msg):
+    trained = yield fedray.LocalUpdate(msg["params"], msg["round"])
+    kept = {"last": {k: torch.from_numpy(v) for k, v in trained.params.items()}}  # the slip: tensors
+    return fedray.train_reply(client, trained.params, trained.stats), kept
+
+
+def round(state, fed, hp, rnd):
+    replies = fed.map(keeps_tensors, fed.sample(1.0, fed.task.rng("sample", rnd=rnd)), {"params": state.params, "round": rnd})
+    return State(fedray.fedavg_aggregate(replies)), fedray.train_records(replies)
+
+
+fedray.register_algorithm("keeps_tensors", __import__(__name__))
+"""
+
+
+def test_a_client_state_that_is_not_plain_data_is_named_in_the_round_it_is_returned(tmp_path, isolated):
+    # once: every round trained until the first checkpoint (round 10 of 20), then an error that did
+    # not name the client function
+    from analysis import load_runs
+    from tests.helpers import FEDRAY, run
+
+    plugin = tmp_path / "keeps.py"
+    plugin.write_text(TENSOR_STATE)
+    sets = ["algorithm=keeps_tensors", "rounds=20", "checkpoint_every=10", "num_clients=4"]
+    args = [*FEDRAY, "run", "--local", "--plugin", str(plugin), "--output", str(tmp_path / "out")]
+    p = run([*args, *(x for kv in sets for x in ("--set", kv))], cwd=tmp_path)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    line = TENSOR_STATE.splitlines().index("def keeps_tensors(client, cstate, msg):") + 1
+    said = next(x for x in p.stderr.splitlines() if "failed" in x)
+    assert (
+        f"algorithm keeps_tensors, client 0: ClientStateError: client function keeps.keeps_tensors "
+        f"({plugin}:{line}) returned for client 0 a state that is not plain data: its state['last']['"
+    ) in said
+    assert "a torch.Tensor cannot be checkpointed" in said
+    (row,) = load_runs(tmp_path / "out").to_dict("records")
+    assert row["status"] == "failed" and row["summary"]["rounds_done"] == 0  # nothing past round 1

@@ -349,6 +349,13 @@ def test_a_mistake_in_every_run_says_so_and_where_its_value_was_set(tmp_path):
         "persistent_optimizer, server_lr, stragglers) (set by --set hp.mu=1)",
         "    in all 4 runs",
     ]
+    # every --set echoes back as typed: YAML reads on as true (once echoed "pack_runs=true"), -1.0e+2
+    # as -100.0
+    clean = sweep_file(tmp_path, "rounds: 1\nseeds: [0, 1]\n")
+    for typed in ("pack_runs=on", "lr=-1.0e+2"):
+        with pytest.raises(SweepError) as e:
+            load_sweep(clean, sets=[typed])
+        assert f"(set by --set {typed})" in str(e.value), str(e.value)
 
 
 def test_a_quiet_sweep_prints_its_plan_and_summary_not_each_runs_lines(tmp_path, capsys):

@@ -406,6 +406,16 @@ def parse_sets(sets: Iterable[str], flag: str = "--set") -> dict[str, Any]:
     return out
 
 
+def typed_sets(sets: Iterable[str]) -> dict[str, str]:
+    """``--set``s as the user typed them, by (dotted) key: what a message echoes back (``on``, not
+    the ``true`` YAML reads it as; ``1e-2``, not ``0.01``). The last of a key's --sets wins."""
+    out: dict[str, str] = {}
+    for item in sets:
+        key, _, raw = item.partition("=")
+        out[key.strip()] = raw.strip()
+    return out
+
+
 def set_dotted(tree: dict[str, Any], key: str, value: Any, where: str) -> None:
     """``tree["hp"]["mu"] = value`` for ``key="hp.mu"``, making sections as needed (in place)."""
     node = tree

@@ -48,7 +48,7 @@ from fedray.engine import step_options
 from fedray.engine.client import Client, num_steps
 from fedray.engine.feeds import Resident, Streamed
 from fedray.engine.stack import Context, Stack, View, build_stack, per_row, unstack
-from fedray.engine.update import Batch, Frozen, LocalUpdate, Trained
+from fedray.engine.update import Batch, Frozen, LocalUpdate, Trained, checked_step
 
 __all__ = ["View", "lanes_of", "signature", "train_stacked"]
 
@@ -123,7 +123,7 @@ def gradients(
 
     def loss_one(params, held_row, x, y, mask, count, w, ctx_row):
         model = View(template, {**module_buffers, **held_row, **params})
-        step = objective(model, Batch(x, y, w, mask, count), context.of(ctx_row))
+        step = checked_step(objective(model, Batch(x, y, w, mask, count), context.of(ctx_row)), objective)
         return step.loss, (step.logits.argmax(1), step.ce)
 
     in_dims = (0, 0, 0, 0, 0, 0, 0 if with_weights else None, 0)

@@ -27,16 +27,33 @@ KEPT_SHARES = {"train_tensors": 4, "test_tensors": 8}
 
 
 class ClientError(RuntimeError):
-    """A client function raised; carries the client id and the original traceback text."""
+    """A client function raised; carries the client id and the original traceback text.
+    ``mistake``: what it raised was a `PluginMistake`, whose message says all (where it happened
+    and how to mend it): the command line shows that line, not the traceback."""
 
-    def __init__(self, cid: int, message: str, remote_traceback: str = "") -> None:
+    def __init__(self, cid: int, message: str, remote_traceback: str = "", mistake: bool = False) -> None:
         super().__init__(f"client {cid}: {message}")
         self.cid = cid
         self.message = message
         self.remote_traceback = remote_traceback
+        self.mistake = mistake
 
     def __reduce__(self):  # keep the fields when Ray pickles the exception
-        return (ClientError, (self.cid, self.message, self.remote_traceback))
+        return (ClientError, (self.cid, self.message, self.remote_traceback, self.mistake))
+
+
+class PluginMistake(Exception):
+    """Something an algorithm's code (an objective, a client function) did against fedray's rules,
+    told in one message that names the code, what it did and the rule."""
+
+
+def code_name(fn: Any) -> str:
+    """A function as a plug-in author finds it: ``module.name (file:line)`` (a partial's function)."""
+    while isinstance(fn, partial):
+        fn = fn.func
+    name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+    code = getattr(fn, "__code__", None)
+    return name if code is None else f"{name} ({code.co_filename}:{code.co_firstlineno})"
 
 
 def share_device_memory(cache: dict, device: torch.device, hosts: int) -> None:

@@ -31,7 +31,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from fedray.engine import batched
 from fedray.engine.choice import stack_key
-from fedray.engine.client import Client, ClientError
+from fedray.engine.client import Client, ClientError, PluginMistake
 from fedray.engine.train import EvalStats, evaluate_requests, train_update
 from fedray.engine.update import Evaluation, LocalUpdate, Request, Trained, requests
 
@@ -46,12 +46,13 @@ def fn_name(fn: Callable) -> str:
 def _failed(cid: int, e: Exception) -> ClientError:
     if isinstance(e, ClientError):
         return e
-    return ClientError(cid, f"{type(e).__name__}: {e}", traceback.format_exc())
+    return ClientError(cid, f"{type(e).__name__}: {e}", traceback.format_exc(), isinstance(e, PluginMistake))
 
 
 def _failed_together(cids: list[int], what: str, e: Exception) -> ClientError:
     """A failure of work done for several clients at once, naming them (under the first's id)."""
-    return ClientError(cids[0], f"{what} of clients {cids}: {type(e).__name__}: {e}", traceback.format_exc())
+    message = f"{what} of clients {cids}: {type(e).__name__}: {e}"
+    return ClientError(cids[0], message, traceback.format_exc(), isinstance(e, PluginMistake))
 
 
 Answer = Trained | EvalStats | np.ndarray | tuple[np.ndarray, np.ndarray]

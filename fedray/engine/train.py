@@ -17,7 +17,7 @@ from torch.optim.sgd import sgd as sgd_rule
 
 from fedray.config import seeding
 from fedray.engine.client import Client, ClientError
-from fedray.engine.update import Batch, Evaluation, Frozen, LocalUpdate, Trained
+from fedray.engine.update import Batch, Evaluation, Frozen, LocalUpdate, Trained, checked_step
 from fedray.models import Arch
 from fedray.params import get_params
 
@@ -221,7 +221,7 @@ def _local_steps(
                 break
             opt.zero_grad()
             w = None if w_all is None else w_all[torch.from_numpy(pos).to(client.device)]
-            step = update.objective(model, Batch(x, y, w), context)
+            step = checked_step(update.objective(model, Batch(x, y, w), context), update.objective)
             step.loss.backward()
             opt.step()
             if after_step is not None:

@@ -47,6 +47,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedray.engine.client import PluginMistake, code_name
 from fedray.models import TASK, Arch
 from fedray.params import Params
 
@@ -58,6 +59,31 @@ class Step:
     logits: torch.Tensor  # the model's predictions: train accuracy is counted on these
     ce: torch.Tensor  # the batch's mean cross-entropy, reported as sgd_loss
     loss: torch.Tensor  # what the optimizer minimises
+
+
+class ObjectiveError(PluginMistake, ValueError):
+    """An objective returned what no engine can step on."""
+
+
+def checked_step(step: Any, objective: Any) -> Step:
+    """``step`` as the objective returned it, once it is a `Step` whose ``loss`` and ``ce`` are
+    scalars (under the stacked engine's vmap: one row's, which is one number too)."""
+    if not isinstance(step, Step):
+        raise ObjectiveError(
+            f"objective {code_name(objective)} returned a {type(step).__name__}, not a fedray.Step(logits, "
+            "ce, loss); docs/extending.md#a-local-objective"
+        )
+    for field_name in ("loss", "ce"):
+        value = getattr(step, field_name)
+        if not isinstance(value, torch.Tensor) or value.dim() != 0:
+            shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            raise ObjectiveError(
+                f"objective {code_name(objective)} returned Step.{field_name} of shape {shape}: Step.loss "
+                "and Step.ce must be scalars, one number for the batch (reduce with batch.mean(...), "
+                "batch.weighted(...) or batch.cross_entropy(...), which count only the batch's real "
+                "samples; a loss with reduction='none' is per sample); docs/extending.md#a-local-objective"
+            )
+    return step
 
 
 class Batch:

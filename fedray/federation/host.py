@@ -20,11 +20,11 @@ import torch
 
 from fedray.data import ArrayDataset, ClientIndices, SourcedClients
 from fedray.engine import choice, drive
-from fedray.engine.client import Client, Task, share_device_memory
+from fedray.engine.client import Client, Task, code_name, share_device_memory
 from fedray.federation import TEST_SHARD, ClientError, ClientFn
 from fedray.federation.client_states import ClientStates
 from fedray.params import payload_nbytes
-from fedray.storage.checkpoint import StateFile
+from fedray.storage.checkpoint import CheckpointError, StateFile, encode
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,7 @@ class ClientHost:
         self._state = ClientStates(task.client_state_memory_mb, cpus)
         self._model_cache: dict = {}
         self._engine: choice.Engine | None = None  # the engine it trains with (decided on first use)
+        self._checked: set[int] = set()  # clients whose state was checked plain data in this process
         # the pack this host's run trains in (`fedray.sweeps.pack.Packer`): its stacked calls go through it
         self.packer: Any = None
         self.packed_calls = 0  # client calls stacked with another run's clients (in a pack)
@@ -188,7 +189,7 @@ class ClientHost:
         seconds = (time.perf_counter() - t0) / max(1, len(pairs))  # the call's time, shared out
         out = []
         for (cid, _), (reply, new_state), on in zip(pairs, results, stacked, strict=True):
-            self._state.set(cid, new_state)
+            self._set_state(fn, cid, new_state)
             out.append((reply, CallMeta(cid, payload_nbytes(reply), seconds, stacked=on)))
         return out
 
@@ -196,8 +197,26 @@ class ClientHost:
         client, cstate = self._prepared(cid)  # made and read outside the timing
         t0 = time.perf_counter()
         reply, new_state = drive.run_one(fn, client, cstate, msg)
-        self._state.set(cid, new_state)
+        self._set_state(fn, cid, new_state)
         return reply, CallMeta(cid, payload_nbytes(reply), time.perf_counter() - t0)
+
+    def _set_state(self, fn: ClientFn, cid: int, state: Any) -> None:
+        """Keep what ``fn`` returned as client ``cid``'s state; the first state a client returns in
+        this process is checked to be plain data, as a checkpoint writes it: a mistake is named at
+        the round it is made in, not at the first checkpoint many rounds later."""
+        if state is not None and cid not in self._checked:
+            try:
+                encode(state, [], "its state")
+            except CheckpointError as e:
+                raise ClientError(
+                    cid,
+                    f"ClientStateError: client function {code_name(fn)} returned for client {cid} a state "
+                    f"that is not plain data: {e}",
+                    traceback.format_exc(),
+                    mistake=True,
+                ) from None
+            self._checked.add(cid)
+        self._state.set(cid, state)
 
     def _prepared(self, cid: int) -> tuple[Client, Any]:
         """Client ``cid`` (its samples made, where a source makes them) and its state (read back,

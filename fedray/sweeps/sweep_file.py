@@ -42,7 +42,16 @@ from typing import Any
 
 from fedray.algorithms import ALGORITHMS
 from fedray.config.coercion import count, suggest
-from fedray.config.keys import SWEEP_KEYS, Config, ConfigError, flatten, parse_sets, read_yaml, set_dotted
+from fedray.config.keys import (
+    SWEEP_KEYS,
+    Config,
+    ConfigError,
+    flatten,
+    parse_sets,
+    read_yaml,
+    set_dotted,
+    typed_sets,
+)
 from fedray.experiment.validation import Unread, at_default, check_last_batches, from_dict, unread_keys
 from fedray.storage.results import run_state
 
@@ -291,7 +300,7 @@ class _SweepParts:
     axes: list[tuple[str, list[Choice]]]  # (the axis, its choices), outermost first
     max_concurrent: int
     base: dict[str, Any]  # the file's keys but the sweep's own
-    from_set: dict[str, Any]  # what --set says (dotted), for the errors that name it
+    from_set: dict[str, str]  # what --set says (dotted keys), as typed: for the errors that name it
     top: dict[str, Any]  # the file's top-level keys (dotted), likewise
     over: dict[str, Any]
     wanted: dict[str, Any]
@@ -316,8 +325,9 @@ def _read_sweep(
     base = {k: v for k, v in raw.items() if k not in SWEEP_KEYS}
     if base.get("plugins"):
         base["plugins"] = resolve_plugins(base["plugins"], Path(path).resolve().parent, f"{source}: plugins")
-    from_set = flatten(parse_sets(sets))
-    over = dict(from_set)
+    sets = list(sets)
+    over = flatten(parse_sets(sets))
+    from_set = typed_sets(sets)
     if plugins:
         over["plugins"] = [*base.get("plugins", []), *resolve_plugins(list(plugins), None, "--plugin")]
     if output is not None:
@@ -461,7 +471,7 @@ def _origin(problem: str, sets: Mapping[str, Any], top: Iterable[str], set_by: I
     """Where the key a run's ``problem`` names got its value, where the run's label does not say:
     `` (set by --set K=V)`` or `` (set at the file's top level)``; "" for a key an axis of the run
     sets (its label shows the value), a key left at its default, or a problem that names no key.
-    ``sets``: what --set says (dotted keys); ``top``: the file's top-level keys (dotted);
+    ``sets``: what --set says (dotted keys), as typed; ``top``: the file's top-level keys (dotted);
     ``set_by``: the run's axes' keys."""
     match = re.search(r"config key '([\w.]+)'", problem)
     if match is None:
@@ -472,9 +482,7 @@ def _origin(problem: str, sets: Mapping[str, Any], top: Iterable[str], set_by: I
         return any(_overlaps(key, k) for k in keys)
 
     if within(sets):
-        return (
-            " (set by --set " + ",".join(f"{k}={_fmt(v)}" for k, v in sets.items() if _overlaps(key, k)) + ")"
-        )
+        return " (set by --set " + ",".join(f"{k}={v}" for k, v in sets.items() if _overlaps(key, k)) + ")"
     if within(set_by) or not within(top):
         return ""
     return " (set at the file's top level)"
