@@ -468,8 +468,8 @@ def test_a_checkpoint_takes_only_spilled_state_files(tmp_path):
     spill = ClientStates(budget_mb=1e-6)  # a budget of no bytes: all but the latest state on disk
     spill.set(3, {"c": np.ones(2)})
     spill.set(4, {"c": np.ones(2)})
-    assert is_spill_file(spill.file(3)) and not is_spill_file(secret)
-    link = spill.file(3).parent / "00000005.npz"
+    assert is_spill_file(spill.file(3)[0]) and not is_spill_file(secret)
+    link = spill.file(3)[0].parent / "00000005.npz"
     link.symlink_to(secret)  # a link in a spill folder is not a spill file either
     assert not is_spill_file(link)
 
@@ -493,6 +493,62 @@ def test_an_edited_manifest_is_refused(tmp_path):
     _resume_fails(cfg, r"says round 3, but its folder is round-000002")
     ckpt.rename(ckpt.with_name("round-000003"))  # and the folder renamed: the history says 2 rounds
     _resume_fails(cfg, r"its history records rounds 1\.\.2 \(2 entries\), not the 3 rounds")
+
+
+def test_a_checkpoint_whose_files_are_not_this_runs_is_refused_naming_what_does_not_match(tmp_path):
+    # Before: two clients' state files swapped, the manifest's hashes and digest made to match again,
+    # resumed and finished with 17 of 60 values different; another seed's checkpoint planted with its
+    # run id rewritten was taken as "after round 6 of 6" and the run recorded finished.
+    import shutil
+
+    cfg, ckpt = _checkpointed_run(tmp_path)
+    a, b = ckpt / "clients" / "000001.npz", ckpt / "clients" / "000002.npz"
+    a_bytes, b_bytes = a.read_bytes(), b.read_bytes()
+    a.write_bytes(b_bytes)
+    b.write_bytes(a_bytes)
+    _fix_checksum(ckpt, "clients/000001.npz")
+    _fix_checksum(ckpt, "clients/000002.npz")
+    _resume_fails(cfg, r"000001\.npz: holds client 2's state of run .*, not client 1's state of run")
+    a.write_bytes(a_bytes)
+    b.write_bytes(b_bytes)
+    _fix_checksum(ckpt, "clients/000001.npz")
+    _fix_checksum(ckpt, "clients/000002.npz")
+    # another seed's run, checkpointed alike, planted under this run's id
+    other = small_config(tmp_path / "other", rounds=4, checkpoint_every=2, algorithm="scaffold", seed=9)
+    _stop_after(other, 3)
+    planted = Path(other.output) / "checkpoints" / other.run_id() / "round-000002"
+    shutil.rmtree(ckpt)
+    shutil.copytree(planted, ckpt)
+    _fix_checksum(ckpt, run_id=cfg.run_id())
+    _resume_fails(
+        cfg, rf"state\.npz: holds the State of run {other.run_id()}, not the State of run {cfg.run_id()}"
+    )
+
+
+def test_a_spilled_state_file_changed_under_a_live_run_is_refused_not_read_or_linked(tmp_path):
+    # Before: a file swapped inside the live spill folder changed the numbers silently, and was then
+    # linked into the next checkpoint under a fresh hash.
+    from fedray.federation.client_states import ClientStates
+    from fedray.storage.checkpoint import StateFile
+
+    store = ClientStates(budget_mb=1e-6, run_id="run-1")  # every state but the latest on disk
+    store.set(3, {"c": np.ones(2)})
+    store.set(4, {"c": np.full(2, 4.0)})
+    store.set(5, {"c": np.full(2, 5.0)})
+    (path3, digest3), (path4, _) = store.file(3), store.file(4)
+    good = path3.read_bytes()
+    path3.write_bytes(path4.read_bytes())  # client 4's file in client 3's place
+    with pytest.raises(CheckpointError, match=r"00000003\.npz: changed since fedray wrote it"):
+        store.peek(3)
+    ckpts = Checkpoints(tmp_path / "out", "run-1")
+    with pytest.raises(
+        CheckpointError, match=r"client 3 state: its spilled file .*00000003\.npz changed since"
+    ):
+        ckpts.save(1, {}, [(3, StateFile(str(path3), digest3))], None, {"history": []}, {})
+    path3.write_bytes(good)  # as written: read, and linked
+    assert store.peek(3)["c"].tolist() == [1.0, 1.0]
+    ckpts.save(1, {}, [(3, StateFile(str(path3), digest3))], None, {"history": []}, {})
+    assert (ckpts.root / "round-000001" / "clients" / "000003.npz").stat().st_ino == path3.stat().st_ino
 
 
 # --- saved models -------------------------------------------------------------------------------------

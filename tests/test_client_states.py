@@ -163,7 +163,7 @@ def test_a_checkpoint_links_spilled_states_and_a_run_resumes_from_them_bit_ident
             break
     store = feds[0].host._state
     ckpt = Checkpoints(cfg.output, cfg.run_id(), 3).latest()
-    spilled = {cid: store.file(cid) for cid in store.cids() if store.file(cid) is not None}
+    spilled = {cid: store.file(cid)[0] for cid in store.cids() if store.file(cid) is not None}
     assert spilled, "some states were on disk at the checkpoint"
     for cid, path in spilled.items():
         saved = ckpt.path / f"clients/{cid:06d}.npz"

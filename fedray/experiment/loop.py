@@ -268,7 +268,7 @@ class _Run:
         if latest is None:
             state, start = alg.init(self.fed, hp), 0
         else:
-            state, start = restore(latest, self.fed), latest.round
+            state, start = restore(self.ckpts, latest, self.fed), latest.round
             self.history = [RoundDone(**h) for h in latest.extra["history"]]
         writer.start(keep_through=None if latest is None else start)
         writer.write_clients(client_rows(data))
@@ -390,11 +390,12 @@ def execute(
             run.fed.close()
 
 
-def restore(ckpt: Checkpoint, fed: HostedFederation) -> Any:
-    """The State saved in ``ckpt``, with every client's state given back to ``fed``'s clients."""
-    state = Checkpoints.load_state(ckpt, fed.restore_baton)
+def restore(ckpts: Checkpoints, ckpt: Checkpoint, fed: HostedFederation) -> Any:
+    """The State saved in ``ckpt`` (one of ``ckpts``), with every client's state given back to
+    ``fed``'s clients; each file checked to be this run's, and its client's."""
+    state = ckpts.load_state(ckpt, fed.restore_baton)
     known = set(fed.client_ids) | set(fed.test_client_ids)
-    states = Checkpoints.client_states(ckpt)
+    states = ckpts.client_states(ckpt)
 
     def checked() -> Iterator[tuple[int, Any]]:
         for cid, cstate in states:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from fedray.params import payload_nbytes
-from fedray.storage.checkpoint import SPILL_PREFIX, read_blob, write_blob
+from fedray.storage.checkpoint import SPILL_PREFIX, owner, read_blob, write_blob
 
 PREFIX = SPILL_PREFIX
 
@@ -71,8 +71,11 @@ def remove_stale(root: Path) -> None:
 class ClientStates:
     """cid -> state, in memory up to ``budget_mb``, the least recently used beyond it on disk."""
 
-    def __init__(self, budget_mb: float = 0.0, cpus: float | None = None) -> None:
-        """``budget_mb`` 0: `default_budget_mb` for a worker of ``cpus`` CPUs (None: alone)."""
+    def __init__(self, budget_mb: float = 0.0, cpus: float | None = None, run_id: str = "") -> None:
+        """``budget_mb`` 0: `default_budget_mb` for a worker of ``cpus`` CPUs (None: alone).
+        ``run_id``: the run the states are of, written into every spilled file."""
+        self.run_id = run_id
+        self._digests: dict[int, str] = {}  # cid -> the SHA-256 of its spilled file, as written
         self.budget = int((budget_mb if budget_mb > 0 else default_budget_mb(cpus)) * (1 << 20))
         self._memory: OrderedDict[int, tuple[Any, int]] = OrderedDict()  # cid -> (state, bytes), LRU first
         self._bytes = 0
@@ -88,7 +91,7 @@ class ClientStates:
             return self._memory[cid][0]
         if cid in self._disk:
             path = self._path(cid)
-            state = read_blob(path)
+            state = self._read(cid)
             self._disk.discard(cid)
             path.unlink(missing_ok=True)
             self.loaded += 1
@@ -102,12 +105,17 @@ class ClientStates:
         whole spill over)."""
         if cid in self._memory:
             return self._memory[cid][0]
-        return read_blob(self._path(cid)) if cid in self._disk else None
+        return self._read(cid) if cid in self._disk else None
 
-    def file(self, cid: int) -> Path | None:
-        """The file ``cid``'s state is spilled to, None where it is in memory (or has none). The
-        file is never written again: a later spill of that client writes a new one."""
-        return self._path(cid) if cid in self._disk else None
+    def file(self, cid: int) -> tuple[Path, str] | None:
+        """The file ``cid``'s state is spilled to and its SHA-256 as written, None where the state
+        is in memory (or there is none). The file is never written again: a later spill of that
+        client writes a new one."""
+        return (self._path(cid), self._digests[cid]) if cid in self._disk else None
+
+    def _read(self, cid: int) -> Any:
+        """A spilled state, checked to be the file as written and to be this client's."""
+        return read_blob(self._path(cid), owned_by=owner(self.run_id, cid), digest=self._digests[cid])
 
     def set(self, cid: int, state: Any) -> None:
         self._drop(cid)
@@ -138,7 +146,9 @@ class ClientStates:
             self._bytes -= n
             path = self._path(old)
             path.unlink(missing_ok=True)  # a new file, never the old one rewritten: a checkpoint may link it
-            write_blob(path, value, f"client {old}'s state", sync=False)
+            self._digests[old] = write_blob(
+                path, value, f"client {old}'s state", sync=False, owned_by=owner(self.run_id, old)
+            )
             self._disk.add(old)
             self.spilled += 1
 

@@ -105,7 +105,7 @@ class ClientHost:
         self._indices = clients if self._sourced else dict(clients)
         self._made: OrderedDict[int, ArrayDataset] = OrderedDict()
         self._made_bytes = 0
-        self._state = ClientStates(task.client_state_memory_mb, cpus)
+        self._state = ClientStates(task.client_state_memory_mb, cpus, task.run_id)
         self._model_cache: dict = {}
         self._engine: choice.Engine | None = None  # the engine it trains with (decided on first use)
         self._checked: set[int] = set()  # clients whose state was checked plain data in this process
@@ -254,8 +254,8 @@ class ClientHost:
     def checkpoint_state(self, cid: int, files: bool = False) -> Any:
         """What a checkpoint saves of client ``cid``: its state, or with ``files`` where the state
         is spilled, the file it is in (`fedray.storage.checkpoint.StateFile`, for the checkpoint to link)."""
-        path = self._state.file(cid) if files else None
-        return StateFile(str(path)) if path is not None else self._state.peek(cid)
+        spilled = self._state.file(cid) if files else None
+        return StateFile(str(spilled[0]), spilled[1]) if spilled is not None else self._state.peek(cid)
 
     def set_state(self, cid: int, state: Any) -> None:
         """Restore client ``cid``'s persistent state (from a checkpoint)."""

@@ -217,34 +217,74 @@ def _hashable(k: Any) -> Any:
 # ------------------------------------------------------------------------------------------------
 
 
+def owner(run_id: str, client: int | None = None) -> dict[str, Any]:
+    """Whose a state file is: a run's State (``client`` None) or one client's state in it. Written
+    into the file (`write_blob`) and checked when it is read (`read_blob`), so a file copied in
+    from another run or swapped with another client's is refused, whatever the manifest says."""
+    return {"run_id": run_id, "client": client}
+
+
+def _whose(found: Any) -> str:
+    if not isinstance(found, dict):
+        return repr(found)
+    who = "the State" if found.get("client") is None else f"client {found.get('client')}'s state"
+    return f"{who} of run {found.get('run_id')}"
+
+
 def write_blob(
-    path: Path, obj: Any, where: str, baton: Callable[[Any], Any] | None = None, sync: bool = True
+    path: Path,
+    obj: Any,
+    where: str,
+    baton: Callable[[Any], Any] | None = None,
+    sync: bool = True,
+    owned_by: dict[str, Any] | None = None,
 ) -> str:
-    """Write ``obj`` to ``path`` (fsynced); returns the file's SHA-256. ``sync=False``: neither (a
-    scratch file that need not survive the machine: spilled client state)."""
+    """Write ``obj`` to ``path``, saying whose it is (``owned_by``: `owner`); fsynced, returns the
+    file's SHA-256. ``sync=False``: a scratch file that need not survive the machine (spilled
+    client state), not fsynced (its SHA-256 is still returned: it is checked when read back)."""
     arrays: list[np.ndarray] = []
     tree = encode(obj, arrays, where, baton)
+    head = {"format": FORMAT, "tree": tree}
+    if owned_by is not None:
+        head["owner"] = owned_by
     with open(path, "wb") as f:
         with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
-            zf.writestr("tree.json", json.dumps({"format": FORMAT, "tree": tree}, allow_nan=False))
+            zf.writestr("tree.json", json.dumps(head, allow_nan=False))
             for i, arr in enumerate(arrays):
                 with zf.open(f"{i}.npy", "w", force_zip64=True) as member:
                     np.lib.format.write_array(
                         member, arr if arr.flags.c_contiguous else arr.copy(order="C"), allow_pickle=False
                     )
-        if not sync:
-            return ""
-        f.flush()
-        os.fsync(f.fileno())
+        if sync:
+            f.flush()
+            os.fsync(f.fileno())
     return sha256(path)
 
 
-def read_blob(path: Path, baton: Callable[[int, Any], Any] | None = None) -> Any:
+def read_blob(
+    path: Path,
+    baton: Callable[[int, Any], Any] | None = None,
+    owned_by: dict[str, Any] | None = None,
+    digest: str | None = None,
+) -> Any:
+    """What `write_blob` wrote to ``path``. ``owned_by``: whose it must be (a file that names
+    another owner is refused; one written before files named theirs is read); ``digest``: the
+    SHA-256 it must have (a spilled file, checked against what was written)."""
+    if digest is not None and sha256(path) != digest:
+        raise CheckpointError(
+            f"{path}: changed since fedray wrote it (its SHA-256 is not the one written): not read"
+        )
     try:
         with zipfile.ZipFile(path) as zf:
             head = json.loads(zf.read("tree.json"))
             if not isinstance(head, dict) or head.get("format") != FORMAT:
                 raise ValueError(f"unknown format {head.get('format') if isinstance(head, dict) else head!r}")
+            found = head.get("owner")
+            if owned_by is not None and found is not None and found != owned_by:
+                raise CheckpointError(
+                    f"{path}: holds {_whose(found)}, not {_whose(owned_by)} (copied in from elsewhere, "
+                    "or swapped with another file): not read"
+                )
             names = [n for n in zf.namelist() if n != "tree.json"]
             if sorted(names) != sorted(f"{i}.npy" for i in range(len(names))):
                 raise ValueError(f"unexpected members {sorted(names)[:5]}")
@@ -280,6 +320,7 @@ class StateFile:
     and copied otherwise, instead of reading the state and writing it again."""
 
     path: str
+    digest: str = ""  # its SHA-256 as written: the file taken into a checkpoint must still have it
 
 
 SPILL_PREFIX = "fedray-client-state-"  # a host's spill folder under the temporary directory (client_states)
@@ -319,7 +360,14 @@ def _take_file(src: StateFile, dest: Path, where: str) -> str:
         shutil.copyfile(src.path, dest)
     with open(dest, "rb") as f:
         os.fsync(f.fileno())  # spilled files are written without fsync; the checkpoint's must survive
-    return sha256(dest)
+    got = sha256(dest)
+    if src.digest and got != src.digest:
+        dest.unlink()
+        raise CheckpointError(
+            f"{where}: its spilled file {src.path} changed since fedray wrote it (its SHA-256 is not the "
+            "one written): not taken into the checkpoint"
+        )
+    return got
 
 
 def manifest_digest(manifest: dict[str, Any]) -> str:
@@ -382,13 +430,17 @@ class Checkpoints:
         tmp = self.root / f".round-{rnd:06d}.{uuid.uuid4().hex[:8]}.tmp"
         (tmp / "clients").mkdir(parents=True)
         try:
-            files = {"state.npz": write_blob(tmp / "state.npz", state, "state", baton)}
+            files = {
+                "state.npz": write_blob(tmp / "state.npz", state, "state", baton, owned_by=owner(self.run_id))
+            }
             for cid, cstate in client_states:
                 name = f"clients/{cid:06d}.npz"
                 if isinstance(cstate, StateFile):  # spilled: the file itself, linked
                     files[name] = _take_file(cstate, tmp / name, f"client {cid} state")
                 elif cstate is not None:
-                    files[name] = write_blob(tmp / name, cstate, f"client {cid} state")
+                    files[name] = write_blob(
+                        tmp / name, cstate, f"client {cid} state", owned_by=owner(self.run_id, cid)
+                    )
             manifest = {
                 "format": MANIFEST_FORMAT,
                 "run_id": self.run_id,
@@ -481,15 +533,13 @@ class Checkpoints:
                 )
         return Checkpoint(path, rnd, extra, files)
 
-    @staticmethod
-    def load_state(ckpt: Checkpoint, baton: Callable[[int, Any], Any] | None = None) -> Any:
-        return read_blob(ckpt.path / "state.npz", baton)
+    def load_state(self, ckpt: Checkpoint, baton: Callable[[int, Any], Any] | None = None) -> Any:
+        return read_blob(ckpt.path / "state.npz", baton, owner(self.run_id))
 
-    @staticmethod
-    def client_states(ckpt: Checkpoint) -> Iterator[tuple[int, Any]]:
+    def client_states(self, ckpt: Checkpoint) -> Iterator[tuple[int, Any]]:
         """Every client's saved state, in client order, read one file at a time."""
         for name in sorted(n for n in ckpt.files if n.startswith("clients/")):
             stem = name.removeprefix("clients/").removesuffix(".npz")
             if not stem.isdigit():
                 raise CheckpointError(f"{ckpt.path / name}: not a client state file")
-            yield int(stem), read_blob(ckpt.path / name)
+            yield int(stem), read_blob(ckpt.path / name, owned_by=owner(self.run_id, int(stem)))
