@@ -17,6 +17,7 @@ from fedray.storage.results import (
     METRICS_SCHEMA,
     PARTITION_SCHEMA,
     RUNS_SCHEMA,
+    DamagedResults,
     read_checked,
     run_state,
 )
@@ -28,6 +29,42 @@ _SCHEMAS = {
     "assignments": ASSIGNMENTS_SCHEMA,
     "partitions": PARTITION_SCHEMA,
 }
+
+
+def _owner_ok(stem: str, run_id: str) -> bool:
+    rest = stem[len(run_id) :] if stem.startswith(run_id) else None
+    return rest is not None and (rest in ("", "-clients") or (rest[:1] == "-" and rest[1:].isdigit()))
+
+
+def _check_owners(dataset: ds.Dataset) -> None:
+    """Every part file holds rows of the run its name says (``RUN_ID.parquet``,
+    ``RUN_ID-NNNNNN.parquet``, ``RUN_ID-clients.parquet``): a file that holds another run's rows
+    (copied over this run's, or renamed) would be counted as this run's; it is refused, named. Read
+    from each file's footer (its run_id column's smallest and largest value); the column itself
+    only where a file has no such statistics. An archive's one file of many runs (`archive`:
+    ``archive.parquet``) holds any."""
+    if "run_id" not in dataset.schema.names:
+        return
+    for fragment in dataset.get_fragments():
+        stem = Path(fragment.path).stem
+        if stem == "archive":
+            continue
+        meta = fragment.metadata
+        column = meta.schema.to_arrow_schema().get_field_index("run_id")
+        found: set[str] = set()
+        for i in range(meta.num_row_groups):
+            stats = meta.row_group(i).column(column).statistics if column >= 0 else None
+            if stats is None or not stats.has_min_max:
+                found |= set(fragment.to_table(columns=["run_id"]).column("run_id").unique().to_pylist())
+                break
+            found |= {stats.min, stats.max}
+        for run_id in sorted(found):
+            if not _owner_ok(stem, run_id):
+                raise DamagedResults(
+                    f"results file {fragment.path!r} holds rows of run {run_id}, not of the run its name "
+                    "says (another run's file copied or renamed into its place): move it away, or run "
+                    "that run again (--restart)"
+                )
 
 
 def _read_dir(path: Path, where: ds.Expression | None = None) -> pd.DataFrame | None:
@@ -42,7 +79,11 @@ def _read_dir(path: Path, where: ds.Expression | None = None) -> pd.DataFrame | 
         default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True)
     )
     try:
-        table = ds.dataset(str(path), format=checked, schema=schema).to_table(filter=where)
+        dataset = ds.dataset(str(path), format=checked, schema=schema)
+        _check_owners(dataset)
+        table = dataset.to_table(filter=where)
+    except DamagedResults:
+        raise
     except (OSError, pa.ArrowException):
         for part in sorted(p for p in path.glob("*.parquet") if not p.name.startswith((".", "_"))):
             read_checked(part)  # names the damaged file

@@ -343,6 +343,30 @@ def test_every_bit_flipped_in_a_metrics_files_values_is_caught_naming_the_file(t
     assert err.startswith("fedray: error: results file") and part.name in err and "damaged" in err
 
 
+def test_a_part_file_holding_another_runs_rows_is_refused_naming_it(tmp_path, capsys):
+    # Before: seed 1's metrics file copied over seed 0's loaded as seed 0's: one seed twice, the other
+    # not at all, and `fedray report` exited 0 with a mean over the wrong runs.
+    from fedray.storage.results import DamagedResults
+    from jobs.cli import main
+
+    runs = [small_config(tmp_path, rounds=2, seed=s) for s in (0, 1)]
+    for cfg in runs:
+        list(execute(cfg, make_local_federation))
+    first, second = (tmp_path / "out" / "metrics" / f"{c.run_id()}-000000.parquet" for c in runs)
+    first.write_bytes(second.read_bytes())
+    with pytest.raises(
+        DamagedResults, match=rf"{first.name}' holds rows of run {runs[1].run_id()}, not of the run"
+    ):
+        load_metrics(tmp_path / "out")
+    assert main(["report", str(tmp_path / "out")]) == 1
+    assert first.name in capsys.readouterr().err
+    # a run whose id extends another's (a reference run's "-ref") keeps its own files apart
+    (tmp_path / "out" / "metrics" / f"{runs[1].run_id()}-ref-000000.parquet").write_bytes(second.read_bytes())
+    first.unlink()
+    with pytest.raises(DamagedResults, match=r"-ref-000000\.parquet' holds rows of run"):
+        load_metrics(tmp_path / "out")
+
+
 def test_a_run_whose_writer_died_is_recorded_with_the_status_it_is_given(tmp_path):
     from analysis import load_events
     from fedray.storage.results import mark_ended
