@@ -220,6 +220,12 @@ def _value_at(
     return float(r), float(vals[r])
 
 
+def _short(rows: pd.DataFrame, rounds_done: Any) -> bool:
+    """Whether a run's rows stop before the rounds its summary says it did (an earlier fedray could
+    record a run finished with rows missing): its last round with rows is then not its final."""
+    return isinstance(rounds_done, int) and bool(len(rows)) and int(rows["round"].max()) < rounds_done
+
+
 def run_values(
     out_dir: str | Path,
     metric: str = "accuracy",
@@ -276,10 +282,16 @@ def run_values(
         # all their rows and are read at their final round: the paper's equal-communication table.
         m = m[(m["stage"] == stage) | ~m["run_id"].isin(staged)]
     by_run = dict(tuple(m.groupby("run_id", sort=False)))
+    done = {
+        r: s.get("rounds_done") if isinstance(s, dict) else None
+        for r, s in zip(runs["run_id"], runs["summary"], strict=True)
+    }
     read = []
     for r in runs["run_id"]:
         if r not in by_run:
             read.append((math.nan, math.nan))
+        elif at == "final" and round is None and stage is None and _short(by_run[r], done[r]):
+            read.append((math.nan, math.nan))  # its last rows are missing: no round of it is its final
         elif stage is None or r in staged:
             read.append(_value_at(by_run[r], metric, at, round, stage, way))
         else:

@@ -525,6 +525,30 @@ def test_a_checkpoint_whose_files_are_not_this_runs_is_refused_naming_what_does_
     )
 
 
+def test_a_run_whose_rows_before_its_checkpoint_are_missing_is_refused_not_finished_over_the_gap(tmp_path):
+    # Before: a results folder holding only a copied checkpoints/ (an rsync of that folder alone)
+    # resumed and ended `finished` with rows of the rounds after the checkpoint only, its summary
+    # giving the final accuracy of a round whose row was not there.
+    import shutil
+
+    cfg, ckpt = _checkpointed_run(tmp_path)  # stopped after round 3, its checkpoint after round 2
+    copy = small_config(tmp_path / "copy", rounds=4, checkpoint_every=2, algorithm="scaffold")
+    assert copy.run_id() == cfg.run_id()
+    shutil.copytree(Path(cfg.output) / "checkpoints", Path(copy.output) / "checkpoints")
+    with pytest.raises(
+        CheckpointError,
+        match=r"its checkpoint goes on after round 2, but .*metrics/ holds no rows of rounds 1-2",
+    ):
+        list(execute(copy, make_local_federation))
+    assert load_runs(copy.output)["status"].tolist() == ["failed"]
+    # with its rows there too, it goes on, and ends as the run does uninterrupted
+    shutil.rmtree(copy.output)
+    shutil.copytree(cfg.output, copy.output)
+    events = list(execute(copy, make_local_federation))
+    assert events[0].resumed_from == 2 and isinstance(events[-1], Finished)
+    assert sorted(set(stored_metrics(copy.output)["round"])) == [1, 2, 3, 4]
+
+
 def test_a_spilled_state_file_changed_under_a_live_run_is_refused_not_read_or_linked(tmp_path):
     # Before: a file swapped inside the live spill folder changed the numbers silently, and was then
     # linked into the next checkpoint under a fresh hash.

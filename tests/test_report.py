@@ -517,3 +517,24 @@ def test_a_loss_is_best_at_its_lowest_and_a_metric_whose_name_does_not_tell_must
     assert p.returncode == 2 and "--tuned needs to know which way metric 'mean_update_norm'" in p.stderr
     p = report("--metric", "mean_update_norm", "--tuned", "--better", "lower")
     assert p.returncode == 0 and "fedprox: lr=0.01" in p.stdout, p.stderr
+
+
+def test_a_finished_run_whose_last_rows_are_missing_has_no_final_value(tmp_path):
+    # An earlier fedray could record a run finished with its last rounds' rows missing; the report
+    # then printed an earlier round's accuracy as "the final round". It says nothing instead.
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from fedray.experiment.loop import execute
+    from fedray.federation.local import make_local_federation
+    from fedray.storage.results import write_atomic
+
+    cfg = small_config(tmp_path, rounds=3)
+    list(execute(cfg, make_local_federation))
+    assert run_values(cfg.output)["round"].tolist() == [3.0]
+    (part,) = (tmp_path / "out" / "metrics").glob("*.parquet")
+    table = pq.read_table(part)
+    write_atomic(table.filter(pc.less(table.column("round"), 3)), part)  # round 3's rows gone
+    got = run_values(cfg.output)
+    assert got["round"].isna().all() and got["value"].isna().all()
+    assert run_values(cfg.output, round=2)["round"].tolist() == [2.0]  # a round it has is still read

@@ -231,6 +231,17 @@ def summarize(history: list[RoundDone], total_seconds: float, placement: dict[st
     return out
 
 
+def _rounds_text(rounds: list[int]) -> str:
+    """``[1, 2, 3, 5]`` as ``1-3, 5``."""
+    spans: list[list[int]] = []
+    for r in rounds:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
+
+
 @dataclass
 class _Run:
     """One attempt at a run, as `execute` goes through it: what it writes to, what it has built and
@@ -258,6 +269,8 @@ class _Run:
         if restart:
             self.ckpts.clear()
         latest = self.ckpts.latest()
+        if latest is not None:  # before any data is read
+            self.check_rows(latest.round)
         t0 = time.perf_counter()
         data = build_federated_data(cfg)
         t1 = time.perf_counter()
@@ -284,6 +297,20 @@ class _Run:
         self.fed.take_batched_calls()
         self.fed.take_packed_calls()
         return alg, hp, state, start
+
+    def check_rows(self, rounds_done: int) -> None:
+        """A run goes on from its checkpoint only where the metric rows of the rounds before it are
+        there: else it would be recorded finished with rounds missing from its results (a results
+        folder copied with its checkpoints but not its metrics), and its summary would give figures
+        of rows that do not exist."""
+        missing = sorted(set(range(1, rounds_done + 1)) - self.writer.rounds_on_disk())
+        if missing:
+            raise CheckpointError(
+                f"run {self.writer.run_id}: its checkpoint goes on after round {rounds_done}, but "
+                f"{self.cfg.output}/metrics/ holds no rows of rounds {_rounds_text(missing)} (a results folder "
+                "copied without its metrics?): going on would record it finished without them. Put the "
+                "metrics back, or start over with --restart"
+            )
 
     def save(self, rounds_done: int, state: Any) -> Checkpointed:
         """A checkpoint after ``rounds_done`` rounds, with the history and time so far."""

@@ -462,6 +462,14 @@ class ResultsWriter:
             p for p in (self.root / table).glob(f"{self.run_id}-*.parquet") if own.fullmatch(p.name)
         )
 
+    def rounds_on_disk(self) -> set[int]:
+        """The rounds this run's metric rows on disk are of."""
+        return {
+            r
+            for path in self._parts("metrics")
+            for r in read_checked(path, ["round"]).column("round").to_pylist()
+        }
+
     def _truncate(self, table: str, keep_through: int) -> int:
         """Drop rows of rounds after ``keep_through`` from this run's part files; returns the next
         free part number."""
