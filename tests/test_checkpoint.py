@@ -621,6 +621,93 @@ def test_clustered_and_concatenated_models_are_saved_by_name(tmp_path):
         load_model(soft.output, soft.run_id())
 
 
+# --- symbolic links and what a killed prune leaves ------------------------------------------------
+
+
+def test_fedray_neither_follows_nor_removes_a_symbolic_link_in_its_results(tmp_path):
+    # Before: with checkpoints/RUN_ID a link, --restart resumed (its clear-out ignored its own error);
+    # a linked round folder was read and never pruned; with models/RUN_ID a link, a fresh run failed
+    # at its start with "Cannot call rmtree on a symbolic link" (no path), a resumed one only after
+    # all its rounds, leaving a .old folder.
+    from fedray.storage.results import UnsafePath
+
+    cfg, ckpt = _checkpointed_run(tmp_path)
+    root = ckpt.parent
+    elsewhere = tmp_path / "elsewhere"
+    root.rename(elsewhere)
+    root.symlink_to(elsewhere)
+    for restart in (True, False):
+        with pytest.raises(
+            UnsafePath, match=rf"{re.escape(str(root))}: the run's checkpoints folder is a symbolic link"
+        ):
+            list(execute(cfg, make_local_federation, restart=restart))
+    assert (elsewhere / "round-000002" / "manifest.json").is_file()  # what it points to is untouched
+    root.unlink()
+    root.mkdir()
+    (root / "round-000002").symlink_to(elsewhere / "round-000002")
+    with pytest.raises(UnsafePath, match=r"round-000002: a checkpoint's folder is a symbolic link"):
+        list(execute(cfg, make_local_federation))
+    (root / "round-000002").unlink()
+    models = Path(cfg.output) / "models" / cfg.run_id()
+    models.parent.mkdir(exist_ok=True)
+    models.symlink_to(tmp_path)
+    for restart in (True, False):  # fresh or resumed: refused at its start, nothing trained
+        with pytest.raises(
+            UnsafePath, match=rf"{re.escape(str(models))}: the run's models folder is a symbolic link"
+        ):
+            list(execute(cfg, make_local_federation, restart=restart))
+    assert not [p for p in models.parent.iterdir() if p.name.startswith(".")]  # no .old left
+
+
+KILLED_IN_PRUNE = """
+import os, sys
+from pathlib import Path
+import fedray.storage.checkpoint as ck
+
+def killed_halfway(path, what):  # kill -9 inside a prune, half its files removed
+    files = sorted(p for p in Path(path).rglob("*") if p.is_file())
+    for f in files[: len(files) // 2]:
+        f.unlink()
+    os._exit(9)
+
+ck.remove_tree = killed_halfway
+from jobs.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_prune_killed_halfway_is_finished_at_the_next_start_and_no_debris_stays(tmp_path):
+    # Before: 4 of 15 kills aimed at the checkpoint window left round folders without a manifest
+    # (4.2 of 6.8 MB), which every later start ignored; partial .tmp files stayed forever.
+    out = tmp_path / "out"
+    args = ["run", "--local", "--output", str(out)]
+    sets = ["rounds=4", "checkpoint_every=1", "keep_checkpoints=1", "algorithm=scaffold", "num_clients=4"]
+    command = [*args, *(x for kv in sets for x in ("--set", kv))]
+    p = subprocess.run(
+        [sys.executable, "-c", KILLED_IN_PRUNE, *command], cwd=ROOT, capture_output=True, text=True
+    )
+    assert p.returncode == 9, p.stderr[-2000:]
+    (root,) = (out / "checkpoints").iterdir()
+    left = sorted(x.name for x in root.iterdir())
+    assert (
+        left[0].startswith(".round-000001.") and left[0].endswith(".pruned") and left[1:] == ["round-000002"]
+    )
+    # an earlier fedray's prune killed halfway left a round folder without its manifest; a killed
+    # writer, its hidden temporary files
+    (root / "round-000000").mkdir()
+    (root / "round-000000" / "state.npz").write_bytes(b"half")
+    (out / "metrics" / f".{root.name}-000000.parquet.0123abcd.tmp").write_bytes(b"half")
+    (out / "runs" / f".{root.name}.parquet.0123abcd.tmp").write_bytes(b"half")
+    from jobs.cli import main
+
+    assert main(command) == 0  # the same command: goes on from round 2
+    assert [x.name for x in root.iterdir()] == ["round-000004"]
+    assert not [x for sub in out.iterdir() if sub.is_dir() for x in sub.iterdir() if x.name.startswith(".")]
+    ref = tmp_path / "ref"
+    assert main(["run", "--local", "--output", str(ref), *(x for kv in sets for x in ("--set", kv))]) == 0
+    assert stored_metrics(out).equals(stored_metrics(ref))  # as if never killed
+
+
 # --- the command line: SIGTERM, SIGKILL, then the same command -------------------------------------------------
 
 

@@ -23,7 +23,7 @@ from fedray.federation import Baton, Federation, WorkerLost
 from fedray.records import Record, rec
 from fedray.storage.checkpoint import Checkpoint, CheckpointError, Checkpoints
 from fedray.storage.export import check_shapes, save_models
-from fedray.storage.results import ResultsWriter, failure_text, versions
+from fedray.storage.results import ResultsWriter, failure_text, models_folder, refuse_link, versions
 
 
 @dataclass
@@ -266,6 +266,11 @@ class _Run:
         attempt's later rounds removed only then. Returns the algorithm, its hyperparameters, the
         State and the rounds already done."""
         cfg, writer = self.cfg, self.writer
+        # what a killed attempt left (a half-done prune, hidden temporary files) goes first; a
+        # symbolic link where the run keeps its checkpoints or models is refused before anything runs
+        self.ckpts.tidy()
+        self.writer.tidy()
+        refuse_link(models_folder(cfg.output, self.writer.run_id), "the run's models folder")
         if restart:
             self.ckpts.clear()
         latest = self.ckpts.latest()

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from fedray import MOVED_MODULES
-from fedray.storage.results import fsync_dir, write_text_synced
+from fedray.storage.results import fsync_dir, refuse_link, remove_tree, write_text_synced
 
 
 @dataclass(frozen=True)
@@ -409,8 +409,13 @@ class Checkpoints:
         self.keep = keep
 
     def _complete(self) -> list[Path]:
+        """The complete checkpoints, oldest first. A symbolic link among them is refused (fedray
+        never makes one there, and reading through it would resume from what it points to)."""
+        refuse_link(self.root, "the run's checkpoints folder")
         if not self.root.is_dir():
             return []
+        for p in self.root.glob("round-*"):
+            refuse_link(p, "a checkpoint's folder")
         found = [p for p in self.root.glob("round-*") if (p / "manifest.json").is_file()]
         return sorted(found, key=lambda p: p.name)
 
@@ -455,7 +460,7 @@ class Checkpoints:
             fsync_dir(tmp / "clients")
             fsync_dir(tmp)
             if final.exists():  # the same round again (a resumed run that redid it): replace it
-                shutil.rmtree(final)
+                remove_tree(final, "the checkpoint of the round being written again")
             os.replace(tmp, final)
             fsync_dir(self.root)
         except BaseException:
@@ -466,14 +471,36 @@ class Checkpoints:
         return SaveStats(rnd, time.perf_counter() - t0, size, len(files))
 
     def prune(self) -> None:
-        """Keep the last ``keep`` complete checkpoints; remove leftovers of interrupted writes."""
+        """Keep the last ``keep`` complete checkpoints. Each older one is first renamed aside (one
+        atomic step: it is then no checkpoint), then removed: a prune killed halfway leaves a hidden
+        folder that `tidy` removes at the next start, never a round folder half gone."""
+        self.tidy()
         for old in self._complete()[: -self.keep] if self.keep > 0 else []:
-            shutil.rmtree(old, ignore_errors=True)
-        for junk in self.root.glob(".round-*.tmp"):
-            shutil.rmtree(junk, ignore_errors=True)
+            doomed = self.root / f".{old.name}.{uuid.uuid4().hex[:8]}.pruned"
+            os.replace(old, doomed)
+            fsync_dir(self.root)
+            remove_tree(doomed, "a pruned checkpoint")
+
+    def tidy(self) -> list[Path]:
+        """Remove what a killed writer or prune left: unfinished saves (``.round-*.tmp``),
+        unfinished prunes (``.round-*.pruned``) and round folders without a manifest (what an
+        earlier fedray's prune left when killed halfway; a save renames its folder into place only
+        with its manifest in it). Called under the run's lock. Returns what was removed."""
+        gone: list[Path] = []
+        if not self.root.is_dir() or self.root.is_symlink():
+            return gone
+        for p in self.root.iterdir():
+            if p.is_symlink() or not p.is_dir():
+                continue
+            hidden = p.name.startswith(".round-") and p.name.endswith((".tmp", ".pruned"))
+            if hidden or (p.name.startswith("round-") and not (p / "manifest.json").is_file()):
+                remove_tree(p, "a leftover of a killed checkpoint write or prune")
+                gone.append(p)
+        return gone
 
     def clear(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+        """Remove every checkpoint of the run (``--restart``); a symbolic link is refused."""
+        remove_tree(self.root, "the run's checkpoints folder")
 
     def latest(self) -> Checkpoint | None:
         """The newest complete checkpoint, its files verified; None if there is none.

@@ -120,7 +120,7 @@ def save_models(
     models (`Algorithm.personal_model`) come from ``client_states()``, every client's state."""
     import yaml
 
-    from fedray.storage.results import fsync_dir, models_folder, write_text_atomic
+    from fedray.storage.results import fsync_dir, models_folder, remove_tree, write_text_atomic
 
     run_id = cfg.run_id()
     final = models_folder(cfg.output, run_id)
@@ -158,7 +158,7 @@ def save_models(
         write_text_atomic(json.dumps(index, indent=1), tmp / "index.json")
         write_text_atomic(yaml.safe_dump(cfg.to_dict(), sort_keys=False), tmp / "config.yaml")
         if final.exists():
-            shutil.rmtree(final)
+            remove_tree(final, "the run's earlier models")
         os.replace(tmp, final)
         fsync_dir(final.parent)
     except BaseException:

@@ -174,6 +174,33 @@ def write_text_atomic(text: str, path: Path) -> None:
     fsync_dir(path.parent)
 
 
+class UnsafePath(OSError):
+    """A path inside the results that fedray did not make as it is (a symbolic link where it makes
+    a folder): it is neither followed nor removed; the message names it."""
+
+
+def refuse_link(path: Path, what: str) -> None:
+    """Refuse ``path`` (``what`` says what fedray keeps there) where it is a symbolic link: fedray
+    makes none inside its results, and following one would read or remove what it points to."""
+    if path.is_symlink():
+        raise UnsafePath(
+            f"{path}: {what} is a symbolic link (to {os.readlink(path)}), which fedray never makes there; "
+            "it neither follows nor removes it: put the folder itself there, or remove the link"
+        )
+
+
+def remove_tree(path: Path, what: str) -> None:
+    """Remove a folder fedray made (gone already is fine); a symbolic link is refused, and an error
+    names the path."""
+    refuse_link(path, what)
+    try:
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise OSError(f"cannot remove {what} {path}: {e.strerror or e}") from None
+
+
 def versions() -> dict[str, str]:
     """Versions of Python and the packages a run depends on, read from package metadata (no imports)."""
     from importlib import metadata
@@ -439,10 +466,11 @@ class ResultsWriter:
             # and the models a finished earlier attempt saved (`--force`): until this run finishes
             # it has none, as its row says. Moved aside whole first, so none is ever left half removed.
             models = models_folder(self.root, self.run_id)
+            refuse_link(models, "the run's models folder")
             if models.exists():
                 aside = models.with_name(f".{self.run_id}.{uuid.uuid4().hex[:8]}.old")
                 os.replace(models, aside)
-                shutil.rmtree(aside)
+                remove_tree(aside, "the earlier attempt's models")
         else:
             self._seq = max(
                 self._truncate("metrics", keep_through), self._truncate("assignments", keep_through)
@@ -461,6 +489,26 @@ class ResultsWriter:
         return sorted(
             p for p in (self.root / table).glob(f"{self.run_id}-*.parquet") if own.fullmatch(p.name)
         )
+
+    def tidy(self) -> list[Path]:
+        """Remove what a killed writer of this run left aside (its hidden ``.tmp`` files, a models
+        folder written or moved aside): called under the run's lock, so none is being written.
+        Returns what was removed."""
+        own = re.compile(
+            rf"\.{re.escape(self.run_id)}(-\d+|-clients)?(\.parquet|\.yaml)?\.[0-9a-f]{{8}}\.(tmp|old)"
+        )
+        gone = []
+        for sub in ("metrics", "assignments", "clients", "runs", "configs", "partitions", "models"):
+            folder = self.root / sub
+            for p in folder.iterdir() if folder.is_dir() else ():
+                if not own.fullmatch(p.name) or p.is_symlink():
+                    continue
+                if p.is_dir():
+                    remove_tree(p, "a leftover")
+                else:
+                    p.unlink(missing_ok=True)
+                gone.append(p)
+        return gone
 
     def rounds_on_disk(self) -> set[int]:
         """The rounds this run's metric rows on disk are of."""
