@@ -166,6 +166,8 @@ class SweepProgress:
             self.ended.append(ev)
             done, elapsed = len(self.ended), time.perf_counter() - self.t0
             eta = f"; ETA {duration(elapsed / done * (self.total - done))}" if done < self.total else ""
+            if ev.skipped:
+                return [f"{tag} skipped [{done}/{self.total}]: {ev.skipped}{eta}"]
             if ev.ok:
                 return [
                     f"{tag} done   [{done}/{self.total}] {outcome(ev.summary)}, {duration(ev.seconds)}{eta}"

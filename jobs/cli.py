@@ -266,9 +266,12 @@ def _execute_sweep(session, args: argparse.Namespace) -> int:
         )
         return 130
     failed = [e for e in shown.ended if not e.ok]
+    others = [e for e in shown.ended if e.skipped]  # another process's: not run here
     print(
-        f"sweep done in {progress.duration(time.perf_counter() - shown.t0)}: {len(shown.ended) - len(failed)} finished, "
-        f"{len(failed)} failed, {session.skipped} skipped"
+        f"sweep done in {progress.duration(time.perf_counter() - shown.t0)}: "
+        f"{len(shown.ended) - len(failed) - len(others)} finished, {len(failed)} failed, "
+        f"{session.skipped + len(others)} skipped"
+        + (f" ({len(others)} of them another process's)" if others else "")
     )
     for e in failed:
         print(f"  FAILED #{e.run.index} {e.run.label} ({e.run.run_id}): {type(e.error).__name__}: {e.error}")

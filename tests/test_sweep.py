@@ -466,3 +466,32 @@ def test_a_set_partition_lets_the_files_keys_for_its_own_partitions_go(tmp_path)
     path = sweep_file(tmp_path, "partition_beta: 0.1\ngrid:\n  lr: [0.1, 0.2]\n")
     sw = load_sweep(path, sets=["partition=labels", "partition_k=3"])
     assert settings(sw, "partition", "partition_k", "partition_beta") == [("labels", 3, 0.5)] * 2
+
+
+def test_two_sweeps_over_one_folder_at_once_both_exit_0_each_counting_what_it_ran(tmp_path):
+    # Before: no run was done twice and the numbers were right, but both exited 1 naming runs
+    # "FAILED ... RunLocked", and one counted a run the other finished as its own.
+    import re
+
+    path = sweep_file(tmp_path, "rounds: 6\nnum_clients: 6\nseeds: [0, 1, 2, 3]\n")
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "jobs.cli", "sweep", str(path), "--local", "--output", str(out)]
+    procs = [
+        subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
+    ran = []
+    for stdout, _ in outs:
+        assert "FAILED" not in stdout and "RunLocked" not in stdout, stdout
+        done = re.search(r"sweep done in \S+: (\d+) finished, 0 failed, (\d+) skipped", stdout)
+        assert done, stdout
+        ran.append(int(done[1]))
+    assert sum(ran) == 4  # every run once, counted by the sweep that ran it
+    runs = load_runs(out)
+    assert sorted(runs["status"]) == ["finished"] * 4
+    from analysis import load_metrics
+
+    m = load_metrics(out)
+    assert not m.duplicated(["run_id", "round", "metric", "scope", "entity"]).any()  # no run done twice

@@ -70,6 +70,9 @@ class Recovered:
 class Finished:
     run_id: str
     summary: dict[str, Any]
+    # found finished, by another process since the caller looked (another sweep over the same
+    # runs): nothing was run here
+    already: bool = False
 
 
 Event = Started | RoundDone | Checkpointed | Recovered | Finished
@@ -407,7 +410,7 @@ def execute(
         # Finished since whoever called this looked (another sweep over the same runs finished it
         # meanwhile): nothing to run, and nothing of it is touched.
         run.writer.release()
-        yield Finished(run_id, run.writer.earlier_summary)
+        yield Finished(run_id, run.writer.earlier_summary, already=True)
         return
     try:
         alg, hp, state, start = run.start(make_federation, restart, reason)

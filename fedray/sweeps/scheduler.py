@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from fedray.config.keys import Config
 from fedray.experiment.loop import Event, Finished
 from fedray.federation.placement import Need, plan_launches
-from fedray.storage.results import failure_text, record_failure
+from fedray.storage.results import RunLocked, failure_text, record_failure
 from fedray.sweeps.sweep_file import SweepRun
 
 
@@ -162,10 +162,24 @@ class RunEnded:
     seconds: float
     summary: dict[str, Any] = field(default_factory=dict)
     error: BaseException | None = None
+    # why nothing was run here ("" where it ran): another process was writing the run, or had
+    # finished it since the sweep planned (two sweeps over one folder); not a failure
+    skipped: str = ""
 
     @property
     def ok(self) -> bool:
         return self.error is None
+
+
+LOCKED = "another process is writing it (another sweep over this folder): left to that one"
+FINISHED_MEANWHILE = "another process finished it since this sweep looked"
+
+
+def _ended(run: SweepRun, t0: float, summary: dict[str, Any], error: BaseException | None) -> RunEnded:
+    """A run's end: a run another process holds (`RunLocked`) is skipped, not failed."""
+    if isinstance(error, RunLocked):
+        return RunEnded(run, time.perf_counter() - t0, summary, None, LOCKED)
+    return RunEnded(run, time.perf_counter() - t0, summary, error)
 
 
 SweepEvent = RunLaunched | RunProgress | RunEnded | Waiting
@@ -182,15 +196,16 @@ def _run_events(launcher: Launcher, run: SweepRun, actors: int) -> Iterator[Swee
     """One run's events; its end (with the error, if it failed) comes last. An interrupt propagates."""
     t0 = time.perf_counter()
     summary: dict[str, Any] = {}
+    already = False
     try:
         for ev in launcher.launch(run, actors):
             if isinstance(ev, Finished):
-                summary = ev.summary
+                summary, already = ev.summary, ev.already
             yield RunProgress(run, ev)
     except Exception as e:  # noqa: BLE001 - reported by the scheduler; the other runs go on
-        yield RunEnded(run, time.perf_counter() - t0, summary, e)
+        yield _ended(run, t0, summary, e)
         return
-    yield RunEnded(run, time.perf_counter() - t0, summary)
+    yield RunEnded(run, time.perf_counter() - t0, summary, skipped=FINISHED_MEANWHILE if already else "")
 
 
 def _pack_events(launcher: Launcher, runs: Sequence[SweepRun]) -> Iterator[SweepEvent]:
@@ -200,6 +215,7 @@ def _pack_events(launcher: Launcher, runs: Sequence[SweepRun]) -> Iterator[Sweep
 
     t0 = time.perf_counter()
     summaries: dict[int, dict[str, Any]] = {}
+    already: set[int] = set()
     ended: set[int] = set()
     try:
         for k, ev in launcher.launch_pack(runs):
@@ -207,10 +223,15 @@ def _pack_events(launcher: Launcher, runs: Sequence[SweepRun]) -> Iterator[Sweep
                 ended.add(k)
                 if isinstance(ev.error, KeyboardInterrupt):  # stopped: propagates, as a run's does
                     raise ev.error
-                yield RunEnded(runs[k], time.perf_counter() - t0, summaries.get(k, {}), ev.error)
+                end = _ended(runs[k], t0, summaries.get(k, {}), ev.error)
+                if k in already and end.ok:
+                    end.skipped = FINISHED_MEANWHILE
+                yield end
                 continue
             if isinstance(ev, Finished):
                 summaries[k] = ev.summary
+                if ev.already:
+                    already.add(k)
             yield RunProgress(runs[k], ev)
     except BaseException as e:  # noqa: BLE001 - reported by the scheduler; the other runs go on
         if isinstance(e, (KeyboardInterrupt, GeneratorExit)):  # stopped: propagates, as a run's does
