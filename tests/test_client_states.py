@@ -89,12 +89,15 @@ def test_a_dead_processs_spill_folder_is_removed_by_the_next_host(tmp_path, monk
     stale = tmp_path / f"{PREFIX}{int(dead.stdout)}-abc"
     stale.mkdir()
     (stale / "00000001.npz").write_bytes(b"x")
-    mine = tmp_path / f"{PREFIX}{os.getpid()}-keep"
-    mine.mkdir()
+    (stale / ".owner.lock").write_text("")  # its owner's lock, let go when the owner died
+    making = (
+        tmp_path / f"{PREFIX}{int(dead.stdout)}-new"
+    )  # no lock yet: being made now (or an older fedray's)
+    making.mkdir()
     store = ClientStates(budget_mb=0.001)
     store.set(1, _state(1))
     store.set(2, _state(2))  # the first spill makes the folder, and clears the dead one's
-    assert not stale.exists() and mine.exists() and store.on_disk == 1
+    assert not stale.exists() and making.exists() and store.on_disk == 1
 
 
 @pytest.mark.parametrize("algorithm", ["scaffold", "fedem", "ifca"])
@@ -198,3 +201,49 @@ def test_the_default_budget_is_a_quarter_of_memory_shared_out_by_the_workers_cpu
     data = ArrayDataset(np.zeros((0, 2), np.float32), np.zeros(0, np.int64))
     assert ClientHost(task, data, {})._state.budget == 32 * gib
     assert ClientHost(task, data, {}, cpus=4)._state.budget == 8 * gib
+
+
+HOLDS_A_SPILL = """
+import sys, time
+import numpy as np
+from fedray.federation.client_states import ClientStates
+
+store = ClientStates(budget_mb=1e-6)
+store.set(1, {"c": np.ones(4)})
+store.set(2, {"c": np.ones(4)})  # client 1's state spilled: the folder made, its lock held
+print(store.file(1)[0].parent, flush=True)
+sys.stdin.read()  # until told to end
+"""
+
+
+def test_a_spill_folder_is_live_while_its_owner_holds_its_lock_whatever_its_pid_says(tmp_path):
+    # Before: two runs sharing a temporary folder from different PID namespaces (two containers
+    # sharing /tmp): the second's clean-up saw the first's pid as dead and deleted its live folder.
+    import subprocess
+    import sys
+
+    from fedray.federation.client_states import PREFIX, remove_stale
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    owner = subprocess.Popen(
+        [sys.executable, "-c", HOLDS_A_SPILL],
+        cwd=Path(__file__).parent.parent,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        folder = Path(owner.stdout.readline().strip())
+        # as another namespace sees it: a pid that is no process here
+        seen = folder.with_name(f"{PREFIX}{2**22 - 1}-elsewhere")
+        folder.rename(seen)
+        remove_stale(tmp_path)
+        assert (seen / "00000001.npz").is_file()  # live: left alone
+    finally:
+        owner.communicate("", timeout=60)
+    stale = tmp_path / f"{PREFIX}{os.getpid()}-gone"  # a dead owner's (its lock free), even with a live pid
+    stale.mkdir()
+    (stale / ".owner.lock").write_text("")
+    remove_stale(tmp_path)  # the owner gone too, its lock let go with its process: both folders go
+    assert not stale.exists() and not seen.exists()

@@ -7,13 +7,15 @@ states beyond ``client_state_memory_mb`` (config key), least recently used first
 a folder of the host's own, in the checkpoints' format (`fedray.storage.checkpoint.write_blob`: arrays and
 plain JSON, nothing pickled), and come back, exactly as they were, when their client is next used.
 
-The folder is this process's (its pid in the name) under the system's temporary directory; it is
-removed when the host goes away, and a host that starts removes the folders of processes that
-are gone (a killed actor's).
+The folder is this process's under the system's temporary directory, holding a lock its owner
+keeps for the folder's life; it is removed when the host goes away, and a host that starts
+removes the folders whose lock nobody holds (a killed actor's): a lock, not a pid, so a process in
+another PID namespace sharing the temporary directory (another container) keeps its folder.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import tempfile
@@ -47,25 +49,37 @@ def default_budget_mb(cpus: float | None = None) -> float:
     return machine_memory() / 4 * share / (1 << 20)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+LOCK = ".owner.lock"  # in each spill folder: held (flock) by the process that spills there
 
 
 def remove_stale(root: Path) -> None:
-    """Remove the spill folders of processes that no longer run (killed actors leave theirs)."""
+    """Remove the spill folders whose owner is gone (killed actors leave theirs). A folder is live
+    while its owner holds the lock in it: a lock, not a process id, which another PID namespace
+    (two containers sharing /tmp) would read as a dead process. A folder without a lock (being made
+    now, or an earlier fedray's) is left alone."""
     for d in root.glob(PREFIX + "*"):
-        try:
-            pid = int(d.name[len(PREFIX) :].split("-")[0])
-        except ValueError:
+        lock = d / LOCK
+        if d.is_symlink() or not lock.is_file() or lock.is_symlink():
             continue
-        if pid != os.getpid() and not _alive(pid):
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: its owner is alive
+            os.close(fd)
+            continue
+        try:
             shutil.rmtree(d, ignore_errors=True)
+        finally:
+            os.close(fd)
+
+
+def _remove_own(folder: str, fd: int) -> None:
+    """A spill folder's end, with its owner: removed, then its lock let go."""
+    shutil.rmtree(folder, ignore_errors=True)
+    os.close(fd)
 
 
 class ClientStates:
@@ -163,6 +177,9 @@ class ClientStates:
         if self._dir is None:
             root = Path(tempfile.gettempdir())
             remove_stale(root)
-            self._dir = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=root))
-            weakref.finalize(self, shutil.rmtree, str(self._dir), True)
+            folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=root))
+            fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX)  # held for the folder's life: how others know it is live
+            self._dir = folder
+            weakref.finalize(self, _remove_own, str(folder), fd)
         return self._dir / f"{cid:08d}.npz"
