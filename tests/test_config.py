@@ -459,8 +459,8 @@ def test_task_from_config_carries_every_field_from_the_key_of_its_name():
     from fedray.data import DataSpec
     from fedray.engine.client import Task
 
-    # init_params: test_init_model.py
-    names = [f.name for f in dataclasses.fields(Task) if f.name not in ("spec", "init_params")]
+    # init_params: test_init_model.py; run_id: the run's, not a key (whose its clients' state files are)
+    names = [f.name for f in dataclasses.fields(Task) if f.name not in ("spec", "init_params", "run_id")]
     defaults = Config()
     changed = {
         "seed": 7,
@@ -487,3 +487,4 @@ def test_task_from_config_carries_every_field_from_the_key_of_its_name():
     spec = DataSpec((1, 28, 28), 10, 1 / 255)
     task = Task.from_config(dataclasses.replace(defaults, **changed), spec)
     assert task.spec is spec and all(getattr(task, n) == changed[n] for n in names)
+    assert task.run_id == dataclasses.replace(defaults, **changed).run_id()

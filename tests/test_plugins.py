@@ -258,7 +258,7 @@ def test_an_installed_package_registers_through_its_entry_point(tmp_path, isolat
     dist = site / "labmodels-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: labmodels\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[fedray.config.plugins]\nlabmodels = labmodels\n")
+    (dist / "entry_points.txt").write_text("[fedray.plugins]\nlabmodels = labmodels\n")
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setattr(plugins, "_ENTRY_POINTS_LOADED", False)
     monkeypatch.setattr(plugins, "_ENTRY_MODULES", [])

@@ -495,3 +495,42 @@ def test_two_sweeps_over_one_folder_at_once_both_exit_0_each_counting_what_it_ra
 
     m = load_metrics(out)
     assert not m.duplicated(["run_id", "round", "metric", "scope", "entity"]).any()  # no run done twice
+
+
+def test_hostile_or_huge_yaml_is_refused_in_one_line_within_limits(tmp_path):
+    # Before: a billion-laughs alias bomb as a value took about 3 GB and 80 s before a MemoryError; a
+    # 5,000-level flow mapping gave a 3,000-line RecursionError; a 20 MB file took 137 s and 2.5 GB;
+    # a NUL in a key went raw to the terminal; a 10^6-run grid's dry run answered nothing in minutes.
+    import time
+
+    from fedray.config.keys import MAX_FILE_BYTES
+    from fedray.sweeps.sweep_file import MAX_RUNS
+
+    def refused(text: str, match: str) -> str:
+        path = tmp_path / "bad.yaml"
+        path.write_text(text)
+        t0 = time.perf_counter()
+        with pytest.raises(ConfigError, match=match) as e:
+            load_sweep(path)
+        assert time.perf_counter() - t0 < 30 and "\n" not in str(e.value).split("nothing was started:")[0]
+        return str(e.value)
+
+    laughs = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    laughs += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 10)]
+    refused(
+        "\n".join(laughs) + "\nrounds: 1\n",
+        r"refused: more than 100,000 values once its aliases are expanded",
+    )
+    refused("x: " + "{a: " * 5000 + "1" + "}" * 5000 + "\n", r"refused: nested more than 32 levels deep")
+    big = "rounds: 1\nnote: '" + "x" * (MAX_FILE_BYTES + 10) + "'\n"
+    refused(big, rf"is {len(big):,} bytes; a config or sweep file is at most {MAX_FILE_BYTES:,}")
+    said = refused('rounds: 1\n"ke\\0y": 1\n', r"unknown config key")
+    assert "\x00" not in said and "\\x00" in said  # escaped, never written raw to a terminal
+    said = refused("rounds: 1\nlr: '" + "9" * 5000 + "'\n", r"config key 'lr'")
+    assert "more characters)" in said and len(max(said.splitlines(), key=len)) < 1100
+    axis = "[" + ", ".join(str(i) for i in range(1, 11)) + "]"
+    grid = "".join(
+        f"  {k}: {axis}\n"
+        for k in ("rounds", "local_epochs", "batch_size", "num_clients", "seed", "eval_every")
+    )
+    refused(f"grid:\n{grid}", rf"expands to 1,000,000 runs; a sweep file makes at most {MAX_RUNS:,}")

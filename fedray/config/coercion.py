@@ -23,14 +23,31 @@ class ConfigError(ValueError):
     message, where one error tells several (`ConfigError.of`); else the one message."""
 
     def __init__(self, message: str, problems: Sequence[str] = ()) -> None:
+        message = printable(message)
         super().__init__(message)
-        self.problems = list(problems) or [message]
+        self.problems = [printable(p) for p in problems] or [message]
 
     @classmethod
     def of(cls, problems: Sequence[str]) -> ConfigError:
         """One error for every problem found at once, each naming its key: a single one as it is,
         several as a list, so a config with three mistakes is mended in one go, not three runs."""
         return cls(all_problems(problems), problems)
+
+
+MAX_LINE = 1000  # characters of one line of a message: a value in it is cut beyond
+
+
+def printable(text: str) -> str:
+    """``text`` fit for a terminal: characters that are not printable (a NUL, an escape sequence)
+    written as Python escapes (tabs and newlines kept), and each line cut at `MAX_LINE`
+    characters, saying how many more there were."""
+    out = []
+    for line in str(text).split("\n"):
+        shown = "".join(c if c.isprintable() or c == "\t" else ascii(c)[1:-1] for c in line)
+        if len(shown) > MAX_LINE:
+            shown = f"{shown[:MAX_LINE]}... ({len(shown) - MAX_LINE:,} more characters)"
+        out.append(shown)
+    return "\n".join(out)
 
 
 def count(n: int, noun: str) -> str:

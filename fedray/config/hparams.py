@@ -22,6 +22,7 @@ Config layer: imports nothing from fedray but `fedray.config.coercion`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -163,11 +164,17 @@ def check_fields(obj: Any, prefix: str = "hp.") -> None:
         raise ValueError(all_problems(problems))
 
 
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """A dataclass's resolved annotations (typing.get_type_hints costs milliseconds a call)."""
+    return typing.get_type_hints(cls)
+
+
 def hparams_from_dict(cls: type, values: Mapping[str, Any], algorithm: str) -> Any:
     """Build an algorithm's Hparams dataclass from ``hp.*`` values, with the same checks as Config:
     known keys, types, the declared bounds (`check_fields`), then the dataclass's own ``check()``."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     kwargs, problems = {}, []
     for k, v in values.items():
         if k not in fields:

@@ -14,6 +14,7 @@ algorithms, datasets, partitions and models.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import typing
@@ -399,8 +400,8 @@ def parse_sets(sets: Iterable[str], flag: str = "--set") -> dict[str, Any]:
             if key in NAME_KEYS and not (len(text) > 1 and text[0] == text[-1] and text[0] in "'\""):
                 value = text  # a name or path as typed: '#C=2' is not a YAML comment, 2024 not a number
             else:
-                value = yaml.safe_load(raw) if text else ""
-        except yaml.YAMLError as e:
+                value = load_yaml(raw, f"{flag} {key}: value {raw!r}") if text else ""
+        except ConfigError as e:
             raise ConfigError(f"{flag} {key}: cannot parse value {raw!r}: {e}") from None
         set_dotted(out, key, value, where=f"{flag} {key}")
     return out
@@ -449,15 +450,84 @@ def merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+# What a config or sweep file may be (the largest shipped is a few KB): a file, a nesting or an
+# alias bomb beyond these is refused in one line before it costs gigabytes and minutes.
+MAX_FILE_BYTES = 1 << 20
+MAX_DEPTH = 32  # mappings and lists inside each other
+MAX_VALUES = 100_000  # values in all, aliases expanded (a "billion laughs" expands to 10^9)
+
+
+class _Refused(Exception):
+    """A YAML document past one of the limits above."""
+
+
+def _expanded(node: yaml.Node, sizes: dict[int, int], open_: set[int]) -> int:
+    """How many values ``node`` is, its aliases expanded (each anchor counted once a use)."""
+    key = id(node)
+    if key in sizes:
+        return sizes[key]
+    if key in open_:
+        raise _Refused("an alias refers to the value it is in (a recursive structure)")
+    open_.add(key)
+    total = 1
+    if isinstance(node, yaml.SequenceNode):
+        total += sum(_expanded(v, sizes, open_) for v in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        total += sum(_expanded(k, sizes, open_) + _expanded(v, sizes, open_) for k, v in node.value)
+    open_.discard(key)
+    sizes[key] = total
+    if total > MAX_VALUES:
+        raise _Refused(f"more than {MAX_VALUES:,} values once its aliases are expanded")
+    return total
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing documents nested deeper than `MAX_DEPTH` or of more than
+    `MAX_VALUES` values once aliases are expanded."""
+
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            raise _Refused(f"nested more than {MAX_DEPTH} levels deep")
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_document(self, node: Any) -> Any:
+        _expanded(node, {}, set())
+        return super().construct_document(node)
+
+
+def load_yaml(text: str, where: str) -> Any:
+    """``text`` read as YAML within the limits; what is wrong is a `ConfigError` naming ``where``."""
+    try:
+        loader = _BoundedLoader(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where} is not valid YAML: {e}") from None
+    try:
+        return loader.get_single_data()
+    except _Refused as e:
+        raise ConfigError(f"{where}: refused: {e}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where} is not valid YAML: {e}") from None
+    finally:
+        loader.dispose()
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         what = "is a folder, not a file" if p.is_dir() else "does not exist"
         raise ConfigError(f"config file {str(p)!r} {what}")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from None
+    size = p.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise ConfigError(
+            f"config file {str(p)!r} is {size:,} bytes; a config or sweep file is at most {MAX_FILE_BYTES:,}"
+        )
+    data = load_yaml(p.read_text(), f"config file {str(p)!r}")
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -465,8 +535,13 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
+@functools.cache
+def _config_hints() -> dict[str, Any]:
+    return typing.get_type_hints(Config)
+
+
 def field_type(name: str) -> Any:
-    return typing.get_type_hints(Config)[name]
+    return _config_hints()[name]
 
 
 def init_model_file(path: str | Path) -> Path:

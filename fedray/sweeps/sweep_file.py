@@ -34,6 +34,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -56,6 +57,7 @@ from fedray.experiment.validation import Unread, at_default, check_last_batches,
 from fedray.storage.results import run_state
 
 _LISTED = 8  # runs named under one error before "... and N more"
+MAX_RUNS = 10_000  # runs one sweep file may expand to (counted before it is expanded)
 
 
 class SweepError(ConfigError):
@@ -159,6 +161,11 @@ def _check_overlap(axes: Sequence[tuple[str, list[Choice]]], where: str, errors:
             owner.setdefault(key, pos)
 
 
+def _size(axes: Sequence[tuple[str, list[Choice]]]) -> int:
+    """How many combinations ``axes`` make, without making them."""
+    return math.prod(len(choices) for _, choices in axes)
+
+
 def _product(axes: Sequence[tuple[str, list[Choice]]]) -> Iterator[tuple[Choice, ...]]:
     return itertools.product(*[choices for _, choices in axes])
 
@@ -172,6 +179,9 @@ def _case(case: Mapping[str, Any], where: str, errors: list[str]) -> list[Choice
         return [Choice(fixed, label, sources)]
     sub = _grid(case["grid"], f"{where}.grid", errors)
     _check_overlap([("(the case)", [Choice(fixed, label)]), *sub], where, errors)
+    if (n := _size(sub)) > MAX_RUNS:
+        errors.append(f"{where}.grid: expands to {n:,} runs; a sweep file makes at most {MAX_RUNS:,}")
+        return []
     out = []
     for combo in _product(sub):
         overrides, within = dict(fixed), dict(sources)
@@ -319,6 +329,10 @@ def _read_sweep(
     if isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int) or max_concurrent < 0:
         errors.append(
             f"max_concurrent_runs: expected an integer >= 0 (0 = from resources), got {max_concurrent!r}"
+        )
+    if not errors and (n := _size(axes)) > MAX_RUNS:
+        errors.append(
+            f"expands to {n:,} runs; a sweep file makes at most {MAX_RUNS:,} (split it, or narrow an axis)"
         )
     if errors:
         raise SweepError("\n  ".join([f"{source}: invalid sweep; nothing was started:", *errors]))
