@@ -72,7 +72,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedray.config.keys import ConfigError
     from fedray.data import DatasetMissing, PartitionError
     from fedray.data.client_files import ClientFilesError
-    from fedray.storage.results import DamagedResults, run_state
+    from fedray.storage.results import DamagedResults, run_status
 
     try:
         cfg = prepare(args.config, args.sets, args.plugins, output=args.output)
@@ -144,11 +144,19 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"fedray: run {run_id} failed: algorithm {cfg.algorithm}, {e}", file=sys.stderr)
         else:
             print(f"fedray: run {run_id} failed: {type(e).__name__}: {e}", file=sys.stderr)
-        if run_state(cfg.output, run_id) in ("failed", "interrupted"):
+        try:  # what its row says, as written: a row left "running" by a writer that could not end it is not
+            recorded = run_status(cfg.output, run_id) == "failed"
+        except Exception:  # noqa: BLE001 - unreadable: not recorded
+            recorded = False
+        if recorded:
             more = "; --traceback prints it here" if mistake and not traceback_asked else ""
             print(f"(status, error and its traceback recorded in {cfg.output}/runs/{more})", file=sys.stderr)
         else:
-            print(f"(the failure could not be recorded in {cfg.output}/runs/)", file=sys.stderr)
+            notes = [n for n in getattr(e, "__notes__", []) if "could not be written" in n]
+            print(
+                notes[0] if notes else f"(the failure could not be recorded in {cfg.output}/runs/)",
+                file=sys.stderr,
+            )
         return EXIT_FAILED
     return 0
 

@@ -787,3 +787,56 @@ def test_models_manifests_and_small_files_reach_the_disk_before_the_run_is_finis
     ):
         first(pattern)
     assert first(rf"{out}/models$") > first(rf"{models}/global\.npz$")  # the rename, after the file
+
+
+def test_a_full_disk_is_said_naming_the_path_the_cli_says_recorded_only_when_it_was_and_the_resume_is_exact(
+    tmp_path, monkeypatch, capsys
+):
+    # Before: "OSError: [Errno 28] No space left on device" named no path; with the failure row
+    # unwritable too, the CLI still said the error was recorded in runs/ (the row read interrupted,
+    # with no error); partial .tmp files stayed, even after a successful resume.
+    import errno
+
+    import fedray.storage.checkpoint as ck
+    import fedray.storage.results as results
+    from jobs.cli import main
+
+    out = tmp_path / "out"
+    sets = ["rounds=4", "checkpoint_every=1", "algorithm=scaffold", "num_clients=4"]
+    command = ["run", "--local", "--output", str(out), *(x for kv in sets for x in ("--set", kv))]
+    real_write, real_row = ck.write_blob, results.ResultsWriter._write_run
+
+    def full_at_round_3(path, obj, where, *a, **k):  # the disk fills while round 3's checkpoint is written
+        if "round-000003" in str(path):
+            with results.writing(path):
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(path, obj, where, *a, **k)
+
+    def no_row_either(self, status, *a, **k):
+        if status == "failed":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_row(self, status, *a, **k)
+
+    monkeypatch.setattr(ck, "write_blob", full_at_round_3)
+    monkeypatch.setattr(results.ResultsWriter, "_write_run", no_row_either)
+    assert main(command) == 1
+    err = capsys.readouterr().err
+    assert "no space left on the device writing " in err and "round-000003" in err and "MB free there" in err
+    assert "recorded in" not in err and "its failed row could not be written in" in err
+    monkeypatch.setattr(
+        results.ResultsWriter, "_write_run", real_row
+    )  # the row writes; the disk is still full
+    assert main(command) == 1
+    assert "(status, error and its traceback recorded in" in capsys.readouterr().err
+    monkeypatch.setattr(ck, "write_blob", real_write)  # space freed: the same command goes on
+    assert main(command) == 0
+    assert not [
+        p
+        for sub in out.rglob("*")
+        if sub.is_dir()
+        for p in sub.iterdir()
+        if p.name.startswith(".") and "lock" not in p.name
+    ]
+    ref = tmp_path / "ref"
+    assert main(["run", "--local", "--output", str(ref), *(x for kv in sets for x in ("--set", kv))]) == 0
+    assert stored_metrics(out).equals(stored_metrics(ref))  # bit-identical to a run never stopped

@@ -379,7 +379,11 @@ class _Run:
         else:
             error = failure_text(e)
             writer.event("failed", done, f"{type(e).__name__}: {e}")
-        writer.fail(error, self.summary(), status)
+        try:
+            writer.fail(error, self.summary(), status)
+        except OSError as unwritten:  # a full disk: the run's own error goes on, saying so (a note)
+            note = f"(its {status} row could not be written in {self.cfg.output}/runs/: {unwritten})"
+            e.__notes__ = [*getattr(e, "__notes__", []), note]
 
 
 def execute(

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from fedray import MOVED_MODULES
-from fedray.storage.results import fsync_dir, refuse_link, remove_tree, write_text_synced
+from fedray.storage.results import fsync_dir, refuse_link, remove_tree, write_text_synced, writing
 
 
 @dataclass(frozen=True)
@@ -247,7 +247,7 @@ def write_blob(
     head = {"format": FORMAT, "tree": tree}
     if owned_by is not None:
         head["owner"] = owned_by
-    with open(path, "wb") as f:
+    with writing(path), open(path, "wb") as f:
         with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
             zf.writestr("tree.json", json.dumps(head, allow_nan=False))
             for i, arr in enumerate(arrays):

@@ -120,7 +120,7 @@ def save_models(
     models (`Algorithm.personal_model`) come from ``client_states()``, every client's state."""
     import yaml
 
-    from fedray.storage.results import fsync_dir, models_folder, remove_tree, write_text_atomic
+    from fedray.storage.results import fsync_dir, models_folder, remove_tree, write_text_atomic, writing
 
     run_id = cfg.run_id()
     final = models_folder(cfg.output, run_id)
@@ -144,7 +144,7 @@ def save_models(
             "models": {},
         }
         for m in models:
-            with open(tmp / f"{m.name}.npz", "wb") as f:
+            with writing(tmp / f"{m.name}.npz"), open(tmp / f"{m.name}.npz", "wb") as f:
                 np.savez(f, **{k: np.asarray(v) for k, v in m.params.items()})
                 f.flush()
                 os.fsync(f.fileno())  # on disk before the run is marked finished

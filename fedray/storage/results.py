@@ -31,7 +31,7 @@ import stat
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -137,14 +137,46 @@ def read_checked(path: str | Path, columns: list[str] | None = None) -> pa.Table
         raise DamagedResults(f"results file {str(path)!r} is damaged: {e}") from None
 
 
+def no_space(e: OSError, path: Path) -> OSError:
+    """``e`` as said where the disk is full (ENOSPC names no file): the path being written and the
+    space left there. Any other error as it is."""
+    if e.errno != errno.ENOSPC:
+        return e
+    try:
+        left = f"; {shutil.disk_usage(path.parent).free / 1e6:,.1f} MB free there"
+    except OSError:
+        left = ""
+    return OSError(
+        errno.ENOSPC,
+        f"no space left on the device writing {path}{left}: free some, then run the same command again "
+        "(it goes on from its latest checkpoint)",
+    )
+
+
+@contextlib.contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Where ``path`` is being written: a full disk is said naming it (`no_space`)."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        raise no_space(e, path) from None
+
+
 def write_atomic(table: pa.Table, path: Path) -> None:
     """Write ``table`` to ``path`` via a hidden temporary file, fsync, then rename. Every page
-    carries a CRC-32 of its data, which `read_checked` and the analysis readers verify."""
+    carries a CRC-32 of its data, which `read_checked` and the analysis readers verify. A write
+    that fails (a full disk) leaves no temporary file."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "wb") as f:
-        pq.write_table(table, f, write_page_checksum=True)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with writing(path), open(tmp, "wb") as f:
+            pq.write_table(table, f, write_page_checksum=True)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
 
 
@@ -159,7 +191,7 @@ def fsync_dir(path: Path) -> None:
 
 def write_text_synced(text: str, path: Path) -> None:
     """``text`` as ``path``, on the disk when this returns."""
-    with open(path, "w") as f:
+    with writing(path), open(path, "w") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
@@ -169,7 +201,11 @@ def write_text_atomic(text: str, path: Path) -> None:
     """``path`` holds ``text`` whole or its old contents, never part: written aside, made durable,
     renamed into place, and the rename made durable."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    write_text_synced(text, tmp)
+    try:
+        write_text_synced(text, tmp)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
     fsync_dir(path.parent)
 
