@@ -133,7 +133,7 @@ def connect(
             )
         t0 = time.perf_counter()
         try:
-            with _replacing_job_fields(env["runtime_env"]):
+            with _replacing_job_fields(env["runtime_env"]), _loopback_only():
                 ray.init(
                     address="local" if fresh else None, logging_level=logging.WARNING, **PRIVATE_RAY, **env
                 )
@@ -205,6 +205,35 @@ def _replacing_job_fields(env: dict[str, Any]) -> Iterator[None]:
 # export (its port answers without Ray's token, on every interface). What still listens is
 # docs/running.md's "What a run exposes".
 PRIVATE_RAY = {"include_dashboard": False, "_system_config": {"enable_metrics_collection": False}}
+
+
+# Ray resolves a node's address to the machine's reachable one (even "127.0.0.1" given to
+# ray.init), so its agents listen on the network: the dashboard agent's HTTP port, whose health
+# endpoints answer without the token, and the runtime-env agent. Where clusters are off (Ray's
+# switch for macOS and Windows, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER), the node is loopback: a private
+# Ray, this machine's alone, is started so, every server of it on 127.0.0.1 (docs/running.md).
+LOOPBACK_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+@contextmanager
+def _loopback_only() -> Iterator[None]:
+    """While a private Ray starts: its node on loopback (the driver's own reading of the switch,
+    and its processes', which read it from the environment they are started with)."""
+    from ray._private import ray_constants
+
+    before_env, before = os.environ.get(LOOPBACK_SWITCH), getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    os.environ[LOOPBACK_SWITCH] = "0"
+    if before is not None:
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        if before_env is None:
+            os.environ.pop(LOOPBACK_SWITCH, None)
+        else:
+            os.environ[LOOPBACK_SWITCH] = before_env
+        if before is not None:
+            ray_constants.ENABLE_RAY_CLUSTER = before
 
 
 def _token_on_notice(record: logging.LogRecord) -> bool:

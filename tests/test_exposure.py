@@ -47,11 +47,14 @@ def test_a_private_ray_exports_no_metrics_keeps_its_token_to_its_owner_and_its_w
     # token authentication on is what a private Ray should have: Ray's WARNING saying so is not shown
     assert "Token authentication is enabled" not in p.stderr, p.stderr[-2000:]
     assert got["listening"], "the private Ray listens nowhere: nothing measured"
-    # the metrics agent's export port is gone; what still listens on every interface is Ray's
-    # autoscaler monitor and dashboard head metrics ports (44217, 44227: Ray's fixed defaults, which a
-    # driver's ray.init cannot move) and the token-guarded gRPC servers (docs/running.md)
+    # the metrics agent's export port is gone (docs/running.md#what-a-run-exposes)
     agent = [s for s in got["listening"] if s[0] == "0.0.0.0" and s[2] == "ray::DashboardAgent"]
     assert not agent, got["listening"]
+    # every server of a private Ray on loopback (before: the dashboard agent's HTTP port, whose health
+    # endpoints answer without a token, and the runtime-env agent listened on the host's address, and
+    # the GCS, raylet and workers on every interface)
+    outside = [s for s in got["listening"] if s[0] not in ("127.0.0.1", "::ffff:127.0.0.1", "::1")]
+    assert not outside, outside
     assert got["token_mode"] in (None, 0o600), oct(got["token_mode"])
     # Ray's default niceness for workers is 15: then any busy process beside them took the run's
     # actors minutes to start (issue: attaching took 105 s on a busy machine)
