@@ -88,6 +88,13 @@ class Config:
     # the clients' models (alpha) and their inputs (beta) differ; its clients come with it
     synthetic_alpha: float = field(default=1.0, metadata=bound(ge=0))  # fedprox_synthetic only: alpha
     synthetic_beta: float = field(default=1.0, metadata=bound(ge=0))  # fedprox_synthetic only: beta
+    # femnist / shakespeare (LEAF's JSON in data_root, fedray/data/leaf.py: its users are the clients):
+    # the users kept, as LEAF's preprocess.sh keeps them (-k, --sf), and each one's split by sample (--tf)
+    leaf_min_samples: int = field(default=0, metadata=bound(ge=0))  # LEAF only: a user's fewest samples
+    # LEAF only: the fraction of the users kept (seeded by the run's seed)
+    leaf_user_fraction: float = field(default=1.0, metadata=bound(gt=0, le=1))
+    # LEAF only: the share of each user's samples it trains on (LEAF's split by sample, --tf)
+    leaf_train_fraction: float = field(default=0.9, metadata=bound(gt=0, lt=1))
 
     # --- partition across clients (docs/algorithms/partitions.md#partitions) -------------------------------------------
     num_clients: int = field(default=10, metadata=bound(ge=1))  # N
@@ -335,6 +342,9 @@ ADDED_LATER = {
     "cuda_tf32": True,
     "drop_last": False,
     "pack_runs": "off",
+    "leaf_min_samples": 0,
+    "leaf_user_fraction": 1.0,
+    "leaf_train_fraction": 0.9,
 }
 # Keys of a sweep file that are not config keys (fedray/sweeps/sweep_file.py expands them into runs).
 SWEEP_KEYS = ("grid", "seeds", "cases", "max_concurrent_runs")

@@ -43,6 +43,11 @@ def refusal(model: nn.Module) -> str | None:
             return f"layer {name!r} is {type(m).__name__}, whose running statistics each client updates"
         if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
             return f"layer {name!r} is {type(m).__name__}, whose random masks each client draws"
+        if isinstance(m, nn.RNNBase):
+            return (
+                f"layer {name!r} is {type(m).__name__}, whose steps torch.func.vmap runs one model after "
+                "another (no batching rule): stacked, it would train no faster"
+            )
     return None
 
 

@@ -161,6 +161,52 @@ def vgg16(input_shape: tuple[int, ...], num_classes: int) -> EncoderHead:
     return EncoderHead(net, head, 4096)
 
 
+def leaf_cnn(input_shape: tuple[int, ...], num_classes: int) -> EncoderHead:
+    """LEAF's FEMNIST CNN (its models/femnist/cnn.py): Conv(32, 5x5, same), ReLU, MaxPool 2,
+    Conv(64, 5x5, same), ReLU, MaxPool 2, FC(2048), ReLU, then the head. 6,603,710 parameters at
+    1x28x28 and 62 classes. No normalisation: LEAF feeds its grey levels in [0, 1] as they are."""
+    c, h, w = input_shape
+    encoder = nn.Sequential(
+        OrderedDict(
+            conv1=nn.Conv2d(c, 32, 5, padding=2),
+            relu1=nn.ReLU(),
+            pool1=nn.MaxPool2d(2),
+            conv2=nn.Conv2d(32, 64, 5, padding=2),
+            relu2=nn.ReLU(),
+            pool2=nn.MaxPool2d(2),
+            flatten=nn.Flatten(),
+            fc1=nn.Linear(64 * (h // 4) * (w // 4), 2048),
+            relu3=nn.ReLU(),
+        )
+    )
+    return EncoderHead(encoder, nn.Linear(2048, num_classes), 2048)
+
+
+class CharLSTM(nn.Module):
+    """A sequence of symbol indices (stored as numbers) through an embedding and stacked LSTM
+    layers, giving the last step's output: LEAF's Shakespeare encoder."""
+
+    def __init__(self, vocab: int, embed: int = 8, hidden: int = 256, layers: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, embed)
+        self.lstm = nn.LSTM(embed, hidden, layers, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(self.embed(x.long()))
+        return out[:, -1]
+
+
+def leaf_lstm(input_shape: tuple[int, ...], num_classes: int) -> EncoderHead:
+    """LEAF's Shakespeare model (its models/shakespeare/stacked_lstm.py): each of the 80 characters
+    embedded in 8 dimensions, two LSTM layers of 256, and the head on the last step's output over
+    the ``num_classes`` symbols (LEAF's 80)."""
+    return EncoderHead(CharLSTM(num_classes), nn.Linear(256, num_classes), 256)
+
+
+def _sequence_problem(shape: tuple[int, ...]) -> str | None:
+    return None if len(shape) == 1 else f"needs sequences of symbol indices, the data set gives {list(shape)}"
+
+
 def _image_problem(min_side: int, why: str) -> Callable[[tuple[int, ...]], str | None]:
     def problem(shape: tuple[int, ...]) -> str | None:
         if len(shape) != 3:
@@ -235,6 +281,8 @@ register_model("mobilenet_v2", _image_problem(8, "MobileNetV2's stride-2 stages"
 register_model("vgg16", _image_problem(32, "VGG-16's five 2x2 pools"))(vgg16)
 register_model("mlp")(mlp)
 register_model("logreg")(logreg)
+register_model("leaf_cnn", _image_problem(4, "two 2x2 pools"))(leaf_cnn)
+register_model("leaf_lstm", _sequence_problem)(leaf_lstm)
 
 
 def build_model(
