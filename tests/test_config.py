@@ -76,7 +76,7 @@ def test_parse_sets_nests_and_parses_yaml_scalars():
         # a part of names: those that contain it (difflib finds none close)
         (
             {"model": "cnn"},
-            r"'cnn'; did you mean one of 'fedrc_cnn', 'mcmahan_cnn', 'simple_cnn'\? \(allowed",
+            r"'cnn'; did you mean one of 'fedrc_cnn', 'leaf_cnn', 'mcmahan_cnn', 'simple_cnn'\? \(allowed",
         ),
         ({"model": "mobilenet"}, r"'mobilenet'; did you mean 'mobilenet_v2'\?"),
         # no close name: perhaps a plug-in's, which the config does not import

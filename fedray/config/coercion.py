@@ -68,8 +68,8 @@ ON_OFF_KEYS = frozenset({"batched_clients", "pack_runs"})
 
 def suggest(name: str, candidates: Iterable[str], prefix: str = "") -> str:
     """``; did you mean 'X'?`` for the candidate closest to ``name`` (as typed: ``prefix`` + X); where
-    none is close, the candidates that contain ``name`` (``cnn``: ``one of 'fedrc_cnn', 'mcmahan_cnn',
-    'simple_cnn'``; up to three); else ""."""
+    none is close, the candidates that contain ``name`` (``cnn``: ``one of 'fedrc_cnn', 'leaf_cnn',
+    'mcmahan_cnn', 'simple_cnn'``; up to four); else ""."""
     candidates = list(candidates)
     close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
     if close:
@@ -77,7 +77,7 @@ def suggest(name: str, candidates: Iterable[str], prefix: str = "") -> str:
     within = sorted(c for c in candidates if len(name) >= 3 and name.lower() in c.lower())
     if len(within) == 1:
         return f"; did you mean '{prefix}{within[0]}'?"
-    if len(within) in (2, 3):
+    if 2 <= len(within) <= 4:
         return "; did you mean one of " + ", ".join(f"'{prefix}{c}'" for c in within) + "?"
     return ""
 

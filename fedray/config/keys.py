@@ -53,7 +53,20 @@ __all__ = [
 
 DEFAULT_FMNIST_ROOT = "/usr/share/datasets/fashion-mnist"
 # Names people write unquoted (experiment: 2024, output: 1): a number there means its text.
-NAME_KEYS = ("experiment", "output", "data_root", "partition_file", "partition_name", "init_model")
+NAME_KEYS = (
+    "experiment",
+    "output",
+    "data_root",
+    "partition_file",
+    "partition_name",
+    "init_model",
+    "hf_name",
+    "hf_split",
+    "hf_test_split",
+    "hf_client_column",
+    "hf_input_column",
+    "hf_label_column",
+)
 
 
 @dataclass
@@ -95,6 +108,14 @@ class Config:
     leaf_user_fraction: float = field(default=1.0, metadata=bound(gt=0, le=1))
     # LEAF only: the share of each user's samples it trains on (LEAF's split by sample, --tf)
     leaf_train_fraction: float = field(default=0.9, metadata=bound(gt=0, lt=1))
+    # hf (a federated dataset in the Hugging Face hub's format, fedray/data/hf.py: its rows name
+    # their clients): a saved dataset's folder, or a hub name kept in data_root (download: true)
+    hf_name: str = ""  # hf only: the dataset
+    hf_split: str = "train"  # hf only: the split whose rows are the clients' samples
+    hf_test_split: str = ""  # hf only: a split of each client's test rows ("": client_test_fraction)
+    hf_client_column: str = ""  # hf only: the column naming each row's client
+    hf_input_column: str = ""  # hf only: the input column (an image, text, or numbers)
+    hf_label_column: str = ""  # hf only: the label column (a class id, or the next character)
 
     # --- partition across clients (docs/algorithms/partitions.md#partitions) -------------------------------------------
     num_clients: int = field(default=10, metadata=bound(ge=1))  # N
@@ -345,6 +366,12 @@ ADDED_LATER = {
     "leaf_min_samples": 0,
     "leaf_user_fraction": 1.0,
     "leaf_train_fraction": 0.9,
+    "hf_name": "",
+    "hf_split": "train",
+    "hf_test_split": "",
+    "hf_client_column": "",
+    "hf_input_column": "",
+    "hf_label_column": "",
 }
 # Keys of a sweep file that are not config keys (fedray/sweeps/sweep_file.py expands them into runs).
 SWEEP_KEYS = ("grid", "seeds", "cases", "max_concurrent_runs")

@@ -15,6 +15,7 @@ from fedray.config import seeding
 from fedray.data import arrays as _arrays  # noqa: F401 - registers dataset 'arrays'
 from fedray.data import client_files_dataset as _client_files_dataset  # noqa: F401 - registers dataset 'client_files'
 from fedray.data import fedprox_synthetic as _fedprox_synthetic  # noqa: F401 - registers dataset 'fedprox_synthetic'
+from fedray.data import hf as _hf  # noqa: F401 - registers dataset 'hf'
 from fedray.data import leaf as _leaf  # noqa: F401 - registers datasets 'femnist' and 'shakespeare'
 from fedray.data.datasets import (
     DATASETS,

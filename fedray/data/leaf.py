@@ -45,9 +45,9 @@ if TYPE_CHECKING:
 # LEAF's symbols of the plays (its models/utils/language_utils.py): a character is its index here
 SHAKESPEARE_VOCAB = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
 SEQ_LEN = 80  # characters a Shakespeare sample gives the model
-_INDEX = np.full(256, -1, dtype=np.int16)  # a character code (all are ASCII) -> its index, -1: none
+SYMBOL_INDEX = np.full(256, -1, dtype=np.int16)  # a character code (all are ASCII) -> its index, -1: none
 for _i, _c in enumerate(SHAKESPEARE_VOCAB):
-    _INDEX[ord(_c)] = _i
+    SYMBOL_INDEX[ord(_c)] = _i
 
 KEYS = ("leaf_user_fraction", "leaf_min_samples", "leaf_train_fraction")
 
@@ -131,8 +131,8 @@ def _encode(kind: Kind, path: Path, user: str, x: Any, y: Any) -> tuple[np.ndarr
         raise LeafError(f"{where}: a Shakespeare sample is {SEQ_LEN} characters and the one that follows")
     text = "".join(x) + "".join(y)
     codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-    known = codes < len(_INDEX)
-    index = np.where(known, _INDEX[np.minimum(codes, len(_INDEX) - 1)], -1)
+    known = codes < len(SYMBOL_INDEX)
+    index = np.where(known, SYMBOL_INDEX[np.minimum(codes, len(SYMBOL_INDEX) - 1)], -1)
     if (index < 0).any():
         bad = text[int(np.flatnonzero(index < 0)[0])]
         raise LeafError(f"{where}: character {bad!r} is not one of LEAF's {len(SHAKESPEARE_VOCAB)} symbols")

@@ -1,0 +1,134 @@
+"""Dataset hf: a federated dataset in the Hugging Face hub's format (its rows name their clients),
+on small datasets saved here with the library itself: nothing downloads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedray.config.keys import ConfigError
+from fedray.data.hf import hf_data
+from fedray.data.leaf import SHAKESPEARE_VOCAB
+from fedray.experiment.validation import from_dict
+
+datasets = pytest.importorskip("datasets")  # fedray[hf], in the test extras
+
+
+def femnist_like(folder, writers=(("w2", 6), ("w0", 5), ("w1", 4)), test=False):
+    """As flwrlabs/femnist: a grey image, its class ("character") and its writer ("writer_id")."""
+    rng = np.random.default_rng(0)
+
+    def rows(spec):
+        ids = [w for w, n in spec for _ in range(n)]
+        images = [rng.integers(0, 256, (28, 28), dtype=np.uint8) for _ in ids]
+        return datasets.Dataset.from_dict(
+            {"image": images, "character": rng.integers(0, 62, len(ids)).tolist(), "writer_id": ids}
+        ).cast_column("image", datasets.Image())
+
+    splits = {"train": rows(writers)}
+    if test:
+        splits["test"] = rows([(w, 2) for w, _ in writers])
+    datasets.DatasetDict(splits).save_to_disk(str(folder))
+    return folder
+
+
+def hf_config(tmp_path, folder, **over):
+    keys = {
+        "dataset": "hf",
+        "hf_name": str(folder),
+        "hf_client_column": "writer_id",
+        "hf_input_column": "image",
+        "hf_label_column": "character",
+        "model": "leaf_cnn",
+        "num_clients": 3,
+        "client_test_fraction": 0.2,
+        "output": str(tmp_path / "out"),
+    }
+    return from_dict({**keys, **over})
+
+
+def test_the_rows_clients_are_the_clients_sorted_each_with_its_own_test_split(tmp_path):
+    folder = femnist_like(tmp_path / "femnist")
+    data = hf_data(hf_config(tmp_path, folder))
+    # w0, w1, w2: 5, 4, 6 rows, a fifth of each (rounded) its test split
+    assert [(len(c.train), len(c.test)) for c in data.clients.values()] == [(4, 1), (3, 1), (5, 1)]
+    assert len(data.dataset.test) == 3 and data.dataset.spec.input_shape == (1, 28, 28)
+    assert (
+        data.dataset.spec.num_classes == max(datasets.load_from_disk(str(folder))["train"]["character"]) + 1
+    )
+    saved = datasets.load_from_disk(str(folder))["train"]
+    w1 = [i for i, w in enumerate(saved["writer_id"]) if w == "w1"]  # client 1: its rows, read as stored
+    mine = data.clients[1]
+    got = data.dataset.train.x[np.concatenate([mine.train, mine.test])]
+    want = np.stack([np.asarray(saved[i]["image"].convert("L")) for i in w1])[:, None]
+    assert sorted(map(bytes, got)) == sorted(map(bytes, want))
+    labels = data.dataset.train.y[np.concatenate([mine.train, mine.test])]
+    assert sorted(labels) == sorted(saved[i]["character"] for i in w1)
+    with pytest.raises(
+        ConfigError, match=r"'num_clients': .*'writer_id' names 3 clients; set num_clients: 3"
+    ):
+        hf_config(tmp_path, folder, num_clients=4)
+
+
+def test_a_test_split_of_the_same_clients_is_their_test_rows(tmp_path):
+    folder = femnist_like(tmp_path / "femnist", test=True)
+    data = hf_data(hf_config(tmp_path, folder, hf_test_split="test", client_test_fraction=0.0))
+    assert [(len(c.train), len(c.test)) for c in data.clients.values()] == [(5, 2), (4, 2), (6, 2)]
+    with pytest.raises(
+        ConfigError, match=r"'client_test_fraction': dataset hf's test samples are each client's own"
+    ):
+        hf_config(tmp_path, folder, client_test_fraction=0.0)
+
+
+def test_a_missing_column_or_split_is_one_line_naming_it_before_anything_runs(tmp_path):
+    folder = femnist_like(tmp_path / "femnist")
+    with pytest.raises(
+        ConfigError,
+        match=r"'hf_label_column': 'label' is not a column of .* \(its columns: image, character, writer_id\)",
+    ):
+        hf_config(tmp_path, folder, hf_label_column="label")
+    with pytest.raises(ConfigError, match=r"'hf_split': .* has no split 'validation' \(its splits: train\)"):
+        hf_config(tmp_path, folder, hf_split="validation")
+
+
+def test_a_hub_dataset_not_kept_here_says_what_to_run_and_where_in_one_line(tmp_path):
+    from tests.helpers import FEDRAY, run
+
+    sets = [
+        "dataset=hf",
+        "hf_name=flwrlabs/femnist",
+        f"data_root={tmp_path / 'hub'}",
+        "hf_client_column=writer_id",
+    ]
+    p = run([*FEDRAY, "run", *(x for kv in sets for x in ("--set", kv))], cwd=tmp_path)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert "flwrlabs/femnist is not in" in p.stderr and "flwrlabs__femnist" in p.stderr
+    assert "--set download=true" in p.stderr and "save_to_disk" in p.stderr
+
+
+def test_text_rows_are_next_character_data_over_leafs_symbols_and_train(tmp_path):
+    from fedray.experiment.loop import Finished, execute
+    from fedray.federation.local import make_local_federation
+
+    rng = np.random.default_rng(1)
+    pick = lambda k: "".join(rng.choice(list(SHAKESPEARE_VOCAB), k))  # noqa: E731
+    roles = [r for r, n in (("ROMEO", 6), ("JULIET", 5)) for _ in range(n)]
+    datasets.Dataset.from_dict(
+        {"x": [pick(80) for _ in roles], "y": [pick(1) for _ in roles], "character_id": roles}
+    ).save_to_disk(str(tmp_path / "shakespeare"))
+    keys = dict(hf_client_column="character_id", hf_input_column="x", hf_label_column="y", model="leaf_lstm")
+    cfg = hf_config(tmp_path, tmp_path / "shakespeare", num_clients=2, rounds=1, batch_size=4, **keys)
+    data = hf_data(cfg)
+    assert data.dataset.spec.input_shape == (80,) and data.dataset.spec.num_classes == 80
+    assert list(data.clients) == [0, 1]  # JULIET, ROMEO
+    events = list(execute(cfg, make_local_federation))
+    assert isinstance(events[-1], Finished)
+
+
+def test_fedavg_runs_on_a_saved_hub_dataset(tmp_path):
+    from fedray.experiment.loop import Finished, execute
+    from fedray.federation.local import make_local_federation
+
+    cfg = hf_config(tmp_path, femnist_like(tmp_path / "femnist"), rounds=2, batch_size=4, lr=0.05)
+    events = list(execute(cfg, make_local_federation))
+    assert isinstance(events[-1], Finished) and 0 <= events[-1].summary["final_accuracy"] <= 1
