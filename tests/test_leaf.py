@@ -164,13 +164,35 @@ def test_fedavg_runs_on_leafs_users_with_leafs_model(tmp_path, kind):
     assert events[-1].summary["batched_calls"] == 0
 
 
-def test_leafs_lstm_trains_one_client_at_a_time_and_on_refuses_it(tmp_path):
+def test_leafs_lstm_trains_one_client_at_a_time_and_on_refuses_it(tmp_path, capfd):
     from fedray.engine import choice
     from fedray.models import build_model
 
     lstm = lambda: build_model("leaf_lstm", (80,), 80)  # noqa: E731
     auto = choice.choose("auto", "cuda", lstm)
     assert not auto.stacked and "LSTM" in auto.why
+    # a host on a GPU under auto says once that it trains one client at a time, and why
+    import dataclasses
+
+    from fedray.data import ArrayDataset, DataSpec
+    from fedray.engine.client import Task
+    from fedray.federation.host import ClientHost
+
+    task = Task(0, "leaf_lstm", DataSpec((80,), 80, 1.0), 1, 4, 0.1, 0.0, 0.0, 1.0, 8)
+    data = ArrayDataset(np.zeros((4, 80), np.uint8), np.zeros(4, np.int64))
+    host = ClientHost(dataclasses.replace(task, batched_clients="auto"), data, {})
+    host.device = __import__("torch").device("cuda")  # as on a GPU (the decision only reads its type)
+    choice._SAID.clear()
+    assert not host.trains_batched() and not ClientHost(task, data, {}).trains_batched()
+    host._engine = None
+    assert not host.trains_batched()
+    said = capfd.readouterr().err
+    assert (
+        said.count(
+            "fedray: batched_clients auto trains one client at a time here: the model cannot train stacked: layer 'encoder.lstm' is LSTM"
+        )
+        == 1
+    )
     root = write_leaf(tmp_path / "shakespeare", {"a": 4, "b": 3}, kind="shakespeare")
     with pytest.raises(
         ConfigError, match=r"'batched_clients': on: model leaf_lstm cannot train batched: layer .* is LSTM"

@@ -240,6 +240,8 @@ class ClientHost:
         with the task's model): decided once."""
         if self._engine is None:
             self._engine = choice.choose(self.task.batched_clients, self.device.type, self.task.build_model)
+            if self._engine.model_refusal is not None and not self._engine.required:
+                choice.say_once(f"batched_clients auto trains one client at a time here: {self._engine.why}")
         return self._engine
 
     def trains_batched(self) -> bool:
