@@ -221,6 +221,16 @@ def test_every_dataset_is_one_record_with_the_keys_only_it_reads():
         "synthetic": ("synthetic_size", "synthetic_shape"),
         "emnist": ("emnist_split",),
         "fedprox_synthetic": ("synthetic_alpha", "synthetic_beta"),
+        "femnist": ("leaf_user_fraction", "leaf_min_samples", "leaf_train_fraction"),
+        "shakespeare": ("leaf_user_fraction", "leaf_min_samples", "leaf_train_fraction"),
+        "hf": (
+            "hf_name",
+            "hf_split",
+            "hf_test_split",
+            "hf_client_column",
+            "hf_input_column",
+            "hf_label_column",
+        ),
     }
     assert set(DATASETS) == {
         "client_files",
@@ -234,10 +244,16 @@ def test_every_dataset_is_one_record_with_the_keys_only_it_reads():
         "svhn",
         "arrays",
         "fedprox_synthetic",
+        "femnist",
+        "shakespeare",
+        "hf",
     }
     assert sorted(n for n, kind in DATASETS.items() if kind.own_clients) == [
         "client_files",
         "fedprox_synthetic",
+        "femnist",
+        "hf",
+        "shakespeare",
     ]
     assert sorted(n for n, kind in DATASETS.items() if kind.available is None) == [
         "digits",

@@ -91,9 +91,9 @@ class Users:
         return np.diff(self.offsets)
 
 
-def layout(root: Path) -> tuple[list[Path], list[Path]]:
+def layout(root: Path, name: str = "femnist") -> tuple[list[Path], list[Path]]:
     """The folder's JSON files: (all_data's, []) or (train's, test's); `DatasetMissing` saying what
-    to put there where it holds neither."""
+    to put there (LEAF's data set ``name``) where it holds neither."""
     split = [sorted((root / s).glob("*.json")) for s in ("train", "test")]
     if split[0] and split[1]:
         return split[0], split[1]
@@ -103,8 +103,8 @@ def layout(root: Path) -> tuple[list[Path], list[Path]]:
     raise DatasetMissing(
         f"no LEAF data in {str(root)!r}: data_root is the data set's folder as LEAF's preprocess.sh leaves it, "
         "holding all_data/*.json, or train/*.json and test/*.json after LEAF's split (git clone "
-        "https://github.com/TalwalkarLab/leaf; cd leaf/data/femnist; ./preprocess.sh -s niid --sf 1.0 -k 0 "
-        "-t sample; then data_root: leaf/data/femnist/data)"
+        f"https://github.com/TalwalkarLab/leaf; cd leaf/data/{name}; ./preprocess.sh -s niid --sf 1.0 -k 0 "
+        f"-t sample; then data_root: leaf/data/{name}/data)"
     )
 
 
@@ -191,7 +191,7 @@ def read_users(kind: Kind, root: str | Path) -> Users:
     """A LEAF folder's users (`layout`), from its arrays kept beside the JSON where they are
     current, else read from the JSON and kept (where the folder can be written)."""
     root = Path(root)
-    train_files, test_files = layout(root)
+    train_files, test_files = layout(root, kind.name)
     stamp = _stamp([*train_files, *test_files])
     key = (str(root.resolve()), stamp)
     if key in _READ:
@@ -330,7 +330,7 @@ def check_leaf(kind: Kind, cfg: Config, info: DatasetInfo) -> None:
 
 
 def leaf_available(cfg: Config) -> None:
-    layout(Path(cfg.resolved_data_root()))
+    layout(Path(cfg.resolved_data_root()), cfg.dataset)
 
 
 def _register() -> None:
