@@ -11,6 +11,7 @@ import pytest
 
 from jobs.cli import main
 from jobs.docs import END, PAGE, algorithm_docs, hp_keys, render_page
+from jobs.import_graph import cycles, graph, modules
 from tests.conftest import ROOT
 
 PAGES = [
@@ -206,53 +207,10 @@ def test_the_dependency_rule():
 def _module_graph() -> dict[str, set[str]]:
     """Module -> the project modules it imports, function-level imports included (``from pkg import
     sub`` counts as an import of the submodule, not of the package's ``__init__``)."""
-    mods = {}
-    for package in ("fedray", "actors", "jobs", "analysis"):
-        for path in (ROOT / package).rglob("*.py"):
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
-            mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    graph = {}
-    for name, path in mods.items():
-        out = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                out |= {a.name for a in node.names if a.name in mods}
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in mods:
-                out |= {
-                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in mods else node.module
-                    for a in node.names
-                }
-        graph[name] = out - {name}
-    return graph
+    return graph(modules(ROOT))
 
 
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components with more than one module (Tarjan's algorithm)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    out: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        for w in sorted(graph[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while comp[-1:] != [v]:
-                comp.append(stack.pop())
-            if len(comp) > 1:
-                out.append(sorted(comp))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return out
+_cycles = cycles
 
 
 def test_cycle_finder():

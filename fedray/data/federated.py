@@ -151,3 +151,31 @@ class FederatedData:
             g = np.asarray(self.groups, dtype=np.int64)
             out["group"] = np.where(out["client"] < len(g), g[np.minimum(out["client"], len(g) - 1)], -1)
         return out
+
+
+def own_splits(
+    parts: Sequence[tuple[ArrayDataset, ArrayDataset]],
+) -> tuple[ArrayDataset, ArrayDataset, dict[int, ClientIndices]]:
+    """Clients that come with their own training and test samples (LEAF's users, a hub dataset's
+    clients), client i's as ``parts[i]``: one array of every client's training then test samples,
+    each client's `ClientIndices` into it, and every client's test samples pooled as the global
+    test set."""
+    from fedray.data.datasets import ArrayDataset
+
+    rows_x, rows_y, pooled_x, pooled_y, clients, start = [], [], [], [], {}, 0
+    for cid, (train, test) in enumerate(parts):
+        rows_x += [train.x, test.x]
+        rows_y += [train.y, test.y]
+        pooled_x.append(test.x)
+        pooled_y.append(test.y)
+        n_train, n_test = len(train), len(test)
+        clients[cid] = ClientIndices(
+            np.arange(start, start + n_train, dtype=np.int64),
+            np.arange(start + n_train, start + n_train + n_test, dtype=np.int64),
+        )
+        start += n_train + n_test
+    return (
+        ArrayDataset(np.concatenate(rows_x), np.concatenate(rows_y)),
+        ArrayDataset(np.concatenate(pooled_x), np.concatenate(pooled_y)),
+        clients,
+    )

@@ -36,7 +36,7 @@ from fedray.data.datasets import (
     DataSpec,
     register_dataset,
 )
-from fedray.data.federated import ClientIndices, FederatedData
+from fedray.data.federated import FederatedData, own_splits
 from fedray.data.leaf import SHAKESPEARE_VOCAB, SYMBOL_INDEX
 from fedray.data.partitions import split_train_test
 
@@ -194,36 +194,20 @@ def hf_data(cfg: Config) -> FederatedData:
         t_ids = np.asarray([str(c) for c in test[client_col]])
         test_rows = {c: np.flatnonzero(t_ids == c) for c in sorted(set(t_ids))}
     id_array = np.asarray(ids)
-    names = sorted(set(ids))
-    xs, ys, clients, start, pooled_x, pooled_y = [], [], {}, 0, [], []
-    for cid, name in enumerate(names):
+    parts = []
+    for cid, name in enumerate(sorted(set(ids))):
         rows = np.flatnonzero(id_array == name)
         if cfg.hf_test_split:
-            own_x, own_y = x[rows], y[rows]
             t = test_rows.get(name, np.zeros(0, np.int64))
-            test_x, test_y = tx[t], ty[t]
+            parts.append((ArrayDataset(x[rows], y[rows]), ArrayDataset(tx[t], ty[t])))
         else:
             keep, held = split_train_test(
                 rows, cfg.client_test_fraction, seeding.rng(cfg.seed, "client_test_split", cid)
             )
-            own_x, own_y, test_x, test_y = x[keep], y[keep], x[held], y[held]
-        xs += [own_x, test_x]
-        ys += [own_y, test_y]
-        pooled_x.append(test_x)
-        pooled_y.append(test_y)
-        clients[cid] = ClientIndices(
-            np.arange(start, start + len(own_y), dtype=np.int64),
-            np.arange(start + len(own_y), start + len(own_y) + len(test_y), dtype=np.int64),
-        )
-        start += len(own_y) + len(test_y)
+            parts.append((ArrayDataset(x[keep], y[keep]), ArrayDataset(x[held], y[held])))
+    train_set, test_set, clients = own_splits(parts)
     spec = DataSpec(tuple(x.shape[1:]), _classes(train, label_col, y, known), scale)
-    dataset = Dataset(
-        "hf",
-        ArrayDataset(np.concatenate(xs), np.concatenate(ys)),
-        ArrayDataset(np.concatenate(pooled_x), np.concatenate(pooled_y)),
-        spec,
-    )
-    return FederatedData(dataset, clients, None)
+    return FederatedData(Dataset("hf", train_set, test_set, spec), clients, None)
 
 
 def hf_info(cfg: Config) -> DatasetInfo:

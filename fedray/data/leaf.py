@@ -37,7 +37,7 @@ import numpy as np
 from fedray.config import seeding
 from fedray.config.coercion import ConfigError
 from fedray.data.datasets import ArrayDataset, Dataset, DatasetInfo, DatasetMissing, DataSpec
-from fedray.data.federated import ClientIndices, FederatedData
+from fedray.data.federated import FederatedData, own_splits
 
 if TYPE_CHECKING:
     from fedray.config.keys import Config
@@ -260,34 +260,23 @@ def leaf_data(kind: Kind, cfg: Config) -> FederatedData:
     """The run's clients: the chosen users, each its training and test samples."""
     users = read_users(kind, cfg.resolved_data_root())
     keep, rows = chosen(cfg, users)
-    xs, ys, clients, start = [], [], {}, 0
-    test_xs, test_ys = [], []
-    for cid, i in enumerate(keep):
+    parts = []
+    for i in keep:
         if users.split:
             tr = slice(users.offsets[i], users.offsets[i + 1])
             te = slice(users.test_offsets[i], users.test_offsets[i + 1])
-            parts = (users.x[tr], users.y[tr]), (users.test_x[te], users.test_y[te])
+            parts.append(
+                (ArrayDataset(users.x[tr], users.y[tr]), ArrayDataset(users.test_x[te], users.test_y[te]))
+            )
         else:
             train_rows, test_rows = rows[int(i)]
-            parts = (users.x[train_rows], users.y[train_rows]), (users.x[test_rows], users.y[test_rows])
-        (x_tr, y_tr), (x_te, y_te) = parts
-        xs += [x_tr, x_te]
-        ys += [y_tr, y_te]
-        test_xs.append(x_te)
-        test_ys.append(y_te)
-        clients[cid] = ClientIndices(
-            np.arange(start, start + len(y_tr), dtype=np.int64),
-            np.arange(start + len(y_tr), start + len(y_tr) + len(y_te), dtype=np.int64),
-        )
-        start += len(y_tr) + len(y_te)
-    empty = np.zeros((0, *kind.input_shape), np.uint8)
-    train = ArrayDataset(
-        np.concatenate(xs) if xs else empty, np.concatenate(ys) if ys else np.zeros(0, np.int64)
-    )
-    test = ArrayDataset(
-        np.concatenate(test_xs) if test_xs else empty,
-        np.concatenate(test_ys) if test_ys else np.zeros(0, np.int64),
-    )
+            parts.append(
+                (
+                    ArrayDataset(users.x[train_rows], users.y[train_rows]),
+                    ArrayDataset(users.x[test_rows], users.y[test_rows]),
+                )
+            )
+    train, test, clients = own_splits(parts)
     spec = DataSpec(kind.input_shape, kind.num_classes, kind.scale)
     return FederatedData(Dataset(kind.name, train, test, spec), clients, None)
 

@@ -1,6 +1,6 @@
 """Figures of the project's import graph, to hold a layout change against the one before it.
 
-    .venv/bin/python scripts/import_graph.py [--root DIR] [--key lr --key batched_clients ...]
+    python -m jobs.import_graph [--root DIR] [--key lr --key batched_clients ...]
 
 Reads fedray/, actors/, jobs/ and analysis/ (not tests) as text, every import counted, those
 inside functions too (``from pkg import sub`` as an import of the submodule), and prints:
@@ -14,7 +14,8 @@ inside functions too (``from pkg import sub`` as an import of the submodule), an
   annotated ``Config`` or named ``cfg``), and for each ``--key`` the files that read it as an
   attribute (``.lr``), from the command line (jobs/cli.py) to where it is used.
 
-``--root`` reads another checkout (a ``git worktree add`` of an earlier commit) with this script.
+``--root`` reads another checkout (a ``git worktree add`` of an earlier commit) with this module.
+tests/test_docs.py holds the project to its rules with the same graph (`modules`, `graph`, `cycles`).
 """
 
 from __future__ import annotations
@@ -143,7 +144,7 @@ def config_reach(mods: dict[str, Path], keys: list[str]) -> tuple[list[str], dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python scripts/import_graph.py", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m jobs.import_graph", description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--root", default=str(Path(__file__).resolve().parent.parent), help="the checkout to read"
     )
