@@ -62,7 +62,11 @@ class ClientActor:
     ) -> dict[str, Any]:
         from fedray.federation.host import ClientHost
 
-        self.host = ClientHost(task, train, clients, self.device, test=test, cpus=self.num_cpus)
+        gpus = ray.get_runtime_context().get_assigned_resources().get("GPU", 0.0)
+        share = min(1.0, gpus) if self.device.type == "cuda" and gpus > 0 else 1.0
+        self.host = ClientHost(
+            task, train, clients, self.device, test=test, cpus=self.num_cpus, gpu_share=share
+        )
         return self.info()
 
     def info(self) -> dict[str, Any]:
@@ -77,6 +81,7 @@ class ClientActor:
             "node_id": ctx.get_node_id(),
             "pid": os.getpid(),
             "torch_threads": torch.get_num_threads(),
+            "fold_bytes": self.host.fold_bytes if self.host else 0,  # replies at a time, folded rounds
         }
 
     def run(self, fn: ClientFn, cid: int, msg: Any) -> tuple[Any, CallMeta]:

@@ -14,7 +14,7 @@ from fedray.data import FederatedData
 from fedray.engine.client import Task
 from fedray.federation import Baton, ClientError, ClientFn, FoldFn, WorkerLost
 from fedray.federation.catalog import ClientCatalog, check_groups
-from fedray.federation.host import ClientHost, test_shards
+from fedray.federation.host import ClientHost, clients_a_call, test_shards
 from fedray.federation.placement import assign_clients
 from fedray.params import payload_nbytes
 
@@ -101,6 +101,8 @@ class RayFederation(ClientCatalog):
             for a, share in zip(self.actors, shares, strict=True)
         ]
         self.actor_info = self._get(setups)
+        # each actor's replies at a time in a folded round (`fedray.federation.host.fold_bytes`)
+        self.fold_bytes = {a: i["fold_bytes"] for a, i in zip(self.actors, self.actor_info, strict=True)}
 
     # --- plumbing ------------------------------------------------------------------------------
     def _get(self, refs: Any) -> Any:
@@ -151,18 +153,27 @@ class RayFederation(ClientCatalog):
         return {m.cid: r for r, m in sorted(results, key=lambda rm: rm[1].cid)}
 
     def map_fold(
-        self, fn: ClientFn, cids: Sequence[int], msg: Any, fold: FoldFn, acc: Any, chunk: int = 1
+        self,
+        fn: ClientFn,
+        cids: Sequence[int],
+        msg: Any,
+        fold: FoldFn,
+        acc: Any,
+        chunk: int = 1,
+        reply_bytes: int = 0,
     ) -> Any:
         msg_ref = ray.put(msg)
         cids = sorted(cids)
-        # Each actor's clients in calls of ``chunk``, all submitted at once (an actor runs its calls
-        # in order); the replies are fetched and folded in client order, a call's replies released
-        # once all of them are folded.
+        # Each actor's clients in calls of ``chunk`` (or as many as its replies at a time hold, by
+        # ``reply_bytes``: each actor its own, as its device allows), all submitted at once (an actor
+        # runs its calls in order); the replies are fetched and folded in client order, a call's
+        # replies released once all of them are folded.
         mine: dict[Any, list[int]] = {}
         for c in cids:
             mine.setdefault(self._actor_of[c], []).append(c)
-        calls, call_of, step = [], {}, max(1, chunk)
+        calls, call_of = [], {}
         for a, part in mine.items():
+            step = clients_a_call(self.fold_bytes[a] if reply_bytes > 0 else 0, reply_bytes, chunk)
             for start in range(0, len(part), step):
                 group = part[start : start + step]
                 call_of.update(dict.fromkeys(group, len(calls)))

@@ -19,7 +19,9 @@ parameter). ``--profile N`` adds where one stacked round's time goes, operator b
 (torch.profiler). ``--fold-mb`` sets how many megabytes of replies a folded round (FedEM, FedRC,
 SCAFFOLD) gives a worker per call, so how many clients one call stacks; ``--stacked-conv im2col``
 computes the stack's convolutions as im2col and one batched matrix product; ``--stacked-compile``
-runs the stack's step compiled by ``torch.compile`` (its first round, untimed, compiles). Needs no GPU
+runs the stack's step compiled by ``torch.compile`` (its first round, untimed, compiles);
+``--stacked-eval off`` evaluates a client's several models a pass a model where a GPU would stack
+them (the mixtures' E-steps and ensembles). Needs no GPU
 (``--device cpu``, the default); on a GPU it synchronises before reading the clock.
 """
 
@@ -87,7 +89,8 @@ def step_flops(task: Any, arch: Any = None) -> float:
 
 
 def add_stack_args(ap: argparse.ArgumentParser) -> None:
-    """``--stacked-conv`` and ``--stacked-compile``: how the stacked engine computes (`use_stack_args`)."""
+    """``--stacked-conv``, ``--stacked-compile`` and ``--stacked-eval``: how the stacked engine
+    computes (`use_stack_args`)."""
     ap.add_argument(
         "--stacked-conv",
         default="grouped",
@@ -99,13 +102,20 @@ def add_stack_args(ap: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the stacked engine's step compiled by torch.compile (fedray.engine.step_options)",
     )
+    ap.add_argument(
+        "--stacked-eval",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="a client's evaluations of several models as one stacked forward "
+        "(fedray.engine.step_options; default auto: on a CUDA device)",
+    )
 
 
 def use_stack_args(args: argparse.Namespace) -> None:
     """Set the stacked engine's step options from `add_stack_args`' options."""
     from fedray.engine import step_options
 
-    step_options.use(conv=args.stacked_conv, compile=args.stacked_compile)
+    step_options.use(conv=args.stacked_conv, compile=args.stacked_compile, stacked_eval=args.stacked_eval)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         metavar="MB",
         help="the replies a worker holds at a time in a folded round (FedEM, FedRC, SCAFFOLD), so "
-        "the clients a call stacks (default: fedray.algorithms.rounds.FOLD_BYTES, 64 MB)",
+        "the clients a call stacks (default: fedray.federation.host.fold_bytes: 64 MB on the CPU, "
+        "a 32nd of the device's memory on a GPU)",
     )
     add_stack_args(ap)
     args = ap.parse_args(argv)
@@ -153,9 +164,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     use_stack_args(args)
     if args.fold_mb is not None:
-        from fedray.algorithms import rounds
+        from fedray.federation import host
 
-        rounds.FOLD_BYTES = int(args.fold_mb * (1 << 20))
+        budget = int(args.fold_mb * (1 << 20))
+        host.fold_bytes = lambda *_, **__: budget  # every host of this process, whatever its device
     data = build_federated_data(cfg)
     alg = ALGORITHMS[cfg.algorithm]
     hp = alg.make_hparams(cfg.hp)

@@ -3,32 +3,38 @@
 # on the GPU machine, with the carried .gpu/ folder (Ray, wheels, Fashion-MNIST: .gpu/setup.sh), which
 # `bash scripts/gpu_prepare.sh` builds on the development machine first (about 40 s; not committed):
 #
-#   bash scripts/gpu_check.sh          # about 8 minutes on one H200 (its parts' limits add to 12: under a
-#                                      # 590 s limit the last parts give way); writes $OUT/gpu_check.log
-#   bash scripts/gpu_check.sh fedrc    # FedRC's round, 2 and 40 clients a call (at most 5 minutes)
+#   bash scripts/gpu_check.sh          # the three targets and the decisions, under 8 minutes on one
+#                                      # H200 (its parts' limits add to 470 s); writes $OUT/gpu_check.log
+#   bash scripts/gpu_check.sh fedrc    # FedRC's round, as wide as the device allows and as before (at most 5 minutes)
 #   bash scripts/gpu_check.sh engines  # the engines' comparison (about 5 minutes)
 #   bash scripts/gpu_check.sh widths   # a stacked call's time against its width (at most 4 minutes)
 #   bash scripts/gpu_check.sh kernels  # the stacked step under each CUDA kernel setting (at most 5 minutes)
-#   bash scripts/gpu_check.sh conv     # a stacked round profiled with each convolution (at most 6 minutes)
+#   bash scripts/gpu_check.sh conv     # a stacked round profiled with each convolution, stacked_cnn (at most 6 minutes)
 #   bash scripts/gpu_check.sh pack     # packed runs against runs alone and sharing (at most 4 minutes)
 #
-# table (default), the GPU table's issue, each part under its own time limit, in this order (what
-# the table's time needs first: a run cut off by its limit loses the last parts):
-#   1. the stacked engine's round at the FedConcat paper's budget on Dir(0.1) for FedAvg and MOON
-#      (bench_batched: s a round, FLOP/s against the peak, stacked work, evaluation s), both again
-#      with the stack's convolutions as im2col + batched matmul (--stacked-conv im2col);
-#   2. one partition row of that paper's table (jobs/configs/bench_table1_row.yaml: Dir(0.1), 14 runs,
-#      one seed, 3 rounds each) through `fedray sweep` on Ray, timed end to end, and what it says the
-#      whole table would take at the paper's budget (scripts/row_times.py);
-#   3. FedAvg's round with the stack's step compiled (--stacked-compile: about 90 operations a step
-#      fused; its first round, untimed, compiles), with the grouped convolution and with im2col. A
-#      step was about 0.5 ms fixed plus 37 us a model (2026-11-27): the convolution is the second
-#      term, the fusion the first. (FedProx, FedRS and FedLC were within 8% of FedAvg twice, and a
-#      stack's widths were measured twice: no longer run here.)
-#   4. one SGD step of 40 to 640 simple CNNs written four ways (scripts/stacked_cnn.py): whether a
-#      convolution that does not launch per model (im2col + batched matmul) beats vmap's grouped one.
+# table (default): every figure the GPU issue's targets and decisions need, each part under its own
+# time limit, in this order (a run cut off by its limit loses the last parts; each part prints as
+# it goes):
+#   1. FedAvg's stacked round alone on the FedConcat paper's Dir(0.1) cell (bench_batched: s a round,
+#      FLOP/s against the peak, stacked work, evaluation s; target 0.25 s), then with the stack's
+#      convolutions as im2col + batched matmul (--stacked-conv im2col), then with the step compiled
+#      (--stacked-compile: about 90 operations a step fused; its first round, untimed, compiles):
+#      either becomes the CUDA default where it makes the round 1.2x faster;
+#   2. FedRC's round at the FedRC paper's budget (FMNIST-C, 300 training clients, K = 3) as fedray
+#      now runs it (a folded call as wide as the device allows, its E-step's K models one stacked
+#      forward), then FedAvg's round on the same data: target FedRC at most (K + 1) = 4x FedAvg's
+#      (6.8x on 2026-11-27, 44 s against 6.9 s);
+#   3. one partition row of the FedConcat paper's table (jobs/configs/bench_table1_row.yaml: Dir(0.1),
+#      14 runs, one seed, 3 rounds each) through `fedray sweep` on Ray, four runs sharing the GPU,
+#      timed end to end, and what it says the whole table would take at the paper's budget
+#      (scripts/row_times.py; target under 60 minutes).
+# MOON's rounds and stacked_cnn, once in the default, are in `engines` and `conv`; packs against
+# sharing (pack_runs auto's decision) in `pack`.
 # fedrc: FedRC at the FedRC paper's budget (FMNIST-C, 303 clients), stacked rounds, with the clients
-#   a call as fedray gives them (2) and with 40 (--fold-mb 1024): whether its 44 s round is the calls' cost.
+#   a call as fedray gives them on a GPU (a 32nd of the device's memory of replies a call: 174 of
+#   its 300 training clients, 522 models a stack, on an H200; its E-step's K models one stacked
+#   forward) and as before 2026-12-02 (--fold-mb 64 --stacked-eval off: 2 clients a call, a pass a
+#   model): whether its 44 s round was the calls' cost.
 # widths: scripts/stack_widths.py on the table's cell, 40 to 640 models a stack, grouped convolution
 #   against im2col + batched matmul, and the balanced (iid) cell beside Dir(0.1): what packing runs and
 #   ragged stacks can gain.
@@ -64,11 +70,12 @@ bench() {
 cell=jobs/configs/bench_gpu_dir01.yaml
 
 if [ "${1:-table}" = fedrc ]; then
-    # FedRC's round as it runs (its 303 clients 2 to a call: 64 MB of replies a call), then with
-    # 1 GB a call (40 clients, 120 models a stack): how much of its round is the calls' own cost.
+    # FedRC's round as it runs (replies a call as the device allows, a client's K models evaluated
+    # stacked), then as before 2026-12-02 (64 MB a call: 2 clients, 6 models a stack; a pass a
+    # model): how much of its round was the calls' own cost.
     # Each round prints as it ends (the first is untimed), so a cut-off run still shows its rounds.
     for part in "170 --only algorithm=fedrc --only hp.finetune=false" \
-        "130 --only algorithm=fedrc --only hp.finetune=false --fold-mb 1024"; do
+        "130 --only algorithm=fedrc --only hp.finetune=false --fold-mb 64 --stacked-eval off"; do
         # shellcheck disable=SC2086
         bench ${part%% *} jobs/configs/fedrc_fmnist.yaml --rounds 2 --engines batched --only lr=0.06 --only seed=0 ${part#* }
     done
@@ -121,26 +128,22 @@ if [ "${1:-table}" = engines ]; then
     exit 0
 fi
 
-# The eager rounds, the row through `fedray sweep`, then the compiled rounds and stacked_cnn: in
-# the order of what the table's time needs first, so a run cut off by its time limit loses the last.
-for part in "60 fedavg" "60 moon --set hp.mu=1" "60 fedavg --stacked-conv im2col" \
-    "60 moon --set hp.mu=1 --stacked-conv im2col"; do
+# 1. FedAvg's round alone on the cell: as it runs, with im2col, compiled
+for part in "40 " "40 --stacked-conv im2col" "70 --stacked-compile"; do
     # shellcheck disable=SC2086
-    bench ${part%% *} $cell --rounds 3 --engines batched --set algorithm=${part#* }
+    bench ${part%% *} $cell --rounds 3 --engines batched --set algorithm=fedavg ${part#* }
 done
 
+# 2. FedRC's round at its paper's budget as it runs now, then FedAvg's on the same data
+fedrc=jobs/configs/fedrc_fmnist.yaml
+bench 150 $fedrc --rounds 2 --engines batched --only algorithm=fedrc --only hp.finetune=false --only lr=0.06 --only seed=0
+bench 40 $fedrc --rounds 2 --engines batched --only algorithm=fedavg --only lr=0.06 --only seed=0
+
+# 3. a row of the table through `fedray sweep`, four runs sharing the GPU
 row=/tmp/table1-row
 say "fedray sweep jobs/configs/bench_table1_row.yaml (one actor a run, a quarter of the GPU each, 4 runs at once)"
 start=$(date +%s)
-timeout 200 python3 -m jobs.cli sweep jobs/configs/bench_table1_row.yaml --output $row \
+timeout 130 python3 -m jobs.cli sweep jobs/configs/bench_table1_row.yaml --output $row \
     --set num_gpus_per_actor=0.25 --set num_cpus_per_actor=2 --max-concurrent-runs 4 2>&1 | tail -20 | tee -a "$log"
 say "sweep wall $(($(date +%s) - start)) s"
 python3 scripts/row_times.py $row 4 2>&1 | tee -a "$log"
-
-for part in "100 fedavg --stacked-compile" "100 fedavg --stacked-compile --stacked-conv im2col"; do
-    # shellcheck disable=SC2086
-    bench ${part%% *} $cell --rounds 3 --engines batched --set algorithm=${part#* }
-done
-
-say "stacked_cnn: one step of M simple CNNs as vmap makes it, vmap with im2col, a grouped convolution, im2col + bmm"
-timeout 80 python3 -m scripts.stacked_cnn --device cuda --models 40,160,640 --steps 100 2>&1 | tee -a "$log"

@@ -11,15 +11,18 @@ import pytest
 import torch
 
 from analysis import load_runs
+from fedray.algorithms import rounds
 from fedray.config.coercion import ConfigError
-from fedray.data import ArrayDataset, ClientIndices, DataSpec
+from fedray.data import ArrayDataset, ClientIndices, DataSpec, build_federated_data
 from fedray.engine import batched, choice, step_options
+from fedray.engine import train as train_module
 from fedray.engine.client import Task
-from fedray.engine.train import optimizer_state, sgd, train_update
+from fedray.engine.train import EvalStats, evaluate_requests, optimizer_state, sgd, train_update
 from fedray.engine.update import Evaluation, Frozen, LocalUpdate, Step, cross_entropy, proximal
 from fedray.experiment.loop import execute
 from fedray.experiment.validation import from_dict
 from fedray.federation import ClientError
+from fedray.federation import host as host_module
 from fedray.federation.host import ClientHost
 from fedray.federation.local import make_local_federation
 from fedray.models import Arch
@@ -550,15 +553,67 @@ def test_stacked_convolutions_as_im2col_give_the_per_client_numbers(tmp_path, mo
 
 
 def test_the_step_options_are_checked_and_put_back():
-    before = step_options.use(conv="im2col", compile=True)
+    before = step_options.use(conv="im2col", compile=True, stacked_eval="off")
     try:
-        assert step_options.current() == step_options.StepOptions("im2col", True)
+        assert step_options.current() == step_options.StepOptions("im2col", True, "off")
         with pytest.raises(ValueError, match="convolution must be one of grouped, im2col, got 'fft'"):
             step_options.use(conv="fft")
+        with pytest.raises(ValueError, match="stacked evaluation must be one of auto, on, off, got 'yes'"):
+            step_options.use(stacked_eval="yes")
         assert step_options.current().conv == "im2col"  # a refused option changes nothing
+        assert not step_options.stacks_evaluations(torch.device("cuda", 0))
     finally:
-        step_options.use(before.conv, before.compile)
+        step_options.use(before.conv, before.compile, before.stacked_eval)
     assert step_options.current() == step_options.StepOptions() == before  # off by default
+    # a client's models evaluated stacked where it pays: on a GPU, not on the CPU (whose numbers
+    # stay the per-client engine's to the bit)
+    assert step_options.stacks_evaluations(torch.device("cuda", 0))
+    assert not step_options.stacks_evaluations(torch.device("cpu"))
+
+
+def test_a_clients_models_evaluate_stacked_as_each_alone():
+    # FedRC's E-step and ensemble: K models on one client's split, as one stacked forward a batch;
+    # beside them one model alone and another client's evaluation, answered in the order asked
+    host = _host(sizes=(37, 64, 5))
+    models = _starts(host, 3)
+    a, b = host.client(0), host.client(1)
+    asked = [
+        (a, Evaluation(models[0], per_sample="loss")),
+        (b, Evaluation(models[2])),
+        (a, Evaluation(models[1], per_sample="loss")),
+        (a, Evaluation(models[2], per_sample="loss")),
+        (a, Evaluation(models[0], split="test", per_sample="loss_proba")),
+        (b, Evaluation(models[1], split="test", per_sample="loss_proba")),
+        (b, Evaluation(models[0], split="test", per_sample="loss_proba")),
+        (b, Evaluation(models[0], split="train")),
+    ]
+    clients, evals = [c for c, _ in asked], [e for _, e in asked]
+    alone = [evaluate_requests([c], [e])[0] for c, e in asked]
+    stacked_forwards = []
+    real = train_module._queue_stacked
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(
+            train_module,
+            "_queue_stacked",
+            lambda c, es, *r: stacked_forwards.append(len(es)) or real(c, es, *r),
+        )
+        for stack in (False, True):
+            got = evaluate_requests(clients, evals, stack_models=stack)
+            for g, w in zip(got, alone, strict=True):
+                if isinstance(w, EvalStats):
+                    assert (g.samples, g.correct) == (w.samples, w.correct)
+                    assert g.loss_sum == pytest.approx(w.loss_sum, rel=1e-6)
+                    assert g == w or stack  # each alone's numbers to the bit, unstacked
+                else:
+                    for gv, wv in zip(
+                        g if isinstance(g, tuple) else [g], w if isinstance(w, tuple) else [w], strict=True
+                    ):
+                        assert gv.shape == wv.shape and gv.dtype == wv.dtype
+                        np.testing.assert_allclose(gv, wv, rtol=1e-5, atol=1e-6)
+                        assert stack or np.array_equal(gv, wv)
+    # client 1's accuracy of two models on its training split, its two test-split models, client 0's
+    # three losses (client 0's test-split model alone: by itself)
+    assert sorted(stacked_forwards) == [2, 2, 3]
 
 
 def test_im2col_is_the_convolution():
@@ -590,7 +645,7 @@ def _off_and_on_agree(tmp_path, over):
 @pytest.mark.parametrize("name", ["fedem", "fedrc"])
 def test_a_mixture_rounds_participants_train_in_one_stack_not_one_client_a_call(tmp_path, monkeypatch, name):
     # FedEM and FedRC fold each reply as it arrives (300 clients x 3 models would be gigabytes at
-    # once); a worker still takes its clients fold_chunk at a time, so where it trains batched their
+    # once); a worker still takes its clients 64 MB of replies at a time, so where it trains batched their
     # K models train together: here the 4 participants' K models, one stack a round.
     widths = []
     real = batched.train_stacked
@@ -604,6 +659,36 @@ def test_a_mixture_rounds_participants_train_in_one_stack_not_one_client_a_call(
     list(execute(cfg, make_local_federation))
     k = ALL[name]["hp"]["num_clusters"]
     assert widths == [4 * k] * cfg.rounds  # one client a call was 4 stacks of K a round
+
+
+@pytest.mark.parametrize("fit", [1, 3])
+def test_a_folded_rounds_stacks_are_as_wide_as_the_workers_replies_at_a_time(tmp_path, monkeypatch, fit):
+    # A worker takes as many clients a call as its replies at a time hold (on a GPU a share of the
+    # device's memory, fedray.federation.host.fold_bytes; faked here as `fit` FedRC replies of K = 3
+    # models): its 4 participants' models train in stacks of 3 x fit, the last one narrower.
+    cfg = small_config(tmp_path, batched_clients="on", **{**BASE, **ALL["fedrc"]})
+    task = Task.from_config(cfg, build_federated_data(cfg).dataset.spec)
+    one = rounds.reply_bytes(get_params(task.build_model()), copies=3)
+    monkeypatch.setattr(host_module, "fold_bytes", lambda *_, **__: fit * one)
+    widths = []
+    real = batched.train_stacked
+    monkeypatch.setattr(batched, "train_stacked", lambda c, u, f=None: widths.append(len(u)) or real(c, u, f))
+    list(execute(cfg, make_local_federation))
+    assert widths == {1: [3, 3, 3, 3], 3: [9, 3]}[fit] * cfg.rounds
+
+
+@pytest.mark.parametrize("name", ["fedem", "fedrc"])
+def test_stacked_evaluation_gives_the_per_client_numbers(tmp_path, monkeypatch, name):
+    # a mixture's E-step and ensemble evaluations with each client's K models stacked (a GPU's
+    # default, fedray.engine.step_options), here on the CPU
+    stacks = []
+    real = train_module._queue_stacked
+    monkeypatch.setattr(step_options, "_options", step_options.StepOptions(stacked_eval="on"))
+    monkeypatch.setattr(
+        train_module, "_queue_stacked", lambda c, es, *r: stacks.append(len(es)) or real(c, es, *r)
+    )
+    _off_and_on_agree(tmp_path, {**BASE, **ALL[name]})
+    assert stacks and set(stacks) == {ALL[name]["hp"]["num_clusters"]}
 
 
 def test_auto_trains_one_client_at_a_time_on_the_cpu_and_on_means_on(tmp_path):

@@ -276,6 +276,19 @@ def test_every_module_of_fedray_is_in_a_layer_and_the_top_level_holds_few():
             )
 
 
+def test_no_function_of_fedray_or_actors_runs_past_a_hundred_lines():
+    # a function reads in a screen or two; a longer one is doing several jobs (train_stacked was
+    # 265 lines doing five)
+    long = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for folder in ("fedray", "actors")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 100
+    ]
+    assert not long, long
+
+
 def test_no_module_of_fedray_imports_a_layer_above_its_own():
     upward = [
         f"{module} imports {dep}"

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
+import torch
 
 from fedray.data import build_federated_data
-from fedray.federation import ClientError
+from fedray.engine.client import Task
+from fedray.federation import ClientError, host
 from fedray.federation.local import LocalFederation, make_local_federation
 from tests.conftest import small_config
 from tests.helpers import count_calls, fail_on_three
@@ -147,3 +151,37 @@ def test_relay_leaves_carries_behind_and_hands_them_on(fed):
     assert t.down == size([102]) + size([104]) + 2 * size(0)
     with pytest.raises(ValueError, match="already used"):
         fed.fetch([second[0][0]])
+
+
+def test_a_workers_replies_at_a_time_follow_its_device(monkeypatch):
+    # A folded round gives a worker as many clients a call as its replies at a time hold: 64 MB on
+    # the CPU whatever the machine; on a GPU a 32nd of the device memory it may use, capped by a
+    # 32nd of its share of the machine's memory (a device's figures faked: no CUDA here).
+    gib, mb = 1 << 30, 1 << 20
+    monkeypatch.setattr(host, "device_memory", lambda device: (60 * gib, 80 * gib))
+    monkeypatch.setattr(host, "machine_memory", lambda: 256 * gib)
+    monkeypatch.setattr(host.os, "cpu_count", lambda: 16)
+    cuda = torch.device("cuda", 0)
+    assert host.fold_bytes(torch.device("cpu")) == host.fold_bytes(torch.device("cpu"), 0.25, 4) == 64 * mb
+    assert host.fold_bytes(cuda) == 60 * gib // 32  # alone: what is free (1.875 GiB; 8 GiB of memory)
+    assert host.fold_bytes(cuda, 0.25, 8) == 80 * gib // 4 // 32  # a quarter of the device: 0.625 GiB
+    assert host.fold_bytes(cuda, 0.25, 1) == 256 * gib // 16 // 32  # one core of 16: its memory's 0.5 GiB
+    assert host.fold_bytes(cuda, 1.0, None, hosts=4) == 60 * gib // 32 // 4  # a pack of 4 shares it
+    monkeypatch.setattr(host, "device_memory", lambda device: (gib, 80 * gib))
+    assert host.fold_bytes(cuda) == 64 * mb  # never less than the CPU's
+    # what a worker does with it: clients a call, by the size of one reply (or the chunk given)
+    assert host.clients_a_call(64 * mb, 26 * mb) == 2
+    assert host.clients_a_call(60 * gib // 32, 26 * mb) == 73
+    assert host.clients_a_call(64 * mb, 100 * mb) == 1
+    assert host.clients_a_call(64 * mb, 0, chunk=5) == 5
+    # a host asks once, on first use (no CUDA call when it is made), its Ray share of the GPU
+    # and its CPUs given
+    cfg = small_config(Path("/tmp/unused"))
+    data = build_federated_data(cfg)
+    task = Task.from_config(cfg, data.dataset.spec)
+    asked = []
+    monkeypatch.setattr(host, "device_memory", lambda device: asked.append(device) or (60 * gib, 80 * gib))
+    h = host.ClientHost(task, data.dataset.train, data.clients, device="cuda", cpus=8, gpu_share=0.25)
+    assert not asked
+    assert h.fold_bytes == h.fold_bytes == 80 * gib // 4 // 32 and len(asked) == 1
+    assert host.ClientHost(task, data.dataset.train, data.clients, cpus=8).fold_bytes == 64 * mb

@@ -13,11 +13,17 @@ DIGITS = str(ROOT / "jobs" / "configs" / "digits.yaml")
 
 @pytest.mark.parametrize(
     "extra",
-    [[], ["--set", "algorithm=fedrc", "--fold-mb", "1"]],
+    [[], ["--set", "algorithm=fedrc", "--fold-mb", "1", "--stacked-eval", "on"]],
     ids=["fedavg", "fedrc-folded"],
 )
-def test_bench_batched_times_both_engines(capsys, extra):
+def test_bench_batched_times_both_engines(capsys, monkeypatch, extra):
+    from fedray.engine import step_options
+    from fedray.federation import host
     from jobs.bench_batched import main
+
+    # what the bench sets for its process, put back for the tests after this one
+    monkeypatch.setattr(host, "fold_bytes", host.fold_bytes)
+    monkeypatch.setattr(step_options, "_options", step_options.current())
 
     assert main([DIGITS, "--rounds", "2", *extra]) == 0
     out = capsys.readouterr().out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -81,6 +82,37 @@ def test_fractional_gpus_put_two_actors_on_each_logical_gpu(ray_session, tmp_pat
         fed.close()
 
 
+def _assert_calls_follow_budgets(fed, fits: list[int]) -> None:
+    """``fed``'s actors given budgets of ``fits`` replies: a folded call over every client sends
+    each actor its clients in calls of its own budget, folded in client order as ever."""
+    size, calls = 1000, []
+
+    class Spy:  # an actor handle whose calls are noted
+        def __init__(self, actor):
+            self.run_groups = SimpleNamespace(remote=lambda fn, groups: self.note(actor, fn, groups))
+
+        def note(self, actor, fn, groups):
+            calls.append(list(groups[0][0]))
+            return actor.run_groups.remote(fn, groups)
+
+    spies = {a: Spy(a) for a in fed.actors}
+    owners, budgets = fed._actor_of, fed.fold_bytes
+    fed._actor_of = {c: spies[a] for c, a in owners.items()}
+    fed.fold_bytes = {spies[a]: fit * size for a, fit in zip(fed.actors, fits, strict=True)}
+    try:
+        cids = sorted(owners)
+        got = fed.map_fold(count_calls, cids, "w", lambda acc, c, r: [*acc, r["cid"]], [], reply_bytes=size)
+    finally:
+        fed._actor_of, fed.fold_bytes = owners, budgets
+    assert got == cids
+    want = []
+    for a, fit in zip(fed.actors, fits, strict=True):
+        mine = [c for c in cids if owners[c] is a]
+        assert len(mine) >= 2  # each actor's share splits (or not) by its budget
+        want += [mine[i : i + fit] for i in range(0, len(mine), fit)]
+    assert sorted(calls) == sorted(want)
+
+
 def test_ray_relay_state_and_client_errors(ray_session, tmp_path, capfd):
     from actors.federation import RayFederation
 
@@ -124,6 +156,11 @@ def test_ray_relay_state_and_client_errors(ray_session, tmp_path, capfd):
         gc.collect()
         time.sleep(1.0)  # Ray reports an error nobody read when its reference goes
         assert "Unhandled error" not in capfd.readouterr().err
+        # given a reply's size, each actor takes as many clients a call as its own replies at a time
+        # hold (fold_bytes, reported at setup: 64 MB on these CPU actors; on a GPU its share of the
+        # device), whatever the others hold: budgets of 1, 2 and 100 replies seen in its calls
+        assert fed.fold_bytes == dict.fromkeys(fed.actors, 64 << 20)
+        _assert_calls_follow_budgets(fed, [1, 2, 100])
     finally:
         fed.close()
     local, _ = make_local_federation(cfg, build_federated_data(cfg))

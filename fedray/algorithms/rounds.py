@@ -111,14 +111,11 @@ def local_update(client: Client, cstate: Any, msg: dict) -> Generator[LocalUpdat
     return reply, cstate
 
 
-# Replies a worker holds at once in a folded round (`Federation.map_fold`'s chunk), in bytes.
-FOLD_BYTES = 64 << 20
-
-
-def fold_chunk(params: Params, copies: int = 1) -> int:
-    """Clients per call in a folded round whose replies carry ``copies`` models like ``params``:
-    about `FOLD_BYTES` of replies per worker at a time (and stacks that large where it trains batched)."""
-    return max(1, FOLD_BYTES // max(1, copies * sum(np.asarray(v).nbytes for v in params.values())))
+def reply_bytes(params: Params, copies: int = 1) -> int:
+    """The size of a reply carrying ``copies`` models like ``params``: a folded round passes it to
+    `Federation.map_fold` (``reply_bytes``), which gives each worker as many clients a call as its
+    replies at a time hold (64 MB on the CPU, more on a GPU: `fedray.federation.host.fold_bytes`)."""
+    return copies * sum(np.asarray(v).nbytes for v in params.values())
 
 
 def train_stats(reply: Mapping[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,8 @@ it would train or evaluate, receives the result (`Trained`, `EvalStats` or per-s
 list for a list), and returns its reply and state (fedray/engine/update.py). `run_one` runs one client to
 its end with the per-client engine (a yield's evaluations in one call); `run_stacked` runs many at
 once, advancing every client to its next yield, training everything they yielded together in the
-stacked engine and evaluating everything they yielded in one call.
+stacked engine and evaluating everything they yielded in one call (a client's several models
+stacked where `fedray.engine.step_options.stacks_evaluations` says).
 
 A client function that trains by itself (an optimizer step inside it, not a yielded update) cannot
 be stacked: under ``batched_clients: on`` its first step fails, naming the function; under
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from fedray.engine import batched
+from fedray.engine import batched, step_options
 from fedray.engine.choice import stack_key
 from fedray.engine.client import Client, ClientError, PluginMistake
 from fedray.engine.train import EvalStats, evaluate_requests, train_update
@@ -64,18 +65,24 @@ def _answer(yielded: Any, answers: list[Answer]) -> Answer | list[Answer]:
     return answers[0] if isinstance(yielded, (LocalUpdate, Evaluation)) else answers
 
 
-def _answered_alone(client: Client, asked: list[Request], draws: Iterator[int]) -> list[Answer]:
+def _answered_alone(
+    client: Client, asked: list[Request], draws: Iterator[int], stack_models: bool = False
+) -> list[Answer]:
     """One client's requests: its updates by the per-client engine, in order, its evaluations in
-    one call (`fedray.engine.train.evaluate_requests`). ``draws`` numbers the client's updates through the
-    call (each update's own draws, `fedray.engine.train.own_draws`)."""
+    one call (`fedray.engine.train.evaluate_requests`, its models stacked where ``stack_models``).
+    ``draws`` numbers the client's updates through the call (each update's own draws,
+    `fedray.engine.train.own_draws`)."""
     evals = [r for r in asked if isinstance(r, Evaluation)]
-    stats = iter(evaluate_requests([client] * len(evals), evals))
+    stats = iter(evaluate_requests([client] * len(evals), evals, stack_models))
     return [next(stats) if isinstance(r, Evaluation) else train_update(client, r, next(draws)) for r in asked]
 
 
-def run_one(fn: Callable, client: Client, cstate: Any, msg: Any) -> tuple[Any, Any]:
+def run_one(
+    fn: Callable, client: Client, cstate: Any, msg: Any, stack_models: bool = False
+) -> tuple[Any, Any]:
     """``fn`` on one client to its end; every update it yields trained by the per-client engine, in
-    order, and a yield's evaluations answered in one call. A failure names the client."""
+    order, and a yield's evaluations answered in one call (several models stacked where
+    ``stack_models``). A failure names the client."""
     try:
         out = fn(client, cstate, msg)
         if not inspect.isgenerator(out):
@@ -86,9 +93,8 @@ def run_one(fn: Callable, client: Client, cstate: Any, msg: Any) -> tuple[Any, A
                 yielded = out.send(answer)
             except StopIteration as stop:
                 return stop.value
-            answer = _answer(
-                yielded, _answered_alone(client, requests(yielded, client.task.drop_last), draws)
-            )
+            asked = requests(yielded, client.task.drop_last)
+            answer = _answer(yielded, _answered_alone(client, asked, draws, stack_models))
     except Exception as e:  # noqa: BLE001 - re-raised with the client id attached
         raise _failed(client.cid, e) from e
 
@@ -212,7 +218,11 @@ def run_stacked(
         trained: dict[tuple[int, int], Answer] = {}
         if evals:
             try:
-                got = evaluate_requests([clients[i] for i, _ in evals], [asked[i][1][j] for i, j in evals])
+                got = evaluate_requests(
+                    [clients[i] for i, _ in evals],
+                    [asked[i][1][j] for i, j in evals],
+                    step_options.stacks_evaluations(clients[evals[0][0]].device),
+                )
             except ClientError:
                 raise  # one client's split, named
             except Exception as e:  # noqa: BLE001 - re-raised with the clients named

@@ -1,9 +1,10 @@
-"""Two ways to run the stacked engine's step that are being measured on GPUs, off by default.
+"""Ways to run the stacked engine that are being measured on GPUs.
 
-They are not config keys: each moves the numbers by float round-off, and neither has yet paid where
-it could (docs/benchmark.md has the figures). The benchmarks and the GPU check switch them on for a
-process with `use` (``python -m jobs.bench_batched --stacked-conv im2col --stacked-compile``,
-scripts/gpu_check.sh); tests/test_batched.py checks that each gives the per-client numbers.
+They are not config keys: each moves the numbers by float round-off (docs/benchmark.md has the
+figures). The benchmarks and the GPU check switch them for a process with `use` (``python -m
+jobs.bench_batched --stacked-conv im2col --stacked-compile --stacked-eval off``,
+scripts/gpu_check.sh); tests/test_batched.py checks that each gives the per-client numbers. The
+first two are off by default (neither has yet paid where it could); the third is on where it can pay:
 
 - ``conv="im2col"``: a stack's convolutions as every model's batch unfolded at once (im2col) and
   contracted with its weights in one batched matrix product, a few kernels a layer whatever the
@@ -14,6 +15,11 @@ scripts/gpu_check.sh); tests/test_batched.py checks that each gives the per-clie
   each stack shape in a process compiles (about 40 s on a 2-core CPU, 6 s from inductor's cache).
   On a CPU it does not pay (an epoch of 8 simple CNNs: 1.1 s compiled in a fixed stack, 0.9 s per
   client).
+- ``stacked_eval``: a client's evaluations of several models on one split (FedEM's and FedRC's
+  E-step and ensemble, K models on its training split) as one forward of the K models stacked, each
+  batch read once, in place of a pass a model. ``auto`` (the default): on a CUDA device, where a
+  pass is mostly kernels' fixed cost; on the CPU the passes stay one a model (they cost their
+  arithmetic either way, and give the per-client engine's numbers to the bit).
 """
 
 from __future__ import annotations
@@ -27,32 +33,47 @@ import torch
 from torch import nn
 
 CONVS = ("grouped", "im2col")
+STACKED_EVALS = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
 class StepOptions:
     conv: str = "grouped"  # grouped | im2col
     compile: bool = False
+    stacked_eval: str = "auto"  # auto (on a CUDA device) | on | off
 
 
 _options = StepOptions()
 
 
-def use(conv: str | None = None, compile: bool | None = None) -> StepOptions:
+def use(conv: str | None = None, compile: bool | None = None, stacked_eval: str | None = None) -> StepOptions:
     """Set this process's step options (those not given stay as they are); returns the options
-    before, which ``use(before.conv, before.compile)`` puts back."""
+    before, which ``use(before.conv, before.compile, before.stacked_eval)`` puts back."""
     global _options
     before = _options
     if conv is not None and conv not in CONVS:
         raise ValueError(f"the stacked step's convolution must be one of {', '.join(CONVS)}, got {conv!r}")
+    if stacked_eval is not None and stacked_eval not in STACKED_EVALS:
+        raise ValueError(
+            f"stacked evaluation must be one of {', '.join(STACKED_EVALS)}, got {stacked_eval!r}"
+        )
     _options = StepOptions(
-        before.conv if conv is None else conv, before.compile if compile is None else bool(compile)
+        before.conv if conv is None else conv,
+        before.compile if compile is None else bool(compile),
+        before.stacked_eval if stacked_eval is None else stacked_eval,
     )
     return before
 
 
 def current() -> StepOptions:
     return _options
+
+
+def stacks_evaluations(device: torch.device) -> bool:
+    """Whether a host that trains batched on ``device`` evaluates a client's models stacked."""
+    if _options.stacked_eval == "auto":
+        return device.type == "cuda"
+    return _options.stacked_eval == "on"
 
 
 def conv2d_im2col(

@@ -330,65 +330,109 @@ def evaluate(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tenso
 
 @torch.no_grad()
 def evaluate_requests(
-    clients: Sequence[Client], evals: Sequence[Evaluation]
+    clients: Sequence[Client], evals: Sequence[Evaluation], stack_models: bool = False
 ) -> list[EvalStats | np.ndarray | tuple[np.ndarray, np.ndarray]]:
     """Each `Evaluation` on its client's split (``clients[i]`` evaluates ``evals[i]``): the numbers of
     evaluating each alone (`evaluate`'s, batch by batch, summed in order; or each sample's values).
     Evaluations of one model (the same ``params`` object and arch) load it once, and every batch's
     values stay on the device until the last batch of the last client is queued, then come back in
-    one copy: one wait for a GPU a call, not one a client."""
+    one copy: one wait for a GPU a call, not one a client. ``stack_models``: a client's evaluations
+    of several models of one arch on one split, asking for one kind of values (a mixture's K models),
+    run as one forward of the models stacked (`torch.func.vmap`), each batch read once: the same
+    numbers up to float round-off (`fedray.engine.step_options.stacks_evaluations` decides)."""
     if not evals:
         return []
-    by_model: dict[tuple[int, Arch], list[int]] = {}
-    for i, e in enumerate(evals):
-        by_model.setdefault((id(e.params), e.arch), []).append(i)
-    queued: list[torch.Tensor] = []  # every batch's values, flat, float64 (exact for these values)
+    values: list[list[torch.Tensor]] = [[] for _ in evals]  # each evaluation's batches' values, flat
     shapes: list[list[tuple[int, ...]]] = [[] for _ in evals]  # each evaluation's batches' shapes
+    alone = list(range(len(evals)))
+    if stack_models:
+        together: dict[tuple[int, str, str | None, Arch], list[int]] = {}
+        for i, e in enumerate(evals):
+            together.setdefault((id(clients[i]), e.split, e.per_sample, e.arch), []).append(i)
+        stacks = [m for m in together.values() if len({id(evals[i].params) for i in m}) > 1]
+        for members in stacks:
+            _queue_stacked(clients[members[0]], [evals[i] for i in members], members, values, shapes)
+        stacked = {i for members in stacks for i in members}
+        alone = [i for i in alone if i not in stacked]
+    by_model: dict[tuple[int, Arch], list[int]] = {}
+    for i in alone:
+        by_model.setdefault((id(evals[i].params), evals[i].arch), []).append(i)
     for members in by_model.values():
         first = evals[members[0]]
         model = clients[members[0]].model(first.params, arch=first.arch)
         model.eval()
         for i in members:
-            client, kind = clients[i], evals[i].per_sample
-            try:
-                batches = client.eval_train_batches() if evals[i].split == "train" else client.test_batches()
-                for x, y in batches:
-                    values = _batch_values(model(x), y, kind)
-                    shapes[i].append((len(y),) if kind is None else tuple(values.shape))
-                    queued.append(values.double().reshape(-1))
-            except Exception as e:  # noqa: BLE001 - re-raised with the client id attached
-                raise ClientError(
-                    client.cid,
-                    f"evaluating on its {evals[i].split} split: {type(e).__name__}: {e}",
-                    format_exc(),
-                ) from e
+            with _naming(clients[i], evals[i]):
+                for x, y in _split_batches(clients[i], evals[i]):
+                    _queue(model(x), y, evals[i].per_sample, values[i], shapes[i])
         model.train()
+    queued = [v for vs in values for v in vs]
     flat = torch.cat(queued).cpu().numpy() if queued else np.zeros(0)  # the call's one copy
-    out: list[Any] = [EvalStats()] * len(evals)
+    out: list[Any] = []
     at = 0
-    for i in (i for members in by_model.values() for i in members):  # in the order they were queued
-        kind = evals[i].per_sample
-        if kind is None:
-            pairs = flat[at : at + 2 * len(shapes[i])].reshape(-1, 2)
-            at += pairs.size
-            out[i] = total(
-                EvalStats(n, float(loss), int(hits))
-                for (n,), (loss, hits) in zip(shapes[i], pairs, strict=True)
-            )
-            continue
-        parts = []
-        for shape in shapes[i]:
-            size = int(np.prod(shape))
-            parts.append(flat[at : at + size].reshape(shape))
-            at += size
-        classes = clients[i].task.spec.num_classes
-        width = {"loss": (), "proba": (classes,), "loss_proba": (1 + classes,)}[kind]
-        values = np.concatenate(parts) if parts else np.zeros((0, *width))
-        if kind == "loss_proba":  # each value as its own kind gives it (float32 -> float64 is exact)
-            out[i] = (values[:, 0].copy(), values[:, 1:].astype(np.float32))
-        else:
-            out[i] = values if kind == "loss" else values.astype(np.float32)
+    for i, e in enumerate(evals):
+        size = 2 * len(shapes[i]) if e.per_sample is None else sum(int(np.prod(sh)) for sh in shapes[i])
+        out.append(
+            _read_values(flat[at : at + size], shapes[i], e.per_sample, clients[i].task.spec.num_classes)
+        )
+        at += size
     return out
+
+
+def _split_batches(client: Client, e: Evaluation) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
+    return client.eval_train_batches() if e.split == "train" else client.test_batches()
+
+
+@contextmanager
+def _naming(client: Client, e: Evaluation) -> Iterator[None]:
+    """A failure while evaluating on ``client``'s split, re-raised naming the client and split."""
+    try:
+        yield
+    except Exception as err:  # noqa: BLE001 - re-raised with the client id attached
+        raise ClientError(
+            client.cid, f"evaluating on its {e.split} split: {type(err).__name__}: {err}", format_exc()
+        ) from err
+
+
+def _queue(logits: torch.Tensor, y: torch.Tensor, kind: str | None, values: list, shapes: list) -> None:
+    """One batch's values (`_batch_values`) queued, flat in float64 (exact for these values)."""
+    got = _batch_values(logits, y, kind)
+    shapes.append((len(y),) if kind is None else tuple(got.shape))
+    values.append(got.double().reshape(-1))
+
+
+def _queue_stacked(
+    client: Client, evals: Sequence[Evaluation], members: Sequence[int], values: list, shapes: list
+) -> None:
+    """``evals`` (several models, one client, split, arch and kind) as one stacked forward a batch."""
+    first = evals[0]
+    model = client.model(first.params, arch=first.arch)  # the module each row calls with its tensors
+    model.eval()
+    rows = {
+        k: torch.stack([torch.as_tensor(np.asarray(e.params[k])) for e in evals]).to(client.device)
+        for k in first.params
+    }
+    forward = torch.func.vmap(lambda row, x: torch.func.functional_call(model, row, (x,)), in_dims=(0, None))
+    with _naming(client, first):
+        for x, y in _split_batches(client, first):
+            logits = forward(rows, x)
+            for r, i in enumerate(members):
+                _queue(logits[r], y, first.per_sample, values[i], shapes[i])
+    model.train()
+
+
+def _read_values(flat: np.ndarray, shapes: list[tuple[int, ...]], kind: str | None, classes: int) -> Any:
+    """One evaluation's values from the call's copy: its summed `EvalStats`, or each sample's values."""
+    if kind is None:
+        pairs = flat.reshape(-1, 2)
+        return total(
+            EvalStats(n, float(loss), int(hits)) for (n,), (loss, hits) in zip(shapes, pairs, strict=True)
+        )
+    width = {"loss": (), "proba": (classes,), "loss_proba": (1 + classes,)}[kind]
+    values = flat.reshape(-1, *width) if shapes else np.zeros((0, *width))
+    if kind == "loss_proba":  # each value as its own kind gives it (float32 -> float64 is exact)
+        return (values[:, 0].copy(), values[:, 1:].astype(np.float32))
+    return values if kind == "loss" else values.astype(np.float32)
 
 
 def _batch_values(logits: torch.Tensor, y: torch.Tensor, kind: str | None) -> torch.Tensor:

@@ -19,12 +19,55 @@ import numpy as np
 import torch
 
 from fedray.data import ArrayDataset, ClientIndices, SourcedClients
-from fedray.engine import choice, drive
+from fedray.engine import choice, drive, step_options
 from fedray.engine.client import Client, Task, code_name, share_device_memory
 from fedray.federation import TEST_SHARD, ClientError, ClientFn
-from fedray.federation.client_states import ClientStates
+from fedray.federation.client_states import ClientStates, machine_memory
 from fedray.params import payload_nbytes
 from fedray.storage.checkpoint import CheckpointError, StateFile, encode
+
+# The replies a worker holds at a time in a folded round (`Federation.map_fold` given
+# ``reply_bytes``), and so the widest stack it trains them in: on the CPU `FOLD_BYTES`, whatever
+# the machine (the cross-device memory figures in docs/benchmark.md are measured with it); on a GPU
+# a `FOLD_SHARE`-th of the device memory the worker may use, so a stack is as wide as the device
+# allows (`fold_bytes`).
+FOLD_BYTES = 64 << 20
+FOLD_SHARE = 32
+
+
+def device_memory(device: torch.device) -> tuple[int, int]:
+    """The device's free and total memory in bytes (the one CUDA query `fold_bytes` makes)."""
+    free, total = torch.cuda.mem_get_info(device)
+    return int(free), int(total)
+
+
+def fold_bytes(
+    device: torch.device, gpu_share: float = 1.0, cpus: float | None = None, hosts: int = 1
+) -> int:
+    """The bytes of replies a worker takes at a time in a folded round. On the CPU `FOLD_BYTES`. On
+    a CUDA device a `FOLD_SHARE`-th of the device memory this worker may use (``gpu_share``: its
+    share of the device, a Ray actor's fraction of a GPU; or what is free now, where less), shared
+    by the ``hosts`` of a pack; never more than a `FOLD_SHARE`-th of its share of the machine's
+    memory (``cpus`` of its cores; the replies come back there), never less than `FOLD_BYTES`. A
+    stack of replies this size trains in several times as much (gradients, momentum buffers, and
+    each model's activations at the batch size: FedRC's CNN at batch 128 about 6 times its
+    parameters in all), so the stack stays well within the worker's share of the device."""
+    if device.type != "cuda":
+        return FOLD_BYTES
+    free, total = device_memory(device)
+    on_device = min(free, int(total * gpu_share)) // (FOLD_SHARE * hosts)
+    cores = max(1, os.cpu_count() or 1)
+    cpu_share = 1.0 if cpus is None else min(1.0, max(cpus, 0.0) / cores)
+    in_memory = int(machine_memory() * cpu_share) // (FOLD_SHARE * hosts)
+    return max(FOLD_BYTES, min(on_device, in_memory))
+
+
+def clients_a_call(budget: int, reply_bytes: int, chunk: int = 1) -> int:
+    """How many clients a worker with ``budget`` bytes for replies (`fold_bytes`) takes a call in a
+    folded round whose replies are ``reply_bytes`` each; ``chunk`` where no size is given (0)."""
+    if reply_bytes <= 0:
+        return max(1, chunk)
+    return max(1, budget // reply_bytes)
 
 
 @dataclass(frozen=True)
@@ -84,7 +127,9 @@ class ClientHost:
     its indices into ``data``; or it is `SourcedClients`, whose samples the host makes when a client
     is used (``data`` then goes unused) and keeps up to `MADE_BYTES` of. ``cpus``: the CPUs of the
     worker it runs in, where workers share the machine (a Ray actor's; None: alone in its process),
-    which its share of the machine's memory for client state follows (`default_budget_mb`)."""
+    which its share of the machine's memory for client state follows (`default_budget_mb`), and
+    ``gpu_share`` its share of its GPU (a Ray actor's fraction), which its folded rounds' stacks
+    follow (`fold_bytes`)."""
 
     def __init__(
         self,
@@ -94,6 +139,7 @@ class ClientHost:
         device: torch.device | str = "cpu",
         test: ArrayDataset | None = None,
         cpus: float | None = None,
+        gpu_share: float = 1.0,
     ) -> None:
         self.task = task
         self.device = torch.device(device)
@@ -112,6 +158,8 @@ class ClientHost:
         # the pack this host's run trains in (`fedray.sweeps.pack.Packer`): its stacked calls go through it
         self.packer: Any = None
         self.packed_calls = 0  # client calls stacked with another run's clients (in a pack)
+        self._cpus, self._gpu_share = cpus, gpu_share
+        self._fold_bytes: int | None = None  # `fold_bytes`, asked on first use (no CUDA call before)
 
     @property
     def client_ids(self) -> Sequence[int]:
@@ -228,10 +276,20 @@ class ClientHost:
                 cid, f"making its data or reading its state: {type(e).__name__}: {e}", traceback.format_exc()
             ) from e
 
+    @property
+    def fold_bytes(self) -> int:
+        """The replies this host's worker takes at a time in a folded round (`fold_bytes`): decided on
+        first use, then fixed for the run (so are its stacks)."""
+        if self._fold_bytes is None:
+            hosts = 1 if self.packer is None else self.packer.size
+            self._fold_bytes = fold_bytes(self.device, self._gpu_share, self._cpus, hosts)
+        return self._fold_bytes
+
     def join_pack(self, packer: Any) -> None:
         """Train in ``packer``'s pack (`fedray.sweeps.pack`): stacked calls go through it, and on CUDA the
-        pack's hosts share out the device memory a host keeps clients' splits in."""
+        pack's hosts share out the device memory a host keeps clients' splits in and folds replies in."""
         self.packer = packer
+        self._fold_bytes = None
         if self.device.type == "cuda":
             share_device_memory(self._model_cache, self.device, packer.size)
 
@@ -306,7 +364,10 @@ class ClientHost:
             self._model_cache,
         )
         try:
-            return drive.run_one(fn, shard, None, msg)[0]  # evaluations it yields, in one call
+            # the evaluations it yields, in one call (several models stacked, where this host
+            # trains batched and its device gains from it)
+            stack = self.trains_batched() and step_options.stacks_evaluations(self.device)
+            return drive.run_one(fn, shard, None, msg, stack)[0]
         except ClientError as e:  # re-raised with the shard's samples named
             raise ClientError(
                 TEST_SHARD, f"global test samples [{start}, {stop}): {e.message}", e.remote_traceback

@@ -14,7 +14,7 @@ from fedray.engine.client import Task
 from fedray.federation import Baton, ClientFn, FoldFn
 from fedray.federation.catalog import ClientCatalog, check_groups
 from fedray.federation.client_states import default_budget_mb
-from fedray.federation.host import ClientHost, set_torch_threads
+from fedray.federation.host import ClientHost, clients_a_call, set_torch_threads
 from fedray.params import payload_nbytes
 
 
@@ -52,9 +52,17 @@ class LocalFederation(ClientCatalog):
         return {m.cid: r for r, m in sorted(results, key=lambda rm: rm[1].cid)}
 
     def map_fold(
-        self, fn: ClientFn, cids: Sequence[int], msg: Any, fold: FoldFn, acc: Any, chunk: int = 1
+        self,
+        fn: ClientFn,
+        cids: Sequence[int],
+        msg: Any,
+        fold: FoldFn,
+        acc: Any,
+        chunk: int = 1,
+        reply_bytes: int = 0,
     ) -> Any:
-        cids, step = sorted(cids), max(1, chunk)
+        cids = sorted(cids)
+        step = clients_a_call(self.host.fold_bytes if reply_bytes > 0 else 0, reply_bytes, chunk)
         self._traffic.broadcast(msg, len(cids))
         for start in range(0, len(cids), step):
             for reply, meta in self.host.run_groups(fn, [(cids[start : start + step], msg)]):

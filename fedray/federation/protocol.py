@@ -73,7 +73,14 @@ class Federation(Protocol):
         appears in one group at most. Replies by client id."""
 
     def map_fold(
-        self, fn: ClientFn, cids: Sequence[int], msg: Any, fold: FoldFn, acc: Any, chunk: int = 1
+        self,
+        fn: ClientFn,
+        cids: Sequence[int],
+        msg: Any,
+        fold: FoldFn,
+        acc: Any,
+        chunk: int = 1,
+        reply_bytes: int = 0,
     ) -> Any:
         """`map` whose replies are folded into ``acc`` one at a time, in sorted client order
         (``acc = fold(acc, cid, reply)``), each dropped once folded; returns the final ``acc``. The
@@ -81,9 +88,12 @@ class Federation(Protocol):
         each would be 7.8 GB; SCAFFOLD over 1,000 clients a round), and the fold order, hence every
         float, is the same in-process and under Ray with any number of actors. ``chunk``: a worker
         gets its clients this many to a call (trained at once where it trains batched), so about
-        ``chunk`` replies per worker are in memory at a time. Under Ray a reply's arrays are
-        zero-copy views of its object: what ``fold`` keeps of a reply must be copied, or the whole
-        reply stays in memory."""
+        ``chunk`` replies per worker are in memory at a time. ``reply_bytes``: the size of one
+        client's reply, where the caller knows it (0: it does not): a worker then takes as many
+        clients a call as fit the replies it holds at a time (``chunk`` unused; 64 MB on the CPU, a
+        share of the device's memory on a GPU: `fedray.federation.host.fold_bytes`), and trains
+        them in stacks that wide. Under Ray a reply's arrays are zero-copy views of its object:
+        what ``fold`` keeps of a reply must be copied, or the whole reply stays in memory."""
 
     def relay(self, fn: ClientFn, hops: Sequence[tuple[int, Any]], common: Any) -> list[tuple[Baton, Any]]:
         """One hop per ``(cid, carry)``, all hops in parallel: ``fn(client, cstate, (carry, common))``

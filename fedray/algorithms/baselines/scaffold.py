@@ -20,7 +20,7 @@ import numpy as np
 
 from fedray.algorithms.baselines import fedavg
 from fedray.algorithms.baselines.fedavg import evaluate, models, server_step  # noqa: F401 - FedAvg's evaluation, part of the record
-from fedray.algorithms.rounds import fold_chunk, local_sgd_reply, train_records, train_stats
+from fedray.algorithms.rounds import local_sgd_reply, reply_bytes, train_records, train_stats
 from fedray.config.hparams import one_of
 from fedray.engine.client import Client
 from fedray.federation import Federation
@@ -84,7 +84,7 @@ def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, 
         stats[cid] = train_stats(reply)
 
     msg = {"params": state.params, "c": state.c, "round": rnd}
-    fed.map_fold(scaffold_update, cids, msg, fold, None, chunk=fold_chunk(state.params, copies=2))
+    fed.map_fold(scaffold_update, cids, msg, fold, None, reply_bytes=reply_bytes(state.params, copies=2))
     params = server_step(state.params, average.result(), hp.server_lr)
     scale = len(stats) if hp.server_update == "code" else len(fed.client_ids)
     c = {k: (ck + deltas[k] / scale).astype(ck.dtype) for k, ck in state.c.items()}

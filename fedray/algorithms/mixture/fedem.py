@@ -37,7 +37,7 @@ from fedray.algorithms.mixture.client import (
     mixture_update,
     test_client_e_step,
 )
-from fedray.algorithms.rounds import fold_chunk
+from fedray.algorithms.rounds import reply_bytes
 from fedray.config.hparams import bound
 from fedray.federation import Federation
 from fedray.params import Params, WeightedSum
@@ -114,17 +114,18 @@ def mixture_round(
     }
     # Each reply is folded into the per-model sums as it arrives (3 models x 300 clients would be
     # gigabytes held at once); what is left of it (omega, statistics, counts) is small. A worker
-    # takes its clients `fold_chunk` at a time (about 64 MB of replies): where it trains batched,
-    # their K models each train in one stack (one client a call stacked only its own K).
+    # takes as many clients a call as its replies at a time hold (64 MB on the CPU, a share of the
+    # device on a GPU): where it trains batched, their K models each train in one stack (one client
+    # a call stacked only its own K).
     agg = MixtureAverage({mid: state.models[mid] for mid in ids})
-    chunk = fold_chunk(msg["models"][0], copies=len(ids)) if ids else 1
+    size = reply_bytes(msg["models"][0], copies=len(ids)) if ids else 0
 
     def fold(replies: dict, cid: int, reply: dict) -> dict:
         agg.add(reply.pop("models"), reply["num_examples"])
         replies[cid] = copy.deepcopy(reply)  # owned copies: Ray's arrays are views that pin the whole reply
         return replies
 
-    replies = fed.map_fold(mixture_update, cids, msg, fold, {}, chunk=chunk)
+    replies = fed.map_fold(mixture_update, cids, msg, fold, {}, reply_bytes=size)
     models = {**state.models, **agg.result()}
     records: list[Record] = [
         rec("participants", agg.trained[mid], scope="cluster", entity=mid) for mid in ids
