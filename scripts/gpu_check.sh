@@ -5,7 +5,7 @@
 #
 #   bash scripts/gpu_check.sh          # the three targets and the decisions, under 8 minutes on one
 #                                      # H200 (its parts' limits add to 470 s); writes $OUT/gpu_check.log
-#   bash scripts/gpu_check.sh fedrc    # FedRC's round, as wide as the device allows and as before (at most 5 minutes)
+#   bash scripts/gpu_check.sh fedrc    # FedRC's round as it runs, without the stacked E-step, and as before (at most 7 minutes)
 #   bash scripts/gpu_check.sh engines  # the engines' comparison (about 5 minutes)
 #   bash scripts/gpu_check.sh widths   # a stacked call's time against its width (at most 4 minutes)
 #   bash scripts/gpu_check.sh kernels  # the stacked step under each CUDA kernel setting (at most 5 minutes)
@@ -33,8 +33,9 @@
 # fedrc: FedRC at the FedRC paper's budget (FMNIST-C, 303 clients), stacked rounds, with the clients
 #   a call as fedray gives them on a GPU (a 32nd of the device's memory of replies a call: 174 of
 #   its 300 training clients, 522 models a stack, on an H200; its E-step's K models one stacked
-#   forward) and as before 2026-12-02 (--fold-mb 64 --stacked-eval off: 2 clients a call, a pass a
-#   model): whether its 44 s round was the calls' cost.
+#   forward), with a pass a model (--stacked-eval off), and as before 2026-12-02 (--fold-mb 64
+#   --stacked-eval off: 2 clients a call, a pass a model): whether its 44 s round was the calls'
+#   cost, and whether the stacked forward pays on a GPU (stacked_eval auto's decision).
 # widths: scripts/stack_widths.py on the table's cell, 40 to 640 models a stack, grouped convolution
 #   against im2col + batched matmul, and the balanced (iid) cell beside Dir(0.1): what packing runs and
 #   ragged stacks can gain.
@@ -71,10 +72,12 @@ cell=jobs/configs/bench_gpu_dir01.yaml
 
 if [ "${1:-table}" = fedrc ]; then
     # FedRC's round as it runs (replies a call as the device allows, a client's K models evaluated
-    # stacked), then as before 2026-12-02 (64 MB a call: 2 clients, 6 models a stack; a pass a
-    # model): how much of its round was the calls' own cost.
+    # stacked), then with a pass a model (whether the stacked forward pays on a GPU: on the CPU it
+    # doubled the round), then as before 2026-12-02 (64 MB a call: 2 clients, 6 models a stack; a
+    # pass a model): how much of its round was the calls' own cost.
     # Each round prints as it ends (the first is untimed), so a cut-off run still shows its rounds.
     for part in "170 --only algorithm=fedrc --only hp.finetune=false" \
+        "130 --only algorithm=fedrc --only hp.finetune=false --stacked-eval off" \
         "130 --only algorithm=fedrc --only hp.finetune=false --fold-mb 64 --stacked-eval off"; do
         # shellcheck disable=SC2086
         bench ${part%% *} jobs/configs/fedrc_fmnist.yaml --rounds 2 --engines batched --only lr=0.06 --only seed=0 ${part#* }

@@ -36,9 +36,13 @@ FOLD_SHARE = 32
 
 
 def device_memory(device: torch.device) -> tuple[int, int]:
-    """The device's free and total memory in bytes (the one CUDA query `fold_bytes` makes)."""
+    """The device's memory this process could use and its total, in bytes (the CUDA queries
+    `fold_bytes` makes): what is free, and what this process's allocator holds unused (an earlier
+    run's in a reused actor), so a sweep's runs in one actor get the same budget, and the same
+    stacks."""
     free, total = torch.cuda.mem_get_info(device)
-    return int(free), int(total)
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return int(free + cached), int(total)
 
 
 def fold_bytes(
