@@ -85,6 +85,7 @@ _API = {
     "fedavg_aggregate": "fedray.algorithms.rounds",
     "train_reply": "fedray.algorithms.rounds",
     "train_records": "fedray.algorithms.rounds",
+    "reply_bytes": "fedray.algorithms.rounds",
     "single_model_records": "fedray.algorithms.evaluation",
     "SavedModel": "fedray.storage.export",
     "global_model": "fedray.storage.export",
