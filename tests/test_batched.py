@@ -666,7 +666,7 @@ def test_a_folded_rounds_stacks_are_as_wide_as_the_workers_replies_at_a_time(tmp
     # A worker takes as many clients a call as its replies at a time hold (on a GPU a share of the
     # device's memory, fedray.federation.host.fold_bytes; faked here as `fit` FedRC replies of K = 3
     # models): its 4 participants' models train in stacks of 3 x fit, the last one narrower.
-    cfg = small_config(tmp_path, batched_clients="on", **{**BASE, **ALL["fedrc"]})
+    cfg = small_config(tmp_path, batched_clients="on", **{**BASE, **ALL["fedrc"], "rounds": 1})
     task = Task.from_config(cfg, build_federated_data(cfg).dataset.spec)
     one = rounds.reply_bytes(get_params(task.build_model()), copies=3)
     monkeypatch.setattr(host_module, "fold_bytes", lambda *_, **__: fit * one)

@@ -70,9 +70,9 @@ def test_the_e_step_reads_the_losses_the_last_evaluation_found_with_the_same_num
     loss_passes = []
     counted = drive.evaluate_requests
 
-    def counting(clients, evals):
+    def counting(clients, evals, stack_models=False):
         loss_passes.extend(e for e in evals if e.per_sample == "loss")
-        return counted(clients, evals)
+        return counted(clients, evals, stack_models)
 
     monkeypatch.setattr(drive, "evaluate_requests", counting)
     hp = {"num_clusters": 2}
