@@ -173,7 +173,7 @@ class RayFederation(ClientCatalog):
             mine.setdefault(self._actor_of[c], []).append(c)
         calls, call_of = [], {}
         for a, part in mine.items():
-            step = clients_a_call(self.fold_bytes[a] if reply_bytes > 0 else 0, reply_bytes, chunk)
+            step = clients_a_call(self.fold_bytes[a], reply_bytes, chunk)
             for start in range(0, len(part), step):
                 group = part[start : start + step]
                 call_of.update(dict.fromkeys(group, len(calls)))

@@ -39,14 +39,18 @@ def machine_memory() -> int:
         return 8 << 30
 
 
-def default_budget_mb(cpus: float | None = None) -> float:
-    """What ``client_state_memory_mb: 0`` means: a quarter of this machine's memory, shared out by
-    CPUs: a worker holding ``cpus`` of the machine's cores keeps cpus/cores of it (workers filling
-    every core keep a quarter between them, as Ray places no more CPUs than a node has); a worker
-    alone in its process with every client (an in-process run, ``cpus`` None) the whole quarter."""
+def memory_share(cpus: float | None = None) -> float:
+    """A worker's share of this machine's memory: ``cpus`` of its cores over all of them (workers
+    filling every core share it all, as Ray places no more CPUs than a node has); a worker alone in
+    its process (an in-process run, ``cpus`` None) all of it."""
     cores = max(1, os.cpu_count() or 1)
-    share = 1.0 if cpus is None else min(1.0, max(cpus, 0.0) / cores)
-    return machine_memory() / 4 * share / (1 << 20)
+    return 1.0 if cpus is None else min(1.0, max(cpus, 0.0) / cores)
+
+
+def default_budget_mb(cpus: float | None = None) -> float:
+    """What ``client_state_memory_mb: 0`` means: a quarter of the worker's share of this machine's
+    memory (`memory_share`)."""
+    return machine_memory() / 4 * memory_share(cpus) / (1 << 20)
 
 
 LOCK = ".owner.lock"  # in each spill folder: held (flock) by the process that spills there

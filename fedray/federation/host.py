@@ -22,7 +22,7 @@ from fedray.data import ArrayDataset, ClientIndices, SourcedClients
 from fedray.engine import choice, drive, step_options
 from fedray.engine.client import Client, Task, code_name, share_device_memory
 from fedray.federation import TEST_SHARD, ClientError, ClientFn
-from fedray.federation.client_states import ClientStates, machine_memory
+from fedray.federation.client_states import ClientStates, machine_memory, memory_share
 from fedray.params import payload_nbytes
 from fedray.storage.checkpoint import CheckpointError, StateFile, encode
 
@@ -60,9 +60,7 @@ def fold_bytes(
         return FOLD_BYTES
     free, total = device_memory(device)
     on_device = min(free, int(total * gpu_share)) // (FOLD_SHARE * hosts)
-    cores = max(1, os.cpu_count() or 1)
-    cpu_share = 1.0 if cpus is None else min(1.0, max(cpus, 0.0) / cores)
-    in_memory = int(machine_memory() * cpu_share) // (FOLD_SHARE * hosts)
+    in_memory = int(machine_memory() * memory_share(cpus)) // (FOLD_SHARE * hosts)
     return max(FOLD_BYTES, min(on_device, in_memory))
 
 

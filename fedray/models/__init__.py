@@ -59,8 +59,13 @@ def mcmahan_cnn(input_shape: tuple[int, ...], num_classes: int) -> EncoderHead:
     """McMahan et al. 2017's CNN (docs/algorithms/common.md#simple-cnn, FedCat's model): two 5x5 "same" convolutions
     (32, 64 channels) each with ReLU and 2x2 max pooling, FC(512), ReLU, then the linear head.
     1,663,370 params at 1x28x28 (flatten 64*7*7 = 3136), 2,156,490 at 3x32x32 (64*8*8 = 4096)."""
+    return two_conv_cnn(input_shape, num_classes, 512)
+
+
+def two_conv_cnn(input_shape: tuple[int, ...], num_classes: int, hidden: int) -> EncoderHead:
+    """Two 5x5 "same" convolutions (32, 64 channels), each with ReLU and 2x2 max pooling, FC(hidden),
+    ReLU, then the linear head: McMahan et al.'s CNN (hidden 512) and LEAF's FEMNIST CNN (2048)."""
     c, h, w = input_shape
-    flat = 64 * (h // 4) * (w // 4)
     encoder = nn.Sequential(
         OrderedDict(
             conv1=nn.Conv2d(c, 32, 5, padding=2),
@@ -70,11 +75,11 @@ def mcmahan_cnn(input_shape: tuple[int, ...], num_classes: int) -> EncoderHead:
             relu2=nn.ReLU(),
             pool2=nn.MaxPool2d(2),
             flatten=nn.Flatten(),
-            fc1=nn.Linear(flat, 512),
+            fc1=nn.Linear(64 * (h // 4) * (w // 4), hidden),
             relu3=nn.ReLU(),
         )
     )
-    return EncoderHead(encoder, nn.Linear(512, num_classes), 512)
+    return EncoderHead(encoder, nn.Linear(hidden, num_classes), hidden)
 
 
 # Models that normalise their own inputs, (x - mean) / std, as their paper's code does: the data set
@@ -165,21 +170,7 @@ def leaf_cnn(input_shape: tuple[int, ...], num_classes: int) -> EncoderHead:
     """LEAF's FEMNIST CNN (its models/femnist/cnn.py): Conv(32, 5x5, same), ReLU, MaxPool 2,
     Conv(64, 5x5, same), ReLU, MaxPool 2, FC(2048), ReLU, then the head. 6,603,710 parameters at
     1x28x28 and 62 classes. No normalisation: LEAF feeds its grey levels in [0, 1] as they are."""
-    c, h, w = input_shape
-    encoder = nn.Sequential(
-        OrderedDict(
-            conv1=nn.Conv2d(c, 32, 5, padding=2),
-            relu1=nn.ReLU(),
-            pool1=nn.MaxPool2d(2),
-            conv2=nn.Conv2d(32, 64, 5, padding=2),
-            relu2=nn.ReLU(),
-            pool2=nn.MaxPool2d(2),
-            flatten=nn.Flatten(),
-            fc1=nn.Linear(64 * (h // 4) * (w // 4), 2048),
-            relu3=nn.ReLU(),
-        )
-    )
-    return EncoderHead(encoder, nn.Linear(2048, num_classes), 2048)
+    return two_conv_cnn(input_shape, num_classes, 2048)
 
 
 class CharLSTM(nn.Module):
