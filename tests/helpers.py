@@ -70,6 +70,7 @@ ALGORITHM_HP = {
     "moon": {"mu": 1.0, "out_dim": 16},
     "fedrs": {"alpha": 0.5},
     "fedlc": {"tau": 1.0},
+    "minibatch_sgd": {"fraction": 0.3},
     "fedcat": {"regroup_cycles": 1},
     "clusamp": {"similarity": "arccos"},
     "fedem": {"num_clusters": 2},
@@ -87,6 +88,7 @@ CONFIG_OVER = {
     "fedcat": {"participation": 0.34},
     "cfl": {"participation": 1.0},
     "layercfl": {"participation": 1.0},
+    "minibatch_sgd": {"local_epochs": 1, "batch_size": 256},  # one step on a batch holding a client's split
 }
 
 

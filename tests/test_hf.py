@@ -44,15 +44,15 @@ def hf_config(tmp_path, folder, **over):
         "client_test_fraction": 0.2,
         "output": str(tmp_path / "out"),
     }
-    return from_dict({**keys, **over})
+    return from_dict({k: v for k, v in {**keys, **over}.items() if v is not None})  # None: left out
 
 
 def test_the_rows_clients_are_the_clients_sorted_each_with_its_own_test_split(tmp_path):
     folder = femnist_like(tmp_path / "femnist")
     data = hf_data(hf_config(tmp_path, folder))
-    # w0, w1, w2: 5, 4, 6 rows, a fifth of each (rounded) its test split
-    assert [(len(c.train), len(c.test)) for c in data.clients.values()] == [(4, 1), (3, 1), (5, 1)]
-    assert len(data.dataset.test) == 3 and data.dataset.spec.input_shape == (1, 28, 28)
+    # w0, w1, w2: 5, 4, 6 rows, each split by LEAF's rule: max(1, int(0.8 n)) train, the rest test
+    assert [(len(c.train), len(c.test)) for c in data.clients.values()] == [(4, 1), (3, 1), (4, 2)]
+    assert len(data.dataset.test) == 4 and data.dataset.spec.input_shape == (1, 28, 28)
     assert (
         data.dataset.spec.num_classes == max(datasets.load_from_disk(str(folder))["train"]["character"]) + 1
     )
@@ -65,7 +65,8 @@ def test_the_rows_clients_are_the_clients_sorted_each_with_its_own_test_split(tm
     labels = data.dataset.train.y[np.concatenate([mine.train, mine.test])]
     assert sorted(labels) == sorted(saved[i]["character"] for i in w1)
     with pytest.raises(
-        ConfigError, match=r"'num_clients': .*'writer_id' names 3 clients; set num_clients: 3"
+        ConfigError,
+        match=r"'num_clients': .*'writer_id' names 3 clients .*; set num_clients: 3, or leave it out",
     ):
         hf_config(tmp_path, folder, num_clients=4)
 
@@ -112,15 +113,47 @@ def test_text_rows_are_next_character_data_over_leafs_symbols_and_train(tmp_path
 
     rng = np.random.default_rng(1)
     pick = lambda k: "".join(rng.choice(list(SHAKESPEARE_VOCAB), k))  # noqa: E731
-    roles = [r for r, n in (("ROMEO", 6), ("JULIET", 5)) for _ in range(n)]
-    datasets.Dataset.from_dict(
-        {"x": [pick(80) for _ in roles], "y": [pick(1) for _ in roles], "character_id": roles}
-    ).save_to_disk(str(tmp_path / "shakespeare"))
+    # ROMEO's and JULIET's lines interleaved, and a role too short for LEAF's split
+    roles = [r for _ in range(100) for r in ("ROMEO", "JULIET")][:195] + ["NURSE"] * 85
+    x = [pick(80) for _ in roles]
+    datasets.Dataset.from_dict({"x": x, "y": [pick(1) for _ in roles], "character_id": roles}).save_to_disk(
+        str(tmp_path / "shakespeare")
+    )
     keys = dict(hf_client_column="character_id", hf_input_column="x", hf_label_column="y", model="leaf_lstm")
-    cfg = hf_config(tmp_path, tmp_path / "shakespeare", num_clients=2, rounds=1, batch_size=4, **keys)
+    cfg = hf_config(
+        tmp_path,
+        tmp_path / "shakespeare",
+        rounds=1,
+        batch_size=4,
+        client_test_fraction=0.9,
+        num_clients=None,
+        **keys,
+    )
+    # num_clients left out: the roles LEAF's rules keep. Text is split in order, its test rows a
+    # window's length - 1 after its training ones (none overlaps a training window): JULIET's 97
+    # rows train on max(1, int(0.1 * 97)) = 9, then test on rows 9 + 79 = 88..96; NURSE's 85 leave no
+    # test row after the gap, so NURSE is dropped, as LEAF drops such a role
+    assert cfg.num_clients == 2
     data = hf_data(cfg)
     assert data.dataset.spec.input_shape == (80,) and data.dataset.spec.num_classes == 80
-    assert list(data.clients) == [0, 1]  # JULIET, ROMEO
+    juliet = [i for i, r in enumerate(roles) if r == "JULIET"]
+    text = lambda rows: ["".join(SHAKESPEARE_VOCAB[c] for c in data.dataset.train.x[r]) for r in rows]  # noqa: E731
+    assert text(data.clients[0].train) == [x[i] for i in juliet[:9]]
+    assert text(data.clients[0].test) == [x[i] for i in juliet[88:]]
+    assert [(len(c.train), len(c.test)) for c in data.clients.values()] == [(9, 9), (9, 10)]  # JULIET, ROMEO
+    # the split is the data's own: another training seed reads the same rows
+    again = hf_data(
+        hf_config(
+            tmp_path,
+            tmp_path / "shakespeare",
+            rounds=1,
+            seed=3,
+            client_test_fraction=0.9,
+            num_clients=None,
+            **keys,
+        )
+    )
+    assert np.array_equal(again.dataset.train.x, data.dataset.train.x)
     events = list(execute(cfg, make_local_federation))
     assert isinstance(events[-1], Finished)
 

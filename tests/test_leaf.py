@@ -72,15 +72,17 @@ def test_femnist_users_are_the_clients_split_by_sample_as_leaf_splits_them(tmp_p
     assert got == want and sorted(y[np.concatenate([a.train, a.test])]) == sorted(raw["y"])
     assert data.dataset.spec.input_shape == (1, 28, 28) and data.dataset.spec.scale == 1 / 255
 
-    # the split is the run's seed's: another seed draws other test samples, the same one the same
+    # the split is the data seed's, not the run's: another seed trains on the same samples, another
+    # data_seed draws other test samples
     def tests(d):
         return [d.dataset.train.x[d.clients[c].test].tobytes() for c in d.clients]
 
     assert tests(leaf_data(FEMNIST, leaf_config(tmp_path, root, num_clients=3))) == tests(data)
-    assert tests(leaf_data(FEMNIST, leaf_config(tmp_path, root, num_clients=3, seed=4))) != tests(data)
+    assert tests(leaf_data(FEMNIST, leaf_config(tmp_path, root, num_clients=3, seed=4))) == tests(data)
+    assert tests(leaf_data(FEMNIST, leaf_config(tmp_path, root, num_clients=3, data_seed=4))) != tests(data)
 
 
-def test_leaf_min_samples_and_user_fraction_choose_the_users(tmp_path):
+def test_leaf_min_samples_keeps_the_users_with_as_many_samples(tmp_path):
     root = write_leaf(tmp_path / "femnist", {f"u{i}": 2 + 3 * i for i in range(8)}, files=1)  # 2, 5, ..., 23
     cfg = leaf_config(tmp_path, root, num_clients=6, leaf_min_samples=6)  # 8, 11, ..., 23
     assert [len(c.train) + len(c.test) for c in leaf_data(FEMNIST, cfg).clients.values()] == [
@@ -91,9 +93,6 @@ def test_leaf_min_samples_and_user_fraction_choose_the_users(tmp_path):
         20,
         23,
     ]
-    half = leaf_config(tmp_path, root, num_clients=4, leaf_user_fraction=0.5)
-    sizes = [len(c.train) + len(c.test) for c in leaf_data(FEMNIST, half).clients.values()]
-    assert len(sizes) == 4 and sizes == sorted(sizes)  # a seeded half, in the files' order
     with pytest.raises(ConfigError, match=r"'leaf_train_fraction': must be"):
         leaf_config(tmp_path, root, num_clients=8, leaf_train_fraction=1.0)
 
@@ -109,22 +108,34 @@ def test_a_folder_leaf_split_already_is_read_as_split_and_its_keys_stay_leafs(tm
         leaf_config(tmp_path, root, num_clients=2, leaf_train_fraction=0.8)
 
 
-def test_shakespeare_is_next_character_prediction_over_leafs_80_symbols(tmp_path):
-    root = write_leaf(tmp_path / "shakespeare", {"HAMLET": 5, "OPHELIA": 4}, kind="shakespeare")
-    data = leaf_data(SHAKESPEARE, leaf_config(tmp_path, root, "shakespeare", num_clients=2))
+def test_shakespeare_is_next_character_prediction_split_in_order_as_leaf_splits_it(tmp_path):
+    root = write_leaf(
+        tmp_path / "shakespeare", {"HAMLET": 100, "OPHELIA": 92, "YORICK": 88}, kind="shakespeare"
+    )
+    cfg = leaf_config(tmp_path, root, "shakespeare", leaf_train_fraction=0.1)
+    data = leaf_data(SHAKESPEARE, cfg)
     assert len(SHAKESPEARE_VOCAB) == 80 and data.dataset.spec.input_shape == (80,)
     raw = json.loads((root / "all_data" / "all_data_0.json").read_text())["user_data"]["HAMLET"]
     x, y = data.dataset.train.x, data.dataset.train.y
-    rows = np.concatenate([data.clients[0].train, data.clients[0].test])
-    assert sorted("".join(SHAKESPEARE_VOCAB[i] for i in r) for r in x[rows]) == sorted(raw["x"])
-    assert sorted(SHAKESPEARE_VOCAB[i] for i in y[rows]) == sorted(raw["y"])
+    text = lambda rows: ["".join(SHAKESPEARE_VOCAB[i] for i in r) for r in x[rows]]  # noqa: E731
+    # HAMLET's first int(0.1 * 100) = 10 samples train; its test samples start 79 later (10 + 79 =
+    # 89), so no test sample's 80 characters and next one overlap a training sample's
+    assert text(data.clients[0].train) == raw["x"][:10] and text(data.clients[0].test) == raw["x"][89:]
+    assert "".join(SHAKESPEARE_VOCAB[i] for i in y[data.clients[0].test]) == "".join(raw["y"][89:])
+    # YORICK's 88: 8 train, and 8 + 79 = 87 leaves it one test sample (with 87 it would have none,
+    # and be dropped as LEAF drops such a role: the next test)
+    assert cfg.num_clients == 3 and [(len(c.train), len(c.test)) for c in data.clients.values()] == [
+        (10, 11),
+        (8, 1),
+        (9, 4),
+    ]
     bad = json.loads((root / "all_data" / "all_data_1.json").read_text())
     bad["user_data"]["OPHELIA"]["y"][0] = "é"
     (root / "all_data" / "all_data_1.json").write_text(json.dumps(bad))
     with pytest.raises(
         ConfigError, match=r"all_data_1\.json: user 'OPHELIA': character 'é' is not one of LEAF's 80 symbols"
     ):
-        leaf_config(tmp_path, root, "shakespeare", num_clients=2)
+        leaf_config(tmp_path, root, "shakespeare", leaf_train_fraction=0.1)
 
 
 def test_what_is_read_is_kept_beside_the_json_and_read_back(tmp_path):
@@ -136,10 +147,10 @@ def test_what_is_read_is_kept_beside_the_json_and_read_back(tmp_path):
     leaf._READ.clear()
     again = read_users(FEMNIST, root)
     assert again.names == first.names and np.array_equal(again.x, first.x)
-    (root / "all_data" / "all_data_0.json").touch()  # changed: read from the JSON again
+    (root / "all_data" / "all_data_0.json").touch()  # touched, not changed: the same arrays
     leaf._READ.clear()
     read_users(FEMNIST, root)
-    assert len(list(root.glob(".fedray-leaf-femnist-*.npz"))) == 2
+    assert list(root.glob(".fedray-leaf-femnist-*.npz")) == [kept]
 
 
 def test_a_missing_folder_is_one_line_before_anything_runs(tmp_path):
@@ -157,14 +168,17 @@ def test_fedavg_runs_on_leafs_users_with_leafs_model(tmp_path, kind):
     from fedray.experiment.loop import Finished, execute
     from fedray.federation.local import make_local_federation
 
-    root = write_leaf(tmp_path / kind, {"a": 12, "b": 9, "c": 7}, kind=kind)
-    cfg = leaf_config(tmp_path, root, kind, num_clients=3, rounds=2, batch_size=4, lr=0.05)
+    sizes = {"a": 12, "b": 9, "c": 7} if kind == "femnist" else {"a": 100, "b": 95, "c": 92}
+    root = write_leaf(tmp_path / kind, sizes, kind=kind)
+    split = {} if kind == "femnist" else {"leaf_train_fraction": 0.1}  # the gap of 79 takes 80 samples
+    cfg = leaf_config(tmp_path, root, kind, num_clients=3, rounds=2, batch_size=4, lr=0.05, **split)
     events = list(execute(cfg, make_local_federation))
     assert isinstance(events[-1], Finished) and 0 <= events[-1].summary["final_accuracy"] <= 1
     assert events[-1].summary["batched_calls"] == 0
 
 
 def test_leafs_lstm_trains_one_client_at_a_time_and_on_refuses_it(tmp_path, capfd):
+    from fedray.config import notes
     from fedray.engine import choice
     from fedray.models import build_model
 
@@ -182,7 +196,7 @@ def test_leafs_lstm_trains_one_client_at_a_time_and_on_refuses_it(tmp_path, capf
     data = ArrayDataset(np.zeros((4, 80), np.uint8), np.zeros(4, np.int64))
     host = ClientHost(dataclasses.replace(task, batched_clients="auto"), data, {})
     host.device = __import__("torch").device("cuda")  # as on a GPU (the decision only reads its type)
-    choice._SAID.clear()
+    notes._SAID.clear()
     assert not host.trains_batched() and not ClientHost(task, data, {}).trains_batched()
     host._engine = None
     assert not host.trains_batched()
@@ -193,11 +207,11 @@ def test_leafs_lstm_trains_one_client_at_a_time_and_on_refuses_it(tmp_path, capf
         )
         == 1
     )
-    root = write_leaf(tmp_path / "shakespeare", {"a": 4, "b": 3}, kind="shakespeare")
+    root = write_leaf(tmp_path / "shakespeare", {"a": 100, "b": 95}, kind="shakespeare")
     with pytest.raises(
         ConfigError, match=r"'batched_clients': on: model leaf_lstm cannot train batched: layer .* is LSTM"
     ):
-        leaf_config(tmp_path, root, "shakespeare", num_clients=2, batched_clients="on")
+        leaf_config(tmp_path, root, "shakespeare", leaf_train_fraction=0.1, batched_clients="on")
 
 
 def test_leafs_models_are_leafs(tmp_path):

@@ -211,3 +211,201 @@ def test_model_init_seed_plus_k_draws_model_k_after_torch_seed_seed_plus_k():
         get_params(task(7, "seed_plus_k").build_model()),
         get_params(build_model("fedrc_cnn", (1, 28, 28), 10)),
     )
+
+
+# ------------------------------------------------------------------------------------------------
+# weight_init: LEAF's models start from LEAF's TensorFlow 1 initial weights
+# ------------------------------------------------------------------------------------------------
+
+
+def _leaf_task(model, shape, classes, seed=3, weight_init="model"):
+    from fedray.data import DataSpec
+    from fedray.engine.client import Task
+
+    return Task(
+        seed=seed,
+        model=model,
+        spec=DataSpec(shape, classes, 1.0),
+        local_epochs=1,
+        batch_size=8,
+        lr=0.1,
+        momentum=0.0,
+        weight_decay=0.0,
+        participation=1.0,
+        eval_batch_size=8,
+        weight_init=weight_init,
+    )
+
+
+LEAF_MODELS = [("leaf_cnn", (1, 28, 28), 62), ("leaf_lstm", (80,), 80)]
+
+
+def test_leaf_models_have_leafs_parameter_counts():
+    cnn = build_model("leaf_cnn", (1, 28, 28), 62)
+    assert sum(p.numel() for p in cnn.parameters()) == 6_603_710
+    # LEAF's Shakespeare model by hand: embedding 80 x 8, two LSTM layers of 256 (torch: weight_ih
+    # [4h, in], weight_hh [4h, h], two biases of 4h), dense 256 -> 80
+    h, embed, vocab = 256, 8, 80
+    lstm_layer = lambda inputs: 4 * h * inputs + 4 * h * h + 2 * 4 * h  # noqa: E731
+    by_hand = vocab * embed + lstm_layer(embed) + lstm_layer(h) + (h * vocab + vocab)
+    assert by_hand == 819_920
+    lstm = build_model("leaf_lstm", (80,), 80)
+    assert sum(p.numel() for p in lstm.parameters()) == by_hand
+    # TF's BasicLSTMCell has one bias per layer: LEAF's own count is 2 x 4h fewer
+    assert by_hand - 2 * 4 * h == 817_872
+
+
+def _glorot_bound(name: str, p: torch.Tensor, model: torch.nn.Module) -> float:
+    """The bound LEAF's TF draws ``p`` from: sqrt(6 / (fan_in + fan_out)) of TF's variable."""
+    if ".lstm.weight_" in name:
+        lstm = model.encoder.lstm
+        fan_in, fan_out = (
+            getattr(lstm, f"weight_ih_l{name[-1]}").shape[1] + lstm.hidden_size,
+            4 * lstm.hidden_size,
+        )
+    else:
+        fan_in, fan_out = torch.nn.init._calculate_fan_in_and_fan_out(p)
+    return (6.0 / (fan_in + fan_out)) ** 0.5
+
+
+@pytest.mark.parametrize("name,shape,classes", LEAF_MODELS)
+def test_leaf_models_start_from_leafs_tf_initialisation(name, shape, classes):
+    assert MODELS[name].init is not None
+    torch.manual_seed(0)
+    m = build_model(name, shape, classes)  # weight_init: model, the default
+    params = dict(m.named_parameters())
+    assert len(params) == (11 if name == "leaf_lstm" else 8)  # every parameter checked below
+    for key, p in params.items():
+        p = p.detach().double()
+        if "bias" in key:
+            if key.startswith("encoder.lstm.bias_ih"):
+                h = m.encoder.lstm.hidden_size
+                assert torch.equal(p[h : 2 * h], torch.ones(h, dtype=p.dtype)), key  # TF's forget_bias
+                assert not p[:h].any() and not p[2 * h :].any(), key
+            else:
+                assert not p.any(), key  # TF's zeros_initializer (bias_hh too: TF has one bias)
+            continue
+        bound = _glorot_bound(key, p, m)
+        assert p.abs().max() <= bound, key
+        assert p.abs().max() > 0.9 * bound, key  # the whole range is used
+        variance = p.var().item()
+        assert abs(variance / (bound**2 / 3) - 1) < 0.2, (key, variance, bound**2 / 3)
+        assert abs(p.mean().item()) < 0.1 * bound, key
+    x = torch.zeros(2, *shape, dtype=torch.long if name == "leaf_lstm" else torch.float)
+    assert m(x).shape == (2, classes)
+
+
+def test_the_lstm_kernel_bound_is_tfs_joint_kernels():
+    torch.manual_seed(1)
+    lstm = build_model("leaf_lstm", (80,), 80).encoder.lstm
+    # layer 0: TF's kernel [8 + 256, 1024]; weight_hh alone ([1024, 256]) would give sqrt(6 / 1280)
+    bound0 = (6.0 / (8 + 256 + 1024)) ** 0.5
+    for w in (lstm.weight_ih_l0, lstm.weight_hh_l0):
+        assert w.abs().max() <= bound0 and w.abs().max() > 0.99 * bound0
+    bound1 = (6.0 / (256 + 256 + 1024)) ** 0.5
+    for w in (lstm.weight_ih_l1, lstm.weight_hh_l1):
+        assert w.abs().max() <= bound1 and w.abs().max() > 0.99 * bound1
+
+
+@pytest.mark.parametrize("name,shape,classes", LEAF_MODELS)
+def test_weight_init_torch_gives_pytorchs_default(name, shape, classes):
+    torch.manual_seed(0)
+    m = build_model(name, shape, classes, weight_init="torch")
+    torch.manual_seed(0)
+    leaf = build_model(name, shape, classes, weight_init="model")
+    a, b = m.state_dict(), leaf.state_dict()
+    assert not any(torch.equal(a[k], b[k]) for k in a)  # every tensor differs
+    assert m.head.bias.any()  # PyTorch draws biases: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+    assert m.head.bias.abs().max() <= 1 / m.head.in_features**0.5
+    if name == "leaf_cnn":
+        assert m.encoder.conv1.bias.any() and m.encoder.conv2.bias.any() and m.encoder.fc1.bias.any()
+        fc1 = m.encoder.fc1.weight
+        assert fc1.abs().max() <= 1 / fc1.shape[1] ** 0.5  # kaiming_uniform(a=sqrt(5)): 1/sqrt(fan_in)
+    else:
+        lstm = m.encoder.lstm
+        h = lstm.hidden_size
+        assert lstm.bias_ih_l0.abs().max() <= 1 / h**0.5  # U(-1/sqrt(h), 1/sqrt(h)): no 1.0 anywhere
+        assert not torch.equal(lstm.bias_ih_l0[h : 2 * h], torch.ones(h)) and lstm.bias_hh_l0.any()
+        assert m.encoder.embed.weight.std() > 0.5  # N(0, 1), not Glorot's sqrt(6 / 88) / sqrt(3)
+
+
+@pytest.mark.parametrize(
+    "name,shape",
+    [("mlp", (1, 8, 8)), ("simple_cnn", (1, 28, 28)), ("fedrc_cnn", (1, 28, 28)), ("logreg", (1, 8, 8))],
+)
+def test_weight_init_model_leaves_models_without_their_own_init_as_before(name, shape):
+    from fedray.params import get_params
+
+    assert MODELS[name].init is None
+    torch.manual_seed(5)
+    before = build_model(name, shape, 10, weight_init="torch")  # the build alone, as before the key
+    torch.manual_seed(5)
+    now = build_model(name, shape, 10)
+    assert all(torch.equal(v, now.state_dict()[k]) for k, v in before.state_dict().items())
+    a = get_params(_leaf_task(name, shape, 10).build_model())
+    b = get_params(_leaf_task(name, shape, 10, weight_init="torch").build_model())
+    assert set(a) == set(b) and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+# sha256 (first 16 hex digits) of the initial models of seed 0, drawn by the code before weight_init
+MLP_DIGEST, SIMPLE_CNN_DIGEST = "fb166ce53384eaaf", "030be599ef1cb4ce"
+
+
+def test_mlp_and_simple_cnn_initial_weights_are_pinned():
+    # the initial weights of models without an init of their own, as drawn before weight_init existed
+    import hashlib
+
+    from fedray.params import get_params
+
+    def digest(name, shape):
+        p = get_params(_leaf_task(name, shape, 10, seed=0).build_model())
+        return hashlib.sha256(b"".join(np.ascontiguousarray(p[k]).tobytes() for k in sorted(p))).hexdigest()[
+            :16
+        ]
+
+    assert digest("mlp", (1, 8, 8)) == MLP_DIGEST
+    assert digest("simple_cnn", (1, 28, 28)) == SIMPLE_CNN_DIGEST
+
+
+@pytest.mark.parametrize("name,shape,classes", LEAF_MODELS)
+def test_the_same_seed_gives_the_same_leaf_weights(name, shape, classes):
+    from fedray.config import seeding
+    from fedray.models import leaf_init
+    from fedray.params import get_params
+
+    def same(a, b):
+        return set(a) == set(b) and all(np.array_equal(a[k], b[k]) for k in a)
+
+    task = _leaf_task(name, shape, classes, seed=3)
+    first, again = task.init_models(2), _leaf_task(name, shape, classes, seed=3).init_models(2)
+    assert same(first[0], again[0]) and same(first[1], again[1])  # bit for bit
+    assert not same(first[0], first[1])  # model k from its own stream
+    assert not same(first[0], get_params(_leaf_task(name, shape, classes, seed=4).build_model()))
+    # the draw is the derived stream's: the build's draws, then LEAF's, from one generator
+    torch.manual_seed(seeding.torch_seed(3, "init"))
+    m = MODELS[name].build(shape, classes)
+    leaf_init(m)
+    assert same(first[0], get_params(m))
+    torch_task = _leaf_task(name, shape, classes, seed=3, weight_init="torch")
+    torch.manual_seed(seeding.torch_seed(3, "init"))
+    assert same(get_params(torch_task.build_model()), get_params(MODELS[name].build(shape, classes)))
+
+
+def test_weight_init_is_a_checked_config_key_threaded_into_the_task(tmp_path):
+    from fedray.config.keys import ConfigError
+    from fedray.data import DataSpec
+    from fedray.engine.client import Task
+    from fedray.experiment.validation import validate
+    from tests.conftest import small_config
+
+    cfg = small_config(tmp_path)
+    assert cfg.weight_init == "model"
+    assert small_config(tmp_path, weight_init="model").run_id() == cfg.run_id()  # earlier runs keep their ids
+    assert small_config(tmp_path, weight_init="torch").run_id() != cfg.run_id()
+    with pytest.raises(ConfigError, match="'weight_init': unknown value 'tf'"):
+        validate(small_config(tmp_path, weight_init="tf"))
+    spec = DataSpec((1, 8, 8), 10, 1.0)
+    assert Task.from_config(small_config(tmp_path, weight_init="torch"), spec).weight_init == "torch"
+    assert Task.from_config(cfg, spec).weight_init == "model"
+    with pytest.raises(ValueError, match="weight_init 'tf'"):
+        build_model("mlp", (1, 8, 8), 10, weight_init="tf")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from fedray.algorithms.baselines import fedavg, fedlc, fednova, fedprox, fedrs, moon, scaffold
+from fedray.algorithms.baselines import fedavg, fedlc, fednova, fedprox, fedrs, minibatch_sgd, moon, scaffold
 from fedray.algorithms.clustered import clusterfedavg, fedsoft, fesem, ifca
 from fedray.algorithms.concat import fedconcat, fedconcat_id
 from fedray.algorithms.mixture import fedem, fedrc
@@ -111,6 +111,7 @@ for _name, _module in {
     "moon": moon,
     "fedrs": fedrs,
     "fedlc": fedlc,
+    "minibatch_sgd": minibatch_sgd,
     "clusterfedavg": clusterfedavg,
     "fedconcat": fedconcat,
     "fedconcat_id": fedconcat_id,

@@ -1,6 +1,6 @@
 """What a run is: its config keys (`keys`: `Config`, every key with its default and meaning), an
 algorithm's hyperparameters (`hparams`), typed values from YAML (`coercion`), plug-ins (`plugins`)
-and the derived random streams (`seeding`).
+the derived random streams (`seeding`) and the notes a process says once (`notes`).
 
 May import: the standard library, PyYAML, numpy and torch (`seeding`); nothing else of fedray (every other layer reads
 a config). Checking a config against what is registered (algorithms, datasets, models) is

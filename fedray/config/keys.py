@@ -35,6 +35,7 @@ __all__ = [
     "DEFAULT_FMNIST_ROOT",
     "FIELDS",
     "MISNAMED",
+    "RETIRED",
     "NAME_KEYS",
     "NOT_IN_RUN_ID",
     "SWEEP_KEYS",
@@ -83,6 +84,13 @@ class Config:
     hp: dict[str, Any] = field(default_factory=dict)  # e.g. {server_lr: 0.5} for fedavg
     # master seed; every random stream derives from (seed, purpose, client, round)
     seed: int = field(default=0, metadata=bound(ge=0))
+    # The seed of what makes the data (fedray/data/__init__.py's data_seed): the partition's draw,
+    # each client's test split (and validation split), LEAF's sampling and split, hf's split, FedRC's
+    # shift assignments, FedProx's synthetic clients. null = the dataset's default: a dataset that
+    # comes with its clients (LEAF, hf, client_files) is read with data seed 0 whatever the run's
+    # seed, so seeds vary training only; every other dataset draws its data from `seed`, as before
+    # this key existed. A sweep can vary either.
+    data_seed: int | None = field(default=None, metadata=bound(ge=0, note="null = the dataset's default"))
 
     # --- data ------------------------------------------------------------------------------------
     # A name from fedray.data.DATASETS: digits | fmnist | mnist | emnist | cifar10 | cifar100 | svhn |
@@ -101,13 +109,17 @@ class Config:
     # the clients' models (alpha) and their inputs (beta) differ; its clients come with it
     synthetic_alpha: float = field(default=1.0, metadata=bound(ge=0))  # fedprox_synthetic only: alpha
     synthetic_beta: float = field(default=1.0, metadata=bound(ge=0))  # fedprox_synthetic only: beta
-    # femnist / shakespeare (LEAF's JSON in data_root, fedray/data/leaf.py: its users are the clients):
-    # the users kept, as LEAF's preprocess.sh keeps them (-k, --sf), and each one's split by sample (--tf)
-    leaf_min_samples: int = field(default=0, metadata=bound(ge=0))  # LEAF only: a user's fewest samples
-    # LEAF only: the fraction of the users kept (seeded by the run's seed)
-    leaf_user_fraction: float = field(default=1.0, metadata=bound(gt=0, le=1))
+    # femnist / shakespeare (LEAF's JSON in data_root, fedray/data/leaf.py: its users are the clients)
+    # from all_data/, made as LEAF's preprocess.sh -s niid --sf F -k K -t sample --tf T makes them
+    # (--smplseed and --spltseed: data_seed, or leaf_split_seed for the split). hf reads the first two.
+    # LEAF's niid sampling (--sf): each file's users shuffled and taken whole until this fraction of
+    # the file's samples is reached, the last one cut short; null = no sampling (LEAF without -s)
+    leaf_sample_fraction: float | None = field(default=None, metadata=bound(gt=0, le=1, note="null = all"))
+    leaf_min_samples: int = field(default=0, metadata=bound(ge=0))  # LEAF's -k: a user's fewest samples
     # LEAF only: the share of each user's samples it trains on (LEAF's split by sample, --tf)
     leaf_train_fraction: float = field(default=0.9, metadata=bound(gt=0, lt=1))
+    # LEAF only: the seed of the split (--spltseed), where it is not the sampling's (null: data_seed)
+    leaf_split_seed: int | None = field(default=None, metadata=bound(ge=0, note="null = data_seed"))
     # hf (a federated dataset in the Hugging Face hub's format, fedray/data/hf.py: its rows name
     # their clients): a saved dataset's folder, or a hub name kept in data_root (download: true)
     hf_name: str = ""  # hf only: the dataset
@@ -118,7 +130,9 @@ class Config:
     hf_label_column: str = ""  # hf only: the label column (a class id, or the next character)
 
     # --- partition across clients (docs/algorithms/partitions.md#partitions) -------------------------------------------
-    num_clients: int = field(default=10, metadata=bound(ge=1))  # N
+    # N. A dataset that comes with its clients (LEAF, hf, client_files) counts them itself where this
+    # is left out (the clients kept after its filters); a given number that differs is refused.
+    num_clients: int = field(default=10, metadata=bound(ge=1))
     # A name from fedray.data.PARTITIONS (fedray/data/partitions.py: iid, labels (#C=k), dirichlet, ...),
     # where each partition declares the keys below that it reads: setting one it does not read is an error.
     partition: str = "dirichlet"  # how training samples are split across clients
@@ -155,6 +169,12 @@ class Config:
     # FedEM/FedRC code draws its K learners: bit for bit its models, and seeds s and s + 1 then share
     # K - 1 of their K initial models (which narrows the seed-to-seed spread of a K-model method).
     model_init: str = "derived"  # derived | seed_plus_k
+    # Whose initialisation a fresh model gets. model: its authors' code's, where the model declares one
+    # (fedray/models: leaf_cnn and leaf_lstm draw LEAF's TensorFlow 1 defaults: Glorot-uniform conv,
+    # dense, embedding and LSTM kernels, an LSTM layer's bound from TF's joint [input + hidden,
+    # 4 * hidden] kernel, zero biases but the LSTM forget gate's 1.0 in bias_ih, TF's forget_bias),
+    # PyTorch's elsewhere. torch: PyTorch's default for every model. Either way from model_init's draw.
+    weight_init: str = "model"  # model | torch
     # Start from a trained model instead of a fresh draw: a finished run's saved models folder
     # (DIR/models/RUN_ID/: its global model) or one model file in it (global.npz, cluster-2.npz).
     # Every initial model the algorithm draws (the global one, each of K cluster models) starts from it;
@@ -175,6 +195,9 @@ class Config:
     weight_decay: float = field(default=1e-5, metadata=bound(ge=0))  # local SGD weight decay
     # fraction of clients sampled per round (first floor(N * p) of a permutation)
     participation: float = field(default=1.0, metadata=bound(gt=0, le=1))
+    # Clients a round as a number (LEAF's and FedScale's settings: 3 writers a round), exclusive with
+    # participation, which it sets to clients_per_round / num_clients. 0 = participation decides.
+    clients_per_round: int = field(default=0, metadata=bound(ge=0, note="0 = participation"))
 
     # --- evaluation --------------------------------------------------------------------------------
     # evaluate every this many rounds (the last round, and each stage's last, always)
@@ -343,6 +366,9 @@ NOT_IN_RUN_ID = (
     "keep_finished_checkpoints",
     "client_state_memory_mb",
     "pack_size",
+    # the participation it sets is in the run id: clients_per_round: 3 names the same run as
+    # participation: 3 / num_clients
+    "clients_per_round",
 )
 # Keys added after results existed, with the value that means "as before": at that value they stay
 # out of the run id, so every earlier run keeps its id (and a re-submitted sweep skips it).
@@ -354,6 +380,7 @@ ADDED_LATER = {
     "cuda_deterministic": True,
     "head_bias": True,
     "model_init": "derived",
+    "weight_init": "model",
     "init_model": "",
     "plugins": [],
     "batched_clients": "auto",
@@ -364,7 +391,9 @@ ADDED_LATER = {
     "drop_last": False,
     "pack_runs": "off",
     "leaf_min_samples": 0,
-    "leaf_user_fraction": 1.0,
+    "leaf_sample_fraction": None,
+    "leaf_split_seed": None,
+    "data_seed": None,
     "leaf_train_fraction": 0.9,
     "hf_name": "",
     "hf_split": "train",
@@ -378,6 +407,16 @@ SWEEP_KEYS = ("grid", "seeds", "cases", "max_concurrent_runs")
 # What other tools (and papers) call a key: an unknown key named here says "did you mean ...?"
 # (close misspellings are suggested without this table; algorithm hyperparameters written without
 # their hp. are found in the algorithm registry).
+# Keys fedray once had, refused with what replaced them (not a suggestion: the old key meant
+# something else, and a run that set it must be written anew).
+RETIRED = {
+    "leaf_user_fraction": (
+        "it kept a fraction of the users, which is not LEAF's sampling; leaf_sample_fraction is LEAF's "
+        "--sf (a fraction of each file's samples, taken by whole users), with leaf_min_samples (-k) "
+        "applied after it as LEAF does"
+    ),
+}
+
 MISNAMED = {
     "learning_rate": "lr",
     "local_lr": "lr",

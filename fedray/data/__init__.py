@@ -26,6 +26,7 @@ from fedray.data.datasets import (
     DatasetMissing,
     DataSpec,
     check_available,
+    data_seed,
     dataset_info,
     load_dataset,
     register_dataset,
@@ -77,6 +78,7 @@ __all__ = [
     "SourcedClients",
     "build_federated_data",
     "check_partition",
+    "data_seed",
     "train_sizes",
     "check_available",
     "dataset_info",
@@ -85,6 +87,7 @@ __all__ = [
     "partition_keys",
     "partition_label",
     "partition_label_keys",
+    "recorded_partition",
     "register_dataset",
     "register_partition",
 ]
@@ -100,9 +103,19 @@ def partition_label(config: Mapping[str, Any]) -> str:
     return scheme.describe(config) if scheme is not None else str(config["partition"])
 
 
+def recorded_partition(config: Mapping[str, Any]) -> str:
+    """What a run's result rows name as its partition (their ``partition`` column): the config's
+    partition key, or where the data set comes with its clients and names them, that name
+    (``leaf``, ``hf``, ``files:FOLDER``): no partition key is read then."""
+    kind = DATASETS.get(config.get("dataset", ""))
+    if kind is not None and kind.own_clients and kind.partition_label is not None:
+        return kind.partition_label(config)
+    return str(config["partition"])
+
+
 def partition_for(cfg: Config, labels: np.ndarray, num_classes: int) -> Partition:
     scheme = PARTITIONS[cfg.partition]
-    return scheme.draw(labels, scheme.params_for(cfg, num_classes), seeding.rng(cfg.seed, "partition"))
+    return scheme.draw(labels, scheme.params_for(cfg, num_classes), seeding.rng(data_seed(cfg), "partition"))
 
 
 def draw_partition(cfg: Config, labels: np.ndarray, num_classes: int) -> Partition:
@@ -214,7 +227,7 @@ def _federate(cfg: Config) -> FederatedData:
 
 
 def _split(cfg: Config, cid: int, idx: np.ndarray, fraction: float) -> ClientIndices:
-    tr, te = split_train_test(idx, fraction, seeding.rng(cfg.seed, "client_test_split", cid))
+    tr, te = split_train_test(idx, fraction, seeding.rng(data_seed(cfg), "client_test_split", cid))
     return ClientIndices(tr, te)
 
 
@@ -222,13 +235,13 @@ def _shifted(cfg: Config, ds: Dataset, parts: list[np.ndarray]) -> FederatedData
     """FedRC's shift benchmark: every client's data copied under its concept and corruption, then the
     three test clients (the whole test set under each concept, split 90/10)."""
     n = len(parts)
-    shifts = assign_shifts(n, cfg.shift, cfg.seed)
+    shifts = assign_shifts(n, cfg.shift, data_seed(cfg))
     test_idx = np.arange(len(ds.test.y))
     x = np.concatenate([ds.train.x, ds.test.x])
     y = np.concatenate([ds.train.y, ds.test.y])
     all_parts = [*parts, *[test_idx + len(ds.train.y)] * TEST_CLIENTS]
     all_shifts = [*shifts, *(ClientShift(c) for c in range(TEST_CLIENTS))]
-    sx, sy, ranges = shifted_arrays(x, y, all_parts, all_shifts, ds.spec.num_classes, cfg.seed)
+    sx, sy, ranges = shifted_arrays(x, y, all_parts, all_shifts, ds.spec.num_classes, data_seed(cfg))
     clients = {cid: _split(cfg, cid, r, cfg.client_test_fraction) for cid, r in enumerate(ranges[:n])}
     test_clients = list(range(n, n + TEST_CLIENTS))
     clients.update({cid: _split(cfg, cid, ranges[cid], 0.1) for cid in test_clients})

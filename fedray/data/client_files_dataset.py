@@ -19,6 +19,7 @@ from fedray.data.datasets import (
     DatasetKind,
     DatasetMissing,
     DataSpec,
+    data_seed,
     register_dataset,
 )
 from fedray.data.federated import ClientIndices, FederatedData
@@ -56,7 +57,7 @@ def client_files_data(cfg: Config) -> FederatedData:
         test = np.arange(start + n_tr, start + n_tr + n_te, dtype=np.int64)
         if n_te == 0 and cfg.client_test_fraction > 0 and cid < len(train_paths):
             train, test = split_train_test(
-                train, cfg.client_test_fraction, seeding.rng(cfg.seed, "client_test_split", cid)
+                train, cfg.client_test_fraction, seeding.rng(data_seed(cfg), "client_test_split", cid)
             )
         clients[cid] = ClientIndices(train, test)
         start += n_tr + n_te
@@ -129,5 +130,7 @@ register_dataset(
         federate=client_files_data,
         clients_why="its files are the clients",
         partition_label=_client_files_label,
+        count_clients=lambda cfg: len(client_paths(cfg.resolved_data_root())[0]),
+        data_seed=0,
     )
 )

@@ -361,6 +361,13 @@ class DatasetKind:
     clients_why: str = "it comes with its own clients"
     # How reports name the partition of its runs (client_files: "files:FOLDER"), from the config mapping.
     partition_label: Callable[[Mapping[str, Any]], str] | None = None
+    # (cfg) -> how many clients it makes from the config (LEAF: the users its filters keep), which
+    # num_clients then is where the user leaves it out. Optional: None, num_clients is the user's.
+    count_clients: Callable[[Config], int] | None = None
+    # The data seed of its runs where config key data_seed is null (`data_seed`): a data set that is
+    # read rather than drawn (LEAF, hf, client_files) fixes one, so the run's seed varies training
+    # only; None: the run's seed, as before data_seed existed.
+    data_seed: int | None = None
 
     @property
     def own_clients(self) -> bool:
@@ -440,6 +447,16 @@ for _name, _tv in TORCHVISION.items():
             **_TORCHVISION_KEYS.get(_name, {}),
         )
     )
+
+
+def data_seed(cfg: Config) -> int:
+    """The seed of what makes the run's data (its partition's draw, the clients' test splits, LEAF's
+    sampling and split): config key data_seed, else the dataset's own (`DatasetKind.data_seed`),
+    else the run's seed."""
+    if cfg.data_seed is not None:
+        return cfg.data_seed
+    kind = DATASETS.get(cfg.dataset)
+    return kind.data_seed if kind is not None and kind.data_seed is not None else cfg.seed
 
 
 def dataset_info(cfg: Config) -> DatasetInfo:

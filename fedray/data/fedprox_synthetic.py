@@ -27,7 +27,15 @@ import numpy as np
 
 from fedray.config import seeding
 from fedray.config.coercion import ConfigError
-from fedray.data.datasets import ArrayDataset, Dataset, DatasetInfo, DatasetKind, DataSpec, register_dataset
+from fedray.data.datasets import (
+    ArrayDataset,
+    Dataset,
+    DatasetInfo,
+    DatasetKind,
+    DataSpec,
+    data_seed,
+    register_dataset,
+)
 from fedray.data.federated import ClientSource, FederatedData, SourcedClients, evaluation_clients
 
 if TYPE_CHECKING:
@@ -83,7 +91,7 @@ class SyntheticSource(ClientSource):
 def federated(cfg: Config) -> FederatedData:
     """The data set with its clients: made on demand; the global test set is the evaluated
     clients' test splits pooled (every client's, unless ``eval_clients`` picks some)."""
-    source = SyntheticSource(cfg.seed, cfg.synthetic_alpha, cfg.synthetic_beta, cfg.num_clients)
+    source = SyntheticSource(data_seed(cfg), cfg.synthetic_alpha, cfg.synthetic_beta, cfg.num_clients)
     clients = SourcedClients(source)
     chosen = evaluation_clients(cfg.seed, clients.ids, cfg.eval_clients)
     xs, ys = [np.zeros((0, DIM), np.float32)], [np.zeros(0, np.int64)]

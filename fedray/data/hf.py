@@ -11,10 +11,20 @@ the `datasets` library (the hub's own loader; an optional extra: ``pip install '
 - The input is an image (the ``Image`` feature or an array: grey or RGB, all of one size), text (a
   string, its characters as LEAF's 80 symbols: next-character data such as Shakespeare's), or an
   array of numbers. The label is a class id, or one character (its symbol).
-- Each client's test split is ``hf_test_split``'s rows of that client where it is set, else
-  ``client_test_fraction`` of its own rows (seeded); every client's test rows are the global test set.
+- Each client's test split is ``hf_test_split``'s rows of that client where it is set, read as
+  they are. Else the clients are made as LEAF's preprocess.sh makes its users into clients
+  (`fedray.data.leaf.make_clients`): ``leaf_sample_fraction`` (LEAF's niid ``--sf``, over the
+  clients in sorted order), ``leaf_min_samples`` (``-k``), then each client's rows split by LEAF's
+  rule with ``client_test_fraction`` its test share (``--tf`` = 1 - it): a client trains on
+  ``max(1, int((1 - f) n))`` rows (one of two), drawn at random from the data seed, except text
+  (next-character data, whose samples are windows sliding by one): its first rows, in order, its
+  test rows starting a window's length - 1 rows later; a client with fewer than two rows, or no
+  test row left, is dropped (as LEAF drops it). Every client's test rows are the global test set.
+- Number arrays of one channel (``H x W``) get their channel (``1 x H x W``), as images do.
 
-The clients are the ids in sorted order (``num_clients`` must be their number: fedray names it).
+The clients are the ids in sorted order, less those dropped; ``num_clients`` may be left out (it
+is their number, which a given one must equal). The data seed is ``data_seed``, 0 where it is
+left out (whatever the run's seed), so seeds vary training only.
 """
 
 from __future__ import annotations
@@ -25,7 +35,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedray.config import seeding
 from fedray.config.coercion import ConfigError
 from fedray.data.datasets import (
     ArrayDataset,
@@ -37,13 +46,22 @@ from fedray.data.datasets import (
     register_dataset,
 )
 from fedray.data.federated import FederatedData, own_splits
-from fedray.data.leaf import SHAKESPEARE_VOCAB, SYMBOL_INDEX
-from fedray.data.partitions import split_train_test
+from fedray.data.leaf import SHAKESPEARE_VOCAB, SYMBOL_INDEX, Recipe, make_clients
 
 if TYPE_CHECKING:
     from fedray.config.keys import Config
 
-KEYS = ("hf_name", "hf_split", "hf_test_split", "hf_client_column", "hf_input_column", "hf_label_column")
+KEYS = (
+    "hf_name",
+    "hf_split",
+    "hf_test_split",
+    "hf_client_column",
+    "hf_input_column",
+    "hf_label_column",
+    "leaf_sample_fraction",
+    "leaf_min_samples",
+)
+COLUMN_KEYS = ("hf_client_column", "hf_input_column", "hf_label_column")
 
 
 def _datasets() -> Any:
@@ -111,13 +129,17 @@ def _split(cfg: Config, data: Any, name: str, key: str) -> Any:
     return data[name]
 
 
-def _column(cfg: Config, split: Any, key: str) -> str:
-    column = getattr(cfg, key)
-    if not column or column not in split.column_names:
-        raise ConfigError(
-            f"config key '{key}': {column!r} is not a column of {cfg.hf_name} (its columns: {', '.join(split.column_names)})"
-        )
-    return column
+def _columns(cfg: Config, split: Any, keys: tuple[str, ...] = COLUMN_KEYS) -> list[str]:
+    """The columns ``keys`` name; every one that is not a column of ``split`` said at once."""
+    problems = [
+        f"config key '{key}': {getattr(cfg, key)!r} is not a column of {cfg.hf_name} "
+        f"(its columns: {', '.join(split.column_names)})"
+        for key in keys
+        if getattr(cfg, key) not in split.column_names
+    ]
+    if problems:
+        raise ConfigError.of(problems)
+    return [getattr(cfg, key) for key in keys]
 
 
 def _symbols(texts: list[str], where: str) -> np.ndarray:
@@ -149,8 +171,8 @@ def _inputs(values: list[Any], where: str) -> tuple[np.ndarray, float]:
             f"{where}: the inputs differ in shape ({arrays[0].shape}, ...): one model takes one shape"
         )
     x = np.stack(arrays) if arrays else np.zeros((0, 1))
-    if x.ndim == 3 and hasattr(first, "convert"):
-        x = x[:, None]  # grey: one channel
+    if x.ndim == 3:
+        x = x[:, None]  # grey images, or H x W numbers: one channel
     elif x.ndim == 4 and hasattr(first, "convert"):
         x = x.transpose(0, 3, 1, 2)  # H x W x C -> C x H x W
     if x.dtype == np.uint8:
@@ -174,36 +196,48 @@ def _classes(split: Any, label: str, y: np.ndarray, known: int | None) -> int:
     return known or getattr(feature, "num_classes", None) or int(y.max()) + 1
 
 
+def _recipe(cfg: Config, train: Any, input_col: str) -> Recipe:
+    """LEAF's rules for making the clients of rows that are not split already: text (windows
+    sliding by one) split in order with a window's length - 1 rows between, the rest at random."""
+    first = train[0][input_col] if len(train) else None
+    gap = len(first) - 1 if isinstance(first, str) else None
+    return Recipe.of(cfg, gap, train_fraction=1 - cfg.client_test_fraction)
+
+
+def _clients(cfg: Config, train: Any, client_col: str, input_col: str) -> tuple[np.ndarray, list, list]:
+    """The client ids (sorted), each one's rows (in the split's order) and, where fedray splits
+    them, the clients LEAF's rules keep: (client, its training rows' positions, its test rows')."""
+    ids = np.asarray([str(c) for c in train[client_col]])
+    order = np.argsort(ids, kind="stable")
+    names, starts = np.unique(ids[order], return_index=True)
+    rows = np.split(order, starts[1:]) if len(names) else []
+    if cfg.hf_test_split:
+        return names, rows, [(c, np.arange(len(r)), None) for c, r in enumerate(rows)]
+    sizes = np.asarray([len(r) for r in rows], dtype=np.int64)
+    return names, rows, make_clients([np.arange(len(rows))], sizes, _recipe(cfg, train, input_col))
+
+
 def hf_data(cfg: Config) -> FederatedData:
     """The clients: the rows of ``hf_split`` grouped by ``hf_client_column``, ids sorted."""
     data = _open(cfg)
     train = _split(cfg, data, cfg.hf_split, "hf_split")
-    client_col, input_col, label_col = (
-        _column(cfg, train, k) for k in ("hf_client_column", "hf_input_column", "hf_label_column")
-    )
+    client_col, input_col, label_col = _columns(cfg, train)
     where = f"dataset hf {cfg.hf_name}"
-    ids = [str(c) for c in train[client_col]]
     x, scale = _inputs(train[input_col], f"{where}: column {input_col!r}")
     y, known = _labels(train[label_col], f"{where}: column {label_col!r}")
-    test_rows: dict[str, np.ndarray] = {}
-    tx = ty = None
+    ids, rows, made = _clients(cfg, train, client_col, input_col)
+    parts = []
     if cfg.hf_test_split:
         test = _split(cfg, data, cfg.hf_test_split, "hf_test_split")
         tx, _ = _inputs(test[input_col], f"{where}: split {cfg.hf_test_split!r}, column {input_col!r}")
         ty, _ = _labels(test[label_col], f"{where}: split {cfg.hf_test_split!r}, column {label_col!r}")
         t_ids = np.asarray([str(c) for c in test[client_col]])
-        test_rows = {c: np.flatnonzero(t_ids == c) for c in sorted(set(t_ids))}
-    id_array = np.asarray(ids)
-    parts = []
-    for cid, name in enumerate(sorted(set(ids))):
-        rows = np.flatnonzero(id_array == name)
-        if cfg.hf_test_split:
-            t = test_rows.get(name, np.zeros(0, np.int64))
-            parts.append((ArrayDataset(x[rows], y[rows]), ArrayDataset(tx[t], ty[t])))
-        else:
-            keep, held = split_train_test(
-                rows, cfg.client_test_fraction, seeding.rng(cfg.seed, "client_test_split", cid)
-            )
+        for c, r in enumerate(rows):
+            t = np.flatnonzero(t_ids == ids[c])
+            parts.append((ArrayDataset(x[r], y[r]), ArrayDataset(tx[t], ty[t])))
+    else:
+        for c, tr, te in made:
+            keep, held = rows[c][tr], rows[c][te]
             parts.append((ArrayDataset(x[keep], y[keep]), ArrayDataset(x[held], y[held])))
     train_set, test_set, clients = own_splits(parts)
     spec = DataSpec(tuple(x.shape[1:]), _classes(train, label_col, y, known), scale)
@@ -214,7 +248,7 @@ def hf_info(cfg: Config) -> DatasetInfo:
     """Shape and classes from the dataset's first rows (memory-mapped: nothing else is read)."""
     data = _open(cfg)
     train = _split(cfg, data, cfg.hf_split, "hf_split")
-    input_col, label_col = (_column(cfg, train, k) for k in ("hf_input_column", "hf_label_column"))
+    _, input_col, label_col = _columns(cfg, train)
     x, _ = _inputs(train[:1][input_col], f"dataset hf {cfg.hf_name}: column {input_col!r}")
     y, known = _labels(train[:1][label_col], f"dataset hf {cfg.hf_name}: column {label_col!r}")
     classes = (
@@ -223,19 +257,38 @@ def hf_info(cfg: Config) -> DatasetInfo:
     return DatasetInfo(tuple(x.shape[1:]), classes, None)
 
 
+def count_hf(cfg: Config) -> int:
+    """The clients the rows make under this config (those LEAF's rules keep)."""
+    train = _split(cfg, _open(cfg), cfg.hf_split, "hf_split")
+    client_col, input_col, _ = _columns(cfg, train)
+    return len(_clients(cfg, train, client_col, input_col)[2])
+
+
 def check_hf(cfg: Config, info: DatasetInfo) -> None:
     """The columns are there and the clients are the run's: num_clients their number."""
-    train = _split(cfg, _open(cfg), cfg.hf_split, "hf_split")
-    column = _column(cfg, train, "hf_client_column")
-    n = len(set(train[column]))
-    if n != cfg.num_clients:
-        raise ConfigError(
-            f"config key 'num_clients': {cfg.hf_name}'s column {column!r} names {n} clients; set num_clients: {n}"
-        )
     if not cfg.hf_test_split and cfg.client_test_fraction <= 0:
         raise ConfigError(
             "config key 'client_test_fraction': dataset hf's test samples are each client's own: set "
             "client_test_fraction (e.g. 0.1), or hf_test_split to a split of the same clients"
+        )
+    if cfg.hf_test_split:
+        for key in ("leaf_sample_fraction", "leaf_min_samples"):
+            if getattr(cfg, key) not in (None, 0):
+                raise ConfigError(
+                    f"config key '{key}': hf_test_split gives each client's test rows, so its clients are "
+                    "read as they are (as a folder LEAF split already): leave it out, or hf_test_split"
+                )
+    n = count_hf(cfg)
+    if n == 0:
+        raise ConfigError(
+            f"config key 'hf_client_column': no client of {cfg.hf_name}'s column {cfg.hf_client_column!r} is "
+            "left by leaf_sample_fraction, leaf_min_samples and LEAF's split (a client needs two rows, and "
+            "a test row after the split)"
+        )
+    if n != cfg.num_clients:
+        raise ConfigError(
+            f"config key 'num_clients': {cfg.hf_name}'s column {cfg.hf_client_column!r} names {n} clients "
+            f"(kept by LEAF's rules); set num_clients: {n}, or leave it out (fedray counts them)"
         )
     if cfg.shift != "none":
         raise ConfigError(
@@ -253,5 +306,8 @@ register_dataset(
         check_info=check_hf,
         federate=hf_data,
         clients_why="its rows name their clients",
+        partition_label=lambda config: "hf",
+        count_clients=count_hf,
+        data_seed=0,
     )
 )

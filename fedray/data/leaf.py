@@ -5,21 +5,38 @@ for Federated Settings", 2018; github.com/TalwalkarLab/leaf).
 
 ``data_root`` is the data set's folder as LEAF's ``preprocess.sh`` leaves it (``leaf/data/femnist/data``):
 
-- ``all_data/*.json`` (every user's samples): fedray keeps the users with at least
-  ``leaf_min_samples`` samples (LEAF's ``-k``), then a seeded ``leaf_user_fraction`` of them
-  (LEAF's ``--sf``), then splits each user's samples by sample, as LEAF's ``split_data.py`` does:
-  a user needs two samples, keeps ``max(1, int(leaf_train_fraction * n))`` for training (one of
-  two), the rest for its test split, drawn from the run's seed;
-- or ``train/*.json`` and ``test/*.json``, after LEAF's own split (``-t sample``): each user's
-  training and test samples as LEAF drew them; the three keys above are then LEAF's, and stay at
-  their defaults.
+- ``train/*.json`` and ``test/*.json``, after LEAF's own split (``-t sample``): each user's
+  training and test samples as LEAF drew them, read as they are;
+- or ``all_data/*.json`` (every user's samples), which fedray makes into clients exactly as
+  ``preprocess.sh -s niid --sf F -k K -t sample --tf T --smplseed S --spltseed P`` does (LEAF's
+  data/utils/sample.py, remove_users.py and split_data.py, `make_clients`):
+
+  1. ``leaf_sample_fraction`` F (``-s niid --sf``; null: no sampling, as without ``-s``): each
+     file's users are shuffled and taken whole until F of the file's samples is reached, the last
+     user cut short to the first samples it needs, in a shuffled order;
+  2. ``leaf_min_samples`` K (``-k``): users with fewer samples (after the cut) are dropped;
+  3. ``leaf_train_fraction`` T (``--tf``): a user with two samples or more trains on
+     ``max(1, int(T n))`` of them (one of two). FEMNIST's are drawn at random, the rest its test
+     samples. Shakespeare's are its first ones, in order, and its test samples start 79 samples
+     later (a sample is 80 characters, the next sample's window moves by one: the gap keeps every
+     test window clear of the training text); a role with no test sample left is dropped.
+
+  The sampling draws from Python's ``random.Random(data seed)`` and the split from
+  ``random.Random(leaf_split_seed, else the data seed)``, one generator over the files in order,
+  as LEAF's scripts draw theirs: the same seeds give LEAF's users and samples exactly. LEAF visits
+  the files in the order ``os.listdir`` gives, fedray in sorted order; where the two differ (several
+  files on most file systems) the users drawn differ, their rules not. The data seed is
+  ``data_seed``, 0 where it is left out (whatever the run's seed): LEAF's paper data is
+  ``data_seed: 1549786595`` and ``leaf_split_seed: 1549786796`` (its paper_experiments/femnist.sh).
 
 Each JSON file holds ``users`` (names), ``num_samples`` and ``user_data`` (``{user: {"x": [...],
 "y": [...]}}``). A FEMNIST sample is 784 grey levels in [0, 1] (a 28x28 image) and its class; a
 Shakespeare sample is 80 characters and the character that follows, from LEAF's 80 symbols
-(`SHAKESPEARE_VOCAB`), stored as their indices. The users are the run's clients in the files'
-order; the global test set is every user's test samples. What is read is kept beside the JSON
-(``.fedray-leaf-*.npz``, named by the JSON files' sizes and times), so a later run reads arrays.
+(`SHAKESPEARE_VOCAB`), stored as their indices. The clients are the users kept, in LEAF's order;
+the global test set is every client's test samples. What is read is kept beside the JSON
+(``.fedray-leaf-KIND-HASH.npz``, named by the SHA-256 of the JSON files' names and content, which
+every process reads once), so a later run reads arrays; an older one is removed when a new one is
+kept, and a folder that cannot be written is read from its JSON each time (said once).
 """
 
 from __future__ import annotations
@@ -27,16 +44,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedray.config import seeding
 from fedray.config.coercion import ConfigError
-from fedray.data.datasets import ArrayDataset, Dataset, DatasetInfo, DatasetMissing, DataSpec
+from fedray.config.notes import say_once
+from fedray.data.datasets import ArrayDataset, Dataset, DatasetInfo, DatasetMissing, DataSpec, data_seed
 from fedray.data.federated import FederatedData, own_splits
 
 if TYPE_CHECKING:
@@ -49,7 +68,14 @@ SYMBOL_INDEX = np.full(256, -1, dtype=np.int16)  # a character code (all are ASC
 for _i, _c in enumerate(SHAKESPEARE_VOCAB):
     SYMBOL_INDEX[ord(_c)] = _i
 
-KEYS = ("leaf_user_fraction", "leaf_min_samples", "leaf_train_fraction")
+KEYS = ("leaf_sample_fraction", "leaf_min_samples", "leaf_train_fraction", "leaf_split_seed")
+# What a folder LEAF split already (train/, test/) leaves to LEAF: these keys stay at their defaults.
+LEAF_DEFAULTS = {
+    "leaf_sample_fraction": None,
+    "leaf_min_samples": 0,
+    "leaf_train_fraction": 0.9,
+    "leaf_split_seed": None,
+}
 
 
 class LeafError(ConfigError):
@@ -64,21 +90,26 @@ class Kind:
     input_shape: tuple[int, ...]
     num_classes: int
     scale: float  # stored value * scale = the model's input (FEMNIST's grey levels as uint8)
+    # LEAF's split of a user's samples: None, at random; a number, in order with this many samples
+    # between the last training sample and the first test one (Shakespeare: a window's length - 1)
+    gap: int | None = None
 
 
 FEMNIST = Kind("femnist", (1, 28, 28), 62, 1 / 255)
-SHAKESPEARE = Kind("shakespeare", (SEQ_LEN,), len(SHAKESPEARE_VOCAB), 1.0)
+SHAKESPEARE = Kind("shakespeare", (SEQ_LEN,), len(SHAKESPEARE_VOCAB), 1.0, gap=SEQ_LEN - 1)
 
 
 @dataclass
 class Users:
-    """A LEAF folder read: every user's samples one user after another (``train``), and where the
-    folder was split already, each user's test samples too (``test``)."""
+    """A LEAF folder read: every user's samples one user after another (``train``), the users of
+    each JSON file together, and where the folder was split already, each user's test samples too
+    (``test``)."""
 
     names: list[str]
     x: np.ndarray
     y: np.ndarray
     offsets: np.ndarray  # user i's samples are rows offsets[i]:offsets[i + 1]
+    file_offsets: np.ndarray  # file f's users are file_offsets[f]:file_offsets[f + 1]
     test_x: np.ndarray | None = None
     test_y: np.ndarray | None = None
     test_offsets: np.ndarray | None = None
@@ -89,6 +120,10 @@ class Users:
 
     def sizes(self) -> np.ndarray:
         return np.diff(self.offsets)
+
+    def files(self) -> list[np.ndarray]:
+        """Each file's users, as indices."""
+        return [np.arange(a, b) for a, b in zip(self.file_offsets[:-1], self.file_offsets[1:], strict=True)]
 
 
 def layout(root: Path, name: str = "femnist") -> tuple[list[Path], list[Path]]:
@@ -141,8 +176,11 @@ def _encode(kind: Kind, path: Path, user: str, x: Any, y: Any) -> tuple[np.ndarr
     return chars[: n * SEQ_LEN].reshape(n, SEQ_LEN), chars[n * SEQ_LEN :].astype(np.int64)
 
 
-def _read_files(kind: Kind, files: list[Path]) -> tuple[list[str], list[np.ndarray], list[np.ndarray]]:
-    names, xs, ys = [], [], []
+def _read_files(
+    kind: Kind, files: list[Path]
+) -> tuple[list[str], list[np.ndarray], list[np.ndarray], list[int]]:
+    """Every user's samples, file after file, and how many users each file holds."""
+    names, xs, ys, per_file = [], [], [], []
     for path in files:
         try:
             data = json.loads(path.read_text())
@@ -154,15 +192,25 @@ def _read_files(kind: Kind, files: list[Path]) -> tuple[list[str], list[np.ndarr
             or not isinstance(data.get("user_data"), dict)
         ):
             raise LeafError(f"{path}: a LEAF file holds 'users' (a list) and 'user_data' (a mapping)")
-        for user in data["users"]:
+        counts = data.get("num_samples")
+        if counts is not None and (not isinstance(counts, list) or len(counts) != len(data["users"])):
+            raise LeafError(f"{path}: 'num_samples' must list one count a user of 'users'")
+        for i, user in enumerate(data["users"]):
             samples = data["user_data"].get(user)
             if not isinstance(samples, dict):
                 raise LeafError(f"{path}: user {user!r} is in 'users' but not in 'user_data'")
             x, y = _encode(kind, path, str(user), samples.get("x"), samples.get("y"))
+            if counts is not None and counts[i] != len(y):
+                # LEAF's sampling and -k read these counts: a file whose counts are not its samples
+                # is not one LEAF's scripts wrote, and would be sampled by other numbers than here
+                raise LeafError(
+                    f"{path}: user {user!r} has {len(y)} samples, and 'num_samples' says {counts[i]}"
+                )
             names.append(str(user))
             xs.append(x)
             ys.append(y)
-    return names, xs, ys
+        per_file.append(len(data["users"]))
+    return names, xs, ys, per_file
 
 
 def _stacked(
@@ -175,107 +223,227 @@ def _stacked(
     return x, y, offsets
 
 
-def _stamp(files: list[Path]) -> str:
-    """What names the JSON files as they are: their names, sizes and modification times."""
+_DIGESTS: dict[tuple, str] = {}  # in this process: a file as it stands (inode, size, times) -> its SHA-256
+
+
+def _file_digest(path: Path) -> str:
+    """The SHA-256 of a file's content, computed once a process for the file as it stands (a write
+    changes its ctime, which no tool sets back)."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if key not in _DIGESTS:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+        _DIGESTS[key] = h.hexdigest()
+    return _DIGESTS[key]
+
+
+def fingerprint(files: Sequence[Path]) -> str:
+    """What names the JSON files by their content: the SHA-256 of each file's folder, name and
+    content's SHA-256, in order."""
     h = hashlib.sha256()
     for p in files:
-        st = p.stat()
-        h.update(f"{p.name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
-    return h.hexdigest()[:16]
+        h.update(f"{p.parent.name}/{p.name}\0{_file_digest(p)}\0".encode())
+    return h.hexdigest()
 
 
-_READ: dict[tuple[str, str], Users] = {}  # in this process: (folder, stamp) -> its users
+_READ: dict[tuple[str, str], Users] = {}  # in this process: (folder, fingerprint) -> its users
 
 
 def read_users(kind: Kind, root: str | Path) -> Users:
-    """A LEAF folder's users (`layout`), from its arrays kept beside the JSON where they are
-    current, else read from the JSON and kept (where the folder can be written)."""
+    """A LEAF folder's users (`layout`), from its arrays kept beside the JSON where they are of
+    this JSON, else read from the JSON and kept (where the folder can be written)."""
     root = Path(root)
     train_files, test_files = layout(root, kind.name)
-    stamp = _stamp([*train_files, *test_files])
+    stamp = fingerprint([*train_files, *test_files])
     key = (str(root.resolve()), stamp)
     if key in _READ:
         return _READ[key]
-    kept = root / f".fedray-leaf-{kind.name}-{stamp}.npz"
-    if kept.is_file():
-        with np.load(kept, allow_pickle=False) as z:
-            users = Users(
-                [str(n) for n in z["names"]],
-                z["x"],
-                z["y"],
-                z["offsets"],
-                *((z["test_x"], z["test_y"], z["test_offsets"]) if "test_x" in z.files else ()),
-            )
-    else:
-        names, xs, ys = _read_files(kind, train_files)
-        x, y, offsets = _stacked(kind, xs, ys)
-        users = Users(names, x, y, offsets)
-        if test_files:
-            test_names, txs, tys = _read_files(kind, test_files)
-            if test_names != names:
-                missing = sorted(set(names) ^ set(test_names))[:5]
-                raise LeafError(
-                    f"{root}: train/ and test/ name other users (e.g. {missing}): not LEAF's split by sample"
-                )
-            users.test_x, users.test_y, users.test_offsets = _stacked(kind, txs, tys)
-        _keep(users, kept)
+    kept = root / f"{_CACHE_PREFIX}{kind.name}-{stamp[:32]}.npz"
+    users = _read_kept(kept) if kept.is_file() else None
+    if users is None:
+        users = _read_json(kind, root, train_files, test_files)
+        _keep(users, kept, kind)
     _READ[key] = users
     return users
 
 
-def _keep(users: Users, path: Path) -> None:
-    """Write the arrays read beside the JSON (aside, then renamed); a folder that cannot be
-    written is read from its JSON every time."""
-    arrays = {"names": np.asarray(users.names), "x": users.x, "y": users.y, "offsets": users.offsets}
-    if users.split:
-        arrays |= {"test_x": users.test_x, "test_y": users.test_y, "test_offsets": users.test_offsets}
+_CACHE_PREFIX = ".fedray-leaf-"
+_ARRAYS = ("names", "x", "y", "offsets", "file_offsets")
+_TEST_ARRAYS = ("test_x", "test_y", "test_offsets")
+
+
+def _read_kept(path: Path) -> Users | None:
+    """The arrays kept at ``path``, or None (said once) where they cannot be read back whole."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".fedray-leaf-", suffix=".tmp", dir=path.parent)
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        if not all(k in arrays for k in _ARRAYS):
+            raise ValueError(f"it lacks {sorted(set(_ARRAYS) - set(arrays))}")
+        tests = [arrays[k] for k in _TEST_ARRAYS] if "test_x" in arrays else []
+        return Users([str(n) for n in arrays["names"]], *(arrays[k] for k in _ARRAYS[1:]), *tests)
+    except Exception as e:  # noqa: BLE001 - any damage: the JSON is the data, read it again
+        say_once(f"{path} could not be read back ({type(e).__name__}: {e}): reading the JSON again")
+        return None
+
+
+def _read_json(kind: Kind, root: Path, train_files: list[Path], test_files: list[Path]) -> Users:
+    names, xs, ys, per_file = _read_files(kind, train_files)
+    x, y, offsets = _stacked(kind, xs, ys)
+    file_offsets = np.concatenate([[0], np.cumsum(per_file)]).astype(np.int64)
+    users = Users(names, x, y, offsets, file_offsets)
+    if test_files:
+        test_names, txs, tys, _ = _read_files(kind, test_files)
+        if test_names != names:
+            missing = sorted(set(names) ^ set(test_names))[:5]
+            raise LeafError(
+                f"{root}: train/ and test/ name other users (e.g. {missing}): not LEAF's split by sample"
+            )
+        users.test_x, users.test_y, users.test_offsets = _stacked(kind, txs, tys)
+    return users
+
+
+def _keep(users: Users, path: Path, kind: Kind) -> None:
+    """Write the arrays read beside the JSON (aside, then renamed; with the permissions the user's
+    umask gives a new file) and remove the ones kept of an older JSON; a folder that cannot be
+    written is read from its JSON every time, which is said once."""
+    arrays = {k: getattr(users, k) for k in _ARRAYS[1:]} | {"names": np.asarray(users.names)}
+    if users.split:
+        arrays |= {k: getattr(users, k) for k in _TEST_ARRAYS}
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=_CACHE_PREFIX, suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as f:
             np.savez(f, **arrays)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
-    except OSError:
+    except OSError as e:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+        say_once(
+            f"{path.parent} cannot keep the arrays read from its LEAF JSON ({e.strerror or e}): every run "
+            "reads the JSON again (slow at FEMNIST's size); a folder you can write keeps them"
+        )
         return
+    for old in path.parent.glob(f"{_CACHE_PREFIX}{kind.name}-*.npz"):
+        if old != path:
+            try:
+                old.unlink()
+            except OSError:
+                pass
 
 
-def chosen(cfg: Config, users: Users) -> tuple[np.ndarray, dict[int, tuple[np.ndarray, np.ndarray]]]:
-    """The users the run's clients are (indices into ``users``, in order) and, where the folder is
-    not split already, each one's training and test rows (LEAF's split by sample, seeded)."""
-    sizes = users.sizes() if not users.split else users.sizes() + np.diff(users.test_offsets)
-    keep = np.flatnonzero(sizes >= max(cfg.leaf_min_samples, 0 if users.split else 2))
-    if cfg.leaf_user_fraction < 1:
-        n = max(1, int(cfg.leaf_user_fraction * len(keep)))
-        keep = np.sort(seeding.rng(cfg.seed, "leaf_users").choice(keep, size=n, replace=False))
-    rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    if not users.split:
-        for i in keep:
-            lo, n = int(users.offsets[i]), int(sizes[i])
-            n_train = 1 if n == 2 else max(1, int(cfg.leaf_train_fraction * n))
-            order = seeding.rng(cfg.seed, "leaf_split", int(i)).permutation(n)
-            rows[int(i)] = (np.sort(order[:n_train]) + lo, np.sort(order[n_train:]) + lo)
-    return keep, rows
+@dataclass(frozen=True)
+class Recipe:
+    """How LEAF's preprocess.sh makes clients of its users' samples (``-s niid --sf -k -t sample
+    --tf --smplseed --spltseed``): the config keys, and the split's kind (in order or at random)."""
+
+    sample_fraction: float | None  # --sf; None: no sampling
+    min_samples: int  # -k
+    train_fraction: float  # --tf
+    sample_seed: int  # --smplseed
+    split_seed: int  # --spltseed
+    gap: int | None  # None: each user's training samples drawn at random; else in order, then this gap
+
+    @classmethod
+    def of(cls, cfg: Config, gap: int | None, train_fraction: float | None = None) -> Recipe:
+        seed = data_seed(cfg)
+        return cls(
+            cfg.leaf_sample_fraction,
+            cfg.leaf_min_samples,
+            cfg.leaf_train_fraction if train_fraction is None else train_fraction,
+            seed,
+            seed if cfg.leaf_split_seed is None else cfg.leaf_split_seed,
+            gap,
+        )
+
+
+def niid_sample(users: np.ndarray, sizes: np.ndarray, fraction: float, rng: random.Random) -> list:
+    """LEAF's sample.py --niid on one file: its users shuffled, taken whole until ``int(fraction *
+    the file's samples)`` are taken; the last one cut to the samples still needed, its first ones in
+    an order ``rng`` draws. Each taken user as (index, its samples: positions among its own)."""
+    order = [int(u) for u in users]
+    rng.shuffle(order)
+    target = int(fraction * int(sizes[users].sum()))
+    taken, total = [], 0
+    for u in order:
+        if total >= target:
+            break
+        n = int(sizes[u])
+        samples = np.arange(n)
+        if total + n > target:
+            n = target - total
+            samples = np.asarray(rng.sample(list(range(n)), n), dtype=np.int64)
+        taken.append((u, samples))
+        total += n
+    return taken
+
+
+def split_by_sample(
+    n: int, train_fraction: float, gap: int | None, rng: random.Random
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """LEAF's split_data.py --by_sample of one user's ``n`` samples: positions of its training and
+    test samples, or None where LEAF drops the user (fewer than two samples, or no test sample)."""
+    if n < 2:
+        return None
+    n_train = 1 if n == 2 else max(1, int(train_fraction * n))
+    if gap is not None:
+        train, test = np.arange(n_train), np.arange(n_train + gap, n)
+    else:
+        chosen = np.zeros(n, dtype=bool)
+        chosen[rng.sample(list(range(n)), n_train)] = True
+        train, test = np.flatnonzero(chosen), np.flatnonzero(~chosen)
+    return (train, test) if len(test) else None
+
+
+def make_clients(
+    files: Sequence[np.ndarray], sizes: np.ndarray, recipe: Recipe
+) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """LEAF's preprocess.sh on users grouped by file (``files``: each file's user indices, in order;
+    ``sizes``: every user's samples): sampling (where ``recipe.sample_fraction`` is set), users under
+    ``min_samples`` dropped, then each one's split. The clients in LEAF's order, each as (user, its
+    training samples, its test samples), samples as positions among the user's own. Each step draws
+    from its own generator across the files, as LEAF's scripts do (one process a step)."""
+    sampler, splitter = random.Random(recipe.sample_seed), random.Random(recipe.split_seed)
+    clients = []
+    for users in files:
+        if recipe.sample_fraction is None:
+            picked = [(int(u), np.arange(int(sizes[u]))) for u in users]
+        else:
+            picked = niid_sample(users, sizes, recipe.sample_fraction, sampler)
+        for u, samples in picked:
+            if len(samples) < recipe.min_samples:
+                continue
+            split = split_by_sample(len(samples), recipe.train_fraction, recipe.gap, splitter)
+            if split is not None:
+                clients.append((u, samples[split[0]], samples[split[1]]))
+    return clients
+
+
+def leaf_clients(kind: Kind, cfg: Config, users: Users) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """The run's clients: (user, its training rows, its test rows), rows into ``users``' arrays
+    (a folder LEAF split already: its test rows into the test arrays)."""
+    if users.split:
+        return [
+            (i, np.arange(users.offsets[i], users.offsets[i + 1]), np.arange(*users.test_offsets[i : i + 2]))
+            for i in range(len(users.names))
+        ]
+    made = make_clients(users.files(), users.sizes(), Recipe.of(cfg, kind.gap))
+    return [(u, users.offsets[u] + tr, users.offsets[u] + te) for u, tr, te in made]
 
 
 def leaf_data(kind: Kind, cfg: Config) -> FederatedData:
-    """The run's clients: the chosen users, each its training and test samples."""
+    """The run's clients: the users kept, each its training and test samples."""
     users = read_users(kind, cfg.resolved_data_root())
-    keep, rows = chosen(cfg, users)
-    parts = []
-    for i in keep:
-        if users.split:
-            tr = slice(users.offsets[i], users.offsets[i + 1])
-            te = slice(users.test_offsets[i], users.test_offsets[i + 1])
-            parts.append(
-                (ArrayDataset(users.x[tr], users.y[tr]), ArrayDataset(users.test_x[te], users.test_y[te]))
-            )
-        else:
-            train_rows, test_rows = rows[int(i)]
-            parts.append(
-                (
-                    ArrayDataset(users.x[train_rows], users.y[train_rows]),
-                    ArrayDataset(users.x[test_rows], users.y[test_rows]),
-                )
-            )
+    test_x, test_y = (users.test_x, users.test_y) if users.split else (users.x, users.y)
+    parts = [
+        (ArrayDataset(users.x[tr], users.y[tr]), ArrayDataset(test_x[te], test_y[te]))
+        for _, tr, te in leaf_clients(kind, cfg, users)
+    ]
     train, test, clients = own_splits(parts)
     spec = DataSpec(kind.input_shape, kind.num_classes, kind.scale)
     return FederatedData(Dataset(kind.name, train, test, spec), clients, None)
@@ -285,32 +453,43 @@ def leaf_info(kind: Kind, cfg: Config) -> DatasetInfo:
     return DatasetInfo(kind.input_shape, kind.num_classes, None)
 
 
-def check_leaf(kind: Kind, cfg: Config, info: DatasetInfo) -> None:
-    """Before anything runs: the folder is LEAF's, its users are the run's clients (num_clients is
-    their number), and on a folder LEAF split already the user and split keys are LEAF's own."""
-    root = Path(cfg.resolved_data_root())
+def _users(kind: Kind, cfg: Config) -> Users:
     try:
-        users = read_users(kind, root)
+        return read_users(kind, cfg.resolved_data_root())
     except DatasetMissing as e:
         raise ConfigError(f"config key 'data_root': {e}") from None
+
+
+def count_leaf(kind: Kind, cfg: Config) -> int:
+    """The clients a LEAF folder gives this config: its users kept."""
+    return len(leaf_clients(kind, cfg, _users(kind, cfg)))
+
+
+def check_leaf(kind: Kind, cfg: Config, info: DatasetInfo) -> None:
+    """Before anything runs: the folder is LEAF's, its users kept are the run's clients (num_clients
+    is their number), and on a folder LEAF split already the sampling and split keys are LEAF's own."""
+    root = Path(cfg.resolved_data_root())
+    users = _users(kind, cfg)
     if users.split:
-        for key, default in (
-            ("leaf_user_fraction", 1.0),
-            ("leaf_min_samples", 0),
-            ("leaf_train_fraction", 0.9),
-        ):
+        for key, default in LEAF_DEFAULTS.items():
             if getattr(cfg, key) != default:
                 raise ConfigError(
                     f"config key '{key}': {root} is split by LEAF already (train/ and test/): its users and "
-                    "their split are LEAF's (its preprocess.sh --sf, -k, --tf); leave it at its default, or "
-                    "point data_root at a folder with all_data/"
+                    "their split are LEAF's (its preprocess.sh --sf, -k, --tf, --spltseed); leave it at its "
+                    "default, or point data_root at a folder with all_data/"
                 )
-    keep, _ = chosen(cfg, users)
-    if len(keep) != cfg.num_clients:
+    n = len(leaf_clients(kind, cfg, users))
+    if n == 0:
         raise ConfigError(
-            f"config key 'num_clients': the {kind.name} users of {root} kept by leaf_min_samples "
-            f"{cfg.leaf_min_samples} and leaf_user_fraction {cfg.leaf_user_fraction:g} are {len(keep)}; "
-            f"set num_clients: {len(keep)}"
+            f"config key 'leaf_min_samples': no {kind.name} user of {root} is left by leaf_sample_fraction "
+            f"{cfg.leaf_sample_fraction}, leaf_min_samples {cfg.leaf_min_samples} and LEAF's split "
+            "(a user needs two samples, and a test sample after the split)"
+        )
+    if n != cfg.num_clients:
+        raise ConfigError(
+            f"config key 'num_clients': the {kind.name} users of {root} kept by leaf_sample_fraction "
+            f"{cfg.leaf_sample_fraction}, leaf_min_samples {cfg.leaf_min_samples} and LEAF's split are {n}; "
+            f"set num_clients: {n}, or leave it out (fedray counts them)"
         )
     if cfg.shift != "none":
         raise ConfigError(
@@ -336,6 +515,9 @@ def _register() -> None:
                 check_info=lambda cfg, info, kind=kind: check_leaf(kind, cfg, info),
                 federate=lambda cfg, kind=kind: leaf_data(kind, cfg),
                 clients_why="its users are the clients",
+                partition_label=lambda config: "leaf",
+                count_clients=lambda cfg, kind=kind: count_leaf(kind, cfg),
+                data_seed=0,
             )
         )
 

@@ -14,7 +14,6 @@ engine keys its stacks by them (`stack_key`) and packs of runs by them (`fedray.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -50,16 +49,6 @@ def refusal(model: nn.Module) -> str | None:
                 "another (no batching rule): stacked, it would train no faster"
             )
     return None
-
-
-_SAID: set[str] = set()
-
-
-def say_once(line: str) -> None:
-    """Tell what fell back (auto's engine for a model it cannot stack) once a process, to stderr."""
-    if line not in _SAID:
-        _SAID.add(line)
-        print(f"fedray: {line}", file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,7 @@ class Task:
     cuda_tf32: bool = True  # cuDNN's TF32 convolutions on an Ampere+ GPU (torch's default)
     head_bias: bool = True  # the model's last layer has a bias (config key head_bias)
     model_init: str = "derived"  # how initial models are seeded (config key model_init)
+    weight_init: str = "model"  # model | torch: whose initialisation (config key weight_init)
     batched_clients: str = "auto"  # batched client training: off | on | auto (fedray/engine/batched.py)
     drop_last: bool = False  # every local update drops each epoch's last partial batch (config key drop_last)
     client_state_memory_mb: float = (
@@ -141,7 +142,9 @@ class Task:
 
     def build_model(self, purpose: str = "init", arch: Arch = TASK) -> nn.Module:
         """A freshly initialised model (the task's, or ``arch``); the init draws come from the
-        derived stream (seed, purpose). An initial model ("init", "init/K") of the task's own
+        derived stream (seed, purpose), the model's own initialisation's too (weight_init: model,
+        `fedray.models.build_model`; the layers an ``arch`` adds, MOON's projection and FedConcat's
+        classifier, keep PyTorch's). An initial model ("init", "init/K") of the task's own
         architecture starts from ``init_params`` when the run has them (init_model)."""
         with torch.random.fork_rng(devices=[]):
             # the CPU's generator only (the model is made there): the one forked and put back
@@ -152,6 +155,7 @@ class Task:
                 self.spec.input_shape,
                 self.spec.num_classes,
                 head_bias=self.head_bias,
+                weight_init=self.weight_init,
             )
             model = build_arch(arch, task_model, self.spec.num_classes)
         if (

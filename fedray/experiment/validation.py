@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from fedray.config.keys import (
     FIELDS,
     MISNAMED,
     NAME_KEYS,
+    RETIRED,
     SWEEP_KEYS,
     Config,
     field_default,
@@ -43,7 +44,8 @@ from fedray.data import DATASETS, PARTITIONS, dataset_info, partition_keys
 from fedray.data.partitions import readers
 from fedray.data.shift import SHIFTS
 from fedray.engine.choice import MODES, for_config
-from fedray.models import MODELS, SELF_NORMALIZING, build_model
+from fedray.federation import participants
+from fedray.models import MODELS, SELF_NORMALIZING, WEIGHT_INITS, build_model
 from fedray.storage.export import initial_params
 
 
@@ -77,6 +79,9 @@ def from_dict(raw: Mapping[str, Any]) -> Config:
     values: dict[str, Any] = {}
     problems = []  # every unknown key and wrong type at once
     for key, value in raw.items():
+        if key in RETIRED:
+            problems.append(f"config key '{key}' is retired: {RETIRED[key]}")
+            continue
         if key not in FIELDS:
             problems.append(f"unknown config key '{key}'{key_hint(key, raw.get('algorithm'))}")
             continue
@@ -98,7 +103,7 @@ def from_dict(raw: Mapping[str, Any]) -> Config:
         raise ConfigError.of([u.message() for u in unread.values()])
     _derive_unset(values)
     cfg = Config(**values)
-    validate(cfg)
+    validate(cfg, given=set(values))
     used = [p for p in plugins_used(cfg) if p not in cfg.plugins]
     return dataclasses.replace(cfg, plugins=[*cfg.plugins, *used]) if used else cfg
 
@@ -287,6 +292,7 @@ def name_and_bound_problems(cfg: Config) -> list[str]:
         _choice("model", cfg.model, MODELS),
         _choice("shift", cfg.shift, SHIFTS),
         _choice("model_init", cfg.model_init, ("derived", "seed_plus_k")),
+        _choice("weight_init", cfg.weight_init, WEIGHT_INITS),
         _choice("batched_clients", cfg.batched_clients, MODES),
         _choice("pack_runs", cfg.pack_runs, MODES),
         *field_problems(cfg, prefix=""),
@@ -299,8 +305,11 @@ def name_and_bound_problems(cfg: Config) -> list[str]:
     return [p for p in problems if p]
 
 
-def validate(cfg: Config) -> None:
-    """Value checks and cross-key checks. Cheap: no data is read, no Ray is started."""
+def validate(cfg: Config, given: Collection[str] | None = None) -> None:
+    """Value checks and cross-key checks. Cheap: no Ray is started, and no data is read but what a
+    dataset that comes with its clients reads to count them. ``given``: the keys the user set (None:
+    all of them); a dataset that comes with its clients counts them where num_clients is not given,
+    and clients_per_round sets participation where that is not given."""
     _check(
         bool(cfg.experiment)
         and not re.search(r"[/\\\x00]", cfg.experiment)
@@ -321,22 +330,32 @@ def validate(cfg: Config) -> None:
         f"above 1 it must be a whole number of GPUs (Ray's rule), got {cfg.num_gpus_per_actor}",
     )
     _check(bool(cfg.output), "output", "must name a folder")
-    info = _check_data(cfg)
+    info = _check_data(cfg, given)
     _check_model(cfg, info)
     _check_engine(cfg)
     _check_algorithm(cfg)
 
 
-def _check_data(cfg: Config) -> Any:
+def _check_data(cfg: Config, given: Collection[str] | None) -> Any:
     """The data set's own keys, its info (without reading it), and the partition and client counts
     against it. Returns the info."""
     kind = DATASETS[cfg.dataset]
     if kind.check is not None:  # its own keys (emnist_split, synthetic_shape)
         kind.check(cfg)
+    if given is not None and "num_clients" not in given and kind.count_clients is not None:
+        try:  # the clients it makes (LEAF: the users its filters keep)
+            cfg.num_clients = kind.count_clients(cfg)
+        except ConfigError:
+            raise
+        except (ValueError, OSError) as e:  # no client files, no LEAF folder
+            raise ConfigError(f"config key 'data_root': {e}") from None
     try:
         info = dataset_info(cfg)
+    except ConfigError:
+        raise
     except ValueError as e:  # client_files: a missing or bad meta.json
         raise ConfigError(f"config key 'data_root': {e}") from None
+    _clients_per_round(cfg, given)
     if kind.check_info is not None:  # what needs the data set's info first (client_files: its files)
         kind.check_info(cfg, info)
     scheme = PARTITIONS[cfg.partition]
@@ -360,6 +379,27 @@ def _check_data(cfg: Config) -> Any:
         f"{cfg.dataset} gives {'x'.join(map(str, info.input_shape))}",
     )
     return info
+
+
+def _clients_per_round(cfg: Config, given: Collection[str] | None) -> None:
+    """clients_per_round N sets participation to N / num_clients (which `participants` turns back
+    into N); a participation the user gave beside it must give the same N."""
+    n = cfg.clients_per_round
+    if not n:
+        return
+    _check(
+        n <= cfg.num_clients,
+        "clients_per_round",
+        f"{n} clients a round, but the run has {cfg.num_clients} clients",
+    )
+    if given is None or "participation" in given:
+        _check(
+            participants(cfg.num_clients, cfg.participation) == n,
+            "clients_per_round",
+            f"{n} clients a round, and participation {cfg.participation:g} gives "
+            f"{participants(cfg.num_clients, cfg.participation)} of {cfg.num_clients}: set one of them",
+        )
+    cfg.participation = n / cfg.num_clients
 
 
 def _check_model(cfg: Config, info: Any) -> None:

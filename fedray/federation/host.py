@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedray.config.notes import say_once
 from fedray.data import ArrayDataset, ClientIndices, SourcedClients
 from fedray.engine import choice, drive, step_options
 from fedray.engine.client import Client, Task, code_name, share_device_memory
@@ -301,7 +302,7 @@ class ClientHost:
         if self._engine is None:
             self._engine = choice.choose(self.task.batched_clients, self.device.type, self.task.build_model)
             if self._engine.model_refusal is not None and not self._engine.required:
-                choice.say_once(f"batched_clients auto trains one client at a time here: {self._engine.why}")
+                say_once(f"batched_clients auto trains one client at a time here: {self._engine.why}")
         return self._engine
 
     def trains_batched(self) -> bool:

@@ -169,7 +169,14 @@ def vgg16(input_shape: tuple[int, ...], num_classes: int) -> EncoderHead:
 def leaf_cnn(input_shape: tuple[int, ...], num_classes: int) -> EncoderHead:
     """LEAF's FEMNIST CNN (its models/femnist/cnn.py): Conv(32, 5x5, same), ReLU, MaxPool 2,
     Conv(64, 5x5, same), ReLU, MaxPool 2, FC(2048), ReLU, then the head. 6,603,710 parameters at
-    1x28x28 and 62 classes. No normalisation: LEAF feeds its grey levels in [0, 1] as they are."""
+    1x28x28 and 62 classes. No normalisation: LEAF feeds its grey levels in [0, 1] as they are.
+
+    Initial weights (`leaf_init`, config key weight_init: model) as LEAF's TensorFlow 1 draws them:
+    ``tf.layers.conv2d`` and ``tf.layers.dense`` are called without initialisers, so every kernel is
+    Glorot-uniform (TF1's default for a float variable: U(-b, b), b = sqrt(6 / (fan_in + fan_out)),
+    fan_in = in_channels * 5 * 5 and fan_out = out_channels * 5 * 5 for a convolution, in and out
+    features for a dense layer: the fans torch's ``xavier_uniform_`` computes from torch's layouts)
+    and every bias zero (the layers' ``bias_initializer=zeros_initializer()``)."""
     return two_conv_cnn(input_shape, num_classes, 2048)
 
 
@@ -190,8 +197,69 @@ class CharLSTM(nn.Module):
 def leaf_lstm(input_shape: tuple[int, ...], num_classes: int) -> EncoderHead:
     """LEAF's Shakespeare model (its models/shakespeare/stacked_lstm.py): each of the 80 characters
     embedded in 8 dimensions, two LSTM layers of 256, and the head on the last step's output over
-    the ``num_classes`` symbols (LEAF's 80)."""
+    the ``num_classes`` symbols (LEAF's 80). 819,920 parameters at 80 symbols: torch's LSTM has two
+    bias vectors per layer (``bias_ih``, ``bias_hh``) where TF's BasicLSTMCell has one, so 2 x 1,024
+    more than LEAF's 817,872.
+
+    Initial weights (`leaf_init`, config key weight_init: model) as LEAF's TensorFlow 1 draws them:
+
+    - the embedding, ``tf.get_variable("embedding", [80, 8])`` without an initialiser: TF1's
+      default for a float variable, Glorot-uniform over [80, 8] (b = sqrt(6 / 88));
+    - each ``BasicLSTMCell(256)`` layer: one kernel [input + 256, 4 * 256] (``add_variable`` without
+      an initialiser: Glorot-uniform with fan_in = input + 256, fan_out = 1,024) applied to
+      concat(x, h), and one bias [1,024] initialised to zeros, with ``forget_bias=1.0`` added to the
+      forget gate's pre-activation at run time. torch splits that kernel into ``weight_ih`` [1,024,
+      input] and ``weight_hh`` [1,024, 256] (gate order i, f, g, o where TF's is i, j, f, o): both
+      are drawn from U(-b, b) with the joint kernel's b = sqrt(6 / (input + 256 + 1,024)) (the
+      entries are i.i.d., so the gate order changes nothing). TF's run-time forget bias becomes
+      the initial value 1.0 of ``bias_ih``'s forget slice [256:512], the rest of ``bias_ih`` and all
+      of ``bias_hh`` zero: the same pre-activations at the start, and an offset held as a
+      parameter's initial value trains as TF's constant does under plain SGD, LEAF's optimiser
+      (weight decay would pull the 1.0 towards 0 where TF's constant stays). Not a matter of the
+      initialisation: ``bias_hh`` gets the same gradient as ``bias_ih``, so a gate's effective
+      bias moves twice as far per step as TF's one bias;
+    - the dense head (``tf.layers.dense``): Glorot-uniform kernel, zero bias."""
     return EncoderHead(CharLSTM(num_classes), nn.Linear(256, num_classes), 256)
+
+
+def _glorot_(weight: torch.Tensor, fan_in: int, fan_out: int) -> None:
+    """TF1's ``glorot_uniform_initializer`` (variance scaling 1, fan_avg, uniform): U(-b, b) with
+    b = sqrt(6 / (fan_in + fan_out)), drawn from torch's default generator."""
+    bound = math.sqrt(6.0 / (fan_in + fan_out))
+    nn.init.uniform_(weight, -bound, bound)
+
+
+@torch.no_grad()
+def leaf_init(model: nn.Module) -> None:
+    """LEAF's initial weights (its TensorFlow 1 defaults; `leaf_cnn`, `leaf_lstm` say which and
+    why): Glorot-uniform kernels of every convolution, dense layer, embedding and LSTM layer (an
+    LSTM layer's bound from TF's joint [input + hidden, 4 * hidden] kernel), zero biases but the
+    LSTM's forget gate, 1.0 in ``bias_ih`` (TF's ``forget_bias``). Draws, in module order, from
+    torch's default generator: the stream the model was built from."""
+    for module in model.modules():
+        if isinstance(module, (nn.Conv2d, nn.Linear)):
+            fan_in, fan_out = nn.init._calculate_fan_in_and_fan_out(module.weight)
+            _glorot_(module.weight, fan_in, fan_out)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            vocab, dim = module.weight.shape  # TF's [vocab, dim] variable: fan_in vocab, fan_out dim
+            _glorot_(module.weight, vocab, dim)
+        elif isinstance(module, nn.LSTM):
+            if module.bidirectional or module.proj_size or not module.bias:
+                raise ValueError(
+                    "leaf_init: a unidirectional LSTM with biases and no projection (BasicLSTMCell's)"
+                )
+            h = module.hidden_size
+            for layer in range(module.num_layers):
+                w_ih, w_hh = getattr(module, f"weight_ih_l{layer}"), getattr(module, f"weight_hh_l{layer}")
+                fan_in, fan_out = w_ih.shape[1] + h, 4 * h  # TF's kernel [input + hidden, 4 * hidden]
+                _glorot_(w_ih, fan_in, fan_out)
+                _glorot_(w_hh, fan_in, fan_out)
+                b_ih, b_hh = getattr(module, f"bias_ih_l{layer}"), getattr(module, f"bias_hh_l{layer}")
+                nn.init.zeros_(b_ih)
+                nn.init.zeros_(b_hh)
+                nn.init.ones_(b_ih[h : 2 * h])  # torch's gates i, f, g, o: the forget gate's slice
 
 
 def _sequence_problem(shape: tuple[int, ...]) -> str | None:
@@ -231,10 +299,18 @@ def logreg(input_shape: tuple[int, ...], num_classes: int) -> EncoderHead:
     return EncoderHead(nn.Flatten(), nn.Linear(d, num_classes), d)
 
 
+# Config key weight_init: model = a model's own initialisation where it declares one (its
+# ModelSpec's ``init``), PyTorch's elsewhere; torch = PyTorch's default layers' for every model.
+WEIGHT_INITS = ("model", "torch")
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     build: Callable[[tuple[int, ...], int], EncoderHead]
     problem: Callable[[tuple[int, ...]], str | None] = lambda shape: None
+    # the model's authors' initialisation, applied in place to a freshly built model (weight_init:
+    # model) under no_grad, drawing from torch's default generator; None: PyTorch's layers' own
+    init: Callable[[nn.Module], None] | None = None
 
     def incompatibility(self, input_shape: tuple[int, ...]) -> str | None:
         """Why this model cannot take inputs of this shape, or None."""
@@ -245,20 +321,25 @@ MODELS: dict[str, ModelSpec] = {}
 
 
 def register_model(
-    name: str, problem: Callable[[tuple[int, ...]], str | None] | None = None
+    name: str,
+    problem: Callable[[tuple[int, ...]], str | None] | None = None,
+    init: Callable[[nn.Module], None] | None = None,
 ) -> Callable[[Callable[[tuple[int, ...], int], EncoderHead]], Callable[[tuple[int, ...], int], EncoderHead]]:
     """Decorator: add a model, which ``model: NAME`` then chooses. The function takes
     ``(input_shape, num_classes)`` and returns an `EncoderHead` (the encoder/head split FedConcat,
     MOON and LayerCFL need; a plain network is ``EncoderHead(body, nn.Linear(d, classes), d)``).
     ``problem(input_shape)`` says why the model cannot take such inputs (None: it can), checked
-    before any data is read. The built-ins are added the same way."""
+    before any data is read. ``init(model)``: the model's authors' initialisation where it is not
+    PyTorch's, applied in place to each freshly built model under ``weight_init: model`` (the
+    default), drawing from torch's default generator (seeded for the draw, so one seed gives the
+    same weights); ``weight_init: torch`` skips it. The built-ins are added the same way."""
 
     def add(
         build: Callable[[tuple[int, ...], int], EncoderHead],
     ) -> Callable[[tuple[int, ...], int], EncoderHead]:
         if name in MODELS:
             raise ValueError(f"model {name!r} is registered already (by {MODELS[name].build.__module__})")
-        MODELS[name] = ModelSpec(build, problem or (lambda shape: None))
+        MODELS[name] = ModelSpec(build, problem or (lambda shape: None), init)
         return build
 
     return add
@@ -272,19 +353,29 @@ register_model("mobilenet_v2", _image_problem(8, "MobileNetV2's stride-2 stages"
 register_model("vgg16", _image_problem(32, "VGG-16's five 2x2 pools"))(vgg16)
 register_model("mlp")(mlp)
 register_model("logreg")(logreg)
-register_model("leaf_cnn", _image_problem(4, "two 2x2 pools"))(leaf_cnn)
-register_model("leaf_lstm", _sequence_problem)(leaf_lstm)
+register_model("leaf_cnn", _image_problem(4, "two 2x2 pools"), init=leaf_init)(leaf_cnn)
+register_model("leaf_lstm", _sequence_problem, init=leaf_init)(leaf_lstm)
 
 
 def build_model(
-    name: str, input_shape: tuple[int, ...], num_classes: int, head_bias: bool = True
+    name: str,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    head_bias: bool = True,
+    weight_init: str = "model",
 ) -> EncoderHead:
     """The named model; ``head_bias=False``: its last layer without a bias (config key head_bias).
-    The encoder's initial weights are the same either way (the head is built last)."""
-    model = MODELS[name].build(tuple(input_shape), num_classes)
+    The encoder's initial weights are the same either way (the head is built last).
+    ``weight_init`` (config key): "model" applies the model's declared ``init`` (`ModelSpec`) after
+    the build, from the same generator; "torch" (and "model" for a model that declares none) keeps
+    PyTorch's layers' initialisation, the draws of the build alone."""
+    if weight_init not in WEIGHT_INITS:
+        raise ValueError(f"weight_init {weight_init!r}: one of {', '.join(WEIGHT_INITS)}")
+    spec = MODELS[name]
+    model = spec.build(tuple(input_shape), num_classes)
     if not isinstance(model, EncoderHead):
         raise TypeError(
-            f"model {name!r} ({MODELS[name].build.__module__}) returned a {type(model).__name__}, not an "
+            f"model {name!r} ({spec.build.__module__}) returned a {type(model).__name__}, not an "
             "EncoderHead: wrap it as EncoderHead(body, head, feature_dim) (docs/extending.md)"
         )
     if not head_bias:
@@ -292,6 +383,9 @@ def build_model(
         if not isinstance(head, nn.Linear):
             raise ValueError(f"model {name!r}: its head is a {type(head).__name__}, not a Linear layer")
         head.register_parameter("bias", None)  # no further random draws: the weight is as built
+    if weight_init == "model" and spec.init is not None:
+        with torch.no_grad():
+            spec.init(model)
     return model
 
 

@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401 - pa.compute
 import pyarrow.parquet as pq
 
+from fedray.data import recorded_partition
 from fedray.records import Record, is_assignment
 
 # Columns that identify a run; both tables start with them.
@@ -462,6 +463,7 @@ class ResultsWriter:
         self._t0 = time.monotonic()
         self._started = _now()
         self._const = {k: config[k] for k in RUN_COLUMNS if k != "source"}
+        self._const["partition"] = recorded_partition(config)
         self._const["source"] = config.get("source", "fedray")
         self._lock = RunLock(out_dir, run_id)
         self.events: list[dict[str, Any]] = []

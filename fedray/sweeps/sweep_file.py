@@ -537,6 +537,7 @@ def _check_partitions(valid: list[tuple[str, Config]], problems: dict[str, list[
             cfg.num_clients,
             cfg.partition,
             cfg.seed,
+            cfg.data_seed,
             cfg.shift,
             *_values(cfg, PARTITIONS[cfg.partition].keys),
         )
