@@ -181,6 +181,29 @@ def test_client_test_split_and_partition_are_seeded(tmp_path):
         assert not set(ix.train) & set(ix.test)
 
 
+def test_data_seed_draws_the_data_apart_from_the_training_seed(tmp_path):
+    base = {"dataset": "synthetic", "num_clients": 5, "client_test_fraction": 0.1}
+
+    def clients(**over):
+        data = build_federated_data(from_dict({**base, **over}))
+        return [(ix.train.tolist(), ix.test.tolist()) for ix in data.clients.values()]
+
+    # left out, the run's seed draws the partition and the splits, as before the key existed (the
+    # run id too: every results folder keeps its runs)
+    assert clients(seed=3) == clients(seed=3, data_seed=3) != clients(seed=0)
+    assert from_dict({**base, "seed": 3}).run_id() != from_dict({**base, "seed": 3, "data_seed": 3}).run_id()
+    # set, it alone draws them: seeds then vary training only, and data seeds the data
+    assert clients(seed=0, data_seed=7) == clients(seed=5, data_seed=7) != clients(seed=0, data_seed=8)
+    # FedProx's synthetic clients are data too
+    fp = {"dataset": "fedprox_synthetic", "num_clients": 4, "model": "logreg"}
+    a = build_federated_data(from_dict({**fp, "seed": 1, "data_seed": 2})).clients.source
+    b = build_federated_data(from_dict({**fp, "seed": 4, "data_seed": 2})).clients.source
+    c = build_federated_data(from_dict({**fp, "seed": 1})).clients.source
+    assert np.array_equal(a.samples(3).x, b.samples(3).x) and not np.array_equal(
+        a.samples(3).x, c.samples(3).x
+    )
+
+
 def test_crop_flip_is_seeded_and_each_sample_is_a_crop_of_its_padded_image():
     x = torch.arange(4 * 3 * 32 * 32, dtype=torch.float32).reshape(4, 3, 32, 32)
     a = crop_flip(x, torch.Generator().manual_seed(0))
@@ -221,8 +244,8 @@ def test_every_dataset_is_one_record_with_the_keys_only_it_reads():
         "synthetic": ("synthetic_size", "synthetic_shape"),
         "emnist": ("emnist_split",),
         "fedprox_synthetic": ("synthetic_alpha", "synthetic_beta"),
-        "femnist": ("leaf_user_fraction", "leaf_min_samples", "leaf_train_fraction"),
-        "shakespeare": ("leaf_user_fraction", "leaf_min_samples", "leaf_train_fraction"),
+        "femnist": ("leaf_sample_fraction", "leaf_min_samples", "leaf_train_fraction", "leaf_split_seed"),
+        "shakespeare": ("leaf_sample_fraction", "leaf_min_samples", "leaf_train_fraction", "leaf_split_seed"),
         "hf": (
             "hf_name",
             "hf_split",
@@ -230,7 +253,16 @@ def test_every_dataset_is_one_record_with_the_keys_only_it_reads():
             "hf_client_column",
             "hf_input_column",
             "hf_label_column",
+            "leaf_sample_fraction",
+            "leaf_min_samples",
         ),
+    }
+    # the data sets that are read, not drawn, fix their data seed; the rest draw from the run's seed
+    assert {n: kind.data_seed for n, kind in DATASETS.items() if kind.data_seed is not None} == {
+        "client_files": 0,
+        "femnist": 0,
+        "shakespeare": 0,
+        "hf": 0,
     }
     assert set(DATASETS) == {
         "client_files",

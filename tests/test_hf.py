@@ -165,3 +165,37 @@ def test_fedavg_runs_on_a_saved_hub_dataset(tmp_path):
     cfg = hf_config(tmp_path, femnist_like(tmp_path / "femnist"), rounds=2, batch_size=4, lr=0.05)
     events = list(execute(cfg, make_local_federation))
     assert isinstance(events[-1], Finished) and 0 <= events[-1].summary["final_accuracy"] <= 1
+    assert events[-1].summary["partition_label"] == "hf"  # its clients, not a partition drawn
+
+
+def test_two_wrong_columns_are_one_message_naming_both(tmp_path):
+    folder = femnist_like(tmp_path / "femnist")
+    with pytest.raises(ConfigError) as e:
+        hf_config(tmp_path, folder, hf_input_column="img", hf_label_column="label")
+    said = str(e.value)
+    assert (
+        "'hf_input_column': 'img' is not a column" in said
+        and "'hf_label_column': 'label' is not a column" in said
+    )
+    assert "data_root" not in said and said.count("config key 'hf_input_column'") == 1
+
+
+def test_number_arrays_of_one_channel_get_it_and_small_clients_follow_leafs_rule(tmp_path):
+    rng = np.random.default_rng(2)
+    ids = ["a"] * 6 + ["b"] * 1 + ["c"] * 3  # b: one row, which LEAF's split cannot split: dropped
+    datasets.Dataset.from_dict(
+        {
+            "pixels": [rng.random((28, 28)).astype(np.float32) for _ in ids],
+            "label": rng.integers(0, 10, len(ids)).tolist(),
+            "who": ids,
+        }
+    ).save_to_disk(str(tmp_path / "arrays"))
+    keys = dict(hf_client_column="who", hf_input_column="pixels", hf_label_column="label", num_clients=None)
+    cfg = hf_config(tmp_path, tmp_path / "arrays", **keys)
+    data = hf_data(cfg)
+    assert cfg.num_clients == 2 and data.dataset.spec.input_shape == (1, 28, 28)  # leaf_cnn takes them
+    assert [(len(c.train), len(c.test)) for c in data.clients.values()] == [(4, 2), (2, 1)]  # a, c
+    # leaf_min_samples as LEAF's -k
+    assert hf_config(tmp_path, tmp_path / "arrays", leaf_min_samples=4, **keys).num_clients == 1
+    with pytest.raises(ConfigError, match=r"'hf_client_column': no client .* is left"):
+        hf_config(tmp_path, tmp_path / "arrays", leaf_min_samples=7, **keys)

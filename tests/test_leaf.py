@@ -175,6 +175,14 @@ def test_fedavg_runs_on_leafs_users_with_leafs_model(tmp_path, kind):
     events = list(execute(cfg, make_local_federation))
     assert isinstance(events[-1], Finished) and 0 <= events[-1].summary["final_accuracy"] <= 1
     assert events[-1].summary["batched_calls"] == 0
+    # its partition is LEAF's users, named so in the summary, the result rows and the report
+    from analysis.load import load_metrics, load_runs
+    from analysis.report import partition_label
+
+    assert events[-1].summary["partition_label"] == "leaf"
+    assert set(load_metrics(cfg.output)["partition"]) == {"leaf"}
+    runs = load_runs(cfg.output)
+    assert set(runs["partition"]) == {"leaf"} and partition_label(runs["config"].iloc[0]) == "leaf"
 
 
 def test_leafs_lstm_trains_one_client_at_a_time_and_on_refuses_it(tmp_path, capfd):
@@ -226,3 +234,237 @@ def test_leafs_models_are_leafs(tmp_path):
     import torch
 
     assert lstm(torch.zeros(3, 80)).shape == (3, 80)
+
+
+# --- all_data/ as LEAF's own scripts make it --------------------------------------------------------
+# The expectations below are what LEAF's data/utils/sample.py, remove_users.py and split_data.py
+# (TalwalkarLab/leaf @ 09ec454, run with python3 on the files `write_numbered` makes, visiting the
+# files in sorted order) wrote into train/ and test/: each client as (user, its training samples,
+# its test samples), a sample named by its position among its user's samples in all_data/.
+
+NUMBERED = [
+    {"w00": 3, "w01": 12, "w02": 7, "w03": 1, "w04": 25, "w05": 9},
+    {"w06": 40, "w07": 2, "w08": 15, "w09": 6, "w10": 11},
+]
+
+
+def _numbered_text(u: int, n: int) -> str:
+    return "".join(
+        SHAKESPEARE_VOCAB[(u * 31 + k * 7 + (k * k) % 13 + (k // 80) * 3) % 80] for k in range(n + 80)
+    )
+
+
+def write_numbered(root: Path, kind: str) -> Path:
+    """LEAF JSON whose samples say who they are: a FEMNIST sample's pixel 0 is its user's number /
+    255 and pixel 1 its position / 255; a Shakespeare user's samples are the windows of one text
+    sliding by one (40 times as many samples a user), sample j its text[j:j + 80] and text[j + 80]."""
+    (root / "all_data").mkdir(parents=True)
+    for f, sizes in enumerate(NUMBERED):
+        data = {"users": list(sizes), "num_samples": [], "user_data": {}}
+        for name, n in sizes.items():
+            u = int(name[1:])
+            if kind == "femnist":
+                xs = [[u / 255, j / 255] + [0.0] * 782 for j in range(n)]
+                ys = [(u * 7 + j) % 62 for j in range(n)]
+            else:
+                n *= 40
+                text = _numbered_text(u, n)
+                xs, ys = [text[j : j + 80] for j in range(n)], [text[j + 80] for j in range(n)]
+            data["num_samples"].append(n)
+            data["user_data"][name] = {"x": xs, "y": ys}
+        (root / "all_data" / f"all_data_{f}.json").write_text(json.dumps(data))
+    return root
+
+
+def numbered_clients(kind: str, cfg) -> list[tuple[str, list[int], list[int]]]:
+    """The run's clients as (user, its training samples, its test samples), samples by position."""
+    data = leaf_data(FEMNIST if kind == "femnist" else SHAKESPEARE, cfg)
+    x = data.dataset.train.x
+    out = []
+    for c in data.clients.values():
+        if kind == "femnist":
+            user = int(x[c.train[0]].reshape(-1)[0])
+            pos = lambda rows: [int(v) for v in x[rows].reshape(len(rows), -1)[:, 1]]  # noqa: E731
+        else:
+            first = "".join(SHAKESPEARE_VOCAB[i] for i in x[c.train[0]])
+            user = next(
+                u for f in NUMBERED for u in map(lambda n: int(n[1:]), f) if first in _numbered_text(u, 2000)
+            )
+            text = _numbered_text(user, 2000)
+            pos = lambda rows: [text.index("".join(SHAKESPEARE_VOCAB[i] for i in r)) for r in x[rows]]  # noqa: E731
+        out.append((f"w{user:02d}", pos(c.train), pos(c.test)))
+    return out
+
+
+# preprocess.sh -s niid --sf 0.5 -k 4 -t sample --tf 0.8 --smplseed 7 --spltseed 11
+FEMNIST_SAMPLED = [
+    ("w04", [0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 15, 16, 17, 18, 20, 22, 24], [3, 13, 19, 21, 23]),
+    ("w08", [0, 2, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14], [1, 3, 8]),
+    ("w09", [0, 1, 4, 5], [2, 3]),
+    ("w10", [0, 1, 3, 4, 5, 7, 8, 9], [2, 6, 10]),
+]
+# preprocess.sh -k 10 -t sample --tf 0.9 --spltseed 5 (no sampling)
+FEMNIST_KEPT = [
+    ("w01", [0, 1, 3, 4, 5, 6, 7, 8, 9, 11], [2, 10]),
+    ("w04", [0, 1, 2, 3, 4, 6, 7, 9, 10, 11, 12, 13, 14, 15, 16, 17, 19, 20, 21, 22, 23, 24], [5, 8, 18]),
+    ("w06", [*range(16), *range(17, 24), 25, 26, 27, *range(29, 34), *range(35, 40)], [16, 24, 28, 34]),
+    ("w08", [0, 1, 2, 3, 4, 5, 6, 8, 9, 11, 12, 13, 14], [7, 10]),
+    ("w10", [0, 1, 2, 3, 4, 6, 7, 8, 9], [5, 10]),
+]
+# preprocess.sh -s niid --sf 0.3 -t sample --tf 0.75 --smplseed 2 --spltseed 9: w01 and w06 are cut
+# short, their first samples in the order sample.py drew them
+FEMNIST_CUT = [
+    ("w02", [0, 2, 3, 4, 5], [1, 6]),
+    ("w01", [4, 7, 1, 6, 3, 5], [8, 0, 2]),
+    ("w06", [16, 8, 1, 0, 11, 14, 10, 20, 2, 17, 3, 19, 12, 9, 5, 7], [21, 6, 13, 15, 18, 4]),
+]
+
+
+@pytest.mark.parametrize(
+    "keys, want",
+    [
+        (
+            dict(
+                leaf_sample_fraction=0.5,
+                leaf_min_samples=4,
+                leaf_train_fraction=0.8,
+                data_seed=7,
+                leaf_split_seed=11,
+            ),
+            FEMNIST_SAMPLED,
+        ),
+        (dict(leaf_min_samples=10, data_seed=3, leaf_split_seed=5), FEMNIST_KEPT),
+        (
+            dict(leaf_sample_fraction=0.3, leaf_train_fraction=0.75, data_seed=2, leaf_split_seed=9),
+            FEMNIST_CUT,
+        ),
+    ],
+)
+def test_femnist_from_all_data_is_what_leafs_scripts_make(tmp_path, keys, want):
+    root = write_numbered(tmp_path / "femnist", "femnist")
+    cfg = leaf_config(tmp_path, root, **keys)  # num_clients left out: the users LEAF keeps
+    assert cfg.num_clients == len(want)
+    assert numbered_clients("femnist", cfg) == want
+
+
+# Shakespeare (users of 40 x NUMBERED's samples): LEAF's in-order split, each client as (user,
+# training samples, test samples, its first four training samples, its first three test samples)
+SHAKESPEARE_CASES = [
+    # preprocess.sh -s niid --sf 0.6 -k 3 -t sample --tf 0.9 --smplseed 4 --spltseed 8: w04 is cut
+    # to 889 samples in sample.py's order, and split in that order
+    (
+        dict(leaf_sample_fraction=0.6, leaf_min_samples=3, data_seed=4, leaf_split_seed=8),
+        [
+            ("w04", 871, 18, [490, 158, 92, 68], [791, 388, 742]),
+            ("w06", 1440, 81, [0, 1, 2, 3], [1519, 1520, 1521]),
+        ],
+    ),
+    # preprocess.sh -t sample --tf 0.9: every role of 800 samples or fewer has no test sample left
+    (
+        dict(),
+        [
+            ("w04", 900, 21, [0, 1, 2, 3], [979, 980, 981]),
+            ("w06", 1440, 81, [0, 1, 2, 3], [1519, 1520, 1521]),
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize("keys, want", SHAKESPEARE_CASES)
+def test_shakespeare_from_all_data_is_what_leafs_scripts_make(tmp_path, keys, want):
+    root = write_numbered(tmp_path / "shakespeare", "shakespeare")
+    cfg = leaf_config(tmp_path, root, "shakespeare", **keys)
+    got = [(u, len(tr), len(te), tr[:4], te[:3]) for u, tr, te in numbered_clients("shakespeare", cfg)]
+    assert cfg.num_clients == len(want) and got == want
+
+
+def test_leaf_user_fraction_is_retired_naming_leafs_sampling(tmp_path):
+    root = write_leaf(tmp_path / "femnist", {"a": 4, "b": 3})
+    with pytest.raises(
+        ConfigError, match=r"'leaf_user_fraction' is retired: .*leaf_sample_fraction is LEAF's --sf"
+    ):
+        leaf_config(tmp_path, root, leaf_user_fraction=0.5)
+
+
+def test_clients_are_counted_and_clients_per_round_is_leafs_clients_a_round(tmp_path):
+    root = write_leaf(tmp_path / "femnist", {f"u{i}": 5 + i for i in range(7)}, files=1)
+    cfg = leaf_config(tmp_path, root, clients_per_round=3)
+    assert cfg.num_clients == 7 and cfg.participation == 3 / 7
+    from fedray.federation import participants
+
+    assert participants(cfg.num_clients, cfg.participation) == 3
+    with pytest.raises(
+        ConfigError, match=r"'num_clients': the femnist users .* are 7; set num_clients: 7, or leave it out"
+    ):
+        leaf_config(tmp_path, root, num_clients=6)
+    with pytest.raises(
+        ConfigError, match=r"'clients_per_round': 3 clients a round, and participation 0.6 gives 4 of 7: set one of them"
+    ):
+        leaf_config(tmp_path, root, clients_per_round=3, participation=0.6)
+    with pytest.raises(
+        ConfigError, match=r"'clients_per_round': 9 clients a round, but the run has 7 clients"
+    ):
+        leaf_config(tmp_path, root, clients_per_round=9)
+    # the resolved config (num_clients and participation written out) loads as the same run
+    from fedray.experiment.validation import from_dict as again
+
+    assert again(cfg.to_dict()).run_id() == cfg.run_id()
+
+
+def test_the_kept_arrays_follow_the_jsons_content(tmp_path, capfd):
+    import os
+
+    import fedray.data.leaf as leaf
+
+    root = write_leaf(tmp_path / "femnist", {"a": 4, "b": 3}, files=1)
+    path = root / "all_data" / "all_data_0.json"
+    first = read_users(FEMNIST, root)
+    (kept,) = root.glob(".fedray-leaf-femnist-*.npz")
+    assert kept.stat().st_mode & 0o777 == 0o666 & ~_umask()  # as the user's other files
+    # one label changed, the file's size and modification time as they were: read anew
+    st = path.stat()
+    data = json.loads(path.read_text())
+    data["user_data"]["a"]["y"][0] = (data["user_data"]["a"]["y"][0] + 1) % 10
+    path.write_text(json.dumps(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
+    leaf._READ.clear()
+    changed = read_users(FEMNIST, root)
+    assert changed.y[0] == (first.y[0] + 1) % 10
+    (now,) = root.glob(".fedray-leaf-femnist-*.npz")  # the old arrays removed
+    assert now != kept
+    # damaged arrays: the JSON read again, said once, the arrays written anew
+    now.write_bytes(b"not an npz")
+    leaf._READ.clear()
+    assert np.array_equal(read_users(FEMNIST, root).y, changed.y)
+    assert (
+        "could not be read back" in capfd.readouterr().err
+        and np.load(now)["y"].tolist() == changed.y.tolist()
+    )
+
+
+def test_a_folder_that_cannot_keep_the_arrays_is_read_from_its_json_with_one_note(
+    tmp_path, capfd, monkeypatch
+):
+    import tempfile
+
+    import fedray.data.leaf as leaf
+
+    root = write_leaf(tmp_path / "femnist", {"a": 4, "b": 3}, files=1)
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    users = read_users(FEMNIST, root)
+    assert users.names == ["a", "b"] and not list(root.glob(".fedray-leaf-*"))
+    err = capfd.readouterr().err
+    assert err.count("cannot keep the arrays read from its LEAF JSON (Permission denied)") == 1
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

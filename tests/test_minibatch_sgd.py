@@ -52,7 +52,9 @@ def test_the_client_draws_from_its_own_stream_for_the_round(tmp_path):
     params = minibatch_sgd.init(fed, HP(cfg.hp)).params
 
     def asked(cid, rnd):
-        gen = minibatch_sgd.minibatch_update(fed.host.client(cid), None, {"params": params, "round": rnd}, 0.3)
+        gen = minibatch_sgd.minibatch_update(
+            fed.host.client(cid), None, {"params": params, "round": rnd}, 0.3
+        )
         update = next(gen)
         gen.close()
         assert isinstance(update, LocalUpdate) and update.epochs == 1 and update.max_steps == 1
@@ -84,9 +86,13 @@ DIGITS = dict(
 
 def test_fraction_1_is_fedavg_with_one_full_batch_epoch_exactly(tmp_path):
     ref = run_metrics(small_config(tmp_path / "fedavg", **DIGITS))
-    got = run_metrics(small_config(tmp_path / "mb", algorithm="minibatch_sgd", hp={"fraction": 1.0}, **DIGITS))
+    got = run_metrics(
+        small_config(tmp_path / "mb", algorithm="minibatch_sgd", hp={"fraction": 1.0}, **DIGITS)
+    )
     assert got.equals(ref), got.compare(ref)  # every value, bytes included
-    part = run_metrics(small_config(tmp_path / "mb01", algorithm="minibatch_sgd", hp={"fraction": 0.1}, **DIGITS))
+    part = run_metrics(
+        small_config(tmp_path / "mb01", algorithm="minibatch_sgd", hp={"fraction": 0.1}, **DIGITS)
+    )
     acc = part[part.metric == "accuracy"]["value"].to_numpy()
     assert not np.array_equal(acc, ref[ref.metric == "accuracy"]["value"].to_numpy())  # the draw matters
 
@@ -134,7 +140,9 @@ def test_the_update_rule_by_hand():
     for rnd in range(8):  # each round's own draw: both of client 0's samples come up
         new, records = minibatch_sgd.round(minibatch_sgd.State(zero), fed, hp, rnd)
         np.testing.assert_allclose(new.params["head.bias"], [0.0, 0.0], rtol=0, atol=1e-8)
-        (which,) = [k for k, w in hand.items() if np.allclose(new.params["head.weight"], w, rtol=0, atol=1e-7)]
+        (which,) = [
+            k for k, w in hand.items() if np.allclose(new.params["head.weight"], w, rtol=0, atol=1e-7)
+        ]
         seen.add(which)
         assert {r["metric"]: r["value"] for r in records}["participants"] == 2
     assert seen == set(hand)

@@ -45,6 +45,9 @@ PLAIN_AVERAGE = fedavg.ServerHparams(server_lr=1.0)
 
 @dataclass
 class Hparams:
+    """lr is LEAF's -lr (0.06 on FEMNIST); local_epochs must be 1 and batch_size at least the
+    largest client's training samples."""
+
     # LEAF's --minibatch: the share of its training samples each client draws a round, one batch
     # (LEAF's FEMNIST runs 0.1 and 1.0)
     fraction: float = field(default=0.1, metadata=bound(gt=0, le=1))
@@ -112,4 +115,6 @@ def minibatch_update(client: Client, cstate: Any, msg: dict, fraction: float):
 
 
 def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, list[Record]]:  # noqa: A001
-    return fedavg.fedavg_round(state, fed, PLAIN_AVERAGE, rnd, partial(minibatch_update, fraction=hp.fraction))
+    return fedavg.fedavg_round(
+        state, fed, PLAIN_AVERAGE, rnd, partial(minibatch_update, fraction=hp.fraction)
+    )
