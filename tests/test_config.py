@@ -291,11 +291,15 @@ def test_every_shipped_config_validates(path, tmp_path):
         test = {**one, "x_test": one["x_train"], "y_test": one["y_train"]}
         client_files.write(tmp_path / "clients", [one] * raw["num_clients"], meta, [test] * 3)
         sets.append(f"data_root={tmp_path / 'clients'}")
-    if raw.get("dataset") in ("femnist", "shakespeare"):  # LEAF's JSON: three users stand in
+    if raw.get("dataset") in ("femnist", "shakespeare"):  # LEAF's JSON: a few users stand in
         from tests.test_leaf import write_leaf
 
-        root = write_leaf(tmp_path / "leaf", {"a": 4, "b": 3, "c": 5}, kind=raw["dataset"])
-        sets += [f"data_root={root}", "num_clients=3", "participation=1.0"]
+        # as many users as a round takes (clients_per_round), each kept whole: LEAF's sampling and -k
+        # are for LEAF's thousands of users; a Shakespeare role keeps a test sample from 800 up
+        n = raw.get("clients_per_round", 3)
+        size = 5 if raw["dataset"] == "femnist" else 810
+        root = write_leaf(tmp_path / "leaf", {f"u{i}": size for i in range(n)}, kind=raw["dataset"])
+        sets += [f"data_root={root}", "leaf_sample_fraction=null", "leaf_min_samples=0"]
     if any(key in raw for key in ("grid", "cases", "seeds")):  # a sweep file
         assert len(load_sweep(path, sets=sets).runs) >= 1
     else:
