@@ -487,6 +487,7 @@ def test_task_from_config_carries_every_field_from_the_key_of_its_name():
         "cuda_tf32": False,
         "head_bias": False,
         "model_init": "seed_plus_k",
+        "weight_init": "torch",
         "batched_clients": "on",
         "client_state_memory_mb": 64.0,
         "drop_last": True,
