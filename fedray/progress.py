@@ -17,6 +17,9 @@ def round_line(ev: Any) -> str:
         ("accuracy", "acc", "{:.4f}"),
         ("loss", "loss", "{:.4f}"),
         ("local_accuracy", "local_acc", "{:.4f}"),
+        ("val_accuracy", "val_acc", "{:.4f}"),
+        ("val_loss", "val_loss", "{:.4f}"),
+        ("val_local_accuracy", "val_local_acc", "{:.4f}"),
         ("train_accuracy", "train_acc", "{:.4f}"),
         ("sgd_loss", "sgd_loss", "{:.4f}"),
     ):
@@ -81,10 +84,15 @@ def duration(seconds: float) -> str:
 
 def outcome(summary: dict, label: str = "acc") -> str:
     """The accuracy line of a run's summary: final value, and the best with its round."""
-    if "final_accuracy" not in summary:
-        return "no accuracy recorded"
     s = summary
-    return f"{label} {s['final_accuracy']:.4f} (best {s['best_accuracy']:.4f} at round {s['best_round']})"
+    if "final_accuracy" in s:
+        return f"{label} {s['final_accuracy']:.4f} (best {s['best_accuracy']:.4f} at round {s['best_round']})"
+    if "final_val_accuracy" in s:  # a run that evaluated on validation (evaluate_on)
+        return (
+            f"validation {label} {s['final_val_accuracy']:.4f} (best {s['best_val_accuracy']:.4f} at "
+            f"round {s['best_val_round']})"
+        )
+    return "no accuracy recorded"
 
 
 def placed(pl: dict) -> str:

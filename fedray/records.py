@@ -15,6 +15,20 @@ GLOBAL_ENTITY = -1
 TIMING_METRICS = frozenset({"seconds", "eval_seconds", "client_seconds"})
 
 
+# Metrics an evaluation reads from the test sets (the global test set, the clients' own test splits,
+# FedRC's test clients): a run that evaluates on validation (config key evaluate_on) reads its
+# clients' validation splits in their place, and records them as val_<name> (val_accuracy, val_loss).
+EVALUATED_ON_TEST = frozenset({"accuracy", "loss", "local_accuracy", "global_model", "test_client_model"})
+
+
+def validation_named(records: list[Record]) -> list[Record]:
+    """An evaluation's records as a run that evaluates on validation records them: the metrics read
+    from the (validation) sets the test sets' place named val_<name>, the rest as they are."""
+    return [
+        {**r, "metric": f"val_{r['metric']}"} if r.get("metric") in EVALUATED_ON_TEST else r for r in records
+    ]
+
+
 def rec(
     metric: str, value: float, scope: str = "global", entity: int = GLOBAL_ENTITY, stage: str = ""
 ) -> Record:

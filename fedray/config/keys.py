@@ -150,6 +150,10 @@ class Config:
     partition_min_size: int = field(default=10, metadata=bound(ge=1))
     # share of each client's samples kept as its test split (FedRC: 0.1)
     client_test_fraction: float = field(default=0.0, metadata=bound(ge=0, lt=1))
+    # Share of each client's training samples held out as its validation split (docs/tuning.md):
+    # round(f n), drawn from the data seed, at most n - 1 (a client keeps a sample to train on; one
+    # of a single sample gives none). Its training is on the rest, whatever evaluate_on says.
+    validation_fraction: float = field(default=0.0, metadata=bound(ge=0, lt=1))
     # FedRC's shift benchmark on top of the partition (fedray/data/shift.py): corruptions and label
     # maps per client, plus 3 non-participating test clients. A preset keeps 10% of each client's data
     # as its test split (client_test_fraction: 0.1, FedRC's protocol) unless client_test_fraction is set.
@@ -200,6 +204,11 @@ class Config:
     clients_per_round: int = field(default=0, metadata=bound(ge=0, note="0 = participation"))
 
     # --- evaluation --------------------------------------------------------------------------------
+    # What the evaluations read (docs/tuning.md). test: the test sets, as ever. validation: each
+    # client's validation split where a test split would be read, and their pool where the global
+    # test set would be; the metrics read so are named val_* (val_accuracy, val_loss, ...), and the
+    # run reads no test sample: how tuning runs its trials. Needs validation_fraction > 0.
+    evaluate_on: str = "test"  # test | validation
     # evaluate every this many rounds (the last round, and each stage's last, always)
     eval_every: int = field(default=1, metadata=bound(ge=1))
     # batch size for evaluation (does not change the numbers)
@@ -392,6 +401,8 @@ ADDED_LATER = {
     "pack_runs": "off",
     "leaf_min_samples": 0,
     "leaf_sample_fraction": None,
+    "validation_fraction": 0.0,
+    "evaluate_on": "test",
     "leaf_split_seed": None,
     "data_seed": None,
     "leaf_train_fraction": 0.9,

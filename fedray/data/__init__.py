@@ -53,6 +53,7 @@ from fedray.data.partitions import (
     split_train_test,
 )
 from fedray.data.shift import TEST_CLIENTS, ClientShift, assign_shifts, shifted_arrays
+from fedray.data.validation import EVALUATE_ON, held_out, hold_out_validation
 
 if TYPE_CHECKING:
     from fedray.config.keys import Config
@@ -77,6 +78,7 @@ __all__ = [
     "PartitionScheme",
     "SourcedClients",
     "build_federated_data",
+    "EVALUATE_ON",
     "check_partition",
     "data_seed",
     "train_sizes",
@@ -173,24 +175,34 @@ def check_partition(cfg: Config) -> dict[int, int]:
     if kind.own_clients:
         data = kind.federate(cfg)
         testing = set(data.test_clients)
-        return {c: len(ix.train) for c, ix in data.clients.items() if c not in testing}
+        return {
+            c: len(ix.train) - held_out(len(ix.train), cfg.validation_fraction)
+            for c, ix in data.clients.items()
+            if c not in testing
+        }
     labels, num_classes = train_labels(cfg)
     return train_sizes(cfg, draw_partition(cfg, labels, num_classes))
 
 
 def train_sizes(cfg: Config, part: Partition) -> dict[int, int]:
-    """Each client's training samples under ``part`` (its test split, client_test_fraction, apart)."""
-    return {c: len(_split(cfg, c, idx, cfg.client_test_fraction).train) for c, idx in enumerate(part.clients)}
+    """Each client's training samples under ``part`` (its test split, client_test_fraction, and its
+    validation split, validation_fraction, apart)."""
+    sizes = {
+        c: len(_split(cfg, c, idx, cfg.client_test_fraction).train) for c, idx in enumerate(part.clients)
+    }
+    return {c: n - held_out(n, cfg.validation_fraction) for c, n in sizes.items()}
 
 
 def build_federated_data(cfg: Config) -> FederatedData:
-    """The run's data and clients, and the clients its evaluation walks (config key eval_clients)."""
+    """The run's data and clients, and the clients its evaluation walks (config key eval_clients);
+    each client's validation split held out (validation_fraction), and evaluated on in place of the
+    test sets where the run evaluates on validation (fedray.data.validation)."""
     data = _federate(cfg)
     if data.eval_clients is None and cfg.eval_clients:
         testing = set(data.test_clients)
         training = [c for c in sorted(data.clients) if c not in testing]
         data.eval_clients = evaluation_clients(cfg.seed, training, cfg.eval_clients)
-    return data
+    return hold_out_validation(data, cfg.validation_fraction, data_seed(cfg), cfg.evaluate_on == "validation")
 
 
 def _federate(cfg: Config) -> FederatedData:

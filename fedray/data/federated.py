@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 class ClientIndices:
     train: np.ndarray  # indices into the global training arrays
     test: np.ndarray  # the client's own test split (also into the training arrays); may be empty
+    # its validation split, held out of its training samples (validation_fraction; fedray.data.
+    # validation): where the run evaluates on validation, ``test`` is this split too
+    val: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 class ClientSource(ABC):
@@ -116,6 +119,9 @@ class FederatedData:
     # the training clients the evaluation walks (their local test splits, their training splits):
     # a fixed sample (config key eval_clients); None: every client
     eval_clients: list[int] | None = None
+    # the clients as the partition made them, before their validation splits were held out (what
+    # DIR/partitions/ records, so `partition: file` reads the same clients back); None: ``clients``
+    partition_clients: Mapping[int, ClientIndices] | None = None
 
     @property
     def sourced(self) -> bool:
@@ -130,7 +136,8 @@ class FederatedData:
         if self.sourced:
             raise ValueError("clients made on demand (a ClientSource) index no data set: no partition rows")
         client, split, index = [], [], []
-        for cid, ix in sorted(self.clients.items()):
+        made = self.clients if self.partition_clients is None else self.partition_clients
+        for cid, ix in sorted(made.items()):
             for name, rows in (("train", ix.train), ("test", ix.test)):
                 client.append(np.full(len(rows), cid, dtype=np.int64))
                 split.append(np.full(len(rows), name, dtype=object))

@@ -20,7 +20,7 @@ from fedray.algorithms import ALGORITHMS
 from fedray.config.keys import Config
 from fedray.data import FederatedData, build_federated_data, partition_label
 from fedray.federation import Baton, Federation, WorkerLost
-from fedray.records import Record, rec
+from fedray.records import Record, rec, validation_named
 from fedray.storage.checkpoint import Checkpoint, CheckpointError, Checkpoints
 from fedray.storage.export import check_shapes, save_models
 from fedray.storage.results import ResultsWriter, failure_text, models_folder, refuse_link, versions
@@ -156,7 +156,8 @@ def run_rounds(
         asked = alg.evaluate_after is not None and alg.evaluate_after(state, hp, rnd)
         if (rnd + 1) % cfg.eval_every == 0 or rnd + 1 == cfg.rounds or stage_ends or asked:
             t1 = time.perf_counter()
-            records += alg.evaluate(state, fed, hp, rnd)
+            evaluated = alg.evaluate(state, fed, hp, rnd)
+            records += validation_named(evaluated) if cfg.evaluate_on == "validation" else evaluated
             fed.take_traffic()  # evaluation traffic is not training traffic
             fed.take_client_seconds()
             records.append(rec("eval_seconds", time.perf_counter() - t1, stage=stage))
@@ -212,7 +213,6 @@ def client_rows(data: FederatedData) -> dict[str, Any]:
 
 
 def summarize(history: list[RoundDone], total_seconds: float, placement: dict[str, Any]) -> dict[str, Any]:
-    acc = [(h.round, h.metrics["accuracy"]) for h in history if "accuracy" in h.metrics]
     seconds = [h.seconds for h in history]
     out: dict[str, Any] = {
         "rounds_done": len(history),
@@ -227,10 +227,12 @@ def summarize(history: list[RoundDone], total_seconds: float, placement: dict[st
         out["mean_round_seconds"] = sum(seconds) / len(seconds)
         steady = seconds[1:] or seconds  # the first round pays for warm-up (actor imports, caches)
         out["steady_round_seconds"] = sum(steady) / len(steady)
-    if acc:
-        out["final_accuracy"] = acc[-1][1]
-        best = max(acc, key=lambda a: a[1])
-        out["best_accuracy"], out["best_round"] = best[1], best[0]
+    for metric in ("accuracy", "val_accuracy"):  # on test, or on validation (evaluate_on)
+        acc = [(h.round, h.metrics[metric]) for h in history if metric in h.metrics]
+        if acc:
+            best = max(acc, key=lambda a: a[1])
+            out[f"final_{metric}"], out[f"best_{metric}"] = acc[-1][1], best[1]
+            out["best_round" if metric == "accuracy" else "best_val_round"] = best[0]
     return out
 
 

@@ -40,7 +40,7 @@ from fedray.config.keys import (
     read_yaml,
 )
 from fedray.config.plugins import PluginError, activate, describe, origin, resolve
-from fedray.data import DATASETS, PARTITIONS, dataset_info, partition_keys
+from fedray.data import DATASETS, EVALUATE_ON, PARTITIONS, dataset_info, partition_keys
 from fedray.data.partitions import readers
 from fedray.data.shift import SHIFTS
 from fedray.engine.choice import MODES, for_config
@@ -292,6 +292,7 @@ def name_and_bound_problems(cfg: Config) -> list[str]:
         _choice("model", cfg.model, MODELS),
         _choice("shift", cfg.shift, SHIFTS),
         _choice("model_init", cfg.model_init, ("derived", "seed_plus_k")),
+        _choice("evaluate_on", cfg.evaluate_on, EVALUATE_ON),
         _choice("weight_init", cfg.weight_init, WEIGHT_INITS),
         _choice("batched_clients", cfg.batched_clients, MODES),
         _choice("pack_runs", cfg.pack_runs, MODES),
@@ -371,6 +372,17 @@ def _check_data(cfg: Config, given: Collection[str] | None) -> Any:
         cfg.eval_clients <= cfg.num_clients,
         "eval_clients",
         f"{cfg.eval_clients} clients to evaluate on, but the run has {cfg.num_clients} (0 evaluates on every client)",
+    )
+    _check(
+        cfg.evaluate_on != "validation" or cfg.validation_fraction > 0,
+        "evaluate_on",
+        "validation reads each client's validation split, and validation_fraction is 0: set it (e.g. 0.1)",
+    )
+    _check(
+        cfg.evaluate_on != "validation" or cfg.shift == "none",
+        "evaluate_on",
+        f"validation cannot stand in for {cfg.shift}'s test clients, which are made of the test set: "
+        "evaluate_on: test, or shift: none",
     )
     _check(
         cfg.shift == "none" or tuple(info.input_shape) == (1, 28, 28),
