@@ -349,3 +349,37 @@ def sweep(
             finally:
                 evs.close()
     return [result(r.config) for r in session.sweep.runs]
+
+
+def tune(
+    path: str | Path,
+    *,
+    sets: Iterable[str] = (),
+    plugins: Iterable[str] = (),
+    output: str | None = None,
+    address: str | None = None,
+    restart: bool = False,
+    quiet: bool = False,
+) -> list[dict[str, Any]]:
+    """`fedray tune FILE` (docs/tuning.md): search each cell of FILE (a config or a sweep file with a
+    ``tune:`` block) on Ray Tune, on validation alone, choose its values from its trials' rows
+    (written to ``OUT/tuned.yaml``); for a sweep file, then run its seeds at each cell's chosen
+    values on test (``OUT/tune/tuned-sweep.yaml``). Returns each cell's choice. An interrupted
+    search goes on where it stopped when called again (``restart``: from the start). Bad input is
+    raised before anything runs; ``quiet`` prints nothing."""
+    from actors.driver import connect, disconnect
+    from actors.tune import run_cells
+    from fedray.sweeps.tune_plan import open_plan, write_tuned_sweep
+
+    say = None if quiet else _say
+    plan = open_plan(path, sets, output, plugins)
+    started = connect(address, sorted({p for _, c in plan.cells for p in c.plugins}), say)
+    try:
+        docs = run_cells(plan.cells, plan.spec, restart=restart, say=say)
+        if plan.seeds:
+            final = write_tuned_sweep(plan, docs)
+            sweep(final, address=address, restart=restart, quiet=quiet)
+    finally:
+        if started:
+            disconnect()
+    return docs

@@ -598,6 +598,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_docs.add_argument("-o", "--output", help="the page (default: docs/algorithms.md)")
     p_docs.set_defaults(func=cmd_docs)
     from jobs.reference.cli import add_parser as add_reference
+    from jobs.tune_cli import add_parser as add_tune
+
+    add_tune(sub)
 
     add_reference(
         sub, run_sweep=lambda path, local=False: main(["sweep", str(path), *(["--local"] if local else [])])

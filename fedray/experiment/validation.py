@@ -50,13 +50,18 @@ from fedray.storage.export import initial_params
 
 
 def load_config(
-    path: str | Path | None = None, sets: Iterable[str] = (), plugins: Iterable[str] = (), **overrides: Any
+    path: str | Path | None = None,
+    sets: Iterable[str] = (),
+    plugins: Iterable[str] = (),
+    raw: Mapping[str, Any] | None = None,
+    **overrides: Any,
 ) -> Config:
     """Read YAML (or the embedded default when ``path`` is None), apply ``--set``s and overrides, validate.
 
     The file's ``plugins`` are relative to its folder; ``plugins`` (``--plugin``) are added to them,
-    relative to the working directory."""
-    file: dict[str, Any] = read_yaml(path) if path is not None else {}
+    relative to the working directory. ``raw``: the file's keys, read already (a file whose
+    ``tune:`` block was taken out)."""
+    file: dict[str, Any] = dict(raw) if raw is not None else read_yaml(path) if path is not None else {}
     if path is not None and file.get("plugins"):
         file["plugins"] = resolve_plugins(file["plugins"], Path(path).resolve().parent, f"{path}: plugins")
     if plugins:
@@ -76,6 +81,8 @@ def from_dict(raw: Mapping[str, Any]) -> Config:
     for key in SWEEP_KEYS:
         if key in raw:
             raise ConfigError(f"key '{key}' belongs to sweeps: run it with `fedray sweep`, not `fedray run`")
+    if "tune" in raw:
+        raise ConfigError("key 'tune' belongs to tuning: run it with `fedray tune`, not `fedray run`")
     values: dict[str, Any] = {}
     problems = []  # every unknown key and wrong type at once
     for key, value in raw.items():

@@ -268,15 +268,17 @@ def load_sweep(
     output: str | None = None,
     only: Iterable[str] = (),
     plugins: Iterable[str] = (),
+    raw: Mapping[str, Any] | None = None,
 ) -> Sweep:
     """Expand and validate a sweep file. Raises `SweepError` listing every invalid run.
 
     ``only`` (``KEY=VALUE`` like ``--set``) keeps the runs whose resolved config has those values.
     The file's ``plugins`` are relative to its folder; ``plugins`` (``--plugin``) are added to every
     run, relative to the working directory. Cheap: no data is read and no Ray is started (datasets
-    are only checked to exist).
+    are only checked to exist). ``raw``: the file's keys, read already (the rest of a file whose
+    ``tune:`` block was taken out); ``path`` then names it in messages and places its plug-ins.
     """
-    parts = _read_sweep(path, sets, output, only, plugins)
+    parts = _read_sweep(path, sets, output, only, plugins, raw)
     valid, problems, total = _expand(parts)
     runs: list[SweepRun] = []
     seen: set[str] = set()
@@ -317,12 +319,21 @@ class _SweepParts:
 
 
 def _read_sweep(
-    path: str | Path, sets: Iterable[str], output: str | None, only: Iterable[str], plugins: Iterable[str]
+    path: str | Path,
+    sets: Iterable[str],
+    output: str | None,
+    only: Iterable[str],
+    plugins: Iterable[str],
+    raw: Mapping[str, Any] | None = None,
 ) -> _SweepParts:
     from fedray.experiment.validation import resolve_plugins
 
     source = str(path)
-    raw = read_yaml(path)
+    raw = dict(read_yaml(path) if raw is None else raw)
+    if "tune" in raw:
+        raise SweepError(
+            f"{source}: key 'tune' belongs to tuning: run it with `fedray tune`, which searches each cell first"
+        )
     errors: list[str] = []
     axes = _axes(raw, errors)
     max_concurrent = raw.get("max_concurrent_runs", 0)

@@ -1,0 +1,121 @@
+"""`fedray tune FILE`: search a config's (or each sweep cell's) settings on validation with Ray Tune,
+then, for a sweep file, run its seeds at the chosen values on test (docs/tuning.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+EXIT_USAGE, EXIT_FAILED = 2, 1
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from fedray.config.coercion import ConfigError
+    from fedray.data import DatasetMissing
+    from fedray.sweeps.tune_plan import open_plan
+
+    try:
+        plan = open_plan(args.config, args.sets, args.output, args.plugins)
+    except (ConfigError, DatasetMissing, OSError) as e:
+        print(f"fedray: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    spec = plan.spec
+    what = f"{len(plan.cells)} cells" if len(plan.cells) > 1 else "one config"
+    print(
+        f"tune {plan.source}: {what}, each {spec.total} trials of {spec.describe()} on validation "
+        f"({spec.metric}, {spec.mode}, {spec.at}; {spec.search_alg} search, "
+        f"{'ASHA' if spec.scheduler == 'asha' else 'no early stopping'}; seeds {list(spec.seeds)}); "
+        f"results in {plan.output}/",
+        flush=True,
+    )
+    if args.dry_run:
+        for label, cfg in plan.cells:
+            print(
+                f"  {label or cfg.algorithm}: {cfg.rounds} rounds, validation_fraction {cfg.validation_fraction:g}"
+            )
+        if plan.seeds:
+            print(f"  then each cell at its chosen values on test, seeds {plan.seeds}")
+        return 0
+    return _run(plan, args)
+
+
+def _run(plan: Any, args: argparse.Namespace) -> int:
+    from actors.driver import connect, disconnect
+    from actors.tune import run_cells
+    from fedray.sweeps.tune_plan import write_tuned_sweep
+    from fedray.sweeps.tuning import TuneError
+    from jobs.cli import _say
+
+    try:
+        started = connect(args.address, sorted({p for _, c in plan.cells for p in c.plugins}), _say)
+    except ConnectionError as e:
+        print(f"fedray: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        docs = run_cells(plan.cells, plan.spec, restart=args.restart, say=_say)
+        print(f"chosen values: {plan.output}/tuned.yaml")
+        if not plan.seeds:
+            sets = " ".join(f"--set {s}" for s in docs[0]["set"])
+            print(f"run it on test: fedray run {plan.source} {sets}")
+            return 0
+        return _final(write_tuned_sweep(plan, docs), args)
+    except TuneError as e:
+        print(f"fedray: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print(
+            "fedray: tuning interrupted; the same command goes on: finished trials are kept, unfinished "
+            "ones resume from their checkpoints (--restart starts over)",
+            file=sys.stderr,
+        )
+        return 130
+    finally:
+        if started:
+            disconnect()
+
+
+def _final(path: Any, args: argparse.Namespace) -> int:
+    """The tuned table's runs on test: the sweep written from the choices, as `fedray sweep` runs it."""
+    from fedray.api import open_sweep
+    from jobs.cli import _execute_sweep, _print_plan, _say
+
+    print(f"the tuned table: {path}", flush=True)
+    session = open_sweep(path, say=_say, address=args.address, restart=args.restart)
+    with session:
+        _print_plan(session, False)
+        if not session.todo:
+            return 0
+        return _execute_sweep(session, argparse.Namespace(**{**vars(args), "local": False, "verbose": False}))
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "tune",
+        help="search a config's settings on validation with Ray Tune (a sweep file: each cell, then its seeds on test)",
+    )
+    p.add_argument("config", help="a config or sweep YAML with a tune: block (docs/tuning.md)")
+    p.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key (e.g. --set rounds=10); repeatable",
+    )
+    p.add_argument("--output", help="results folder (config key output)")
+    p.add_argument(
+        "--plugin",
+        dest="plugins",
+        action="append",
+        default=[],
+        metavar="FILE|MODULE",
+        help="a plug-in every trial imports first (docs/extending.md); repeatable",
+    )
+    p.add_argument("--restart", action="store_true", help="start the search over (its trials too)")
+    p.add_argument("--dry-run", action="store_true", help="say what would be searched; run nothing")
+    p.add_argument("--quiet", action="store_true", help="print the choices, not a line a trial")
+    p.add_argument(
+        "--address", help="Ray address to attach to (default: RAY_ADDRESS, else start a local Ray)"
+    )
+    p.set_defaults(func=cmd_tune)
