@@ -125,3 +125,49 @@ def write_plots(
         name = re.sub(r"[^A-Za-z0-9._+=#@-]", "_", f"{exp}-{metric}{suffix}").lstrip(".") or "plot"
         written.append(save_figure(fig, folder / f"{name}.png"))
     return written
+
+
+def write_trial_plots(out_dir: str | Path, cells: Sequence[dict[str, Any]]) -> list[Path]:
+    """One PNG per searched cell (``out_dir/plots/trials-CELL.png``): each trial's validation
+    metric against round (the mean over its seeds), the chosen trial drawn thick. ``cells``: what
+    tuned.yaml records (`fedray.sweeps.tuning.read_tuned`)."""
+    plt = pyplot()
+    if plt is None or not cells:
+        return []
+    import matplotlib.ticker
+
+    m = load_metrics(out_dir, scope="global")
+    written = []
+    for cell in cells:
+        metric = cell["metric"]
+        rows = m[m["metric"] == metric]
+        fig, ax = plt.subplots(figsize=(6.5, 4.2))
+        for i, t in enumerate(cell.get("trial_list", [])):
+            curve = rows[rows["run_id"].isin(t["runs"])].groupby("round")["value"].mean()
+            chosen = t["runs"] == cell["chosen_runs"]
+            label = ", ".join(
+                f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in t["values"].items()
+            )
+            ax.plot(
+                curve.index,
+                curve.values,
+                lw=2.5 if chosen else 1.0,
+                color=f"C{i % 10}",
+                label=label + (" (chosen)" if chosen else ""),
+            )
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.set_xlabel("round")
+        ax.set_ylabel(f"{metric} (validation)")
+        ax.set_title(
+            f"{cell['experiment']} {cell['cell'] or cell['algorithm']}: {len(cell.get('trial_list', []))} trials",
+            fontsize=10,
+        )
+        ax.grid(alpha=0.3)
+        if len(cell.get("trial_list", [])) <= 16:
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        name = re.sub(
+            r"[^A-Za-z0-9._+=#@-]", "_", f"trials-{cell['experiment']}-{cell['cell'] or cell['algorithm']}"
+        ).lstrip(".")
+        written.append(save_figure(fig, Path(out_dir) / "plots" / f"{name[:120]}.png"))
+    return written

@@ -253,6 +253,12 @@ def run_values(
     cols = ["run_id", "status", "config", "started", "hparams", "round", "value"]
     if runs.empty:
         return pd.DataFrame(columns=cols)
+    # runs that evaluated on validation (tuning's trials) have val_* metrics, the others test's: a
+    # table reads one kind; how many of the other were left out is in attrs["left_out"]
+    on_val = runs["config"].map(lambda c: c.get("evaluate_on") == "validation")
+    wanted = on_val if metric.startswith("val_") else ~on_val
+    left_out = int((~wanted).sum())
+    runs = runs[wanted]
     if not include_unfinished:
         runs = runs[runs["status"] == "finished"]
     every = load_metrics(out_dir, scope="global")
@@ -312,7 +318,31 @@ def run_values(
     out["round"] = [r for r, _ in read]
     out["value"] = [v for _, v in read]
     out["in_stage"] = out["run_id"].isin(staged) if stage is not None else True
-    return out.reset_index(drop=True)
+    out = out.reset_index(drop=True)
+    out.attrs["left_out"] = left_out
+    return out
+
+
+# Config keys that do not make one setting another: what a run evaluated on, and the experiment
+# its tuning trials are filed under (EXPERIMENT-tune)
+_NOT_A_SETTING = ("evaluate_on", "experiment", "output")
+
+
+def _setting_key(config: Mapping[str, Any]) -> str:
+    return json.dumps(
+        {k: v for k, v in config.items() if k not in _NOT_A_SETTING}, sort_keys=True, default=str
+    )
+
+
+def validation_picks(values: pd.DataFrame, validation: pd.DataFrame) -> pd.DataFrame | None:
+    """What `--tuned` chooses by where the folder has runs that evaluated on validation: each run's
+    value on validation, read from the run of the same setting and seed that evaluated on
+    validation (run_values' columns: run_id, value). None where no run on test has such a twin."""
+    if validation.empty:
+        return None
+    twins = dict(zip(validation["config"].map(_setting_key), validation["value"], strict=True))
+    picked = values.assign(value=values["config"].map(lambda c: twins.get(_setting_key(c), math.nan)))
+    return picked if picked["value"].notna().any() else None
 
 
 # ------------------------------------------------------------------------------------------------

@@ -305,6 +305,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         what = "is a file, not a folder" if os.path.exists(args.dir) else "does not exist"
         print(f"fedray: error: results folder {args.dir!r} {what}", file=sys.stderr)
         return EXIT_USAGE
+    if args.trials:
+        from jobs.tune_cli import cmd_trials
+
+        return cmd_trials(args)
     if args.tuned_by and not args.tuned:
         print("fedray: error: --tuned-by chooses the setting of a --tuned cell: add --tuned", file=sys.stderr)
         return EXIT_USAGE
@@ -326,11 +330,17 @@ def cmd_report(args: argparse.Namespace) -> int:
         statuses = values["status"].value_counts()
         if not args.all:
             values = values[values["status"] == "finished"]
-        picks = None
+        picks, chose_on = None, "test"
         if args.tuned_by:
             picks = run_values(
                 args.dir, args.tuned_by, at, args.round, args.stage, include_unfinished=True, better=pick_way
             )
+            chose_on = "validation" if args.tuned_by.startswith("val_") else "test"
+        elif args.tuned:  # where runs evaluated on validation at the same settings: chosen by theirs
+            from jobs.tune_cli import validation_picks
+
+            picks = validation_picks(args, values, at, pick_way)
+            chose_on = "test" if picks is None else "validation"
         cells = pivot(values, rows, cols, tuned=args.tuned, tuned_by=picks, better=pick_way)
         tables = wide_tables(cells, rows, args.metric)
         if args.format == "csv" and len(tables) > 1:  # one parseable table, experiment as a column
@@ -361,15 +371,35 @@ def cmd_report(args: argparse.Namespace) -> int:
         chosen = cells[cells["setting"] != ""]
         if args.tuned:
             on = f" of {args.tuned_by}" if args.tuned_by else ""
+            if chose_on == "validation" and not args.tuned_by:
+                on = f" of val_{args.metric}, read on the runs of the same settings that evaluated on validation"
             mean = "highest" if pick_way == "higher" else "lowest"
             print(
                 f"tuned: each cell is its column's best hp (and lr) setting ({mean} mean{on} over seeds, of the settings run with the most seeds), here:"
                 if len(chosen)
                 else "tuned: no cell had hp settings to choose from"
             )
+            if len(chosen):
+                print(
+                    "  chosen on validation"
+                    if chose_on == "validation"
+                    else "  chosen on test: optimistic, as no run evaluated on validation here (docs/tuning.md: "
+                    "validation_fraction, and evaluate_on: validation or fedray tune)"
+                )
             for _, c in chosen.iterrows():
                 where = " ".join(str(c[f]) for f in rows)
                 print(f"  {c['experiment']}: {where} {c['col']}: {c['setting']}")
+        from jobs.tune_cli import tuned_lines
+
+        for line in tuned_lines(args.dir):
+            print(line)
+        if left := values.attrs.get("left_out", 0):
+            kind = "test" if args.metric.startswith("val_") else "validation (tuning's trials)"
+            print(
+                f"({left} runs evaluated on {kind} are not in this table: --metric val_{args.metric} reads them)"
+                if kind != "test"
+                else f"({left} runs evaluated on test are not in this table)"
+            )
         missing = int(values["value"].isna().sum())
         if missing:
             print(
@@ -561,6 +591,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("higher", "lower"),
         help="which way --metric improves, for --at best and --tuned (default: from its name: accuracies "
         "and purity higher; losses, seconds, bytes lower; other metrics must say)",
+    )
+    p_rep.add_argument(
+        "--trials",
+        action="store_true",
+        help="list every search's trials (fedray tune): their values, validation metric, rounds run; and plot "
+        "their validation curves",
     )
     p_rep.add_argument("--all", action="store_true", help="include failed and unfinished runs")
     p_rep.add_argument("--no-plots", action="store_true", help="only print the table")

@@ -89,6 +89,76 @@ def _final(path: Any, args: argparse.Namespace) -> int:
         return _execute_sweep(session, argparse.Namespace(**{**vars(args), "local": False, "verbose": False}))
 
 
+def validation_picks(args: argparse.Namespace, values: Any, at: str, way: str) -> Any:
+    """`--tuned`'s choice on validation: the val_ twin of ``--metric`` on the runs of the same
+    settings that evaluated on validation; None where the folder has none."""
+    from analysis.report import ReportError, run_values
+    from analysis.report import validation_picks as picks_of
+
+    try:
+        validation = run_values(
+            args.dir, f"val_{args.metric}", at, args.round, args.stage, include_unfinished=True, better=way
+        )
+    except ReportError:  # no run here recorded it
+        return None
+    return picks_of(values, validation)
+
+
+def tuned_lines(out: str) -> list[str]:
+    """What `fedray tune` chose for each cell of this folder (its tuned.yaml), one line a cell."""
+    from fedray.sweeps.tuning import read_tuned
+
+    cells = read_tuned(out)
+    if not cells:
+        return []
+    lines = [f"tuned on validation ({out}/tuned.yaml; fedray report {out} --trials lists the trials):"]
+    for c in cells:
+        chosen = ", ".join(f"{k}={v}" for k, v in c["chosen"].items())
+        lines.append(
+            f"  {c['experiment']} {c['cell'] or c['algorithm']}: {chosen} ({c['metric']} {c['value']}, {c['at']}, "
+            f"of {c['trials']} trials, {c['stopped_early']} stopped early)"
+        )
+    return lines
+
+
+def cmd_trials(args: argparse.Namespace) -> int:
+    """`fedray report DIR --trials`: every search's trials, as tuned.yaml records them."""
+    import pandas as pd
+
+    from fedray.sweeps.tuning import read_tuned
+
+    cells = read_tuned(args.dir)
+    if not cells:
+        print(f"no tuning in {args.dir}/ (no tuned.yaml: fedray tune writes it)")
+        return 1
+    rows = [
+        {
+            "experiment": c["experiment"],
+            "cell": c["cell"] or c["algorithm"],
+            **{k: v for k, v in t["values"].items()},
+            c["metric"]: t["value"],
+            "rounds": t["rounds"],
+            "stopped early": "yes" if t["stopped"] else "",
+            "chosen": "*" if t["runs"] == c["chosen_runs"] else "",
+        }
+        for c in cells
+        for t in c.get("trial_list", [])
+    ]
+    from analysis.report import format_table
+
+    print(format_table(pd.DataFrame(rows), args.format))
+    if args.format in ("text", "markdown"):
+        print(
+            f"(each trial's {cells[0]['metric']} at {cells[0]['at']}; rounds: the rounds it ran; *: chosen)"
+        )
+    if not args.no_plots:
+        from analysis.plots import write_trial_plots
+
+        if plots := write_trial_plots(args.dir, cells):
+            print("plots: " + ", ".join(str(p) for p in plots))
+    return 0
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "tune",

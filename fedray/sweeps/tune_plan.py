@@ -96,10 +96,11 @@ def tuned_sweep(plan: TunePlan, docs: Sequence[Mapping[str, Any]]) -> dict[str, 
         tree = cfg.to_dict()
         for key, value in doc["chosen"].items():
             set_dotted(tree, key, value, "tuned.yaml")
-        case = {k: v for k, v in tree.items() if k != "seed" and v != defaults.get(k)}
-        case["evaluate_on"] = "test"
-        cases.append(case)
-    return {"cases": cases, "seeds": plan.seeds, "max_concurrent_runs": plan.max_concurrent_runs}
+        cases.append({k: v for k, v in tree.items() if k != "seed" and v != defaults.get(k)})
+    # what every cell shares at the top, so a run's label is what sets its cell apart
+    shared = {k: v for k, v in cases[0].items() if all(k in c and c[k] == v for c in cases[1:])}
+    cells = [{k: v for k, v in c.items() if k not in shared} for c in cases]
+    return {**shared, "cases": cells, "seeds": plan.seeds, "max_concurrent_runs": plan.max_concurrent_runs}
 
 
 def write_tuned_sweep(plan: TunePlan, docs: Sequence[Mapping[str, Any]]) -> Path:

@@ -479,6 +479,16 @@ def tuned_document(
         "trial_rounds": int(sum(t.rounds * len(t.run_ids) for t in trials)),
         "search": {k: {d.kind: list(d.args)} for k, d in spec.search.items()},
         "seeds": list(spec.seeds),
+        "trial_list": [
+            {
+                "values": {k: _plain(v) for k, v in t.values.items()},
+                "value": _plain(t.value),
+                "rounds": t.rounds,
+                "stopped": t.stopped,
+                "runs": list(t.run_ids),
+            }
+            for t in trials
+        ],
     }
 
 
