@@ -487,7 +487,7 @@ def tuned_document(
                 "stopped": t.stopped,
                 "runs": list(t.run_ids),
             }
-            for t in trials
+            for t in sorted(trials, key=lambda t: t.run_ids)  # the same list however Tune ordered them
         ],
     }
 
