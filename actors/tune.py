@@ -211,6 +211,9 @@ def search(
         if spec.search_alg == "optuna":
             from ray.tune.search.optuna import OptunaSearch
 
+            import optuna
+
+            optuna.logging.set_verbosity(optuna.logging.WARNING)  # its "study created" line
             searcher: Any = OptunaSearch(seed=spec.seed)
             if spec.max_concurrent_trials:
                 searcher = ConcurrencyLimiter(searcher, spec.max_concurrent_trials)

@@ -29,6 +29,7 @@ BASE = {
 
 
 def tune_file(tmp_path: Path, tune: dict, **over) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "tune.yaml"
     body = {**BASE, "output": str(tmp_path / "out"), **over, "tune": tune}
     path.write_text(yaml.safe_dump(body, sort_keys=False))
@@ -196,6 +197,20 @@ def test_a_tuned_table_searches_each_cell_on_validation_then_runs_its_seeds_on_t
     assert tune(path, quiet=True) == docs
     after = load_runs(out)
     assert {r: s for r, s in zip(after["run_id"], after["started"], strict=True)} == before
+
+
+def test_a_seeded_search_draws_the_same_trials_random_and_optuna(ray_session, tmp_path):
+    from fedray.api import tune
+
+    for alg in ("random", "optuna"):
+        space = {"lr": {"loguniform": [0.01, 0.5]}, "momentum": {"choice": [0.0, 0.9]}}
+        block = {"search": space, "trials": 2, "search_alg": alg, "scheduler": "none", "seed": 7}
+        block["max_concurrent_trials"] = 1  # TPE's draws follow the results before them
+        a = tune(tune_file(tmp_path / f"{alg}-a", block, rounds=2), quiet=True)
+        b = tune(tune_file(tmp_path / f"{alg}-b", block, rounds=2), quiet=True)
+        values = [[t["values"] for t in d["trial_list"]] for d in (a[0], b[0])]
+        assert values[0] == values[1] and len(values[0]) == 2, alg
+        assert a[0]["chosen"] == b[0]["chosen"]
 
 
 @pytest.mark.slow
