@@ -363,6 +363,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(text)
         if prose:
             print()
+    from jobs.tune_cli import tuned_lines
+
+    for line in tuned_lines(args.dir) if args.format != "csv" else []:  # the cells' chosen values
+        print(line if prose else f"% {line}")
     if prose:
         print(describe_value(args.metric, at, args.round, args.stage, way))
         if args.stage is not None and not values["in_stage"].all():
@@ -389,10 +393,6 @@ def cmd_report(args: argparse.Namespace) -> int:
             for _, c in chosen.iterrows():
                 where = " ".join(str(c[f]) for f in rows)
                 print(f"  {c['experiment']}: {where} {c['col']}: {c['setting']}")
-        from jobs.tune_cli import tuned_lines
-
-        for line in tuned_lines(args.dir):
-            print(line)
         if left := values.attrs.get("left_out", 0):
             kind = "test" if args.metric.startswith("val_") else "validation (tuning's trials)"
             print(
