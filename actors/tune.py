@@ -103,11 +103,9 @@ def _trial(
 
 def _recorded(cfg: Config, metric: str) -> list[tuple[int, float]]:
     """A finished run's values of ``metric`` by round, from its rows."""
-    from analysis.load import load_metrics
+    from fedray.storage.results import run_metric
 
-    m = load_metrics(cfg.output, scope="global")
-    m = m[(m["run_id"] == cfg.run_id()) & (m["metric"] == metric)].sort_values("round")
-    return [(int(r), float(v)) for r, v in zip(m["round"], m["value"], strict=True)]
+    return run_metric(cfg.output, cfg.run_id(), metric)
 
 
 def _absolute(cfg: Config) -> Config:
@@ -209,9 +207,8 @@ def search(
                 reduction_factor=spec.reduction_factor,
             )
         if spec.search_alg == "optuna":
-            from ray.tune.search.optuna import OptunaSearch
-
             import optuna
+            from ray.tune.search.optuna import OptunaSearch
 
             optuna.logging.set_verbosity(optuna.logging.WARNING)  # its "study created" line
             searcher: Any = OptunaSearch(seed=spec.seed)
@@ -276,14 +273,24 @@ def run_cells(
     """Every cell's search on the connected Ray, each cell's choice from its trials' rows written to
     ``OUT/tuned.yaml`` as it is made. Returns the cells' documents
     (`fedray.sweeps.tuning.tuned_document`)."""
-    from analysis.load import load_metrics
+    import pandas as pd
+
+    from fedray.storage.results import run_metric
     from fedray.sweeps.tuning import choose, read_trials, tuned_document, write_tuned
 
     docs: list[dict[str, Any]] = []
     for i, (label, cell) in enumerate(cells):
         prefix = f"[{i + 1}/{len(cells)} {label}] " if len(cells) > 1 else ""
         trials = search(cell, spec, restart=restart, say=say, label=prefix)
-        rows = load_metrics(cell.output, scope="global")
+        rows = pd.DataFrame(
+            [
+                {"run_id": run, "round": rnd, "metric": spec.metric, "scope": "global", "value": value}
+                for _, runs in trials
+                for run in runs
+                for rnd, value in run_metric(cell.output, run, spec.metric)
+            ],
+            columns=["run_id", "round", "metric", "scope", "value"],
+        )
         read = read_trials(rows, trials, spec, cell.rounds)
         chosen = choose(read, spec)
         docs.append(tuned_document(label, cell, spec, chosen, read))

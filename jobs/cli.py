@@ -287,6 +287,18 @@ def _execute_sweep(session, args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed else 0
 
 
+def _tuned_sweep(path: str, args: argparse.Namespace) -> int:
+    """`fedray tune`'s tuned table: the sweep written from its choices, run as `fedray sweep` runs it."""
+    from fedray.api import open_sweep
+
+    session = open_sweep(path, say=_say, address=args.address, restart=args.restart)
+    with session:
+        _print_plan(session, False)
+        if not session.todo:
+            return 0
+        return _execute_sweep(session, argparse.Namespace(**{**vars(args), "local": False, "verbose": False}))
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     import pandas as pd
 
@@ -636,7 +648,7 @@ def build_parser() -> argparse.ArgumentParser:
     from jobs.reference.cli import add_parser as add_reference
     from jobs.tune_cli import add_parser as add_tune
 
-    add_tune(sub)
+    add_tune(sub, run_sweep=_tuned_sweep)
 
     add_reference(
         sub, run_sweep=lambda path, local=False: main(["sweep", str(path), *(["--local"] if local else [])])

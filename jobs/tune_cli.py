@@ -40,12 +40,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return _run(plan, args)
 
 
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
 def _run(plan: Any, args: argparse.Namespace) -> int:
     from actors.driver import connect, disconnect
     from actors.tune import run_cells
     from fedray.sweeps.tune_plan import write_tuned_sweep
     from fedray.sweeps.tuning import TuneError
-    from jobs.cli import _say
 
     try:
         started = connect(args.address, sorted({p for _, c in plan.cells for p in c.plugins}), _say)
@@ -59,7 +62,8 @@ def _run(plan: Any, args: argparse.Namespace) -> int:
             sets = " ".join(f"--set {s}" for s in docs[0]["set"])
             print(f"run it on test: fedray run {plan.source} {sets}")
             return 0
-        return _final(write_tuned_sweep(plan, docs), args)
+        print(f"the tuned table: {(path := write_tuned_sweep(plan, docs))}", flush=True)
+        return args.run_sweep(path, args)
     except TuneError as e:
         print(f"fedray: error: {e}", file=sys.stderr)
         return EXIT_FAILED
@@ -73,20 +77,6 @@ def _run(plan: Any, args: argparse.Namespace) -> int:
     finally:
         if started:
             disconnect()
-
-
-def _final(path: Any, args: argparse.Namespace) -> int:
-    """The tuned table's runs on test: the sweep written from the choices, as `fedray sweep` runs it."""
-    from fedray.api import open_sweep
-    from jobs.cli import _execute_sweep, _print_plan, _say
-
-    print(f"the tuned table: {path}", flush=True)
-    session = open_sweep(path, say=_say, address=args.address, restart=args.restart)
-    with session:
-        _print_plan(session, False)
-        if not session.todo:
-            return 0
-        return _execute_sweep(session, argparse.Namespace(**{**vars(args), "local": False, "verbose": False}))
 
 
 def validation_picks(args: argparse.Namespace, values: Any, at: str, way: str) -> Any:
@@ -159,7 +149,9 @@ def cmd_trials(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: Any, run_sweep: Any) -> None:
+    """``fedray tune``; ``run_sweep(path, args)`` runs the tuned table's sweep as `fedray sweep`
+    does (the command line's, handed over so this module never imports it back)."""
     p = sub.add_parser(
         "tune",
         help="search a config's settings on validation with Ray Tune (a sweep file: each cell, then its seeds on test)",
@@ -188,4 +180,4 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--address", help="Ray address to attach to (default: RAY_ADDRESS, else start a local Ray)"
     )
-    p.set_defaults(func=cmd_tune)
+    p.set_defaults(func=cmd_tune, run_sweep=run_sweep)

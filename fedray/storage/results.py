@@ -379,6 +379,24 @@ class RunLock:
         return False
 
 
+def run_parts(out_dir: str | Path, run_id: str, table: str) -> list[Path]:
+    """A run's files in ``table``: ``RUN_ID-NNNNNN.parquet`` and ``RUN_ID-clients.parquet``, not
+    another run's whose id starts with this one's (``RUN_ID-ref``, a reference's run)."""
+    own = re.compile(re.escape(run_id) + r"-(\d+|clients)\.parquet")
+    return sorted(p for p in (Path(out_dir) / table).glob(f"{run_id}-*.parquet") if own.fullmatch(p.name))
+
+
+def run_metric(out_dir: str | Path, run_id: str, metric: str) -> list[tuple[int, float]]:
+    """A run's global values of ``metric`` by round, from its own metric files (checked)."""
+    got: dict[int, float] = {}
+    for path in run_parts(out_dir, run_id, "metrics"):
+        t = read_checked(path, ["round", "scope", "metric", "value"]).to_pydict()
+        for rnd, scope, name, value in zip(t["round"], t["scope"], t["metric"], t["value"], strict=True):
+            if scope == "global" and name == metric:
+                got[int(rnd)] = float(value)
+    return sorted(got.items())
+
+
 def run_state(out_dir: str | Path, run_id: str) -> str:
     """What a re-submission should know: new | finished | failed | running (now) | interrupted."""
     status = run_status(out_dir, run_id)
@@ -521,12 +539,7 @@ class ResultsWriter:
         self._write_run("running")
 
     def _parts(self, table: str) -> list[Path]:
-        """This run's files in ``table``: ``RUN_ID-NNNNNN.parquet`` and ``RUN_ID-clients.parquet``,
-        not another run's whose id starts with this one's (``RUN_ID-ref``, a reference's run)."""
-        own = re.compile(re.escape(self.run_id) + r"-(\d+|clients)\.parquet")
-        return sorted(
-            p for p in (self.root / table).glob(f"{self.run_id}-*.parquet") if own.fullmatch(p.name)
-        )
+        return run_parts(self.root, self.run_id, table)
 
     def tidy(self) -> list[Path]:
         """Remove what a killed writer of this run left aside (its hidden ``.tmp`` files, a models
