@@ -3,6 +3,7 @@ write (small files made here: nothing downloads)."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -278,6 +279,11 @@ def write_numbered(root: Path, kind: str) -> Path:
     return root
 
 
+def _text_positions(x: np.ndarray, text: str, rows: np.ndarray) -> list[int]:
+    """Where each of ``rows``' 80 characters start in its user's ``text``: the sample's position."""
+    return [text.index("".join(SHAKESPEARE_VOCAB[i] for i in r)) for r in x[rows]]
+
+
 def numbered_clients(kind: str, cfg) -> list[tuple[str, list[int], list[int]]]:
     """The run's clients as (user, its training samples, its test samples), samples by position."""
     data = leaf_data(FEMNIST if kind == "femnist" else SHAKESPEARE, cfg)
@@ -292,8 +298,7 @@ def numbered_clients(kind: str, cfg) -> list[tuple[str, list[int], list[int]]]:
             user = next(
                 u for f in NUMBERED for u in map(lambda n: int(n[1:]), f) if first in _numbered_text(u, 2000)
             )
-            text = _numbered_text(user, 2000)
-            pos = lambda rows: [text.index("".join(SHAKESPEARE_VOCAB[i] for i in r)) for r in x[rows]]  # noqa: E731
+            pos = functools.partial(_text_positions, x, _numbered_text(user, 2000))
         out.append((f"w{user:02d}", pos(c.train), pos(c.test)))
     return out
 
@@ -400,7 +405,8 @@ def test_clients_are_counted_and_clients_per_round_is_leafs_clients_a_round(tmp_
     ):
         leaf_config(tmp_path, root, num_clients=6)
     with pytest.raises(
-        ConfigError, match=r"'clients_per_round': 3 clients a round, and participation 0.6 gives 4 of 7: set one of them"
+        ConfigError,
+        match=r"'clients_per_round': 3 clients a round, and participation 0.6 gives 4 of 7: set one of them",
     ):
         leaf_config(tmp_path, root, clients_per_round=3, participation=0.6)
     with pytest.raises(
@@ -450,8 +456,6 @@ def test_a_folder_that_cannot_keep_the_arrays_is_read_from_its_json_with_one_not
 ):
     import tempfile
 
-    import fedray.data.leaf as leaf
-
     root = write_leaf(tmp_path / "femnist", {"a": 4, "b": 3}, files=1)
 
     def refuse(*args, **kwargs):
@@ -470,3 +474,96 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def _spoil(root: Path, name: str, change) -> None:
+    path = root / "all_data" / name
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            lambda d: d["user_data"]["a"]["x"][1].__setitem__(5, None),
+            r"all_data_0\.json: user 'a': sample 1 has a null or non-finite grey level",
+        ),
+        (
+            lambda d: d["user_data"]["a"]["x"][0].__setitem__(0, float("nan")),
+            r"user 'a': sample 0 has a null or non-finite grey level",
+        ),
+        (
+            lambda d: d["user_data"]["a"]["y"].__setitem__(2, 3.7),
+            r"user 'a': sample 2's label is 3\.7, not a class id",
+        ),
+        (
+            lambda d: d["user_data"]["a"]["y"].__setitem__(0, "3.5"),
+            r"user 'a': sample 0's label is '3\.5', not a class id",
+        ),
+        (
+            lambda d: d["user_data"]["a"]["y"].__setitem__(0, None),
+            r"user 'a': sample 0's label is None, not a class id",
+        ),
+        (
+            lambda d: d.update(users=[["a"]], num_samples=[4]),
+            r"all_data_0\.json: 'users' holds \['a'\], not a user's name",
+        ),
+        (
+            lambda d: d.update(users=[*d["users"], "a"], num_samples=[*d["num_samples"], 4]),
+            r"all_data_0\.json: user 'a' is listed twice \(here\)",
+        ),
+    ],
+)
+def test_a_leaf_file_that_would_change_numbers_silently_is_refused_naming_it(tmp_path, change, message):
+    root = write_leaf(tmp_path / "femnist", {"a": 4, "b": 3}, files=1)
+    _spoil(root, "all_data_0.json", change)
+    with pytest.raises(ConfigError, match=message) as e:
+        leaf_config(tmp_path, root)
+    assert "\n" not in str(e.value)
+
+
+def test_a_user_in_two_files_a_deep_nest_and_a_split_without_training_samples_are_refused(tmp_path):
+    root = write_leaf(tmp_path / "two", {"a": 4, "b": 3}, files=2)
+    _spoil(
+        root,
+        "all_data_1.json",
+        lambda d: d.update(
+            users=["b", "a"], num_samples=[3, 4], user_data={**d["user_data"], "a": d["user_data"]["b"] | {}}
+        ),
+    )
+    with pytest.raises(
+        ConfigError, match=r"all_data_1\.json: user 'a' is listed twice \(here and in .*all_data_0\.json\)"
+    ):
+        leaf_config(tmp_path, root)
+    deep = tmp_path / "deep"
+    (deep / "all_data").mkdir(parents=True)
+    (deep / "all_data" / "all_data_0.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(
+        ConfigError, match=r"all_data_0\.json: not LEAF JSON \(nested deeper than Python reads\)"
+    ):
+        leaf_config(tmp_path, deep)
+    split = tmp_path / "split"
+    write_leaf(split, {"a": 6, "b": 3}, folder="train", files=1)
+    write_leaf(split, {"a": 2, "b": 1}, folder="test", files=1)
+    _train = split / "train" / "train_0.json"
+    data = json.loads(_train.read_text())
+    data["user_data"]["b"] = {"x": [], "y": []}
+    data["num_samples"][data["users"].index("b")] = 0
+    _train.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=r"train/'s user 'b' has no training sample"):
+        leaf_config(tmp_path, split)
+
+
+def test_train_and_test_listing_the_users_in_another_order_pair_each_users_own(tmp_path):
+    root = tmp_path / "femnist"
+    write_leaf(root, {"a": 6, "b": 3}, folder="train", files=1)
+    write_leaf(root, {"a": 2, "b": 1}, folder="test", files=1)
+    test = root / "test" / "test_0.json"
+    data = json.loads(test.read_text())
+    data["users"] = list(reversed(data["users"]))
+    data["num_samples"] = list(reversed(data["num_samples"]))
+    test.write_text(json.dumps(data))
+    data = leaf_data(FEMNIST, leaf_config(tmp_path, root))
+    assert [(len(c.train), len(c.test)) for c in data.clients.values()] == [(6, 2), (3, 1)]

@@ -154,9 +154,12 @@ def _encode(kind: Kind, path: Path, user: str, x: Any, y: Any) -> tuple[np.ndarr
             pixels = np.asarray(x, dtype=np.float64).reshape(len(x), *kind.input_shape)
         except (TypeError, ValueError):
             raise LeafError(f"{where}: a FEMNIST sample is 784 grey levels in [0, 1]") from None
+        if not np.isfinite(pixels).all():  # null reads as NaN
+            i = int(np.flatnonzero(~np.isfinite(pixels).reshape(len(x), -1).all(axis=1))[0])
+            raise LeafError(f"{where}: sample {i} has a null or non-finite grey level")
         if pixels.size and (pixels.min() < 0 or pixels.max() > 1):
             raise LeafError(f"{where}: a FEMNIST sample is 784 grey levels in [0, 1]")
-        labels = np.asarray(y, dtype=np.int64)
+        labels = _class_ids(where, y)
         if labels.size and (labels.min() < 0 or labels.max() >= kind.num_classes):
             raise LeafError(f"{where}: FEMNIST's classes are 0..61, got {labels.min()}..{labels.max()}")
         return np.rint(pixels * 255).astype(np.uint8), labels
@@ -176,16 +179,27 @@ def _encode(kind: Kind, path: Path, user: str, x: Any, y: Any) -> tuple[np.ndarr
     return chars[: n * SEQ_LEN].reshape(n, SEQ_LEN), chars[n * SEQ_LEN :].astype(np.int64)
 
 
+def _class_ids(where: str, y: list) -> np.ndarray:
+    """Labels that are whole numbers, as int64; anything else (3.7, "3", null) named."""
+    for i, v in enumerate(y):
+        if isinstance(v, bool) or not (isinstance(v, int) or isinstance(v, float) and v.is_integer()):
+            raise LeafError(f"{where}: sample {i}'s label is {v!r}, not a class id (a whole number)")
+    return np.asarray(y, dtype=np.int64)
+
+
 def _read_files(
     kind: Kind, files: list[Path]
 ) -> tuple[list[str], list[np.ndarray], list[np.ndarray], list[int]]:
     """Every user's samples, file after file, and how many users each file holds."""
     names, xs, ys, per_file = [], [], [], []
+    seen: dict[str, Path] = {}
     for path in files:
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             raise LeafError(f"{path}: not LEAF JSON ({type(e).__name__}: {e})") from None
+        except RecursionError:
+            raise LeafError(f"{path}: not LEAF JSON (nested deeper than Python reads)") from None
         if (
             not isinstance(data, dict)
             or not isinstance(data.get("users"), list)
@@ -196,6 +210,15 @@ def _read_files(
         if counts is not None and (not isinstance(counts, list) or len(counts) != len(data["users"])):
             raise LeafError(f"{path}: 'num_samples' must list one count a user of 'users'")
         for i, user in enumerate(data["users"]):
+            if not isinstance(user, str):
+                raise LeafError(f"{path}: 'users' holds {user!r}, not a user's name (a string)")
+            if user in seen:
+                also = "" if seen[user] == path else f" and in {seen[user]}"
+                raise LeafError(
+                    f"{path}: user {user!r} is listed twice (here{also}): as two clients it would train twice "
+                    "and its test samples count twice"
+                )
+            seen[user] = path
             samples = data["user_data"].get(user)
             if not isinstance(samples, dict):
                 raise LeafError(f"{path}: user {user!r} is in 'users' but not in 'user_data'")
@@ -296,12 +319,17 @@ def _read_json(kind: Kind, root: Path, train_files: list[Path], test_files: list
     users = Users(names, x, y, offsets, file_offsets)
     if test_files:
         test_names, txs, tys, _ = _read_files(kind, test_files)
-        if test_names != names:
+        if set(test_names) != set(names):
             missing = sorted(set(names) ^ set(test_names))[:5]
             raise LeafError(
                 f"{root}: train/ and test/ name other users (e.g. {missing}): not LEAF's split by sample"
             )
-        users.test_x, users.test_y, users.test_offsets = _stacked(kind, txs, tys)
+        at = {n: i for i, n in enumerate(test_names)}  # test/ in train/'s order, as LEAF writes it
+        users.test_x, users.test_y, users.test_offsets = _stacked(
+            kind, [txs[at[n]] for n in names], [tys[at[n]] for n in names]
+        )
+        if empty := [n for n, k in zip(names, np.diff(users.offsets), strict=True) if k == 0]:
+            raise LeafError(f"{root}: train/'s user {empty[0]!r} has no training sample ({len(empty)} such)")
     return users
 
 
