@@ -21,9 +21,13 @@ def femnist_like(folder, writers=(("w2", 6), ("w0", 5), ("w1", 4)), test=False):
     def rows(spec):
         ids = [w for w, n in spec for _ in range(n)]
         images = [rng.integers(0, 256, (28, 28), dtype=np.uint8) for _ in ids]
-        return datasets.Dataset.from_dict(
-            {"image": images, "character": rng.integers(0, 62, len(ids)).tolist(), "writer_id": ids}
-        ).cast_column("image", datasets.Image())
+        return (
+            datasets.Dataset.from_dict(
+                {"image": images, "character": rng.integers(0, 62, len(ids)).tolist(), "writer_id": ids}
+            )
+            .cast_column("image", datasets.Image())
+            .cast_column("character", datasets.ClassLabel(num_classes=62))
+        )
 
     splits = {"train": rows(writers)}
     if test:
@@ -54,7 +58,7 @@ def test_the_rows_clients_are_the_clients_sorted_each_with_its_own_test_split(tm
     assert [(len(c.train), len(c.test)) for c in data.clients.values()] == [(4, 1), (3, 1), (4, 2)]
     assert len(data.dataset.test) == 4 and data.dataset.spec.input_shape == (1, 28, 28)
     assert (
-        data.dataset.spec.num_classes == max(datasets.load_from_disk(str(folder))["train"]["character"]) + 1
+        data.dataset.spec.num_classes == 62  # the label column's ClassLabel says so
     )
     saved = datasets.load_from_disk(str(folder))["train"]
     w1 = [i for i, w in enumerate(saved["writer_id"]) if w == "w1"]  # client 1: its rows, read as stored
@@ -199,3 +203,119 @@ def test_number_arrays_of_one_channel_get_it_and_small_clients_follow_leafs_rule
     assert hf_config(tmp_path, tmp_path / "arrays", leaf_min_samples=4, **keys).num_clients == 1
     with pytest.raises(ConfigError, match=r"'hf_client_column': no client .* is left"):
         hf_config(tmp_path, tmp_path / "arrays", leaf_min_samples=7, **keys)
+
+
+def test_uint8_arrays_and_images_of_the_same_pixels_give_the_same_inputs(tmp_path):
+    rng = np.random.default_rng(5)
+    pixels = [rng.integers(0, 256, (28, 28), dtype=np.uint8) for _ in range(8)]
+    labels, who = [int(v) for v in rng.integers(0, 10, 8)], ["a"] * 4 + ["b"] * 4
+    features = datasets.Features(
+        {
+            "img": datasets.Array2D((28, 28), "uint8"),
+            "label": datasets.Value("int64"),
+            "who": datasets.Value("string"),
+        }
+    )
+    datasets.Dataset.from_dict({"img": pixels, "label": labels, "who": who}, features=features).save_to_disk(
+        str(tmp_path / "arr")
+    )
+    datasets.Dataset.from_dict({"img": pixels, "label": labels, "who": who}).cast_column(
+        "img", datasets.Image()
+    ).save_to_disk(str(tmp_path / "img"))
+    keys = dict(
+        hf_client_column="who", hf_input_column="img", hf_label_column="label", client_test_fraction=0.25
+    )
+    a, b = (hf_data(hf_config(tmp_path, tmp_path / k, num_clients=2, **keys)).dataset for k in ("arr", "img"))
+    assert a.spec.scale == b.spec.scale == 1 / 255 and a.train.x.dtype == b.train.x.dtype == np.uint8
+    assert np.array_equal(a.train.x, b.train.x) and np.array_equal(a.train.y, b.train.y)
+
+
+@pytest.mark.parametrize(
+    "make, keys, message",
+    [
+        (
+            lambda r: {"character": [None]},
+            {},
+            r"column 'character': sample 0's label is None, not a class id",
+        ),
+        (
+            lambda r: {"writer_id": [None]},
+            {},
+            r"column 'writer_id': row 0 names no client \(null\)",
+        ),
+        (
+            lambda r: {},
+            {"hf_test_split": "train", "client_test_fraction": 0.0},
+            r"'hf_test_split': 'train' is the training split",
+        ),
+    ],
+)
+def test_hf_rows_that_would_change_numbers_silently_are_refused(tmp_path, make, keys, message):
+    folder = femnist_like(tmp_path / "src")
+    train = datasets.load_from_disk(str(folder))["train"]
+    first = make({"character": [0], "writer_id": ["w0"]})  # what row 0 becomes
+    changed = train.map(lambda r, i: {k: v[0] for k, v in first.items()} if i == 0 else {}, with_indices=True)
+    datasets.DatasetDict({"train": changed}).save_to_disk(str(tmp_path / "bad"))
+    with pytest.raises(ConfigError, match=message):
+        hf_config(tmp_path, tmp_path / "bad", **keys)
+
+
+def test_a_test_split_of_another_size_or_type_or_classes_is_refused(tmp_path):
+    def saved(name, test_shape, test_type, test_labels):
+        def split(shape, dtype, labels):
+            return datasets.Dataset.from_dict(
+                {"x": [np.zeros(shape, dtype) for _ in labels], "y": labels, "c": ["a"] * len(labels)},
+                features=datasets.Features(
+                    {
+                        "x": datasets.Array2D(shape, dtype),
+                        "y": datasets.ClassLabel(num_classes=3),
+                        "c": datasets.Value("string"),
+                    }
+                ),
+            )
+
+        datasets.DatasetDict(
+            {"train": split((8, 8), "uint8", [0, 1, 2]), "test": split(test_shape, test_type, test_labels)}
+        ).save_to_disk(str(tmp_path / name))
+        return tmp_path / name
+
+    keys = dict(
+        hf_client_column="c",
+        hf_input_column="x",
+        hf_label_column="y",
+        hf_test_split="test",
+        client_test_fraction=0.0,
+        model="mlp",
+        num_clients=1,
+    )
+    with pytest.raises(
+        ConfigError, match=r"split 'test': its inputs are \[1, 6, 6\], the training split's \[1, 8, 8\]"
+    ):
+        hf_data(hf_config(tmp_path, saved("shape", (6, 6), "uint8", [0]), **keys))
+    with pytest.raises(
+        ConfigError, match=r"split 'test': its inputs are stored as float32 and the training split's as uint8"
+    ):
+        hf_data(hf_config(tmp_path, saved("type", (8, 8), "float32", [0]), **keys))
+
+
+def test_a_download_without_a_reachable_hub_is_one_line_at_once(tmp_path):
+    import time
+
+    from tests.helpers import FEDRAY, run
+
+    sets = [
+        "dataset=hf",
+        "hf_name=flwrlabs/femnist",
+        f"data_root={tmp_path / 'hub'}",
+        "hf_client_column=writer_id",
+        "download=true",
+    ]
+    env = {**__import__("os").environ, "HF_ENDPOINT": "http://127.0.0.1:9"}  # nothing listens there
+    t0 = time.monotonic()
+    p = run([*FEDRAY, "run", "--local", *(x for kv in sets for x in ("--set", kv))], cwd=tmp_path, env=env)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert (
+        "cannot download flwrlabs/femnist: 127.0.0.1 cannot be reached" in p.stderr
+        and "Retrying" not in p.stderr
+    )
+    assert time.monotonic() - t0 < 60

@@ -46,7 +46,7 @@ from fedray.data.datasets import (
     register_dataset,
 )
 from fedray.data.federated import FederatedData, own_splits
-from fedray.data.leaf import SHAKESPEARE_VOCAB, SYMBOL_INDEX, Recipe, make_clients
+from fedray.data.leaf import SHAKESPEARE_VOCAB, SYMBOL_INDEX, Recipe, class_ids, make_clients
 
 if TYPE_CHECKING:
     from fedray.config.keys import Config
@@ -103,6 +103,8 @@ def _open(cfg: Config) -> Any:
     where = local_copy(cfg)
     if not where.is_dir():
         hf_available(cfg)
+        if unreachable := _hub_unreachable():
+            raise DatasetMissing(f"dataset hf: cannot download {cfg.hf_name}: {unreachable}")
         try:
             ds.load_dataset(cfg.hf_name).save_to_disk(str(where))
         except Exception as e:  # noqa: BLE001 - the hub's errors, said in one line
@@ -115,6 +117,22 @@ def _open(cfg: Config) -> Any:
         raise DatasetMissing(
             f"dataset hf: {str(where)!r} is not a saved dataset ({type(e).__name__}: {e})"
         ) from None
+
+
+def _hub_unreachable(timeout_s: float = 5.0) -> str | None:
+    """Why the hub (HF_ENDPOINT, else huggingface.co) cannot be reached, said at once, or None: the
+    library itself retries for half a minute, a line each time, before saying so."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return None
+    except OSError as e:
+        return f"{host} cannot be reached ({e.strerror or type(e).__name__}): no network here? Save the dataset on a machine that has one (save_to_disk) and point hf_name at the folder"
 
 
 def _split(cfg: Config, data: Any, name: str, key: str) -> Any:
@@ -155,20 +173,23 @@ def _symbols(texts: list[str], where: str) -> np.ndarray:
     return index.astype(np.uint8).reshape(len(texts), -1)
 
 
-def _inputs(values: list[Any], where: str) -> tuple[np.ndarray, float]:
-    """A column's values as model inputs and the scale that makes them the model's numbers."""
-    first = values[0] if values else None
+def _inputs(split: Any, column: str, where: str) -> tuple[np.ndarray, float]:
+    """A column's values as model inputs and the scale that makes them the model's numbers: text
+    as symbols; images (the Image feature) and number arrays alike by their stored type, uint8
+    grey levels scaled by 1/255, any other number as it is."""
+    first = split[0][column] if len(split) else None
     if isinstance(first, str):
-        return _symbols(values, where), 1.0
+        return _symbols(split[column], where), 1.0
     if hasattr(first, "convert"):  # PIL images
         arrays = [
-            np.asarray(v.convert("L" if v.mode in ("L", "1", "I", "I;16", "F") else "RGB")) for v in values
+            np.asarray(v.convert("L" if v.mode in ("L", "1", "I", "I;16", "F") else "RGB"))
+            for v in split[column]
         ]
-    else:
-        arrays = [np.asarray(v) for v in values]
-    if len({a.shape for a in arrays}) > 1:
+    else:  # arrays in the type they were stored as (a list of lists would read as int64 or float64)
+        arrays = list(split.with_format("numpy", dtype=None)[:][column])  # dtype None: not made int64
+    if len({np.shape(a) for a in arrays}) > 1 or any(np.asarray(a).dtype == object for a in arrays[:1]):
         raise ConfigError(
-            f"{where}: the inputs differ in shape ({arrays[0].shape}, ...): one model takes one shape"
+            f"{where}: the inputs differ in shape ({np.shape(arrays[0])}, ...): one model takes one shape"
         )
     x = np.stack(arrays) if arrays else np.zeros((0, 1))
     if x.ndim == 3:
@@ -185,7 +206,7 @@ def _labels(values: list[Any], where: str) -> tuple[np.ndarray, int | None]:
         if any(len(v) != 1 for v in values):
             raise ConfigError(f"{where}: a text label is one character (the next one)")
         return _symbols(values, where)[:, 0].astype(np.int64), len(SHAKESPEARE_VOCAB)
-    y = np.asarray(values, dtype=np.int64)
+    y = class_ids(where, list(values))
     if y.size and y.min() < 0:
         raise ConfigError(f"{where}: class ids count from 0, got {y.min()}")
     return y, None
@@ -207,7 +228,12 @@ def _recipe(cfg: Config, train: Any, input_col: str) -> Recipe:
 def _clients(cfg: Config, train: Any, client_col: str, input_col: str) -> tuple[np.ndarray, list, list]:
     """The client ids (sorted), each one's rows (in the split's order) and, where fedray splits
     them, the clients LEAF's rules keep: (client, its training rows' positions, its test rows')."""
-    ids = np.asarray([str(c) for c in train[client_col]])
+    raw = train[client_col]
+    if (missing := next((i for i, c in enumerate(raw) if c is None), None)) is not None:
+        raise ConfigError(
+            f"dataset hf {cfg.hf_name}: column {client_col!r}: row {missing} names no client (null)"
+        )
+    ids = np.asarray([str(c) for c in raw])
     order = np.argsort(ids, kind="stable")
     names, starts = np.unique(ids[order], return_index=True)
     rows = np.split(order, starts[1:]) if len(names) else []
@@ -223,14 +249,14 @@ def hf_data(cfg: Config) -> FederatedData:
     train = _split(cfg, data, cfg.hf_split, "hf_split")
     client_col, input_col, label_col = _columns(cfg, train)
     where = f"dataset hf {cfg.hf_name}"
-    x, scale = _inputs(train[input_col], f"{where}: column {input_col!r}")
+    x, scale = _inputs(train, input_col, f"{where}: column {input_col!r}")
     y, known = _labels(train[label_col], f"{where}: column {label_col!r}")
+    classes = _classes(train, label_col, y, known)
     ids, rows, made = _clients(cfg, train, client_col, input_col)
     parts = []
     if cfg.hf_test_split:
         test = _split(cfg, data, cfg.hf_test_split, "hf_test_split")
-        tx, _ = _inputs(test[input_col], f"{where}: split {cfg.hf_test_split!r}, column {input_col!r}")
-        ty, _ = _labels(test[label_col], f"{where}: split {cfg.hf_test_split!r}, column {label_col!r}")
+        tx, ty = _test_arrays(cfg, test, (input_col, label_col), (x, scale, classes))
         t_ids = np.asarray([str(c) for c in test[client_col]])
         for c, r in enumerate(rows):
             t = np.flatnonzero(t_ids == ids[c])
@@ -240,8 +266,32 @@ def hf_data(cfg: Config) -> FederatedData:
             keep, held = rows[c][tr], rows[c][te]
             parts.append((ArrayDataset(x[keep], y[keep]), ArrayDataset(x[held], y[held])))
     train_set, test_set, clients = own_splits(parts)
-    spec = DataSpec(tuple(x.shape[1:]), _classes(train, label_col, y, known), scale)
+    spec = DataSpec(tuple(x.shape[1:]), classes, scale)
     return FederatedData(Dataset("hf", train_set, test_set, spec), clients, None)
+
+
+def _test_arrays(
+    cfg: Config, test: Any, columns: tuple[str, str], train: tuple
+) -> tuple[np.ndarray, np.ndarray]:
+    """``hf_test_split``'s inputs and labels, refused where one model could not read them as it
+    reads the training split's: another shape, another stored type (another scale), a class the
+    training split does not have."""
+    (input_col, label_col), (x, scale, classes) = columns, train
+    where = f"dataset hf {cfg.hf_name}: split {cfg.hf_test_split!r}"
+    tx, tscale = _inputs(test, input_col, f"{where}, column {input_col!r}")
+    ty, _ = _labels(test[label_col], f"{where}, column {label_col!r}")
+    if tx.shape[1:] != x.shape[1:]:
+        raise ConfigError(
+            f"{where}: its inputs are {list(tx.shape[1:])}, the training split's {list(x.shape[1:])}"
+        )
+    if tscale != scale:
+        raise ConfigError(
+            f"{where}: its inputs are stored as {tx.dtype} and the training split's as {x.dtype}: one model "
+            "reads one kind (store both alike)"
+        )
+    if ty.size and ty.max() >= classes:
+        raise ConfigError(f"{where}: label {int(ty.max())} is beyond the training split's {classes} classes")
+    return tx, ty
 
 
 def hf_info(cfg: Config) -> DatasetInfo:
@@ -249,7 +299,9 @@ def hf_info(cfg: Config) -> DatasetInfo:
     data = _open(cfg)
     train = _split(cfg, data, cfg.hf_split, "hf_split")
     _, input_col, label_col = _columns(cfg, train)
-    x, _ = _inputs(train[:1][input_col], f"dataset hf {cfg.hf_name}: column {input_col!r}")
+    x, _ = _inputs(
+        train.select(range(min(1, len(train)))), input_col, f"dataset hf {cfg.hf_name}: column {input_col!r}"
+    )
     y, known = _labels(train[:1][label_col], f"dataset hf {cfg.hf_name}: column {label_col!r}")
     classes = (
         known or getattr(train.features[label_col], "num_classes", None) or int(max(train[label_col])) + 1
@@ -270,6 +322,11 @@ def check_hf(cfg: Config, info: DatasetInfo) -> None:
         raise ConfigError(
             "config key 'client_test_fraction': dataset hf's test samples are each client's own: set "
             "client_test_fraction (e.g. 0.1), or hf_test_split to a split of the same clients"
+        )
+    if cfg.hf_test_split and cfg.hf_test_split == cfg.hf_split:
+        raise ConfigError(
+            f"config key 'hf_test_split': {cfg.hf_test_split!r} is the training split (hf_split): the test "
+            "samples would be the training ones"
         )
     if cfg.hf_test_split:
         for key in ("leaf_sample_fraction", "leaf_min_samples"):

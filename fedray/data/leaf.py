@@ -159,7 +159,7 @@ def _encode(kind: Kind, path: Path, user: str, x: Any, y: Any) -> tuple[np.ndarr
             raise LeafError(f"{where}: sample {i} has a null or non-finite grey level")
         if pixels.size and (pixels.min() < 0 or pixels.max() > 1):
             raise LeafError(f"{where}: a FEMNIST sample is 784 grey levels in [0, 1]")
-        labels = _class_ids(where, y)
+        labels = class_ids(where, y)
         if labels.size and (labels.min() < 0 or labels.max() >= kind.num_classes):
             raise LeafError(f"{where}: FEMNIST's classes are 0..61, got {labels.min()}..{labels.max()}")
         return np.rint(pixels * 255).astype(np.uint8), labels
@@ -179,11 +179,11 @@ def _encode(kind: Kind, path: Path, user: str, x: Any, y: Any) -> tuple[np.ndarr
     return chars[: n * SEQ_LEN].reshape(n, SEQ_LEN), chars[n * SEQ_LEN :].astype(np.int64)
 
 
-def _class_ids(where: str, y: list) -> np.ndarray:
+def class_ids(where: str, y: list) -> np.ndarray:
     """Labels that are whole numbers, as int64; anything else (3.7, "3", null) named."""
     for i, v in enumerate(y):
         if isinstance(v, bool) or not (isinstance(v, int) or isinstance(v, float) and v.is_integer()):
-            raise LeafError(f"{where}: sample {i}'s label is {v!r}, not a class id (a whole number)")
+            raise ConfigError(f"{where}: sample {i}'s label is {v!r}, not a class id (a whole number)")
     return np.asarray(y, dtype=np.int64)
 
 
