@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from fedray.config.keys import ADDED_LATER
+from fedray.config.notes import say_once
 from fedray.storage.results import (
     ASSIGNMENTS_SCHEMA,
     CLIENTS_SCHEMA,
@@ -34,6 +36,14 @@ _SCHEMAS = {
 def _owner_ok(stem: str, run_id: str) -> bool:
     rest = stem[len(run_id) :] if stem.startswith(run_id) else None
     return rest is not None and (rest in ("", "-clients") or (rest[:1] == "-" and rest[1:].isdigit()))
+
+
+def _not_of(runs: set[str], where: ds.Expression | None) -> ds.Expression | None:
+    """``where``, and not a row of ``runs`` (those whose own files are read)."""
+    if not runs:
+        return where
+    apart = ~ds.field("run_id").isin(sorted(runs))
+    return apart if where is None else where & apart
 
 
 def _check_owners(dataset: ds.Dataset) -> None:
@@ -67,10 +77,57 @@ def _check_owners(dataset: ds.Dataset) -> None:
                 )
 
 
+# A run's part of a results table: RUN_ID.parquet, RUN_ID-NNNNNN.parquet or RUN_ID-clients.parquet.
+_PART = re.compile(r"(?P<run>.+?)(-\d{6}|-clients)?")
+
+
+def _run_of(stem: str, known: set[str] | None) -> str | None:
+    """The run a part file is of, by its name: a run the folder's runs/ records (its files there
+    are RUN_ID.parquet), or, where there is no runs/ to ask, any; None: a name fedray never writes."""
+    if known is None:
+        return _PART.fullmatch(stem)["run"]
+    if stem in known:
+        return stem
+    m = re.fullmatch(r"(?P<run>.+)(-\d{6}|-clients)", stem)
+    return m["run"] if m and m["run"] in known else None
+
+
+def _known_runs(table_dir: Path) -> set[str] | None:
+    """The run ids the results folder's runs/ records (its files' names, and an archive's rows)."""
+    runs = table_dir.parent / "runs"
+    if not runs.is_dir():
+        return None
+    known = {
+        p.stem for p in runs.glob("*.parquet") if not p.name.startswith((".", "_")) and p.stem != "archive"
+    }
+    if (runs / "archive.parquet").is_file():
+        known |= set(
+            ds.dataset(str(runs / "archive.parquet")).to_table(columns=["run_id"]).column(0).to_pylist()
+        )
+    return known
+
+
+def _parts(path: Path) -> list[Path]:
+    """The table's files fedray wrote (a run's parts, and an archive's one file of many runs), said
+    once for what else lies there (a copy named otherwise would be read as more rows of its run);
+    an archive's rows of a run that has its own files are left to those (`_read_dir`)."""
+    found = sorted(p for p in path.iterdir() if p.suffix == ".parquet" and not p.name.startswith((".", "_")))
+    known = None if path.name == "runs" else _known_runs(path)
+    own = [p for p in found if p.stem == "archive" or _run_of(p.stem, known) is not None]
+    if others := [p.name for p in found if p not in own]:
+        say_once(
+            f"{path}: {', '.join(others[:5])}{' ...' if len(others) > 5 else ''} not read (fedray writes "
+            "RUN_ID.parquet, RUN_ID-NNNNNN.parquet and archive.parquet there; a copy named otherwise would "
+            "count its rows twice)"
+        )
+    return own
+
+
 def _read_dir(path: Path, where: ds.Expression | None = None) -> pd.DataFrame | None:
-    if not path.is_dir() or not any(
-        p.suffix == ".parquet" and not p.name.startswith((".", "_")) for p in path.iterdir()
-    ):
+    if not path.is_dir():
+        return None
+    parts = _parts(path)
+    if not parts:
         return None
     # pyarrow's discovery skips names starting with "." or "_", i.e. files still being written.
     # The table's schema is given, so a file written before a column existed reads it as null.
@@ -78,16 +135,32 @@ def _read_dir(path: Path, where: ds.Expression | None = None) -> pd.DataFrame | 
     checked = ds.ParquetFileFormat(
         default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True)
     )
+    own = [p for p in parts if p.stem != "archive"]
+    known = None if path.name == "runs" else _known_runs(path)
+    runs = {_run_of(p.stem, known) for p in own} - {None}
+    tables = []
     try:
-        dataset = ds.dataset(str(path), format=checked, schema=schema)
-        _check_owners(dataset)
-        table = dataset.to_table(filter=where)
+        for files, kept in ((own, where), ([p for p in parts if p.stem == "archive"], _not_of(runs, where))):
+            if files:
+                dataset = ds.dataset([str(p) for p in files], format=checked, schema=schema)
+                _check_owners(dataset)
+                tables.append(dataset.to_table(filter=kept))
     except DamagedResults:
         raise
     except (OSError, pa.ArrowException):
-        for part in sorted(p for p in path.glob("*.parquet") if not p.name.startswith((".", "_"))):
+        for part in parts:
             read_checked(part)  # names the damaged file
         raise
+    if len(tables) == 2 and runs and "run_id" in tables[0].column_names:
+        archived = set(
+            ds.dataset(str(path / "archive.parquet")).to_table(columns=["run_id"]).column(0).to_pylist()
+        )
+        if twice := runs & archived:  # the archive's rows of runs with their own files: theirs twice
+            say_once(
+                f"{path}/archive.parquet: {len(twice)} of its runs have their own files here: their rows are "
+                "read from those alone"
+            )
+    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
     df = table.to_pandas()
     if "source" in df:
         df["source"] = df["source"].fillna("fedray")

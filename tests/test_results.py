@@ -360,11 +360,34 @@ def test_a_part_file_holding_another_runs_rows_is_refused_naming_it(tmp_path, ca
         load_metrics(tmp_path / "out")
     assert main(["report", str(tmp_path / "out")]) == 1
     assert first.name in capsys.readouterr().err
-    # a run whose id extends another's (a reference run's "-ref") keeps its own files apart
+    # a file of a run no runs/ row names (a reference run's "-ref" that was never recorded) is not
+    # read: its rows are not counted as the run's whose id it extends
     (tmp_path / "out" / "metrics" / f"{runs[1].run_id()}-ref-000000.parquet").write_bytes(second.read_bytes())
     first.unlink()
-    with pytest.raises(DamagedResults, match=r"-ref-000000\.parquet' holds rows of run"):
-        load_metrics(tmp_path / "out")
+    capsys.readouterr()
+    m = load_metrics(tmp_path / "out")
+    assert len(m) == len(m.drop_duplicates()) and set(m["run_id"]) == {runs[1].run_id()}
+    assert f"{runs[1].run_id()}-ref-000000.parquet not read" in capsys.readouterr().err
+
+
+def test_a_copy_of_a_runs_rows_under_another_name_is_not_counted_twice(tmp_path, capsys):
+    # Before: metrics/archive.parquet (or any other name) holding a copy of a run's rows doubled them
+    runs = small_config(tmp_path, rounds=2)
+    list(execute(runs, make_local_federation))
+    out = tmp_path / "out"
+    before = load_metrics(out)
+    (part,) = (out / "metrics").glob("*.parquet")
+    for name in ("archive.parquet", "copy.parquet", "backup-2024.parquet"):
+        (out / "metrics" / name).write_bytes(part.read_bytes())
+    capsys.readouterr()
+    after = load_metrics(out)
+    assert len(after) == len(before) and after.equals(before)
+    err = capsys.readouterr().err
+    assert "backup-2024.parquet, copy.parquet not read" in err
+    assert (
+        "archive.parquet: 1 of its runs have their own files here: their rows are read from those alone"
+        in err
+    )
 
 
 def test_a_run_whose_writer_died_is_recorded_with_the_status_it_is_given(tmp_path):
