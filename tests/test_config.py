@@ -102,6 +102,11 @@ def test_parse_sets_nests_and_parses_yaml_scalars():
         # it names the report's plot files: --set experiment=../../x once wrote outside the results
         ({"experiment": "../../x"}, r"'experiment': a name, not a path .*'\.\./\.\./x'"),
         ({"experiment": ".hidden"}, r"'experiment': a name, not a path"),
+        # 300 characters: accepted, then `fedray report` failed on its plot's file name (Errno 36)
+        (
+            {"experiment": "x" * 300},
+            r"'experiment': at most 100 characters \(it names files under the results folder\), got 300",
+        ),
         ({"num_clients": 2.5}, r"'num_clients': expected an integer"),
         ({"participation": 1.5}, r"'participation': must be in \(0, 1\]"),
         ({"download": "yes"}, r"'download': expected true or false"),

@@ -313,6 +313,9 @@ def name_and_bound_problems(cfg: Config) -> list[str]:
     return [p for p in problems if p]
 
 
+MAX_NAME = 100  # characters of a name that becomes part of a file's name (file systems allow 255)
+
+
 def validate(cfg: Config, given: Collection[str] | None = None) -> None:
     """Value checks and cross-key checks. Cheap: no Ray is started, and no data is read but what a
     dataset that comes with its clients reads to count them. ``given``: the keys the user set (None:
@@ -324,6 +327,11 @@ def validate(cfg: Config, given: Collection[str] | None = None) -> None:
         and not cfg.experiment.startswith("."),
         "experiment",
         f"a name, not a path (it names files under the results folder): {cfg.experiment!r}",
+    )
+    _check(
+        len(cfg.experiment) <= MAX_NAME,
+        "experiment",
+        f"at most {MAX_NAME} characters (it names files under the results folder), got {len(cfg.experiment)}",
     )
     # every name and every key's declared bound (field metadata, fedray/config/hparams.py) at once; the
     # checks below read them, so they come after
