@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from fedray import progress
 from fedray.config.coercion import count
+from jobs.cli_args import add_config_args
 
 EXIT_USAGE = 2  # bad config, bad data path: the user's input
 EXIT_FAILED = 1  # the run itself failed
@@ -24,22 +25,10 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "config", nargs="?", help="experiment YAML (default: the embedded default, digits + FedAvg)"
     )
-    p.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config key, dotted for hp (e.g. --set hp.server_lr=0.5); repeatable",
-    )
-    p.add_argument("--output", help="results folder (config key output)")
-    p.add_argument(
-        "--plugin",
-        dest="plugins",
-        action="append",
-        default=[],
-        metavar="FILE|MODULE",
-        help="a plug-in to import first: a .py file, a package folder or a module name (docs/extending.md); repeatable",
+    add_config_args(
+        p,
+        "override a config key, dotted for hp (e.g. --set hp.server_lr=0.5); repeatable",
+        "a plug-in to import first: a .py file, a package folder or a module name (docs/extending.md); repeatable",
     )
     p.add_argument("--local", action="store_true", help="run in-process without Ray (debugging, tests)")
     p.add_argument(
@@ -509,13 +498,10 @@ def build_parser() -> argparse.ArgumentParser:
         "sweep", help="run every run of a sweep file (grid x cases x seeds), several at once"
     )
     p_sw.add_argument("config", help="sweep YAML: an experiment config plus grid:, seeds:, cases:")
-    p_sw.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config key in every run (e.g. --set rounds=5); repeatable",
+    add_config_args(
+        p_sw,
+        "override a config key in every run (e.g. --set rounds=5); repeatable",
+        "a plug-in every run imports first (docs/extending.md); repeatable",
     )
     p_sw.add_argument(
         "--only",
@@ -523,15 +509,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=VALUE",
         help="run only the runs whose config has this value (e.g. --only algorithm=fedavg); repeatable",
-    )
-    p_sw.add_argument("--output", help="results folder for every run (config key output)")
-    p_sw.add_argument(
-        "--plugin",
-        dest="plugins",
-        action="append",
-        default=[],
-        metavar="FILE|MODULE",
-        help="a plug-in every run imports first (docs/extending.md); repeatable",
     )
     p_sw.add_argument(
         "--dry-run", action="store_true", help="list the runs, their state and what would run; run nothing"

@@ -7,6 +7,8 @@ import argparse
 import sys
 from typing import Any
 
+from jobs.cli_args import add_config_args
+
 EXIT_USAGE, EXIT_FAILED = 2, 1
 
 
@@ -157,22 +159,10 @@ def add_parser(sub: Any, run_sweep: Any) -> None:
         help="search a config's settings on validation with Ray Tune (a sweep file: each cell, then its seeds on test)",
     )
     p.add_argument("config", help="a config or sweep YAML with a tune: block (docs/tuning.md)")
-    p.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config key (e.g. --set rounds=10); repeatable",
-    )
-    p.add_argument("--output", help="results folder (config key output)")
-    p.add_argument(
-        "--plugin",
-        dest="plugins",
-        action="append",
-        default=[],
-        metavar="FILE|MODULE",
-        help="a plug-in every trial imports first (docs/extending.md); repeatable",
+    add_config_args(
+        p,
+        "override a config key (e.g. --set rounds=10); repeatable",
+        "a plug-in every trial imports first (docs/extending.md); repeatable",
     )
     p.add_argument("--restart", action="store_true", help="start the search over (its trials too)")
     p.add_argument("--dry-run", action="store_true", help="say what would be searched; run nothing")

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from fedray.config.keys import Config, read_yaml
-from fedray.sweeps.tuning import TuneError, TuneSpec, check_base, read_spec, split_block
+from fedray.sweeps.tuning import TuneError, TuneSpec, check_base, read_spec, seed_list, split_block
 
 SEED_AXES = ("seeds",)
 
@@ -77,13 +77,9 @@ def _cell_label(label: str) -> str:
 def _seeds(seeds: Any, source: str) -> list[int]:
     if seeds is None:
         return []
-    if isinstance(seeds, int) and not isinstance(seeds, bool):
-        seeds = [seeds]
-    if not isinstance(seeds, list) or not all(
-        isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds
-    ):
+    if (listed := seed_list(seeds)) is None:
         raise TuneError(f"{source}: seeds: a list of seeds (integers >= 0), got {seeds!r}")
-    return list(dict.fromkeys(seeds))
+    return listed
 
 
 def tuned_sweep(plan: TunePlan, docs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -294,15 +294,9 @@ def _scalars(block: Mapping[str, Any], problems: list[str]) -> TuneSpec:
     mode = one_of("mode", "min" if "loss" in str(metric) else "max", ("max", "min"))
     at, last = _at(block.get("at", "final"), problems)
     scheduler, grace, factor = _scheduler(block.get("scheduler", {"asha": {}}), problems)
-    seeds = block.get("seeds", [0])
-    if isinstance(seeds, int) and not isinstance(seeds, bool):
-        seeds = [seeds]
-    if (
-        not isinstance(seeds, list)
-        or not seeds
-        or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)
-    ):
-        problems.append(f"{_where('seeds')}: a list of seeds (integers >= 0), got {seeds!r}")
+    seeds = seed_list(block.get("seeds", [0]))
+    if seeds is None:
+        problems.append(f"{_where('seeds')}: a list of seeds (integers >= 0), got {block['seeds']!r}")
         seeds = [0]
     return TuneSpec(
         {},
@@ -319,6 +313,16 @@ def _scalars(block: Mapping[str, Any], problems: list[str]) -> TuneSpec:
         seeds=tuple(dict.fromkeys(seeds)),
         max_concurrent_trials=integer("max_concurrent_trials", 0, 0),
     )
+
+
+def seed_list(value: Any) -> list[int] | None:
+    """Seeds as a file writes them (one, or a list), each once in order; None where they are not."""
+    seeds = [value] if isinstance(value, int) and not isinstance(value, bool) else value
+    if not isinstance(seeds, list) or not seeds:
+        return None
+    if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
+        return None
+    return list(dict.fromkeys(seeds))
 
 
 def _at(value: Any, problems: list[str]) -> tuple[str, int]:
