@@ -7,8 +7,8 @@ A trial's runs go in the trial's own process (fedray's in-process federation): i
 actor of its own, so it never waits on its placement group for room its trial did not reserve (Ray
 Tune's trap for trials that start actors: ray-project/ray#25239); the trial reserves the CPUs (and
 GPU share) of one of the run's actors. Trials run side by side as the cluster's resources allow.
-Tune's state is kept in ``OUT/tune/CELL`` (CELL: the hash of the searched config): the same command
-after a Ctrl-C or a kill restores it, keeping the finished trials and resuming the unfinished ones,
+Tune's state is kept in ``OUT/tune/CELL`` (CELL: the hash of the searched config and its search):
+the same command after a Ctrl-C or a kill restores it, keeping the finished trials and resuming the unfinished ones,
 whose runs go on from their checkpoints.
 """
 
@@ -184,7 +184,7 @@ def search(
     names = _names(spec)
     space = {p: _space(spec.search[key]) for p, key in names.items()}
     storage = Path(cell.output) / "tune"
-    name = cell_key(cell)
+    name = cell_key(cell, spec)
     if restart and (storage / name).exists():
         shutil.rmtree(storage / name)
     resources = {"cpu": cell.num_cpus_per_actor}

@@ -397,11 +397,14 @@ def trials_experiment(experiment: str) -> str:
     return experiment if experiment.endswith(TRIALS_SUFFIX) else f"{experiment}{TRIALS_SUFFIX}"
 
 
-def cell_key(cfg: Config) -> str:
-    """A short name of a cell's search (its folder under OUT/tune/): its config's hash."""
+def cell_key(cfg: Config, spec: TuneSpec) -> str:
+    """A short name of a cell's search (its folder under OUT/tune/): the hash of its config and of
+    the search itself, so a tune: block changed since (more trials, another space) is searched
+    anew rather than restored as it was (its trials' finished runs are found by their run ids)."""
     tree = cfg.to_dict()
     tree.pop("seed", None)
-    return hashlib.sha256(json.dumps(tree, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    both = {"config": tree, "search": dataclasses.asdict(spec)}
+    return hashlib.sha256(json.dumps(both, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 # ------------------------------------------------------------------------------------------------
