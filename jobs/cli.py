@@ -355,6 +355,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         unfinished = int(len(statuses) and statuses.sum() - statuses.get("finished", 0))
         hint = f" ({unfinished} not finished: --all includes them)" if unfinished and not args.all else ""
         print(f"no {'' if args.all else 'finished '}runs in {args.dir}/{hint}")
+        from jobs.tune_cli import tuned_lines
+
+        for line in tuned_lines(args.dir):  # a folder of a search alone: what it chose
+            print(line)
         return 1  # nothing to report: a script reading the table can tell
     prose = args.format in ("text", "markdown")
     heading = {"text": "", "markdown": "# ", "latex": "% "}.get(args.format)

@@ -49,7 +49,7 @@ def _say(line: str) -> None:
 def _run(plan: Any, args: argparse.Namespace) -> int:
     from actors.driver import connect, disconnect
     from actors.tune import run_cells
-    from fedray.sweeps.tune_plan import write_tuned_sweep
+    from fedray.sweeps.tune_plan import write_tuned_config, write_tuned_sweep
     from fedray.sweeps.tuning import TuneError
 
     try:
@@ -61,8 +61,7 @@ def _run(plan: Any, args: argparse.Namespace) -> int:
         docs = run_cells(plan.cells, plan.spec, restart=args.restart, say=_say)
         print(f"chosen values: {plan.output}/tuned.yaml")
         if not plan.seeds:
-            sets = " ".join(f"--set {s}" for s in docs[0]["set"])
-            print(f"run it on test: fedray run {plan.source} {sets}")
+            print(f"run it on test: fedray run {write_tuned_config(plan, docs)}")
             return 0
         print(f"the tuned table: {(path := write_tuned_sweep(plan, docs))}", flush=True)
         return args.run_sweep(path, args)

@@ -82,17 +82,35 @@ def _seeds(seeds: Any, source: str) -> list[int]:
     return listed
 
 
-def tuned_sweep(plan: TunePlan, docs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The sweep of the tuned table: each cell at its chosen values, on test, at the file's seeds."""
+def tuned_configs(plan: TunePlan, docs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Each cell's config at its chosen values, on test: its keys that differ from the defaults."""
     from fedray.config.keys import set_dotted
 
     defaults = Config().to_dict()
-    cases = []
+    out = []
     for (_, cfg), doc in zip(plan.cells, docs, strict=True):
         tree = cfg.to_dict()
         for key, value in doc["chosen"].items():
             set_dotted(tree, key, value, "tuned.yaml")
-        cases.append({k: v for k, v in tree.items() if k != "seed" and v != defaults.get(k)})
+        out.append({k: v for k, v in tree.items() if v != defaults.get(k)})
+    return out
+
+
+def write_tuned_config(plan: TunePlan, docs: Sequence[Mapping[str, Any]]) -> Path:
+    """``OUT/tune/tuned-config.yaml``: a config file's config at the values its search chose (without
+    its tune: block), which `fedray run` runs on test."""
+    from fedray.storage.results import write_text_atomic
+
+    path = Path(plan.output) / "tune" / "tuned-config.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    head = f"# {plan.source} at the values its search chose on validation (tuned.yaml). Written by fedray tune.\n"
+    write_text_atomic(head + yaml.safe_dump(tuned_configs(plan, docs)[0], sort_keys=False), path)
+    return path
+
+
+def tuned_sweep(plan: TunePlan, docs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The sweep of the tuned table: each cell at its chosen values, on test, at the file's seeds."""
+    cases = [{k: v for k, v in c.items() if k != "seed"} for c in tuned_configs(plan, docs)]
     # what every cell shares at the top, so a run's label is what sets its cell apart
     shared = {k: v for k, v in cases[0].items() if all(k in c and c[k] == v for c in cases[1:])}
     cells = [{k: v for k, v in c.items() if k not in shared} for c in cases]

@@ -469,7 +469,7 @@ def tuned_document(
     cell: str, cfg: Config, spec: TuneSpec, chosen: Trial, trials: Sequence[Trial]
 ) -> dict[str, Any]:
     """What ``tuned.yaml`` says of one cell: the values chosen, on what, and the --set that reuses them."""
-    values = {k: _plain(v) for k, v in chosen.values.items()}
+    values = {k: _exact(v) for k, v in chosen.values.items()}  # the trial's own: a rounded lr is another run
     return {
         "cell": cell,
         "experiment": cfg.experiment,
@@ -488,7 +488,7 @@ def tuned_document(
         "seeds": list(spec.seeds),
         "trial_list": [
             {
-                "values": {k: _plain(v) for k, v in t.values.items()},
+                "values": {k: _exact(v) for k, v in t.values.items()},
                 "value": _plain(t.value),
                 "rounds": t.rounds,
                 "stopped": t.stopped,
@@ -497,6 +497,11 @@ def tuned_document(
             for t in sorted(trials, key=lambda t: t.run_ids)  # the same list however Tune ordered them
         ],
     }
+
+
+def _exact(v: Any) -> Any:
+    """A value as YAML writes it back exactly (a float's shortest repr that reads back the same)."""
+    return v.item() if hasattr(v, "item") else v
 
 
 def _plain(v: Any) -> Any:
