@@ -305,7 +305,11 @@ def test_every_shipped_config_validates(path, tmp_path):
         size = 5 if raw["dataset"] == "femnist" else 810
         root = write_leaf(tmp_path / "leaf", {f"u{i}": size for i in range(n)}, kind=raw["dataset"])
         sets += [f"data_root={root}", "leaf_sample_fraction=null", "leaf_min_samples=0"]
-    if any(key in raw for key in ("grid", "cases", "seeds")):  # a sweep file
+    if "tune" in raw:  # a search (fedray tune): its block, its cells and the values its space reaches
+        from fedray.sweeps.tune_plan import open_plan
+
+        assert len(open_plan(path, sets, output=str(tmp_path / "out")).cells) >= 1
+    elif any(key in raw for key in ("grid", "cases", "seeds")):  # a sweep file
         assert len(load_sweep(path, sets=sets).runs) >= 1
     else:
         load_config(path, sets=sets)
