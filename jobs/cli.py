@@ -272,8 +272,24 @@ def _execute_sweep(session, args: argparse.Namespace) -> int:
     )
     for e in failed:
         print(f"  FAILED #{e.run.index} {e.run.label} ({e.run.run_id}): {type(e.error).__name__}: {e.error}")
+    # runs another process was writing, which it has not finished (it stopped, or still writes them):
+    # the sweep is not done while they are not
+    left = session.left_to_others(shown.ended)
+    for run, state in left:
+        why = (
+            "that process still writes it"
+            if state == "running"
+            else "that process stopped without finishing it"
+        )
+        print(f"  NOT FINISHED #{run.index} {run.label} ({run.run_id}): {state}: {why}")
+    if left:
+        verb = "is" if len(left) == 1 else "are"
+        print(
+            f"{count(len(left), 'run')} of this sweep that another process was writing {verb} not finished: "
+            "submit the sweep again once that process is done"
+        )
     print(f"results: {session.sweep.output}/  (fedray report {session.sweep.output})")
-    return EXIT_FAILED if failed else 0
+    return EXIT_FAILED if failed or left else 0
 
 
 def _tuned_sweep(path: str, args: argparse.Namespace) -> int:

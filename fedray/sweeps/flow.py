@@ -19,9 +19,17 @@ from pathlib import Path
 
 from fedray.config.coercion import ConfigError
 from fedray.federation.placement import unused_gpus
-from fedray.storage.results import check_writable
+from fedray.storage.results import check_writable, run_state
 from fedray.sweeps.pack import pack_groups
-from fedray.sweeps.scheduler import Launcher, SweepEvent, launch_units, packs_declined, run_sweep
+from fedray.sweeps.scheduler import (
+    LOCKED,
+    Launcher,
+    RunEnded,
+    SweepEvent,
+    launch_units,
+    packs_declined,
+    run_sweep,
+)
 from fedray.sweeps.sweep_file import PlannedRun, Sweep, SweepRun, load_sweep, plan
 
 
@@ -82,6 +90,18 @@ class SweepSession:
         """The runs to run, run (`fedray.sweeps.scheduler.run_sweep`); leaving early cancels those
         in flight."""
         return run_sweep(self.todo, self.launcher, self.max_concurrent_runs)
+
+    def left_to_others(self, ended: Iterable[RunEnded]) -> list[tuple[SweepRun, str]]:
+        """The sweep's runs another process was writing (skipped when planned, or when launched:
+        ``ended``) that are not finished now, each with its state (running: that process still
+        writes it; interrupted: it stopped without finishing it): the sweep is not done with them."""
+        by_other = {e.run.run_id for e in ended if e.skipped == LOCKED}
+        by_other |= {p.run.run_id for p in self.planned if p.state == "running"}
+        left = []
+        for r in self.sweep.runs:
+            if r.run_id in by_other and (state := run_state(self.sweep.output, r.run_id)) != "finished":
+                left.append((r, state))
+        return left
 
     def close(self) -> None:
         """Give back what the launcher holds (a Ray started for the sweep is stopped)."""
