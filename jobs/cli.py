@@ -262,6 +262,11 @@ def _execute_sweep(session, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 130
+    try:  # runs another process is writing: waited for, so the count below is what was done
+        left = session.left_to_others(shown.ended, say=lambda line: print(line, flush=True))
+    except KeyboardInterrupt:
+        print("fedray: stopped waiting for the runs another process is writing", file=sys.stderr)
+        return 130
     failed = [e for e in shown.ended if not e.ok]
     others = [e for e in shown.ended if e.skipped]  # another process's: not run here
     print(
@@ -272,21 +277,15 @@ def _execute_sweep(session, args: argparse.Namespace) -> int:
     )
     for e in failed:
         print(f"  FAILED #{e.run.index} {e.run.label} ({e.run.run_id}): {type(e.error).__name__}: {e.error}")
-    # runs another process was writing, which it has not finished (it stopped, or still writes them):
-    # the sweep is not done while they are not
-    left = session.left_to_others(shown.ended)
     for run, state in left:
-        why = (
-            "that process still writes it"
-            if state == "running"
-            else "that process stopped without finishing it"
+        print(
+            f"  NOT FINISHED #{run.index} {run.label} ({run.run_id}): {state} by the process that was writing it"
         )
-        print(f"  NOT FINISHED #{run.index} {run.label} ({run.run_id}): {state}: {why}")
     if left:
         verb = "is" if len(left) == 1 else "are"
         print(
             f"{count(len(left), 'run')} of this sweep that another process was writing {verb} not finished: "
-            "submit the sweep again once that process is done"
+            "submit the sweep again"
         )
     print(f"results: {session.sweep.output}/  (fedray report {session.sweep.output})")
     return EXIT_FAILED if failed or left else 0

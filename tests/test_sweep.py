@@ -541,50 +541,57 @@ import os, sys, time
 from pathlib import Path
 from fedray.storage.results import ResultsWriter
 from fedray.sweeps.sweep_file import load_sweep
-path, out, wait = sys.argv[1:4]
+path, out, when = sys.argv[1:4]
 runs = load_sweep(path, output=out).runs
 w = ResultsWriter(out, runs[0].run_id, runs[0].config.to_dict(), flush_every_s=0)
 w.start()  # run #1 is being written: its row says running, its lock is held
 print("held", flush=True)
-while not (Path(out) / "runs" / f"{runs[1].run_id}.parquet").exists() and wait == "until-2":
+# stopped (killed, as it were) while the sweep runs #2, or once the sweep waits for #1
+mark = Path(out) / "runs" / f"{runs[1].run_id}.parquet" if when == "running-2" else Path(sys.argv[4])
+while not mark.exists():
     time.sleep(0.05)
-if wait == "until-2":
-    os._exit(3)  # killed, as it were, while the sweep runs #2: #1 left unfinished
-time.sleep(600)
+os._exit(3)
 """
 
 
-@pytest.mark.parametrize("holder_dies", [True, False])
-def test_a_sweep_is_not_done_while_runs_another_process_was_writing_are_unfinished(tmp_path, holder_dies):
+@pytest.mark.parametrize("when", ["running-2", "waiting"])
+def test_a_sweep_is_not_done_while_runs_another_process_was_writing_are_unfinished(tmp_path, when):
     # Before: the other process killed after this sweep planned, the sweep said "1 finished, 0 failed,
-    # 1 skipped" and exited 0 with a run left interrupted.
+    # 1 skipped" and exited 0 with a run left interrupted. A run another process still writes is
+    # waited for (two sweeps over one folder both exit 0 once every run is done: the test above).
     path = sweep_file(tmp_path, "rounds: 6\nnum_clients: 6\nseeds: [0, 1]\n")
-    out = tmp_path / "out"
+    out, stop = tmp_path / "out", tmp_path / "stop"
     holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(path), str(out), "until-2" if holder_dies else "forever"],
+        [sys.executable, "-c", HOLDER, str(path), str(out), when, str(stop)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
         assert holder.stdout.readline().strip() == "held"
-        p = subprocess.run(
+        sweep = subprocess.Popen(
             [sys.executable, "-m", "jobs.cli", "sweep", str(path), "--local", "--output", str(out)],
             cwd=ROOT,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=300,
         )
+        if when == "waiting":
+            lines = []
+            for line in sweep.stdout:  # the sweep ran #2 and waits for #1: then its writer stops
+                lines.append(line)
+                if line.startswith("waiting for 1 runs another process is writing (#1)"):
+                    stop.touch()
+                    break
+            rest, err = sweep.communicate(timeout=300)
+            stdout = "".join(lines) + rest
+        else:
+            stdout, err = sweep.communicate(timeout=300)
     finally:
         if holder.poll() is None:
             holder.kill()
         holder.wait()
-    assert p.returncode == 1, p.stdout + p.stderr
-    state = (
-        "interrupted: that process stopped without finishing it"
-        if holder_dies
-        else "running: that process still writes it"
-    )
-    assert "NOT FINISHED #1 seed=0 (" in p.stdout and state in p.stdout, p.stdout
-    assert "1 run of this sweep that another process was writing is not finished" in p.stdout
+    assert sweep.returncode == 1, stdout + err
+    assert "NOT FINISHED #1 seed=0 (" in stdout and "interrupted by the process that was writing it" in stdout
+    assert "1 run of this sweep that another process was writing is not finished" in stdout
     assert load_runs(out).set_index("seed").loc[1, "status"] == "finished"

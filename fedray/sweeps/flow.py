@@ -13,6 +13,7 @@ process, or on Ray), so nothing here imports Ray.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -91,17 +92,27 @@ class SweepSession:
         in flight."""
         return run_sweep(self.todo, self.launcher, self.max_concurrent_runs)
 
-    def left_to_others(self, ended: Iterable[RunEnded]) -> list[tuple[SweepRun, str]]:
+    def left_to_others(
+        self, ended: Iterable[RunEnded], say: Callable[[str], None] | None = None, poll_s: float = 1.0
+    ) -> list[tuple[SweepRun, str]]:
         """The sweep's runs another process was writing (skipped when planned, or when launched:
-        ``ended``) that are not finished now, each with its state (running: that process still
-        writes it; interrupted: it stopped without finishing it): the sweep is not done with them."""
+        ``ended``), waited for while that process still writes them (said once to ``say``); those
+        it did not finish, each with its state (interrupted: it stopped; failed): the sweep is not
+        done with them."""
         by_other = {e.run.run_id for e in ended if e.skipped == LOCKED}
         by_other |= {p.run.run_id for p in self.planned if p.state == "running"}
-        left = []
-        for r in self.sweep.runs:
-            if r.run_id in by_other and (state := run_state(self.sweep.output, r.run_id)) != "finished":
-                left.append((r, state))
-        return left
+        runs = [r for r in self.sweep.runs if r.run_id in by_other]
+        states = {r.run_id: run_state(self.sweep.output, r.run_id) for r in runs}
+        while waiting := [r for r in runs if states[r.run_id] == "running"]:
+            if say is not None:
+                say(
+                    f"waiting for {len(waiting)} runs another process is writing "
+                    f"({', '.join(f'#{r.index}' for r in waiting[:10])}): the sweep is done when they are"
+                )
+                say = None
+            time.sleep(poll_s)
+            states.update({r.run_id: run_state(self.sweep.output, r.run_id) for r in waiting})
+        return [(r, states[r.run_id]) for r in runs if states[r.run_id] != "finished"]
 
     def close(self) -> None:
         """Give back what the launcher holds (a Ray started for the sweep is stopped)."""
