@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -77,19 +76,16 @@ def _check_owners(dataset: ds.Dataset) -> None:
                 )
 
 
-# A run's part of a results table: RUN_ID.parquet, RUN_ID-NNNNNN.parquet or RUN_ID-clients.parquet.
-_PART = re.compile(r"(?P<run>.+?)(-\d{6}|-clients)?")
-
-
 def _run_of(stem: str, known: set[str] | None) -> str | None:
-    """The run a part file is of, by its name: a run the folder's runs/ records (its files there
-    are RUN_ID.parquet), or, where there is no runs/ to ask, any; None: a name fedray never writes."""
-    if known is None:
-        return _PART.fullmatch(stem)["run"]
-    if stem in known:
+    """The run a part file is of, by its name (`_owner_ok`'s: RUN_ID, RUN_ID-NNNNNN, RUN_ID-clients):
+    a run the folder's runs/ records (its files there are RUN_ID.parquet), or, where there is no
+    runs/ to ask, any; None: a name fedray never writes."""
+    if known is not None and stem in known:
         return stem
-    m = re.fullmatch(r"(?P<run>.+)(-\d{6}|-clients)", stem)
-    return m["run"] if m and m["run"] in known else None
+    prefix = stem.rsplit("-", 1)[0]
+    if prefix != stem and _owner_ok(stem, prefix) and (known is None or prefix in known):
+        return prefix
+    return stem if known is None else None
 
 
 def _known_runs(table_dir: Path) -> set[str] | None:
@@ -107,12 +103,12 @@ def _known_runs(table_dir: Path) -> set[str] | None:
     return known
 
 
-def _parts(path: Path) -> list[Path]:
-    """The table's files fedray wrote (a run's parts, and an archive's one file of many runs), said
-    once for what else lies there (a copy named otherwise would be read as more rows of its run);
-    an archive's rows of a run that has its own files are left to those (`_read_dir`)."""
+def _parts(path: Path, known: set[str] | None) -> list[Path]:
+    """The table's files fedray wrote (a run's parts of a run ``known`` holds, and an archive's one
+    file of many runs), said once for what else lies there (a copy named otherwise would be read as
+    more rows of its run); an archive's rows of a run that has its own files are left to those
+    (`_read_dir`)."""
     found = sorted(p for p in path.iterdir() if p.suffix == ".parquet" and not p.name.startswith((".", "_")))
-    known = None if path.name == "runs" else _known_runs(path)
     own = [p for p in found if p.stem == "archive" or _run_of(p.stem, known) is not None]
     if others := [p.name for p in found if p not in own]:
         say_once(
@@ -126,7 +122,8 @@ def _parts(path: Path) -> list[Path]:
 def _read_dir(path: Path, where: ds.Expression | None = None) -> pd.DataFrame | None:
     if not path.is_dir():
         return None
-    parts = _parts(path)
+    known = None if path.name == "runs" else _known_runs(path)  # a runs/ file names its own run
+    parts = _parts(path, known)
     if not parts:
         return None
     # pyarrow's discovery skips names starting with "." or "_", i.e. files still being written.
@@ -136,7 +133,6 @@ def _read_dir(path: Path, where: ds.Expression | None = None) -> pd.DataFrame | 
         default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True)
     )
     own = [p for p in parts if p.stem != "archive"]
-    known = None if path.name == "runs" else _known_runs(path)
     runs = {_run_of(p.stem, known) for p in own} - {None}
     tables = []
     try:
