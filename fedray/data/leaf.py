@@ -113,6 +113,7 @@ class Users:
     test_x: np.ndarray | None = None
     test_y: np.ndarray | None = None
     test_offsets: np.ndarray | None = None
+    stamp: str = ""  # the JSON's fingerprint (`read_users`): what the clients made of it are kept by
 
     @property
     def split(self) -> bool:
@@ -289,6 +290,7 @@ def read_users(kind: Kind, root: str | Path) -> Users:
     if users is None:
         users = _read_json(kind, root, train_files, test_files)
         _keep(users, kept, kind)
+    users.stamp = stamp
     _READ[key] = users
     return users
 
@@ -460,8 +462,17 @@ def leaf_clients(kind: Kind, cfg: Config, users: Users) -> list[tuple[int, np.nd
             (i, np.arange(users.offsets[i], users.offsets[i + 1]), np.arange(*users.test_offsets[i : i + 2]))
             for i in range(len(users.names))
         ]
-    made = make_clients(users.files(), users.sizes(), Recipe.of(cfg, kind.gap))
+    recipe = Recipe.of(cfg, kind.gap)
+    made = _MADE.get((users.stamp, recipe)) if users.stamp else None
+    if made is None:  # counted, checked and loaded for one run, and again for each run of a sweep
+        made = make_clients(users.files(), users.sizes(), recipe)
+        if users.stamp:
+            _MADE[users.stamp, recipe] = made
     return [(u, users.offsets[u] + tr, users.offsets[u] + te) for u, tr, te in made]
+
+
+# in this process: (the JSON's fingerprint, a recipe) -> the clients LEAF's steps make of it
+_MADE: dict[tuple[str, Recipe], list[tuple[int, np.ndarray, np.ndarray]]] = {}
 
 
 def leaf_data(kind: Kind, cfg: Config) -> FederatedData:
