@@ -227,7 +227,13 @@ def _recipe(cfg: Config, train: Any, input_col: str) -> Recipe:
 
 def _clients(cfg: Config, train: Any, client_col: str, input_col: str) -> tuple[np.ndarray, list, list]:
     """The client ids (sorted), each one's rows (in the split's order) and, where fedray splits
-    them, the clients LEAF's rules keep: (client, its training rows' positions, its test rows')."""
+    them, the clients LEAF's rules keep: (client, its training rows' positions, its test rows').
+    Made once a process for a split as saved (its fingerprint) and the rules: counted, checked and
+    loaded for one run, and again for each run of a sweep."""
+    recipe = None if cfg.hf_test_split else _recipe(cfg, train, input_col)
+    key = (getattr(train, "_fingerprint", None), client_col, recipe)
+    if key[0] is not None and key in _MADE:
+        return _MADE[key]
     raw = train[client_col]
     if (missing := next((i for i, c in enumerate(raw) if c is None), None)) is not None:
         raise ConfigError(
@@ -237,10 +243,19 @@ def _clients(cfg: Config, train: Any, client_col: str, input_col: str) -> tuple[
     order = np.argsort(ids, kind="stable")
     names, starts = np.unique(ids[order], return_index=True)
     rows = np.split(order, starts[1:]) if len(names) else []
-    if cfg.hf_test_split:
-        return names, rows, [(c, np.arange(len(r)), None) for c, r in enumerate(rows)]
-    sizes = np.asarray([len(r) for r in rows], dtype=np.int64)
-    return names, rows, make_clients([np.arange(len(rows))], sizes, _recipe(cfg, train, input_col))
+    if recipe is None:
+        made = [(c, np.arange(len(r)), None) for c, r in enumerate(rows)]
+    else:
+        made = make_clients(
+            [np.arange(len(rows))], np.asarray([len(r) for r in rows], dtype=np.int64), recipe
+        )
+    if key[0] is not None:
+        _MADE[key] = (names, rows, made)
+    return names, rows, made
+
+
+# in this process: (a split's fingerprint, its client column, LEAF's rules) -> `_clients`
+_MADE: dict[tuple, tuple[np.ndarray, list, list]] = {}
 
 
 def hf_data(cfg: Config) -> FederatedData:
