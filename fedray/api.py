@@ -226,12 +226,14 @@ def begin(
     start) or being written by another process (a Ray started only to resolve auto is stopped
     again), else its events (``restart``: from the start, not the checkpoint). Nothing of the run
     starts until the events are read."""
+    from fedray.experiment.same_data import refuse_other_data
     from fedray.storage.results import run_state
 
     cfg, started, said = resolve_gpus(cfg, local, address, say)
     try:
         state = run_state(cfg.output, cfg.run_id())
-    except BaseException:  # a damaged record (DamagedResults): nothing runs
+        refuse_other_data(cfg, state, force, restart)  # finished, or checkpointed, on other data
+    except BaseException:  # a damaged record (DamagedResults), other data (DataChanged): nothing runs
         _stop_started(started)
         raise
     if state == "running" or state == "finished" and not force:

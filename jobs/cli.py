@@ -70,7 +70,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         begun = begin(cfg, args.local, args.address, args.force, args.restart, _say)
-    except ConnectionError as e:  # no Ray to resolve num_gpus_per_actor: auto on
+    except (ConnectionError, ConfigError) as e:  # no Ray to resolve auto on; the data is not the run's
         print(f"fedray: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except DamagedResults:  # the run's record in its output folder, not Ray: `main` says which file

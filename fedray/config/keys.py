@@ -642,17 +642,23 @@ def partition_file_for(path_template: str, seed: int) -> str:
     return path_template.replace("{seed}", str(seed))
 
 
-_DIGESTS: dict[tuple[str, int, int], str] = {}
+_DIGESTS: dict[tuple, str] = {}  # in this process: a file as it stands (inode, size, times) -> its SHA-256
 
 
 def file_digest(path: str | Path) -> str:
-    """SHA-256 of the file's bytes (cached by path, size and mtime): what names a partition file in a
-    run id, so the same clients give the same run wherever the file lies."""
+    """The SHA-256 of a file's content (what names a partition file in a run id, so the same clients
+    give the same run wherever the file lies; what names the files a run's data was read from),
+    computed once a process for the file as it stands: a write changes its ctime, which no tool
+    sets back."""
     p = Path(path)
     st = p.stat()
-    key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
+    key = (str(p.resolve()), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     if key not in _DIGESTS:
-        _DIGESTS[key] = hashlib.sha256(p.read_bytes()).hexdigest()
+        h = hashlib.sha256()
+        with open(p, "rb") as f:
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+        _DIGESTS[key] = h.hexdigest()
     return _DIGESTS[key]
 
 

@@ -95,7 +95,12 @@ def _load(cfg: Config) -> Dataset:
     return Dataset(f"arrays:{Path(cfg.data_root).name}", train, test, spec)
 
 
-register_dataset(DatasetKind("arrays", _load, _info, available=_available))
+def _files(cfg: Config) -> tuple[Path, list[Path]]:
+    _available(cfg)
+    return Path(cfg.data_root).parent, [Path(cfg.data_root)]
+
+
+register_dataset(DatasetKind("arrays", _load, _info, available=_available, files=_files))
 
 
 def from_arrays(

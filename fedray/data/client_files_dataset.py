@@ -11,7 +11,14 @@ import numpy as np
 
 from fedray.config import seeding
 from fedray.config.coercion import ConfigError
-from fedray.data.client_files import ClientFilesError, client_paths, read_client, read_global_test, read_meta
+from fedray.data.client_files import (
+    META,
+    ClientFilesError,
+    client_paths,
+    read_client,
+    read_global_test,
+    read_meta,
+)
 from fedray.data.datasets import (
     ArrayDataset,
     Dataset,
@@ -116,6 +123,15 @@ def _client_files_available(cfg: Config) -> None:
         raise DatasetMissing(str(e)) from None
 
 
+def _client_files_files(cfg: Config) -> tuple[Path, list[Path]]:
+    """What it reads: meta.json, every client's file, and global_test.npz where there is one."""
+    _client_files_available(cfg)
+    root = Path(cfg.resolved_data_root())
+    train, test = client_paths(root)
+    extra = [root / "global_test.npz"] if (root / "global_test.npz").is_file() else []
+    return root, [root / META, *train, *test, *extra]
+
+
 def _client_files_label(config: Mapping[str, Any]) -> str:
     return f"files:{Path(config.get('data_root') or 'client_files').name}"
 
@@ -132,5 +148,6 @@ register_dataset(
         partition_label=_client_files_label,
         count_clients=lambda cfg: len(client_paths(cfg.resolved_data_root())[0]),
         data_seed=0,
+        files=_client_files_files,
     )
 )

@@ -368,6 +368,11 @@ class DatasetKind:
     # read rather than drawn (LEAF, hf, client_files) fixes one, so the run's seed varies training
     # only; None: the run's seed, as before data_seed existed.
     data_seed: int | None = None
+    # (cfg) -> (folder, files): the files it reads, which a run records by their content
+    # (`fedray.data.identity`) so that it goes on from a checkpoint, or counts as finished, only on
+    # those same files; raises DatasetMissing where they are not there. None: nothing is read from
+    # files the user can change (made from the config: digits, synthetic), nothing recorded.
+    files: Callable[[Config], tuple[Path, list[Path]]] | None = None
 
     @property
     def own_clients(self) -> bool:
@@ -412,6 +417,41 @@ def _fmnist_available(cfg: Config) -> None:
         raise DatasetMissing(_fmnist_missing_message(root))
 
 
+def _fmnist_files(cfg: Config) -> tuple[Path, list[Path]]:
+    _fmnist_available(cfg)
+    root = Path(cfg.resolved_data_root())
+    return root, [_find_idx(root, stem) for stem in FMNIST_FILES.values()]  # type: ignore[misc]
+
+
+def _torchvision_files(name: str) -> Callable[[Config], tuple[Path, list[Path]]]:
+    """The files torchvision's class reads for both splits, named as the class names them."""
+
+    def files(cfg: Config) -> tuple[Path, list[Path]]:
+        import torchvision.datasets as tvd
+
+        root = Path(cfg.resolved_data_root())
+        cls = getattr(tvd, TORCHVISION[name].cls_name)
+        if name in ("mnist", "emnist"):  # the IDX files in its raw folder
+            splits = ("train", "t10k") if name == "mnist" else ("train", "test")
+            stems = [s if name == "mnist" else f"emnist-{cfg.emnist_split}-{s}" for s in splits]
+            names = [
+                f"{cls.__name__}/raw/{stem}-{what}"
+                for stem in stems
+                for what in ("images-idx3-ubyte", "labels-idx1-ubyte")
+            ]
+        elif name == "svhn":
+            names = [cls.split_list[split][1] for split in ("train", "test")]
+        else:  # CIFAR: its batches and its meta file in its folder
+            listed = [f for f, _ in cls.train_list + cls.test_list] + [cls.meta["filename"]]
+            names = [f"{cls.base_folder}/{f}" for f in listed]
+        missing = [n for n in names if not (root / n).is_file()]
+        if missing:
+            raise DatasetMissing(_torchvision_missing_message(name, str(root), f"{missing[0]} is not there"))
+        return root, [root / n for n in names]
+
+    return files
+
+
 def _torchvision_available(name: str) -> Callable[[Config], None]:
     def available(cfg: Config) -> None:
         root = Path(cfg.resolved_data_root())
@@ -433,7 +473,11 @@ register_dataset(
 )
 register_dataset(
     DatasetKind(
-        "fmnist", _fmnist, lambda cfg: DatasetInfo((1, 28, 28), 10, 60000), available=_fmnist_available
+        "fmnist",
+        _fmnist,
+        lambda cfg: DatasetInfo((1, 28, 28), 10, 60000),
+        available=_fmnist_available,
+        files=_fmnist_files,
     )
 )
 _TORCHVISION_KEYS: dict[str, dict[str, Any]] = {"emnist": {"keys": ("emnist_split",), "check": _check_emnist}}
@@ -444,6 +488,7 @@ for _name, _tv in TORCHVISION.items():
             _torchvision_loader(_name),
             _tv.info,
             available=_torchvision_available(_name),
+            files=_torchvision_files(_name),
             **_TORCHVISION_KEYS.get(_name, {}),
         )
     )

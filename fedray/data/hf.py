@@ -97,6 +97,16 @@ def hf_available(cfg: Config) -> None:
     )
 
 
+def hf_files(cfg: Config) -> tuple[Path, list[Path]]:
+    """The files of the saved dataset it reads (its splits' Arrow files and their JSON), not the
+    cache files `datasets` may add beside them."""
+    where = local_copy(cfg)
+    if not where.is_dir():
+        raise DatasetMissing(f"dataset hf: {cfg.hf_name} is not in {str(where)!r}")
+    found = sorted(p for p in where.rglob("*") if p.is_file() and not p.name.startswith((".", "cache-")))
+    return where, found
+
+
 def _open(cfg: Config) -> Any:
     """The dataset (a DatasetDict, or one Dataset), downloaded and kept first where asked."""
     ds = _datasets()
@@ -381,5 +391,6 @@ register_dataset(
         partition_label=lambda config: "hf",
         count_clients=count_hf,
         data_seed=0,
+        files=hf_files,
     )
 )

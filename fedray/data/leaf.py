@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedray.config.coercion import ConfigError
+from fedray.config.keys import file_digest
 from fedray.config.notes import say_once
 from fedray.data.datasets import ArrayDataset, Dataset, DatasetInfo, DatasetMissing, DataSpec, data_seed
 from fedray.data.federated import FederatedData, own_splits
@@ -247,29 +248,12 @@ def _stacked(
     return x, y, offsets
 
 
-_DIGESTS: dict[tuple, str] = {}  # in this process: a file as it stands (inode, size, times) -> its SHA-256
-
-
-def _file_digest(path: Path) -> str:
-    """The SHA-256 of a file's content, computed once a process for the file as it stands (a write
-    changes its ctime, which no tool sets back)."""
-    st = path.stat()
-    key = (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    if key not in _DIGESTS:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 22):
-                h.update(chunk)
-        _DIGESTS[key] = h.hexdigest()
-    return _DIGESTS[key]
-
-
 def fingerprint(files: Sequence[Path]) -> str:
     """What names the JSON files by their content: the SHA-256 of each file's folder, name and
     content's SHA-256, in order."""
     h = hashlib.sha256()
     for p in files:
-        h.update(f"{p.parent.name}/{p.name}\0{_file_digest(p)}\0".encode())
+        h.update(f"{p.parent.name}/{p.name}\0{file_digest(p)}\0".encode())
     return h.hexdigest()
 
 
@@ -540,6 +524,13 @@ def leaf_available(cfg: Config) -> None:
     layout(Path(cfg.resolved_data_root()), cfg.dataset)
 
 
+def leaf_files(cfg: Config) -> tuple[Path, list[Path]]:
+    """The JSON files it reads (`layout`)."""
+    root = Path(cfg.resolved_data_root())
+    train, test = layout(root, cfg.dataset)
+    return root, [*train, *test]
+
+
 def _register() -> None:
     from fedray.data.datasets import DatasetKind, register_dataset
 
@@ -557,6 +548,7 @@ def _register() -> None:
                 partition_label=lambda config: "leaf",
                 count_clients=lambda cfg, kind=kind: count_leaf(kind, cfg),
                 data_seed=0,
+                files=leaf_files,
             )
         )
 

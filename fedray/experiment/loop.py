@@ -19,6 +19,8 @@ import numpy as np
 from fedray.algorithms import ALGORITHMS
 from fedray.config.keys import Config
 from fedray.data import FederatedData, build_federated_data, partition_label
+from fedray.data.identity import DataChanged, changes, identity
+from fedray.experiment.same_data import finished_refusal, resume_refusal
 from fedray.federation import Baton, Federation, WorkerLost
 from fedray.records import Record, rec, validation_named
 from fedray.storage.checkpoint import Checkpoint, CheckpointError, Checkpoints
@@ -279,10 +281,17 @@ class _Run:
         if restart:
             self.ckpts.clear()
         latest = self.ckpts.latest()
+        now = identity(cfg)
         if latest is not None:  # before any data is read
             self.check_rows(latest.round)
+            self.check_data(latest, now)
         t0 = time.perf_counter()
         data = build_federated_data(cfg)
+        if (
+            now is None and (now := identity(cfg)) is not None and latest is not None
+        ):  # there now (downloaded)
+            self.check_data(latest, now)
+        writer.data = now
         t1 = time.perf_counter()
         self.fed, self.placement = make_federation(cfg, data)
         self.timings.update(data=t1 - t0, federation=time.perf_counter() - t1)
@@ -322,9 +331,21 @@ class _Run:
                 "metrics back, or start over with --restart"
             )
 
+    def check_data(self, latest: Checkpoint, now: dict[str, Any] | None) -> None:
+        """A run goes on from its checkpoint only on the data its rounds so far read (the checkpoint
+        records it, `fedray.data.identity`): else its rounds would mix two data sets."""
+        said = changes(latest.extra.get("data"), now)
+        if said is not None:
+            raise DataChanged(resume_refusal(self.writer.run_id, self.cfg.output, latest.round, said))
+
     def save(self, rounds_done: int, state: Any) -> Checkpointed:
-        """A checkpoint after ``rounds_done`` rounds, with the history and time so far."""
-        extra = {"history": [dataclasses.asdict(h) for h in self.history], "elapsed": self.writer.elapsed()}
+        """A checkpoint after ``rounds_done`` rounds, with the history, the time so far and what the
+        data is."""
+        extra = {
+            "history": [dataclasses.asdict(h) for h in self.history],
+            "elapsed": self.writer.elapsed(),
+            "data": self.writer.data,
+        }
         fed = self.fed
         st = self.ckpts.save(
             rounds_done, state, fed.client_states(files=True), fed.peek_baton, extra, versions()
@@ -413,6 +434,9 @@ def execute(
     )
     run.writer.acquire()  # before reading or removing anything of an earlier attempt
     if not restart and run.writer.earlier_status == "finished":
+        if said := changes(run.writer.data, identity(cfg)):  # finished, but on other data
+            run.writer.release()
+            raise DataChanged(finished_refusal(run_id, cfg.output, said))
         # Finished since whoever called this looked (another sweep over the same runs finished it
         # meanwhile): nothing to run, and nothing of it is touched.
         run.writer.release()

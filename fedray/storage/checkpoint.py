@@ -419,6 +419,10 @@ class Checkpoints:
         found = [p for p in self.root.glob("round-*") if (p / "manifest.json").is_file()]
         return sorted(found, key=lambda p: p.name)
 
+    def exist(self) -> bool:
+        """Whether the run has a complete checkpoint (none of them read)."""
+        return bool(self._complete())
+
     def save(
         self,
         rnd: int,

@@ -119,6 +119,9 @@ RUNS_SCHEMA = pa.schema(
         ("versions", pa.string()),  # JSON: python, fedray, torch, ray, numpy, ...
         ("started", pa.timestamp("us", tz="UTC")),
         ("finished", pa.timestamp("us", tz="UTC")),
+        # JSON: what its data was (`fedray.data.identity`): the files it read, by their SHA-256;
+        # null where its dataset reads no files (or recorded before fedray recorded data)
+        ("data", pa.string()),
     ]
 )
 
@@ -287,6 +290,17 @@ def run_status(out_dir: str | Path, run_id: str) -> str | None:
     if not path.is_file():
         return None
     return read_checked(path, columns=["status"]).column("status")[0].as_py()
+
+
+def run_data(out_dir: str | Path, run_id: str) -> dict[str, Any] | None:
+    """What ``run_id``'s row in ``out_dir`` records of its data (`fedray.data.identity`); None where
+    it records none (its dataset reads no files, or it was written before rows recorded data)."""
+    path = Path(out_dir) / "runs" / f"{run_id}.parquet"
+    if not path.is_file():
+        return None
+    table = read_checked(path)
+    text = table.column("data")[0].as_py() if "data" in table.column_names else None
+    return json.loads(text) if text else None
 
 
 class RunLocked(RuntimeError):
@@ -488,6 +502,9 @@ class ResultsWriter:
         # What the row said when `acquire` took the lock (None: no earlier attempt), and its summary.
         self.earlier_status: str | None = None
         self.earlier_summary: dict[str, Any] = {}
+        # What its data is (`fedray.data.identity`), written into its row: the earlier attempt's
+        # until the run says what it reads now (`_Run.start`)
+        self.data: dict[str, Any] | None = None
 
     # --- lifecycle --------------------------------------------------------------------------------
     def acquire(self) -> None:
@@ -504,6 +521,7 @@ class ResultsWriter:
             self.earlier_status = row["status"]
             self.earlier_summary = json.loads(row["summary"] or "{}")
             self.events = list(self.earlier_summary.get("events", []))
+            self.data = json.loads(row["data"]) if row.get("data") else None
 
     def release(self) -> None:
         self._lock.release()
@@ -720,6 +738,7 @@ class ResultsWriter:
             "versions": json.dumps(versions(), sort_keys=True),
             "started": self._started,
             "finished": None if status == "running" else _now(),
+            "data": None if self.data is None else json.dumps(self.data, sort_keys=True),
         }
         (self.root / "runs").mkdir(parents=True, exist_ok=True)  # a failure recorded before start()
         write_atomic(

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fedray.config.coercion import ConfigError
+from fedray.data.identity import DataChanged
+from fedray.experiment.same_data import other_data
 from fedray.federation.placement import unused_gpus
 from fedray.storage.results import check_writable, run_state
 from fedray.sweeps.pack import pack_groups
@@ -127,6 +129,18 @@ class SweepSession:
         self.close()
 
 
+def refuse_other_data(sweep: Sweep, planned: list[PlannedRun], force: bool, restart: bool) -> None:
+    """Refuse the sweep (`DataChanged`, naming each run) where a run it would skip as finished, or
+    resume from its checkpoint, recorded other data than it reads now (`fedray.experiment.same_data`)."""
+    found = [(p.run, why) for p in planned if (why := other_data(p.run.config, p.state, force, restart))]
+    if found:
+        listed = "\n".join(f"  #{run.index}: {why}" for run, why in found[:10])
+        more = f"\n  ... and {len(found) - 10} more" if len(found) > 10 else ""
+        raise DataChanged(
+            f"sweep {sweep.source}: {len(found)} of its runs were made on other data than they read now:\n{listed}{more}"
+        )
+
+
 def open_sweep(
     path: str | Path,
     connect: Callable[[Sweep], Launcher],
@@ -161,6 +175,7 @@ def open_sweep(
         if launcher is not None:
             launcher.close()
         raise
+    refuse_other_data(sweep, planned, force, restart)
     todo = [replace(p.run, restart=restart or p.state == "finished") for p in planned if p.action == "run"]
     limit = sweep.max_concurrent_runs if max_concurrent_runs is None else max_concurrent_runs
     return SweepSession(sweep, planned, todo, auto, local, limit, connect, launcher)
