@@ -42,6 +42,7 @@ from fedray.storage.checkpoint import (
     decode,
     encode,
     read_blob,
+    read_owner,
     write_blob,
 )
 from fedray.storage.export import ModelsMissing
@@ -377,9 +378,31 @@ def _fix_checksum(ckpt: Path, name: str | None = None, **edit) -> None:
     (ckpt / "manifest.json").write_text(json.dumps(m))
 
 
-def _write_tree(path: Path, tree: dict) -> None:
+def _write_tree(path: Path, tree: dict, owner: dict | None = None) -> None:
     with zipfile.ZipFile(path, "w") as zf:
-        zf.writestr("tree.json", json.dumps({"format": 1, "tree": tree}))
+        zf.writestr("tree.json", json.dumps({"format": 1, "tree": tree, "owner": owner}))
+
+
+def _rewrite_head(path: Path, change) -> None:
+    """A state file's tree.json rewritten as ``change(head)`` returns it, its arrays kept."""
+    with zipfile.ZipFile(path) as zf:
+        members = {n: zf.read(n) for n in zf.namelist()}
+    members["tree.json"] = json.dumps(change(json.loads(members["tree.json"]))).encode()
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+
+
+def _restate(ckpt: Path) -> None:
+    """An attacker who rewrites the State too: the client files it names made to be those in its
+    folder, and every checksum made to match again."""
+    from fedray.storage.checkpoint import sha256
+
+    names = [n for n in json.loads((ckpt / "manifest.json").read_text())["files"] if n.startswith("clients/")]
+    files = {n: sha256(ckpt / n) for n in names}
+    _rewrite_head(ckpt / "state.npz", lambda h: {**h, "owner": {**h["owner"], "clients": files}})
+    for name in [*names, "state.npz"]:
+        _fix_checksum(ckpt, name)
 
 
 def test_an_edited_checkpoint_file_fails_naming_it(tmp_path):
@@ -407,17 +430,17 @@ def test_a_hostile_checkpoint_never_runs_code(tmp_path):
     MARKER.unlink(missing_ok=True)
     cfg, ckpt = _checkpointed_run(tmp_path)
     state = ckpt / "state.npz"
+    whose = read_owner(state)  # the attacker copies what the State says of itself
     with zipfile.ZipFile(state, "w") as zf:  # the State as an object array: a pickle in its .npy
-        zf.writestr("tree.json", json.dumps({"format": 1, "tree": {"__array__": 0}}))
+        zf.writestr("tree.json", json.dumps({"format": 1, "tree": {"__array__": 0}, "owner": whose}))
         zf.writestr(
             "0.npy", b"\x93NUMPY\x01\x00" + _npy_header("|O", (1,)) + pickle.dumps(np.array([Boom()]))
         )
     _fix_checksum(ckpt, "state.npz")
     _resume_fails(cfg, r"state\.npz: unreadable.*allow_pickle")
     with zipfile.ZipFile(state, "w") as zf:  # a tree naming os.system as its "dataclass"
-        zf.writestr(
-            "tree.json", json.dumps({"format": 1, "tree": {"__dataclass__": "os:system", "fields": {}}})
-        )
+        tree = {"__dataclass__": "os:system", "fields": {}}
+        zf.writestr("tree.json", json.dumps({"format": 1, "tree": tree, "owner": whose}))
     _fix_checksum(ckpt, "state.npz")
     _resume_fails(cfg, r"state\.npz: unreadable.*'os:system' is not defined in fedray")
     assert not MARKER.exists()
@@ -443,15 +466,17 @@ def test_a_checkpoint_naming_a_file_is_refused_and_links_nothing(tmp_path):
     secret.write_text("not the run's")
     cfg, ckpt = _checkpointed_run(tmp_path)
     client = ckpt / "clients" / "000001.npz"
-    _write_tree(
-        client, {"__dataclass__": "fedray.storage.checkpoint:StateFile", "fields": {"path": str(secret)}}
-    )
+    whose = read_owner(client)
+    tree = {"__dataclass__": "fedray.storage.checkpoint:StateFile", "fields": {"path": str(secret)}}
+    _write_tree(client, tree, whose)
     _fix_checksum(ckpt, "clients/000001.npz")
+    _resume_fails(cfg, r"000001\.npz: not the client file the State after round 2 was saved with")
+    _restate(ckpt)  # the State rewritten to name it too
     _resume_fails(cfg, r"000001\.npz: unreadable.*a reference to a file \(StateFile\) is never read")
     assert os.stat(secret).st_nlink == 1
     name = "fedray.engine.client:nn.LinearCrossEntropyOptions"
-    _write_tree(client, {"__dataclass__": name, "fields": {}})
-    _fix_checksum(ckpt, "clients/000001.npz")
+    _write_tree(client, {"__dataclass__": name, "fields": {}}, whose)
+    _restate(ckpt)
     _resume_fails(cfg, r"000001\.npz: unreadable.*is not a dataclass defined in fedray")
 
 
@@ -508,11 +533,12 @@ def test_a_checkpoint_whose_files_are_not_this_runs_is_refused_naming_what_does_
     b.write_bytes(a_bytes)
     _fix_checksum(ckpt, "clients/000001.npz")
     _fix_checksum(ckpt, "clients/000002.npz")
+    _resume_fails(cfg, r"000001\.npz: not the client file the State after round 2 was saved with")
+    _restate(ckpt)  # the State rewritten to name the swapped files: each file still names its client
     _resume_fails(cfg, r"000001\.npz: holds client 2's state of run .*, not client 1's state of run")
     a.write_bytes(a_bytes)
     b.write_bytes(b_bytes)
-    _fix_checksum(ckpt, "clients/000001.npz")
-    _fix_checksum(ckpt, "clients/000002.npz")
+    _restate(ckpt)
     # another seed's run, checkpointed alike, planted under this run's id
     other = small_config(tmp_path / "other", rounds=4, checkpoint_every=2, algorithm="scaffold", seed=9)
     _stop_after(other, 3)
@@ -521,8 +547,59 @@ def test_a_checkpoint_whose_files_are_not_this_runs_is_refused_naming_what_does_
     shutil.copytree(planted, ckpt)
     _fix_checksum(ckpt, run_id=cfg.run_id())
     _resume_fails(
-        cfg, rf"state\.npz: holds the State of run {other.run_id()}, not the State of run {cfg.run_id()}"
+        cfg, rf"state\.npz: does not name itself this run's State \(the State of run {other.run_id()}\)"
     )
+    _rewrite_head(ckpt / "state.npz", lambda h: {**h, "owner": {**h["owner"], "run_id": cfg.run_id()}})
+    _fix_checksum(ckpt, "state.npz")  # the State made to name this run: each client file names the other
+    _resume_fails(
+        cfg, rf"000000\.npz: holds client 0's state of run {other.run_id()}, not client 0's state of run"
+    )
+
+
+def test_a_file_of_another_rounds_checkpoint_is_refused_naming_it_and_the_state_names_its_round(tmp_path):
+    # Before: round 2's file of a client copied into round 3's checkpoint, the manifest made to
+    # match: resumed, exit 0, other numbers (a file named its run and client, not its round).
+    import shutil
+
+    cfg = small_config(tmp_path, rounds=4, checkpoint_every=1, keep_checkpoints=2, algorithm="scaffold")
+    _stop_after(cfg, 3, at=Checkpointed)
+    root = Path(cfg.output) / "checkpoints" / cfg.run_id()
+    two, three = root / "round-000002", root / "round-000003"
+    assert (
+        read_owner(three / "state.npz")["round"] == 3
+        and read_owner(three / "clients/000001.npz")["round"] == 3
+    )
+    kept = {n: (three / n).read_bytes() for n in ("state.npz", "clients/000001.npz", "manifest.json")}
+    shutil.copyfile(two / "clients/000001.npz", three / "clients/000001.npz")
+    _fix_checksum(three, "clients/000001.npz")
+    _resume_fails(
+        cfg, r"round-000003/clients/000001\.npz: not the client file the State after round 3 was saved with"
+    )
+    for name, data in kept.items():
+        (three / name).write_bytes(data)
+    shutil.copyfile(two / "state.npz", three / "state.npz")  # round 2's State, in round 3's folder
+    _fix_checksum(three, "state.npz")
+    _resume_fails(cfg, r"round-000003/state\.npz: the State after round 2, not after round 3")
+    for name, data in kept.items():
+        (three / name).write_bytes(data)
+    _rewrite_head(three / "clients/000001.npz", lambda h: {k: v for k, v in h.items() if k != "owner"})
+    _restate(three)  # a file naming no owner, in a checkpoint whose format has every file name it
+    _resume_fails(cfg, r"000001\.npz: names no owner, which every file of its checkpoint's format does")
+
+
+def test_a_checkpoint_written_before_files_named_their_owner_is_read_and_its_format_recorded(tmp_path):
+    ref = small_config(tmp_path / "ref", rounds=4, checkpoint_every=2, algorithm="scaffold")
+    list(execute(ref, make_local_federation))
+    cfg, ckpt = _checkpointed_run(tmp_path)
+    for path in [ckpt / "state.npz", *(ckpt / "clients").iterdir()]:  # as a format-2 fedray wrote them
+        _rewrite_head(path, lambda h: {k: v for k, v in h.items() if k != "owner"})
+        _fix_checksum(ckpt, str(path.relative_to(ckpt)))
+    _fix_checksum(ckpt, format=2)
+    events = list(execute(cfg, make_local_federation))
+    assert events[0].resumed_from == 2 and isinstance(events[-1], Finished)
+    assert stored_metrics(cfg.output).equals(stored_metrics(ref.output))
+    resumed = load_events(cfg.output).query("event == 'resumed'")["detail"].tolist()
+    assert resumed == ["started again (its checkpoint of format 2: files naming no owner read)"]
 
 
 def test_a_run_whose_rows_before_its_checkpoint_are_missing_is_refused_not_finished_over_the_gap(tmp_path):

@@ -309,7 +309,12 @@ class _Run:
             writer.write_partition(data.partition_rows(), train_size, cfg.dataset)
         if latest is not None:
             writer.set_elapsed(latest.extra["elapsed"])
-            writer.event("resumed", start, reason or "started again")
+            older = (
+                ""
+                if latest.owners
+                else f" (its checkpoint of format {latest.format}: files naming no owner read)"
+            )
+            writer.event("resumed", start, (reason or "started again") + older)
             writer.write_progress(self.summary())
         self.fed.take_traffic()
         self.fed.take_client_seconds()

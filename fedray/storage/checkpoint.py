@@ -58,7 +58,12 @@ class Baton:
 
 
 FORMAT = 1  # of the .npz files (tree.json)
-MANIFEST_FORMAT = 2  # of manifest.json: 2 has its own digest; 1 (earlier fedray) is still read
+# of manifest.json: 3's files all name their owner, and its State names its round and the client
+# files it was saved with; 2 has its own digest, its files may name no owner (written before they
+# did); 1 (earlier fedray) has no digest. All three are read, each held to what its format promises.
+MANIFEST_FORMAT = 3
+MANIFEST_FORMATS = (1, 2, 3)  # those read
+OWNERS_FROM = 3  # the first format whose every file names its owner
 _SAFE_MODULES = "fedray."  # a file may only name dataclasses defined under this package (or a run's plug-ins)
 _CHUNK = 1 << 22
 
@@ -217,11 +222,16 @@ def _hashable(k: Any) -> Any:
 # ------------------------------------------------------------------------------------------------
 
 
-def owner(run_id: str, client: int | None = None) -> dict[str, Any]:
+def owner(run_id: str, client: int | None = None, **more: Any) -> dict[str, Any]:
     """Whose a state file is: a run's State (``client`` None) or one client's state in it. Written
     into the file (`write_blob`) and checked when it is read (`read_blob`), so a file copied in
-    from another run or swapped with another client's is refused, whatever the manifest says."""
-    return {"run_id": run_id, "client": client}
+    from another run or swapped with another client's is refused, whatever the manifest says.
+    ``more``: what else the file says of itself (a checkpoint's files: the round they were saved
+    after; its State: the client files saved with it, `Checkpoints.save`)."""
+    return {"run_id": run_id, "client": client, **more}
+
+
+WHOSE = ("run_id", "client")  # what names a file's owner; the rest of `owner` says more of it
 
 
 def _whose(found: Any) -> str:
@@ -229,6 +239,18 @@ def _whose(found: Any) -> str:
         return repr(found)
     who = "the State" if found.get("client") is None else f"client {found.get('client')}'s state"
     return f"{who} of run {found.get('run_id')}"
+
+
+def read_owner(path: Path) -> dict[str, Any] | None:
+    """What a file `write_blob` wrote says of its owner (`owner`), its arrays not read; None where
+    it names none (written before files did)."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            head = json.loads(zf.read("tree.json"))
+    except Exception as e:  # noqa: BLE001 - whatever is wrong with the file, name it
+        raise CheckpointError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
+    found = head.get("owner") if isinstance(head, dict) else None
+    return found if isinstance(found, dict) else None
 
 
 def write_blob(
@@ -266,10 +288,12 @@ def read_blob(
     baton: Callable[[int, Any], Any] | None = None,
     owned_by: dict[str, Any] | None = None,
     digest: str | None = None,
+    named: bool = False,
 ) -> Any:
-    """What `write_blob` wrote to ``path``. ``owned_by``: whose it must be (a file that names
-    another owner is refused; one written before files named theirs is read); ``digest``: the
-    SHA-256 it must have (a spilled file, checked against what was written)."""
+    """What `write_blob` wrote to ``path``. ``owned_by``: whose it must be (`owner`: a file that
+    names another is refused; one that names none, written before files named theirs, is read
+    unless ``named``); ``digest``: the SHA-256 it must have (a spilled file, checked against what
+    was written)."""
     if digest is not None and sha256(path) != digest:
         raise CheckpointError(
             f"{path}: changed since fedray wrote it (its SHA-256 is not the one written): not read"
@@ -280,7 +304,12 @@ def read_blob(
             if not isinstance(head, dict) or head.get("format") != FORMAT:
                 raise ValueError(f"unknown format {head.get('format') if isinstance(head, dict) else head!r}")
             found = head.get("owner")
-            if owned_by is not None and found is not None and found != owned_by:
+            if owned_by is not None and found is None and named:
+                raise CheckpointError(
+                    f"{path}: names no owner, which every file of its checkpoint's format does (copied in "
+                    "from an earlier fedray's checkpoint, or edited): not read"
+                )
+            if owned_by is not None and found is not None and _named(found) != _named(owned_by):
                 raise CheckpointError(
                     f"{path}: holds {_whose(found)}, not {_whose(owned_by)} (copied in from elsewhere, "
                     "or swapped with another file): not read"
@@ -297,6 +326,10 @@ def read_blob(
         raise
     except Exception as e:  # noqa: BLE001 - whatever is wrong with the file, name it
         raise CheckpointError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
+
+
+def _named(found: Any) -> Any:
+    return {k: found.get(k) for k in WHOSE} if isinstance(found, dict) else found
 
 
 def sha256(path: Path) -> str:
@@ -388,8 +421,14 @@ class Checkpoint:
 
     path: Path
     round: int
-    extra: dict[str, Any]  # what the round loop keeps besides State (history, elapsed seconds)
+    extra: dict[str, Any]  # what the round loop keeps besides State (history, elapsed seconds, data)
     files: dict[str, str]  # relative path -> SHA-256
+    format: int = MANIFEST_FORMAT  # its manifest's: what its files promise (`MANIFEST_FORMAT`)
+
+    @property
+    def owners(self) -> bool:
+        """Whether every file of it names its owner (its format is `OWNERS_FROM` or later)."""
+        return self.format >= OWNERS_FROM
 
 
 @dataclass(frozen=True)
@@ -439,17 +478,19 @@ class Checkpoints:
         tmp = self.root / f".round-{rnd:06d}.{uuid.uuid4().hex[:8]}.tmp"
         (tmp / "clients").mkdir(parents=True)
         try:
-            files = {
-                "state.npz": write_blob(tmp / "state.npz", state, "state", baton, owned_by=owner(self.run_id))
-            }
+            files: dict[str, str] = {}
             for cid, cstate in client_states:
                 name = f"clients/{cid:06d}.npz"
                 if isinstance(cstate, StateFile):  # spilled: the file itself, linked
                     files[name] = _take_file(cstate, tmp / name, f"client {cid} state")
                 elif cstate is not None:
                     files[name] = write_blob(
-                        tmp / name, cstate, f"client {cid} state", owned_by=owner(self.run_id, cid)
+                        tmp / name, cstate, f"client {cid} state", owned_by=owner(self.run_id, cid, round=rnd)
                     )
+            # the State last, naming its round and the client files saved with it (a spilled file was
+            # written in an earlier round: its digest here ties it to this checkpoint)
+            whose = owner(self.run_id, round=rnd, clients=dict(files))
+            files["state.npz"] = write_blob(tmp / "state.npz", state, "state", baton, owned_by=whose)
             manifest = {
                 "format": MANIFEST_FORMAT,
                 "run_id": self.run_id,
@@ -521,7 +562,7 @@ class Checkpoints:
             m = json.loads(where.read_text())
             rnd, files, extra = m["round"], m["files"], m["extra"]
             ok = (
-                m.get("format") in (FORMAT, MANIFEST_FORMAT)
+                m.get("format") in MANIFEST_FORMATS
                 and isinstance(rnd, int)
                 and not isinstance(rnd, bool)
                 and isinstance(files, dict)
@@ -532,9 +573,8 @@ class Checkpoints:
             raise CheckpointError(f"{where}: unreadable ({type(e).__name__}: {e}){hint}") from None
         if not ok:
             raise CheckpointError(f"{where}: not a fedray checkpoint of format {MANIFEST_FORMAT}{hint}")
-        # the manifest checked against itself: its digest (this version writes one; an older one's
-        # manifest, format 1, has none), its folder's round, and the rounds its history recorded
-        if m["format"] == MANIFEST_FORMAT and m.get("digest") != manifest_digest(m):
+        # the manifest checked against itself: its digest (from format 2 on; format 1 has none), its folder's round, and the rounds its history recorded
+        if m["format"] >= 2 and m.get("digest") != manifest_digest(m):
             raise CheckpointError(
                 f"{where}: edited or damaged (its digest does not match its contents){hint}"
             )
@@ -562,10 +602,34 @@ class Checkpoints:
                     f"{path / name}: its contents do not match the checksum in manifest.json (damaged "
                     f"or edited){hint}"
                 )
-        return Checkpoint(path, rnd, extra, files)
+        if m["format"] >= OWNERS_FROM:
+            self._check_state_names(path, rnd, files, hint)
+        return Checkpoint(path, rnd, extra, files, m["format"])
+
+    def _check_state_names(self, path: Path, rnd: int, files: dict[str, str], hint: str) -> None:
+        """A checkpoint's State names the round it was saved after and the SHA-256 of each client
+        file saved with it: a file copied in from another round's checkpoint (the manifest made to
+        match) is not one of them."""
+        where = path / "state.npz"
+        found = read_owner(where)
+        if found is None or _named(found) != owner(self.run_id):
+            raise CheckpointError(f"{where}: does not name itself this run's State ({_whose(found)}){hint}")
+        if found.get("round") != rnd:
+            raise CheckpointError(
+                f"{where}: the State after round {found.get('round')}, not after round {rnd} as its folder "
+                f"says (copied in from another checkpoint){hint}"
+            )
+        listed = found.get("clients") if isinstance(found.get("clients"), dict) else {}
+        clients = {n: d for n, d in files.items() if n.startswith("clients/")}
+        odd = sorted(n for n in clients.keys() | listed.keys() if clients.get(n) != listed.get(n))
+        if odd:
+            raise CheckpointError(
+                f"{path / odd[0]}: not the client file the State after round {rnd} was saved with (copied "
+                f"in from another checkpoint, or edited){hint}"
+            )
 
     def load_state(self, ckpt: Checkpoint, baton: Callable[[int, Any], Any] | None = None) -> Any:
-        return read_blob(ckpt.path / "state.npz", baton, owner(self.run_id))
+        return read_blob(ckpt.path / "state.npz", baton, owner(self.run_id), named=ckpt.owners)
 
     def client_states(self, ckpt: Checkpoint) -> Iterator[tuple[int, Any]]:
         """Every client's saved state, in client order, read one file at a time."""
@@ -573,4 +637,7 @@ class Checkpoints:
             stem = name.removeprefix("clients/").removesuffix(".npz")
             if not stem.isdigit():
                 raise CheckpointError(f"{ckpt.path / name}: not a client state file")
-            yield int(stem), read_blob(ckpt.path / name, owned_by=owner(self.run_id, int(stem)))
+            yield (
+                int(stem),
+                read_blob(ckpt.path / name, owned_by=owner(self.run_id, int(stem)), named=ckpt.owners),
+            )
