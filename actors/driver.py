@@ -27,7 +27,8 @@ from fedray.config.plugins import PluginError, py_modules
 from fedray.experiment.loop import Event, Recovered, RoundDone, Started
 from fedray.federation import WorkerLost
 from fedray.federation.placement import PlacementError, actor_slots, auto_gpus_per_actor, unused_gpus
-from fedray.storage.results import failure_text, mark_ended, record_failure
+from fedray.storage.results import failure_text
+from fedray.storage.writer import mark_ended, record_failure
 
 CONNECT_TIMEOUT_S = 10.0  # how long an address may take to answer before we say it cannot be reached
 

@@ -21,7 +21,7 @@ from fedray.config.plugins import digest
 from fedray.experiment.loop import Event, Recovered, RoundDone, Started
 from fedray.federation import WorkerLost
 from fedray.federation.placement import Need, PlacementError
-from fedray.storage.results import mark_ended
+from fedray.storage.writer import mark_ended
 from fedray.sweeps.pack import Ended
 from fedray.sweeps.sweep_file import SweepRun
 

@@ -12,14 +12,13 @@ import pyarrow.dataset as ds
 
 from fedray.config.keys import ADDED_LATER
 from fedray.config.notes import say_once
+from fedray.storage.files import DamagedResults, read_checked
 from fedray.storage.results import (
     ASSIGNMENTS_SCHEMA,
     CLIENTS_SCHEMA,
     METRICS_SCHEMA,
     PARTITION_SCHEMA,
     RUNS_SCHEMA,
-    DamagedResults,
-    read_checked,
     run_state,
 )
 
@@ -292,7 +291,7 @@ def archive(src: str | Path, dst: str | Path) -> list[str]:
 
     import pyarrow as pa
 
-    from fedray.storage.results import write_atomic
+    from fedray.storage.files import write_atomic
 
     src, dst = Path(src), Path(dst)
     if not (src / "runs").is_dir():

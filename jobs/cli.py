@@ -61,7 +61,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedray.config.keys import ConfigError
     from fedray.data import DatasetMissing, PartitionError
     from fedray.data.client_files import ClientFilesError
-    from fedray.storage.results import DamagedResults, run_status
+    from fedray.storage.files import DamagedResults
+    from fedray.storage.results import run_status
 
     try:
         cfg = prepare(args.config, args.sets, args.plugins, output=args.output)
@@ -117,7 +118,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 130
     except Exception as e:  # noqa: BLE001 - reported to the user with the real cause
         from fedray.federation import ClientError
-        from fedray.storage.results import RunLocked
+        from fedray.storage.lock import RunLocked
 
         if isinstance(e, RunLocked):
             print(f"fedray: error: {e}", file=sys.stderr)
@@ -679,7 +680,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAILED
     except OSError as e:
-        from fedray.storage.results import DamagedResults
+        from fedray.storage.files import DamagedResults
 
         if not isinstance(e, DamagedResults):
             raise

@@ -17,7 +17,7 @@ from analysis import load_metrics
 from fedray.experiment.loop import execute
 from fedray.federation.local import make_local_federation
 from fedray.records import TIMING_METRICS, rec
-from fedray.storage.results import ResultsWriter
+from fedray.storage.writer import ResultsWriter
 
 TIMING = TIMING_METRICS  # metrics that measure time: never compared
 

@@ -158,7 +158,8 @@ def test_your_own_arrays_and_torch_datasets_are_a_data_set(tmp_path):
 
 def test_a_run_another_process_is_writing_is_refused_by_the_cli_and_the_api_alike(tmp_path, capsys):
     # fedray run and fedray.run decide this in one place (fedray.api.begin): neither touches it
-    from fedray.storage.results import ResultsWriter, run_state
+    from fedray.storage.results import run_state
+    from fedray.storage.writer import ResultsWriter
     from jobs.cli import EXIT_FAILED, main
 
     cfg = fedray.load_config(None, ["rounds=2", f"output={tmp_path / 'out'}"])

@@ -310,7 +310,8 @@ def test_a_finished_run_drops_its_checkpoints_when_asked_and_only_once_finished(
 
 
 def test_the_checkpoints_go_while_the_finished_run_still_holds_its_lock(tmp_path):
-    from fedray.storage.results import ResultsWriter, RunLock
+    from fedray.storage.lock import RunLock
+    from fedray.storage.writer import ResultsWriter
 
     seen = []
     w = ResultsWriter(tmp_path, "r1", small_config(tmp_path).to_dict())
@@ -706,7 +707,7 @@ def test_fedray_neither_follows_nor_removes_a_symbolic_link_in_its_results(tmp_p
     # a linked round folder was read and never pruned; with models/RUN_ID a link, a fresh run failed
     # at its start with "Cannot call rmtree on a symbolic link" (no path), a resumed one only after
     # all its rounds, leaving a .old folder.
-    from fedray.storage.results import UnsafePath
+    from fedray.storage.files import UnsafePath
 
     cfg, ckpt = _checkpointed_run(tmp_path)
     root = ckpt.parent

@@ -20,7 +20,7 @@ from analysis.fidelity import (
     tuned_choice,
 )
 from fedray.records import rec
-from fedray.storage.results import ResultsWriter
+from fedray.storage.writer import ResultsWriter
 from tests.conftest import small_config
 from tests.helpers import final, write_run
 

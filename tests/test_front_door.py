@@ -218,7 +218,7 @@ def test_help_sets_the_maintainers_commands_apart(capsys):
 
 
 def test_runs_last_line_says_how_to_look_and_report_says_when_runs_are_left_out(tmp_path, capsys):
-    from fedray.storage.results import ResultsWriter
+    from fedray.storage.writer import ResultsWriter
     from jobs.cli import main
 
     out = tmp_path / "out"

@@ -10,7 +10,7 @@ import pytest
 
 from analysis import ReportError, format_table, pivot, run_values, wide_tables
 from fedray.records import rec
-from fedray.storage.results import ResultsWriter
+from fedray.storage.writer import ResultsWriter
 from tests.conftest import ROOT, small_config
 from tests.helpers import final, run, write_run
 
@@ -527,7 +527,7 @@ def test_a_finished_run_whose_last_rows_are_missing_has_no_final_value(tmp_path)
 
     from fedray.experiment.loop import execute
     from fedray.federation.local import make_local_federation
-    from fedray.storage.results import write_atomic
+    from fedray.storage.files import write_atomic
 
     cfg = small_config(tmp_path, rounds=3)
     list(execute(cfg, make_local_federation))

@@ -18,7 +18,8 @@ from analysis import load_metrics, load_runs
 from fedray.experiment.loop import execute
 from fedray.federation.local import make_local_federation
 from fedray.records import rec
-from fedray.storage.results import ResultsWriter, run_status
+from fedray.storage.results import run_status
+from fedray.storage.writer import ResultsWriter
 from tests.conftest import ROOT, small_config
 
 DESIGN_COLUMNS = {
@@ -270,7 +271,8 @@ def test_a_finished_or_failed_run_leaves_no_lock_file_behind(tmp_path):
 def test_a_link_planted_at_the_lock_path_is_refused_and_its_target_left_whole(tmp_path):
     # Run ids are predictable: a symbolic or hard link at runs/.RUN_ID.lock once made the writer
     # truncate the file it points to.
-    from fedray.storage.results import UnsafeLockFile, run_state
+    from fedray.storage.lock import UnsafeLockFile
+    from fedray.storage.results import run_state
 
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")
@@ -288,7 +290,8 @@ def test_a_link_planted_at_the_lock_path_is_refused_and_its_target_left_whole(tm
 def test_a_fifo_at_the_lock_path_neither_hangs_a_report_nor_a_writer(tmp_path):
     import threading
 
-    from fedray.storage.results import UnsafeLockFile, run_state
+    from fedray.storage.lock import UnsafeLockFile
+    from fedray.storage.results import run_state
 
     runs = tmp_path / "out" / "runs"
     runs.mkdir(parents=True)
@@ -307,7 +310,7 @@ def test_a_fifo_at_the_lock_path_neither_hangs_a_report_nor_a_writer(tmp_path):
 def test_every_bit_flipped_in_a_metrics_files_values_is_caught_naming_the_file(tmp_path, capsys):
     # Results carry page checksums (CRC-32): a flipped bit in the stored values is an error that
     # names the damaged file, never a changed number in `fedray report` (83 of 174 flips were, before).
-    from fedray.storage.results import DamagedResults
+    from fedray.storage.files import DamagedResults
 
     cfg = small_config(tmp_path, rounds=2)
     list(execute(cfg, make_local_federation))
@@ -346,7 +349,7 @@ def test_every_bit_flipped_in_a_metrics_files_values_is_caught_naming_the_file(t
 def test_a_part_file_holding_another_runs_rows_is_refused_naming_it(tmp_path, capsys):
     # Before: seed 1's metrics file copied over seed 0's loaded as seed 0's: one seed twice, the other
     # not at all, and `fedray report` exited 0 with a mean over the wrong runs.
-    from fedray.storage.results import DamagedResults
+    from fedray.storage.files import DamagedResults
     from jobs.cli import main
 
     runs = [small_config(tmp_path, rounds=2, seed=s) for s in (0, 1)]
@@ -392,7 +395,7 @@ def test_a_copy_of_a_runs_rows_under_another_name_is_not_counted_twice(tmp_path,
 
 def test_a_run_whose_writer_died_is_recorded_with_the_status_it_is_given(tmp_path):
     from analysis import load_events
-    from fedray.storage.results import mark_ended
+    from fedray.storage.writer import mark_ended
 
     out = str(tmp_path)
     for run_id, status in (("a-run", "failed"), ("b-run", "interrupted")):

@@ -13,7 +13,9 @@ import yaml
 from analysis import load_runs
 from fedray.config.keys import ConfigError
 from fedray.experiment.validation import from_dict
-from fedray.storage.results import ResultsWriter, RunLock, run_state
+from fedray.storage.lock import RunLock
+from fedray.storage.results import run_state
+from fedray.storage.writer import ResultsWriter
 from fedray.sweeps.scheduler import LocalLauncher, RunEnded, RunLaunched, run_sweep
 from fedray.sweeps.sweep_file import SweepError, load_sweep, plan
 from tests.conftest import ROOT
@@ -272,7 +274,7 @@ def test_interrupted_runs_are_rerun_but_a_run_another_process_is_writing_is_left
 
 def test_a_second_writer_of_a_live_run_fails_at_once_and_deletes_nothing(tmp_path):
     from fedray.records import rec
-    from fedray.storage.results import RunLocked
+    from fedray.storage.lock import RunLocked
 
     out = tmp_path / "out"
     cfg = {

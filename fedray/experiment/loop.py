@@ -25,7 +25,9 @@ from fedray.federation import Baton, Federation, WorkerLost
 from fedray.records import Record, rec, validation_named
 from fedray.storage.checkpoint import Checkpoint, CheckpointError, Checkpoints
 from fedray.storage.export import check_shapes, save_models
-from fedray.storage.results import ResultsWriter, failure_text, models_folder, refuse_link, versions
+from fedray.storage.files import refuse_link
+from fedray.storage.results import failure_text, models_folder, versions
+from fedray.storage.writer import ResultsWriter
 
 
 @dataclass

@@ -1,5 +1,6 @@
-"""What a run leaves on disk, and reads back: the results tables (`results`: metrics and runs as
-Parquet parts, the run's lock, atomic writes), checkpoints (`checkpoint`: plain data as arrays and
+"""What a run leaves on disk, and reads back: files written whole or not at all (`files`), the run's
+lock (`lock`), the results tables (`results`: their schemas and what a run's files say of it;
+`writer`: metrics and runs as Parquet parts), checkpoints (`checkpoint`: plain data as arrays and
 JSON, never pickled; the round folders and their manifests) and the trained models (`export`).
 
 May import: `fedray.config`, `fedray.data`, `fedray.models`, `fedray.params`, `fedray.records`.

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from fedray import MOVED_MODULES
-from fedray.storage.results import fsync_dir, refuse_link, remove_tree, write_text_synced, writing
+from fedray.storage.files import fsync_dir, refuse_link, remove_tree, write_text_synced, writing
 
 
 @dataclass(frozen=True)

@@ -120,7 +120,8 @@ def save_models(
     models (`Algorithm.personal_model`) come from ``client_states()``, every client's state."""
     import yaml
 
-    from fedray.storage.results import fsync_dir, models_folder, remove_tree, write_text_atomic, writing
+    from fedray.storage.files import fsync_dir, remove_tree, write_text_atomic, writing
+    from fedray.storage.results import models_folder
 
     run_id = cfg.run_id()
     final = models_folder(cfg.output, run_id)

@@ -16,7 +16,9 @@ from typing import Any, Protocol
 from fedray.config.keys import Config
 from fedray.experiment.loop import Event, Finished
 from fedray.federation.placement import Need, plan_launches
-from fedray.storage.results import RunLocked, failure_text, record_failure
+from fedray.storage.lock import RunLocked
+from fedray.storage.results import failure_text
+from fedray.storage.writer import record_failure
 from fedray.sweeps.sweep_file import SweepRun
 
 

@@ -99,7 +99,7 @@ def tuned_configs(plan: TunePlan, docs: Sequence[Mapping[str, Any]]) -> list[dic
 def write_tuned_config(plan: TunePlan, docs: Sequence[Mapping[str, Any]]) -> Path:
     """``OUT/tune/tuned-config.yaml``: a config file's config at the values its search chose (without
     its tune: block), which `fedray run` runs on test."""
-    from fedray.storage.results import write_text_atomic
+    from fedray.storage.files import write_text_atomic
 
     path = Path(plan.output) / "tune" / "tuned-config.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -118,7 +118,7 @@ def tuned_sweep(plan: TunePlan, docs: Sequence[Mapping[str, Any]]) -> dict[str, 
 
 
 def write_tuned_sweep(plan: TunePlan, docs: Sequence[Mapping[str, Any]]) -> Path:
-    from fedray.storage.results import write_text_atomic
+    from fedray.storage.files import write_text_atomic
 
     path = Path(plan.output) / "tune" / "tuned-sweep.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -514,7 +514,7 @@ def _plain(v: Any) -> Any:
 
 def write_tuned(out: str | Path, cells: Sequence[dict[str, Any]]) -> Path:
     """``OUT/tuned.yaml``: every cell's choice (written whole, then renamed)."""
-    from fedray.storage.results import write_text_atomic
+    from fedray.storage.files import write_text_atomic
 
     path = Path(out) / "tuned.yaml"
     write_text_atomic(yaml.safe_dump({"cells": list(cells)}, sort_keys=False), path)

@@ -383,7 +383,7 @@ def import_run(cfg: Config, record: dict, out: Path, commit: str) -> str:
     local_accuracy (each training client's ensemble on its test split), train_accuracy and
     train_loss (on the training splits), the round's wall time, and purity where the run has more
     than one model and its record the clusters (`cluster_purity`)."""
-    from fedray.storage.results import ResultsWriter
+    from fedray.storage.writer import ResultsWriter
 
     run_id = run_id_of(cfg)
     truth = groups(Path(cfg.data_root)) if cfg.algorithm != "fedavg" else {}

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
     from fedray.models import build_model
-    from fedray.storage.results import write_text_atomic
+    from fedray.storage.files import write_text_atomic
     from jobs.reference.niid_wrapper import model_sha256, weights_finite
 
     if opts.threads:

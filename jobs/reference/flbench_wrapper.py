@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     from omegaconf import OmegaConf
 
     from fedray.models import build_model
-    from fedray.storage.results import write_text_atomic
+    from fedray.storage.files import write_text_atomic
     from jobs.reference.niid_wrapper import model_sha256, weights_finite
 
     if opts.threads:

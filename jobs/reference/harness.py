@@ -31,7 +31,9 @@ import yaml
 from fedray.config.keys import NOT_IN_RUN_ID, Config, partition_file_for
 from fedray.data import partition_file
 from fedray.records import rec
-from fedray.storage.results import ResultsWriter, run_status, write_text_atomic
+from fedray.storage.files import write_text_atomic
+from fedray.storage.results import run_status
+from fedray.storage.writer import ResultsWriter
 from jobs.reference.record import Reference, ReferenceError
 
 T = TypeVar("T")
