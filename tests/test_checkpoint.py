@@ -876,17 +876,18 @@ def test_a_full_disk_is_said_naming_the_path_the_cli_says_recorded_only_when_it_
     import errno
 
     import fedray.storage.checkpoint as ck
-    import fedray.storage.results as results
+    import fedray.storage.files as files
+    import fedray.storage.writer as writer
     from jobs.cli import main
 
     out = tmp_path / "out"
     sets = ["rounds=4", "checkpoint_every=1", "algorithm=scaffold", "num_clients=4"]
     command = ["run", "--local", "--output", str(out), *(x for kv in sets for x in ("--set", kv))]
-    real_write, real_row = ck.write_blob, results.ResultsWriter._write_run
+    real_write, real_row = ck.write_blob, writer.ResultsWriter._write_run
 
     def full_at_round_3(path, obj, where, *a, **k):  # the disk fills while round 3's checkpoint is written
         if "round-000003" in str(path):
-            with results.writing(path):
+            with files.writing(path):
                 raise OSError(errno.ENOSPC, "No space left on device")
         return real_write(path, obj, where, *a, **k)
 
@@ -896,13 +897,13 @@ def test_a_full_disk_is_said_naming_the_path_the_cli_says_recorded_only_when_it_
         return real_row(self, status, *a, **k)
 
     monkeypatch.setattr(ck, "write_blob", full_at_round_3)
-    monkeypatch.setattr(results.ResultsWriter, "_write_run", no_row_either)
+    monkeypatch.setattr(writer.ResultsWriter, "_write_run", no_row_either)
     assert main(command) == 1
     err = capsys.readouterr().err
     assert "no space left on the device writing " in err and "round-000003" in err and "MB free there" in err
     assert "recorded in" not in err and "its failed row could not be written in" in err
     monkeypatch.setattr(
-        results.ResultsWriter, "_write_run", real_row
+        writer.ResultsWriter, "_write_run", real_row
     )  # the row writes; the disk is still full
     assert main(command) == 1
     assert "(status, error and its traceback recorded in" in capsys.readouterr().err

@@ -141,7 +141,7 @@ def test_leftover_temporary_files_are_ignored(tmp_path):
 WRITER_LOOP = """
 import sys
 from fedray.records import rec
-from fedray.storage.results import ResultsWriter
+from fedray.storage.writer import ResultsWriter
 from tests.conftest import small_config
 out = sys.argv[1]
 w = ResultsWriter(out, "loop", small_config(__import__("pathlib").Path(out)).to_dict(), flush_every_s=0)
@@ -185,9 +185,9 @@ def test_flushes_grow_a_part_file_until_it_holds_part_rows_and_a_resume_truncate
     # A run flushing every 10 s for days once left a part file per flush, which every reader opens.
     from analysis import load_assignments
     from fedray.records import assignment_rec
-    from fedray.storage import results
+    from fedray.storage import writer
 
-    monkeypatch.setattr(results, "PART_ROWS", 5)
+    monkeypatch.setattr(writer, "PART_ROWS", 5)
     cfg = small_config(tmp_path).to_dict()
     w = ResultsWriter(tmp_path, "r", cfg, flush_every_s=0)
     w.start()

@@ -541,7 +541,7 @@ def test_hostile_or_huge_yaml_is_refused_in_one_line_within_limits(tmp_path):
 HOLDER = """
 import os, sys, time
 from pathlib import Path
-from fedray.storage.results import ResultsWriter
+from fedray.storage.writer import ResultsWriter
 from fedray.sweeps.sweep_file import load_sweep
 path, out, when = sys.argv[1:4]
 runs = load_sweep(path, output=out).runs
