@@ -47,6 +47,8 @@ _API = {
     "ArrayDataset": "fedray.data",
     "DataSpec": "fedray.data",
     "DatasetInfo": "fedray.data",
+    "data_settings": "fedray.data",
+    "load_dataset": "fedray.data",
     "FederatedData": "fedray.data",
     "ClientIndices": "fedray.data",
     "ClientSource": "fedray.data",

@@ -199,7 +199,7 @@ def format_default(value: Any) -> str:
     if value is None:
         return "unset"
     if isinstance(value, str):
-        return f"`{value}`"
+        return f"`{value}`" if value else '`""`'
     if isinstance(value, (list, dict)):
         return f"`{yaml.safe_dump(value, default_flow_style=True).strip()}`"
     return f"`{value!r}`"
@@ -247,10 +247,41 @@ class DocsError(ValueError):
     """The page cannot be regenerated (its markers are missing)."""
 
 
+def render_dataset_settings() -> str:
+    """Every built-in dataset's own keys (``data.``, `fedray.data.DatasetKind.settings`): type,
+    default and meaning, as the algorithms' ``hp.`` keys are written."""
+    from fedray.config.keys import MOVED_TO_DATA
+    from fedray.data import DATASETS
+
+    was = {(new, flat) for flat, (new, _) in MOVED_TO_DATA.items()}
+    out = [
+        "## Dataset settings",
+        "",
+        "A dataset's own keys nest under `data:` (`--set data.min_samples=100`), declared by its",
+        "`DatasetKind.settings` as an algorithm declares its `hp.` keys; a plug-in dataset declares its own.",
+        "A key that was flat before still loads, with a note naming its new place; run ids are unchanged.",
+        "",
+    ]
+    for name, kind in DATASETS.items():
+        if kind.settings is None or not kind.settings.__module__.startswith("fedray."):
+            continue
+        module = Path(inspect.getfile(kind.settings)).resolve().relative_to(ROOT).as_posix()
+        out += [f"### {name}", "", f"`--set dataset={name}`; [`{module}`](../{module}).", ""]
+        out += ["| `data.` key | type | default | meaning |", "|---|---|---|---|"]
+        for k in hp_keys(kind.settings):
+            flat = next((f for new, f in sorted(was) if new == k.name), None)
+            before = f" (was `{flat}`)" if flat else ""
+            out.append(
+                f"| `{k.name}` | `{_cell(k.type)}` | {_cell(format_default(k.default))} | {_cell(k.meaning)}{before} |"
+            )
+        out.append("")
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
 def render_page(current: str) -> str:
     """``current`` with everything between the markers replaced by the tables written now."""
     pattern = re.compile(re.escape(BEGIN) + r"\n.*?" + re.escape(END), re.DOTALL)
     if not pattern.search(current):
         raise DocsError(f"the page has no generated part: it needs the lines\n{BEGIN}\n{END}")
-    tables = render_tables(algorithm_docs())
+    tables = render_tables(algorithm_docs()) + "\n" + render_dataset_settings()
     return pattern.sub(lambda _: f"{BEGIN}\n\n{tables}\n{END}", current, count=1)

@@ -304,7 +304,7 @@ def test_every_shipped_config_validates(path, tmp_path):
         n = raw.get("clients_per_round", 3)
         size = 5 if raw["dataset"] == "femnist" else 810
         root = write_leaf(tmp_path / "leaf", {f"u{i}": size for i in range(n)}, kind=raw["dataset"])
-        sets += [f"data_root={root}", "leaf_sample_fraction=null", "leaf_min_samples=0"]
+        sets += [f"data_root={root}", "data.sample_fraction=null", "data.min_samples=0"]
     if "tune" in raw:  # a search (fedray tune): its block, its cells and the values its space reaches
         from fedray.sweeps.tune_plan import open_plan
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from pathlib import Path
 
@@ -244,19 +245,23 @@ def test_every_dataset_is_one_record_with_the_keys_only_it_reads():
         "synthetic": ("synthetic_size", "synthetic_shape"),
         "emnist": ("emnist_split",),
         "fedprox_synthetic": ("synthetic_alpha", "synthetic_beta"),
-        "femnist": ("leaf_sample_fraction", "leaf_min_samples", "leaf_train_fraction", "leaf_split_seed"),
-        "shakespeare": ("leaf_sample_fraction", "leaf_min_samples", "leaf_train_fraction", "leaf_split_seed"),
-        "hf": (
-            "hf_name",
-            "hf_split",
-            "hf_test_split",
-            "hf_client_column",
-            "hf_input_column",
-            "hf_label_column",
-            "leaf_sample_fraction",
-            "leaf_min_samples",
-        ),
     }
+    # the datasets with settings of their own (data.NAME), and the flat keys that moved there
+    settings = {n: [f.name for f in dataclasses.fields(k.settings)] for n, k in DATASETS.items() if k.settings}
+    leaf = ["sample_fraction", "min_samples", "train_fraction", "split_seed"]
+    columns = ["client_column", "input_column", "label_column"]
+    hf = ["name", "split", "test_split", *columns, "sample_fraction", "min_samples"]
+    assert settings == {"femnist": leaf, "shakespeare": leaf, "hf": hf}
+    assert DATASETS["hf"].flat_keys == (
+        "leaf_sample_fraction",
+        "leaf_min_samples",
+        "hf_name",
+        "hf_split",
+        "hf_test_split",
+        "hf_client_column",
+        "hf_input_column",
+        "hf_label_column",
+    )
     # the data sets that are read, not drawn, fix their data seed; the rest draw from the run's seed
     assert {n: kind.data_seed for n, kind in DATASETS.items() if kind.data_seed is not None} == {
         "client_files": 0,

@@ -3,11 +3,13 @@ on small datasets saved here with the library itself: nothing downloads."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from fedray.config.keys import ConfigError
-from fedray.data.hf import hf_data
+from fedray.data.hf import HfSettings, hf_data
 from fedray.data.leaf import SHAKESPEARE_VOCAB
 from fedray.experiment.validation import from_dict
 
@@ -37,18 +39,23 @@ def femnist_like(folder, writers=(("w2", 6), ("w0", 5), ("w1", 4)), test=False):
 
 
 def hf_config(tmp_path, folder, **over):
+    """A config of dataset hf on ``folder``; a key of its own settings (data.NAME: label_column,
+    test_split, min_samples, ...) given by its name."""
     keys = {
         "dataset": "hf",
-        "hf_name": str(folder),
-        "hf_client_column": "writer_id",
-        "hf_input_column": "image",
-        "hf_label_column": "character",
+        "name": str(folder),
+        "client_column": "writer_id",
+        "input_column": "image",
+        "label_column": "character",
         "model": "leaf_cnn",
         "num_clients": 3,
         "client_test_fraction": 0.2,
         "output": str(tmp_path / "out"),
     }
-    return from_dict({k: v for k, v in {**keys, **over}.items() if v is not None})  # None: left out
+    own = {f.name for f in dataclasses.fields(HfSettings)}
+    given = {k: v for k, v in {**keys, **over}.items() if v is not None}  # None: left out
+    data = {k: v for k, v in given.items() if k in own}
+    return from_dict({**{k: v for k, v in given.items() if k not in own}, "data": data})
 
 
 def test_the_rows_clients_are_the_clients_sorted_each_with_its_own_test_split(tmp_path):
@@ -77,7 +84,7 @@ def test_the_rows_clients_are_the_clients_sorted_each_with_its_own_test_split(tm
 
 def test_a_test_split_of_the_same_clients_is_their_test_rows(tmp_path):
     folder = femnist_like(tmp_path / "femnist", test=True)
-    data = hf_data(hf_config(tmp_path, folder, hf_test_split="test", client_test_fraction=0.0))
+    data = hf_data(hf_config(tmp_path, folder, test_split="test", client_test_fraction=0.0))
     assert [(len(c.train), len(c.test)) for c in data.clients.values()] == [(5, 2), (4, 2), (6, 2)]
     with pytest.raises(
         ConfigError, match=r"'client_test_fraction': dataset hf's test samples are each client's own"
@@ -89,11 +96,13 @@ def test_a_missing_column_or_split_is_one_line_naming_it_before_anything_runs(tm
     folder = femnist_like(tmp_path / "femnist")
     with pytest.raises(
         ConfigError,
-        match=r"'hf_label_column': 'label' is not a column of .* \(its columns: image, character, writer_id\)",
+        match=r"'data.label_column': 'label' is not a column of .* \(its columns: image, character, writer_id\)",
     ):
-        hf_config(tmp_path, folder, hf_label_column="label")
-    with pytest.raises(ConfigError, match=r"'hf_split': .* has no split 'validation' \(its splits: train\)"):
-        hf_config(tmp_path, folder, hf_split="validation")
+        hf_config(tmp_path, folder, label_column="label")
+    with pytest.raises(
+        ConfigError, match=r"'data.split': .* has no split 'validation' \(its splits: train\)"
+    ):
+        hf_config(tmp_path, folder, split="validation")
 
 
 def test_a_hub_dataset_not_kept_here_says_what_to_run_and_where_in_one_line(tmp_path):
@@ -101,9 +110,9 @@ def test_a_hub_dataset_not_kept_here_says_what_to_run_and_where_in_one_line(tmp_
 
     sets = [
         "dataset=hf",
-        "hf_name=flwrlabs/femnist",
+        "data.name=flwrlabs/femnist",
         f"data_root={tmp_path / 'hub'}",
-        "hf_client_column=writer_id",
+        "data.client_column=writer_id",
     ]
     p = run([*FEDRAY, "run", *(x for kv in sets for x in ("--set", kv))], cwd=tmp_path)
     assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
@@ -123,7 +132,7 @@ def test_text_rows_are_next_character_data_over_leafs_symbols_and_train(tmp_path
     datasets.Dataset.from_dict({"x": x, "y": [pick(1) for _ in roles], "character_id": roles}).save_to_disk(
         str(tmp_path / "shakespeare")
     )
-    keys = dict(hf_client_column="character_id", hf_input_column="x", hf_label_column="y", model="leaf_lstm")
+    keys = dict(client_column="character_id", input_column="x", label_column="y", model="leaf_lstm")
     cfg = hf_config(
         tmp_path,
         tmp_path / "shakespeare",
@@ -175,13 +184,13 @@ def test_fedavg_runs_on_a_saved_hub_dataset(tmp_path):
 def test_two_wrong_columns_are_one_message_naming_both(tmp_path):
     folder = femnist_like(tmp_path / "femnist")
     with pytest.raises(ConfigError) as e:
-        hf_config(tmp_path, folder, hf_input_column="img", hf_label_column="label")
+        hf_config(tmp_path, folder, input_column="img", label_column="label")
     said = str(e.value)
     assert (
-        "'hf_input_column': 'img' is not a column" in said
-        and "'hf_label_column': 'label' is not a column" in said
+        "'data.input_column': 'img' is not a column" in said
+        and "'data.label_column': 'label' is not a column" in said
     )
-    assert "data_root" not in said and said.count("config key 'hf_input_column'") == 1
+    assert "data_root" not in said and said.count("config key 'data.input_column'") == 1
 
 
 def test_number_arrays_of_one_channel_get_it_and_small_clients_follow_leafs_rule(tmp_path):
@@ -194,15 +203,15 @@ def test_number_arrays_of_one_channel_get_it_and_small_clients_follow_leafs_rule
             "who": ids,
         }
     ).save_to_disk(str(tmp_path / "arrays"))
-    keys = dict(hf_client_column="who", hf_input_column="pixels", hf_label_column="label", num_clients=None)
+    keys = dict(client_column="who", input_column="pixels", label_column="label", num_clients=None)
     cfg = hf_config(tmp_path, tmp_path / "arrays", **keys)
     data = hf_data(cfg)
     assert cfg.num_clients == 2 and data.dataset.spec.input_shape == (1, 28, 28)  # leaf_cnn takes them
     assert [(len(c.train), len(c.test)) for c in data.clients.values()] == [(4, 2), (2, 1)]  # a, c
-    # leaf_min_samples as LEAF's -k
-    assert hf_config(tmp_path, tmp_path / "arrays", leaf_min_samples=4, **keys).num_clients == 1
-    with pytest.raises(ConfigError, match=r"'hf_client_column': no client .* is left"):
-        hf_config(tmp_path, tmp_path / "arrays", leaf_min_samples=7, **keys)
+    # data.min_samples as LEAF's -k
+    assert hf_config(tmp_path, tmp_path / "arrays", min_samples=4, **keys).num_clients == 1
+    with pytest.raises(ConfigError, match=r"'data.client_column': no client .* is left"):
+        hf_config(tmp_path, tmp_path / "arrays", min_samples=7, **keys)
 
 
 def test_uint8_arrays_and_images_of_the_same_pixels_give_the_same_inputs(tmp_path):
@@ -222,9 +231,7 @@ def test_uint8_arrays_and_images_of_the_same_pixels_give_the_same_inputs(tmp_pat
     datasets.Dataset.from_dict({"img": pixels, "label": labels, "who": who}).cast_column(
         "img", datasets.Image()
     ).save_to_disk(str(tmp_path / "img"))
-    keys = dict(
-        hf_client_column="who", hf_input_column="img", hf_label_column="label", client_test_fraction=0.25
-    )
+    keys = dict(client_column="who", input_column="img", label_column="label", client_test_fraction=0.25)
     a, b = (hf_data(hf_config(tmp_path, tmp_path / k, num_clients=2, **keys)).dataset for k in ("arr", "img"))
     assert a.spec.scale == b.spec.scale == 1 / 255 and a.train.x.dtype == b.train.x.dtype == np.uint8
     assert np.array_equal(a.train.x, b.train.x) and np.array_equal(a.train.y, b.train.y)
@@ -245,8 +252,8 @@ def test_uint8_arrays_and_images_of_the_same_pixels_give_the_same_inputs(tmp_pat
         ),
         (
             lambda r: {},
-            {"hf_test_split": "train", "client_test_fraction": 0.0},
-            r"'hf_test_split': 'train' is the training split",
+            {"test_split": "train", "client_test_fraction": 0.0},
+            r"'data.test_split': 'train' is the training split",
         ),
     ],
 )
@@ -280,10 +287,10 @@ def test_a_test_split_of_another_size_or_type_or_classes_is_refused(tmp_path):
         return tmp_path / name
 
     keys = dict(
-        hf_client_column="c",
-        hf_input_column="x",
-        hf_label_column="y",
-        hf_test_split="test",
+        client_column="c",
+        input_column="x",
+        label_column="y",
+        test_split="test",
         client_test_fraction=0.0,
         model="mlp",
         num_clients=1,
@@ -305,9 +312,9 @@ def test_a_download_without_a_reachable_hub_is_one_line_at_once(tmp_path):
 
     sets = [
         "dataset=hf",
-        "hf_name=flwrlabs/femnist",
+        "data.name=flwrlabs/femnist",
         f"data_root={tmp_path / 'hub'}",
-        "hf_client_column=writer_id",
+        "data.client_column=writer_id",
         "download=true",
     ]
     env = {**__import__("os").environ, "HF_ENDPOINT": "http://127.0.0.1:9"}  # nothing listens there

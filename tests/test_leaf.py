@@ -3,6 +3,7 @@ write (small files made here: nothing downloads)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from fedray.config.keys import ConfigError
-from fedray.data.leaf import FEMNIST, SHAKESPEARE, SHAKESPEARE_VOCAB, leaf_data, read_users
+from fedray.data.leaf import FEMNIST, SHAKESPEARE, SHAKESPEARE_VOCAB, LeafSettings, leaf_data, read_users
 from fedray.experiment.validation import from_dict
 
 
@@ -45,10 +46,14 @@ def write_leaf(
 
 
 def leaf_config(tmp_path, root, kind="femnist", **over):
+    """A config of LEAF's ``kind`` on ``root``; a key of its own settings (data.NAME:
+    sample_fraction, min_samples, train_fraction, split_seed) given by its name."""
     model = "leaf_cnn" if kind == "femnist" else "leaf_lstm"
-    return from_dict(
-        {"dataset": kind, "data_root": str(root), "model": model, "output": str(tmp_path / "out"), **over}
-    )
+    own = {f.name for f in dataclasses.fields(LeafSettings)}
+    data = {k: v for k, v in over.items() if k in own}
+    rest = {k: v for k, v in over.items() if k not in own}
+    keys = {"dataset": kind, "data_root": str(root), "model": model, "output": str(tmp_path / "out")}
+    return from_dict({**keys, **rest, "data": data})
 
 
 def test_femnist_users_are_the_clients_split_by_sample_as_leaf_splits_them(tmp_path):
@@ -85,7 +90,7 @@ def test_femnist_users_are_the_clients_split_by_sample_as_leaf_splits_them(tmp_p
 
 def test_leaf_min_samples_keeps_the_users_with_as_many_samples(tmp_path):
     root = write_leaf(tmp_path / "femnist", {f"u{i}": 2 + 3 * i for i in range(8)}, files=1)  # 2, 5, ..., 23
-    cfg = leaf_config(tmp_path, root, num_clients=6, leaf_min_samples=6)  # 8, 11, ..., 23
+    cfg = leaf_config(tmp_path, root, num_clients=6, min_samples=6)  # 8, 11, ..., 23
     assert [len(c.train) + len(c.test) for c in leaf_data(FEMNIST, cfg).clients.values()] == [
         8,
         11,
@@ -94,8 +99,8 @@ def test_leaf_min_samples_keeps_the_users_with_as_many_samples(tmp_path):
         20,
         23,
     ]
-    with pytest.raises(ConfigError, match=r"'leaf_train_fraction': must be"):
-        leaf_config(tmp_path, root, num_clients=8, leaf_train_fraction=1.0)
+    with pytest.raises(ConfigError, match=r"'data.train_fraction': must be"):
+        leaf_config(tmp_path, root, num_clients=8, train_fraction=1.0)
 
 
 def test_a_folder_leaf_split_already_is_read_as_split_and_its_keys_stay_leafs(tmp_path):
@@ -105,15 +110,15 @@ def test_a_folder_leaf_split_already_is_read_as_split_and_its_keys_stay_leafs(tm
     cfg = leaf_config(tmp_path, root, num_clients=2)
     data = leaf_data(FEMNIST, cfg)
     assert [(len(c.train), len(c.test)) for c in data.clients.values()] == [(6, 2), (3, 1)]
-    with pytest.raises(ConfigError, match=r"'leaf_train_fraction': .* is split by LEAF already"):
-        leaf_config(tmp_path, root, num_clients=2, leaf_train_fraction=0.8)
+    with pytest.raises(ConfigError, match=r"'data.train_fraction': .* is split by LEAF already"):
+        leaf_config(tmp_path, root, num_clients=2, train_fraction=0.8)
 
 
 def test_shakespeare_is_next_character_prediction_split_in_order_as_leaf_splits_it(tmp_path):
     root = write_leaf(
         tmp_path / "shakespeare", {"HAMLET": 100, "OPHELIA": 92, "YORICK": 88}, kind="shakespeare"
     )
-    cfg = leaf_config(tmp_path, root, "shakespeare", leaf_train_fraction=0.1)
+    cfg = leaf_config(tmp_path, root, "shakespeare", train_fraction=0.1)
     data = leaf_data(SHAKESPEARE, cfg)
     assert len(SHAKESPEARE_VOCAB) == 80 and data.dataset.spec.input_shape == (80,)
     raw = json.loads((root / "all_data" / "all_data_0.json").read_text())["user_data"]["HAMLET"]
@@ -136,7 +141,7 @@ def test_shakespeare_is_next_character_prediction_split_in_order_as_leaf_splits_
     with pytest.raises(
         ConfigError, match=r"all_data_1\.json: user 'OPHELIA': character 'é' is not one of LEAF's 80 symbols"
     ):
-        leaf_config(tmp_path, root, "shakespeare", leaf_train_fraction=0.1)
+        leaf_config(tmp_path, root, "shakespeare", train_fraction=0.1)
 
 
 def test_what_is_read_is_kept_beside_the_json_and_read_back(tmp_path):
@@ -171,7 +176,7 @@ def test_fedavg_runs_on_leafs_users_with_leafs_model(tmp_path, kind):
 
     sizes = {"a": 12, "b": 9, "c": 7} if kind == "femnist" else {"a": 100, "b": 95, "c": 92}
     root = write_leaf(tmp_path / kind, sizes, kind=kind)
-    split = {} if kind == "femnist" else {"leaf_train_fraction": 0.1}  # the gap of 79 takes 80 samples
+    split = {} if kind == "femnist" else {"train_fraction": 0.1}  # the gap of 79 takes 80 samples
     # num_clients left out: fedray counts LEAF's users kept
     cfg = leaf_config(tmp_path, root, kind, rounds=2, batch_size=4, lr=0.05, **split)
     assert cfg.num_clients == 3
@@ -222,7 +227,7 @@ def test_leafs_lstm_trains_one_client_at_a_time_and_on_refuses_it(tmp_path, capf
     with pytest.raises(
         ConfigError, match=r"'batched_clients': on: model leaf_lstm cannot train batched: layer .* is LSTM"
     ):
-        leaf_config(tmp_path, root, "shakespeare", leaf_train_fraction=0.1, batched_clients="on")
+        leaf_config(tmp_path, root, "shakespeare", train_fraction=0.1, batched_clients="on")
 
 
 def test_leafs_models_are_leafs(tmp_path):
@@ -332,17 +337,17 @@ FEMNIST_CUT = [
     [
         (
             dict(
-                leaf_sample_fraction=0.5,
-                leaf_min_samples=4,
-                leaf_train_fraction=0.8,
+                sample_fraction=0.5,
+                min_samples=4,
+                train_fraction=0.8,
                 data_seed=7,
-                leaf_split_seed=11,
+                split_seed=11,
             ),
             FEMNIST_SAMPLED,
         ),
-        (dict(leaf_min_samples=10, data_seed=3, leaf_split_seed=5), FEMNIST_KEPT),
+        (dict(min_samples=10, data_seed=3, split_seed=5), FEMNIST_KEPT),
         (
-            dict(leaf_sample_fraction=0.3, leaf_train_fraction=0.75, data_seed=2, leaf_split_seed=9),
+            dict(sample_fraction=0.3, train_fraction=0.75, data_seed=2, split_seed=9),
             FEMNIST_CUT,
         ),
     ],
@@ -360,7 +365,7 @@ SHAKESPEARE_CASES = [
     # preprocess.sh -s niid --sf 0.6 -k 3 -t sample --tf 0.9 --smplseed 4 --spltseed 8: w04 is cut
     # to 889 samples in sample.py's order, and split in that order
     (
-        dict(leaf_sample_fraction=0.6, leaf_min_samples=3, data_seed=4, leaf_split_seed=8),
+        dict(sample_fraction=0.6, min_samples=3, data_seed=4, split_seed=8),
         [
             ("w04", 871, 18, [490, 158, 92, 68], [791, 388, 742]),
             ("w06", 1440, 81, [0, 1, 2, 3], [1519, 1520, 1521]),
@@ -388,7 +393,7 @@ def test_shakespeare_from_all_data_is_what_leafs_scripts_make(tmp_path, keys, wa
 def test_leaf_user_fraction_is_retired_naming_leafs_sampling(tmp_path):
     root = write_leaf(tmp_path / "femnist", {"a": 4, "b": 3})
     with pytest.raises(
-        ConfigError, match=r"'leaf_user_fraction' is retired: .*leaf_sample_fraction is LEAF's --sf"
+        ConfigError, match=r"'leaf_user_fraction' is retired: .*data.sample_fraction is LEAF's --sf"
     ):
         leaf_config(tmp_path, root, leaf_user_fraction=0.5)
 

@@ -708,3 +708,72 @@ def test_a_client_state_that_is_not_plain_data_is_named_in_the_round_it_is_retur
     assert "a torch.Tensor cannot be checkpointed" in said
     (row,) = load_runs(tmp_path / "out").to_dict("records")
     assert row["status"] == "failed" and row["summary"]["rounds_done"] == 0  # nothing past round 1
+
+
+# --- a plug-in dataset with a key of its own (examples/plugin/noisy_digits.py) ------------------------
+
+
+def _noisy(tmp_path, name, **over):
+    from tests.conftest import small_config
+
+    keys = dict(dataset="noisy_digits", model="mlp", plugins=[str(EXAMPLE / "noisy_digits.py")], rounds=2)
+    return small_config(tmp_path / name, **{**keys, **over})
+
+
+def test_a_plugin_datasets_own_key_is_read_checked_and_named_and_no_noise_is_digits(tmp_path, isolated):
+    from fedray.config.keys import ConfigError
+    from tests.conftest import small_config
+    from tests.helpers import run_metrics
+
+    quiet = _noisy(tmp_path, "quiet", data={"noise": 0})
+    assert (
+        quiet.data == {"noise": 0.0} and quiet.run_id() != _noisy(tmp_path, "x", data={"noise": 1}).run_id()
+    )
+    assert _noisy(tmp_path, "x").data == {}  # its default, left out: the same run as writing it
+    assert _noisy(tmp_path, "x", data={"noise": 2.0}).run_id() == _noisy(tmp_path, "x").run_id()
+    digits = run_metrics(small_config(tmp_path / "digits", dataset="digits", model="mlp", rounds=2))
+    keep = ["accuracy", "loss", "sgd_loss"]
+    same = [m[m["metric"].isin(keep)].reset_index(drop=True) for m in (digits, run_metrics(quiet))]
+    assert len(same[0]) and same[0].equals(same[1])  # noise 0 is digits, value for value
+    noisy = run_metrics(_noisy(tmp_path, "noisy", data={"noise": 4}))
+    assert not noisy[noisy["metric"].isin(keep)].reset_index(drop=True).equals(same[0])
+    with pytest.raises(ConfigError, match=r"config key 'data.noise': must be >= 0, got -1"):
+        _noisy(tmp_path, "bad", data={"noise": -1})
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown config key 'data.nois' for dataset noisy_digits; did you mean 'data.noise'",
+    ):
+        _noisy(tmp_path, "bad", data={"nois": 1})
+    with pytest.raises(
+        ConfigError, match=r"unknown config key 'data.noise' for dataset digits \(it has no data keys\)"
+    ):
+        small_config(tmp_path / "bad", dataset="digits", data={"noise": 1})
+
+
+def test_a_plugin_datasets_own_key_trains_batched_to_the_per_client_numbers(tmp_path, isolated):
+    from tests.test_batched import _off_and_on_agree
+
+    _off_and_on_agree(
+        tmp_path,
+        dict(
+            dataset="noisy_digits", model="mlp", plugins=[str(EXAMPLE / "noisy_digits.py")], data={"noise": 3}
+        ),
+    )
+
+
+@pytest.mark.ray
+def test_a_plugin_datasets_own_key_runs_on_ray_with_the_in_process_numbers(tmp_path, isolated, ray_session):
+    from fedray.api import run
+
+    cfg = dict(
+        dataset="noisy_digits",
+        model="mlp",
+        rounds=2,
+        num_clients=4,
+        plugins=[str(EXAMPLE / "noisy_digits.py")],
+        data={"noise": 3},
+    )
+    run(cfg, local=True, output=str(tmp_path / "local"), quiet=True)
+    run(cfg, output=str(tmp_path / "ray"), num_actors=2, quiet=True)
+    local, ray_ = metrics(tmp_path / "local"), metrics(tmp_path / "ray")
+    assert len(local) > 10 and local.equals(ray_)

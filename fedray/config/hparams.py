@@ -39,6 +39,7 @@ __all__ = [
     "field_problems",
     "hparams_from_dict",
     "one_of",
+    "settings_from_dict",
 ]
 
 RULE = "fedray.rule"  # the field-metadata key holding a field's Bound or OneOf
@@ -171,8 +172,16 @@ def _hints(cls: type) -> dict[str, Any]:
 
 
 def hparams_from_dict(cls: type, values: Mapping[str, Any], algorithm: str) -> Any:
-    """Build an algorithm's Hparams dataclass from ``hp.*`` values, with the same checks as Config:
-    known keys, types, the declared bounds (`check_fields`), then the dataclass's own ``check()``."""
+    """Build an algorithm's Hparams dataclass from ``hp.*`` values (`settings_from_dict`)."""
+    return settings_from_dict(cls, values, "hp", f"algorithm {algorithm}")
+
+
+def settings_from_dict(cls: type, values: Mapping[str, Any], section: str, owner: str) -> Any:
+    """Build a settings dataclass from the values of config section ``section`` (``hp``: an
+    algorithm's hyperparameters; ``data``: a dataset's own settings), with the same checks as
+    Config: known keys, types, the declared bounds (`check_fields`), then the dataclass's own
+    ``check()``. ``owner`` names whose settings they are in errors (``algorithm fedprox``). A
+    dataset's text settings take a number as its text (a split or a column named 2024, unquoted)."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = _hints(cls)
     kwargs, problems = {}, []
@@ -180,24 +189,26 @@ def hparams_from_dict(cls: type, values: Mapping[str, Any], algorithm: str) -> A
         if k not in fields:
             known = ", ".join(sorted(fields)) or "none"
             problems.append(
-                f"unknown config key 'hp.{k}' for algorithm {algorithm}{suggest(k, fields, 'hp.')} (its hp keys: {known})"
+                f"unknown config key '{section}.{k}' for {owner}{suggest(k, fields, section + '.')} "
+                f"(its {section} keys: {known})"
             )
             continue
         rule = fields[k].metadata.get(RULE)
         try:
+            choices = rule.choices if isinstance(rule, OneOf) else ()
             kwargs[k] = coerce(
-                f"hp.{k}", v, hints[k], choices=rule.choices if isinstance(rule, OneOf) else ()
+                f"{section}.{k}", v, hints[k], choices=choices, str_from_number=section == "data"
             )
         except ConfigError as e:
             problems.append(str(e))
-    hp = cls(**kwargs)  # the values that are of their type, so their bounds are told in the same message
-    problems += field_problems(hp)
+    made = cls(**kwargs)  # the values that are of their type, so their bounds are told in the same message
+    problems += field_problems(made, prefix=section + ".")
     if problems:
         raise ConfigError.of(problems)
     try:
-        check = getattr(hp, "check", None)
+        check = getattr(made, "check", None)
         if check is not None:
             check()
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    return hp
+    return made

@@ -35,6 +35,7 @@ __all__ = [
     "DEFAULT_FMNIST_ROOT",
     "FIELDS",
     "MISNAMED",
+    "MOVED_TO_DATA",
     "RETIRED",
     "NAME_KEYS",
     "NOT_IN_RUN_ID",
@@ -61,12 +62,6 @@ NAME_KEYS = (
     "partition_file",
     "partition_name",
     "init_model",
-    "hf_name",
-    "hf_split",
-    "hf_test_split",
-    "hf_client_column",
-    "hf_input_column",
-    "hf_label_column",
 )
 
 
@@ -109,25 +104,11 @@ class Config:
     # the clients' models (alpha) and their inputs (beta) differ; its clients come with it
     synthetic_alpha: float = field(default=1.0, metadata=bound(ge=0))  # fedprox_synthetic only: alpha
     synthetic_beta: float = field(default=1.0, metadata=bound(ge=0))  # fedprox_synthetic only: beta
-    # femnist / shakespeare (LEAF's JSON in data_root, fedray/data/leaf.py: its users are the clients)
-    # from all_data/, made as LEAF's preprocess.sh -s niid --sf F -k K -t sample --tf T makes them
-    # (--smplseed and --spltseed: data_seed, or leaf_split_seed for the split). hf reads the first two.
-    # LEAF's niid sampling (--sf): each file's users shuffled and taken whole until this fraction of
-    # the file's samples is reached, the last one cut short; null = no sampling (LEAF without -s)
-    leaf_sample_fraction: float | None = field(default=None, metadata=bound(gt=0, le=1, note="null = all"))
-    leaf_min_samples: int = field(default=0, metadata=bound(ge=0))  # LEAF's -k: a user's fewest samples
-    # LEAF only: the share of each user's samples it trains on (LEAF's split by sample, --tf)
-    leaf_train_fraction: float = field(default=0.9, metadata=bound(gt=0, lt=1))
-    # LEAF only: the seed of the split (--spltseed), where it is not the sampling's (null: data_seed)
-    leaf_split_seed: int | None = field(default=None, metadata=bound(ge=0, note="null = data_seed"))
-    # hf (a federated dataset in the Hugging Face hub's format, fedray/data/hf.py: its rows name
-    # their clients): a saved dataset's folder, or a hub name kept in data_root (download: true)
-    hf_name: str = ""  # hf only: the dataset
-    hf_split: str = "train"  # hf only: the split whose rows are the clients' samples
-    hf_test_split: str = ""  # hf only: a split of each client's test rows ("": client_test_fraction)
-    hf_client_column: str = ""  # hf only: the column naming each row's client
-    hf_input_column: str = ""  # hf only: the input column (an image, text, or numbers)
-    hf_label_column: str = ""  # hf only: the label column (a class id, or the next character)
+    # The dataset's own settings (data.NAME), which its DatasetKind declares as a dataclass (as an
+    # algorithm declares its hp.*): femnist/shakespeare take LEAF's sampling and split
+    # (data.sample_fraction, data.min_samples, data.train_fraction, data.split_seed), hf its dataset
+    # and columns (data.name, data.client_column, ...); `fedray docs` lists them for every dataset.
+    data: dict[str, Any] = field(default_factory=dict)  # the dataset's own settings
 
     # --- partition across clients (docs/algorithms/partitions.md#partitions) -------------------------------------------
     # N. A dataset that comes with its clients (LEAF, hf, client_files) counts them itself where this
@@ -347,8 +328,9 @@ class Config:
             d["data_root"] = "sha256:" + file_digest(self.data_root)
         if self.init_model:  # the model the file holds, wherever it lies
             d["init_model"] = "sha256:" + file_digest(init_model_file(self.init_model))
+        d.update(_hashed_data(d.pop("data")))
         for key, default in ADDED_LATER.items():
-            if d[key] == default:
+            if key in d and d[key] == default:
                 d.pop(key)
         digest = hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
         return f"{self.algorithm}-{self.dataset}-s{self.seed}-{digest}"
@@ -399,19 +381,25 @@ ADDED_LATER = {
     "cuda_tf32": True,
     "drop_last": False,
     "pack_runs": "off",
-    "leaf_min_samples": 0,
-    "leaf_sample_fraction": None,
     "validation_fraction": 0.0,
     "evaluate_on": "test",
-    "leaf_split_seed": None,
     "data_seed": None,
-    "leaf_train_fraction": 0.9,
-    "hf_name": "",
-    "hf_split": "train",
-    "hf_test_split": "",
-    "hf_client_column": "",
-    "hf_input_column": "",
-    "hf_label_column": "",
+    "data": {},
+}
+# Flat keys that moved into a dataset's own settings (config key data.NAME): old name -> (its name
+# under data, its default). A config naming the old key still loads (it is moved, with a note), and a
+# run id hashes a moved value under its old name, so every run keeps the id it had.
+MOVED_TO_DATA = {
+    "leaf_sample_fraction": ("sample_fraction", None),
+    "leaf_min_samples": ("min_samples", 0),
+    "leaf_train_fraction": ("train_fraction", 0.9),
+    "leaf_split_seed": ("split_seed", None),
+    "hf_name": ("name", ""),
+    "hf_split": ("split", "train"),
+    "hf_test_split": ("test_split", ""),
+    "hf_client_column": ("client_column", ""),
+    "hf_input_column": ("input_column", ""),
+    "hf_label_column": ("label_column", ""),
 }
 # Keys of a sweep file that are not config keys (fedray/sweeps/sweep_file.py expands them into runs).
 SWEEP_KEYS = ("grid", "seeds", "cases", "max_concurrent_runs")
@@ -422,8 +410,8 @@ SWEEP_KEYS = ("grid", "seeds", "cases", "max_concurrent_runs")
 # something else, and a run that set it must be written anew).
 RETIRED = {
     "leaf_user_fraction": (
-        "it kept a fraction of the users, which is not LEAF's sampling; leaf_sample_fraction is LEAF's "
-        "--sf (a fraction of each file's samples, taken by whole users), with leaf_min_samples (-k) "
+        "it kept a fraction of the users, which is not LEAF's sampling; data.sample_fraction is LEAF's "
+        "--sf (a fraction of each file's samples, taken by whole users), with data.min_samples (-k) "
         "applied after it as LEAF does"
     ),
 }
@@ -635,6 +623,21 @@ def init_model_file(path: str | Path) -> Path:
     """The model file ``init_model`` names: the file itself, or a models folder's ``global.npz``."""
     p = Path(path)
     return p / "global.npz" if p.is_dir() else p
+
+
+def _hashed_data(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A config's data settings as its run id hashes them: a setting that moved there from a flat
+    key (`MOVED_TO_DATA`) under that key where it is not its default (as the flat key was hashed),
+    the others under ``data`` (left out where there are none)."""
+    old = {new: (flat, default) for flat, (new, default) in MOVED_TO_DATA.items()}
+    out: dict[str, Any] = {}
+    rest = {k: v for k, v in data.items() if k not in old}
+    for key, value in data.items():
+        if key in old and value != old[key][1]:
+            out[old[key][0]] = value
+    if rest:
+        out["data"] = rest
+    return out
 
 
 def partition_file_for(path_template: str, seed: int) -> str:

@@ -8,6 +8,7 @@ CIFAR training augmentation.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import struct
 from collections.abc import Callable, Mapping
@@ -19,7 +20,8 @@ import numpy as np
 import torch
 
 from fedray.config.coercion import ConfigError, suggest
-from fedray.config.keys import FIELDS
+from fedray.config.hparams import settings_from_dict
+from fedray.config.keys import FIELDS, MOVED_TO_DATA
 
 if TYPE_CHECKING:
     from fedray.config.keys import Config
@@ -373,11 +375,32 @@ class DatasetKind:
     # those same files; raises DatasetMissing where they are not there. None: nothing is read from
     # files the user can change (made from the config: digits, synthetic), nothing recorded.
     files: Callable[[Config], tuple[Path, list[Path]]] | None = None
+    # Its own settings (config key data.NAME), a dataclass with a default for every field and bounds
+    # declared as an algorithm's Hparams declare theirs (fedray.config.hparams); None: it has none.
+    settings: type | None = None
 
     @property
     def own_clients(self) -> bool:
         """Whether it comes with its clients (``federate``): no partition is drawn over it."""
         return self.federate is not None
+
+    def make_settings(self, values: Mapping[str, Any]) -> Any:
+        """Its settings from the config's ``data`` values, checked (`settings_from_dict`)."""
+        if self.settings is None:
+            if values:
+                key = next(iter(values))
+                raise ConfigError(
+                    f"unknown config key 'data.{key}' for dataset {self.name} (it has no data keys)"
+                )
+            return None
+        return settings_from_dict(self.settings, values, "data", f"dataset {self.name}")
+
+    @property
+    def flat_keys(self) -> tuple[str, ...]:
+        """The flat config keys it reads: its ``keys``, and those that moved into its settings
+        (`fedray.config.keys.MOVED_TO_DATA`: leaf_min_samples is LEAF's data.min_samples now)."""
+        fields = {f.name for f in dataclasses.fields(self.settings)} if self.settings is not None else set()
+        return (*self.keys, *(flat for flat, (new, _) in MOVED_TO_DATA.items() if new in fields))
 
 
 DATASETS: dict[str, DatasetKind] = {}
@@ -502,6 +525,11 @@ def data_seed(cfg: Config) -> int:
         return cfg.data_seed
     kind = DATASETS.get(cfg.dataset)
     return kind.data_seed if kind is not None and kind.data_seed is not None else cfg.seed
+
+
+def data_settings(cfg: Config) -> Any:
+    """The run's dataset's own settings (config key data.NAME, `DatasetKind.settings`), checked."""
+    return DATASETS[cfg.dataset].make_settings(cfg.data)
 
 
 def dataset_info(cfg: Config) -> DatasetInfo:

@@ -2,19 +2,19 @@
 client (a writer, a speaker, a device): the clients are those ids, no partition is drawn. Read with
 the `datasets` library (the hub's own loader; an optional extra: ``pip install 'fedray[hf]'``).
 
-- ``hf_name``: a folder a dataset was saved to (``Dataset.save_to_disk`` / ``DatasetDict``), or a hub
+- ``data.name``: a folder a dataset was saved to (``Dataset.save_to_disk`` / ``DatasetDict``), or a hub
   name (``flwrlabs/femnist``, ``flwrlabs/shakespeare``), read from ``data_root/<owner>__<name>``
   where fedray saved it; ``download: true`` fetches it there once (needs the internet; nothing
   downloads otherwise, and a dataset that is not there is named in one line with what to run).
-- ``hf_split`` (default ``train``): the split whose rows are the clients' samples;
-  ``hf_client_column``, ``hf_input_column``, ``hf_label_column``: which columns.
+- ``data.split`` (default ``train``): the split whose rows are the clients' samples;
+  ``data.client_column``, ``data.input_column``, ``data.label_column``: which columns.
 - The input is an image (the ``Image`` feature or an array: grey or RGB, all of one size), text (a
   string, its characters as LEAF's 80 symbols: next-character data such as Shakespeare's), or an
   array of numbers. The label is a class id, or one character (its symbol).
-- Each client's test split is ``hf_test_split``'s rows of that client where it is set, read as
+- Each client's test split is ``data.test_split``'s rows of that client where it is set, read as
   they are. Else the clients are made as LEAF's preprocess.sh makes its users into clients
-  (`fedray.data.leaf.make_clients`): ``leaf_sample_fraction`` (LEAF's niid ``--sf``, over the
-  clients in sorted order), ``leaf_min_samples`` (``-k``), then each client's rows split by LEAF's
+  (`fedray.data.leaf.make_clients`): ``data.sample_fraction`` (LEAF's niid ``--sf``, over the
+  clients in sorted order), ``data.min_samples`` (``-k``), then each client's rows split by LEAF's
   rule with ``client_test_fraction`` its test share (``--tf`` = 1 - it): a client trains on
   ``max(1, int((1 - f) n))`` rows (one of two), drawn at random from the data seed, except text
   (next-character data, whose samples are windows sliding by one): its first rows, in order, its
@@ -30,12 +30,14 @@ left out (whatever the run's seed), so seeds vary training only.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from fedray.config.coercion import ConfigError
+from fedray.config.hparams import bound
 from fedray.data.datasets import (
     ArrayDataset,
     Dataset,
@@ -43,6 +45,7 @@ from fedray.data.datasets import (
     DatasetKind,
     DatasetMissing,
     DataSpec,
+    data_settings,
     register_dataset,
 )
 from fedray.data.federated import FederatedData, own_splits
@@ -51,17 +54,28 @@ from fedray.data.leaf import SHAKESPEARE_VOCAB, SYMBOL_INDEX, Recipe, class_ids,
 if TYPE_CHECKING:
     from fedray.config.keys import Config
 
-KEYS = (
-    "hf_name",
-    "hf_split",
-    "hf_test_split",
-    "hf_client_column",
-    "hf_input_column",
-    "hf_label_column",
-    "leaf_sample_fraction",
-    "leaf_min_samples",
-)
-COLUMN_KEYS = ("hf_client_column", "hf_input_column", "hf_label_column")
+
+@dataclass(frozen=True)
+class HfSettings:
+    """Dataset hf's own keys (data.NAME): which dataset, which splits, which columns, and LEAF's
+    sampling of its clients (where it splits them: no test_split)."""
+
+    name: str = ""  # a saved dataset's folder, or a hub name kept in data_root (download: true)
+    split: str = "train"  # the split whose rows are the clients' samples
+    test_split: str = ""  # a split of each client's test rows ("": client_test_fraction)
+    client_column: str = ""  # the column naming each row's client
+    input_column: str = ""  # the input column (an image, text, or numbers)
+    label_column: str = ""  # the label column (a class id, or the next character)
+    # LEAF's niid sampling (--sf) over the clients in sorted order; null = no sampling
+    sample_fraction: float | None = field(default=None, metadata=bound(gt=0, le=1, note="null = all"))
+    min_samples: int = field(default=0, metadata=bound(ge=0))  # LEAF's -k: a client's fewest rows
+
+
+def _s(cfg: Config) -> HfSettings:
+    return data_settings(cfg)
+
+
+COLUMN_KEYS = ("client_column", "input_column", "label_column")
 
 
 def _datasets() -> Any:
@@ -76,24 +90,24 @@ def _datasets() -> Any:
 
 
 def local_copy(cfg: Config) -> Path:
-    """Where a dataset is read from: ``hf_name`` itself where it is a folder, else the copy fedray
+    """Where a dataset is read from: ``data.name`` itself where it is a folder, else the copy fedray
     keeps in ``data_root`` (``owner__name``)."""
-    given = Path(cfg.hf_name).expanduser()
+    given = Path(_s(cfg).name).expanduser()
     if given.is_dir():
         return given
-    return Path(cfg.resolved_data_root()) / re.sub(r"[^\w.-]", "__", cfg.hf_name)
+    return Path(cfg.resolved_data_root()) / re.sub(r"[^\w.-]", "__", _s(cfg).name)
 
 
 def hf_available(cfg: Config) -> None:
-    if not cfg.hf_name:
-        raise DatasetMissing("dataset hf: set hf_name (a hub dataset, or a folder a dataset was saved to)")
+    if not _s(cfg).name:
+        raise DatasetMissing("dataset hf: set data.name (a hub dataset, or a folder a dataset was saved to)")
     where = local_copy(cfg)
     if where.is_dir() or cfg.download:
         return
     raise DatasetMissing(
-        f"dataset hf: {cfg.hf_name} is not in {str(where)!r} (nothing downloads at run time): --set download=true "
+        f"dataset hf: {_s(cfg).name} is not in {str(where)!r} (nothing downloads at run time): --set download=true "
         f'fetches it there (needs the internet), or save it there yourself: python -c "import datasets; '
-        f"datasets.load_dataset('{cfg.hf_name}').save_to_disk('{where}')\""
+        f"datasets.load_dataset('{_s(cfg).name}').save_to_disk('{where}')\""
     )
 
 
@@ -102,7 +116,7 @@ def hf_files(cfg: Config) -> tuple[Path, list[Path]]:
     cache files `datasets` may add beside them."""
     where = local_copy(cfg)
     if not where.is_dir():
-        raise DatasetMissing(f"dataset hf: {cfg.hf_name} is not in {str(where)!r}")
+        raise DatasetMissing(f"dataset hf: {_s(cfg).name} is not in {str(where)!r}")
     found = sorted(p for p in where.rglob("*") if p.is_file() and not p.name.startswith((".", "cache-")))
     return where, found
 
@@ -114,12 +128,12 @@ def _open(cfg: Config) -> Any:
     if not where.is_dir():
         hf_available(cfg)
         if unreachable := _hub_unreachable():
-            raise DatasetMissing(f"dataset hf: cannot download {cfg.hf_name}: {unreachable}")
+            raise DatasetMissing(f"dataset hf: cannot download {_s(cfg).name}: {unreachable}")
         try:
-            ds.load_dataset(cfg.hf_name).save_to_disk(str(where))
+            ds.load_dataset(_s(cfg).name).save_to_disk(str(where))
         except Exception as e:  # noqa: BLE001 - the hub's errors, said in one line
             raise DatasetMissing(
-                f"dataset hf: cannot download {cfg.hf_name}: {type(e).__name__}: {e}"
+                f"dataset hf: cannot download {_s(cfg).name}: {type(e).__name__}: {e}"
             ) from None
     try:
         return ds.load_from_disk(str(where))
@@ -142,17 +156,17 @@ def _hub_unreachable(timeout_s: float = 5.0) -> str | None:
         with socket.create_connection((host, port), timeout=timeout_s):
             return None
     except OSError as e:
-        return f"{host} cannot be reached ({e.strerror or type(e).__name__}): no network here? Save the dataset on a machine that has one (save_to_disk) and point hf_name at the folder"
+        return f"{host} cannot be reached ({e.strerror or type(e).__name__}): no network here? Save the dataset on a machine that has one (save_to_disk) and point data.name at the folder"
 
 
 def _split(cfg: Config, data: Any, name: str, key: str) -> Any:
     if not hasattr(data, "keys"):  # one Dataset, saved alone: its only split
         if name not in ("train", ""):
-            raise ConfigError(f"config key '{key}': {cfg.hf_name} has one split, not {name!r}")
+            raise ConfigError(f"config key '{key}': {_s(cfg).name} has one split, not {name!r}")
         return data
     if name not in data:
         raise ConfigError(
-            f"config key '{key}': {cfg.hf_name} has no split {name!r} (its splits: {', '.join(data)})"
+            f"config key '{key}': {_s(cfg).name} has no split {name!r} (its splits: {', '.join(data)})"
         )
     return data[name]
 
@@ -160,14 +174,14 @@ def _split(cfg: Config, data: Any, name: str, key: str) -> Any:
 def _columns(cfg: Config, split: Any, keys: tuple[str, ...] = COLUMN_KEYS) -> list[str]:
     """The columns ``keys`` name; every one that is not a column of ``split`` said at once."""
     problems = [
-        f"config key '{key}': {getattr(cfg, key)!r} is not a column of {cfg.hf_name} "
+        f"config key 'data.{key}': {getattr(_s(cfg), key)!r} is not a column of {_s(cfg).name} "
         f"(its columns: {', '.join(split.column_names)})"
         for key in keys
-        if getattr(cfg, key) not in split.column_names
+        if getattr(_s(cfg), key) not in split.column_names
     ]
     if problems:
         raise ConfigError.of(problems)
-    return [getattr(cfg, key) for key in keys]
+    return [getattr(_s(cfg), key) for key in keys]
 
 
 def _symbols(texts: list[str], where: str) -> np.ndarray:
@@ -240,14 +254,14 @@ def _clients(cfg: Config, train: Any, client_col: str, input_col: str) -> tuple[
     them, the clients LEAF's rules keep: (client, its training rows' positions, its test rows').
     Made once a process for a split as saved (its fingerprint) and the rules: counted, checked and
     loaded for one run, and again for each run of a sweep."""
-    recipe = None if cfg.hf_test_split else _recipe(cfg, train, input_col)
+    recipe = None if _s(cfg).test_split else _recipe(cfg, train, input_col)
     key = (getattr(train, "_fingerprint", None), client_col, recipe)
     if key[0] is not None and key in _MADE:
         return _MADE[key]
     raw = train[client_col]
     if (missing := next((i for i, c in enumerate(raw) if c is None), None)) is not None:
         raise ConfigError(
-            f"dataset hf {cfg.hf_name}: column {client_col!r}: row {missing} names no client (null)"
+            f"dataset hf {_s(cfg).name}: column {client_col!r}: row {missing} names no client (null)"
         )
     ids = np.asarray([str(c) for c in raw])
     order = np.argsort(ids, kind="stable")
@@ -269,18 +283,18 @@ _MADE: dict[tuple, tuple[np.ndarray, list, list]] = {}
 
 
 def hf_data(cfg: Config) -> FederatedData:
-    """The clients: the rows of ``hf_split`` grouped by ``hf_client_column``, ids sorted."""
+    """The clients: the rows of ``data.split`` grouped by ``data.client_column``, ids sorted."""
     data = _open(cfg)
-    train = _split(cfg, data, cfg.hf_split, "hf_split")
+    train = _split(cfg, data, _s(cfg).split, "data.split")
     client_col, input_col, label_col = _columns(cfg, train)
-    where = f"dataset hf {cfg.hf_name}"
+    where = f"dataset hf {_s(cfg).name}"
     x, scale = _inputs(train, input_col, f"{where}: column {input_col!r}")
     y, known = _labels(train[label_col], f"{where}: column {label_col!r}")
     classes = _classes(train, label_col, y, known)
     ids, rows, made = _clients(cfg, train, client_col, input_col)
     parts = []
-    if cfg.hf_test_split:
-        test = _split(cfg, data, cfg.hf_test_split, "hf_test_split")
+    if _s(cfg).test_split:
+        test = _split(cfg, data, _s(cfg).test_split, "data.test_split")
         tx, ty = _test_arrays(cfg, test, (input_col, label_col), (x, scale, classes))
         t_ids = np.asarray([str(c) for c in test[client_col]])
         for c, r in enumerate(rows):
@@ -298,11 +312,11 @@ def hf_data(cfg: Config) -> FederatedData:
 def _test_arrays(
     cfg: Config, test: Any, columns: tuple[str, str], train: tuple
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``hf_test_split``'s inputs and labels, refused where one model could not read them as it
+    """``data.test_split``'s inputs and labels, refused where one model could not read them as it
     reads the training split's: another shape, another stored type (another scale), a class the
     training split does not have."""
     (input_col, label_col), (x, scale, classes) = columns, train
-    where = f"dataset hf {cfg.hf_name}: split {cfg.hf_test_split!r}"
+    where = f"dataset hf {_s(cfg).name}: split {_s(cfg).test_split!r}"
     tx, tscale = _inputs(test, input_col, f"{where}, column {input_col!r}")
     ty, _ = _labels(test[label_col], f"{where}, column {label_col!r}")
     if tx.shape[1:] != x.shape[1:]:
@@ -322,12 +336,12 @@ def _test_arrays(
 def hf_info(cfg: Config) -> DatasetInfo:
     """Shape and classes from the dataset's first rows (memory-mapped: nothing else is read)."""
     data = _open(cfg)
-    train = _split(cfg, data, cfg.hf_split, "hf_split")
+    train = _split(cfg, data, _s(cfg).split, "data.split")
     _, input_col, label_col = _columns(cfg, train)
     x, _ = _inputs(
-        train.select(range(min(1, len(train)))), input_col, f"dataset hf {cfg.hf_name}: column {input_col!r}"
+        train.select(range(min(1, len(train)))), input_col, f"dataset hf {_s(cfg).name}: column {input_col!r}"
     )
-    y, known = _labels(train[:1][label_col], f"dataset hf {cfg.hf_name}: column {label_col!r}")
+    y, known = _labels(train[:1][label_col], f"dataset hf {_s(cfg).name}: column {label_col!r}")
     classes = (
         known or getattr(train.features[label_col], "num_classes", None) or int(max(train[label_col])) + 1
     )
@@ -336,40 +350,40 @@ def hf_info(cfg: Config) -> DatasetInfo:
 
 def count_hf(cfg: Config) -> int:
     """The clients the rows make under this config (those LEAF's rules keep)."""
-    train = _split(cfg, _open(cfg), cfg.hf_split, "hf_split")
+    train = _split(cfg, _open(cfg), _s(cfg).split, "data.split")
     client_col, input_col, _ = _columns(cfg, train)
     return len(_clients(cfg, train, client_col, input_col)[2])
 
 
 def check_hf(cfg: Config, info: DatasetInfo) -> None:
     """The columns are there and the clients are the run's: num_clients their number."""
-    if not cfg.hf_test_split and cfg.client_test_fraction <= 0:
+    if not _s(cfg).test_split and cfg.client_test_fraction <= 0:
         raise ConfigError(
             "config key 'client_test_fraction': dataset hf's test samples are each client's own: set "
-            "client_test_fraction (e.g. 0.1), or hf_test_split to a split of the same clients"
+            "client_test_fraction (e.g. 0.1), or data.test_split to a split of the same clients"
         )
-    if cfg.hf_test_split and cfg.hf_test_split == cfg.hf_split:
+    if _s(cfg).test_split and _s(cfg).test_split == _s(cfg).split:
         raise ConfigError(
-            f"config key 'hf_test_split': {cfg.hf_test_split!r} is the training split (hf_split): the test "
+            f"config key 'data.test_split': {_s(cfg).test_split!r} is the training split (data.split): the test "
             "samples would be the training ones"
         )
-    if cfg.hf_test_split:
-        for key in ("leaf_sample_fraction", "leaf_min_samples"):
-            if getattr(cfg, key) not in (None, 0):
+    if _s(cfg).test_split:
+        for key in ("sample_fraction", "min_samples"):
+            if getattr(_s(cfg), key) not in (None, 0):
                 raise ConfigError(
-                    f"config key '{key}': hf_test_split gives each client's test rows, so its clients are "
-                    "read as they are (as a folder LEAF split already): leave it out, or hf_test_split"
+                    f"config key 'data.{key}': data.test_split gives each client's test rows, so its clients "
+                    "are read as they are (as a folder LEAF split already): leave it out, or data.test_split"
                 )
     n = count_hf(cfg)
     if n == 0:
         raise ConfigError(
-            f"config key 'hf_client_column': no client of {cfg.hf_name}'s column {cfg.hf_client_column!r} is "
-            "left by leaf_sample_fraction, leaf_min_samples and LEAF's split (a client needs two rows, and "
+            f"config key 'data.client_column': no client of {_s(cfg).name}'s column {_s(cfg).client_column!r} "
+            "is left by data.sample_fraction, data.min_samples and LEAF's split (a client needs two rows, and "
             "a test row after the split)"
         )
     if n != cfg.num_clients:
         raise ConfigError(
-            f"config key 'num_clients': {cfg.hf_name}'s column {cfg.hf_client_column!r} names {n} clients "
+            f"config key 'num_clients': {_s(cfg).name}'s column {_s(cfg).client_column!r} names {n} clients "
             f"(kept by LEAF's rules); set num_clients: {n}, or leave it out (fedray counts them)"
         )
     if cfg.shift != "none":
@@ -383,7 +397,7 @@ register_dataset(
         "hf",
         lambda cfg: hf_data(cfg).dataset,
         hf_info,
-        keys=KEYS,
+        settings=HfSettings,
         available=hf_available,
         check_info=check_hf,
         federate=hf_data,

@@ -11,23 +11,23 @@ for Federated Settings", 2018; github.com/TalwalkarLab/leaf).
   ``preprocess.sh -s niid --sf F -k K -t sample --tf T --smplseed S --spltseed P`` does (LEAF's
   data/utils/sample.py, remove_users.py and split_data.py, `make_clients`):
 
-  1. ``leaf_sample_fraction`` F (``-s niid --sf``; null: no sampling, as without ``-s``): each
+  1. ``data.sample_fraction`` F (``-s niid --sf``; null: no sampling, as without ``-s``): each
      file's users are shuffled and taken whole until F of the file's samples is reached, the last
      user cut short to the first samples it needs, in a shuffled order;
-  2. ``leaf_min_samples`` K (``-k``): users with fewer samples (after the cut) are dropped;
-  3. ``leaf_train_fraction`` T (``--tf``): a user with two samples or more trains on
+  2. ``data.min_samples`` K (``-k``): users with fewer samples (after the cut) are dropped;
+  3. ``data.train_fraction`` T (``--tf``): a user with two samples or more trains on
      ``max(1, int(T n))`` of them (one of two). FEMNIST's are drawn at random, the rest its test
      samples. Shakespeare's are its first ones, in order, and its test samples start 79 samples
      later (a sample is 80 characters, the next sample's window moves by one: the gap keeps every
      test window clear of the training text); a role with no test sample left is dropped.
 
   The sampling draws from Python's ``random.Random(data seed)`` and the split from
-  ``random.Random(leaf_split_seed, else the data seed)``, one generator over the files in order,
+  ``random.Random(data.split_seed, else the data seed)``, one generator over the files in order,
   as LEAF's scripts draw theirs: the same seeds give LEAF's users and samples exactly. LEAF visits
   the files in the order ``os.listdir`` gives, fedray in sorted order; where the two differ (several
   files on most file systems) the users drawn differ, their rules not. The data seed is
   ``data_seed``, 0 where it is left out (whatever the run's seed): LEAF's paper data is
-  ``data_seed: 1549786595`` and ``leaf_split_seed: 1549786796`` (its paper_experiments/femnist.sh).
+  ``data_seed: 1549786595`` and ``data.split_seed: 1549786796`` (its paper_experiments/femnist.sh).
 
 Each JSON file holds ``users`` (names), ``num_samples`` and ``user_data`` (``{user: {"x": [...],
 "y": [...]}}``). A FEMNIST sample is 784 grey levels in [0, 1] (a 28x28 image) and its class; a
@@ -47,16 +47,25 @@ import os
 import random
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from fedray.config.coercion import ConfigError
+from fedray.config.hparams import bound
 from fedray.config.keys import file_digest
 from fedray.config.notes import say_once
-from fedray.data.datasets import ArrayDataset, Dataset, DatasetInfo, DatasetMissing, DataSpec, data_seed
+from fedray.data.datasets import (
+    ArrayDataset,
+    Dataset,
+    DatasetInfo,
+    DatasetMissing,
+    DataSpec,
+    data_seed,
+    data_settings,
+)
 from fedray.data.federated import FederatedData, own_splits
 
 if TYPE_CHECKING:
@@ -69,14 +78,21 @@ SYMBOL_INDEX = np.full(256, -1, dtype=np.int16)  # a character code (all are ASC
 for _i, _c in enumerate(SHAKESPEARE_VOCAB):
     SYMBOL_INDEX[ord(_c)] = _i
 
-KEYS = ("leaf_sample_fraction", "leaf_min_samples", "leaf_train_fraction", "leaf_split_seed")
-# What a folder LEAF split already (train/, test/) leaves to LEAF: these keys stay at their defaults.
-LEAF_DEFAULTS = {
-    "leaf_sample_fraction": None,
-    "leaf_min_samples": 0,
-    "leaf_train_fraction": 0.9,
-    "leaf_split_seed": None,
-}
+
+@dataclass(frozen=True)
+class LeafSettings:
+    """femnist's and shakespeare's own keys (data.NAME): how LEAF's preprocess.sh -s niid --sf F -k K
+    -t sample --tf T makes the clients of all_data/ (--smplseed is data_seed; --spltseed split_seed).
+    A folder LEAF split already (train/, test/) leaves them all to LEAF: they stay at their defaults."""
+
+    # LEAF's niid sampling (--sf): each file's users shuffled and taken whole until this fraction of
+    # the file's samples is reached, the last one cut short; null = no sampling (LEAF without -s)
+    sample_fraction: float | None = field(default=None, metadata=bound(gt=0, le=1, note="null = all"))
+    min_samples: int = field(default=0, metadata=bound(ge=0))  # LEAF's -k: a user's fewest samples
+    # the share of each user's samples it trains on (LEAF's split by sample, --tf)
+    train_fraction: float = field(default=0.9, metadata=bound(gt=0, lt=1))
+    # the seed of the split (--spltseed), where it is not the sampling's (null: data_seed)
+    split_seed: int | None = field(default=None, metadata=bound(ge=0, note="null = data_seed"))
 
 
 class LeafError(ConfigError):
@@ -365,13 +381,16 @@ class Recipe:
 
     @classmethod
     def of(cls, cfg: Config, gap: int | None, train_fraction: float | None = None) -> Recipe:
-        seed = data_seed(cfg)
+        """The recipe of ``cfg``'s dataset settings (LEAF's, or hf's that read LEAF's sampling: a
+        setting it does not have is LEAF's default)."""
+        s, seed = data_settings(cfg), data_seed(cfg)
+        split_seed = getattr(s, "split_seed", None)
         return cls(
-            cfg.leaf_sample_fraction,
-            cfg.leaf_min_samples,
-            cfg.leaf_train_fraction if train_fraction is None else train_fraction,
+            s.sample_fraction,
+            s.min_samples,
+            getattr(s, "train_fraction", 0.9) if train_fraction is None else train_fraction,
             seed,
-            seed if cfg.leaf_split_seed is None else cfg.leaf_split_seed,
+            seed if split_seed is None else split_seed,
             gap,
         )
 
@@ -492,26 +511,25 @@ def check_leaf(kind: Kind, cfg: Config, info: DatasetInfo) -> None:
     """Before anything runs: the folder is LEAF's, its users kept are the run's clients (num_clients
     is their number), and on a folder LEAF split already the sampling and split keys are LEAF's own."""
     root = Path(cfg.resolved_data_root())
-    users = _users(kind, cfg)
+    users, s = _users(kind, cfg), data_settings(cfg)
     if users.split:
-        for key, default in LEAF_DEFAULTS.items():
-            if getattr(cfg, key) != default:
+        for f in fields(LeafSettings):
+            if getattr(s, f.name) != f.default:
                 raise ConfigError(
-                    f"config key '{key}': {root} is split by LEAF already (train/ and test/): its users and "
-                    "their split are LEAF's (its preprocess.sh --sf, -k, --tf, --spltseed); leave it at its "
+                    f"config key 'data.{f.name}': {root} is split by LEAF already (train/ and test/): its users "
+                    "and their split are LEAF's (its preprocess.sh --sf, -k, --tf, --spltseed); leave it at its "
                     "default, or point data_root at a folder with all_data/"
                 )
     n = len(leaf_clients(kind, cfg, users))
+    kept = f"data.sample_fraction {s.sample_fraction}, data.min_samples {s.min_samples} and LEAF's split"
     if n == 0:
         raise ConfigError(
-            f"config key 'leaf_min_samples': no {kind.name} user of {root} is left by leaf_sample_fraction "
-            f"{cfg.leaf_sample_fraction}, leaf_min_samples {cfg.leaf_min_samples} and LEAF's split "
-            "(a user needs two samples, and a test sample after the split)"
+            f"config key 'data.min_samples': no {kind.name} user of {root} is left by {kept} (a user needs "
+            "two samples, and a test sample after the split)"
         )
     if n != cfg.num_clients:
         raise ConfigError(
-            f"config key 'num_clients': the {kind.name} users of {root} kept by leaf_sample_fraction "
-            f"{cfg.leaf_sample_fraction}, leaf_min_samples {cfg.leaf_min_samples} and LEAF's split are {n}; "
+            f"config key 'num_clients': the {kind.name} users of {root} kept by {kept} are {n}; "
             f"set num_clients: {n}, or leave it out (fedray counts them)"
         )
     if cfg.shift != "none":
@@ -540,7 +558,7 @@ def _register() -> None:
                 kind.name,
                 lambda cfg, kind=kind: leaf_data(kind, cfg).dataset,
                 lambda cfg, kind=kind: leaf_info(kind, cfg),
-                keys=KEYS,
+                settings=LeafSettings,
                 available=leaf_available,
                 check_info=lambda cfg, info, kind=kind: check_leaf(kind, cfg, info),
                 federate=lambda cfg, kind=kind: leaf_data(kind, cfg),

@@ -29,6 +29,7 @@ from fedray.config.hparams import field_problems
 from fedray.config.keys import (
     FIELDS,
     MISNAMED,
+    MOVED_TO_DATA,
     NAME_KEYS,
     RETIRED,
     SWEEP_KEYS,
@@ -39,9 +40,9 @@ from fedray.config.keys import (
     parse_sets,
     read_yaml,
 )
+from fedray.config.notes import say_once
 from fedray.config.plugins import PluginError, activate, describe, origin, resolve
 from fedray.data import DATASETS, EVALUATE_ON, PARTITIONS, dataset_info, partition_keys
-from fedray.data.partitions import readers
 from fedray.data.shift import SHIFTS
 from fedray.engine.choice import MODES, for_config
 from fedray.federation import participants
@@ -84,8 +85,12 @@ def from_dict(raw: Mapping[str, Any]) -> Config:
     if "tune" in raw:
         raise ConfigError("key 'tune' belongs to tuning: run it with `fedray tune`, not `fedray run`")
     values: dict[str, Any] = {}
+    moved: dict[str, Any] = {}  # flat keys that moved into the dataset's settings (data.NAME)
     problems = []  # every unknown key and wrong type at once
     for key, value in raw.items():
+        if key in MOVED_TO_DATA:
+            values[key] = moved[key] = value  # for unread_keys; then under data (`_move_to_data`)
+            continue
         if key in RETIRED:
             problems.append(f"config key '{key}' is retired: {RETIRED[key]}")
             continue
@@ -98,7 +103,7 @@ def from_dict(raw: Mapping[str, Any]) -> Config:
             several = key == "seed" and isinstance(value, list)
             problems.append(f"{e}; several seeds are a sweep's key seeds: {value}" if several else str(e))
     if problems:
-        raise ConfigError.of(problems + _names_and_bounds(values))
+        raise ConfigError.of(problems + _names_and_bounds({k: v for k, v in values.items() if k not in moved}))
     # Before any name is looked up: plug-ins (named, and installed ones' entry points) add names.
     if values.get("plugins"):
         values["plugins"] = resolve_plugins(values["plugins"], None, "config key 'plugins'")
@@ -108,11 +113,36 @@ def from_dict(raw: Mapping[str, Any]) -> Config:
         raise ConfigError(f"config key 'plugins': {e}") from None
     if unread := unread_keys(values):
         raise ConfigError.of([u.message() for u in unread.values()])
+    _move_to_data(values, moved)
     _derive_unset(values)
     cfg = Config(**values)
     validate(cfg, given=set(values))
     used = [p for p in plugins_used(cfg) if p not in cfg.plugins]
     return dataclasses.replace(cfg, plugins=[*cfg.plugins, *used]) if used else cfg
+
+
+def _move_to_data(values: dict[str, Any], moved: Mapping[str, Any]) -> None:
+    """Flat keys that moved into the dataset's own settings (`MOVED_TO_DATA`), put there (in place):
+    a key its dataset does not read is at its default here (`unread_keys` refused it otherwise) and
+    goes; one set to another value is said once, naming the new key."""
+    data = dict(values.get("data") or {})
+    for key, value in moved.items():
+        del values[key]
+        new, default = MOVED_TO_DATA[key]
+        if (
+            key not in dataset_keys()
+            or values.get("dataset", field_default("dataset")) not in dataset_keys()[key]
+        ):
+            continue
+        if new in data and data[new] != value:
+            raise ConfigError(
+                f"config key '{key}' is 'data.{new}' now, and the two are set to different values"
+            )
+        data.setdefault(new, value)
+        if value != default:
+            say_once(f"config key '{key}' is 'data.{new}' now (the dataset's own key); '{key}' still loads")
+    if data:
+        values["data"] = data
 
 
 def _names_and_bounds(values: dict[str, Any]) -> list[str]:
@@ -215,7 +245,7 @@ def unread_keys(values: Mapping[str, Any], include_defaults: bool = False) -> di
     by_partition, by_dataset = partition_keys(), dataset_keys()
     out: dict[str, Unread] = {}
     for key in values:
-        if not include_defaults and key in FIELDS and at_default(key, values[key]):
+        if not include_defaults and (key in FIELDS or key in MOVED_TO_DATA) and at_default(key, values[key]):
             continue
         if kind is not None and kind.own_clients and (key in by_partition or key == "partition"):
             readers = by_partition.get(key, ())
@@ -224,14 +254,14 @@ def unread_keys(values: Mapping[str, Any], include_defaults: bool = False) -> di
             )
         elif scheme is not None and key in by_partition and key not in scheme.keys:
             out[key] = Unread(key, "partition", scheme.name, by_partition[key])
-        elif kind is not None and key in by_dataset and key not in kind.keys:
+        elif kind is not None and key in by_dataset and key not in kind.flat_keys:
             out[key] = Unread(key, "dataset", kind.name, by_dataset[key])
     return out
 
 
 def at_default(key: str, value: Any) -> bool:
-    """Whether ``value`` is config key ``key``'s default."""
-    default = field_default(key)
+    """Whether ``value`` is config key ``key``'s default (a key that moved into data: its old one)."""
+    default = MOVED_TO_DATA[key][1] if key in MOVED_TO_DATA else field_default(key)
     try:
         return value == default or (isinstance(default, list) and list(value) == default)
     except TypeError:
@@ -239,8 +269,13 @@ def at_default(key: str, value: Any) -> bool:
 
 
 def dataset_keys() -> dict[str, tuple[str, ...]]:
-    """Every config key some dataset reads on its own (`DatasetKind.keys`) -> the datasets that read it."""
-    return readers(DATASETS.values())
+    """Every flat config key some dataset reads on its own (`DatasetKind.flat_keys`: its keys, and
+    those that moved into its settings) -> the datasets that read it."""
+    out: dict[str, list[str]] = {}
+    for kind in DATASETS.values():
+        for key in kind.flat_keys:
+            out.setdefault(key, []).append(kind.name)
+    return {k: tuple(v) for k, v in out.items()}
 
 
 def key_hint(key: str, algorithm: Any = None) -> str:
@@ -250,6 +285,10 @@ def key_hint(key: str, algorithm: Any = None) -> str:
     name = key.strip().lower().replace("-", "_")
     if name.startswith("hp.") and name[3:]:
         return f"; hyperparameters nest under hp: write hp: {{{name[3:]}: ...}} (or --set {name}=...)"
+    if name.startswith("data.") and name[5:]:
+        return (
+            f"; a dataset's own keys nest under data: write data: {{{name[5:]}: ...}} (or --set {name}=...)"
+        )
     found: list[str] = []
     if name in FIELDS and name != key:
         found.append(f"'{name}'")
@@ -310,6 +349,11 @@ def name_and_bound_problems(cfg: Config) -> list[str]:
             ALGORITHMS[cfg.algorithm].make_hparams(cfg.hp)
         except ConfigError as e:
             problems += e.problems
+    if cfg.dataset in DATASETS:
+        try:
+            DATASETS[cfg.dataset].make_settings(cfg.data)
+        except ConfigError as e:
+            problems += e.problems
     return [p for p in problems if p]
 
 
@@ -356,6 +400,9 @@ def _check_data(cfg: Config, given: Collection[str] | None) -> Any:
     """The data set's own keys, its info (without reading it), and the partition and client counts
     against it. Returns the info."""
     kind = DATASETS[cfg.dataset]
+    if kind.settings is not None:  # its settings as the values that differ from their defaults (as hp)
+        made, defaults = kind.make_settings(cfg.data), kind.settings()
+        cfg.data = {k: getattr(made, k) for k in sorted(cfg.data) if getattr(made, k) != getattr(defaults, k)}
     if kind.check is not None:  # its own keys (emnist_split, synthetic_shape)
         kind.check(cfg)
     if given is not None and "num_clients" not in given and kind.count_clients is not None:

@@ -32,6 +32,7 @@ a case (the runs of that case; ``{partition: dirichlet, partition_k: 3}`` is an 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import json
 import math
@@ -201,7 +202,7 @@ def _choices(axis: str, values: Any, where: str, errors: list[str], cases_only: 
         here = f"{where}[{i}]"
         if cases_only and not isinstance(v, Mapping):
             errors.append(f"{here}: a case must be a mapping of keys to values, got {v!r}")
-        elif isinstance(v, Mapping) and axis != "hp":
+        elif isinstance(v, Mapping) and axis not in ("hp", "data"):
             out += _case(v, here, errors)
         else:
             flat = flatten({axis: v}) if isinstance(v, Mapping) else {axis: v}
@@ -447,7 +448,7 @@ def _check_data_sources(chosen: list[tuple[str, Config]], problems: dict[str, li
 
     by_source: dict[tuple, list[tuple[str, Config]]] = {}
     for label, cfg in chosen:
-        key = (cfg.dataset, cfg.resolved_data_root(), cfg.download, *_values(cfg, DATASETS[cfg.dataset].keys))
+        key = (cfg.dataset, cfg.resolved_data_root(), cfg.download, *_values(cfg, (*DATASETS[cfg.dataset].keys, "data")))
         by_source.setdefault(key, []).append((label, cfg))
     for group in by_source.values():
         try:
@@ -543,7 +544,7 @@ def _check_partitions(valid: list[tuple[str, Config]], problems: dict[str, list[
     drawn: dict[tuple, str | None] = {}
     sizes: dict[tuple, dict[int, int]] = {}
     for label, cfg in valid:
-        source = (cfg.dataset, cfg.data_root, *_values(cfg, DATASETS[cfg.dataset].keys))
+        source = (cfg.dataset, cfg.data_root, *_values(cfg, (*DATASETS[cfg.dataset].keys, "data")))
         drawing = (
             cfg.num_clients,
             cfg.partition,
@@ -594,10 +595,15 @@ def _check_batches(cfg: Config, sizes: dict[int, int], label: str, problems: dic
 
 
 def _resolved(cfg: Config) -> dict[str, Any]:
-    """The run's config, flattened, with every hp value the algorithm uses (defaults included), so
-    that ``--only hp.tau=1.0`` also keeps the runs where 1.0 is the default the config leaves out."""
+    """The run's config, flattened, with every hp value the algorithm uses and every setting its
+    dataset has (defaults included), so that ``--only hp.tau=1.0`` also keeps the runs where 1.0 is
+    the default the config leaves out."""
+    from fedray.data import DATASETS
+
     d = cfg.to_dict()
     d["hp"] = ALGORITHMS[cfg.algorithm].full_hparams(cfg.hp)
+    if DATASETS[cfg.dataset].settings is not None:
+        d["data"] = dataclasses.asdict(DATASETS[cfg.dataset].make_settings(cfg.data))
     return flatten(d)
 
 
