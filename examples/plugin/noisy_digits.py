@@ -22,8 +22,10 @@ import fedray  # every name a plug-in needs is fedray's own (docs/extending.md#w
 
 @dataclass(frozen=True)
 class Settings:
-    noise: float = field(default=2.0, metadata=fedray.bound(ge=0))  # the noise's standard deviation (grey levels)
-    noise_seed: int = field(default=0, metadata=fedray.bound(ge=0))  # the seed of the noise drawn
+    # the noise's standard deviation, in grey levels (0 = fedray's digits as they are)
+    noise: float = field(default=2.0, metadata=fedray.bound(ge=0))
+    # the seed of the noise drawn (the same for every run: the data is part of the problem)
+    noise_seed: int = field(default=0, metadata=fedray.bound(ge=0))
 
 
 def load(cfg: fedray.Config) -> fedray.Dataset:
