@@ -15,9 +15,11 @@ from fedray.algorithms import rounds
 from fedray.config.coercion import ConfigError
 from fedray.data import ArrayDataset, ClientIndices, DataSpec, build_federated_data
 from fedray.engine import batched, choice, step_options
-from fedray.engine import train as train_module
+from fedray.engine import evaluation as evaluation_module
 from fedray.engine.client import Task
-from fedray.engine.train import EvalStats, evaluate_requests, optimizer_state, sgd, train_update
+from fedray.engine.evaluation import evaluate_requests
+from fedray.engine.stats import EvalStats
+from fedray.engine.train import optimizer_state, sgd, train_update
 from fedray.engine.update import Evaluation, Frozen, LocalUpdate, Step, cross_entropy, proximal
 from fedray.experiment.loop import execute
 from fedray.experiment.validation import from_dict
@@ -251,7 +253,7 @@ def test_evaluation_on_a_split_kept_on_the_device_gives_the_hosts_batches():
     # slices that copy instead of converting and moving the split from the host again. Played here
     # by keeping the split as CUDA would (the values must be the host path's, bit for bit).
     from fedray.engine.client import iterate
-    from fedray.engine.train import evaluate
+    from fedray.engine.evaluation import evaluate
 
     host = _host(sizes=(37, 64, 5))
     host.task = dataclasses.replace(host.task, eval_batch_size=16)
@@ -272,7 +274,7 @@ def test_a_test_split_kept_on_the_device_gives_the_hosts_batches_for_clients_and
     # first evaluation. Played here by keeping them as CUDA would: the host path's values, bit for bit.
     from fedray.algorithms.evaluation import eval_batches
     from fedray.engine.client import Client, iterate
-    from fedray.engine.train import evaluate
+    from fedray.engine.evaluation import evaluate
     from fedray.federation import TEST_SHARD
 
     base = _host()
@@ -355,7 +357,7 @@ def test_evaluations_run_together_each_model_loaded_once_with_each_clients_own_n
     # engine; run together, each model is loaded once for all the clients evaluating it (one
     # group's message is one object), where one client at a time loads it for each client.
     from fedray.engine.client import Client
-    from fedray.engine.train import evaluate
+    from fedray.engine.evaluation import evaluate
 
     loads = []
     model = Client.model
@@ -590,10 +592,10 @@ def test_a_clients_models_evaluate_stacked_as_each_alone():
     clients, evals = [c for c, _ in asked], [e for _, e in asked]
     alone = [evaluate_requests([c], [e])[0] for c, e in asked]
     stacked_forwards = []
-    real = train_module._queue_stacked
+    real = evaluation_module._queue_stacked
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(
-            train_module,
+            evaluation_module,
             "_queue_stacked",
             lambda c, es, *r: stacked_forwards.append(len(es)) or real(c, es, *r),
         )
@@ -682,10 +684,10 @@ def test_stacked_evaluation_gives_the_per_client_numbers(tmp_path, monkeypatch, 
     # a mixture's E-step and ensemble evaluations with each client's K models stacked (a GPU's
     # default, fedray.engine.step_options), here on the CPU
     stacks = []
-    real = train_module._queue_stacked
+    real = evaluation_module._queue_stacked
     monkeypatch.setattr(step_options, "_options", step_options.StepOptions(stacked_eval="on"))
     monkeypatch.setattr(
-        train_module, "_queue_stacked", lambda c, es, *r: stacks.append(len(es)) or real(c, es, *r)
+        evaluation_module, "_queue_stacked", lambda c, es, *r: stacks.append(len(es)) or real(c, es, *r)
     )
     _off_and_on_agree(tmp_path, {**BASE, **ALL[name]})
     assert stacks and set(stacks) == {ALL[name]["hp"]["num_clusters"]}

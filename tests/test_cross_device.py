@@ -8,7 +8,7 @@ import pytest
 
 from fedray.algorithms import ALGORITHMS
 from fedray.data import ArrayDataset, ClientSource, SourcedClients, build_federated_data
-from fedray.engine.train import evaluate
+from fedray.engine.evaluation import evaluate
 from fedray.experiment.loop import RoundDone, execute
 from fedray.federation.host import ClientHost
 from fedray.federation.local import make_local_federation

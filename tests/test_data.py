@@ -247,7 +247,9 @@ def test_every_dataset_is_one_record_with_the_keys_only_it_reads():
         "fedprox_synthetic": ("synthetic_alpha", "synthetic_beta"),
     }
     # the datasets with settings of their own (data.NAME), and the flat keys that moved there
-    settings = {n: [f.name for f in dataclasses.fields(k.settings)] for n, k in DATASETS.items() if k.settings}
+    settings = {
+        n: [f.name for f in dataclasses.fields(k.settings)] for n, k in DATASETS.items() if k.settings
+    }
     leaf = ["sample_fraction", "min_samples", "train_fraction", "split_seed"]
     columns = ["client_column", "input_column", "label_column"]
     hf = ["name", "split", "test_split", *columns, "sample_fraction", "min_samples"]

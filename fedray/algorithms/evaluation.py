@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from fedray.engine.client import Client
-from fedray.engine.train import EvalStats, evaluate_batches, total
+from fedray.engine.evaluation import evaluate_batches
+from fedray.engine.stats import EvalStats, total
 from fedray.engine.update import Evaluation
 from fedray.federation import ClientFn, Federation
 from fedray.models import TASK, Arch

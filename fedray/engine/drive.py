@@ -33,7 +33,9 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from fedray.engine import batched, step_options
 from fedray.engine.choice import stack_key
 from fedray.engine.client import Client, ClientError, PluginMistake
-from fedray.engine.train import EvalStats, evaluate_requests, train_update
+from fedray.engine.evaluation import evaluate_requests
+from fedray.engine.stats import EvalStats
+from fedray.engine.train import train_update
 from fedray.engine.update import Evaluation, LocalUpdate, Request, Trained, requests
 
 
@@ -69,7 +71,7 @@ def _answered_alone(
     client: Client, asked: list[Request], draws: Iterator[int], stack_models: bool = False
 ) -> list[Answer]:
     """One client's requests: its updates by the per-client engine, in order, its evaluations in
-    one call (`fedray.engine.train.evaluate_requests`, its models stacked where ``stack_models``).
+    one call (`fedray.engine.evaluation.evaluate_requests`, its models stacked where ``stack_models``).
     ``draws`` numbers the client's updates through the call (each update's own draws,
     `fedray.engine.train.own_draws`)."""
     evals = [r for r in asked if isinstance(r, Evaluation)]
@@ -164,7 +166,7 @@ def run_stacked(
     """``fn`` on every client at once: each is advanced to its next yield, then everything yielded
     trains, updates of one `fedray.engine.batched.signature` and one `fedray.engine.choice.stack_key` in one
     stack (an update alone in its shape by the per-client engine), every evaluation in one call
-    (`fedray.engine.train.evaluate_requests`), and the results go back; until every client has returned.
+    (`fedray.engine.evaluation.evaluate_requests`), and the results go back; until every client has returned.
     ``fn`` may be one function a client (the calls of several runs packed together,
     `fedray.sweeps.pack`). ``required`` (batched_clients on, `fedray.engine.choice.Engine`): a client
     function that trains by itself is an error; else it is said once and its clients train one at a

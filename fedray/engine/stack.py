@@ -17,7 +17,7 @@ from torch.func import functional_call
 from torch.utils._pytree import tree_map
 
 from fedray.engine.client import Client
-from fedray.engine.train import TrainStats
+from fedray.engine.stats import TrainStats
 from fedray.engine.update import Frozen, LocalUpdate, Trained
 
 

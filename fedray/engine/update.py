@@ -32,7 +32,7 @@ knows which of a stacked batch's rows are padding.
 Evaluation is described the same way: a client function yields an `Evaluation` (a model, the split,
 and whether it wants the split's totals or each sample's loss or probabilities) and receives the
 numbers. Run one client at a time, each is evaluated alone; run together, every evaluation the
-clients yielded at one point is one call (`fedray.engine.train.evaluate_requests`), each model loaded once
+clients yielded at one point is one call (`fedray.engine.evaluation.evaluate_requests`), each model loaded once
 and the values read back from the device once. The numbers are the same either way.
 """
 
@@ -48,6 +48,7 @@ import torch
 from torch import nn
 
 from fedray.engine.client import PluginMistake, code_name
+from fedray.engine.stats import TrainStats
 from fedray.models import TASK, Arch
 from fedray.params import Params
 
@@ -192,7 +193,7 @@ class Trained:
     """What a `LocalUpdate` gives back."""
 
     params: Params  # the trained model, every state-dict entry, in the start's key order
-    stats: Any  # fedray.engine.train.TrainStats: samples, loss_sum, correct, steps
+    stats: TrainStats  # samples, loss_sum, correct, steps (and the stacked engine's padded rows)
     buffers: dict[str, np.ndarray] | None = None  # the final momentum buffers, when asked to keep them
 
 
@@ -204,7 +205,7 @@ PER_SAMPLE = (None, "loss", "proba", "loss_proba")
 class Evaluation:
     """A model on one of the client's own splits, as data: a client function yields it (alone, or in
     a list, updates beside it too) where it would evaluate, and receives the split's
-    `fedray.engine.train.EvalStats` (samples, summed cross-entropy, correct argmax predictions), in eval
+    `fedray.engine.stats.EvalStats` (samples, summed cross-entropy, correct argmax predictions), in eval
     mode and without augmentation::
 
         def member_eval(client, cstate, msg):

@@ -103,7 +103,9 @@ def from_dict(raw: Mapping[str, Any]) -> Config:
             several = key == "seed" and isinstance(value, list)
             problems.append(f"{e}; several seeds are a sweep's key seeds: {value}" if several else str(e))
     if problems:
-        raise ConfigError.of(problems + _names_and_bounds({k: v for k, v in values.items() if k not in moved}))
+        raise ConfigError.of(
+            problems + _names_and_bounds({k: v for k, v in values.items() if k not in moved})
+        )
     # Before any name is looked up: plug-ins (named, and installed ones' entry points) add names.
     if values.get("plugins"):
         values["plugins"] = resolve_plugins(values["plugins"], None, "config key 'plugins'")

@@ -448,7 +448,12 @@ def _check_data_sources(chosen: list[tuple[str, Config]], problems: dict[str, li
 
     by_source: dict[tuple, list[tuple[str, Config]]] = {}
     for label, cfg in chosen:
-        key = (cfg.dataset, cfg.resolved_data_root(), cfg.download, *_values(cfg, (*DATASETS[cfg.dataset].keys, "data")))
+        key = (
+            cfg.dataset,
+            cfg.resolved_data_root(),
+            cfg.download,
+            *_values(cfg, (*DATASETS[cfg.dataset].keys, "data")),
+        )
         by_source.setdefault(key, []).append((label, cfg))
     for group in by_source.values():
         try:

@@ -11,7 +11,7 @@ import numpy as np
 from fedray.algorithms.evaluation import stats_reply
 from fedray.algorithms.rounds import local_sgd_reply
 from fedray.engine.client import Client
-from fedray.engine.train import EvalStats
+from fedray.engine.stats import EvalStats
 from fedray.engine.update import Evaluation, proximal
 from fedray.params import Params, weighted_average
 

@@ -20,7 +20,8 @@ import torch
 from fedray.algorithms.evaluation import stats_reply
 from fedray.algorithms.rounds import train_records, train_reply
 from fedray.engine.client import Client
-from fedray.engine.train import EvalStats, eval_feature_batches, evaluate, evaluate_batches
+from fedray.engine.evaluation import eval_feature_batches, evaluate, evaluate_batches
+from fedray.engine.stats import EvalStats
 from fedray.engine.update import LocalUpdate
 from fedray.federation import Federation
 from fedray.models import Arch, concat_params, head_from_clusters

@@ -25,7 +25,7 @@ import numpy as np
 
 from fedray.algorithms import mixture
 from fedray.engine.client import Client
-from fedray.engine.train import TrainStats
+from fedray.engine.stats import TrainStats
 from fedray.engine.update import Evaluation, LocalUpdate
 from fedray.params import Params
 
