@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from fedray import progress
 from fedray.config.coercion import count
-from jobs.cli_args import add_config_args
+from jobs.cli_args import add_config_args, config_sets
 
 EXIT_USAGE = 2  # bad config, bad data path: the user's input
 EXIT_FAILED = 1  # the run itself failed
@@ -65,7 +65,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedray.storage.results import run_status
 
     try:
-        cfg = prepare(args.config, args.sets, args.plugins, output=args.output)
+        cfg = prepare(args.config, config_sets(args), args.plugins, output=args.output)
     except (ConfigError, DatasetMissing, PartitionError, ClientFilesError, OSError) as e:
         print(f"fedray: error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -164,7 +164,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         session = open_sweep(
             args.config,
             say=_say,
-            sets=args.sets,
+            sets=config_sets(args),
             output=args.output,
             only=args.only,
             plugins=args.plugins,
@@ -432,6 +432,10 @@ def cmd_report(args: argparse.Namespace) -> int:
             line += ", " + ", ".join(f"{n} {k}" for k, n in sorted(others.items()))
             line += " (included)" if args.all else " (not in the table; --all includes them)"
         print(line)
+        from fedray.storage.loggers import logger_places
+
+        for place in logger_places(args.dir):  # where the live loggers wrote (docs/loggers.md)
+            print(place)
     if not args.no_plots:
         plots = write_plots(args.dir, args.metric, rows, cols, args.stage, include_unfinished=args.all)
         if plots and prose:

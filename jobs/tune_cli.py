@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Any
 
-from jobs.cli_args import add_config_args
+from jobs.cli_args import add_config_args, config_sets
 
 EXIT_USAGE, EXIT_FAILED = 2, 1
 
@@ -18,7 +18,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from fedray.sweeps.tune_plan import open_plan
 
     try:
-        plan = open_plan(args.config, args.sets, args.output, args.plugins)
+        plan = open_plan(args.config, config_sets(args), args.output, args.plugins)
     except (ConfigError, DatasetMissing, OSError) as e:
         print(f"fedray: error: {e}", file=sys.stderr)
         return EXIT_USAGE

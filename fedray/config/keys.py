@@ -266,6 +266,11 @@ class Config:
     # --- output (docs/output.md#output) -------------------------------------------------------------------------
     output: str = "out"  # results folder: metrics/, runs/, configs/, checkpoints/, models/
     save_models: bool = True  # write the trained models to DIR/models/RUN_ID/ when the run finishes
+    # Live loggers (docs/loggers.md), each an optional extra: tensorboard (DIR/tb/RUN_ID/), mlflow,
+    # wandb, or a plug-in's (fedray.storage.loggers.register_logger); none by default
+    loggers: list[str] = field(default_factory=list)  # the live loggers (--logger NAME)
+    mlflow_tracking_uri: str = ""  # mlflow's tracking URI ("": sqlite:///DIR/mlflow.db)
+    wandb_project: str = ""  # W&B's project ("": the experiment's name); WANDB_MODE=offline honoured
 
     # --- surviving failures (none of these changes a number, so none is in the run id) ---------------
     # An unfinished run started again goes on from its latest checkpoint (--restart starts over).
@@ -355,6 +360,9 @@ NOT_IN_RUN_ID = (
     "max_failures",
     "partition_name",
     "keep_finished_checkpoints",
+    "loggers",
+    "mlflow_tracking_uri",
+    "wandb_project",
     "client_state_memory_mb",
     "pack_size",
     # the participation it sets is in the run id: clients_per_round: 3 names the same run as

@@ -26,6 +26,7 @@ from fedray.records import Record, rec, validation_named
 from fedray.storage.checkpoint import Checkpoint, CheckpointError, Checkpoints
 from fedray.storage.export import check_shapes, save_models
 from fedray.storage.files import refuse_link
+from fedray.storage.loggers import Loggers, RunInfo
 from fedray.storage.results import failure_text, models_folder, versions
 from fedray.storage.writer import ResultsWriter
 
@@ -129,11 +130,18 @@ def checkpoint_due(cfg: Config, rounds_done: int) -> bool:
 
 
 def run_rounds(
-    cfg: Config, fed: Federation, writer: ResultsWriter, state: Any, start: int = 0, save: Saver | None = None
+    cfg: Config,
+    fed: Federation,
+    writer: ResultsWriter,
+    state: Any,
+    start: int = 0,
+    save: Saver | None = None,
+    on_round: Callable[[int, list[Record]], None] | None = None,
 ) -> Generator[RoundDone | Checkpointed, None, Any]:
     """Rounds ``start`` .. ``cfg.rounds - 1`` from ``state``; returns the final State.
     ``save(rounds_done, state)`` checkpoints, after the round's rows are on disk (so a checkpoint
-    never runs ahead of the metrics)."""
+    never runs ahead of the metrics); ``on_round(round, records)`` is told each round's records as
+    they are written (the live loggers)."""
     alg = ALGORITHMS[cfg.algorithm]
     hp = alg.make_hparams(cfg.hp)
     for rnd in range(start, cfg.rounds):
@@ -166,6 +174,8 @@ def run_rounds(
             fed.take_client_seconds()
             records.append(rec("eval_seconds", time.perf_counter() - t1, stage=stage))
         writer.add(rnd + 1, records)
+        if on_round is not None:
+            on_round(rnd + 1, records)
         calls = (fed.take_batched_calls(), fed.take_packed_calls())
         yield RoundDone(rnd + 1, cfg.rounds, seconds, _global(records), stage, *calls)
         if save is not None and checkpoint_due(cfg, rnd + 1):
@@ -262,6 +272,7 @@ class _Run:
     fed: Any = None
     placement: dict[str, Any] = field(default_factory=dict)
     history: list[RoundDone] = field(default_factory=list)
+    loggers: Loggers | None = None  # the live loggers (config key loggers), from the run's start
     timings: dict[str, float] = field(default_factory=lambda: {"begun": time.time()})
 
     def summary(self) -> dict[str, Any]:
@@ -305,6 +316,7 @@ class _Run:
             state, start = restore(self.ckpts, latest, self.fed), latest.round
             self.history = [RoundDone(**h) for h in latest.extra["history"]]
         writer.start(keep_through=None if latest is None else start)
+        self.loggers = Loggers(cfg.loggers, self.logged(start))
         writer.write_clients(client_rows(data))
         if not data.sourced:  # clients made on demand are in no data set's arrays: no partition to write
             train_size = data.origin_train_size if data.origin is not None else len(data.dataset.train)
@@ -323,6 +335,12 @@ class _Run:
         self.fed.take_batched_calls()
         self.fed.take_packed_calls()
         return alg, hp, state, start
+
+    def logged(self, start: int) -> RunInfo:
+        """What the live loggers are told of the run (`fedray.storage.loggers`)."""
+        cfg = self.cfg
+        options = {"mlflow_tracking_uri": cfg.mlflow_tracking_uri, "wandb_project": cfg.wandb_project}
+        return RunInfo(self.writer.run_id, cfg.experiment, cfg.output, cfg.recorded(), start, options)
 
     def check_rows(self, rounds_done: int) -> None:
         """A run goes on from its checkpoint only where the metric rows of the rounds before it are
@@ -363,7 +381,8 @@ class _Run:
         """The rounds from ``start`` (`run_rounds`), each round's global values checked finite;
         returns the last State."""
         save = self.save if self.cfg.checkpoint_every > 0 else None
-        rounds = run_rounds(self.cfg, self.fed, self.writer, state, start, save)
+        on_round = self.loggers.log_round if self.loggers is not None else None
+        rounds = run_rounds(self.cfg, self.fed, self.writer, state, start, save, on_round)
         while True:
             try:
                 ev = next(rounds)
@@ -391,6 +410,8 @@ class _Run:
         # keep_finished_checkpoints: false: removed once the run is recorded finished (a run stopped
         # before then resumes from them), under its lock (no other process resumes from half of one)
         self.writer.finish(summary, then=None if cfg.keep_finished_checkpoints else self.ckpts.clear)
+        if self.loggers is not None:
+            self.loggers.end("finished")
         return summary
 
     def ended(self, e: BaseException, failures_left: int) -> None:
@@ -398,6 +419,9 @@ class _Run:
         left running for the caller to start again (a lost worker with recoveries left), or failed."""
         writer = self.writer
         status, done = "failed", len(self.history) and self.history[-1].round
+        if self.loggers is not None:  # a run started again after a lost worker goes on in them
+            lost = isinstance(e, (GeneratorExit, KeyboardInterrupt, WorkerLost))
+            self.loggers.end("interrupted" if lost else "failed")
         if isinstance(e, (GeneratorExit, KeyboardInterrupt)):
             status, error = "interrupted", f"interrupted after {done} of {self.cfg.rounds} rounds"
             writer.event("interrupted", done)

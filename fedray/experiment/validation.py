@@ -48,6 +48,7 @@ from fedray.engine.choice import MODES, for_config
 from fedray.federation import participants
 from fedray.models import MODELS, SELF_NORMALIZING, WEIGHT_INITS, build_model
 from fedray.storage.export import initial_params
+from fedray.storage.loggers import check_loggers
 
 
 def load_config(
@@ -392,6 +393,7 @@ def validate(cfg: Config, given: Collection[str] | None = None) -> None:
         f"above 1 it must be a whole number of GPUs (Ray's rule), got {cfg.num_gpus_per_actor}",
     )
     _check(bool(cfg.output), "output", "must name a folder")
+    check_loggers(cfg.loggers)  # registered (a plug-in's, imported by now), and their library there
     info = _check_data(cfg, given)
     _check_model(cfg, info)
     _check_engine(cfg)

@@ -1,0 +1,140 @@
+"""What a live logger is given and what every logger shares (docs/loggers.md): `RunInfo` (the run it
+logs), the `RunLogger` protocol, the scalar series a round's records hold (`series`), the small
+JSON file that keeps each logger's identity for a resume (``OUTPUT/loggers/RUN_ID.json``) and the
+rounds of a run already in its results (`recorded_rounds`).
+
+The backends (``tensorboard_logger``, ``mlflow_logger``, ``wandb_logger``) import this module, never
+the package's ``__init__`` (which imports them when a logger of their kind is made).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from fedray.records import GLOBAL_ENTITY, Record, is_assignment
+
+# Client-scope values are logged for a metric of a round only where that round holds at most this many
+# clients' values of it (a cross-device run evaluates thousands: those stay in the Parquet results).
+MAX_CLIENT_SERIES = 100
+
+# the run's config keys that a logger shows as the run's labels (MLflow tags)
+LABEL_KEYS = ("experiment", "algorithm", "dataset", "partition", "model", "seed")
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """The run a logger logs."""
+
+    run_id: str
+    experiment: str  # config key `experiment`
+    output: str  # the results folder (config key `output`)
+    config: dict[str, Any]  # the run's recorded config (flat; "hp": the algorithm's hyperparameters)
+    resumed_from: int = 0  # rounds already done (0: a fresh start, --restart and --force included)
+    # logger settings from the config: mlflow_tracking_uri ("" = OUTPUT/mlflow.db), wandb_project ("" =
+    # the experiment's name)
+    options: dict[str, Any] = field(default_factory=dict)
+    # what this logger kept the last time (its `saved()`, and ``last_round``) where the run goes on
+    # (resumed_from > 0) and ``OUTPUT/loggers/RUN_ID.json`` names it; {} otherwise
+    previous: dict[str, Any] = field(default_factory=dict)
+
+
+class RunLogger(Protocol):
+    """A live logger: made with no arguments, then driven on a thread of its own (`Loggers`).
+
+    Optional, read where present: ``saved() -> dict`` (JSON-able: what identifies its own run, kept
+    for a resume and handed back as ``RunInfo.previous``) and ``replaces_rounds = True`` (it is given
+    the rounds a resumed run does again and shows the new values in their place, as TensorBoard does;
+    otherwise rounds it logged already are not given again)."""
+
+    def start(self, info: RunInfo) -> None: ...
+
+    def log_round(self, rnd: int, records: list[Record]) -> None: ...
+
+    def end(self, status: str) -> None: ...  # "finished" | "failed" | "interrupted"
+
+
+def series(records: Iterable[Record]) -> list[tuple[str, int | None, str, float]]:
+    """The scalar values of a round's records as ``(scope, entity, metric, value)``; entity None for
+    the global scope. Assignment rows, non-numbers and non-finite values are left out, and client-scope
+    values of a metric where the round holds more than `MAX_CLIENT_SERIES` clients' of it. A value
+    named twice in a round counts once (the last)."""
+    values: dict[tuple[str, int | None, str], float] = {}
+    for r in records:
+        if is_assignment(r) or "metric" not in r:
+            continue
+        try:
+            value = float(r["value"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if not math.isfinite(value):
+            continue
+        scope = str(r.get("scope", "global"))
+        entity = r.get("entity", GLOBAL_ENTITY)
+        entity = None if scope == "global" or entity is None or entity == GLOBAL_ENTITY else int(entity)
+        values[(scope, entity, str(r["metric"]))] = value
+    clients: dict[str, int] = {}
+    for scope, _, metric in values:
+        if scope == "client":
+            clients[metric] = clients.get(metric, 0) + 1
+    return [
+        (scope, entity, metric, value)
+        for (scope, entity, metric), value in values.items()
+        if scope != "client" or clients[metric] <= MAX_CLIENT_SERIES
+    ]
+
+
+def slash_name(scope: str, entity: int | None, metric: str) -> str:
+    """TensorBoard's and W&B's name of a series: ``global/accuracy``, ``cluster/3/accuracy``."""
+    return f"{scope}/{metric}" if entity is None else f"{scope}/{entity}/{metric}"
+
+
+def labels(config: Mapping[str, Any]) -> dict[str, str]:
+    """The run's labels (`LABEL_KEYS`), the partition as the results name it (``dirichlet(0.5)``...)."""
+    out = {k: str(config[k]) for k in LABEL_KEYS if config.get(k) is not None}
+    try:
+        from fedray.data import partition_label
+
+        out["partition"] = partition_label(dict(config))
+    except Exception:  # a config a plug-in's data set reads otherwise: its partition key as it is
+        pass
+    return out
+
+
+def state_path(output: str | Path, run_id: str) -> Path:
+    """``OUTPUT/loggers/RUN_ID.json``: each logger's identity and the last round it logged."""
+    return Path(output) / "loggers" / f"{run_id}.json"
+
+
+def read_state(output: str | Path, run_id: str) -> dict[str, dict[str, Any]]:
+    """The loggers' entries of a run's state file, by logger name; {} where there is none."""
+    path = state_path(output, run_id)
+    if not path.is_file():
+        return {}
+    loggers = json.loads(path.read_text()).get("loggers", {})
+    if not isinstance(loggers, dict):
+        raise ValueError(f"{path}: 'loggers' is not a mapping")
+    return {str(k): dict(v) for k, v in loggers.items() if isinstance(v, dict)}
+
+
+def recorded_rounds(output: str | Path, run_id: str, through: int) -> dict[int, list[Record]]:
+    """The run's metric rows of rounds 1 .. ``through`` from its results (``OUTPUT/metrics/``), by
+    round, as records (`fedray.records.rec`'s keys): what a logger that has not logged them is given
+    when the run goes on after them."""
+    from fedray.storage.files import read_checked
+    from fedray.storage.results import run_parts
+
+    out: dict[int, list[Record]] = {}
+    columns = ["round", "stage", "scope", "entity", "metric", "value"]
+    for path in run_parts(output, run_id, "metrics"):
+        t = read_checked(path, columns).to_pydict()
+        for rnd, stage, scope, entity, metric, value in zip(*(t[c] for c in columns), strict=True):
+            if rnd is not None and 1 <= rnd <= through:
+                out.setdefault(int(rnd), []).append(
+                    {"metric": metric, "value": value, "scope": scope, "entity": entity, "stage": stage or ""}
+                )
+    return dict(sorted(out.items()))
