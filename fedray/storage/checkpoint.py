@@ -125,11 +125,36 @@ def encode(obj: Any, arrays: list[np.ndarray], where: str, baton: Callable[[Any]
             f.name: encode(getattr(obj, f.name), arrays, f"{where}.{f.name}", baton)
             for f in dataclasses.fields(obj)
         }
-        return {"__dataclass__": f"{cls.__module__}:{cls.__qualname__}", "fields": fields}
+        tag = cls.__dict__.get("_checkpoint_tag")  # its own, not a tagged base class's
+        name = f"@{tag}" if tag else f"{cls.__module__}:{cls.__qualname__}"
+        return {"__dataclass__": name, "fields": fields}
     raise CheckpointError(
         f"{where}: a {type(obj).__module__}.{type(obj).__qualname__} cannot be checkpointed (State and "
         "client state are plain data: numpy arrays, scalars, lists, dicts, dataclasses; docs/architecture.md#client-functions)"
     )
+
+
+TAGS: dict[str, type] = {}  # a stable tag -> the dataclass checkpoints name by it
+_BY_PATH: dict[str, str] = {}  # "module:QualName" a checkpoint written before tags named it by -> its tag
+
+
+def checkpoint_tag(tag: str, *paths: str) -> Callable[[type], type]:
+    """Name a dataclass in checkpoints by ``tag`` rather than by its module path, so that it may move
+    between modules and every checkpoint naming it still reads. ``paths``: the ``module:QualName``
+    names checkpoints written before it had its tag used (where it was then); its path now is one of
+    them too. Moving a tagged class: add the path it leaves to ``paths``. fedray's checkpointed
+    classes carry tags; a plug-in's class is named by its module path (its module's name)."""
+
+    def mark(cls: type) -> type:
+        if TAGS.get(tag, cls) is not cls:
+            raise ValueError(f"checkpoint tag {tag!r} names {TAGS[tag].__qualname__} already")
+        TAGS[tag] = cls
+        cls._checkpoint_tag = tag  # type: ignore[attr-defined]
+        for path in (f"{cls.__module__}:{cls.__qualname__}", *paths):
+            _BY_PATH[path] = tag
+        return cls
+
+    return mark
 
 
 def _safe(module: str) -> bool:
@@ -140,7 +165,14 @@ def _safe(module: str) -> bool:
 
 
 def _dataclass(name: Any) -> type:
-    """The fedray dataclass a file names as ``module:QualName``; anything else is refused."""
+    """The fedray dataclass a file names by its tag (``@fedavg.State``, `checkpoint_tag`) or as
+    ``module:QualName``; anything else is refused."""
+    if isinstance(name, str) and name.startswith("@"):
+        if name[1:] not in TAGS:
+            raise ValueError(f"class tag {name!r} names no dataclass of fedray's")
+        return TAGS[name[1:]]
+    if isinstance(name, str) and name in _BY_PATH:  # a tagged class, by the path it had when written
+        return TAGS[_BY_PATH[name]]
     if not isinstance(name, str) or ":" not in name:
         raise ValueError(f"bad class name {name!r}")
     module, qualname = name.split(":", 1)

@@ -35,6 +35,7 @@ from fedray.engine.update import Evaluation
 from fedray.federation import Federation
 from fedray.params import Params
 from fedray.records import Record, assignment_rec, rec
+from fedray.storage.checkpoint import checkpoint_tag
 from fedray.storage.export import SavedModel, cluster_models, members_of
 
 EMPTY = ("keep", "zero")  # keep its weights (the paper's average over its members); zero (the code's)
@@ -49,6 +50,7 @@ class Hparams:
     empty_cluster: str = field(default="keep", metadata=one_of(*EMPTY))
 
 
+@checkpoint_tag("ifca.State", "fedray.algorithms.ifca:State")
 @dataclass
 class State:
     models: list[Params]  # theta_k

@@ -42,6 +42,7 @@ from fedray.config.hparams import bound
 from fedray.federation import Federation
 from fedray.params import Params, WeightedSum
 from fedray.records import Record, assignment_rec, rec
+from fedray.storage.checkpoint import checkpoint_tag
 from fedray.storage.export import SavedModel, cluster_models
 
 __all__ = ["Hparams", "State", "init", "models", "round", "evaluate"]
@@ -57,6 +58,9 @@ class MixtureHparams:
     drop_last: bool = True  # drop each epoch's last partial batch (the code's loaders)
 
 
+@checkpoint_tag(
+    "mixture.MixtureState", "fedray.algorithms.fedem:MixtureState", "fedray.mixture.server:MixtureState"
+)
 @dataclass
 class MixtureState:
     """The K models, and FedRC's label prior with what it is computed from (unused by FedEM: None

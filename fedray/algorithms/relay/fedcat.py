@@ -40,6 +40,7 @@ from fedray.engine.client import Client
 from fedray.federation import Baton, Federation, participants
 from fedray.params import Params, get_params, weighted_average
 from fedray.records import Record, assignment_rec
+from fedray.storage.checkpoint import checkpoint_tag
 from fedray.storage.export import SavedModel, global_model
 
 
@@ -93,6 +94,7 @@ def check_config(cfg, hp: Hparams) -> None:
         )
 
 
+@checkpoint_tag("fedcat.State", "fedray.algorithms.fedcat:State")
 @dataclass
 class State:
     params: Params  # m_glb

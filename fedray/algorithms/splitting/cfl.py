@@ -38,6 +38,7 @@ from fedray.config.hparams import bound, one_of
 from fedray.federation import Federation
 from fedray.params import Params, get_params, weighted_average
 from fedray.records import Record, assignment_rec, rec
+from fedray.storage.checkpoint import checkpoint_tag
 
 __all__ = ["Hparams", "State", "check_config", "init", "round", "evaluate", "models"]
 
@@ -63,6 +64,7 @@ class SplitHparams:
     drop_last: bool = False  # drop each epoch's last partial batch (the FedRC code's loaders)
 
 
+@checkpoint_tag("cfl.SplitState", "fedray.algorithms.cfl:SplitState", "fedray.splitting:SplitState")
 @dataclass
 class SplitState:
     # a checkpoint written before the field was renamed names it by its old name
