@@ -111,7 +111,7 @@ class ClientActor:
 
     def get_state(self, cid: int, node: str | None = None) -> Any:
         """Client ``cid``'s state; for a caller on this actor's node (``node``), a spilled state as
-        its file (`fedray.storage.checkpoint.StateFile`), which the caller can link."""
+        its file (`fedray.storage.blobs.StateFile`), which the caller can link."""
         return self.host.checkpoint_state(cid, files=node == ray.get_runtime_context().get_node_id())
 
     def set_state(self, cid: int, state: Any) -> None:

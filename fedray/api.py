@@ -337,19 +337,15 @@ def sweep(
         say = (lambda line: None) if quiet else (lambda line: print(line, flush=True))
         for line in progress.sweep_auto_lines(session):
             say(line)
-        if session.todo:
-            if said := session.unused_gpus():
-                say(said)
-            for line in session.packs_declined(session.units()[0]):
+        if session.todo:  # the launch sequence `fedray sweep` prints (`fedray.progress.SweepLaunch`)
+            launch = progress.SweepLaunch(session, local, verbose)
+            for line in launch.header():
                 say(line)
-            shown = progress.SweepProgress(len(session.todo), local, verbose)
-            evs = session.run()
-            try:
-                for ev in evs:
-                    for line in shown.lines(ev):
-                        say(line)
-            finally:
-                evs.close()
+            for line in launch.run():  # as each run starts and ends
+                say(line)
+            launch.wait(say)
+            for line in launch.summary():
+                say(line)
     return [result(r.config) for r in session.sweep.runs]
 
 

@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from fedray.experiment.loop import Checkpointed, RoundDone, Started
     from fedray.experiment.validation import from_dict
-    from fedray.storage.checkpoint import Checkpoints, read_blob
+    from fedray.storage.blobs import read_blob
+    from fedray.storage.checkpoint import Checkpoints
 
     out = Path(args.output or tempfile.mkdtemp(prefix="fedray-ckpt-"))
     sets = [

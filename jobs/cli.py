@@ -156,11 +156,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from fedray.config.coercion import ConfigError
     from fedray.data import DatasetMissing
 
-    try:
-        if args.max_concurrent_runs is not None and args.max_concurrent_runs < 0:
-            raise ConfigError(
-                f"--max-concurrent-runs must be >= 0 (0 = from resources), got {args.max_concurrent_runs}"
-            )
+    try:  # every error before anything runs (max_concurrent_runs below 0 too: open_sweep checks it)
         session = open_sweep(
             args.config,
             say=_say,
@@ -220,76 +216,34 @@ def _print_dry_run(session) -> None:
 
 
 def _execute_sweep(session, args: argparse.Namespace) -> int:
+    """The sweep's launch sequence (`fedray.progress.SweepLaunch`, `fedray.sweep`'s too), printed."""
+    launch = progress.SweepLaunch(session, args.local, args.verbose)
     try:
-        res = session.launcher.resources()
+        header = launch.header()
     except ConnectionError as e:
         print(f"fedray: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    todo, limit = session.todo, session.max_concurrent_runs
-    where = (
-        "in-process, one at a time"
-        if args.local
-        else "on "
-        + (
-            f"Ray with {res.get('CPU', 0):g} CPUs and {res.get('GPU', 0):g} GPUs; "
-            + (
-                f"at most {count(limit, 'run')} at once"
-                if limit
-                else "as many runs at once as fit (max_concurrent_runs=0)"
-            )
-        )
-    )
-    units, _ = session.units()  # as the sweep launches them: where this node can hold a pack
-    packed = [u for u in units if len(u) > 1]
-    if packed:
-        where += f"; {sum(map(len, packed))} of them in {count(len(packed), 'pack')} (pack_runs)"
-    print(f"running {count(len(todo), 'run')} {where}", flush=True)
-    for line in session.packs_declined(units):
-        print(f"  {line}", flush=True)
-    if said := session.unused_gpus():
-        print(f"  {said}", flush=True)
-    shown = progress.SweepProgress(len(todo), args.local, args.verbose)
-    events = session.run()
+    for line in header:
+        print(line, flush=True)
     try:
-        for ev in events:
-            lines = shown.lines(ev)  # read either way: it counts the runs ended and in flight
-            for line in [] if args.quiet else lines:
+        for line in launch.run():
+            if not args.quiet:
                 print(line, flush=True)
     except KeyboardInterrupt:
-        events.close()
         print(
-            f"fedray: sweep interrupted; {shown.in_flight} runs in flight were stopped, and go on from their "
-            "latest checkpoints when the same sweep is submitted again",
+            f"fedray: sweep interrupted; {launch.shown.in_flight} runs in flight were stopped, and go on from "
+            "their latest checkpoints when the same sweep is submitted again",
             file=sys.stderr,
         )
         return 130
     try:  # runs another process is writing: waited for, so the count below is what was done
-        left = session.left_to_others(shown.ended, say=lambda line: print(line, flush=True))
+        launch.wait(lambda line: print(line, flush=True))
     except KeyboardInterrupt:
         print("fedray: stopped waiting for the runs another process is writing", file=sys.stderr)
         return 130
-    failed = [e for e in shown.ended if not e.ok]
-    others = [e for e in shown.ended if e.skipped]  # another process's: not run here
-    print(
-        f"sweep done in {progress.duration(time.perf_counter() - shown.t0)}: "
-        f"{len(shown.ended) - len(failed) - len(others)} finished, {len(failed)} failed, "
-        f"{session.skipped + len(others)} skipped"
-        + (f" ({len(others)} of them another process's)" if others else "")
-    )
-    for e in failed:
-        print(f"  FAILED #{e.run.index} {e.run.label} ({e.run.run_id}): {type(e.error).__name__}: {e.error}")
-    for run, state in left:
-        print(
-            f"  NOT FINISHED #{run.index} {run.label} ({run.run_id}): {state} by the process that was writing it"
-        )
-    if left:
-        verb = "is" if len(left) == 1 else "are"
-        print(
-            f"{count(len(left), 'run')} of this sweep that another process was writing {verb} not finished: "
-            "submit the sweep again"
-        )
-    print(f"results: {session.sweep.output}/  (fedray report {session.sweep.output})")
-    return EXIT_FAILED if failed or left else 0
+    for line in launch.summary():
+        print(line)
+    return 0 if launch.ok else EXIT_FAILED
 
 
 def _tuned_sweep(path: str, args: argparse.Namespace) -> int:

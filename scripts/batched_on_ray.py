@@ -1,4 +1,4 @@
-"""Every algorithm (tests/test_batched.py's ALL) stacked on Ray, two client actors, against the same
+"""Every algorithm (tests/engine/test_batched.py's ALL) stacked on Ray, two client actors, against the same
 run per client in one process: every round's accuracy within 1e-3 and loss within 1e-4 (relative),
 as the test suite checks in one process (its Ray test runs SCAFFOLD only, to keep CI short).
 
@@ -20,8 +20,8 @@ from actors.federation import make_ray_federation
 from fedray.experiment.loop import execute
 from fedray.federation.local import make_local_federation
 from tests.conftest import small_config
+from tests.engine.test_batched import ALL, BASE, _compare
 from tests.helpers import round_metrics
-from tests.test_batched import ALL, BASE, _compare
 
 
 def main(names: list[str]) -> int:

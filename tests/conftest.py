@@ -7,7 +7,7 @@ from pathlib import Path
 # One thread for OpenMP (PyTorch's CPU kernels), OpenBLAS (numpy) and MKL in every process of the suite:
 # its two xdist workers, the Ray they start, and the fedray commands they run already take the
 # machine's cores, and a library spreading one small product over every core then spins waiting for
-# threads that other processes hold (tests/test_batched.py under -n 2 on 2 cores: 92 CPU-seconds
+# threads that other processes hold (tests/engine/test_batched.py under -n 2 on 2 cores: 92 CPU-seconds
 # this way and 72 with one thread each). Set before anything imports torch or numpy, which read
 # these once. fedray itself gives each host the torch threads of its CPUs (`num_cpus_per_actor`).
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):

@@ -3,7 +3,7 @@
 Each client minimises (1 - eps) CE(f(x), y) + eps U(f(x)), U being the mean over the classes of
 -log softmax(f(x)): the cross-entropy against labels smoothed towards uniform (Szegedy et al.,
 "Rethinking the Inception Architecture", 2016). The server averages as FedAvg. With eps = 0 it is
-FedAvg exactly (its reduces-to test: tests/test_plugins.py).
+FedAvg exactly (its reduces-to test: tests/front/test_plugins.py).
 
 The client function says what to train and gets the result back: it yields a
 ``fedray.LocalUpdate`` whose objective is ``smoothed`` and whose context carries eps. Written this

@@ -4,7 +4,7 @@
   Non-Identical Data Distribution for Federated Visual Classification", 2019). The server treats
   the round's change as a gradient, Delta = w - avg(w_i), keeps a velocity v <- beta v + Delta and
   steps w <- w - server_lr v. With beta = 0 and server_lr = 1 it is FedAvg exactly (the plug-in's
-  reduces-to test, tests/test_plugins.py::test_fedavgm_with_no_momentum_is_fedavg_exactly).
+  reduces-to test, tests/front/test_plugins.py::test_fedavgm_with_no_momentum_is_fedavg_exactly).
 - ``digits_cnn``: a small CNN for 8x8 images (sklearn's digits, fedray's default data set): one
   3x3 convolution, a 2x2 pool and a linear head.
 

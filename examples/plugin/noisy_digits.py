@@ -1,7 +1,7 @@
 """A fedray plug-in dataset with a setting of its own: scikit-learn's digits, their pixels blurred
 by Gaussian noise of a standard deviation the config chooses (``data.noise``, in grey levels of
 0..16). With ``data.noise: 0`` it is fedray's ``digits`` exactly, sample for sample (its reduces-to
-test: tests/test_plugins.py).
+test: tests/front/test_plugins.py).
 
 Its settings are a dataclass given to ``DatasetKind(settings=...)``, declared as an algorithm
 declares its ``hp.`` keys: fedray reads them under ``data:``, checks each value against its type

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from fedray import MOVED_MODULES
 from fedray.algorithms.baselines import fedavg, fedlc, fednova, fedprox, fedrs, minibatch_sgd, moon, scaffold
 from fedray.algorithms.clustered import clusterfedavg, fedsoft, fesem, ifca
 from fedray.algorithms.concat import fedconcat, fedconcat_id
@@ -24,6 +25,7 @@ from fedray.algorithms.relay import fedcat
 from fedray.algorithms.sampling import clusamp
 from fedray.algorithms.splitting import cfl, layercfl
 from fedray.config.hparams import hparams_from_dict
+from fedray.storage.blobs import checkpoint_tag
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,20 @@ ALGORITHMS: dict[str, Algorithm] = {}
 REQUIRED = ("Hparams", "init", "round", "evaluate", "models")  # what an algorithm's module must define
 
 
+def _tag_state(name: str, module: ModuleType) -> None:
+    """An algorithm module's own ``State`` dataclass is named in checkpoints by the algorithm
+    (`fedray.storage.blobs.checkpoint_tag`: ``fedavg.State``), wherever its module moves; the names
+    its module had before (`fedray.MOVED_MODULES`) still read."""
+    state = getattr(module, "State", None)
+    if not (
+        isinstance(state, type) and dataclasses.is_dataclass(state) and state.__module__ == module.__name__
+    ):
+        return  # none, or another algorithm's (named by that one)
+    if "_checkpoint_tag" not in state.__dict__:
+        before = [f"{old}:State" for old, new in MOVED_MODULES.items() if new == module.__name__]
+        checkpoint_tag(f"{name}.State", *before)(state)
+
+
 def register_algorithm(name: str, algorithm: ModuleType | Algorithm) -> Algorithm:
     """Add an algorithm, which ``algorithm: NAME`` then chooses: a module defining ``Hparams``,
     ``init``, ``round``, ``evaluate`` and ``models`` (and optionally ``check_config``,
@@ -92,6 +108,7 @@ def register_algorithm(name: str, algorithm: ModuleType | Algorithm) -> Algorith
             raise ValueError(
                 f"algorithm {name!r}: module {algorithm.__name__} does not define {', '.join(missing)}"
             )
+        _tag_state(name, algorithm)
         algorithm = Algorithm.from_module(name, algorithm)
     elif not isinstance(algorithm, Algorithm):
         raise TypeError(

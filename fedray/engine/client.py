@@ -95,7 +95,7 @@ class Task:
     # coordinator and sent with the task; None: fresh draws
     init_params: Params | None = field(default=None, compare=False, repr=False)
 
-    # the run's id: whose the clients' state files are (`fedray.storage.checkpoint.owner`)
+    # the run's id: whose the clients' state files are (`fedray.storage.blobs.owner`)
     run_id: str = field(default="", compare=False)
 
     @classmethod

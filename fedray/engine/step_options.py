@@ -3,7 +3,7 @@
 They are not config keys: each moves the numbers by float round-off (docs/benchmark.md has the
 figures). The benchmarks and the GPU check switch them for a process with `use` (``python -m
 jobs.bench_batched --stacked-conv im2col --stacked-compile --stacked-eval off``,
-scripts/gpu_check.sh); tests/test_batched.py checks that each gives the per-client numbers. The
+scripts/gpu_check.sh); tests/engine/test_batched.py checks that each gives the per-client numbers. The
 first two are off by default (neither has yet paid where it could); the third is on where it can pay:
 
 - ``conv="im2col"``: a stack's convolutions as every model's batch unfolded at once (im2col) and

@@ -24,7 +24,7 @@ class SGD:
     """`torch.optim.SGD` (dampening 0, no Nesterov) as the per-client engine runs it: each step is
     torch's own functional form of that optimizer's rule (`torch.optim.sgd.sgd`) given what
     `torch.optim.SGD.step` gives it, so the numbers are the optimizer's bit for bit
-    (tests/test_train.py), and the momentum buffers sit where the optimizer keeps them
+    (tests/engine/test_train.py), and the momentum buffers sit where the optimizer keeps them
     (``state[p]["momentum_buffer"]``, the parameters in ``param_groups``).
 
     Why not the optimizer itself: `torch.optim.Optimizer`'s methods are wrapped for TorchDynamo, and

@@ -23,7 +23,8 @@ from fedray.data.identity import DataChanged, changes, identity
 from fedray.experiment.same_data import finished_refusal, resume_refusal
 from fedray.federation import Baton, Federation, WorkerLost
 from fedray.records import Record, rec, validation_named
-from fedray.storage.checkpoint import Checkpoint, CheckpointError, Checkpoints
+from fedray.storage.blobs import CheckpointError
+from fedray.storage.checkpoint import Checkpoint, Checkpoints
 from fedray.storage.export import check_shapes, save_models
 from fedray.storage.files import refuse_link
 from fedray.storage.loggers import Loggers, RunInfo
@@ -90,7 +91,7 @@ class HostedFederation(Federation, Protocol):
     def client_states(self, files: bool = False) -> Iterator[tuple[int, Any]]:
         """Every hosted client's persistent state (test clients too), in client order, one at a time;
         clients without state are left out. ``files``: a state spilled to a file this process can
-        reach comes as that file (`fedray.storage.checkpoint.StateFile`), which a checkpoint links."""
+        reach comes as that file (`fedray.storage.blobs.StateFile`), which a checkpoint links."""
 
     def restore_client_states(self, states: Iterable[tuple[int, Any]]) -> None:
         """Give clients back the states `client_states` produced (in a new federation: a resumed run)."""

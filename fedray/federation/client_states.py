@@ -4,7 +4,7 @@ An algorithm's per-client state (SCAFFOLD's c_i, kept SGD buffers, FedEM's and F
 FedCat's copies' counts, ...) lives with the host that runs the client. Across hundreds of
 thousands of clients it outgrows memory, while a round touches only its participants: so the
 states beyond ``client_state_memory_mb`` (config key), least recently used first, go to files in
-a folder of the host's own, in the checkpoints' format (`fedray.storage.checkpoint.write_blob`: arrays and
+a folder of the host's own, in the checkpoints' format (`fedray.storage.blobs.write_blob`: arrays and
 plain JSON, nothing pickled), and come back, exactly as they were, when their client is next used.
 
 The folder is this process's under the system's temporary directory, holding a lock its owner
@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from fedray.params import payload_nbytes
-from fedray.storage.checkpoint import SPILL_PREFIX, owner, read_blob, write_blob
+from fedray.storage.blobs import owner, read_blob, write_blob
+from fedray.storage.checkpoint import SPILL_PREFIX
 
 PREFIX = SPILL_PREFIX
 

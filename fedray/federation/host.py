@@ -25,7 +25,7 @@ from fedray.engine.client import Client, Task, code_name, share_device_memory
 from fedray.federation import TEST_SHARD, ClientError, ClientFn
 from fedray.federation.client_states import ClientStates, machine_memory, memory_share
 from fedray.params import payload_nbytes
-from fedray.storage.checkpoint import CheckpointError, StateFile, encode
+from fedray.storage.blobs import CheckpointError, StateFile, encode
 
 # The replies a worker holds at a time in a folded round (`Federation.map_fold` given
 # ``reply_bytes``), and so the widest stack it trains them in: on the CPU `FOLD_BYTES`, whatever
@@ -316,7 +316,7 @@ class ClientHost:
 
     def checkpoint_state(self, cid: int, files: bool = False) -> Any:
         """What a checkpoint saves of client ``cid``: its state, or with ``files`` where the state
-        is spilled, the file it is in (`fedray.storage.checkpoint.StateFile`, for the checkpoint to link)."""
+        is spilled, the file it is in (`fedray.storage.blobs.StateFile`, for the checkpoint to link)."""
         spilled = self._state.file(cid) if files else None
         return StateFile(str(spilled[0]), spilled[1]) if spilled is not None else self._state.peek(cid)
 

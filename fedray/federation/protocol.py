@@ -25,7 +25,7 @@ import numpy as np
 
 from fedray.engine.client import Client, Task
 from fedray.engine.client import ClientError as ClientError  # raised by the engines: defined with Client
-from fedray.storage.checkpoint import Baton  # defined with the format that writes it
+from fedray.storage.blobs import Baton
 
 ClientFn = Callable[[Client, Any, Any], tuple[Any, Any]]
 FoldFn = Callable[[Any, int, Any], Any]  # (acc, cid, reply) -> acc

@@ -161,7 +161,9 @@ def open_sweep(
     start unfinished runs over instead of going on from their checkpoints; ``dry_run``: nothing is
     written (the results folder is not made). ``max_concurrent_runs``: None takes the sweep's own."""
     if max_concurrent_runs is not None and max_concurrent_runs < 0:
-        raise ConfigError(f"max_concurrent_runs must be >= 0 (0 = from resources), got {max_concurrent_runs}")
+        raise ConfigError(
+            f"max_concurrent_runs (--max-concurrent-runs) must be >= 0 (0 = from resources), got {max_concurrent_runs}"
+        )
     sweep = load_sweep(path, sets, output=output, only=only, plugins=plugins)
     check_writable(sweep.output, create=not dry_run)
     launcher = None

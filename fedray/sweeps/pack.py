@@ -14,7 +14,7 @@ FedProx grid thus trains each round's updates of all its runs in one stack: on a
 several runs' models where each run alone would take one step for its own.
 
 The numbers are each run's own up to float round-off (the stacks' sums run in another order);
-tests/test_pack.py checks a packed sweep against the same runs trained alone.
+tests/sweeps/test_pack.py checks a packed sweep against the same runs trained alone.
 
 Which runs pack together (`pack_groups`): those of one algorithm with pack_runs on (or auto, where
 the runs share a GPU) and an equal `pack_key`: the data set and its options, the model, the local

@@ -96,7 +96,7 @@ def replay_draws(loader: Any) -> None:
     names = [type(t).__name__ for t in getattr(getattr(loader.dataset, "transform", None), "transforms", [])]
     if names == ["ToTensor", "AddGaussianNoise"]:
         # k draws of randn(shape) consume the generator exactly as one randn(k, *shape) does
-        # (checked by the harness's `check` and by tests/test_reference.py).
+        # (checked by the harness's `check` and by tests/reference/test_reference.py).
         shape, left = tuple(first[0].shape[1:]), n - done
         while left > 0:
             k = min(left, 4096)

@@ -25,7 +25,6 @@ from fedray.config.hparams import bound
 from fedray.federation import ClientFn, Federation
 from fedray.params import Params, get_params
 from fedray.records import Record
-from fedray.storage.checkpoint import checkpoint_tag
 from fedray.storage.export import SavedModel, global_model
 
 
@@ -67,7 +66,6 @@ def check_config(cfg: Any, hp: Any) -> None:
         )
 
 
-@checkpoint_tag("fedavg.State", "fedray.algorithms.fedavg:State")
 @dataclass
 class State:
     params: Params  # the global model w_t

@@ -26,7 +26,6 @@ from fedray.engine.client import Client
 from fedray.federation import Federation
 from fedray.params import OrderedAverage, Params, get_params
 from fedray.records import Record
-from fedray.storage.checkpoint import checkpoint_tag
 
 SERVER_UPDATES = ("paper", "code")
 
@@ -37,7 +36,6 @@ class Hparams(fedavg.ServerHparams):
     server_update: str = field(default="paper", metadata=one_of(*SERVER_UPDATES))
 
 
-@checkpoint_tag("scaffold.State", "fedray.algorithms.scaffold:State")
 @dataclass
 class State:
     params: Params  # the global model w

@@ -34,7 +34,6 @@ from fedray.config.hparams import bound, one_of
 from fedray.federation import Federation
 from fedray.params import Params, get_params
 from fedray.records import Record
-from fedray.storage.checkpoint import checkpoint_tag
 from fedray.storage.export import SavedModel, cluster_models, global_model, members_of
 
 GROUPS = ("kmeans", "oracle")
@@ -68,7 +67,6 @@ def check_config(cfg, hp: Hparams) -> None:
             )
 
 
-@checkpoint_tag("clusterfedavg.State", "fedray.algorithms.clusterfedavg:State")
 @dataclass
 class State:
     init: Params  # the shared initial weights of every cluster model

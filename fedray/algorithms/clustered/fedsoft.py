@@ -46,7 +46,6 @@ from fedray.config.hparams import bound
 from fedray.federation import Federation
 from fedray.params import Params, weighted_average
 from fedray.records import Record, assignment_rec, rec
-from fedray.storage.checkpoint import checkpoint_tag
 from fedray.storage.export import SavedModel, cluster_models
 
 
@@ -63,7 +62,6 @@ class Hparams:
     selection_size: int = field(default=0, metadata=bound(ge=0))
 
 
-@checkpoint_tag("fedsoft.State", "fedray.algorithms.fedsoft:State")
 @dataclass
 class State:
     models: list[Params]  # theta_k

@@ -35,7 +35,6 @@ from fedray.engine.update import Evaluation
 from fedray.federation import Federation
 from fedray.params import Params
 from fedray.records import Record, assignment_rec, rec
-from fedray.storage.checkpoint import checkpoint_tag
 from fedray.storage.export import SavedModel, cluster_models, members_of
 
 EMPTY = ("keep", "zero")  # keep its weights (the paper's average over its members); zero (the code's)
@@ -50,7 +49,6 @@ class Hparams:
     empty_cluster: str = field(default="keep", metadata=one_of(*EMPTY))
 
 
-@checkpoint_tag("ifca.State", "fedray.algorithms.ifca:State")
 @dataclass
 class State:
     models: list[Params]  # theta_k

@@ -41,7 +41,6 @@ from fedray.federation import Federation
 from fedray.models import Arch, concat_params
 from fedray.params import Params, get_params
 from fedray.records import Record
-from fedray.storage.checkpoint import checkpoint_tag
 from fedray.storage.export import SavedModel, cluster_models, global_model, members_of
 
 
@@ -102,7 +101,6 @@ def check_config(cfg, hp: Hparams) -> None:
         raise ValueError(f"config key '{key}': {k} clusters but only {cfg.num_clients} clients")
 
 
-@checkpoint_tag("fedconcat.State", "fedray.algorithms.fedconcat:State")
 @dataclass
 class State:
     init: Params  # the shared initial weights of every cluster model

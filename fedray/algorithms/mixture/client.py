@@ -28,7 +28,7 @@ from fedray.engine.client import Client
 from fedray.engine.stats import TrainStats
 from fedray.engine.update import Evaluation, LocalUpdate
 from fedray.params import Params
-from fedray.storage.checkpoint import checkpoint_tag
+from fedray.storage.blobs import checkpoint_tag
 
 
 @checkpoint_tag("mixture.ClientMixture", "fedray.mixture.client:ClientMixture")

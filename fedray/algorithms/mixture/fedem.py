@@ -42,7 +42,7 @@ from fedray.config.hparams import bound
 from fedray.federation import Federation
 from fedray.params import Params, WeightedSum
 from fedray.records import Record, assignment_rec, rec
-from fedray.storage.checkpoint import checkpoint_tag
+from fedray.storage.blobs import checkpoint_tag
 from fedray.storage.export import SavedModel, cluster_models
 
 __all__ = ["Hparams", "State", "init", "models", "round", "evaluate"]

@@ -40,7 +40,6 @@ from fedray.engine.client import Client
 from fedray.federation import Baton, Federation, participants
 from fedray.params import Params, get_params, weighted_average
 from fedray.records import Record, assignment_rec
-from fedray.storage.checkpoint import checkpoint_tag
 from fedray.storage.export import SavedModel, global_model
 
 
@@ -94,7 +93,6 @@ def check_config(cfg, hp: Hparams) -> None:
         )
 
 
-@checkpoint_tag("fedcat.State", "fedray.algorithms.fedcat:State")
 @dataclass
 class State:
     params: Params  # m_glb

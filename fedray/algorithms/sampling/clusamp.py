@@ -39,7 +39,6 @@ from fedray.config.hparams import bound, one_of
 from fedray.federation import Federation, participants
 from fedray.params import Params, get_params, weighted_average
 from fedray.records import Record, assignment_rec, rec
-from fedray.storage.checkpoint import checkpoint_tag
 from fedray.storage.export import SavedModel, global_model
 
 SIMILARITIES = ("arccos", "L2", "L1", "none")
@@ -53,7 +52,6 @@ class Hparams:
     similarity: str = field(default="arccos", metadata=one_of(*SIMILARITIES))
 
 
-@checkpoint_tag("clusamp.State", "fedray.algorithms.clusamp:State")
 @dataclass
 class State:
     params: Params  # the global model

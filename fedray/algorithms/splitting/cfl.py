@@ -38,7 +38,7 @@ from fedray.config.hparams import bound, one_of
 from fedray.federation import Federation
 from fedray.params import Params, get_params, weighted_average
 from fedray.records import Record, assignment_rec, rec
-from fedray.storage.checkpoint import checkpoint_tag
+from fedray.storage.blobs import checkpoint_tag
 
 __all__ = ["Hparams", "State", "check_config", "init", "round", "evaluate", "models"]
 

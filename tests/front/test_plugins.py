@@ -415,7 +415,7 @@ def test_label_smoothing_with_no_smoothing_is_fedavg_exactly(tmp_path, isolated)
 def test_a_plug_in_objective_trains_batched_with_no_extra_code(tmp_path, isolated):
     """examples/plugin/fedavg_ls.py (label smoothing, its own loss term) runs stacked, to the
     per-client numbers."""
-    from tests.test_batched import _off_and_on_agree
+    from tests.engine.test_batched import _off_and_on_agree
 
     plugin = EXAMPLE / "fedavg_ls.py"
     over = dict(
@@ -751,7 +751,7 @@ def test_a_plugin_datasets_own_key_is_read_checked_and_named_and_no_noise_is_dig
 
 
 def test_a_plugin_datasets_own_key_trains_batched_to_the_per_client_numbers(tmp_path, isolated):
-    from tests.test_batched import _off_and_on_agree
+    from tests.engine.test_batched import _off_and_on_agree
 
     _off_and_on_agree(
         tmp_path,

@@ -22,7 +22,7 @@ from fedray.records import assignment_rec, rec
 from fedray.storage.loggers import LOGGERS, Loggers, RunInfo, check_loggers, logger_places, register_logger
 from fedray.storage.writer import ResultsWriter
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _config() -> dict:

@@ -227,7 +227,7 @@ def test_a_spill_folder_is_live_while_its_owner_holds_its_lock_whatever_its_pid_
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     owner = subprocess.Popen(
         [sys.executable, "-c", HOLDS_A_SPILL],
-        cwd=Path(__file__).parent.parent,
+        cwd=Path(__file__).resolve().parents[2],
         env=env,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,

@@ -1,6 +1,6 @@
 """Run ids stay what they were: existing results folders skip and resume their runs. Every shipped
 config and sweep that loads here gives the run ids it gave at commit f4b49b0
-(tests/data/run_ids_f4b49b0.json, written by that commit's code), and LEAF's and hf's keys, moved
+(tests/config/run_ids_f4b49b0.json, written by that commit's code), and LEAF's and hf's keys, moved
 under data:, give the ids their flat keys gave (worked out before they moved)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from fedray.experiment.validation import load_config
 from fedray.sweeps.sweep_file import load_sweep
 from tests.conftest import ROOT
 
-KEPT = json.loads((ROOT / "tests" / "data" / "run_ids_f4b49b0.json").read_text())
+KEPT = json.loads((ROOT / "tests" / "config" / "run_ids_f4b49b0.json").read_text())
 
 
 @pytest.mark.parametrize("name", sorted(KEPT))
@@ -35,8 +35,8 @@ def test_every_shipped_config_and_sweep_keeps_its_run_ids(name):
 def test_leafs_and_hfs_keys_moved_under_data_keep_the_run_ids_of_their_flat_keys(
     tmp_path, monkeypatch, capsys
 ):
-    from tests.test_hf import femnist_like
-    from tests.test_leaf import write_leaf
+    from tests.data.test_hf import femnist_like
+    from tests.data.test_leaf import write_leaf
 
     monkeypatch.chdir(tmp_path)  # data_root is in the run id: the same relative folders as when worked out
     write_leaf(Path("leaf"), {"f_a": 12, "f_b": 10, "f_c": 9, "f_d": 3})

@@ -23,7 +23,7 @@ from jobs.reference.niid_bench import FEDCONCAT, NIID_BENCH, eval_round
 from jobs.reference.record import CHECK, Option, Reference, ReferenceError
 from jobs.reference.registry import REFERENCES, options
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_reference_is_one_record_type_in_one_registry():

@@ -127,7 +127,7 @@ def test_validation_numbers_are_the_same_in_process_and_on_ray(ray_session, tmp_
 
 
 def test_every_kind_of_data_holds_out_its_validation_split(tmp_path):
-    from tests.test_leaf import write_leaf
+    from tests.data.test_leaf import write_leaf
 
     root = write_leaf(tmp_path / "femnist", {"a": 12, "b": 9, "c": 7}, files=1)
     cases = [

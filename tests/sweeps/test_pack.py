@@ -428,8 +428,8 @@ def test_a_stopped_pack_runs_no_call_left_waiting(monkeypatch):
 def test_relayed_and_folded_rounds_pack_to_their_own_numbers(tmp_path, name):
     """FedCat's hops (relay calls) and FedEM's folded rounds (a call a chunk of clients) go through
     the pack as FedAvg's map does: two seeds packed, against each alone (the digits CNN of
-    tests/test_batched.py, whose batched numbers are checked against the per-client engine there)."""
-    from tests.test_batched import ALL, BASE
+    tests/engine/test_batched.py, whose batched numbers are checked against the per-client engine there)."""
+    from tests.engine.test_batched import ALL, BASE
 
     over = {**BASE, **ALL[name], "batched_clients": "on", "pack_runs": "on"}
     configs = [small_config(tmp_path, **{**over, "seed": s}, output=str(tmp_path / "packed")) for s in (3, 4)]

@@ -34,9 +34,8 @@ from fedray.engine.client import Task, iterate
 from fedray.experiment.loop import Checkpointed, Finished, RoundDone, Started, execute
 from fedray.federation import Baton
 from fedray.federation.local import make_local_federation
-from fedray.storage.checkpoint import (
+from fedray.storage.blobs import (
     CheckpointError,
-    Checkpoints,
     StateFile,
     _dataclass,
     decode,
@@ -45,6 +44,7 @@ from fedray.storage.checkpoint import (
     read_owner,
     write_blob,
 )
+from fedray.storage.checkpoint import Checkpoints
 from fedray.storage.export import ModelsMissing
 from fedray.storage.results import run_state
 from tests.conftest import ROOT, small_config
@@ -65,7 +65,7 @@ class Inner:
 
 
 def test_encode_decode_round_trips_plain_data_exactly(tmp_path, monkeypatch):
-    import fedray.storage.checkpoint as ck
+    import fedray.storage.blobs as ck
 
     monkeypatch.setattr(ck, "_SAFE_MODULES", ("fedray.", __name__))  # this test's dataclass
     obj = {
@@ -372,7 +372,8 @@ def _resume_fails(cfg, match):
 def _fix_checksum(ckpt: Path, name: str | None = None, **edit) -> None:
     """An attacker's (or a careful editor's) edit: file ``name``'s checksum, the manifest's keys
     ``edit``, and the manifest's own digest, all made to match again."""
-    from fedray.storage.checkpoint import manifest_digest, sha256
+    from fedray.storage.blobs import sha256
+    from fedray.storage.checkpoint import manifest_digest
 
     m = json.loads((ckpt / "manifest.json").read_text())
     if name is not None:
@@ -400,7 +401,7 @@ def _rewrite_head(path: Path, change) -> None:
 def _restate(ckpt: Path) -> None:
     """An attacker who rewrites the State too: the client files it names made to be those in its
     folder, and every checksum made to match again."""
-    from fedray.storage.checkpoint import sha256
+    from fedray.storage.blobs import sha256
 
     names = [n for n in json.loads((ckpt / "manifest.json").read_text())["files"] if n.startswith("clients/")]
     files = {n: sha256(ckpt / n) for n in names}
@@ -486,7 +487,8 @@ def test_a_checkpoint_naming_a_file_is_refused_and_links_nothing(tmp_path):
 
 def test_a_checkpoint_takes_only_spilled_state_files(tmp_path):
     from fedray.federation.client_states import ClientStates
-    from fedray.storage.checkpoint import StateFile, is_spill_file
+    from fedray.storage.blobs import StateFile
+    from fedray.storage.checkpoint import is_spill_file
 
     secret = tmp_path / "secret.npz"
     secret.write_bytes(b"x")
@@ -634,7 +636,7 @@ def test_a_spilled_state_file_changed_under_a_live_run_is_refused_not_read_or_li
     # Before: a file swapped inside the live spill folder changed the numbers silently, and was then
     # linked into the next checkpoint under a fresh hash.
     from fedray.federation.client_states import ClientStates
-    from fedray.storage.checkpoint import StateFile
+    from fedray.storage.blobs import StateFile
 
     store = ClientStates(budget_mb=1e-6, run_id="run-1")  # every state but the latest on disk
     store.set(3, {"c": np.ones(2)})
@@ -800,7 +802,7 @@ def test_sigterm_and_sigkill_stop_a_run_and_the_same_command_goes_on_to_the_unst
     # - the same command again goes on from the last checkpoint, every round once, to the numbers of
     #   the run never stopped.
     from jobs.cli import main as cli_main
-    from tests.test_recovery_ray import _goes_on, _stop_after
+    from tests.federation.test_recovery_ray import _goes_on, _stop_after
 
     sets = dict(
         dataset="synthetic",
@@ -929,7 +931,7 @@ def test_a_checkpointed_class_is_named_by_its_tag_and_by_the_paths_it_had_before
     # import shim; now by a tag, and the paths earlier checkpoints wrote still read.
     from fedray.algorithms.baselines.fedavg import State
     from fedray.algorithms.splitting.cfl import SplitState
-    from fedray.storage.checkpoint import TAGS
+    from fedray.storage.blobs import TAGS
 
     state = State(params={"w": np.arange(3.0)})
     path = tmp_path / "state.npz"

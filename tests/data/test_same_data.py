@@ -21,8 +21,8 @@ from fedray.experiment.validation import from_dict
 from fedray.federation.local import make_local_federation
 from fedray.storage.checkpoint import Checkpoints
 from fedray.storage.results import run_data, run_state
+from tests.data.test_leaf import leaf_config, write_leaf
 from tests.helpers import FMNIST_NAMES, mnist_like, sweep_file
-from tests.test_leaf import leaf_config, write_leaf
 
 
 def _stop_after(cfg, rounds_done):
@@ -113,7 +113,7 @@ def test_data_left_as_it_was_resumes_to_the_uninterrupted_numbers(tmp_path):
 
 def test_a_saved_hf_dataset_changed_between_rounds_is_refused_naming_its_file(tmp_path):
     pytest.importorskip("datasets")
-    from tests.test_hf import femnist_like, hf_config
+    from tests.data.test_hf import femnist_like, hf_config
 
     folder = femnist_like(tmp_path / "femnist")
     cfg = hf_config(tmp_path, folder, rounds=3, checkpoint_every=1, batch_size=4, lr=0.05)

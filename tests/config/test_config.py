@@ -297,7 +297,7 @@ def test_every_shipped_config_validates(path, tmp_path):
         client_files.write(tmp_path / "clients", [one] * raw["num_clients"], meta, [test] * 3)
         sets.append(f"data_root={tmp_path / 'clients'}")
     if raw.get("dataset") in ("femnist", "shakespeare"):  # LEAF's JSON: a few users stand in
-        from tests.test_leaf import write_leaf
+        from tests.data.test_leaf import write_leaf
 
         # as many users as a round takes (clients_per_round), each kept whole: LEAF's sampling and -k
         # are for LEAF's thousands of users; a Shakespeare role keeps a test sample from 800 up

@@ -94,8 +94,8 @@ def test_actors_spread_over_nodes_and_node_loss_is_loud_or_survived(tmp_path):
     from fedray.experiment.loop import execute
     from fedray.federation.local import make_local_federation
     from tests.conftest import small_config
+    from tests.federation.test_recovery_ray import SLOW
     from tests.helpers import stored_metrics
-    from tests.test_recovery_ray import SLOW
 
     cfg = small_config(tmp_path / "ray", num_actors=0, **SLOW)
     ref = small_config(tmp_path / "ref", **SLOW)

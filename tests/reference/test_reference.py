@@ -24,7 +24,7 @@ from jobs.reference.harness import Job, Reference, ReferenceError
 from jobs.reference.niid_bench import FEDCONCAT, NIID_BENCH, eval_round
 from jobs.reference.niid_wrapper import replay_draws
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 UTILS = """
 import numpy as np, torch
