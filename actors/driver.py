@@ -150,10 +150,9 @@ def connect(
 
 
 # Ray starts its workers at niceness 15, so that they never slow its own processes. fedray's workers
-# are the job's whole work: at 15, any other busy process on a node (a notebook, another user's
-# job, a test suite) leaves them a few percent of a core (measured on a 2-core machine with three
-# busy loops beside it: two client actors took 240 s to start, 164 s of it importing torch; 10 s at
-# niceness 0). Ray's own job supervisor runs at 0 the same way (the variable in its runtime_env).
+# are the job's whole work: at 15, any other busy process on a node leaves them a few percent of a
+# core (docs/benchmark.md#figures-behind-defaults). Ray's own job supervisor runs at 0 the same way
+# (the variable in its runtime_env).
 WORKER_NICENESS = {"RAY_worker_niceness": "0"}
 
 

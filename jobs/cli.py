@@ -455,7 +455,7 @@ def _fields(text: str) -> list[str]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from jobs.bench import main as bench_main
+    from jobs.bench.headline import main as bench_main
 
     return bench_main(args.bench_args)
 
@@ -568,7 +568,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_rep.add_argument("--all", action="store_true", help="include failed and unfinished runs")
     p_rep.add_argument("--no-plots", action="store_true", help="only print the table")
     p_rep.set_defaults(func=cmd_report)
-    p_bench = sub.add_parser("bench", help="time fedray against plain PyTorch loops (see jobs/bench.py)")
+    p_bench = sub.add_parser(
+        "bench", help="time fedray against plain PyTorch loops (see jobs/bench/headline.py)"
+    )
     p_bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     p_bench.set_defaults(func=cmd_bench)
     p_fid = sub.add_parser(
@@ -626,8 +628,8 @@ def _stop_on_sigterm() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"]:  # every option after it is the benchmark's own (jobs/bench.py --help)
-        from jobs.bench import main as bench_main
+    if argv[:1] == ["bench"]:  # every option after it is the benchmark's own (jobs/bench/headline.py --help)
+        from jobs.bench.headline import main as bench_main
 
         return bench_main(argv[1:])
     args = build_parser().parse_args(argv)

@@ -27,7 +27,7 @@
 #   3. one partition row of the FedConcat paper's table (jobs/configs/bench_table1_row.yaml: Dir(0.1),
 #      14 runs, one seed, 3 rounds each) through `fedray sweep` on Ray, four runs sharing the GPU,
 #      timed end to end, and what it says the whole table would take at the paper's budget
-#      (scripts/row_times.py; target under 60 minutes).
+#      (jobs/bench/row_times.py; target under 60 minutes).
 # MOON's rounds and stacked_cnn, once in the default, are in `engines` and `conv`; packs against
 # sharing (pack_runs auto's decision) in `pack`.
 # fedrc: FedRC at the FedRC paper's budget (FMNIST-C, 303 clients), stacked rounds, with the clients
@@ -36,10 +36,10 @@
 #   forward), with a pass a model (--stacked-eval off), and as before 2026-12-02 (--fold-mb 64
 #   --stacked-eval off: 2 clients a call, a pass a model): whether its 44 s round was the calls'
 #   cost, and whether the stacked forward pays on a GPU (stacked_eval auto's decision).
-# widths: scripts/stack_widths.py on the table's cell, 40 to 640 models a stack, grouped convolution
+# widths: jobs/bench/stack_widths.py on the table's cell, 40 to 640 models a stack, grouped convolution
 #   against im2col + batched matmul, and the balanced (iid) cell beside Dir(0.1): what packing runs and
 #   ragged stacks can gain.
-# kernels: scripts/stack_widths.py on the table's cell at widths 1 and 4 under each kernel setting:
+# kernels: jobs/bench/stack_widths.py on the table's cell at widths 1 and 4 under each kernel setting:
 #   as fedray runs it, without deterministic kernels, with cuDNN's timed algorithm pick, without
 #   channels-last, without TF32: which one the grouped convolutions (1.3-2% of the float32 peak)
 #   are slow under, the next lever for the table's time.
@@ -47,7 +47,7 @@
 #   grouped convolution and with im2col + batched matmul, and stacked_cnn at 40 and 160 models.
 # engines: per client against stacked for FedAvg (profiled), MOON and FedCat at their papers' budgets.
 # pack: packed runs (pack_runs): 4 FedAvg seeds of the cell alone one after another against one pack
-#   (jobs.bench_pack: run-rounds a second); then the Table 1 row through `fedray sweep` with
+#   (jobs.bench.pack: run-rounds a second); then the Table 1 row through `fedray sweep` with
 #   pack_runs auto (packs of one algorithm's runs, four packs sharing the GPU a quarter each), to set
 #   beside the table mode's row (four runs sharing the GPU, unpacked: 91 s wall, 1,920 run-seconds
 #   at the paper's budget on 2026-11-28).
@@ -66,7 +66,7 @@ bench() {
     local limit=$1
     shift
     say "bench_batched $*"
-    timeout "$limit" /usr/bin/time -f "(%e s wall)" python3 -m jobs.bench_batched "$@" --device cuda 2>&1 | tee -a "$log"
+    timeout "$limit" /usr/bin/time -f "(%e s wall)" python3 -m jobs.bench.batched "$@" --device cuda 2>&1 | tee -a "$log"
 }
 cell=jobs/configs/bench_gpu_dir01.yaml
 
@@ -88,7 +88,7 @@ if [ "${1:-table}" = widths ]; then
     for part in "170 --widths 1,4,16 --conv grouped,im2col" "60 --widths 1,4 --set partition=iid"; do
         say "stack_widths ${part#* }"
         # shellcheck disable=SC2086
-        timeout ${part%% *} python3 -m scripts.stack_widths $cell --device cuda ${part#* } 2>&1 | tee -a "$log"
+        timeout ${part%% *} python3 -m jobs.bench.stack_widths $cell --device cuda ${part#* } 2>&1 | tee -a "$log"
     done
     exit 0
 fi
@@ -97,7 +97,7 @@ if [ "${1:-table}" = kernels ]; then
         "--set channels_last=false" "--set cuda_tf32=false"; do
         say "stack_widths --widths 1,4 $part"
         # shellcheck disable=SC2086
-        timeout 55 python3 -m scripts.stack_widths $cell --device cuda --widths 1,4 $part 2>&1 | tee -a "$log"
+        timeout 55 python3 -m jobs.bench.stack_widths $cell --device cuda --widths 1,4 $part 2>&1 | tee -a "$log"
     done
     exit 0
 fi
@@ -108,19 +108,19 @@ if [ "${1:-table}" = conv ]; then
         bench 120 $cell --rounds 2 --engines batched --stacked-conv $conv --profile 12
     done
     say "stacked_cnn --steps 300"
-    timeout 100 python3 -m scripts.stacked_cnn --device cuda --models 40,160 --steps 300 2>&1 | tee -a "$log"
+    timeout 100 python3 -m jobs.bench.stacked_cnn --device cuda --models 40,160 --steps 300 2>&1 | tee -a "$log"
     exit 0
 fi
 if [ "${1:-table}" = pack ]; then
     say "bench_pack $cell --runs 4 --rounds 4"
-    timeout 100 python3 -m jobs.bench_pack $cell --device cuda --runs 4 --rounds 4 2>&1 | tee -a "$log"
+    timeout 100 python3 -m jobs.bench.pack $cell --device cuda --runs 4 --rounds 4 2>&1 | tee -a "$log"
     row=/tmp/table1-row-packed
     say "fedray sweep jobs/configs/bench_table1_row.yaml --set pack_runs=auto (packs of 4, a quarter of the GPU each)"
     start=$(date +%s)
     timeout 150 python3 -m jobs.cli sweep jobs/configs/bench_table1_row.yaml --output $row \
         --set num_gpus_per_actor=0.25 --set num_cpus_per_actor=2 --set pack_runs=auto 2>&1 | tail -24 | tee -a "$log"
     say "sweep wall $(($(date +%s) - start)) s"
-    python3 scripts/row_times.py $row 4 2>&1 | tee -a "$log"
+    python3 -m jobs.bench.row_times $row 4 2>&1 | tee -a "$log"
     exit 0
 fi
 if [ "${1:-table}" = engines ]; then
@@ -149,4 +149,4 @@ start=$(date +%s)
 timeout 130 python3 -m jobs.cli sweep jobs/configs/bench_table1_row.yaml --output $row \
     --set num_gpus_per_actor=0.25 --set num_cpus_per_actor=2 --max-concurrent-runs 4 2>&1 | tail -20 | tee -a "$log"
 say "sweep wall $(($(date +%s) - start)) s"
-python3 scripts/row_times.py $row 4 2>&1 | tee -a "$log"
+python3 -m jobs.bench.row_times $row 4 2>&1 | tee -a "$log"

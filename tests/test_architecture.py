@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ast
 
-from jobs.import_graph import cycles, graph, modules
+from jobs.dev.import_graph import cycles, graph, modules
 from tests.conftest import ROOT
 
 # the library: no Ray, nothing above it (but its front door)

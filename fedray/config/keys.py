@@ -204,9 +204,9 @@ class Config:
     # evaluation visits every client. 0 = every client.
     # clients the evaluation walks, drawn once; 0 = all
     eval_clients: int = field(default=0, metadata=bound(ge=0))
-    # Images (and convolution weights) in channels-last memory format: 1.35-1.56x faster CNN steps on
-    # a CPU thread (jobs/bench.py --memory-format). It changes the float sums, so runs differ in the
-    # last bits from false, which is how runs were computed before this key existed.
+    # Images (and convolution weights) in channels-last memory format: faster CNN steps on a CPU
+    # (docs/benchmark.md#figures-behind-defaults); runs differ in the last bits from false, how runs
+    # were computed before this key existed.
     channels_last: bool = True  # channels-last memory format for images and convolution weights
 
     # --- placement (docs/cluster.md#placement-fractional-gpus) -----------------------------------------------------------------------
@@ -225,10 +225,9 @@ class Config:
     # an unstable algorithm amplifies that). No effect on the CPU, which is deterministic anyway.
     cuda_deterministic: bool = True  # deterministic CUDA kernels on a GPU (see above)
     # On an Ampere or later GPU, cuDNN's convolutions in TF32 (10-bit mantissas), torch's default and
-    # how the papers' code ran. false: float32 throughout. TF32 is what sets batched and per-client
-    # GPU training apart (their parameters 0.25 apart after 2 epochs of the #C=2 CNN, 1.3e-4 with
-    # false; an unstable cell still amplifies 1e-4 into points over rounds), at 6-12% more time a
-    # step (docs/benchmark.md). No effect on the CPU.
+    # how the papers' code ran. false: float32 throughout, which brings batched and per-client GPU
+    # training closer at some cost a step (docs/benchmark.md#figures-behind-defaults). No effect on
+    # the CPU.
     cuda_tf32: bool = True  # TF32 convolutions on an Ampere+ GPU (torch's default); false: float32
     # Batched client training (fedray/engine/batched.py): the clients a worker runs in one call train as
     # one stacked model, each on its own batches, through torch.func.vmap: on a GPU many small

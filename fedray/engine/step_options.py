@@ -2,7 +2,7 @@
 
 They are not config keys: each moves the numbers by float round-off (docs/benchmark.md has the
 figures). The benchmarks and the GPU check switch them for a process with `use` (``python -m
-jobs.bench_batched --stacked-conv im2col --stacked-compile --stacked-eval off``,
+jobs.bench.batched --stacked-conv im2col --stacked-compile --stacked-eval off``,
 scripts/gpu_check.sh); tests/engine/test_batched.py checks that each gives the per-client numbers. The
 first two are off by default (neither has yet paid where it could); the third is on where it can pay:
 
@@ -10,11 +10,9 @@ first two are off by default (neither has yet paid where it could); the third is
   contracted with its weights in one batched matrix product, a few kernels a layer whatever the
   stack's width, in place of vmap's grouped convolution (which cuDNN runs a kernel a model).
 - ``compile=True``: the step (forward, backward and every model's SGD update) compiled by
-  `torch.compile` as one graph, its elementwise operations fused (about 90 operations a step eager,
-  each a kernel on a GPU, where a step's time is mostly those kernels' fixed cost). The first step of
-  each stack shape in a process compiles (about 40 s on a 2-core CPU, 6 s from inductor's cache).
-  On a CPU it does not pay (an epoch of 8 simple CNNs: 1.1 s compiled in a fixed stack, 0.9 s per
-  client).
+  `torch.compile` as one graph, its elementwise operations fused (on a GPU a step's time is mostly
+  its kernels' fixed cost). The first step of each stack shape in a process compiles; on a CPU it
+  does not pay (docs/benchmark.md#figures-behind-defaults).
 - ``stacked_eval``: a client's evaluations of several models on one split (FedEM's and FedRC's
   E-step and ensemble, K models on its training split) as one forward of the K models stacked, each
   batch read once, in place of a pass a model. ``auto`` (the default): on a CUDA device, where a

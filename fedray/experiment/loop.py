@@ -38,7 +38,7 @@ class Started:
     num_clients: int
     placement: dict[str, Any]
     resumed_from: int = 0  # rounds already done: the checkpoint the run goes on from (0: from the start)
-    # Where the start went (jobs/bench.py): "begun" (wall clock when execute began), and seconds for
+    # Where the start went (jobs/bench/headline.py): "begun" (wall clock when execute began), and seconds for
     # "data" (load + partition) and "federation" (workers ready, data and clients handed out).
     timings: dict[str, float] = field(default_factory=dict)
 

@@ -32,10 +32,8 @@ def gpu_share(gpus_per_actor: float) -> float:
     return 1.0 / math.floor(1.0 / gpus_per_actor + _EPS)
 
 
-# `num_gpus_per_actor: auto` shares a GPU between at most this many client actors. On one H200
-# (docs/benchmark.md), 4 runs sharing the GPU train 1.8x the sample-steps a second of one run alone;
-# before the stacked engine, 8 runs gave no more than 4. Each actor also holds a CUDA context (about
-# half a GB of the GPU's memory).
+# `num_gpus_per_actor: auto` shares a GPU between at most this many client actors: more gave no
+# more throughput on an H200, and each holds a CUDA context (docs/benchmark.md#figures-behind-defaults).
 AUTO_ACTORS_PER_GPU = 4
 
 

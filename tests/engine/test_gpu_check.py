@@ -19,7 +19,7 @@ DIGITS = str(ROOT / "jobs" / "configs" / "digits.yaml")
 def test_bench_batched_times_both_engines(capsys, monkeypatch, extra):
     from fedray.engine import step_options
     from fedray.federation import host
-    from jobs.bench_batched import main
+    from jobs.bench.batched import main
 
     # what the bench sets for its process, put back for the tests after this one
     monkeypatch.setattr(host, "fold_bytes", host.fold_bytes)
@@ -33,7 +33,7 @@ def test_bench_batched_times_both_engines(capsys, monkeypatch, extra):
 
 
 def test_stacked_cnn_times_every_way(capsys):
-    from scripts.stacked_cnn import main
+    from jobs.bench.stacked_cnn import main
 
     assert main(["--device", "cpu", "--models", "2", "--steps", "2"]) == 0
     out = capsys.readouterr().out
@@ -42,7 +42,7 @@ def test_stacked_cnn_times_every_way(capsys):
 
 
 def test_stack_widths_times_each_width_and_convolution(capsys):
-    from scripts.stack_widths import main
+    from jobs.bench.stack_widths import main
 
     assert main([DIGITS, "--widths", "1,2", "--conv", "grouped,im2col"]) == 0
     out = capsys.readouterr().out
@@ -50,8 +50,8 @@ def test_stack_widths_times_each_width_and_convolution(capsys):
 
 
 def test_row_times_estimates_a_finished_runs_full_budget(tmp_path, capsys):
+    from jobs.bench.row_times import main
     from jobs.cli import main as cli
-    from scripts.row_times import main
 
     assert cli(["run", "--local", "--quiet", "--set", "rounds=2", "--output", str(tmp_path)]) == 0
     capsys.readouterr()
@@ -61,7 +61,7 @@ def test_row_times_estimates_a_finished_runs_full_budget(tmp_path, capsys):
 
 
 def test_bench_pack_times_runs_alone_and_packed(capsys):
-    from jobs.bench_pack import main
+    from jobs.bench.pack import main
 
     assert (
         main([DIGITS, "--runs", "2", "--rounds", "2", "--set", "num_clients=4", "--set", "local_epochs=1"])

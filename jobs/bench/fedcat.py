@@ -11,7 +11,7 @@ coordinator itself received (the objects its ray.get returned), against K model 
 coordinator receives K models every round; FedCat's receives the K copies once per cycle, when it
 aggregates: in between they go from one client actor to the next.
 
-    python -m jobs.bench_fedcat [--cycles 1] [--epochs 1] [--actors 2] [--json out.json]
+    python -m jobs.bench.fedcat [--cycles 1] [--epochs 1] [--actors 2] [--json out.json]
 """
 
 from __future__ import annotations

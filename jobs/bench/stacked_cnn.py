@@ -1,6 +1,6 @@
 """How fast one SGD step of many simple CNNs can go, four ways, on the GPU table's cell.
 
-    python -m scripts.stacked_cnn [--device cuda] [--models 40,160,640] [--steps 200]
+    python -m jobs.bench.stacked_cnn [--device cuda] [--models 40,160,640] [--steps 200]
 
 The stacked engine steps M models at once under ``torch.func.vmap``, which turns each model's
 convolution into one grouped convolution of M groups; on the H200 a step of 40 simple CNNs takes
@@ -188,7 +188,9 @@ def agreement(device: torch.device) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m scripts.stacked_cnn", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m jobs.bench.stacked_cnn", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--models", default="40,160,640", help="models a stack (comma-separated)")
     ap.add_argument("--steps", type=int, default=200, help="timed steps (default 200)")

@@ -2,7 +2,7 @@
 run per client in one process: every round's accuracy within 1e-3 and loss within 1e-4 (relative),
 as the test suite checks in one process (its Ray test runs SCAFFOLD only, to keep CI short).
 
-    python -m scripts.batched_on_ray [NAME ...]      # from the repository root; a few minutes on 2 cores
+    python -m jobs.bench.batched_on_ray [NAME ...]      # from the repository root; a few minutes on 2 cores
 
 Prints one line per algorithm: agreed, with the largest differences and the stacked calls, or the
 error. Exits 1 when one disagrees.

@@ -1,7 +1,7 @@
 """The CUDA path against the CPU: one run on client actors holding a fraction of a GPU, the same run on
 CPU actors, and what a user needs to trust the GPU numbers.
 
-    python -m jobs.bench_cuda jobs/configs/fidelity_fedconcat.yaml --only algorithm=fedconcat \
+    python -m jobs.bench.cuda jobs/configs/fidelity_fedconcat.yaml --only algorithm=fedconcat \
         --only partition=labels --set seed=0 --gpus-per-actor 0.25 --cpus-per-actor 2 --actors 4
 
 Prints, for each side, the devices the client actors trained on (from the run's placement: the GPU
@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from jobs import one_run
+from jobs.bench import one_run
 
 METRICS = ("accuracy", "loss", "sgd_loss")
 
@@ -123,7 +123,7 @@ def compare_sides(args: argparse.Namespace, out: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m jobs.bench_cuda", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m jobs.bench.cuda", description=__doc__.split("\n\n")[0])
     one_run.add_args(ap)
     ap.add_argument("--gpus-per-actor", type=float, default=0.25)
     ap.add_argument("--cpus-per-actor", type=float, default=2.0)

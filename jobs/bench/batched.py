@@ -1,6 +1,6 @@
 """Whole rounds of one algorithm, its clients trained one at a time against stacked (fedray/engine/batched.py).
 
-    python -m jobs.bench_batched CONFIG [--only KEY=VALUE] [--set KEY=VALUE] [--device cuda]
+    python -m jobs.bench.batched CONFIG [--only KEY=VALUE] [--set KEY=VALUE] [--device cuda]
         [--rounds 3] [--engines per-client,batched] [--profile ROWS]
 
 Builds the run's clients in this process (no Ray, one host holding every client, as ``--local``)
@@ -34,7 +34,7 @@ import sys
 import time
 from typing import Any
 
-from jobs import one_run
+from jobs.bench import one_run
 
 ENGINES = {"per-client": "off", "batched": "on"}
 # float32 peaks (dense, no tensor cores), FLOP/s, by the device name's telling part
@@ -119,7 +119,7 @@ def use_stack_args(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m jobs.bench_batched", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m jobs.bench.batched", description=__doc__.split("\n\n")[0])
     one_run.add_args(ap)
     ap.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds per engine, the first untimed (default 3)")

@@ -1,7 +1,7 @@
 """What the benchmark scripts pick to run: the config of one run from a run or sweep file, for those
-that take one (``CONFIG [--set KEY=VALUE] [--only KEY=VALUE]``: jobs/bench_checkpoint.py,
-jobs/bench_cuda.py), and the named variants or cases of ``--only A,B`` (jobs/bench.py,
-jobs/bench_scale.py)."""
+that take one (``CONFIG [--set KEY=VALUE] [--only KEY=VALUE]``: jobs/bench/checkpoint.py,
+jobs/bench/cuda.py), and the named variants or cases of ``--only A,B`` (jobs/bench/headline.py,
+jobs/bench/scale.py)."""
 
 from __future__ import annotations
 

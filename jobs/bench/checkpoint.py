@@ -1,8 +1,8 @@
 """Checkpoint cost: time and size per checkpoint, the time to verify and read one back, and the
 overhead on the round time at a given ``checkpoint_every``.
 
-    python -m jobs.bench_checkpoint jobs/configs/fmnist_fedavg.yaml --set num_clients=40 --rounds 4 --every 2
-    python -m jobs.bench_checkpoint jobs/configs/fedrc_fmnist_small.yaml --only algorithm=fedrc --rounds 4 --every 2
+    python -m jobs.bench.checkpoint jobs/configs/fmnist_fedavg.yaml --set num_clients=40 --rounds 4 --every 2
+    python -m jobs.bench.checkpoint jobs/configs/fedrc_fmnist_small.yaml --only algorithm=fedrc --rounds 4 --every 2
 
 Runs the config (on Ray unless ``--local``) for ``--rounds`` rounds with a checkpoint every
 ``--every`` rounds, into a scratch folder (removed at the end unless ``--keep``), and prints figures.
@@ -18,11 +18,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from jobs import one_run
+from jobs.bench import one_run
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m jobs.bench_checkpoint", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m jobs.bench.checkpoint", description=__doc__.split("\n\n")[0])
     one_run.add_args(ap)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--every", type=int, default=2)

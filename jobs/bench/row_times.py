@@ -1,6 +1,6 @@
 """Where a short sweep's time went, and what the full budget would take (scripts/gpu_check.sh).
 
-    python scripts/row_times.py RESULTS_FOLDER [RUNS_AT_ONCE]
+    python -m jobs.bench.row_times RESULTS_FOLDER [RUNS_AT_ONCE]
 
 For each finished run: its training round's seconds (the first round apart: CUDA graphs and data
 come in it), its evaluation's seconds, batched_calls, its wall time, and the estimate of the same

@@ -1,7 +1,7 @@
 """Packed runs against the same runs one after another: what packing (pack_runs, fedray/sweeps/pack.py)
 gives a sweep on one worker.
 
-    python -m jobs.bench_pack CONFIG [--only KEY=VALUE] [--set KEY=VALUE] [--device cuda]
+    python -m jobs.bench.pack CONFIG [--only KEY=VALUE] [--set KEY=VALUE] [--device cuda]
         [--runs 4] [--rounds 4] [--vary seed|hp.mu=0.001,0.01,...] [--threads 1]
         [--stacked-conv im2col] [--stacked-compile]
 
@@ -14,7 +14,7 @@ caches, CUDA graphs) not timed. Prints for each: run-rounds a second over all ru
 round of one run (alone) or of the pack, and for the pack the share of client calls stacked with
 another run's, and the speed-up; then the largest difference between a packed run's final accuracy
 and the same run's alone (float round-off: the stacks sum in another order). ``--stacked-conv`` and
-``--stacked-compile`` as in `jobs.bench_batched`, for both sides (a compiled step's first round
+``--stacked-compile`` as in `jobs.bench.batched`, for both sides (a compiled step's first round
 compiles, for each stack shape). Needs no GPU.
 """
 
@@ -27,7 +27,8 @@ import tempfile
 import time
 from typing import Any
 
-from jobs import bench_batched, one_run
+from jobs.bench import batched as bench_batched
+from jobs.bench import one_run
 
 
 def varied(cfg: Any, vary: str, runs: int) -> list[Any]:
@@ -49,7 +50,7 @@ def varied(cfg: Any, vary: str, runs: int) -> list[Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m jobs.bench_pack", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m jobs.bench.pack", description=__doc__.split("\n\n")[0])
     one_run.add_args(ap)
     ap.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     ap.add_argument("--runs", type=int, default=4, help="runs in the pack (default 4)")

@@ -2,7 +2,7 @@
 ray.cluster_utils cluster, twice, each output line stamped with the seconds since that attempt
 started.
 
-    python -m scripts.attach_fresh_cluster [NUM_CPUS_PER_ACTOR] [--head-cpus N] [--no-wait]
+    python -m jobs.bench.attach_fresh_cluster [NUM_CPUS_PER_ACTOR] [--head-cpus N] [--no-wait]
         [--sweep] [--busy N] [--niceness 15]
 
 NUM_CPUS_PER_ACTOR defaults to 1 (the issue saw 2); --head-cpus: the head node's CPUs (default 2;
@@ -31,11 +31,11 @@ from pathlib import Path
 
 from ray.cluster_utils import Cluster
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(prog="python -m scripts.attach_fresh_cluster")
+    ap = argparse.ArgumentParser(prog="python -m jobs.bench.attach_fresh_cluster")
     ap.add_argument("cpus", nargs="?", type=int, default=1)
     ap.add_argument("--head-cpus", type=int, default=2)
     ap.add_argument("--no-wait", action="store_true")

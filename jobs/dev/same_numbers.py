@@ -2,7 +2,7 @@
 git revision (a detached worktree of it) and in this working tree, then every metric compared bit
 for bit.
 
-    .venv/bin/python scripts/same_numbers.py REV [--out DIR] [--set KEY=VALUE ...]
+    .venv/bin/python jobs/dev/same_numbers.py REV [--out DIR] [--set KEY=VALUE ...]
 
 The runs: the embedded digits data, 10 clients, Dir(0.5), 4 rounds of 1 local epoch, in-process
 (`fedray sweep --local`), each algorithm at small hyperparameters (two clusters, FedConcat 2 + 2
@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 SWEEP = """\
 experiment: same-numbers

@@ -21,7 +21,7 @@ their sum with Ray's own processes, and the disk used by spilled client state (p
 results. Targets on a 2-core, 24 GiB machine: FedAvg over 10^6 clients under 4 GB; SCAFFOLD over
 10^5 at 1% with 256 MB of state in memory under 3 GB; the overhead under 2 ms a participant.
 
-    python -m jobs.bench_scale [--only fedavg-1e6,scaffold-1e5-256mb] [--rounds 10] [--json out.json]
+    python -m jobs.bench.scale [--only fedavg-1e6,scaffold-1e5-256mb] [--rounds 10] [--json out.json]
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import pandas as pd
 from fedray.config.keys import dump_yaml
 from fedray.experiment.validation import load_config
 from fedray.federation.client_states import PREFIX
-from jobs import one_run
+from jobs.bench import one_run
 
 FEDAVG, SCAFFOLD = "jobs/configs/scale_fedavg_1m.yaml", "jobs/configs/scale_scaffold_100k.yaml"
 # case -> (config, keys set on it): the two target runs are these configs as they stand
@@ -170,7 +170,7 @@ def _gb(n: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m jobs.bench_scale", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m jobs.bench.scale", description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--actors", type=int, default=1, help="client actors per run (1: the overhead is exact)")

@@ -14,7 +14,7 @@ of each user's samples where disk or time is short), then, in this process:
   client keeps its control variate; those beyond 64 MB go to disk), printing seconds a round
   (median of the rounds after the first) and the process's peak resident memory.
 
-    python -m jobs.bench_leaf [--only femnist,shakespeare] [--fraction 1.0] [--rounds 5] [--spill] [--dir DIR]
+    python -m jobs.bench.leaf [--only femnist,shakespeare] [--fraction 1.0] [--rounds 5] [--spill] [--dir DIR]
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def bench(kind: str, root: Path, fraction: float, rounds: int, spill: bool) -> N
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m jobs.bench_leaf", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m jobs.bench.leaf", description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default="femnist,shakespeare")
     ap.add_argument("--fraction", type=float, default=1.0, help="of each user's samples (default 1: LEAF's)")
     ap.add_argument("--rounds", type=int, default=5)

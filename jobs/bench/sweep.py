@@ -9,7 +9,7 @@ Variants, each a fresh process with a fresh local Ray and a fresh output folder:
 Prints wall time per variant (best of ``--repeat``, variants in alternating order) and checks
 that every variant wrote the same metrics (the actor count never changes a number).
 
-    python -m jobs.bench_sweep [jobs/configs/digits_sweep.yaml] [--repeat 2] [--set rounds=10]
+    python -m jobs.bench.sweep [jobs/configs/digits_sweep.yaml] [--repeat 2] [--set rounds=10]
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def _metrics(out: Path) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m jobs.bench_sweep", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m jobs.bench.sweep", description=__doc__.split("\n\n")[0])
     ap.add_argument("config", nargs="?", default="jobs/configs/digits_sweep.yaml")
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--repeat", type=int, default=1, help="rounds of all variants, in alternating order")

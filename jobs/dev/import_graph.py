@@ -1,6 +1,6 @@
 """Figures of the project's import graph, to hold a layout change against the one before it.
 
-    python -m jobs.import_graph [--root DIR] [--key lr --key batched_clients ...]
+    python -m jobs.dev.import_graph [--root DIR] [--key lr --key batched_clients ...]
 
 Reads fedray/, actors/, jobs/ and analysis/ (not tests) as text, every import counted, those
 inside functions too (``from pkg import sub`` as an import of the submodule), and prints:
@@ -144,10 +144,8 @@ def config_reach(mods: dict[str, Path], keys: list[str]) -> tuple[list[str], dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m jobs.import_graph", description=__doc__.split("\n\n")[0])
-    ap.add_argument(
-        "--root", default=str(Path(__file__).resolve().parent.parent), help="the checkout to read"
-    )
+    ap = argparse.ArgumentParser(prog="python -m jobs.dev.import_graph", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--root", default=str(Path(__file__).resolve().parents[2]), help="the checkout to read")
     ap.add_argument("--key", action="append", default=[], help="a config key to follow (repeatable)")
     args = ap.parse_args(argv)
     root = Path(args.root)

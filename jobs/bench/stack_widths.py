@@ -1,6 +1,6 @@
 """How a stacked call's time grows with its width: the measurement behind packing runs.
 
-    python -m scripts.stack_widths CONFIG [--set KEY=VALUE] [--device cuda] [--widths 1,4,16]
+    python -m jobs.bench.stack_widths CONFIG [--set KEY=VALUE] [--device cuda] [--widths 1,4,16]
         [--conv grouped,im2col]
 
 Builds the config's clients in this process and trains every client's FedAvg update from one
@@ -26,11 +26,13 @@ import argparse
 import sys
 import time
 
-from jobs import one_run
+from jobs.bench import one_run
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m scripts.stack_widths", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m jobs.bench.stack_widths", description=__doc__.split("\n\n")[0]
+    )
     one_run.add_args(ap)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--widths", default="1,4,16")
