@@ -131,14 +131,21 @@ def gradients(
 
 
 def sgd_step(
-    stack: Stack, grads: Callable, names: Sequence[str], lr: float, mom: float, wd: float
+    stack: Stack,
+    grads: Callable,
+    names: Sequence[str],
+    lr: float,
+    mom: float,
+    wd: float,
+    options: step_options.StepOptions | None = None,
 ) -> Callable:
     """One SGD step of every stacked update, in place: `torch.optim.SGD`'s rule (foreach form) on
     every update's slice at once, each row at its own learning rate where rows differ, then the
-    corrections; and each row's sums. Compiled where `fedray.engine.step_options` asks."""
+    corrections; and each row's sums. Compiled, and its convolutions computed, as ``options`` ask
+    (the engine's `fedray.engine.step_options`; None: this process's)."""
 
     def step(x, y, mask, count, w) -> None:
-        with step_options.conv_mode():
+        with step_options.conv_mode(options):
             g, (pred, ce) = grads(stack.p, stack.held, x, y, mask, count, w, stack.rows_ctx)
         with torch.no_grad():
             ps, gs = [stack.p[n] for n in names], [g[n] for n in names]
@@ -158,7 +165,7 @@ def sgd_step(
             stack.acc["loss"].add_(ce.double() * count.double())
             stack.acc["correct"].add_(((pred == y) & (mask > 0)).sum(1))
 
-    return step_options.compiled(step)
+    return step_options.compiled(step, options)
 
 
 def run_in_lanes(
@@ -238,7 +245,10 @@ def run_shrinking(
 
 
 def train_stacked(
-    clients: Sequence[Client], updates: Sequence[LocalUpdate], fixed: bool | None = None
+    clients: Sequence[Client],
+    updates: Sequence[LocalUpdate],
+    fixed: bool | None = None,
+    options: step_options.StepOptions | None = None,
 ) -> list[Trained]:
     """``updates[i]`` trained on ``clients[i]``, every update at once; the updates share a
     `signature` (a client may appear more than once: the K models of one client).
@@ -249,7 +259,8 @@ def train_stacked(
     graph: one launch a step instead of hundreds. A step's time grows with the stack's width
     (docs/benchmark.md), so the lanes keep it as narrow as the real work allows on skewed
     partitions. Otherwise a leaving update's rows leave the stack (`run_shrinking`). The numbers
-    are the same.
+    are the same. ``options``: the step's (its engine's, `fedray.engine.step_options`; None: this
+    process's).
     """
     if not clients:
         return []
@@ -292,7 +303,7 @@ def train_stacked(
         "loss": torch.zeros(len(updates), dtype=torch.float64, device=device),
         "correct": torch.zeros(len(updates), dtype=torch.int64, device=device),
     }
-    step = sgd_step(stack, grads, names, task.lr, task.momentum, task.weight_decay)
+    step = sgd_step(stack, grads, names, task.lr, task.momentum, task.weight_decay, options)
     stacked_rows = [bs * k for k in steps]  # the sample rows each update's share of the stack steps
     if fixed:
         done = run_in_lanes(stack, lanes, steps, feed, step, stacked_rows, bs)

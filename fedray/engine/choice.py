@@ -15,10 +15,12 @@ engine keys its stacks by them (`stack_key`) and packs of runs by them (`fedray.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
+
+from fedray.engine import step_options
 
 MODES = ("off", "on", "auto")
 
@@ -61,6 +63,10 @@ class Engine:
     required: bool
     why: str  # the reason, said where the choice is reported or refused
     model_refusal: str | None = None  # why the model cannot train stacked, where that decided it
+    # how the stacked step runs (its convolutions, compiled or not, evaluations stacked): the
+    # process's options when the engine was decided (`fedray.engine.step_options.use`), carried
+    # from there with the decision
+    options: step_options.StepOptions = field(default_factory=step_options.current)
 
     @property
     def name(self) -> str:

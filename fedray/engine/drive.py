@@ -162,6 +162,7 @@ def run_stacked(
     cstates: Sequence[Any],
     msgs: Sequence[Any],
     required: bool = True,
+    options: step_options.StepOptions | None = None,
 ) -> tuple[list[tuple[Any, Any]], list[bool]]:
     """``fn`` on every client at once: each is advanced to its next yield, then everything yielded
     trains, updates of one `fedray.engine.batched.signature` and one `fedray.engine.choice.stack_key` in one
@@ -170,7 +171,9 @@ def run_stacked(
     ``fn`` may be one function a client (the calls of several runs packed together,
     `fedray.sweeps.pack`). ``required`` (batched_clients on, `fedray.engine.choice.Engine`): a client
     function that trains by itself is an error; else it is said once and its clients train one at a
-    time. Returns the ``(reply, new_cstate)`` of each client and whether its training ran stacked."""
+    time. ``options``: how the stacked step runs (the engine's, `fedray.engine.step_options`; None:
+    this process's). Returns the ``(reply, new_cstate)`` of each client and whether its training ran
+    stacked."""
     n = len(clients)
     fns = list(fn) if isinstance(fn, Sequence) else [fn] * n
     results: list[Any] = [None] * n
@@ -223,7 +226,7 @@ def run_stacked(
                 got = evaluate_requests(
                     [clients[i] for i, _ in evals],
                     [asked[i][1][j] for i, j in evals],
-                    step_options.stacks_evaluations(clients[evals[0][0]].device),
+                    step_options.stacks_evaluations(clients[evals[0][0]].device, options),
                 )
             except ClientError:
                 raise  # one client's split, named
@@ -241,7 +244,7 @@ def run_stacked(
                     raise _failed(clients[i].cid, e) from e
                 continue
             try:
-                got = batched.train_stacked(cs, us)
+                got = batched.train_stacked(cs, us, options=options)
             except Exception as e:  # noqa: BLE001 - re-raised with the clients named
                 raise _failed_together(sorted({c.cid for c in cs}), "batched training", e) from e
             for m, t in zip(members, got, strict=True):

@@ -1,7 +1,9 @@
 """Ways to run the stacked engine that are being measured on GPUs.
 
 They are not config keys: each moves the numbers by float round-off (docs/benchmark.md has the
-figures). The benchmarks and the GPU check switch them for a process with `use` (``python -m
+figures). An engine decided (`fedray.engine.choice.Engine`) carries the options of its process at
+that moment to every stacked call it makes. The benchmarks and the GPU check switch them for a
+process with `use`, before its runs start (``python -m
 jobs.bench.batched --stacked-conv im2col --stacked-compile --stacked-eval off``,
 scripts/gpu_check.sh); tests/engine/test_batched.py checks that each gives the per-client numbers. The
 first two are off by default (neither has yet paid where it could); the third is on where it can pay:
@@ -64,14 +66,17 @@ def use(conv: str | None = None, compile: bool | None = None, stacked_eval: str 
 
 
 def current() -> StepOptions:
+    """This process's options: what an engine decided now carries (`fedray.engine.choice.Engine`)."""
     return _options
 
 
-def stacks_evaluations(device: torch.device) -> bool:
-    """Whether a host that trains batched on ``device`` evaluates a client's models stacked."""
-    if _options.stacked_eval == "auto":
+def stacks_evaluations(device: torch.device, options: StepOptions | None = None) -> bool:
+    """Whether a host that trains batched on ``device`` evaluates a client's models stacked, under
+    ``options`` (its engine's; None: this process's)."""
+    options = options or _options
+    if options.stacked_eval == "auto":
         return device.type == "cuda"
-    return _options.stacked_eval == "on"
+    return options.stacked_eval == "on"
 
 
 def conv2d_im2col(
@@ -122,12 +127,12 @@ class _Im2col(torch.overrides.TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def conv_mode() -> Any:
-    """The context a stacked step's convolutions run in."""
-    return _Im2col() if _options.conv == "im2col" else contextlib.nullcontext()
+def conv_mode(options: StepOptions | None = None) -> Any:
+    """The context a stacked step's convolutions run in under ``options`` (None: this process's)."""
+    return _Im2col() if (options or _options).conv == "im2col" else contextlib.nullcontext()
 
 
-def compiled(step: Callable[..., None]) -> Callable[..., None]:
-    """The step, compiled where the options ask (one graph, fullgraph: a break would split the
-    fusion and the CUDA graph's step)."""
-    return torch.compile(step, fullgraph=True) if _options.compile else step
+def compiled(step: Callable[..., None], options: StepOptions | None = None) -> Callable[..., None]:
+    """The step, compiled where ``options`` ask (None: this process's; one graph, fullgraph: a break
+    would split the fusion and the CUDA graph's step)."""
+    return torch.compile(step, fullgraph=True) if (options or _options).compile else step

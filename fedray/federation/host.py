@@ -231,11 +231,11 @@ class ClientHost:
         prepared = [self._prepared(cid) for cid, _ in pairs]
         t0 = time.perf_counter()
         args = (fn, [c for c, _ in prepared], [s for _, s in prepared], [m for _, m in pairs])
-        required = self.engine().required
+        engine = self.engine()  # whether it must stack, and how its step runs
         if self.packer is None:
-            results, stacked = drive.run_stacked(*args, required)
+            results, stacked = drive.run_stacked(*args, engine.required, engine.options)
         else:
-            results, stacked, packed = self.packer.run_stacked(*args, required)
+            results, stacked, packed = self.packer.run_stacked(*args, engine.required, engine.options)
             self.packed_calls += sum(stacked) if packed else 0
         seconds = (time.perf_counter() - t0) / max(1, len(pairs))  # the call's time, shared out
         out = []
@@ -369,7 +369,9 @@ class ClientHost:
         try:
             # the evaluations it yields, in one call (several models stacked, where this host
             # trains batched and its device gains from it)
-            stack = self.trains_batched() and step_options.stacks_evaluations(self.device)
+            stack = self.trains_batched() and step_options.stacks_evaluations(
+                self.device, self.engine().options
+            )
             return drive.run_one(fn, shard, None, msg, stack)[0]
         except ClientError as e:  # re-raised with the shard's samples named
             raise ClientError(

@@ -37,6 +37,7 @@ import torch
 from fedray.config.keys import Config
 from fedray.engine import choice, drive
 from fedray.engine.choice import STACK_SETTINGS
+from fedray.engine.step_options import StepOptions
 
 # What runs of one pack share: the data set (its files and options, and so the augmentation a
 # stack shares), the model, what every update of one stack shares (`STACK_SETTINGS`: runs that
@@ -105,6 +106,7 @@ class _Call:
     msgs: list
     required: bool  # batched_clients on (`fedray.engine.choice.Engine`)
     slot: int  # the run's place in its pack: calls run together in this order, whatever their arrival
+    options: StepOptions | None = None  # how the stacked step runs (the runs' engine's)
     result: Any = None
     error: BaseException | None = None
     done: bool = False
@@ -139,12 +141,20 @@ class Packer:
             yield
 
     def run_stacked(
-        self, fn: Callable, clients: Sequence, cstates: Sequence, msgs: Sequence, required: bool
+        self,
+        fn: Callable,
+        clients: Sequence,
+        cstates: Sequence,
+        msgs: Sequence,
+        required: bool,
+        options: StepOptions | None = None,
     ) -> tuple[list[tuple[Any, Any]], list[bool], bool]:
         """`fedray.engine.drive.run_stacked`, run together with the other runs' calls; called by a run's
         host in its turn, which it gives up while it waits. Its results, and whether they ran
         together with another run's."""
-        call = _Call(fn, list(clients), list(cstates), list(msgs), required, getattr(self._slot, "k", 0))
+        call = _Call(
+            fn, list(clients), list(cstates), list(msgs), required, getattr(self._slot, "k", 0), options
+        )
         with self._cv:
             if self._stopped:
                 raise PackStopped("the pack was stopped")
@@ -204,7 +214,9 @@ class Packer:
         msgs = [x for c in calls for x in c.msgs]
         failed = None
         try:
-            results, stacked = drive.run_stacked(fns, clients, cstates, msgs, calls[0].required)
+            results, stacked = drive.run_stacked(
+                fns, clients, cstates, msgs, calls[0].required, calls[0].options
+            )
         except Exception as e:  # noqa: BLE001 - handed to the run it belongs to
             if len(calls) == 1:
                 calls[0].error = e
@@ -218,7 +230,7 @@ class Packer:
                 torch.cuda.empty_cache()
             for c in calls:
                 try:
-                    c.result = drive.run_stacked(c.fn, c.clients, c.cstates, c.msgs, c.required)
+                    c.result = drive.run_stacked(c.fn, c.clients, c.cstates, c.msgs, c.required, c.options)
                 except Exception as alone:  # noqa: BLE001 - raised in the run's own thread
                     c.error = alone
             return

@@ -59,8 +59,8 @@ class Work:
             self.rows += got.stats.samples
             return got
 
-        def stacked(clients, updates, fixed=None):
-            got = train_stacked(clients, updates, fixed)
+        def stacked(clients, updates, fixed=None, options=None):
+            got = train_stacked(clients, updates, fixed, options)
             self.samples += sum(t.stats.samples for t in got)
             self.rows += sum(t.stats.stacked for t in got)
             return got

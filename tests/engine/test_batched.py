@@ -573,6 +573,23 @@ def test_the_step_options_are_checked_and_put_back():
     assert not step_options.stacks_evaluations(torch.device("cpu"))
 
 
+def test_an_engine_carries_the_step_options_it_was_decided_under():
+    # the options ride with the engine decision to every stacked call, not read from the process
+    # deep inside the step: a later change of the process's options leaves a decided engine as it was
+    from fedray.engine.choice import choose
+
+    before = step_options.use(conv="im2col", stacked_eval="on")
+    try:
+        engine = choose("on", "cpu", lambda: torch.nn.Linear(4, 2))
+    finally:
+        step_options.use(before.conv, before.compile, before.stacked_eval)
+    assert engine.options == step_options.StepOptions("im2col", False, "on") != step_options.current()
+    assert step_options.stacks_evaluations(torch.device("cpu"), engine.options)
+    assert not step_options.stacks_evaluations(torch.device("cpu"))
+    assert isinstance(step_options.conv_mode(engine.options), step_options._Im2col)
+    assert not isinstance(step_options.conv_mode(), step_options._Im2col)
+
+
 def test_a_clients_models_evaluate_stacked_as_each_alone():
     # FedRC's E-step and ensemble: K models on one client's split, as one stacked forward a batch;
     # beside them one model alone and another client's evaluation, answered in the order asked
@@ -652,9 +669,9 @@ def test_a_mixture_rounds_participants_train_in_one_stack_not_one_client_a_call(
     widths = []
     real = batched.train_stacked
 
-    def counted(clients, updates, fixed=None):
+    def counted(clients, updates, fixed=None, options=None):
         widths.append(len(updates))
-        return real(clients, updates, fixed)
+        return real(clients, updates, fixed, options)
 
     monkeypatch.setattr(batched, "train_stacked", counted)
     cfg = small_config(tmp_path, batched_clients="on", **{**BASE, **ALL[name]})
@@ -674,7 +691,11 @@ def test_a_folded_rounds_stacks_are_as_wide_as_the_workers_replies_at_a_time(tmp
     monkeypatch.setattr(host_module, "fold_bytes", lambda *_, **__: fit * one)
     widths = []
     real = batched.train_stacked
-    monkeypatch.setattr(batched, "train_stacked", lambda c, u, f=None: widths.append(len(u)) or real(c, u, f))
+    monkeypatch.setattr(
+        batched,
+        "train_stacked",
+        lambda c, u, f=None, options=None: widths.append(len(u)) or real(c, u, f, options),
+    )
     list(execute(cfg, make_local_federation))
     assert widths == {1: [3, 3, 3, 3], 3: [9, 3]}[fit] * cfg.rounds
 

@@ -146,7 +146,7 @@ def test_a_failure_inside_a_merged_call_reaches_only_the_run_whose_client_raised
     real = drive.run_stacked
     seen = []
 
-    def run_stacked(fns, clients, cstates, msgs, mode):
+    def run_stacked(fns, clients, cstates, msgs, mode, options=None):
         seen.append(list(clients))
         if "bad" in clients:
             raise ValueError(f"client bad of {clients}")
