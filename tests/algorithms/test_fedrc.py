@@ -96,9 +96,9 @@ def test_clients_that_kept_losses_train_in_one_stack_with_those_that_evaluate_ag
     stacks = []
     stacked = batched.train_stacked
 
-    def recording(clients, updates):
+    def recording(clients, updates, fixed=None, options=None):
         stacks.append(sorted(c.cid for c in clients))
-        return stacked(clients, updates)
+        return stacked(clients, updates, fixed, options)
 
     monkeypatch.setattr(batched, "train_stacked", recording)
     over = {**OVER, "batched_clients": "on", "eval_clients": 3}
