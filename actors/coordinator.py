@@ -78,9 +78,9 @@ class PackWorkerCode:
             os.chdir(cwd)
         from actors.client_actor import assigned_device
         from fedray.config.plugins import activate
+        from fedray.experiment.local import make_local_federation
         from fedray.experiment.validation import from_dict
         from fedray.federation.host import set_torch_threads
-        from fedray.federation.local import make_local_federation
         from fedray.sweeps.pack import Ended, execute_pack
 
         activate(

@@ -11,7 +11,7 @@ from actors.launch import ActorGroup, launch_actors
 from fedray.config.keys import Config
 from fedray.config.plugins import PluginError
 from fedray.data import FederatedData
-from fedray.engine.client import Task
+from fedray.experiment.local import task_for
 from fedray.federation import Baton, ClientError, ClientFn, FoldFn, WorkerLost
 from fedray.federation.catalog import ClientCatalog, check_groups
 from fedray.federation.host import ClientHost, clients_a_call, test_shards
@@ -70,7 +70,7 @@ class RayFederation(ClientCatalog):
     """The Federation protocol over an `ActorGroup` of client actors."""
 
     def __init__(self, cfg: Config, data: FederatedData, group: ActorGroup | None = None) -> None:
-        self.task = Task.from_config(cfg, data.dataset.spec)
+        self.task = task_for(cfg, data.dataset.spec)
         # Metadata (sizes, label counts) comes from a host that never trains; it reads the same arrays.
         super().__init__(
             ClientHost(self.task, data.dataset.train, data.clients),

@@ -57,9 +57,9 @@ def _trial(
     round, the mean of their metric reported at every round they all evaluated."""
     import torch
 
+    from fedray.experiment.local import make_local_federation
     from fedray.experiment.loop import Finished, RoundDone, execute
     from fedray.experiment.validation import from_dict
-    from fedray.federation.local import make_local_federation
 
     cell = from_dict(base)
     torch.set_num_threads(max(1, int(cell.num_cpus_per_actor)))

@@ -175,8 +175,8 @@ def events(
     RAY_ADDRESS, else a local Ray started for it, said to ``say``). ``started``: `resolve_gpus`
     connected already."""
     if local:
+        from fedray.experiment.local import make_local_federation
         from fedray.experiment.loop import execute
-        from fedray.federation.local import make_local_federation
 
         return execute(cfg, make_local_federation, restart)
     from actors.driver import run_on_ray

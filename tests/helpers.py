@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from analysis import load_metrics
+from fedray.experiment.local import make_local_federation
 from fedray.experiment.loop import execute
-from fedray.federation.local import make_local_federation
 from fedray.records import TIMING_METRICS, rec
 from fedray.storage.writer import ResultsWriter
 

@@ -88,18 +88,3 @@ def choose(mode: str, device: str, model: Callable[[], nn.Module]) -> Engine:
     if why is not None:
         return Engine(False, mode == "on", f"the model cannot train stacked: {why}", why)
     return Engine(True, mode == "on", f"batched_clients {mode}" + (" on a GPU" if mode == "auto" else ""))
-
-
-def for_config(cfg: Any, device: str | None = None) -> Engine:
-    """`choose` for a run's config, before any data is read (the model built from the data set's
-    shape). ``device``: where its clients train; by default a GPU where the run may have one (a
-    GPU share, or auto, which may resolve to one)."""
-    from fedray.data import dataset_info
-    from fedray.models import build_model
-
-    def model() -> nn.Module:
-        info = dataset_info(cfg)
-        return build_model(cfg.model, tuple(info.input_shape), info.num_classes, head_bias=cfg.head_bias)
-
-    where = device or ("cpu" if cfg.num_gpus_per_actor == 0 else "cuda")
-    return choose(cfg.batched_clients, where, model)

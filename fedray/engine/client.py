@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -97,24 +97,6 @@ class Task:
 
     # the run's id: whose the clients' state files are (`fedray.storage.blobs.owner`)
     run_id: str = field(default="", compare=False)
-
-    @classmethod
-    def from_config(cls, cfg, spec: DataSpec) -> Task:
-        """The run's Task: every field but ``spec`` and ``init_params`` is the config key of its name;
-        ``init_params`` is the model ``init_model`` names (checked to be of the task's architecture)."""
-        from fedray.storage.export import initial_params
-
-        keys = {
-            f.name: getattr(cfg, f.name)
-            for f in fields(cls)
-            if f.name not in ("spec", "init_params", "run_id")
-        }
-        init = (
-            initial_params(cfg.init_model, cfg.model, cfg.head_bias, spec.input_shape, spec.num_classes)
-            if cfg.init_model
-            else None
-        )
-        return cls(spec=spec, init_params=init, run_id=cfg.run_id(), **keys)
 
     def layout(self, x: torch.Tensor) -> torch.Tensor:
         """A batch in the task's memory format (channels-last for images, when asked)."""

@@ -44,7 +44,8 @@ from fedray.config.notes import say_once
 from fedray.config.plugins import PluginError, activate, describe, origin, resolve
 from fedray.data import DATASETS, EVALUATE_ON, PARTITIONS, dataset_info, partition_keys
 from fedray.data.shift import SHIFTS
-from fedray.engine.choice import MODES, for_config
+from fedray.engine.choice import MODES
+from fedray.experiment.local import engine_for
 from fedray.federation import participants
 from fedray.models import MODELS, SELF_NORMALIZING, WEIGHT_INITS, build_model
 from fedray.storage.export import initial_params
@@ -509,7 +510,7 @@ def _check_engine(cfg: Config) -> None:
     on`` a model that can train stacked; ``pack_runs: on`` stacked training."""
     if "on" not in (cfg.batched_clients, cfg.pack_runs):
         return
-    engine = for_config(cfg)
+    engine = engine_for(cfg)
     if cfg.batched_clients == "on":
         _check(
             engine.stacked,

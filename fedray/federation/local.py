@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
 from fedray.data import ArrayDataset, ClientIndices
 from fedray.engine.client import Task
 from fedray.federation import Baton, ClientFn, FoldFn
 from fedray.federation.catalog import ClientCatalog, check_groups
-from fedray.federation.client_states import default_budget_mb
 from fedray.federation.host import ClientHost, clients_a_call, set_torch_threads
 from fedray.params import payload_nbytes
 
@@ -111,38 +108,3 @@ class LocalFederation(ClientCatalog):
 
     def close(self) -> None:
         """Nothing to release in-process."""
-
-
-def make_local_federation(
-    cfg: Any,
-    data: Any,
-    device: str = "cpu",
-    num_threads: float | None = None,
-    packer: Any = None,
-    cpus: float | None = None,
-) -> tuple[LocalFederation, dict[str, Any]]:
-    """The `execute` factory for ``--local``: every client in this process, one at a time, on
-    ``device`` (the CPU), with ``num_threads`` torch threads (the config's CPUs per actor).
-    ``packer``: the pack the run trains in (`fedray.sweeps.pack`), which its stacked calls go through; the
-    worker's memory for client state (``client_state_memory_mb``, or the share of a worker of
-    ``cpus`` CPUs, None: alone on the machine) is then shared out between the pack's runs."""
-    task = Task.from_config(cfg, data.dataset.spec)
-    if packer is not None:
-        budget = cfg.client_state_memory_mb or default_budget_mb(cpus)
-        task = dataclasses.replace(task, client_state_memory_mb=budget / packer.size)
-    fed = LocalFederation(
-        task,
-        data.dataset.train,
-        data.dataset.test,
-        data.clients,
-        num_threads=cfg.num_cpus_per_actor if num_threads is None else num_threads,
-        groups=data.groups,
-        test_clients=data.test_clients,
-        eval_clients=data.eval_clients,
-        device=device,
-    )
-    placement = {"mode": "local", "actors": 0, "torch_threads": torch.get_num_threads()}
-    if packer is not None:
-        fed.host.join_pack(packer)
-        placement["packed"] = True
-    return fed, placement

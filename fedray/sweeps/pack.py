@@ -35,9 +35,10 @@ from typing import Any
 import torch
 
 from fedray.config.keys import Config
-from fedray.engine import choice, drive
+from fedray.engine import drive
 from fedray.engine.choice import STACK_SETTINGS
 from fedray.engine.step_options import StepOptions
+from fedray.experiment.local import engine_for
 
 # What runs of one pack share: the data set (its files and options, and so the augmentation a
 # stack shares), the model, what every update of one stack shares (`STACK_SETTINGS`: runs that
@@ -62,7 +63,7 @@ def packs(cfg: Config) -> bool:
     share = cfg.num_gpus_per_actor
     if cfg.pack_runs != "auto" or not (isinstance(share, float) and 0 < share < 1):
         return False
-    return choice.for_config(cfg, "cuda").stacked
+    return engine_for(cfg, "cuda").stacked
 
 
 def pack_key(cfg: Config) -> tuple:

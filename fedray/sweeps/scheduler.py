@@ -100,8 +100,8 @@ class LocalLauncher:
         """Nothing is held between runs here."""
 
     def launch(self, run: SweepRun, actors: int) -> Iterator[Event]:
+        from fedray.experiment.local import make_local_federation
         from fedray.experiment.loop import execute
-        from fedray.federation.local import make_local_federation
 
         return execute(run.config, make_local_federation, run.restart)
 
@@ -109,9 +109,9 @@ class LocalLauncher:
         """Why runs of ``cfg`` gain nothing packed here: in this process they train on the CPU, where
         ``batched_clients: auto`` trains one client at a time (they would only take turns); None
         where they train batched."""
-        from fedray.engine.choice import for_config
+        from fedray.experiment.local import engine_for
 
-        engine = for_config(cfg, "cpu")
+        engine = engine_for(cfg, "cpu")
         if engine.stacked:
             return None
         if cfg.batched_clients == "auto":
@@ -122,7 +122,7 @@ class LocalLauncher:
         return f"in this process the runs would train one client at a time: {engine.why}"
 
     def launch_pack(self, runs: Sequence[SweepRun]) -> Iterator[tuple[int, Any]]:
-        from fedray.federation.local import make_local_federation
+        from fedray.experiment.local import make_local_federation
         from fedray.sweeps.pack import execute_pack
 
         return execute_pack([r.config for r in runs], make_local_federation, [r.restart for r in runs])

@@ -34,6 +34,7 @@ import sys
 import time
 from typing import Any
 
+from fedray.experiment.local import task_for
 from jobs.bench import one_run
 
 ENGINES = {"per-client": "off", "batched": "on"}
@@ -156,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from fedray.algorithms import ALGORITHMS
     from fedray.data import build_federated_data
-    from fedray.engine.client import Task
-    from fedray.federation.local import LocalFederation, make_local_federation
+    from fedray.experiment.local import make_local_federation
+    from fedray.federation.local import LocalFederation
 
     cfg = one_run.picked(args, args.sets)
     if cfg is None:
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             dataclasses.replace(cfg, batched_clients=mode), data, args.device, args.threads
         )[0]
 
-    flops = step_flops(Task.from_config(cfg, data.dataset.spec))
+    flops = step_flops(task_for(cfg, data.dataset.spec))
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     peak = next((v for k, v in PEAKS.items() if k in name), None)
     print(

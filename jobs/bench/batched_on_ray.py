@@ -17,8 +17,8 @@ from pathlib import Path
 import ray
 
 from actors.federation import make_ray_federation
+from fedray.experiment.local import make_local_federation
 from fedray.experiment.loop import execute
-from fedray.federation.local import make_local_federation
 from tests.conftest import small_config
 from tests.engine.test_batched import ALL, BASE, _compare
 from tests.helpers import round_metrics

@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     default_every = args.default_every or from_dict({}).checkpoint_every
     if args.local:
+        from fedray.experiment.local import make_local_federation
         from fedray.experiment.loop import execute
-        from fedray.federation.local import make_local_federation
 
         events = execute(cfg, make_local_federation, restart=True)
     else:

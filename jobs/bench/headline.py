@@ -129,8 +129,8 @@ def bench_ray(cfg: Config) -> dict[str, Any]:
 
 def bench_local(cfg: Config) -> dict[str, Any]:
     t0 = time.perf_counter()
+    from fedray.experiment.local import make_local_federation
     from fedray.experiment.loop import execute
-    from fedray.federation.local import make_local_federation
 
     return _fedray(cfg, execute(cfg, make_local_federation), t0)
 

@@ -68,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from fedray.experiment.local import make_local_federation
     from fedray.experiment.loop import Finished, RoundDone, execute
-    from fedray.federation.local import make_local_federation
     from fedray.sweeps.pack import Ended, execute_pack
 
     cuda = args.device.startswith("cuda")

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     from fedray.engine import batched, step_options
     from fedray.engine.client import num_steps
     from fedray.engine.update import LocalUpdate
-    from fedray.federation.local import make_local_federation
+    from fedray.experiment.local import make_local_federation
 
     data = build_federated_data(cfg)
     fed = make_local_federation(dataclasses.replace(cfg, batched_clients="on"), data, args.device, 1)[0]

@@ -15,7 +15,7 @@ from fedray.algorithms.baselines import fedlc, fednova, fedrs, moon, scaffold
 from fedray.data import build_federated_data
 from fedray.engine.drive import run_one
 from fedray.engine.update import Batch
-from fedray.federation.local import make_local_federation
+from fedray.experiment.local import make_local_federation
 from fedray.models import EncoderHead
 from fedray.params import get_params, set_params
 from tests.conftest import small_config

@@ -18,7 +18,7 @@ from fedray.algorithms.sampling.strata import (
 )
 from fedray.config.keys import ConfigError
 from fedray.data import build_federated_data
-from fedray.federation.local import make_local_federation
+from fedray.experiment.local import make_local_federation
 from tests.conftest import small_config
 from tests.helpers import run_metrics
 

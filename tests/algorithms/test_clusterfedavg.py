@@ -11,9 +11,9 @@ from fedray.algorithms.baselines import fedavg
 from fedray.algorithms.clustered import clusterfedavg
 from fedray.config.keys import ConfigError
 from fedray.data import build_federated_data
-from fedray.engine.client import Task
+from fedray.experiment.local import make_local_federation, task_for
 from fedray.experiment.loop import execute
-from fedray.federation.local import LocalFederation, make_local_federation
+from fedray.federation.local import LocalFederation
 from tests.conftest import small_config
 from tests.helpers import TIMING
 
@@ -65,7 +65,7 @@ def test_each_cluster_is_a_fedavg_of_its_own_clients(tmp_path):
     assert state.assignment == {c: int(g) for c, g in enumerate(data.groups)}
     for k in range(2):
         members = [c for c, g in state.assignment.items() if g == k]
-        task = Task.from_config(cfg, data.dataset.spec)
+        task = task_for(cfg, data.dataset.spec)
         alone = LocalFederation(
             task, data.dataset.train, data.dataset.test, {c: data.clients[c] for c in members}
         )

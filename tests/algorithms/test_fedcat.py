@@ -12,8 +12,8 @@ from fedray.algorithms.relay import fedcat
 from fedray.algorithms.relay.selection import dev_select, equal_groups, latin_square, selection_probabilities
 from fedray.config.keys import ConfigError
 from fedray.data import build_federated_data
+from fedray.experiment.local import make_local_federation
 from fedray.experiment.loop import execute
-from fedray.federation.local import make_local_federation
 from fedray.params import weighted_average
 from tests.conftest import small_config
 from tests.helpers import run_metrics

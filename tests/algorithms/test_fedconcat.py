@@ -12,8 +12,8 @@ from fedray.algorithms.concat import classifier as concat
 from fedray.algorithms.concat import fedconcat_id
 from fedray.config.keys import ConfigError
 from fedray.data import build_federated_data
+from fedray.experiment.local import make_local_federation
 from fedray.experiment.loop import execute
-from fedray.federation.local import make_local_federation
 from fedray.params import get_params
 from tests.conftest import small_config
 from tests.helpers import TIMING, encoder_params, num_parameters

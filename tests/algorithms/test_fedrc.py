@@ -16,7 +16,7 @@ from fedray.algorithms.mixture import fedrc
 from fedray.algorithms.mixture.fedem import MixtureAverage
 from fedray.config.keys import ConfigError
 from fedray.data import build_federated_data
-from fedray.federation.local import make_local_federation
+from fedray.experiment.local import make_local_federation
 from tests.conftest import small_config
 from tests.helpers import run_metrics as all_metrics
 

@@ -12,7 +12,7 @@ from fedray.algorithms.clustered import fedsoft
 from fedray.data import build_federated_data
 from fedray.engine.train import train_update
 from fedray.engine.update import LocalUpdate
-from fedray.federation.local import make_local_federation
+from fedray.experiment.local import make_local_federation
 from tests.conftest import small_config
 from tests.helpers import run_metrics
 

@@ -12,7 +12,7 @@ from fedray.algorithms import ALGORITHMS
 from fedray.algorithms.clustered import fesem, ifca
 from fedray.algorithms.evaluation import member_eval
 from fedray.data import build_federated_data
-from fedray.federation.local import make_local_federation
+from fedray.experiment.local import make_local_federation
 from tests.conftest import small_config
 from tests.helpers import run_metrics
 

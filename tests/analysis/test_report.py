@@ -525,8 +525,8 @@ def test_a_finished_run_whose_last_rows_are_missing_has_no_final_value(tmp_path)
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    from fedray.experiment.local import make_local_federation
     from fedray.experiment.loop import execute
-    from fedray.federation.local import make_local_federation
     from fedray.storage.files import write_atomic
 
     cfg = small_config(tmp_path, rounds=3)

@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from fedray.config.keys import Config, ConfigError, parse_sets
+from fedray.experiment.local import task_for
 from fedray.experiment.validation import from_dict, load_config
 from tests.conftest import ROOT
 from tests.helpers import clis_without_ray
@@ -504,6 +505,6 @@ def test_task_from_config_carries_every_field_from_the_key_of_its_name():
     assert sorted(changed) == sorted(names)  # a new Task field: give it a value here
     assert all(changed[n] != getattr(defaults, n) for n in names)
     spec = DataSpec((1, 28, 28), 10, 1 / 255)
-    task = Task.from_config(dataclasses.replace(defaults, **changed), spec)
+    task = task_for(dataclasses.replace(defaults, **changed), spec)
     assert task.spec is spec and all(getattr(task, n) == changed[n] for n in names)
     assert task.run_id == dataclasses.replace(defaults, **changed).run_id()

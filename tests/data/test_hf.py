@@ -121,8 +121,8 @@ def test_a_hub_dataset_not_kept_here_says_what_to_run_and_where_in_one_line(tmp_
 
 
 def test_text_rows_are_next_character_data_over_leafs_symbols_and_train(tmp_path):
+    from fedray.experiment.local import make_local_federation
     from fedray.experiment.loop import Finished, execute
-    from fedray.federation.local import make_local_federation
 
     rng = np.random.default_rng(1)
     pick = lambda k: "".join(rng.choice(list(SHAKESPEARE_VOCAB), k))  # noqa: E731
@@ -172,8 +172,8 @@ def test_text_rows_are_next_character_data_over_leafs_symbols_and_train(tmp_path
 
 
 def test_fedavg_runs_on_a_saved_hub_dataset(tmp_path):
+    from fedray.experiment.local import make_local_federation
     from fedray.experiment.loop import Finished, execute
-    from fedray.federation.local import make_local_federation
 
     cfg = hf_config(tmp_path, femnist_like(tmp_path / "femnist"), rounds=2, batch_size=4, lr=0.05)
     events = list(execute(cfg, make_local_federation))

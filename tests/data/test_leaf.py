@@ -171,8 +171,8 @@ def test_a_missing_folder_is_one_line_before_anything_runs(tmp_path):
 
 @pytest.mark.parametrize("kind", ["femnist", "shakespeare"])
 def test_fedavg_runs_on_leafs_users_with_leafs_model(tmp_path, kind):
+    from fedray.experiment.local import make_local_federation
     from fedray.experiment.loop import Finished, execute
-    from fedray.federation.local import make_local_federation
 
     sizes = {"a": 12, "b": 9, "c": 7} if kind == "femnist" else {"a": 100, "b": 95, "c": 92}
     root = write_leaf(tmp_path / kind, sizes, kind=kind)

@@ -14,8 +14,8 @@ from analysis import load_metrics, load_partitions
 from fedray.config.keys import ConfigError
 from fedray.data import build_federated_data
 from fedray.data import partition_file as pf
+from fedray.experiment.local import make_local_federation
 from fedray.experiment.loop import execute
-from fedray.federation.local import make_local_federation
 from fedray.records import TIMING_METRICS
 from tests.conftest import small_config
 

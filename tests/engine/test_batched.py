@@ -21,12 +21,12 @@ from fedray.engine.evaluation import evaluate_requests
 from fedray.engine.stats import EvalStats
 from fedray.engine.train import optimizer_state, sgd, train_update
 from fedray.engine.update import Evaluation, Frozen, LocalUpdate, Step, cross_entropy, proximal
+from fedray.experiment.local import make_local_federation, task_for
 from fedray.experiment.loop import execute
 from fedray.experiment.validation import from_dict
 from fedray.federation import ClientError
 from fedray.federation import host as host_module
 from fedray.federation.host import ClientHost
-from fedray.federation.local import make_local_federation
 from fedray.models import Arch
 from fedray.params import get_params
 from tests.conftest import small_config
@@ -49,7 +49,7 @@ def _host(augment: str = "none", sizes=(37, 64, 5, 0, 90), momentum=0.9, wd=1e-3
         weight_decay=wd,
         channels_last=False,
     )
-    task = Task.from_config(cfg, spec)
+    task = task_for(cfg, spec)
     bounds = np.cumsum((0, *sizes))
     clients = {
         i: ClientIndices(np.arange(bounds[i], bounds[i + 1]), np.zeros(0, np.int64))
@@ -686,7 +686,7 @@ def test_a_folded_rounds_stacks_are_as_wide_as_the_workers_replies_at_a_time(tmp
     # device's memory, fedray.federation.host.fold_bytes; faked here as `fit` FedRC replies of K = 3
     # models): its 4 participants' models train in stacks of 3 x fit, the last one narrower.
     cfg = small_config(tmp_path, batched_clients="on", **{**BASE, **ALL["fedrc"], "rounds": 1})
-    task = Task.from_config(cfg, build_federated_data(cfg).dataset.spec)
+    task = task_for(cfg, build_federated_data(cfg).dataset.spec)
     one = rounds.reply_bytes(get_params(task.build_model()), copies=3)
     monkeypatch.setattr(host_module, "fold_bytes", lambda *_, **__: fit * one)
     widths = []

@@ -14,7 +14,7 @@ import torch
 from fedray.data import build_federated_data
 from fedray.engine.train import feature_batches, optimizer_state, sgd, train_update
 from fedray.engine.update import LocalUpdate
-from fedray.federation.local import make_local_federation
+from fedray.experiment.local import make_local_federation
 from fedray.models import Arch
 from fedray.params import get_params
 from tests.conftest import ROOT, small_config
@@ -212,7 +212,7 @@ def test_the_per_client_engine_does_not_import_torchdynamo(tmp_path):
     # default) does not pay. The stacked engine does: torch.func's gradients import it.
     code = (
         "import sys, tempfile; from pathlib import Path\n"
-        "from fedray.experiment.loop import execute; from fedray.federation.local import make_local_federation\n"
+        "from fedray.experiment.loop import execute; from fedray.experiment.local import make_local_federation\n"
         "from tests.conftest import ROOT, small_config\n"
         "for extra in ({}, {'algorithm': 'fedrc', 'momentum': 0.9}):\n"
         "    list(execute(small_config(Path(tempfile.mkdtemp()), rounds=1, **extra), make_local_federation))\n"

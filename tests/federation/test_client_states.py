@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fedray.experiment.local import make_local_federation, task_for
 from fedray.experiment.loop import execute
 from fedray.federation.client_states import PREFIX, ClientStates
-from fedray.federation.local import make_local_federation
 from tests.conftest import small_config
 from tests.helpers import round_metrics
 
@@ -185,7 +185,6 @@ def test_the_default_budget_is_a_quarter_of_memory_shared_out_by_the_workers_cpu
     # clients, 26 MB of SGD buffers each) on a 16-core, 128 GiB GPU machine kept 2 GiB of its 7.8 GB
     # in memory and wrote the rest to disk and back every round (about 0.1 s a client here).
     from fedray.data import ArrayDataset, DataSpec
-    from fedray.engine.client import Task
     from fedray.federation import client_states
     from fedray.federation.host import ClientHost
 
@@ -197,7 +196,7 @@ def test_the_default_budget_is_a_quarter_of_memory_shared_out_by_the_workers_cpu
     assert ClientStates(cpus=1).budget == 2 * gib  # 16 such actors: a quarter between them
     assert ClientStates(cpus=64).budget == 32 * gib  # never more than the quarter
     assert ClientStates(budget_mb=10, cpus=2).budget == 10 << 20  # a budget given is the budget
-    task = Task.from_config(small_config(Path("/tmp/unused")), DataSpec((2,), 2, 1.0))
+    task = task_for(small_config(Path("/tmp/unused")), DataSpec((2,), 2, 1.0))
     data = ArrayDataset(np.zeros((0, 2), np.float32), np.zeros(0, np.int64))
     assert ClientHost(task, data, {})._state.budget == 32 * gib
     assert ClientHost(task, data, {}, cpus=4)._state.budget == 8 * gib

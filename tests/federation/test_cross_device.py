@@ -9,9 +9,9 @@ import pytest
 from fedray.algorithms import ALGORITHMS
 from fedray.data import ArrayDataset, ClientSource, SourcedClients, build_federated_data
 from fedray.engine.evaluation import evaluate
+from fedray.experiment.local import make_local_federation, task_for
 from fedray.experiment.loop import RoundDone, execute
 from fedray.federation.host import ClientHost
-from fedray.federation.local import make_local_federation
 from fedray.storage.checkpoint import Checkpoints
 from tests.conftest import small_config
 from tests.helpers import round_metrics, run_metrics
@@ -49,10 +49,9 @@ class _Counting(ClientSource):
 
 
 def test_a_host_makes_a_client_when_it_is_used_and_keeps_a_few(tmp_path, monkeypatch):
-    from fedray.engine.client import Task
     from fedray.federation import host as host_module
 
-    task = Task.from_config(small_config(tmp_path), build_federated_data(small_config(tmp_path)).dataset.spec)
+    task = task_for(small_config(tmp_path), build_federated_data(small_config(tmp_path)).dataset.spec)
     src = _Counting(10**6)
     host = ClientHost(task, ArrayDataset(np.zeros((0, 2)), np.zeros(0, np.int64)), SourcedClients(src))
     assert src.made == [] and host.client_ids == range(10**6)
@@ -211,7 +210,6 @@ def test_a_cross_silo_method_too_big_for_this_machine_is_refused_before_anything
 
 def test_a_source_that_fails_to_make_a_client_names_the_client(tmp_path):
     """A ClientSource's error while making a client is the run's error, with the client's id."""
-    from fedray.engine.client import Task
     from fedray.federation import ClientError
 
     class Broken(_Counting):
@@ -220,7 +218,7 @@ def test_a_source_that_fails_to_make_a_client_names_the_client(tmp_path):
                 raise OSError("the shard of client 7 is unreadable")
             return super().samples(cid)
 
-    task = Task.from_config(small_config(tmp_path), build_federated_data(small_config(tmp_path)).dataset.spec)
+    task = task_for(small_config(tmp_path), build_federated_data(small_config(tmp_path)).dataset.spec)
     host = ClientHost(task, ArrayDataset(np.zeros((0, 2)), np.zeros(0, np.int64)), SourcedClients(Broken(10)))
     with pytest.raises(
         ClientError, match="client 7: making its data or reading its state: OSError: the shard of client 7"

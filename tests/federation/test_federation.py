@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from fedray.data import build_federated_data
-from fedray.engine.client import Task
+from fedray.experiment.local import make_local_federation, task_for
 from fedray.federation import ClientError, host
-from fedray.federation.local import LocalFederation, make_local_federation
+from fedray.federation.local import LocalFederation
 from tests.conftest import small_config
 from tests.helpers import count_calls, fail_on_three
 
@@ -178,7 +178,7 @@ def test_a_workers_replies_at_a_time_follow_its_device(monkeypatch):
     # and its CPUs given
     cfg = small_config(Path("/tmp/unused"))
     data = build_federated_data(cfg)
-    task = Task.from_config(cfg, data.dataset.spec)
+    task = task_for(cfg, data.dataset.spec)
     asked = []
     monkeypatch.setattr(host, "device_memory", lambda device: asked.append(device) or (60 * gib, 80 * gib))
     h = host.ClientHost(task, data.dataset.train, data.clients, device="cuda", cpus=8, gpu_share=0.25)

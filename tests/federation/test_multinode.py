@@ -91,8 +91,8 @@ def test_actors_spread_over_nodes_and_node_loss_is_loud_or_survived(tmp_path):
     import json
     import os
 
+    from fedray.experiment.local import make_local_federation
     from fedray.experiment.loop import execute
-    from fedray.federation.local import make_local_federation
     from tests.conftest import small_config
     from tests.federation.test_recovery_ray import SLOW
     from tests.helpers import stored_metrics

@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from fedray.experiment.local import task_for
 from fedray.federation.placement import (
     Need,
     PlacementError,
@@ -111,7 +112,6 @@ def test_clients_on_a_gpu_get_deterministic_cuda_kernels_unless_the_config_says_
     import torch
 
     from fedray.data import build_federated_data
-    from fedray.engine.client import Task
     from fedray.federation.host import ClientHost
     from tests.conftest import small_config
 
@@ -121,7 +121,7 @@ def test_clients_on_a_gpu_get_deterministic_cuda_kernels_unless_the_config_says_
     data = build_federated_data(cfg)
     try:
         assert cfg.cuda_deterministic and "cuda_deterministic" not in cfg.run_id()
-        task = Task.from_config(cfg, data.dataset.spec)
+        task = task_for(cfg, data.dataset.spec)
         ClientHost(task, data.dataset.train, {}, device="cpu")
         assert (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic) == before
         ClientHost(task, data.dataset.train, {}, device="cuda")  # no CUDA call is made before a client trains
@@ -133,12 +133,12 @@ def test_clients_on_a_gpu_get_deterministic_cuda_kernels_unless_the_config_says_
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
         # torch's default, as before
         assert torch.backends.cudnn.allow_tf32 and "cuda_tf32" not in cfg.run_id()
-        off = Task.from_config(small_config(tmp_path, cuda_deterministic=False), data.dataset.spec)
+        off = task_for(small_config(tmp_path, cuda_deterministic=False), data.dataset.spec)
         ClientHost(off, data.dataset.train, {}, device="cuda")
         assert not torch.are_deterministic_algorithms_enabled() and not torch.backends.cudnn.deterministic
         no_tf32 = small_config(tmp_path, cuda_tf32=False)
         assert "cuda_tf32" in no_tf32.run_id() or no_tf32.run_id() != cfg.run_id()
-        ClientHost(Task.from_config(no_tf32, data.dataset.spec), data.dataset.train, {}, device="cuda")
+        ClientHost(task_for(no_tf32, data.dataset.spec), data.dataset.train, {}, device="cuda")
         assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
     finally:
         torch.use_deterministic_algorithms(before[0])

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from fedray.data import build_federated_data
+from fedray.experiment.local import make_local_federation
 from fedray.experiment.loop import execute
 from fedray.federation import ClientError
-from fedray.federation.local import make_local_federation
 from fedray.federation.placement import PlacementError
 from tests.conftest import small_config
 from tests.helpers import (

@@ -15,8 +15,8 @@ import time
 import pytest
 
 from analysis import load_events, load_runs
+from fedray.experiment.local import make_local_federation
 from fedray.experiment.loop import Recovered, RoundDone, Started, execute
-from fedray.federation.local import make_local_federation
 from fedray.federation.placement import PlacementError
 from fedray.storage.results import run_state
 from tests.conftest import ROOT, small_config

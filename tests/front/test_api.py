@@ -64,8 +64,8 @@ def test_sweep_returns_every_runs_results(tmp_path, capsys):
 def test_sweep_restart_and_an_unwritable_output_folder_behave_as_fedray_sweep_does(tmp_path, capsys):
     # one sweep flow serves both (fedray.sweeps.flow): fedray.sweep had no restart, and never
     # checked its results folder before the runs (each then failed to record itself)
+    from fedray.experiment.local import make_local_federation
     from fedray.experiment.loop import RoundDone, execute
-    from fedray.federation.local import make_local_federation
     from fedray.sweeps.sweep_file import load_sweep
     from jobs.cli import main
 
@@ -103,8 +103,8 @@ def test_sweep_restart_and_an_unwritable_output_folder_behave_as_fedray_sweep_do
 def test_num_gpus_per_actor_auto_is_resolved_where_the_run_goes_and_said(tmp_path, capsys):
     import yaml
 
+    from fedray.experiment.local import make_local_federation
     from fedray.experiment.loop import execute
-    from fedray.federation.local import make_local_federation
     from fedray.sweeps.scheduler import LocalLauncher, run_sweep
     from fedray.sweeps.sweep_file import load_sweep
 

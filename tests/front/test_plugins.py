@@ -456,8 +456,8 @@ fedray.register_algorithm("fedavg_short", __import__(__name__))
 
 def test_an_aggregate_of_the_wrong_shape_is_named_with_its_algorithm_parameter_and_shapes(tmp_path, isolated):
     from analysis import load_runs
+    from fedray.experiment.local import make_local_federation
     from fedray.experiment.loop import execute
-    from fedray.federation.local import make_local_federation
     from fedray.storage.export import ModelShapeError
     from tests.conftest import small_config
 
@@ -488,8 +488,8 @@ fedray.register_algorithm("fedavg_nested", __import__(__name__))
 
 
 def test_models_that_are_not_saved_models_are_named_with_the_algorithm_after_round_1(tmp_path, isolated):
+    from fedray.experiment.local import make_local_federation
     from fedray.experiment.loop import execute
-    from fedray.federation.local import make_local_federation
     from tests.conftest import small_config
 
     plugin = tmp_path / "nested.py"
@@ -602,7 +602,7 @@ def test_the_example_plugins_import_only_fedray_itself():
 
 def test_a_federation_says_how_many_clients_it_has(tmp_path):
     from fedray.data import build_federated_data
-    from fedray.federation.local import make_local_federation
+    from fedray.experiment.local import make_local_federation
 
     cfg = small_config(tmp_path, num_clients=7)
     fed, _ = make_local_federation(cfg, build_federated_data(cfg))

@@ -12,8 +12,8 @@ import pytest
 from fedray.algorithms import ALGORITHMS
 from fedray.config.keys import ConfigError
 from fedray.data import build_federated_data
+from fedray.experiment.local import make_local_federation
 from fedray.experiment.loop import execute
-from fedray.federation.local import make_local_federation
 from tests.conftest import small_config
 
 

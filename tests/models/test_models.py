@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedray.experiment.local import task_for
 from fedray.models import MODELS, build_model
 
 
@@ -394,7 +395,6 @@ def test_the_same_seed_gives_the_same_leaf_weights(name, shape, classes):
 def test_weight_init_is_a_checked_config_key_threaded_into_the_task(tmp_path):
     from fedray.config.keys import ConfigError
     from fedray.data import DataSpec
-    from fedray.engine.client import Task
     from fedray.experiment.validation import validate
     from tests.conftest import small_config
 
@@ -405,7 +405,7 @@ def test_weight_init_is_a_checked_config_key_threaded_into_the_task(tmp_path):
     with pytest.raises(ConfigError, match="'weight_init': unknown value 'tf'"):
         validate(small_config(tmp_path, weight_init="tf"))
     spec = DataSpec((1, 8, 8), 10, 1.0)
-    assert Task.from_config(small_config(tmp_path, weight_init="torch"), spec).weight_init == "torch"
-    assert Task.from_config(cfg, spec).weight_init == "model"
+    assert task_for(small_config(tmp_path, weight_init="torch"), spec).weight_init == "torch"
+    assert task_for(cfg, spec).weight_init == "model"
     with pytest.raises(ValueError, match="weight_init 'tf'"):
         build_model("mlp", (1, 8, 8), 10, weight_init="tf")

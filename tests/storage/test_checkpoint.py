@@ -30,10 +30,10 @@ from analysis import (
 )
 from fedray import MOVED_MODULES
 from fedray.data import build_federated_data
-from fedray.engine.client import Task, iterate
+from fedray.engine.client import iterate
+from fedray.experiment.local import make_local_federation, task_for
 from fedray.experiment.loop import Checkpointed, Finished, RoundDone, Started, execute
 from fedray.federation import Baton
-from fedray.federation.local import make_local_federation
 from fedray.storage.blobs import (
     CheckpointError,
     StateFile,
@@ -666,7 +666,7 @@ def _accuracy(module, cfg) -> float:
     test = data.dataset.test
     correct = 0
     with torch.no_grad():
-        task = Task.from_config(cfg, data.dataset.spec)
+        task = task_for(cfg, data.dataset.spec)
         for x, y in iterate(test, np.arange(len(test)), task, torch.device("cpu")):
             correct += int((module(x).argmax(1) == y).sum())
     return correct / len(test)

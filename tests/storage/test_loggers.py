@@ -617,8 +617,8 @@ def _same_as_parquet(got: dict, want: dict) -> None:
 def test_the_three_loggers_hold_the_parquet_rows_of_a_run_stopped_and_resumed(
     tmp_path, mlflow_client, wandb_offline
 ):
+    from fedray.experiment.local import make_local_federation
     from fedray.experiment.loop import RoundDone, execute
-    from fedray.federation.local import make_local_federation
 
     cfg = _run_config(tmp_path, ["tensorboard", "mlflow", "wandb"])
     events = execute(cfg, make_local_federation)

@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from analysis import load_metrics, load_runs
+from fedray.experiment.local import make_local_federation
 from fedray.experiment.loop import execute
-from fedray.federation.local import make_local_federation
 from fedray.records import rec
 from fedray.storage.results import run_status
 from fedray.storage.writer import ResultsWriter

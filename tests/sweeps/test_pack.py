@@ -12,8 +12,8 @@ import pytest
 from analysis import load_metrics, load_runs
 from fedray.config.keys import ConfigError
 from fedray.engine import drive
+from fedray.experiment.local import make_local_federation
 from fedray.experiment.loop import Finished, RoundDone, Started
-from fedray.federation.local import make_local_federation
 from fedray.records import TIMING_METRICS
 from fedray.storage.results import run_state
 from fedray.sweeps import pack
