@@ -407,7 +407,10 @@ class _Run:
         # as reports name the partition: a plug-in's label, where its registry is loaded (here)
         summary["partition_label"] = partition_label(cfg.to_dict())
         if cfg.save_models:
-            summary["models"] = str(save_models(cfg, alg, hp, state, self.fed.task, self.fed.client_states))
+            saved = save_models(
+                cfg.output, cfg.to_dict(), alg, hp, state, self.fed.task, self.fed.client_states
+            )
+            summary["models"] = str(saved)
         # keep_finished_checkpoints: false: removed once the run is recorded finished (a run stopped
         # before then resumes from them), under its lock (no other process resumes from half of one)
         self.writer.finish(summary, then=None if cfg.keep_finished_checkpoints else self.ckpts.clear)

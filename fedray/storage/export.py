@@ -23,7 +23,7 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,7 +36,6 @@ from fedray.params import Params, read_npz
 if TYPE_CHECKING:
     import torch
 
-    from fedray.config.keys import Config
 
 FORMAT = 1
 
@@ -109,22 +108,24 @@ def check_shapes(algorithm: str, models: Iterable[SavedModel], task: Any, when: 
 
 
 def save_models(
-    cfg: Config,
+    output: str | Path,
+    config: Mapping[str, Any],
     alg: Any,
     hp: Any,
     state: Any,
     task: Any,
     client_states: Callable[[], Iterable[tuple[int, Any]]],
 ) -> Path:
-    """Write the run's models to ``DIR/models/RUN_ID/`` (atomically: aside, then renamed); personal
-    models (`Algorithm.personal_model`) come from ``client_states()``, every client's state."""
+    """Write the run's models to ``output/models/RUN_ID/`` (atomically: aside, then renamed), with
+    ``config`` (the run's, as a mapping) beside them; the run is ``task``'s (its id, model and head).
+    Personal models (`Algorithm.personal_model`) come from ``client_states()``, every client's state."""
     import yaml
 
     from fedray.storage.files import fsync_dir, remove_tree, write_text_atomic, writing
     from fedray.storage.results import models_folder
 
-    run_id = cfg.run_id()
-    final = models_folder(cfg.output, run_id)
+    run_id = task.run_id
+    final = models_folder(output, run_id)
     tmp = final.with_name(f".{run_id}.{uuid.uuid4().hex[:8]}.tmp")
     tmp.mkdir(parents=True)
     try:
@@ -137,9 +138,9 @@ def save_models(
         index = {
             "format": FORMAT,
             "run_id": run_id,
-            "algorithm": cfg.algorithm,
-            "model": cfg.model,
-            "head_bias": cfg.head_bias,
+            "algorithm": config["algorithm"],
+            "model": task.model,
+            "head_bias": task.head_bias,
             "input_shape": list(task.spec.input_shape),
             "num_classes": task.spec.num_classes,
             "models": {},
@@ -157,7 +158,7 @@ def save_models(
                 **m.info,
             }
         write_text_atomic(json.dumps(index, indent=1), tmp / "index.json")
-        write_text_atomic(yaml.safe_dump(cfg.to_dict(), sort_keys=False), tmp / "config.yaml")
+        write_text_atomic(yaml.safe_dump(dict(config), sort_keys=False), tmp / "config.yaml")
         if final.exists():
             remove_tree(final, "the run's earlier models")
         os.replace(tmp, final)
