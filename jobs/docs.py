@@ -253,7 +253,7 @@ def render_dataset_settings() -> str:
     from fedray.config.keys import MOVED_TO_DATA
     from fedray.data import DATASETS
 
-    was = {(new, flat) for flat, (new, _) in MOVED_TO_DATA.items()}
+    was = {new: flat for flat, (new, _) in MOVED_TO_DATA.items()}
     out = [
         "## Dataset settings",
         "",
@@ -269,8 +269,7 @@ def render_dataset_settings() -> str:
         out += [f"### {name}", "", f"`--set dataset={name}`; [`{module}`](../{module}).", ""]
         out += ["| `data.` key | type | default | meaning |", "|---|---|---|---|"]
         for k in hp_keys(kind.settings):
-            flat = next((f for new, f in sorted(was) if new == k.name), None)
-            before = f" (was `{flat}`)" if flat else ""
+            before = f" (was `{was[k.name]}`)" if k.name in was else ""
             out.append(
                 f"| `{k.name}` | `{_cell(k.type)}` | {_cell(format_default(k.default))} | {_cell(k.meaning)}{before} |"
             )

@@ -388,9 +388,11 @@ class DatasetKind:
         """Its settings from the config's ``data`` values, checked (`settings_from_dict`)."""
         if self.settings is None:
             if values:
-                key = next(iter(values))
-                raise ConfigError(
-                    f"unknown config key 'data.{key}' for dataset {self.name} (it has no data keys)"
+                raise ConfigError.of(
+                    [
+                        f"unknown config key 'data.{k}' for dataset {self.name} (it has no data keys)"
+                        for k in values
+                    ]
                 )
             return None
         return settings_from_dict(self.settings, values, "data", f"dataset {self.name}")

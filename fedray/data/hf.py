@@ -71,10 +71,6 @@ class HfSettings:
     min_samples: int = field(default=0, metadata=bound(ge=0))  # LEAF's -k: a client's fewest rows
 
 
-def _s(cfg: Config) -> HfSettings:
-    return data_settings(cfg)
-
-
 COLUMN_KEYS = ("client_column", "input_column", "label_column")
 
 
@@ -92,49 +88,51 @@ def _datasets() -> Any:
 def local_copy(cfg: Config) -> Path:
     """Where a dataset is read from: ``data.name`` itself where it is a folder, else the copy fedray
     keeps in ``data_root`` (``owner__name``)."""
-    given = Path(_s(cfg).name).expanduser()
+    s: HfSettings = data_settings(cfg)
+    given = Path(s.name).expanduser()
     if given.is_dir():
         return given
-    return Path(cfg.resolved_data_root()) / re.sub(r"[^\w.-]", "__", _s(cfg).name)
+    return Path(cfg.resolved_data_root()) / re.sub(r"[^\w.-]", "__", s.name)
 
 
 def hf_available(cfg: Config) -> None:
-    if not _s(cfg).name:
+    s: HfSettings = data_settings(cfg)
+    if not s.name:
         raise DatasetMissing("dataset hf: set data.name (a hub dataset, or a folder a dataset was saved to)")
     where = local_copy(cfg)
     if where.is_dir() or cfg.download:
         return
     raise DatasetMissing(
-        f"dataset hf: {_s(cfg).name} is not in {str(where)!r} (nothing downloads at run time): --set download=true "
+        f"dataset hf: {s.name} is not in {str(where)!r} (nothing downloads at run time): --set download=true "
         f'fetches it there (needs the internet), or save it there yourself: python -c "import datasets; '
-        f"datasets.load_dataset('{_s(cfg).name}').save_to_disk('{where}')\""
+        f"datasets.load_dataset('{s.name}').save_to_disk('{where}')\""
     )
 
 
 def hf_files(cfg: Config) -> tuple[Path, list[Path]]:
     """The files of the saved dataset it reads (its splits' Arrow files and their JSON), not the
     cache files `datasets` may add beside them."""
+    s: HfSettings = data_settings(cfg)
     where = local_copy(cfg)
     if not where.is_dir():
-        raise DatasetMissing(f"dataset hf: {_s(cfg).name} is not in {str(where)!r}")
+        raise DatasetMissing(f"dataset hf: {s.name} is not in {str(where)!r}")
     found = sorted(p for p in where.rglob("*") if p.is_file() and not p.name.startswith((".", "cache-")))
     return where, found
 
 
 def _open(cfg: Config) -> Any:
     """The dataset (a DatasetDict, or one Dataset), downloaded and kept first where asked."""
+    s: HfSettings = data_settings(cfg)
     ds = _datasets()
     where = local_copy(cfg)
     if not where.is_dir():
         hf_available(cfg)
         if unreachable := _hub_unreachable():
-            raise DatasetMissing(f"dataset hf: cannot download {_s(cfg).name}: {unreachable}")
+            raise DatasetMissing(f"dataset hf: cannot download {s.name}: {unreachable}")
         try:
-            ds.load_dataset(_s(cfg).name).save_to_disk(str(where))
+            ds.load_dataset(s.name).save_to_disk(str(where))
         except Exception as e:  # noqa: BLE001 - the hub's errors, said in one line
-            raise DatasetMissing(
-                f"dataset hf: cannot download {_s(cfg).name}: {type(e).__name__}: {e}"
-            ) from None
+            raise DatasetMissing(f"dataset hf: cannot download {s.name}: {type(e).__name__}: {e}") from None
     try:
         return ds.load_from_disk(str(where))
     except Exception as e:  # noqa: BLE001 - not a saved dataset
@@ -160,28 +158,30 @@ def _hub_unreachable(timeout_s: float = 5.0) -> str | None:
 
 
 def _split(cfg: Config, data: Any, name: str, key: str) -> Any:
+    s: HfSettings = data_settings(cfg)
     if not hasattr(data, "keys"):  # one Dataset, saved alone: its only split
         if name not in ("train", ""):
-            raise ConfigError(f"config key '{key}': {_s(cfg).name} has one split, not {name!r}")
+            raise ConfigError(f"config key '{key}': {s.name} has one split, not {name!r}")
         return data
     if name not in data:
         raise ConfigError(
-            f"config key '{key}': {_s(cfg).name} has no split {name!r} (its splits: {', '.join(data)})"
+            f"config key '{key}': {s.name} has no split {name!r} (its splits: {', '.join(data)})"
         )
     return data[name]
 
 
 def _columns(cfg: Config, split: Any, keys: tuple[str, ...] = COLUMN_KEYS) -> list[str]:
     """The columns ``keys`` name; every one that is not a column of ``split`` said at once."""
+    s: HfSettings = data_settings(cfg)
     problems = [
-        f"config key 'data.{key}': {getattr(_s(cfg), key)!r} is not a column of {_s(cfg).name} "
+        f"config key 'data.{key}': {getattr(s, key)!r} is not a column of {s.name} "
         f"(its columns: {', '.join(split.column_names)})"
         for key in keys
-        if getattr(_s(cfg), key) not in split.column_names
+        if getattr(s, key) not in split.column_names
     ]
     if problems:
         raise ConfigError.of(problems)
-    return [getattr(_s(cfg), key) for key in keys]
+    return [getattr(s, key) for key in keys]
 
 
 def _symbols(texts: list[str], where: str) -> np.ndarray:
@@ -254,15 +254,14 @@ def _clients(cfg: Config, train: Any, client_col: str, input_col: str) -> tuple[
     them, the clients LEAF's rules keep: (client, its training rows' positions, its test rows').
     Made once a process for a split as saved (its fingerprint) and the rules: counted, checked and
     loaded for one run, and again for each run of a sweep."""
-    recipe = None if _s(cfg).test_split else _recipe(cfg, train, input_col)
+    s: HfSettings = data_settings(cfg)
+    recipe = None if s.test_split else _recipe(cfg, train, input_col)
     key = (getattr(train, "_fingerprint", None), client_col, recipe)
     if key[0] is not None and key in _MADE:
         return _MADE[key]
     raw = train[client_col]
     if (missing := next((i for i, c in enumerate(raw) if c is None), None)) is not None:
-        raise ConfigError(
-            f"dataset hf {_s(cfg).name}: column {client_col!r}: row {missing} names no client (null)"
-        )
+        raise ConfigError(f"dataset hf {s.name}: column {client_col!r}: row {missing} names no client (null)")
     ids = np.asarray([str(c) for c in raw])
     order = np.argsort(ids, kind="stable")
     names, starts = np.unique(ids[order], return_index=True)
@@ -284,17 +283,18 @@ _MADE: dict[tuple, tuple[np.ndarray, list, list]] = {}
 
 def hf_data(cfg: Config) -> FederatedData:
     """The clients: the rows of ``data.split`` grouped by ``data.client_column``, ids sorted."""
+    s: HfSettings = data_settings(cfg)
     data = _open(cfg)
-    train = _split(cfg, data, _s(cfg).split, "data.split")
+    train = _split(cfg, data, s.split, "data.split")
     client_col, input_col, label_col = _columns(cfg, train)
-    where = f"dataset hf {_s(cfg).name}"
+    where = f"dataset hf {s.name}"
     x, scale = _inputs(train, input_col, f"{where}: column {input_col!r}")
     y, known = _labels(train[label_col], f"{where}: column {label_col!r}")
     classes = _classes(train, label_col, y, known)
     ids, rows, made = _clients(cfg, train, client_col, input_col)
     parts = []
-    if _s(cfg).test_split:
-        test = _split(cfg, data, _s(cfg).test_split, "data.test_split")
+    if s.test_split:
+        test = _split(cfg, data, s.test_split, "data.test_split")
         tx, ty = _test_arrays(cfg, test, (input_col, label_col), (x, scale, classes))
         t_ids = np.asarray([str(c) for c in test[client_col]])
         for c, r in enumerate(rows):
@@ -315,8 +315,9 @@ def _test_arrays(
     """``data.test_split``'s inputs and labels, refused where one model could not read them as it
     reads the training split's: another shape, another stored type (another scale), a class the
     training split does not have."""
+    s: HfSettings = data_settings(cfg)
     (input_col, label_col), (x, scale, classes) = columns, train
-    where = f"dataset hf {_s(cfg).name}: split {_s(cfg).test_split!r}"
+    where = f"dataset hf {s.name}: split {s.test_split!r}"
     tx, tscale = _inputs(test, input_col, f"{where}, column {input_col!r}")
     ty, _ = _labels(test[label_col], f"{where}, column {label_col!r}")
     if tx.shape[1:] != x.shape[1:]:
@@ -335,13 +336,14 @@ def _test_arrays(
 
 def hf_info(cfg: Config) -> DatasetInfo:
     """Shape and classes from the dataset's first rows (memory-mapped: nothing else is read)."""
+    s: HfSettings = data_settings(cfg)
     data = _open(cfg)
-    train = _split(cfg, data, _s(cfg).split, "data.split")
+    train = _split(cfg, data, s.split, "data.split")
     _, input_col, label_col = _columns(cfg, train)
     x, _ = _inputs(
-        train.select(range(min(1, len(train)))), input_col, f"dataset hf {_s(cfg).name}: column {input_col!r}"
+        train.select(range(min(1, len(train)))), input_col, f"dataset hf {s.name}: column {input_col!r}"
     )
-    y, known = _labels(train[:1][label_col], f"dataset hf {_s(cfg).name}: column {label_col!r}")
+    y, known = _labels(train[:1][label_col], f"dataset hf {s.name}: column {label_col!r}")
     classes = (
         known or getattr(train.features[label_col], "num_classes", None) or int(max(train[label_col])) + 1
     )
@@ -350,26 +352,28 @@ def hf_info(cfg: Config) -> DatasetInfo:
 
 def count_hf(cfg: Config) -> int:
     """The clients the rows make under this config (those LEAF's rules keep)."""
-    train = _split(cfg, _open(cfg), _s(cfg).split, "data.split")
+    s: HfSettings = data_settings(cfg)
+    train = _split(cfg, _open(cfg), s.split, "data.split")
     client_col, input_col, _ = _columns(cfg, train)
     return len(_clients(cfg, train, client_col, input_col)[2])
 
 
 def check_hf(cfg: Config, info: DatasetInfo) -> None:
     """The columns are there and the clients are the run's: num_clients their number."""
-    if not _s(cfg).test_split and cfg.client_test_fraction <= 0:
+    s: HfSettings = data_settings(cfg)
+    if not s.test_split and cfg.client_test_fraction <= 0:
         raise ConfigError(
             "config key 'client_test_fraction': dataset hf's test samples are each client's own: set "
             "client_test_fraction (e.g. 0.1), or data.test_split to a split of the same clients"
         )
-    if _s(cfg).test_split and _s(cfg).test_split == _s(cfg).split:
+    if s.test_split and s.test_split == s.split:
         raise ConfigError(
-            f"config key 'data.test_split': {_s(cfg).test_split!r} is the training split (data.split): the test "
+            f"config key 'data.test_split': {s.test_split!r} is the training split (data.split): the test "
             "samples would be the training ones"
         )
-    if _s(cfg).test_split:
+    if s.test_split:
         for key in ("sample_fraction", "min_samples"):
-            if getattr(_s(cfg), key) not in (None, 0):
+            if getattr(s, key) not in (None, 0):
                 raise ConfigError(
                     f"config key 'data.{key}': data.test_split gives each client's test rows, so its clients "
                     "are read as they are (as a folder LEAF split already): leave it out, or data.test_split"
@@ -377,13 +381,13 @@ def check_hf(cfg: Config, info: DatasetInfo) -> None:
     n = count_hf(cfg)
     if n == 0:
         raise ConfigError(
-            f"config key 'data.client_column': no client of {_s(cfg).name}'s column {_s(cfg).client_column!r} "
+            f"config key 'data.client_column': no client of {s.name}'s column {s.client_column!r} "
             "is left by data.sample_fraction, data.min_samples and LEAF's split (a client needs two rows, and "
             "a test row after the split)"
         )
     if n != cfg.num_clients:
         raise ConfigError(
-            f"config key 'num_clients': {_s(cfg).name}'s column {_s(cfg).client_column!r} names {n} clients "
+            f"config key 'num_clients': {s.name}'s column {s.client_column!r} names {n} clients "
             f"(kept by LEAF's rules); set num_clients: {n}, or leave it out (fedray counts them)"
         )
     if cfg.shift != "none":

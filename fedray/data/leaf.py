@@ -388,7 +388,7 @@ class Recipe:
         return cls(
             s.sample_fraction,
             s.min_samples,
-            getattr(s, "train_fraction", 0.9) if train_fraction is None else train_fraction,
+            s.train_fraction if train_fraction is None else train_fraction,  # hf gives its own
             seed,
             seed if split_seed is None else split_seed,
             gap,

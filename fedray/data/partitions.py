@@ -138,12 +138,14 @@ def register_partition(
     return add
 
 
-def readers(records: Iterable[Any]) -> dict[str, tuple[str, ...]]:
+def readers(
+    records: Iterable[Any], keys: Callable[[Any], Iterable[str]] = lambda r: r.keys
+) -> dict[str, tuple[str, ...]]:
     """Every config key some of ``records`` (partition schemes, dataset kinds: a ``name`` and the
     ``keys`` only it reads) reads -> the names of those that read it."""
     out: dict[str, list[str]] = {}
     for record in records:
-        for key in record.keys:
+        for key in keys(record):
             out.setdefault(key, []).append(record.name)
     return {k: tuple(v) for k, v in out.items()}
 

@@ -301,10 +301,10 @@ class _Run:
             self.check_data(latest, now)
         t0 = time.perf_counter()
         data = build_federated_data(cfg)
-        if (
-            now is None and (now := identity(cfg)) is not None and latest is not None
-        ):  # there now (downloaded)
-            self.check_data(latest, now)
+        if now is None:  # its files there only now (downloaded as the data was built)
+            now = identity(cfg)
+            if now is not None and latest is not None:
+                self.check_data(latest, now)
         writer.data = now
         t1 = time.perf_counter()
         self.fed, self.placement = make_federation(cfg, data)
@@ -469,12 +469,11 @@ def execute(
     )
     run.writer.acquire()  # before reading or removing anything of an earlier attempt
     if not restart and run.writer.earlier_status == "finished":
-        if said := changes(run.writer.data, identity(cfg)):  # finished, but on other data
-            run.writer.release()
-            raise DataChanged(finished_refusal(run_id, cfg.output, said))
         # Finished since whoever called this looked (another sweep over the same runs finished it
-        # meanwhile): nothing to run, and nothing of it is touched.
+        # meanwhile): nothing to run, and nothing of it is touched; on other data, refused.
         run.writer.release()
+        if said := changes(run.writer.data, identity(cfg)):
+            raise DataChanged(finished_refusal(run_id, cfg.output, said))
         yield Finished(run_id, run.writer.earlier_summary, already=True)
         return
     try:

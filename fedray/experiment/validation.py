@@ -43,6 +43,7 @@ from fedray.config.keys import (
 from fedray.config.notes import say_once
 from fedray.config.plugins import PluginError, activate, describe, origin, resolve
 from fedray.data import DATASETS, EVALUATE_ON, PARTITIONS, dataset_info, partition_keys
+from fedray.data.partitions import readers
 from fedray.data.shift import SHIFTS
 from fedray.engine.choice import MODES
 from fedray.experiment.local import engine_for
@@ -130,13 +131,11 @@ def _move_to_data(values: dict[str, Any], moved: Mapping[str, Any]) -> None:
     a key its dataset does not read is at its default here (`unread_keys` refused it otherwise) and
     goes; one set to another value is said once, naming the new key."""
     data = dict(values.get("data") or {})
+    kind = DATASETS.get(values.get("dataset", field_default("dataset")))
     for key, value in moved.items():
         del values[key]
         new, default = MOVED_TO_DATA[key]
-        if (
-            key not in dataset_keys()
-            or values.get("dataset", field_default("dataset")) not in dataset_keys()[key]
-        ):
+        if kind is None or key not in kind.flat_keys:
             continue
         if new in data and data[new] != value:
             raise ConfigError(
@@ -275,11 +274,7 @@ def at_default(key: str, value: Any) -> bool:
 def dataset_keys() -> dict[str, tuple[str, ...]]:
     """Every flat config key some dataset reads on its own (`DatasetKind.flat_keys`: its keys, and
     those that moved into its settings) -> the datasets that read it."""
-    out: dict[str, list[str]] = {}
-    for kind in DATASETS.values():
-        for key in kind.flat_keys:
-            out.setdefault(key, []).append(kind.name)
-    return {k: tuple(v) for k, v in out.items()}
+    return readers(DATASETS.values(), lambda kind: kind.flat_keys)
 
 
 def key_hint(key: str, algorithm: Any = None) -> str:
@@ -406,8 +401,7 @@ def _check_data(cfg: Config, given: Collection[str] | None) -> Any:
     against it. Returns the info."""
     kind = DATASETS[cfg.dataset]
     if kind.settings is not None:  # its settings as the values that differ from their defaults (as hp)
-        made, defaults = kind.make_settings(cfg.data), kind.settings()
-        cfg.data = {k: getattr(made, k) for k in sorted(cfg.data) if getattr(made, k) != getattr(defaults, k)}
+        cfg.data = _not_defaults(kind.make_settings(cfg.data), kind.settings(), cfg.data)
     if kind.check is not None:  # its own keys (emnist_split, synthetic_shape)
         kind.check(cfg)
     if given is not None and "num_clients" not in given and kind.count_clients is not None:
@@ -548,8 +542,14 @@ def _check_algorithm(cfg: Config) -> None:
             alg.check_config(cfg, hp)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    defaults = alg.Hparams()
-    cfg.hp = {k: getattr(hp, k) for k in sorted(cfg.hp) if getattr(hp, k) != getattr(defaults, k)}
+    cfg.hp = _not_defaults(hp, alg.Hparams(), cfg.hp)
+
+
+def _not_defaults(made: Any, defaults: Any, given: Mapping[str, Any]) -> dict[str, Any]:
+    """Of the keys ``given``, the checked and typed values of ``made`` that differ from
+    ``defaults``'s: a section (hp, data) as a run id and a report name it, a default written out
+    naming the same run as leaving it out."""
+    return {k: getattr(made, k) for k in sorted(given) if getattr(made, k) != getattr(defaults, k)}
 
 
 def check_last_batches(cfg: Config, sizes: Mapping[int, int]) -> None:
