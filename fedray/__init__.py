@@ -67,6 +67,8 @@ _API = {
     "Batch": "fedray.engine.update",
     "Frozen": "fedray.engine.update",
     "Config": "fedray.config",
+    "DataSection": "fedray.config.sections",
+    "RunPlan": "fedray.algorithms.plan",
     "ConfigError": "fedray.config",
     "load_config": "fedray.experiment.validation",
     "from_dict": "fedray.experiment.validation",

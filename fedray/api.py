@@ -109,11 +109,11 @@ def prepare(
         cfg = from_dict(
             merge(merge(mapping, parse_sets(sets)), {k: v for k, v in overrides.items() if v is not None})
         )
-    check_available(cfg)
+    check_available(cfg.data_section)
     check_writable(cfg.output)
     # a partition that cannot be drawn fails in seconds, and so does a BatchNorm model that would
     # meet a batch of one sample
-    check_last_batches(cfg, check_partition(cfg))
+    check_last_batches(cfg, check_partition(cfg.data_section))
     return cfg
 
 

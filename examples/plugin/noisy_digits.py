@@ -28,10 +28,10 @@ class Settings:
     noise_seed: int = field(default=0, metadata=fedray.bound(ge=0))
 
 
-def load(cfg: fedray.Config) -> fedray.Dataset:
+def load(section: fedray.DataSection) -> fedray.Dataset:
     """fedray's digits (its fixed 70/30 split), each pixel plus N(0, noise^2), clipped to 0..16."""
-    digits = fedray.load_dataset(fedray.Config(dataset="digits"))
-    s = fedray.data_settings(cfg)
+    digits = fedray.load_dataset(fedray.Config(dataset="digits").data_section)
+    s = fedray.data_settings(section)
     rng = np.random.default_rng(s.noise_seed)
 
     def noisy(part: fedray.ArrayDataset) -> fedray.ArrayDataset:
@@ -45,6 +45,6 @@ def load(cfg: fedray.Config) -> fedray.Dataset:
 
 fedray.register_dataset(
     fedray.DatasetKind(
-        "noisy_digits", load, lambda cfg: fedray.DatasetInfo((1, 8, 8), 10, 1257), settings=Settings
+        "noisy_digits", load, lambda section: fedray.DatasetInfo((1, 8, 8), 10, 1257), settings=Settings
     )
 )

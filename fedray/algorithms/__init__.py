@@ -21,6 +21,7 @@ from fedray.algorithms.baselines import fedavg, fedlc, fednova, fedprox, fedrs, 
 from fedray.algorithms.clustered import clusterfedavg, fedsoft, fesem, ifca
 from fedray.algorithms.concat import fedconcat, fedconcat_id
 from fedray.algorithms.mixture import fedem, fedrc
+from fedray.algorithms.plan import RunPlan
 from fedray.algorithms.relay import fedcat
 from fedray.algorithms.sampling import clusamp
 from fedray.algorithms.splitting import cfl, layercfl
@@ -35,8 +36,8 @@ class Algorithm:
     init: Callable[..., Any]  # (fed, hp) -> State
     round: Callable[..., Any]  # (state, fed, hp, rnd) -> (State, records)
     evaluate: Callable[..., Any]  # (state, fed, hp, rnd) -> records
-    # (cfg, hp) -> None: checks between hp and the rest of the config (rounds, partition, ...);
-    # raises ValueError naming the keys. Optional.
+    # (cfg, hp) -> None: the checks of check_run below, given the whole config. Deprecated (an
+    # algorithm reads the run through `RunPlan`); a plug-in's still runs, and says so once.
     check_config: Callable[..., None] | None = None
     # (state, hp, rnd) -> bool: evaluate after this round whatever eval_every says (FedCat: after
     # each aggregation). Optional.
@@ -49,6 +50,9 @@ class Algorithm:
     # used when the config leaves `rounds` unset. Optional.
     rounds_from_hp: Callable[..., int | None] | None = None
     module: str = ""  # the module the record was made from (its docstring documents the algorithm)
+    # (run, hp) -> None: checks between hp and the rest of the run (`RunPlan`: rounds, clients,
+    # partition, model, ...) before anything starts; raises ValueError naming the keys. Optional.
+    check_run: Callable[[RunPlan, Any], None] | None = None
 
     def make_hparams(self, values: Mapping[str, Any]) -> Any:
         return hparams_from_dict(self.Hparams, values, self.name)
@@ -71,6 +75,7 @@ class Algorithm:
             getattr(module, "personal_model", None),
             getattr(module, "rounds_from_hp", None),
             module.__name__,
+            getattr(module, "check_run", None),
         )
 
 
@@ -95,7 +100,7 @@ def _tag_state(name: str, module: ModuleType) -> None:
 
 def register_algorithm(name: str, algorithm: ModuleType | Algorithm) -> Algorithm:
     """Add an algorithm, which ``algorithm: NAME`` then chooses: a module defining ``Hparams``,
-    ``init``, ``round``, ``evaluate`` and ``models`` (and optionally ``check_config``,
+    ``init``, ``round``, ``evaluate`` and ``models`` (and optionally ``check_run``,
     ``evaluate_after``, ``personal_model``, ``rounds_from_hp``: the `Algorithm` record's fields;
     docs/extending.md), or a record. The built-ins are added the same way."""
     if not name.isidentifier():

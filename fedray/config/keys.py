@@ -46,6 +46,7 @@ __all__ = [
     "file_digest",
     "flatten",
     "merge",
+    "data_root_for",
     "init_model_file",
     "parse_sets",
     "partition_file_for",
@@ -343,9 +344,15 @@ class Config:
         return partition_file_for(self.partition_file, self.seed)
 
     def resolved_data_root(self) -> str:
-        if self.data_root:
-            return self.data_root
-        return DEFAULT_FMNIST_ROOT if self.dataset == "fmnist" else "data"
+        return data_root_for(self.dataset, self.data_root)
+
+    @property
+    def data_section(self) -> Any:
+        """What the data layer reads of this config (`fedray.config.sections.DataSection`), as it
+        stands now."""
+        from fedray.config.sections import data_section
+
+        return data_section(self)
 
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Config)}
@@ -645,6 +652,14 @@ def _hashed_data(data: Mapping[str, Any]) -> dict[str, Any]:
     if rest:
         out["data"] = rest
     return out
+
+
+def data_root_for(dataset: str, data_root: str) -> str:
+    """The folder a dataset is read from: data_root, or where the dataset lies by default
+    (Fashion-MNIST: Debian's package; the others: ./data)."""
+    if data_root:
+        return data_root
+    return DEFAULT_FMNIST_ROOT if dataset == "fmnist" else "data"
 
 
 def partition_file_for(path_template: str, seed: int) -> str:

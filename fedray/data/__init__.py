@@ -57,7 +57,7 @@ from fedray.data.shift import TEST_CLIENTS, ClientShift, assign_shifts, shifted_
 from fedray.data.validation import EVALUATE_ON, held_out, hold_out_validation
 
 if TYPE_CHECKING:
-    from fedray.config.keys import Config
+    from fedray.config.sections import DataSection
 
 __all__ = [
     "DATASETS",
@@ -117,35 +117,37 @@ def recorded_partition(config: Mapping[str, Any]) -> str:
     return str(config["partition"])
 
 
-def partition_for(cfg: Config, labels: np.ndarray, num_classes: int) -> Partition:
-    scheme = PARTITIONS[cfg.partition]
-    return scheme.draw(labels, scheme.params_for(cfg, num_classes), seeding.rng(data_seed(cfg), "partition"))
+def partition_for(section: DataSection, labels: np.ndarray, num_classes: int) -> Partition:
+    scheme = PARTITIONS[section.partition]
+    return scheme.draw(
+        labels, scheme.params_for(section, num_classes), seeding.rng(data_seed(section), "partition")
+    )
 
 
-def draw_partition(cfg: Config, labels: np.ndarray, num_classes: int) -> Partition:
+def draw_partition(section: DataSection, labels: np.ndarray, num_classes: int) -> Partition:
     """The run's partition; `PartitionError` (naming the config key) if it cannot be drawn, or if a
     draw (a plug-in's) gives what is not a partition of this training set: another number of clients
     than num_clients, or a client's indices that are not integers in [0, training samples) (a list
     of ints is taken as its int64 array)."""
-    part = partition_for(cfg, labels, num_classes)
-    _check_drawn(cfg, part, len(labels))
+    part = partition_for(section, labels, num_classes)
+    _check_drawn(section, part, len(labels))
     for cid, idx in enumerate(part.clients):
         if len(idx) == 0:
             raise PartitionError(
-                f"config key 'partition': client {cid} received no samples ({cfg.partition}); use fewer clients"
+                f"config key 'partition': client {cid} received no samples ({section.partition}); use fewer clients"
             )
     return part
 
 
-def _check_drawn(cfg: Config, part: Any, size: int) -> None:
+def _check_drawn(section: DataSection, part: Any, size: int) -> None:
     """``part`` is a `Partition` of a training set of ``size`` samples into num_clients clients:
     each client's indices made an int64 array, or a `PartitionError` naming the client."""
-    where = f"config key 'partition': partition {cfg.partition!r}"
+    where = f"config key 'partition': partition {section.partition!r}"
     if not isinstance(part, Partition):
         raise PartitionError(f"{where} returned a {type(part).__name__}, not a fedray.Partition")
-    if len(part.clients) != cfg.num_clients:
+    if len(part.clients) != section.num_clients:
         raise PartitionError(
-            f"{where} gave {len(part.clients)} clients, and num_clients is {cfg.num_clients}"
+            f"{where} gave {len(part.clients)} clients, and num_clients is {section.num_clients}"
         )
     clients = []
     for cid, idx in enumerate(part.clients):
@@ -164,62 +166,65 @@ def _check_drawn(cfg: Config, part: Any, size: int) -> None:
             )
         clients.append(arr.astype(np.int64, copy=False))
     part.clients = clients
-    if part.groups is not None and len(part.groups) != cfg.num_clients:
-        raise PartitionError(f"{where} gave {len(part.groups)} groups for {cfg.num_clients} clients")
+    if part.groups is not None and len(part.groups) != section.num_clients:
+        raise PartitionError(f"{where} gave {len(part.groups)} groups for {section.num_clients} clients")
 
 
-def check_partition(cfg: Config) -> dict[int, int]:
+def check_partition(section: DataSection) -> dict[int, int]:
     """Each training client's number of training samples. Draw the run's partition now, from the training labels alone where the dataset allows (the
     draw is a pure function of the labels and the seed, so the run draws the same one later): a
     partition that cannot be drawn fails before Ray or any actor starts. Client files are read and
     checked instead (their clients are the partition)."""
-    kind = DATASETS[cfg.dataset]
+    kind = DATASETS[section.dataset]
     if kind.own_clients:
-        data = kind.federate(cfg)
+        data = kind.federate(section)
         testing = set(data.test_clients)
         return {
-            c: len(ix.train) - held_out(len(ix.train), cfg.validation_fraction)
+            c: len(ix.train) - held_out(len(ix.train), section.validation_fraction)
             for c, ix in data.clients.items()
             if c not in testing
         }
-    labels, num_classes = train_labels(cfg)
-    return train_sizes(cfg, draw_partition(cfg, labels, num_classes))
+    labels, num_classes = train_labels(section)
+    return train_sizes(section, draw_partition(section, labels, num_classes))
 
 
-def train_sizes(cfg: Config, part: Partition) -> dict[int, int]:
+def train_sizes(section: DataSection, part: Partition) -> dict[int, int]:
     """Each client's training samples under ``part`` (its test split, client_test_fraction, and its
     validation split, validation_fraction, apart)."""
     sizes = {
-        c: len(_split(cfg, c, idx, cfg.client_test_fraction).train) for c, idx in enumerate(part.clients)
+        c: len(_split(section, c, idx, section.client_test_fraction).train)
+        for c, idx in enumerate(part.clients)
     }
-    return {c: n - held_out(n, cfg.validation_fraction) for c, n in sizes.items()}
+    return {c: n - held_out(n, section.validation_fraction) for c, n in sizes.items()}
 
 
-def build_federated_data(cfg: Config) -> FederatedData:
+def build_federated_data(section: DataSection) -> FederatedData:
     """The run's data and clients, and the clients its evaluation walks (config key eval_clients);
     each client's validation split held out (validation_fraction), and evaluated on in place of the
     test sets where the run evaluates on validation (fedray.data.validation)."""
-    data = _federate(cfg)
-    if data.eval_clients is None and cfg.eval_clients:
+    data = _federate(section)
+    if data.eval_clients is None and section.eval_clients:
         testing = set(data.test_clients)
         training = [c for c in sorted(data.clients) if c not in testing]
-        data.eval_clients = evaluation_clients(cfg.seed, training, cfg.eval_clients)
-    return hold_out_validation(data, cfg.validation_fraction, data_seed(cfg), cfg.evaluate_on == "validation")
+        data.eval_clients = evaluation_clients(section.seed, training, section.eval_clients)
+    return hold_out_validation(
+        data, section.validation_fraction, data_seed(section), section.evaluate_on == "validation"
+    )
 
 
-def _federate(cfg: Config) -> FederatedData:
-    kind = DATASETS[cfg.dataset]
+def _federate(section: DataSection) -> FederatedData:
+    kind = DATASETS[section.dataset]
     if kind.own_clients:  # the data set comes with its clients (client_files, fedprox_synthetic)
-        return kind.federate(cfg)
-    ds = load_dataset(cfg)
-    part = draw_partition(cfg, ds.train.y, ds.spec.num_classes)
-    if cfg.shift != "none":
-        return _shifted(cfg, ds, part.clients)
-    scheme = PARTITIONS[cfg.partition]
+        return kind.federate(section)
+    ds = load_dataset(section)
+    part = draw_partition(section, ds.train.y, ds.spec.num_classes)
+    if section.shift != "none":
+        return _shifted(section, ds, part.clients)
+    scheme = PARTITIONS[section.partition]
     if scheme.rebuild is not None:  # rotation: each group's copies rotated; local test splits with them
-        params = scheme.params_for(cfg, ds.spec.num_classes)
+        params = scheme.params_for(section, ds.spec.num_classes)
         x, y, ranges = scheme.rebuild(ds.train.x, ds.train.y, part, params)
-        clients = {cid: _split(cfg, cid, r, cfg.client_test_fraction) for cid, r in enumerate(ranges)}
+        clients = {cid: _split(section, cid, r, section.client_test_fraction) for cid, r in enumerate(ranges)}
         origin = np.concatenate(part.clients)
         return FederatedData(
             replace(ds, train=ArrayDataset(x, y)),
@@ -235,30 +240,31 @@ def _federate(cfg: Config) -> FederatedData:
         }
     else:
         clients = {
-            cid: _split(cfg, cid, idx, cfg.client_test_fraction) for cid, idx in enumerate(part.clients)
+            cid: _split(section, cid, idx, section.client_test_fraction)
+            for cid, idx in enumerate(part.clients)
         }
     return FederatedData(ds, clients, part.groups)
 
 
-def _split(cfg: Config, cid: int, idx: np.ndarray, fraction: float) -> ClientIndices:
-    tr, te = split_train_test(idx, fraction, seeding.rng(data_seed(cfg), "client_test_split", cid))
+def _split(section: DataSection, cid: int, idx: np.ndarray, fraction: float) -> ClientIndices:
+    tr, te = split_train_test(idx, fraction, seeding.rng(data_seed(section), "client_test_split", cid))
     return ClientIndices(tr, te)
 
 
-def _shifted(cfg: Config, ds: Dataset, parts: list[np.ndarray]) -> FederatedData:
+def _shifted(section: DataSection, ds: Dataset, parts: list[np.ndarray]) -> FederatedData:
     """FedRC's shift benchmark: every client's data copied under its concept and corruption, then the
     three test clients (the whole test set under each concept, split 90/10)."""
     n = len(parts)
-    shifts = assign_shifts(n, cfg.shift, data_seed(cfg))
+    shifts = assign_shifts(n, section.shift, data_seed(section))
     test_idx = np.arange(len(ds.test.y))
     x = np.concatenate([ds.train.x, ds.test.x])
     y = np.concatenate([ds.train.y, ds.test.y])
     all_parts = [*parts, *[test_idx + len(ds.train.y)] * TEST_CLIENTS]
     all_shifts = [*shifts, *(ClientShift(c) for c in range(TEST_CLIENTS))]
-    sx, sy, ranges = shifted_arrays(x, y, all_parts, all_shifts, ds.spec.num_classes, data_seed(cfg))
-    clients = {cid: _split(cfg, cid, r, cfg.client_test_fraction) for cid, r in enumerate(ranges[:n])}
+    sx, sy, ranges = shifted_arrays(x, y, all_parts, all_shifts, ds.spec.num_classes, data_seed(section))
+    clients = {cid: _split(section, cid, r, section.client_test_fraction) for cid, r in enumerate(ranges[:n])}
     test_clients = list(range(n, n + TEST_CLIENTS))
-    clients.update({cid: _split(cfg, cid, ranges[cid], 0.1) for cid in test_clients})
+    clients.update({cid: _split(section, cid, ranges[cid], 0.1) for cid in test_clients})
     shifted = replace(ds, train=ArrayDataset(sx, sy))
     groups = np.array([s.concept for s in shifts])
     origin = np.concatenate(all_parts)

@@ -31,7 +31,7 @@ from fedray.data.datasets import (
 from fedray.params import read_npz
 
 if TYPE_CHECKING:
-    from fedray.config.keys import Config
+    from fedray.config.sections import DataSection
 
 KEYS = ("x_train", "y_train", "x_test", "y_test")
 
@@ -46,11 +46,11 @@ def _header(z: zipfile.ZipFile, key: str) -> tuple[tuple[int, ...], np.dtype]:
     return tuple(shape), np.dtype(dtype)
 
 
-def _info(cfg: Config, verify: bool = True) -> DatasetInfo:
+def _info(section: DataSection, verify: bool = True) -> DatasetInfo:
     """The file's shapes and classes; with ``verify``, every member read once against its CRC
     (validation, before the run: `_load` reads the file whole, which checks them anyway)."""
-    path = Path(cfg.data_root)
-    _available(cfg)
+    path = Path(section.data_root)
+    _available(section)
     try:
         with zipfile.ZipFile(path) as z:
             names = {n.removesuffix(".npy") for n in z.namelist()}
@@ -68,36 +68,38 @@ def _info(cfg: Config, verify: bool = True) -> DatasetInfo:
     return DatasetInfo(shape[1:], classes, shape[0])
 
 
-def _available(cfg: Config) -> None:
-    if not cfg.data_root:
+def _available(section: DataSection) -> None:
+    if not section.data_root:
         raise DatasetMissing(
             "dataset arrays: config key 'data_root' names no file (fedray.from_arrays writes one)"
         )
-    if not Path(cfg.data_root).is_file():
-        raise DatasetMissing(f"dataset arrays: config key 'data_root': {cfg.data_root} is not a file")
+    if not Path(section.data_root).is_file():
+        raise DatasetMissing(f"dataset arrays: config key 'data_root': {section.data_root} is not a file")
 
 
-def _load(cfg: Config) -> Dataset:
-    info = _info(cfg, verify=False)
-    a = read_npz(cfg.data_root)
+def _load(section: DataSection) -> Dataset:
+    info = _info(section, verify=False)
+    a = read_npz(section.data_root)
     scale = float(a["scale"]) if "scale" in a else 1.0
     for split in ("train", "test"):
         y = a[f"y_{split}"]
         if not np.issubdtype(y.dtype, np.integer) or (
             len(y) and (y.min() < 0 or y.max() >= info.num_classes)
         ):
-            raise ValueError(f"{cfg.data_root}: y_{split} must be integer labels 0..{info.num_classes - 1}")
+            raise ValueError(
+                f"{section.data_root}: y_{split} must be integer labels 0..{info.num_classes - 1}"
+            )
         if a[f"x_{split}"].shape[1:] != info.input_shape:
-            raise ValueError(f"{cfg.data_root}: x_test's inputs are not shaped as x_train's")
+            raise ValueError(f"{section.data_root}: x_test's inputs are not shaped as x_train's")
     spec = DataSpec(tuple(info.input_shape), info.num_classes, scale=scale)
     train = ArrayDataset(a["x_train"], a["y_train"].astype(np.int64))
     test = ArrayDataset(a["x_test"], a["y_test"].astype(np.int64))
-    return Dataset(f"arrays:{Path(cfg.data_root).name}", train, test, spec)
+    return Dataset(f"arrays:{Path(section.data_root).name}", train, test, spec)
 
 
-def _files(cfg: Config) -> tuple[Path, list[Path]]:
-    _available(cfg)
-    return Path(cfg.data_root).parent, [Path(cfg.data_root)]
+def _files(section: DataSection) -> tuple[Path, list[Path]]:
+    _available(section)
+    return Path(section.data_root).parent, [Path(section.data_root)]
 
 
 register_dataset(DatasetKind("arrays", _load, _info, available=_available, files=_files))

@@ -33,13 +33,13 @@ from fedray.data.federated import ClientIndices, FederatedData
 from fedray.data.partitions import split_train_test
 
 if TYPE_CHECKING:
-    from fedray.config.keys import Config
+    from fedray.config.sections import DataSection
 
 
-def client_files_data(cfg: Config) -> FederatedData:
+def client_files_data(section: DataSection) -> FederatedData:
     """A dataset given as one file per client (`fedray.data.client_files`): every client's arrays
     laid out one after another (training split, then its test split), test clients last."""
-    root = Path(cfg.resolved_data_root())
+    root = Path(section.resolved_data_root())
     meta = read_meta(root)
     train_paths, test_paths = client_paths(root)
     arrays = [read_client(p, meta, False) for p in train_paths] + [
@@ -62,9 +62,9 @@ def client_files_data(cfg: Config) -> FederatedData:
         ys += [a.y_train, a.y_test]
         train = np.arange(start, start + n_tr, dtype=np.int64)
         test = np.arange(start + n_tr, start + n_tr + n_te, dtype=np.int64)
-        if n_te == 0 and cfg.client_test_fraction > 0 and cid < len(train_paths):
+        if n_te == 0 and section.client_test_fraction > 0 and cid < len(train_paths):
             train, test = split_train_test(
-                train, cfg.client_test_fraction, seeding.rng(data_seed(cfg), "client_test_split", cid)
+                train, section.client_test_fraction, seeding.rng(data_seed(section), "client_test_split", cid)
             )
         clients[cid] = ClientIndices(train, test)
         start += n_tr + n_te
@@ -90,43 +90,43 @@ def client_files_data(cfg: Config) -> FederatedData:
     return FederatedData(ds, clients, np.array(groups) if groups and groups[0] >= 0 else None, test_clients)
 
 
-def _client_files_info(cfg: Config) -> DatasetInfo:
-    meta = read_meta(cfg.resolved_data_root())
+def _client_files_info(section: DataSection) -> DatasetInfo:
+    meta = read_meta(section.resolved_data_root())
     return DatasetInfo(meta.input_shape, meta.num_classes, None, meta.mean is not None)
 
 
-def _check_files(cfg: Config, info: DatasetInfo) -> None:
+def _check_files(section: DataSection, info: DatasetInfo) -> None:
     """The clients are the files: their count is num_clients; nothing else draws or splits them."""
     try:
-        train, _ = client_paths(cfg.resolved_data_root())
+        train, _ = client_paths(section.resolved_data_root())
     except (ClientFilesError, OSError) as e:
         raise ConfigError(f"config key 'data_root': {e}") from None
-    if cfg.num_clients != len(train):
+    if section.num_clients != len(train):
         raise ConfigError(
-            f"config key 'num_clients': data_root {cfg.resolved_data_root()!r} holds {len(train)} client files; "
+            f"config key 'num_clients': data_root {section.resolved_data_root()!r} holds {len(train)} client files; "
             f"set num_clients: {len(train)}"
         )
-    if cfg.partition == "file":
+    if section.partition == "file":
         raise ConfigError(
             "config key 'partition': client_files are their own partition; partition: file cannot apply"
         )
-    if cfg.shift != "none":
+    if section.shift != "none":
         raise ConfigError(
             "config key 'shift': a shift preset builds its own clients; it does not apply to client_files"
         )
 
 
-def _client_files_available(cfg: Config) -> None:
+def _client_files_available(section: DataSection) -> None:
     try:
-        client_paths(Path(cfg.resolved_data_root()))
+        client_paths(Path(section.resolved_data_root()))
     except (ClientFilesError, OSError) as e:
         raise DatasetMissing(str(e)) from None
 
 
-def _client_files_files(cfg: Config) -> tuple[Path, list[Path]]:
+def _client_files_files(section: DataSection) -> tuple[Path, list[Path]]:
     """What it reads: meta.json, every client's file, and global_test.npz where there is one."""
-    _client_files_available(cfg)
-    root = Path(cfg.resolved_data_root())
+    _client_files_available(section)
+    root = Path(section.resolved_data_root())
     train, test = client_paths(root)
     extra = [root / "global_test.npz"] if (root / "global_test.npz").is_file() else []
     return root, [root / META, *train, *test, *extra]
@@ -139,14 +139,14 @@ def _client_files_label(config: Mapping[str, Any]) -> str:
 register_dataset(
     DatasetKind(
         "client_files",
-        lambda cfg: client_files_data(cfg).dataset,
+        lambda section: client_files_data(section).dataset,
         _client_files_info,
         available=_client_files_available,
         check_info=_check_files,
         federate=client_files_data,
         clients_why="its files are the clients",
         partition_label=_client_files_label,
-        count_clients=lambda cfg: len(client_paths(cfg.resolved_data_root())[0]),
+        count_clients=lambda section: len(client_paths(section.resolved_data_root())[0]),
         data_seed=0,
         files=_client_files_files,
     )

@@ -24,7 +24,7 @@ from fedray.config.hparams import settings_from_dict
 from fedray.config.keys import FIELDS, MOVED_TO_DATA
 
 if TYPE_CHECKING:
-    from fedray.config.keys import Config
+    from fedray.config.sections import DataSection
 
 
 class DatasetMissing(FileNotFoundError):
@@ -132,7 +132,7 @@ class Dataset:
 # ----------------------------------------------------------------------------------------------------
 
 
-def _digits(cfg: Config) -> Dataset:
+def _digits(section: DataSection) -> Dataset:
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -146,9 +146,9 @@ def _digits(cfg: Config) -> Dataset:
     return Dataset("digits", ArrayDataset(xtr, ytr), ArrayDataset(xte, yte), spec)
 
 
-def _synthetic(cfg: Config) -> Dataset:
+def _synthetic(section: DataSection) -> Dataset:
     """Gaussian class clusters in [0, 1], a small learnable task for tests and smoke runs."""
-    shape = tuple(cfg.synthetic_shape)
+    shape = tuple(section.synthetic_shape)
     classes = 10
     # Fixed generator: the data set is part of the problem, not of the run's randomness.
     g = np.random.default_rng(12345)
@@ -159,7 +159,7 @@ def _synthetic(cfg: Config) -> Dataset:
         x = np.clip(means[y] + g.normal(0, 0.25, size=(n, *shape)), 0, 1).astype(np.float32)
         return ArrayDataset(x, y)
 
-    train, test = draw(cfg.synthetic_size), draw(max(10, cfg.synthetic_size // 4))
+    train, test = draw(section.synthetic_size), draw(max(10, section.synthetic_size // 4))
     return Dataset("synthetic", train, test, DataSpec(shape, classes, scale=1.0))
 
 
@@ -194,11 +194,11 @@ def _find_idx(root: Path, stem: str) -> Path | None:
     return None
 
 
-def _fmnist(cfg: Config) -> Dataset:
-    root = Path(cfg.resolved_data_root())
+def _fmnist(section: DataSection) -> Dataset:
+    root = Path(section.resolved_data_root())
     found = {k: _find_idx(root, stem) for k, stem in FMNIST_FILES.items()}
     if any(p is None for p in found.values()):
-        if not cfg.download:
+        if not section.download:
             raise DatasetMissing(_fmnist_missing_message(root))
         from torchvision.datasets import FashionMNIST
 
@@ -229,9 +229,9 @@ def _fmnist_missing_message(root: Path) -> str:
 class TorchvisionSpec:
     cls_name: str
     marker: str  # a path under data_root that exists once the data set is there
-    split_kwargs: Callable[[bool, Config], dict]
-    info: Callable[[Config], DatasetInfo]
-    spec: Callable[[Config], DataSpec]
+    split_kwargs: Callable[[bool, DataSection], dict]
+    info: Callable[[DataSection], DatasetInfo]
+    spec: Callable[[DataSection], DataSpec]
 
 
 _EMNIST_CLASSES = {"byclass": 62, "bymerge": 47, "balanced": 47, "letters": 27, "digits": 10, "mnist": 10}
@@ -250,41 +250,41 @@ TORCHVISION: dict[str, TorchvisionSpec] = {
     "mnist": TorchvisionSpec(
         "MNIST",
         "MNIST/raw",
-        lambda train, cfg: {"train": train},
-        lambda cfg: DatasetInfo((1, 28, 28), 10, 60000),
-        lambda cfg: DataSpec((1, 28, 28), 10, 1 / 255),
+        lambda train, section: {"train": train},
+        lambda section: DatasetInfo((1, 28, 28), 10, 60000),
+        lambda section: DataSpec((1, 28, 28), 10, 1 / 255),
     ),
     "emnist": TorchvisionSpec(
         "EMNIST",
         "EMNIST/raw",
-        lambda train, cfg: {"train": train, "split": cfg.emnist_split},
-        lambda cfg: DatasetInfo(
-            (1, 28, 28), _EMNIST_CLASSES[cfg.emnist_split], _EMNIST_TRAIN[cfg.emnist_split]
+        lambda train, section: {"train": train, "split": section.emnist_split},
+        lambda section: DatasetInfo(
+            (1, 28, 28), _EMNIST_CLASSES[section.emnist_split], _EMNIST_TRAIN[section.emnist_split]
         ),
-        lambda cfg: DataSpec((1, 28, 28), _EMNIST_CLASSES[cfg.emnist_split], 1 / 255),
+        lambda section: DataSpec((1, 28, 28), _EMNIST_CLASSES[section.emnist_split], 1 / 255),
     ),
     "cifar10": TorchvisionSpec(
         "CIFAR10",
         "cifar-10-batches-py",
-        lambda train, cfg: {"train": train},
-        lambda cfg: DatasetInfo((3, 32, 32), 10, 50000),
-        lambda cfg: DataSpec((3, 32, 32), 10, 1 / 255, augment="crop_flip"),
+        lambda train, section: {"train": train},
+        lambda section: DatasetInfo((3, 32, 32), 10, 50000),
+        lambda section: DataSpec((3, 32, 32), 10, 1 / 255, augment="crop_flip"),
     ),
     "cifar100": TorchvisionSpec(
         "CIFAR100",
         "cifar-100-python",
-        lambda train, cfg: {"train": train},
-        lambda cfg: DatasetInfo((3, 32, 32), 100, 50000),
-        lambda cfg: DataSpec(
+        lambda train, section: {"train": train},
+        lambda section: DatasetInfo((3, 32, 32), 100, 50000),
+        lambda section: DataSpec(
             (3, 32, 32), 100, 1 / 255, _CIFAR100_MEAN, _CIFAR100_STD, augment="crop_flip_rotate"
         ),
     ),
     "svhn": TorchvisionSpec(
         "SVHN",
         "train_32x32.mat",
-        lambda train, cfg: {"split": "train" if train else "test"},
-        lambda cfg: DatasetInfo((3, 32, 32), 10, 73257),
-        lambda cfg: DataSpec((3, 32, 32), 10, 1 / 255),
+        lambda train, section: {"split": "train" if train else "test"},
+        lambda section: DatasetInfo((3, 32, 32), 10, 73257),
+        lambda section: DataSpec((3, 32, 32), 10, 1 / 255),
     ),
 }
 
@@ -301,17 +301,17 @@ def _as_nchw(data: object, name: str) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.uint8)
 
 
-def _torchvision_loader(name: str) -> Callable[[Config], Dataset]:
-    def load(cfg: Config) -> Dataset:
+def _torchvision_loader(name: str) -> Callable[[DataSection], Dataset]:
+    def load(section: DataSection) -> Dataset:
         import torchvision.datasets as tvd
 
         tv = TORCHVISION[name]
-        root = cfg.resolved_data_root()
+        root = section.resolved_data_root()
         cls = getattr(tvd, tv.cls_name)
         parts = []
         for train in (True, False):
             try:
-                ds = cls(root, download=cfg.download, **tv.split_kwargs(train, cfg))
+                ds = cls(root, download=section.download, **tv.split_kwargs(train, section))
             except RuntimeError as e:
                 raise DatasetMissing(_torchvision_missing_message(name, root, str(e))) from None
             labels = getattr(ds, "targets", None)
@@ -319,7 +319,7 @@ def _torchvision_loader(name: str) -> Callable[[Config], Dataset]:
                 labels = ds.labels
             labels = labels.numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
             parts.append(ArrayDataset(_as_nchw(ds.data, name), labels.astype(np.int64)))
-        return Dataset(name, parts[0], parts[1], tv.spec(cfg))
+        return Dataset(name, parts[0], parts[1], tv.spec(section))
 
     return load
 
@@ -340,41 +340,45 @@ def _torchvision_missing_message(name: str, root: str, detail: str = "") -> str:
 
 @dataclass(frozen=True)
 class DatasetKind:
-    """One value of config key ``dataset``: how it is loaded, described and checked."""
+    """One value of config key ``dataset``: how it is loaded, described and checked. Every hook
+    takes the run's data section (`fedray.config.sections.DataSection`: the dataset's keys, the
+    partition's, the seeds), written ``section`` below; a whole `Config` has every key it holds,
+    so a hook written against one reads either."""
 
     name: str
-    load: Callable[[Config], Dataset]
-    info: Callable[[Config], DatasetInfo]  # shape, classes and size without reading it (config validation)
+    load: Callable[[DataSection], Dataset]
+    # shape, classes and size without reading it (config validation)
+    info: Callable[[DataSection], DatasetInfo]
     # The config keys it reads that other datasets do not (emnist_split): such a key set with
     # another dataset is refused when the config is built.
     keys: tuple[str, ...] = ()
-    # (cfg) -> None: raises DatasetMissing (cheaply) where its files are not there, unless download
+    # (section) -> None: raises DatasetMissing (cheaply) where its files are not there, unless download
     # is set; None: always there (built in). Optional.
-    available: Callable[[Config], None] | None = None
-    # (cfg) -> None: the checks of its keys; raises ConfigError naming the key. Optional.
-    check: Callable[[Config], None] | None = None
-    # (cfg, info) -> None: checks that need its `info` first (client_files: as many clients as
+    available: Callable[[DataSection], None] | None = None
+    # (section) -> None: the checks of its keys; raises ConfigError naming the key. Optional.
+    check: Callable[[DataSection], None] | None = None
+    # (section, info) -> None: checks that need its `info` first (client_files: as many clients as
     # files); raises ConfigError naming the key. Optional.
-    check_info: Callable[[Config, DatasetInfo], None] | None = None
-    # (cfg) -> FederatedData: a data set that comes with its clients (client_files: its files are
+    check_info: Callable[[DataSection, DatasetInfo], None] | None = None
+    # (section) -> FederatedData: a data set that comes with its clients (client_files: its files are
     # the clients) builds them here, instead of load + a partition drawn over it; no partition key
     # is read then, and a config that sets one is told ``clients_why``.
-    federate: Callable[[Config], Any] | None = None
+    federate: Callable[[DataSection], Any] | None = None
     clients_why: str = "it comes with its own clients"
     # How reports name the partition of its runs (client_files: "files:FOLDER"), from the config mapping.
     partition_label: Callable[[Mapping[str, Any]], str] | None = None
-    # (cfg) -> how many clients it makes from the config (LEAF: the users its filters keep), which
+    # (section) -> how many clients it makes from the config (LEAF: the users its filters keep), which
     # num_clients then is where the user leaves it out. Optional: None, num_clients is the user's.
-    count_clients: Callable[[Config], int] | None = None
+    count_clients: Callable[[DataSection], int] | None = None
     # The data seed of its runs where config key data_seed is null (`data_seed`): a data set that is
     # read rather than drawn (LEAF, hf, client_files) fixes one, so the run's seed varies training
     # only; None: the run's seed, as before data_seed existed.
     data_seed: int | None = None
-    # (cfg) -> (folder, files): the files it reads, which a run records by their content
+    # (section) -> (folder, files): the files it reads, which a run records by their content
     # (`fedray.data.identity`) so that it goes on from a checkpoint, or counts as finished, only on
     # those same files; raises DatasetMissing where they are not there. None: nothing is read from
     # files the user can change (made from the config: digits, synthetic), nothing recorded.
-    files: Callable[[Config], tuple[Path, list[Path]]] | None = None
+    files: Callable[[DataSection], tuple[Path, list[Path]]] | None = None
     # Its own settings (config key data.NAME), a dataclass with a default for every field and bounds
     # declared as an algorithm's Hparams declare theirs (fedray.config.hparams); None: it has none.
     settings: type | None = None
@@ -419,46 +423,46 @@ def register_dataset(kind: DatasetKind) -> DatasetKind:
     return kind
 
 
-def _check_synthetic(cfg: Config) -> None:
-    shape = cfg.synthetic_shape
+def _check_synthetic(section: DataSection) -> None:
+    shape = section.synthetic_shape
     if not (len(shape) in (1, 3) and all(s >= 1 for s in shape)):
         raise ConfigError(
             f"config key 'synthetic_shape': must be [D] or [C, H, W] with positive sizes, got {shape}"
         )
 
 
-def _check_emnist(cfg: Config) -> None:
+def _check_emnist(section: DataSection) -> None:
     allowed = sorted(_EMNIST_CLASSES)
-    if cfg.emnist_split not in allowed:
+    if section.emnist_split not in allowed:
         raise ConfigError(
-            f"config key 'emnist_split': unknown value {cfg.emnist_split!r}{suggest(cfg.emnist_split, allowed)} "
+            f"config key 'emnist_split': unknown value {section.emnist_split!r}{suggest(section.emnist_split, allowed)} "
             f"(allowed: {', '.join(allowed)})"
         )
 
 
-def _fmnist_available(cfg: Config) -> None:
-    root = Path(cfg.resolved_data_root())
+def _fmnist_available(section: DataSection) -> None:
+    root = Path(section.resolved_data_root())
     if any(_find_idx(root, stem) is None for stem in FMNIST_FILES.values()):
         raise DatasetMissing(_fmnist_missing_message(root))
 
 
-def _fmnist_files(cfg: Config) -> tuple[Path, list[Path]]:
-    _fmnist_available(cfg)
-    root = Path(cfg.resolved_data_root())
+def _fmnist_files(section: DataSection) -> tuple[Path, list[Path]]:
+    _fmnist_available(section)
+    root = Path(section.resolved_data_root())
     return root, [_find_idx(root, stem) for stem in FMNIST_FILES.values()]  # type: ignore[misc]
 
 
-def _torchvision_files(name: str) -> Callable[[Config], tuple[Path, list[Path]]]:
+def _torchvision_files(name: str) -> Callable[[DataSection], tuple[Path, list[Path]]]:
     """The files torchvision's class reads for both splits, named as the class names them."""
 
-    def files(cfg: Config) -> tuple[Path, list[Path]]:
+    def files(section: DataSection) -> tuple[Path, list[Path]]:
         import torchvision.datasets as tvd
 
-        root = Path(cfg.resolved_data_root())
+        root = Path(section.resolved_data_root())
         cls = getattr(tvd, TORCHVISION[name].cls_name)
         if name in ("mnist", "emnist"):  # the IDX files in its raw folder
             splits = ("train", "t10k") if name == "mnist" else ("train", "test")
-            stems = [s if name == "mnist" else f"emnist-{cfg.emnist_split}-{s}" for s in splits]
+            stems = [s if name == "mnist" else f"emnist-{section.emnist_split}-{s}" for s in splits]
             names = [
                 f"{cls.__name__}/raw/{stem}-{what}"
                 for stem in stems
@@ -477,21 +481,21 @@ def _torchvision_files(name: str) -> Callable[[Config], tuple[Path, list[Path]]]
     return files
 
 
-def _torchvision_available(name: str) -> Callable[[Config], None]:
-    def available(cfg: Config) -> None:
-        root = Path(cfg.resolved_data_root())
+def _torchvision_available(name: str) -> Callable[[DataSection], None]:
+    def available(section: DataSection) -> None:
+        root = Path(section.resolved_data_root())
         if not (root / TORCHVISION[name].marker).exists():
             raise DatasetMissing(_torchvision_missing_message(name, str(root)))
 
     return available
 
 
-register_dataset(DatasetKind("digits", _digits, lambda cfg: DatasetInfo((1, 8, 8), 10, 1257)))
+register_dataset(DatasetKind("digits", _digits, lambda section: DatasetInfo((1, 8, 8), 10, 1257)))
 register_dataset(
     DatasetKind(
         "synthetic",
         _synthetic,
-        lambda cfg: DatasetInfo(tuple(cfg.synthetic_shape), 10, cfg.synthetic_size),
+        lambda section: DatasetInfo(tuple(section.synthetic_shape), 10, section.synthetic_size),
         keys=("synthetic_size", "synthetic_shape"),
         check=_check_synthetic,
     )
@@ -500,7 +504,7 @@ register_dataset(
     DatasetKind(
         "fmnist",
         _fmnist,
-        lambda cfg: DatasetInfo((1, 28, 28), 10, 60000),
+        lambda section: DatasetInfo((1, 28, 28), 10, 60000),
         available=_fmnist_available,
         files=_fmnist_files,
     )
@@ -519,43 +523,43 @@ for _name, _tv in TORCHVISION.items():
     )
 
 
-def data_seed(cfg: Config) -> int:
+def data_seed(section: DataSection) -> int:
     """The seed of what makes the run's data (its partition's draw, the clients' test splits, LEAF's
     sampling and split): config key data_seed, else the dataset's own (`DatasetKind.data_seed`),
     else the run's seed."""
-    if cfg.data_seed is not None:
-        return cfg.data_seed
-    kind = DATASETS.get(cfg.dataset)
-    return kind.data_seed if kind is not None and kind.data_seed is not None else cfg.seed
+    if section.data_seed is not None:
+        return section.data_seed
+    kind = DATASETS.get(section.dataset)
+    return kind.data_seed if kind is not None and kind.data_seed is not None else section.seed
 
 
-def data_settings(cfg: Config) -> Any:
+def data_settings(section: DataSection) -> Any:
     """The run's dataset's own settings (config key data.NAME, `DatasetKind.settings`), checked."""
-    return DATASETS[cfg.dataset].make_settings(cfg.data)
+    return DATASETS[section.dataset].make_settings(section.data)
 
 
-def dataset_info(cfg: Config) -> DatasetInfo:
+def dataset_info(section: DataSection) -> DatasetInfo:
     """Shape, classes and size of a dataset without reading it (for config validation)."""
-    return DATASETS[cfg.dataset].info(cfg)
+    return DATASETS[section.dataset].info(section)
 
 
-def check_available(cfg: Config) -> None:
+def check_available(section: DataSection) -> None:
     """Raise DatasetMissing now (cheaply) rather than after Ray and the actors have started."""
-    available = DATASETS[cfg.dataset].available
-    if not cfg.download and available is not None:
-        available(cfg)
+    available = DATASETS[section.dataset].available
+    if not section.download and available is not None:
+        available(section)
 
 
-def load_dataset(cfg: Config) -> Dataset:
-    return DATASETS[cfg.dataset].load(cfg)
+def load_dataset(section: DataSection) -> Dataset:
+    return DATASETS[section.dataset].load(section)
 
 
-def train_labels(cfg: Config) -> tuple[np.ndarray, int]:
+def train_labels(section: DataSection) -> tuple[np.ndarray, int]:
     """The training labels and the number of classes, read as cheaply as the dataset allows
     (Fashion-MNIST: its labels file alone; the others: the dataset)."""
-    if cfg.dataset == "fmnist":
-        path = _find_idx(Path(cfg.resolved_data_root()), FMNIST_FILES["train_y"])
+    if section.dataset == "fmnist":
+        path = _find_idx(Path(section.resolved_data_root()), FMNIST_FILES["train_y"])
         if path is not None:
             return read_idx(path).astype(np.int64), 10
-    ds = load_dataset(cfg)
+    ds = load_dataset(section)
     return ds.train.y, ds.spec.num_classes

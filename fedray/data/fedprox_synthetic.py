@@ -39,7 +39,7 @@ from fedray.data.datasets import (
 from fedray.data.federated import ClientSource, FederatedData, SourcedClients, evaluation_clients
 
 if TYPE_CHECKING:
-    from fedray.config.keys import Config
+    from fedray.config.sections import DataSection
 
 DIM, CLASSES = 60, 10
 TRAIN_FRACTION = 0.9
@@ -88,12 +88,14 @@ class SyntheticSource(ClientSource):
         return ArrayDataset(x, y)
 
 
-def federated(cfg: Config) -> FederatedData:
+def federated(section: DataSection) -> FederatedData:
     """The data set with its clients: made on demand; the global test set is the evaluated
     clients' test splits pooled (every client's, unless ``eval_clients`` picks some)."""
-    source = SyntheticSource(data_seed(cfg), cfg.synthetic_alpha, cfg.synthetic_beta, cfg.num_clients)
+    source = SyntheticSource(
+        data_seed(section), section.synthetic_alpha, section.synthetic_beta, section.num_clients
+    )
     clients = SourcedClients(source)
-    chosen = evaluation_clients(cfg.seed, clients.ids, cfg.eval_clients)
+    chosen = evaluation_clients(section.seed, clients.ids, section.eval_clients)
     xs, ys = [np.zeros((0, DIM), np.float32)], [np.zeros(0, np.int64)]
     for cid in clients.ids if chosen is None else chosen:
         made, n_train = source.samples(cid), source.split(cid)[0]
@@ -110,14 +112,14 @@ def federated(cfg: Config) -> FederatedData:
 MAX_POOLED_CLIENTS = 10_000
 
 
-def _check(cfg: Config) -> None:
-    if cfg.shift != "none":
+def _check(section: DataSection) -> None:
+    if section.shift != "none":
         raise ConfigError(
             "config key 'shift': fedprox_synthetic makes its own clients; a shift preset does not apply"
         )
-    if cfg.num_clients > MAX_POOLED_CLIENTS and cfg.eval_clients == 0:
+    if section.num_clients > MAX_POOLED_CLIENTS and section.eval_clients == 0:
         raise ConfigError(
-            f"config key 'eval_clients': fedprox_synthetic over {cfg.num_clients} clients evaluates on every "
+            f"config key 'eval_clients': fedprox_synthetic over {section.num_clients} clients evaluates on every "
             f"client's test split unless told otherwise (more than {MAX_POOLED_CLIENTS} clients: about 45 samples "
             "each, all visited at every evaluation); set eval_clients (e.g. 1000) to evaluate on that many, "
             "drawn once from the seed"
@@ -132,8 +134,8 @@ def label(config: dict) -> str:
 register_dataset(
     DatasetKind(
         "fedprox_synthetic",
-        lambda cfg: federated(cfg).dataset,
-        lambda cfg: DatasetInfo((DIM,), CLASSES, None),
+        lambda section: federated(section).dataset,
+        lambda section: DatasetInfo((DIM,), CLASSES, None),
         keys=("synthetic_alpha", "synthetic_beta"),
         check=_check,
         federate=federated,

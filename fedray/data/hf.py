@@ -52,7 +52,7 @@ from fedray.data.federated import FederatedData, own_splits
 from fedray.data.leaf import SHAKESPEARE_VOCAB, SYMBOL_INDEX, Recipe, class_ids, make_clients
 
 if TYPE_CHECKING:
-    from fedray.config.keys import Config
+    from fedray.config.sections import DataSection
 
 
 @dataclass(frozen=True)
@@ -85,22 +85,22 @@ def _datasets() -> Any:
     return datasets
 
 
-def local_copy(cfg: Config) -> Path:
+def local_copy(section: DataSection) -> Path:
     """Where a dataset is read from: ``data.name`` itself where it is a folder, else the copy fedray
     keeps in ``data_root`` (``owner__name``)."""
-    s: HfSettings = data_settings(cfg)
+    s: HfSettings = data_settings(section)
     given = Path(s.name).expanduser()
     if given.is_dir():
         return given
-    return Path(cfg.resolved_data_root()) / re.sub(r"[^\w.-]", "__", s.name)
+    return Path(section.resolved_data_root()) / re.sub(r"[^\w.-]", "__", s.name)
 
 
-def hf_available(cfg: Config) -> None:
-    s: HfSettings = data_settings(cfg)
+def hf_available(section: DataSection) -> None:
+    s: HfSettings = data_settings(section)
     if not s.name:
         raise DatasetMissing("dataset hf: set data.name (a hub dataset, or a folder a dataset was saved to)")
-    where = local_copy(cfg)
-    if where.is_dir() or cfg.download:
+    where = local_copy(section)
+    if where.is_dir() or section.download:
         return
     raise DatasetMissing(
         f"dataset hf: {s.name} is not in {str(where)!r} (nothing downloads at run time): --set download=true "
@@ -109,24 +109,24 @@ def hf_available(cfg: Config) -> None:
     )
 
 
-def hf_files(cfg: Config) -> tuple[Path, list[Path]]:
+def hf_files(section: DataSection) -> tuple[Path, list[Path]]:
     """The files of the saved dataset it reads (its splits' Arrow files and their JSON), not the
     cache files `datasets` may add beside them."""
-    s: HfSettings = data_settings(cfg)
-    where = local_copy(cfg)
+    s: HfSettings = data_settings(section)
+    where = local_copy(section)
     if not where.is_dir():
         raise DatasetMissing(f"dataset hf: {s.name} is not in {str(where)!r}")
     found = sorted(p for p in where.rglob("*") if p.is_file() and not p.name.startswith((".", "cache-")))
     return where, found
 
 
-def _open(cfg: Config) -> Any:
+def _open(section: DataSection) -> Any:
     """The dataset (a DatasetDict, or one Dataset), downloaded and kept first where asked."""
-    s: HfSettings = data_settings(cfg)
+    s: HfSettings = data_settings(section)
     ds = _datasets()
-    where = local_copy(cfg)
+    where = local_copy(section)
     if not where.is_dir():
-        hf_available(cfg)
+        hf_available(section)
         if unreachable := _hub_unreachable():
             raise DatasetMissing(f"dataset hf: cannot download {s.name}: {unreachable}")
         try:
@@ -157,8 +157,8 @@ def _hub_unreachable(timeout_s: float = 5.0) -> str | None:
         return f"{host} cannot be reached ({e.strerror or type(e).__name__}): no network here? Save the dataset on a machine that has one (save_to_disk) and point data.name at the folder"
 
 
-def _split(cfg: Config, data: Any, name: str, key: str) -> Any:
-    s: HfSettings = data_settings(cfg)
+def _split(section: DataSection, data: Any, name: str, key: str) -> Any:
+    s: HfSettings = data_settings(section)
     if not hasattr(data, "keys"):  # one Dataset, saved alone: its only split
         if name not in ("train", ""):
             raise ConfigError(f"config key '{key}': {s.name} has one split, not {name!r}")
@@ -170,9 +170,9 @@ def _split(cfg: Config, data: Any, name: str, key: str) -> Any:
     return data[name]
 
 
-def _columns(cfg: Config, split: Any, keys: tuple[str, ...] = COLUMN_KEYS) -> list[str]:
+def _columns(section: DataSection, split: Any, keys: tuple[str, ...] = COLUMN_KEYS) -> list[str]:
     """The columns ``keys`` name; every one that is not a column of ``split`` said at once."""
-    s: HfSettings = data_settings(cfg)
+    s: HfSettings = data_settings(section)
     problems = [
         f"config key 'data.{key}': {getattr(s, key)!r} is not a column of {s.name} "
         f"(its columns: {', '.join(split.column_names)})"
@@ -241,21 +241,23 @@ def _classes(split: Any, label: str, y: np.ndarray, known: int | None) -> int:
     return known or getattr(feature, "num_classes", None) or int(y.max()) + 1
 
 
-def _recipe(cfg: Config, train: Any, input_col: str) -> Recipe:
+def _recipe(section: DataSection, train: Any, input_col: str) -> Recipe:
     """LEAF's rules for making the clients of rows that are not split already: text (windows
     sliding by one) split in order with a window's length - 1 rows between, the rest at random."""
     first = train[0][input_col] if len(train) else None
     gap = len(first) - 1 if isinstance(first, str) else None
-    return Recipe.of(cfg, gap, train_fraction=1 - cfg.client_test_fraction)
+    return Recipe.of(section, gap, train_fraction=1 - section.client_test_fraction)
 
 
-def _clients(cfg: Config, train: Any, client_col: str, input_col: str) -> tuple[np.ndarray, list, list]:
+def _clients(
+    section: DataSection, train: Any, client_col: str, input_col: str
+) -> tuple[np.ndarray, list, list]:
     """The client ids (sorted), each one's rows (in the split's order) and, where fedray splits
     them, the clients LEAF's rules keep: (client, its training rows' positions, its test rows').
     Made once a process for a split as saved (its fingerprint) and the rules: counted, checked and
     loaded for one run, and again for each run of a sweep."""
-    s: HfSettings = data_settings(cfg)
-    recipe = None if s.test_split else _recipe(cfg, train, input_col)
+    s: HfSettings = data_settings(section)
+    recipe = None if s.test_split else _recipe(section, train, input_col)
     key = (getattr(train, "_fingerprint", None), client_col, recipe)
     if key[0] is not None and key in _MADE:
         return _MADE[key]
@@ -281,21 +283,21 @@ def _clients(cfg: Config, train: Any, client_col: str, input_col: str) -> tuple[
 _MADE: dict[tuple, tuple[np.ndarray, list, list]] = {}
 
 
-def hf_data(cfg: Config) -> FederatedData:
+def hf_data(section: DataSection) -> FederatedData:
     """The clients: the rows of ``data.split`` grouped by ``data.client_column``, ids sorted."""
-    s: HfSettings = data_settings(cfg)
-    data = _open(cfg)
-    train = _split(cfg, data, s.split, "data.split")
-    client_col, input_col, label_col = _columns(cfg, train)
+    s: HfSettings = data_settings(section)
+    data = _open(section)
+    train = _split(section, data, s.split, "data.split")
+    client_col, input_col, label_col = _columns(section, train)
     where = f"dataset hf {s.name}"
     x, scale = _inputs(train, input_col, f"{where}: column {input_col!r}")
     y, known = _labels(train[label_col], f"{where}: column {label_col!r}")
     classes = _classes(train, label_col, y, known)
-    ids, rows, made = _clients(cfg, train, client_col, input_col)
+    ids, rows, made = _clients(section, train, client_col, input_col)
     parts = []
     if s.test_split:
-        test = _split(cfg, data, s.test_split, "data.test_split")
-        tx, ty = _test_arrays(cfg, test, (input_col, label_col), (x, scale, classes))
+        test = _split(section, data, s.test_split, "data.test_split")
+        tx, ty = _test_arrays(section, test, (input_col, label_col), (x, scale, classes))
         t_ids = np.asarray([str(c) for c in test[client_col]])
         for c, r in enumerate(rows):
             t = np.flatnonzero(t_ids == ids[c])
@@ -310,12 +312,12 @@ def hf_data(cfg: Config) -> FederatedData:
 
 
 def _test_arrays(
-    cfg: Config, test: Any, columns: tuple[str, str], train: tuple
+    section: DataSection, test: Any, columns: tuple[str, str], train: tuple
 ) -> tuple[np.ndarray, np.ndarray]:
     """``data.test_split``'s inputs and labels, refused where one model could not read them as it
     reads the training split's: another shape, another stored type (another scale), a class the
     training split does not have."""
-    s: HfSettings = data_settings(cfg)
+    s: HfSettings = data_settings(section)
     (input_col, label_col), (x, scale, classes) = columns, train
     where = f"dataset hf {s.name}: split {s.test_split!r}"
     tx, tscale = _inputs(test, input_col, f"{where}, column {input_col!r}")
@@ -334,12 +336,12 @@ def _test_arrays(
     return tx, ty
 
 
-def hf_info(cfg: Config) -> DatasetInfo:
+def hf_info(section: DataSection) -> DatasetInfo:
     """Shape and classes from the dataset's first rows (memory-mapped: nothing else is read)."""
-    s: HfSettings = data_settings(cfg)
-    data = _open(cfg)
-    train = _split(cfg, data, s.split, "data.split")
-    _, input_col, label_col = _columns(cfg, train)
+    s: HfSettings = data_settings(section)
+    data = _open(section)
+    train = _split(section, data, s.split, "data.split")
+    _, input_col, label_col = _columns(section, train)
     x, _ = _inputs(
         train.select(range(min(1, len(train)))), input_col, f"dataset hf {s.name}: column {input_col!r}"
     )
@@ -350,18 +352,18 @@ def hf_info(cfg: Config) -> DatasetInfo:
     return DatasetInfo(tuple(x.shape[1:]), classes, None)
 
 
-def count_hf(cfg: Config) -> int:
+def count_hf(section: DataSection) -> int:
     """The clients the rows make under this config (those LEAF's rules keep)."""
-    s: HfSettings = data_settings(cfg)
-    train = _split(cfg, _open(cfg), s.split, "data.split")
-    client_col, input_col, _ = _columns(cfg, train)
-    return len(_clients(cfg, train, client_col, input_col)[2])
+    s: HfSettings = data_settings(section)
+    train = _split(section, _open(section), s.split, "data.split")
+    client_col, input_col, _ = _columns(section, train)
+    return len(_clients(section, train, client_col, input_col)[2])
 
 
-def check_hf(cfg: Config, info: DatasetInfo) -> None:
+def check_hf(section: DataSection, info: DatasetInfo) -> None:
     """The columns are there and the clients are the run's: num_clients their number."""
-    s: HfSettings = data_settings(cfg)
-    if not s.test_split and cfg.client_test_fraction <= 0:
+    s: HfSettings = data_settings(section)
+    if not s.test_split and section.client_test_fraction <= 0:
         raise ConfigError(
             "config key 'client_test_fraction': dataset hf's test samples are each client's own: set "
             "client_test_fraction (e.g. 0.1), or data.test_split to a split of the same clients"
@@ -378,19 +380,19 @@ def check_hf(cfg: Config, info: DatasetInfo) -> None:
                     f"config key 'data.{key}': data.test_split gives each client's test rows, so its clients "
                     "are read as they are (as a folder LEAF split already): leave it out, or data.test_split"
                 )
-    n = count_hf(cfg)
+    n = count_hf(section)
     if n == 0:
         raise ConfigError(
             f"config key 'data.client_column': no client of {s.name}'s column {s.client_column!r} "
             "is left by data.sample_fraction, data.min_samples and LEAF's split (a client needs two rows, and "
             "a test row after the split)"
         )
-    if n != cfg.num_clients:
+    if n != section.num_clients:
         raise ConfigError(
             f"config key 'num_clients': {s.name}'s column {s.client_column!r} names {n} clients "
             f"(kept by LEAF's rules); set num_clients: {n}, or leave it out (fedray counts them)"
         )
-    if cfg.shift != "none":
+    if section.shift != "none":
         raise ConfigError(
             "config key 'shift': dataset hf's clients are its own; a shift preset does not apply"
         )
@@ -399,7 +401,7 @@ def check_hf(cfg: Config, info: DatasetInfo) -> None:
 register_dataset(
     DatasetKind(
         "hf",
-        lambda cfg: hf_data(cfg).dataset,
+        lambda section: hf_data(section).dataset,
         hf_info,
         settings=HfSettings,
         available=hf_available,

@@ -24,7 +24,7 @@ from fedray.config.keys import file_digest
 from fedray.data.datasets import DATASETS, DatasetMissing
 
 if TYPE_CHECKING:
-    from fedray.config.keys import Config
+    from fedray.config.sections import DataSection
 
 # Up to this many files, each one's SHA-256 is recorded too, so a change names the file; beyond it
 # (client files of a large federation) only the count and the digest over all of them.
@@ -35,15 +35,15 @@ class DataChanged(ConfigError):
     """A run would go on from a checkpoint, or count as finished, on data other than it read."""
 
 
-def identity(cfg: Config) -> dict[str, Any] | None:
+def identity(section: DataSection) -> dict[str, Any] | None:
     """The run's data as it stands: ``{"root", "files", "sha256"}`` (the folder, how many files,
     the SHA-256 over their names and contents) and ``"digests"`` (name -> SHA-256, up to
     `LISTED_FILES` files); None where the dataset names no files, or they are not there now."""
-    kind = DATASETS.get(cfg.dataset)
+    kind = DATASETS.get(section.dataset)
     if kind is None or kind.files is None:
         return None
     try:
-        root, files = kind.files(cfg)
+        root, files = kind.files(section)
     except (DatasetMissing, OSError):
         return None
     digests = {_name(p, root): file_digest(p) for p in files}

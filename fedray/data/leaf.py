@@ -69,7 +69,7 @@ from fedray.data.datasets import (
 from fedray.data.federated import FederatedData, own_splits
 
 if TYPE_CHECKING:
-    from fedray.config.keys import Config
+    from fedray.config.sections import DataSection
 
 # LEAF's symbols of the plays (its models/utils/language_utils.py): a character is its index here
 SHAKESPEARE_VOCAB = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
@@ -380,10 +380,10 @@ class Recipe:
     gap: int | None  # None: each user's training samples drawn at random; else in order, then this gap
 
     @classmethod
-    def of(cls, cfg: Config, gap: int | None, train_fraction: float | None = None) -> Recipe:
-        """The recipe of ``cfg``'s dataset settings (LEAF's, or hf's that read LEAF's sampling: a
+    def of(cls, section: DataSection, gap: int | None, train_fraction: float | None = None) -> Recipe:
+        """The recipe of ``section``'s dataset settings (LEAF's, or hf's that read LEAF's sampling: a
         setting it does not have is LEAF's default)."""
-        s, seed = data_settings(cfg), data_seed(cfg)
+        s, seed = data_settings(section), data_seed(section)
         split_seed = getattr(s, "split_seed", None)
         return cls(
             s.sample_fraction,
@@ -457,7 +457,7 @@ def make_clients(
     return clients
 
 
-def leaf_clients(kind: Kind, cfg: Config, users: Users) -> list[tuple[int, np.ndarray, np.ndarray]]:
+def leaf_clients(kind: Kind, section: DataSection, users: Users) -> list[tuple[int, np.ndarray, np.ndarray]]:
     """The run's clients: (user, its training rows, its test rows), rows into ``users``' arrays
     (a folder LEAF split already: its test rows into the test arrays)."""
     if users.split:
@@ -465,7 +465,7 @@ def leaf_clients(kind: Kind, cfg: Config, users: Users) -> list[tuple[int, np.nd
             (i, np.arange(users.offsets[i], users.offsets[i + 1]), np.arange(*users.test_offsets[i : i + 2]))
             for i in range(len(users.names))
         ]
-    recipe = Recipe.of(cfg, kind.gap)
+    recipe = Recipe.of(section, kind.gap)
     made = _MADE.get((users.stamp, recipe)) if users.stamp else None
     if made is None:  # counted, checked and loaded for one run, and again for each run of a sweep
         made = make_clients(users.files(), users.sizes(), recipe)
@@ -478,40 +478,40 @@ def leaf_clients(kind: Kind, cfg: Config, users: Users) -> list[tuple[int, np.nd
 _MADE: dict[tuple[str, Recipe], list[tuple[int, np.ndarray, np.ndarray]]] = {}
 
 
-def leaf_data(kind: Kind, cfg: Config) -> FederatedData:
+def leaf_data(kind: Kind, section: DataSection) -> FederatedData:
     """The run's clients: the users kept, each its training and test samples."""
-    users = read_users(kind, cfg.resolved_data_root())
+    users = read_users(kind, section.resolved_data_root())
     test_x, test_y = (users.test_x, users.test_y) if users.split else (users.x, users.y)
     parts = [
         (ArrayDataset(users.x[tr], users.y[tr]), ArrayDataset(test_x[te], test_y[te]))
-        for _, tr, te in leaf_clients(kind, cfg, users)
+        for _, tr, te in leaf_clients(kind, section, users)
     ]
     train, test, clients = own_splits(parts)
     spec = DataSpec(kind.input_shape, kind.num_classes, kind.scale)
     return FederatedData(Dataset(kind.name, train, test, spec), clients, None)
 
 
-def leaf_info(kind: Kind, cfg: Config) -> DatasetInfo:
+def leaf_info(kind: Kind, section: DataSection) -> DatasetInfo:
     return DatasetInfo(kind.input_shape, kind.num_classes, None)
 
 
-def _users(kind: Kind, cfg: Config) -> Users:
+def _users(kind: Kind, section: DataSection) -> Users:
     try:
-        return read_users(kind, cfg.resolved_data_root())
+        return read_users(kind, section.resolved_data_root())
     except DatasetMissing as e:
         raise ConfigError(f"config key 'data_root': {e}") from None
 
 
-def count_leaf(kind: Kind, cfg: Config) -> int:
+def count_leaf(kind: Kind, section: DataSection) -> int:
     """The clients a LEAF folder gives this config: its users kept."""
-    return len(leaf_clients(kind, cfg, _users(kind, cfg)))
+    return len(leaf_clients(kind, section, _users(kind, section)))
 
 
-def check_leaf(kind: Kind, cfg: Config, info: DatasetInfo) -> None:
+def check_leaf(kind: Kind, section: DataSection, info: DatasetInfo) -> None:
     """Before anything runs: the folder is LEAF's, its users kept are the run's clients (num_clients
     is their number), and on a folder LEAF split already the sampling and split keys are LEAF's own."""
-    root = Path(cfg.resolved_data_root())
-    users, s = _users(kind, cfg), data_settings(cfg)
+    root = Path(section.resolved_data_root())
+    users, s = _users(kind, section), data_settings(section)
     if users.split:
         for f in fields(LeafSettings):
             if getattr(s, f.name) != f.default:
@@ -520,32 +520,32 @@ def check_leaf(kind: Kind, cfg: Config, info: DatasetInfo) -> None:
                     "and their split are LEAF's (its preprocess.sh --sf, -k, --tf, --spltseed); leave it at its "
                     "default, or point data_root at a folder with all_data/"
                 )
-    n = len(leaf_clients(kind, cfg, users))
+    n = len(leaf_clients(kind, section, users))
     kept = f"data.sample_fraction {s.sample_fraction}, data.min_samples {s.min_samples} and LEAF's split"
     if n == 0:
         raise ConfigError(
             f"config key 'data.min_samples': no {kind.name} user of {root} is left by {kept} (a user needs "
             "two samples, and a test sample after the split)"
         )
-    if n != cfg.num_clients:
+    if n != section.num_clients:
         raise ConfigError(
             f"config key 'num_clients': the {kind.name} users of {root} kept by {kept} are {n}; "
             f"set num_clients: {n}, or leave it out (fedray counts them)"
         )
-    if cfg.shift != "none":
+    if section.shift != "none":
         raise ConfigError(
             f"config key 'shift': {kind.name}'s users are its clients; a shift preset does not apply"
         )
 
 
-def leaf_available(cfg: Config) -> None:
-    layout(Path(cfg.resolved_data_root()), cfg.dataset)
+def leaf_available(section: DataSection) -> None:
+    layout(Path(section.resolved_data_root()), section.dataset)
 
 
-def leaf_files(cfg: Config) -> tuple[Path, list[Path]]:
+def leaf_files(section: DataSection) -> tuple[Path, list[Path]]:
     """The JSON files it reads (`layout`)."""
-    root = Path(cfg.resolved_data_root())
-    train, test = layout(root, cfg.dataset)
+    root = Path(section.resolved_data_root())
+    train, test = layout(root, section.dataset)
     return root, [*train, *test]
 
 
@@ -556,15 +556,15 @@ def _register() -> None:
         register_dataset(
             DatasetKind(
                 kind.name,
-                lambda cfg, kind=kind: leaf_data(kind, cfg).dataset,
-                lambda cfg, kind=kind: leaf_info(kind, cfg),
+                lambda section, kind=kind: leaf_data(kind, section).dataset,
+                lambda section, kind=kind: leaf_info(kind, section),
                 settings=LeafSettings,
                 available=leaf_available,
-                check_info=lambda cfg, info, kind=kind: check_leaf(kind, cfg, info),
-                federate=lambda cfg, kind=kind: leaf_data(kind, cfg),
+                check_info=lambda section, info, kind=kind: check_leaf(kind, section, info),
+                federate=lambda section, kind=kind: leaf_data(kind, section),
                 clients_why="its users are the clients",
                 partition_label=lambda config: "leaf",
-                count_clients=lambda cfg, kind=kind: count_leaf(kind, cfg),
+                count_clients=lambda section, kind=kind: count_leaf(kind, section),
                 data_seed=0,
                 files=leaf_files,
             )

@@ -25,7 +25,7 @@ from fedray.config.coercion import ConfigError
 from fedray.config.keys import FIELDS, field_default
 
 if TYPE_CHECKING:
-    from fedray.config.keys import Config
+    from fedray.config.sections import DataSection
     from fedray.data.datasets import DatasetInfo
 
 MAX_ATTEMPTS = 1000  # redraws for the min-size rules before we give up with a clear error
@@ -74,9 +74,9 @@ class PartitionScheme:
     # How `fedray report` names it: a format string over the run's config ("#C={partition_k}"), or
     # a function of the config mapping; "" = the name.
     label: str | Callable[[Mapping[str, Any]], str] = ""
-    # (cfg, dataset info) -> None: what its keys need from the rest of the config (partition_k at
+    # (section, dataset info) -> None: what its keys need from the rest of the config (partition_k at
     # most the classes); raises ConfigError naming the key. Optional.
-    check: Callable[[Config, DatasetInfo], None] | None = None
+    check: Callable[[DataSection, DatasetInfo], None] | None = None
     grouped: bool = False  # its draws give every client a ground-truth group (`Partition.groups`)
     # (train x, train y, partition, params) -> (x, y, each client's rows): the clients' training
     # data rebuilt after the draw (rotation: each group's images rotated). Optional.
@@ -92,10 +92,10 @@ class PartitionScheme:
         full = {k: values[k] if k in values else field_default(k) for k in self.keys}
         return PartitionParams(num_clients, num_classes, full, seed, shift)
 
-    def params_for(self, cfg: Config, num_classes: int) -> PartitionParams:
+    def params_for(self, section: DataSection, num_classes: int) -> PartitionParams:
         """The draw's params for a run."""
-        values = {k: getattr(cfg, k) for k in self.keys}
-        return self.params(cfg.num_clients, num_classes, cfg.seed, cfg.shift != "none", **values)
+        values = {k: getattr(section, k) for k in self.keys}
+        return self.params(section.num_clients, num_classes, section.seed, section.shift != "none", **values)
 
     @property
     def label_keys(self) -> tuple[str, ...]:
@@ -119,7 +119,7 @@ def register_partition(
     *,
     keys: tuple[str, ...] = (),
     label: str | Callable[[Mapping[str, Any]], str] = "",
-    check: Callable[[Config, DatasetInfo], None] | None = None,
+    check: Callable[[DataSection, DatasetInfo], None] | None = None,
     grouped: bool = False,
     rebuild: Callable[..., tuple[np.ndarray, np.ndarray, list[np.ndarray]]] | None = None,
 ) -> Callable[[Draw], Draw]:
@@ -198,11 +198,11 @@ def iid(labels: np.ndarray, p: PartitionParams, rng: np.random.Generator) -> Par
     return Partition(_pack(np.array_split(rng.permutation(len(labels)), p.num_clients)))
 
 
-def _check_labels(cfg: Config, info: DatasetInfo) -> None:
+def _check_labels(section: DataSection, info: DatasetInfo) -> None:
     _check(
-        1 <= cfg.partition_k <= info.num_classes,
+        1 <= section.partition_k <= info.num_classes,
         "partition_k",
-        f"#C=k needs 1 <= k <= {info.num_classes} (classes of {cfg.dataset}), got {cfg.partition_k}",
+        f"#C=k needs 1 <= k <= {info.num_classes} (classes of {section.dataset}), got {section.partition_k}",
     )
 
 
@@ -305,21 +305,21 @@ def _dominant_counts(size: int, beta: float, n_cls: int, dom: int, rng: np.rando
     return counts
 
 
-def _check_clusters(cfg: Config) -> None:
+def _check_clusters(section: DataSection) -> None:
     _check(
-        1 <= cfg.partition_clusters <= cfg.num_clients,
+        1 <= section.partition_clusters <= section.num_clients,
         "partition_clusters",
-        f"must be between 1 and num_clients={cfg.num_clients}, got {cfg.partition_clusters}",
+        f"must be between 1 and num_clients={section.num_clients}, got {section.partition_clusters}",
     )
 
 
-def _check_dominant(cfg: Config, info: DatasetInfo) -> None:
+def _check_dominant(section: DataSection, info: DatasetInfo) -> None:
     _check(
-        cfg.partition_beta <= 1,
+        section.partition_beta <= 1,
         "partition_beta",
-        f"dominant: the dominant-class fraction must be <= 1, got {cfg.partition_beta}",
+        f"dominant: the dominant-class fraction must be <= 1, got {section.partition_beta}",
     )
-    _check_clusters(cfg)
+    _check_clusters(section)
 
 
 @register_partition(
@@ -370,9 +370,13 @@ def dominant(labels: np.ndarray, p: PartitionParams, rng: np.random.Generator) -
     return Partition(parts, groups=groups.astype(np.int64))
 
 
-def _check_rotation(cfg: Config, info: DatasetInfo) -> None:
-    _check(cfg.shift == "none", "shift", f"rotation clusters come without a shift preset, got {cfg.shift!r}")
-    _check_clusters(cfg)
+def _check_rotation(section: DataSection, info: DatasetInfo) -> None:
+    _check(
+        section.shift == "none",
+        "shift",
+        f"rotation clusters come without a shift preset, got {section.shift!r}",
+    )
+    _check_clusters(section)
 
 
 def _rotated(
@@ -449,19 +453,19 @@ def clientwise_dirichlet(labels: np.ndarray, p: PartitionParams, rng: np.random.
     return Partition(parts)
 
 
-def _check_file(cfg: Config, info: DatasetInfo) -> None:
+def _check_file(section: DataSection, info: DatasetInfo) -> None:
     """The file exists and is a valid partition of this dataset for this many clients (it is small
     next to the data, and reading it now keeps a bad file from failing after Ray has started)."""
     from fedray.data.partition_file import PartitionFileError, read
 
-    _check(bool(cfg.partition_file), "partition_file", "partition: file needs partition_file: PATH")
-    path = cfg.resolved_partition_file()
+    _check(bool(section.partition_file), "partition_file", "partition: file needs partition_file: PATH")
+    path = section.resolved_partition_file()
     try:
-        fp = read(path, shift=cfg.shift != "none")
+        fp = read(path, shift=section.shift != "none")
     except PartitionFileError as e:
         raise ConfigError(f"config key 'partition_file': {e}") from None
     _check(
-        len(fp.train) == cfg.num_clients,
+        len(fp.train) == section.num_clients,
         "num_clients",
         f"partition file {path!r} holds {len(fp.train)} clients; set num_clients: {len(fp.train)}",
     )
@@ -469,24 +473,24 @@ def _check_file(cfg: Config, info: DatasetInfo) -> None:
         _check(
             fp.train_size == info.train_size,
             "partition_file",
-            f"{path!r} partitions a training set of {fp.train_size} samples, but {cfg.dataset} has {info.train_size}",
+            f"{path!r} partitions a training set of {fp.train_size} samples, but {section.dataset} has {info.train_size}",
         )
     if fp.dataset is not None:
         _check(
-            fp.dataset == cfg.dataset,
+            fp.dataset == section.dataset,
             "partition_file",
-            f"{path!r} partitions dataset {fp.dataset!r}, but dataset is {cfg.dataset!r}",
+            f"{path!r} partitions dataset {fp.dataset!r}, but dataset is {section.dataset!r}",
         )
     if fp.test is not None:
         _check(
-            cfg.client_test_fraction == 0,
+            section.client_test_fraction == 0,
             "client_test_fraction",
             f"partition file {path!r} gives each client's test split; set client_test_fraction: 0",
         )
         _check(
-            cfg.shift == "none",
+            section.shift == "none",
             "shift",
-            f"{cfg.shift} keeps its own test splits (client_test_fraction); partition file {path!r} gives them",
+            f"{section.shift} keeps its own test splits (client_test_fraction); partition file {path!r} gives them",
         )
 
 

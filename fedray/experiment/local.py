@@ -62,7 +62,7 @@ def engine_for(cfg: Config, device: str | None = None) -> Engine:
     may have one (a GPU share, or auto, which may resolve to one)."""
 
     def model() -> nn.Module:
-        info = dataset_info(cfg)
+        info = dataset_info(cfg.data_section)
         return build_model(cfg.model, tuple(info.input_shape), info.num_classes, head_bias=cfg.head_bias)
 
     where = device or ("cpu" if cfg.num_gpus_per_actor == 0 else "cuda")

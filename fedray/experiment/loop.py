@@ -295,14 +295,14 @@ class _Run:
         if restart:
             self.ckpts.clear()
         latest = self.ckpts.latest()
-        now = identity(cfg)
+        now = identity(cfg.data_section)
         if latest is not None:  # before any data is read
             self.check_rows(latest.round)
             self.check_data(latest, now)
         t0 = time.perf_counter()
-        data = build_federated_data(cfg)
+        data = build_federated_data(cfg.data_section)
         if now is None:  # its files there only now (downloaded as the data was built)
-            now = identity(cfg)
+            now = identity(cfg.data_section)
             if now is not None and latest is not None:
                 self.check_data(latest, now)
         writer.data = now
@@ -472,7 +472,7 @@ def execute(
         # Finished since whoever called this looked (another sweep over the same runs finished it
         # meanwhile): nothing to run, and nothing of it is touched; on other data, refused.
         run.writer.release()
-        if said := changes(run.writer.data, identity(cfg)):
+        if said := changes(run.writer.data, identity(cfg.data_section)):
             raise DataChanged(finished_refusal(run_id, cfg.output, said))
         yield Finished(run_id, run.writer.earlier_summary, already=True)
         return

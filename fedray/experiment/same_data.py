@@ -42,7 +42,7 @@ def other_data(cfg: Config, state: str, force: bool = False, restart: bool = Fal
     resumes = state in ("interrupted", "failed") and not restart and Checkpoints(cfg.output, run_id).exist()
     if not (finished or resumes):
         return None
-    said = changes(run_data(cfg.output, run_id), identity(cfg))
+    said = changes(run_data(cfg.output, run_id), identity(cfg.data_section))
     if said is None:
         return None
     return (

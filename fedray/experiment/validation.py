@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from fedray.algorithms import ALGORITHMS
+from fedray.algorithms.plan import RunPlan
 from fedray.config.coercion import ConfigError, coerce, suggest
 from fedray.config.hparams import field_problems
 from fedray.config.keys import (
@@ -42,7 +43,7 @@ from fedray.config.keys import (
 )
 from fedray.config.notes import say_once
 from fedray.config.plugins import PluginError, activate, describe, origin, resolve
-from fedray.data import DATASETS, EVALUATE_ON, PARTITIONS, dataset_info, partition_keys
+from fedray.data import DATASETS, EVALUATE_ON, PARTITIONS, DatasetInfo, dataset_info, partition_keys
 from fedray.data.partitions import readers
 from fedray.data.shift import SHIFTS
 from fedray.engine.choice import MODES
@@ -393,7 +394,7 @@ def validate(cfg: Config, given: Collection[str] | None = None) -> None:
     info = _check_data(cfg, given)
     _check_model(cfg, info)
     _check_engine(cfg)
-    _check_algorithm(cfg)
+    _check_algorithm(cfg, info)
 
 
 def _check_data(cfg: Config, given: Collection[str] | None) -> Any:
@@ -403,26 +404,26 @@ def _check_data(cfg: Config, given: Collection[str] | None) -> Any:
     if kind.settings is not None:  # its settings as the values that differ from their defaults (as hp)
         cfg.data = _not_defaults(kind.make_settings(cfg.data), kind.settings(), cfg.data)
     if kind.check is not None:  # its own keys (emnist_split, synthetic_shape)
-        kind.check(cfg)
+        kind.check(cfg.data_section)
     if given is not None and "num_clients" not in given and kind.count_clients is not None:
         try:  # the clients it makes (LEAF: the users its filters keep)
-            cfg.num_clients = kind.count_clients(cfg)
+            cfg.num_clients = kind.count_clients(cfg.data_section)
         except ConfigError:
             raise
         except (ValueError, OSError) as e:  # no client files, no LEAF folder
             raise ConfigError(f"config key 'data_root': {e}") from None
     try:
-        info = dataset_info(cfg)
+        info = dataset_info(cfg.data_section)
     except ConfigError:
         raise
     except ValueError as e:  # client_files: a missing or bad meta.json
         raise ConfigError(f"config key 'data_root': {e}") from None
     _clients_per_round(cfg, given)
     if kind.check_info is not None:  # what needs the data set's info first (client_files: its files)
-        kind.check_info(cfg, info)
+        kind.check_info(cfg.data_section, info)
     scheme = PARTITIONS[cfg.partition]
     if scheme.check is not None and not kind.own_clients:  # what its keys need from the rest of the config
-        scheme.check(cfg, info)
+        scheme.check(cfg.data_section, info)
     if info.train_size is not None:
         _check(
             cfg.num_clients <= info.train_size,
@@ -530,18 +531,43 @@ def _check_engine(cfg: Config) -> None:
         )
 
 
-def _check_algorithm(cfg: Config) -> None:
-    """The algorithm's own checks against the rest of the config; then its hp made canonical: the
+def run_plan(cfg: Config, info: DatasetInfo) -> RunPlan:
+    """What an algorithm's check reads of a checked config (`RunPlan`), with the dataset's ``info``."""
+    return RunPlan(
+        algorithm=cfg.algorithm,
+        num_clients=cfg.num_clients,
+        participation=cfg.participation,
+        rounds=cfg.rounds,
+        local_epochs=cfg.local_epochs,
+        drop_last=cfg.drop_last,
+        partition=cfg.partition,
+        partition_clusters=cfg.partition_clusters,
+        model=cfg.model,
+        head_bias=cfg.head_bias,
+        input_shape=tuple(info.input_shape),
+        num_classes=info.num_classes,
+    )
+
+
+def _check_algorithm(cfg: Config, info: DatasetInfo) -> None:
+    """The algorithm's own checks against the rest of the run; then its hp made canonical: the
     checked, typed values that differ from the algorithm's defaults. Writing a default out
     (hp.classifier_steps: 3) names the same run as leaving it out, so the run id and the report's
     settings agree; the full hp is in the run's summary."""
     alg = ALGORITHMS[cfg.algorithm]
     hp = alg.make_hparams(cfg.hp)
-    if alg.check_config is not None:
-        try:
+    try:
+        if alg.check_run is not None:
+            alg.check_run(run_plan(cfg, info), hp)
+        elif alg.check_config is not None:  # a plug-in written before check_run
+            say_once(
+                f"algorithm {alg.name} ({alg.module or 'a record'}): check_config(cfg, hp) reads the whole "
+                "config and is deprecated; name it check_run(run, hp), which reads fedray.RunPlan "
+                "(docs/extending.md#adding-an-algorithm)"
+            )
             alg.check_config(cfg, hp)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     cfg.hp = _not_defaults(hp, alg.Hparams(), cfg.hp)
 
 
@@ -561,7 +587,7 @@ def check_last_batches(cfg: Config, sizes: Mapping[int, int]) -> None:
     ones = sorted(c for c, n in sizes.items() if n % cfg.batch_size == 1)
     if not ones:
         return
-    info = dataset_info(cfg)
+    info = dataset_info(cfg.data_section)
     model = build_model(cfg.model, tuple(info.input_shape), info.num_classes, head_bias=cfg.head_bias)
     norms = [n for n, m in model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
     if norms:

@@ -457,7 +457,7 @@ def _check_data_sources(chosen: list[tuple[str, Config]], problems: dict[str, li
         by_source.setdefault(key, []).append((label, cfg))
     for group in by_source.values():
         try:
-            check_available(group[0][1])
+            check_available(group[0][1].data_section)
         except DatasetMissing as e:
             problems.setdefault(str(e), []).extend(label for label, _ in group)
 
@@ -562,7 +562,7 @@ def _check_partitions(valid: list[tuple[str, Config]], problems: dict[str, list[
         if DATASETS[cfg.dataset].own_clients:  # the data set's own clients: built and checked once
             if key not in drawn:
                 try:
-                    sizes[key] = check_partition(cfg)
+                    sizes[key] = check_partition(cfg.data_section)
                     drawn[key] = None
                 except ClientFilesError as e:
                     drawn[key] = str(e)
@@ -573,15 +573,15 @@ def _check_partitions(valid: list[tuple[str, Config]], problems: dict[str, list[
             continue
         if source not in labels:
             try:  # data that is not here yet (download: true) is drawn when the run has it
-                check_available(replace(cfg, download=False))
-                labels[source] = train_labels(cfg)
+                check_available(replace(cfg.data_section, download=False))
+                labels[source] = train_labels(cfg.data_section)
             except DatasetMissing:
                 labels[source] = None
         if labels[source] is None:
             continue
         if key not in drawn:
             try:
-                sizes[key] = train_sizes(cfg, draw_partition(cfg, *labels[source]))
+                sizes[key] = train_sizes(cfg.data_section, draw_partition(cfg.data_section, *labels[source]))
                 drawn[key] = None
             except PartitionError as e:
                 drawn[key] = str(e)

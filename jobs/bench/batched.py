@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
 
         budget = int(args.fold_mb * (1 << 20))
         host.fold_bytes = lambda *_, **__: budget  # every host of this process, whatever its device
-    data = build_federated_data(cfg)
+    data = build_federated_data(cfg.data_section)
     alg = ALGORITHMS[cfg.algorithm]
     hp = alg.make_hparams(cfg.hp)
     work = Work()

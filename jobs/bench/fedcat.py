@@ -63,7 +63,7 @@ def measure(algorithm: str, cycles: int, epochs: int, actors: int, out: str) -> 
     m = pd.read_parquet(f"{out}/metrics")
     m = m[(m["run_id"] == cfg.run_id()) & (m["scope"] == "global")]
     by = m.pivot_table(index="round", columns="metric", values="value").sort_index()
-    info = dataset_info(cfg)
+    info = dataset_info(cfg.data_section)
     model_bytes = payload_nbytes(get_params(build_model(cfg.model, info.input_shape, info.num_classes)))
     cyc = by.groupby((by.index - 1) // k)[["bytes_down", "bytes_up", "bytes_received"]].sum()
     return {
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     from fedray.data import check_available
     from fedray.experiment.validation import from_dict
 
-    check_available(from_dict({k: v for k, v in WORKLOAD.items() if k in ("dataset", "model")}))
+    check_available(from_dict({k: v for k, v in WORKLOAD.items() if k in ("dataset", "model")}).data_section)
     connect()
     results = []
     with tempfile.TemporaryDirectory() as out:

@@ -145,7 +145,7 @@ _W: dict[str, Any] = {}  # per-process data for the plain loops
 def _plain_setup(cfg_dict: dict, threads: int) -> None:
     torch.set_num_threads(threads)
     cfg = from_dict(cfg_dict)
-    data = build_federated_data(cfg)
+    data = build_federated_data(cfg.data_section)
     ds = data.dataset
     _W["x"] = torch.from_numpy(ds.train.x.astype(np.float32) / 255.0)
     _W["y"] = torch.from_numpy(ds.train.y)
@@ -288,8 +288,8 @@ def main(argv: list[str] | None = None) -> int:
             "eval_train": args.eval_train,
         }
     )
-    check_available(cfg)
-    build_federated_data(cfg)  # warm the page cache so no variant pays for the first disk read
+    check_available(cfg.data_section)
+    build_federated_data(cfg.data_section)  # warm the page cache so no variant pays for the first disk read
 
     print(
         f"workload: {cfg.dataset}, {cfg.num_clients} clients, Dir({cfg.partition_beta}), {cfg.model}, "

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     from fedray.engine.update import LocalUpdate
     from fedray.experiment.local import make_local_federation
 
-    data = build_federated_data(cfg)
+    data = build_federated_data(cfg.data_section)
     fed = make_local_federation(dataclasses.replace(cfg, batched_clients="on"), data, args.device, 1)[0]
     host = fed.host
     torch.backends.cudnn.benchmark = args.cudnn_benchmark  # after the host set its own CUDA settings

@@ -113,7 +113,7 @@ def client_data(a: argparse.Namespace, prog: str) -> tuple[Any, Any, dict[int, A
             "client_test_fraction": 0.0,
         }
     )
-    fd = build_federated_data(cfg)
+    fd = build_federated_data(cfg.data_section)
     ds, spec = fd.dataset, fd.dataset.spec
     if spec.augment != "none":
         raise SystemExit(

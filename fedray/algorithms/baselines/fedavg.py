@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedray.algorithms.evaluation import single_model_records
+from fedray.algorithms.plan import RunPlan
 from fedray.algorithms.rounds import fedavg_aggregate, kept_update, local_update, train_records
 from fedray.config.hparams import bound
 from fedray.federation import ClientFn, Federation
@@ -54,11 +55,11 @@ class Hparams(ServerHparams, StragglerHparams):
     drop_last: bool = False  # drop each epoch's last partial batch (the FedRC code's loaders)
 
 
-def check_config(cfg: Any, hp: Any) -> None:
+def check_run(run: RunPlan, hp: Any) -> None:
     """Stragglers need E >= 2 (their epochs are drawn from 1..E-1), and the plain local update."""
-    if hp.stragglers and cfg.local_epochs < 2:
+    if hp.stragglers and run.local_epochs < 2:
         raise ValueError(
-            f"hp.stragglers: a straggler runs 1..E-1 local epochs, so local_epochs must be 2 or more, got {cfg.local_epochs}"
+            f"hp.stragglers: a straggler runs 1..E-1 local epochs, so local_epochs must be 2 or more, got {run.local_epochs}"
         )
     if hp.stragglers and (getattr(hp, "persistent_optimizer", False) or getattr(hp, "drop_last", False)):
         raise ValueError(

@@ -13,7 +13,7 @@ from functools import partial
 from typing import Any
 
 from fedray.algorithms.baselines import fedavg
-from fedray.algorithms.baselines.fedavg import State, check_config, evaluate, init, models  # noqa: F401 - FedAvg's, part of the record
+from fedray.algorithms.baselines.fedavg import State, check_run, evaluate, init, models  # noqa: F401 - FedAvg's, part of the record
 from fedray.algorithms.rounds import local_sgd_reply, msg_epochs
 from fedray.config.hparams import bound
 from fedray.engine.client import Client

@@ -32,6 +32,7 @@ import numpy as np
 
 from fedray.algorithms.baselines import fedavg
 from fedray.algorithms.baselines.fedavg import State, evaluate, models  # noqa: F401 - FedAvg's, part of the record
+from fedray.algorithms.plan import RunPlan
 from fedray.algorithms.rounds import local_sgd_reply
 from fedray.config.hparams import bound
 from fedray.engine.client import Client
@@ -53,15 +54,15 @@ class Hparams:
     fraction: float = field(default=0.1, metadata=bound(gt=0, le=1))
 
 
-def check_config(cfg: Any, hp: Hparams) -> None:
+def check_run(run: RunPlan, hp: Hparams) -> None:
     """One step a round on one batch: LEAF's --minibatch takes no epochs, and a dropped last
     batch would be the client's whole draw."""
-    if cfg.local_epochs != 1:
+    if run.local_epochs != 1:
         raise ValueError(
             f"config key 'local_epochs': minibatch_sgd takes one step a round on each client's draw "
-            f"(hp.fraction; LEAF's --minibatch excludes --num-epochs): set local_epochs: 1, got {cfg.local_epochs}"
+            f"(hp.fraction; LEAF's --minibatch excludes --num-epochs): set local_epochs: 1, got {run.local_epochs}"
         )
-    if cfg.drop_last:
+    if run.drop_last:
         raise ValueError(
             "config key 'drop_last': minibatch_sgd's one batch is the client's whole training split, "
             "which drop_last would drop: set drop_last: false"

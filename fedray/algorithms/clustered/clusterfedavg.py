@@ -29,6 +29,7 @@ from fedray.algorithms.clustered.groups import (
 )
 from fedray.algorithms.clustering import Clustering, cluster_vectors
 from fedray.algorithms.evaluation import cluster_model_records, lowest_loss_global
+from fedray.algorithms.plan import RunPlan
 from fedray.algorithms.rounds import clustered_fedavg_round
 from fedray.config.hparams import bound, one_of
 from fedray.federation import Federation
@@ -47,23 +48,23 @@ class Hparams:
     groups: str = field(default="kmeans", metadata=one_of(*GROUPS))
 
 
-def check_config(cfg, hp: Hparams) -> None:
+def check_run(run: RunPlan, hp: Hparams) -> None:
     from fedray.data import GROUPED_PARTITIONS
 
-    if hp.num_clusters > cfg.num_clients:
+    if hp.num_clusters > run.num_clients:
         raise ValueError(
-            f"config key 'hp.num_clusters': {hp.num_clusters} clusters but only {cfg.num_clients} clients"
+            f"config key 'hp.num_clusters': {hp.num_clusters} clusters but only {run.num_clients} clients"
         )
     if hp.groups == "oracle":
-        if cfg.partition not in GROUPED_PARTITIONS:
+        if run.partition not in GROUPED_PARTITIONS:
             raise ValueError(
                 f"config key 'hp.groups': oracle needs a partition with ground-truth groups "
-                f"({', '.join(sorted(GROUPED_PARTITIONS))}); partition is {cfg.partition!r} (use hp.groups: kmeans)"
+                f"({', '.join(sorted(GROUPED_PARTITIONS))}); partition is {run.partition!r} (use hp.groups: kmeans)"
             )
-        if hp.num_clusters != cfg.partition_clusters:
+        if hp.num_clusters != run.partition_clusters:
             raise ValueError(
-                f"config key 'hp.num_clusters': the oracle has partition_clusters={cfg.partition_clusters} groups; "
-                f"set hp.num_clusters: {cfg.partition_clusters}"
+                f"config key 'hp.num_clusters': the oracle has partition_clusters={run.partition_clusters} groups; "
+                f"set hp.num_clusters: {run.partition_clusters}"
             )
 
 

@@ -35,6 +35,7 @@ from fedray.algorithms.clustering import Clustering, cluster_vectors
 from fedray.algorithms.concat import CLASSIFIER, ENCODER, table10
 from fedray.algorithms.concat import classifier as concat
 from fedray.algorithms.evaluation import cluster_model_records, single_model_records
+from fedray.algorithms.plan import RunPlan
 from fedray.algorithms.rounds import clustered_fedavg_round
 from fedray.config.hparams import bound, one_of
 from fedray.federation import Federation
@@ -75,30 +76,30 @@ def rounds_from_hp(hp: Hparams) -> int | None:
     return None if hp.classifier_rounds is None else hp.encoder_rounds + hp.classifier_rounds
 
 
-def check_config(cfg, hp: Hparams) -> None:
-    name = cfg.algorithm
-    if not cfg.head_bias:
+def check_run(run: RunPlan, hp: Hparams) -> None:
+    name = run.algorithm
+    if not run.head_bias:
         raise ValueError(
             f"config key 'head_bias': {name}'s classifier over the concatenated features has a bias "
             "(the paper's and the code's); head_bias: false is for the other algorithms"
         )
     if hp.classifier_rounds is None:
-        if cfg.rounds < hp.encoder_rounds:
+        if run.rounds < hp.encoder_rounds:
             raise ValueError(
                 f"config key 'rounds': {name} runs hp.encoder_rounds={hp.encoder_rounds} encoder rounds, then "
-                f"rounds - encoder_rounds classifier rounds; rounds is {cfg.rounds}. Set rounds: "
+                f"rounds - encoder_rounds classifier rounds; rounds is {run.rounds}. Set rounds: "
                 f"{hp.encoder_rounds + 200} for these encoder rounds and the paper's 200 classifier rounds"
             )
-    elif cfg.rounds != (total := hp.encoder_rounds + hp.classifier_rounds):
+    elif run.rounds != (total := hp.encoder_rounds + hp.classifier_rounds):
         raise ValueError(
             f"config key 'rounds': {name} runs hp.encoder_rounds + hp.classifier_rounds = {hp.encoder_rounds} + "
-            f"{hp.classifier_rounds} = {total} rounds, but rounds is {cfg.rounds}; set rounds: {total} "
+            f"{hp.classifier_rounds} = {total} rounds, but rounds is {run.rounds}; set rounds: {total} "
             "(or leave hp.classifier_rounds unset: it is then rounds - encoder_rounds)"
         )
     k = hp.elbow_range[1] if hp.elbow_range else hp.num_clusters
-    if k > cfg.num_clients:
+    if k > run.num_clients:
         key = "hp.elbow_range" if hp.elbow_range else "hp.num_clusters"
-        raise ValueError(f"config key '{key}': {k} clusters but only {cfg.num_clients} clients")
+        raise ValueError(f"config key '{key}': {k} clusters but only {run.num_clients} clients")
 
 
 @dataclass

@@ -31,7 +31,7 @@ from fedray.algorithms.concat import fedconcat
 from fedray.algorithms.concat.fedconcat import (  # noqa: F401 - the record
     ENCODER,
     State,
-    check_config,
+    check_run,
     evaluate,
     init,
     models,

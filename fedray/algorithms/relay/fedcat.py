@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from fedray.algorithms.evaluation import single_model_records
+from fedray.algorithms.plan import RunPlan
 from fedray.algorithms.relay.selection import latin_square, select_devices
 from fedray.algorithms.rounds import kept_optimizer_update, local_sgd_reply, train_records
 from fedray.algorithms.scale import check_fits
@@ -62,21 +63,21 @@ def num_groups(hp: Hparams, num_clients: int, participation: float) -> int:
     return hp.num_groups or participants(num_clients, participation)
 
 
-def check_config(cfg, hp: Hparams) -> None:
-    k_from_p = participants(cfg.num_clients, cfg.participation)
-    k = num_groups(hp, cfg.num_clients, cfg.participation)
-    if k > cfg.num_clients:
-        raise ValueError(f"config key 'hp.num_groups': {k} groups but only {cfg.num_clients} clients")
+def check_run(run: RunPlan, hp: Hparams) -> None:
+    k_from_p = participants(run.num_clients, run.participation)
+    k = num_groups(hp, run.num_clients, run.participation)
+    if k > run.num_clients:
+        raise ValueError(f"config key 'hp.num_groups': {k} groups but only {run.num_clients} clients")
     if hp.num_groups and hp.num_groups != k_from_p:
         raise ValueError(
             f"config key 'hp.num_groups': FedCat trains one device per group each round, so K = "
-            f"{hp.num_groups} groups means K participants, but participation={cfg.participation} of "
-            f"{cfg.num_clients} clients is {k_from_p}; set participation: {hp.num_groups / cfg.num_clients:g} "
+            f"{hp.num_groups} groups means K participants, but participation={run.participation} of "
+            f"{run.num_clients} clients is {k_from_p}; set participation: {hp.num_groups / run.num_clients:g} "
             "or leave hp.num_groups at 0 (derived from participation)"
         )
     # counts: how often each client trained in each group, N x K int64, copied every round
     check_fits(
-        cfg, lambda n: 16.0 * n * num_groups(hp, n, cfg.participation), "keeps an N x K table of counts"
+        run, lambda n: 16.0 * n * num_groups(hp, n, run.participation), "keeps an N x K table of counts"
     )
     if hp.optimizer_state == "carried" and not hp.concatenation:
         raise ValueError(
@@ -84,11 +85,11 @@ def check_config(cfg, hp: Hparams) -> None:
             "but with hp.concatenation: false (FedCat w/ GC) every copy trains on one device only; "
             "leave it at fresh"
         )
-    if hp.concatenation and cfg.rounds % k:
-        up, down = (cfg.rounds // k + 1) * k, cfg.rounds // k * k
+    if hp.concatenation and run.rounds % k:
+        up, down = (run.rounds // k + 1) * k, run.rounds // k * k
         raise ValueError(
-            f"config key 'rounds': FedCat aggregates at the end of each cycle of K = {k} rounds; rounds={cfg.rounds} "
-            f"would leave {cfg.rounds % k} rounds of training unaggregated. Set rounds: {up}"
+            f"config key 'rounds': FedCat aggregates at the end of each cycle of K = {k} rounds; rounds={run.rounds} "
+            f"would leave {run.rounds % k} rounds of training unaggregated. Set rounds: {up}"
             + (f" (or {down})" if down else "")
         )
 

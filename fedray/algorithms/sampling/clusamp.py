@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from fedray.algorithms.evaluation import single_model_records
+from fedray.algorithms.plan import RunPlan
 from fedray.algorithms.rounds import local_update, train_records
 from fedray.algorithms.sampling.strata import (
     draw_from_strata,
@@ -34,7 +34,7 @@ from fedray.algorithms.sampling.strata import (
     similarity_strata,
     update_distances,
 )
-from fedray.algorithms.scale import check_fits, trainable_values
+from fedray.algorithms.scale import check_fits
 from fedray.config.hparams import bound, one_of
 from fedray.federation import Federation, participants
 from fedray.params import Params, get_params, weighted_average
@@ -59,18 +59,18 @@ class State:
     updates: dict[int, np.ndarray] = field(default_factory=dict)
 
 
-def check_config(cfg: Any, hp: Hparams) -> None:
+def check_run(run: RunPlan, hp: Hparams) -> None:
     """Algorithm 2 keeps every drawn client's last update and builds the N x N distances each round:
     a cross-silo cost, refused beyond half this machine's memory (Algorithm 1's strata are m x N)."""
     if hp.similarity == "none":
         return check_fits(
-            cfg,
-            lambda n: 8.0 * n * (hp.num_strata or participants(n, cfg.participation)),
+            run,
+            lambda n: 8.0 * n * (hp.num_strata or participants(n, run.participation)),
             "builds m x N strata each round",
         )
-    dims = trainable_values(cfg)
+    dims = run.trainable_values()
     check_fits(
-        cfg,
+        run,
         lambda n: 8.0 * n * dims + 8.0 * n * n,
         f"keeps every drawn client's last update ({dims:,} values) and builds the N x N distances each round",
     )

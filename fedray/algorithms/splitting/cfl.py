@@ -24,10 +24,10 @@ This file is the recursion; `layercfl.py` runs it with the similarity taken from
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import numpy as np
 
+from fedray.algorithms.plan import RunPlan
 from fedray.algorithms.rounds import kept_update, train_records
 from fedray.algorithms.splitting import geometry
 from fedray.algorithms.splitting.layers import flatten as flat
@@ -40,7 +40,7 @@ from fedray.params import Params, get_params, weighted_average
 from fedray.records import Record, assignment_rec, rec
 from fedray.storage.blobs import checkpoint_tag
 
-__all__ = ["Hparams", "State", "check_config", "init", "round", "evaluate", "models"]
+__all__ = ["Hparams", "State", "check_run", "init", "round", "evaluate", "models"]
 
 MAX_NORMS = ("norm", "coordinate")
 EPS_RULES = ("absolute", "relative")
@@ -83,9 +83,9 @@ Hparams = SplitHparams
 State = SplitState  # the clusters, their models, the layers, the split history
 
 
-def check_config(cfg: Any, hp: Hparams) -> None:
-    check_participation(cfg)
-    check_size(cfg)
+def check_run(run: RunPlan, hp: Hparams) -> None:
+    check_participation(run)
+    check_size(run)
 
 
 def init(fed: Federation, hp: Hparams) -> State:

@@ -25,8 +25,8 @@ n_i-weighted average, so LayerCFL with ``layers: all``, ``check_split: false`` i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
+from fedray.algorithms.plan import RunPlan
 from fedray.algorithms.splitting import cfl
 from fedray.algorithms.splitting.cfl import (  # noqa: F401 - CFL's evaluation and saved models
     SplitHparams,
@@ -46,15 +46,11 @@ from fedray.records import Record
 State = SplitState  # CFL's: the clusters, their models, the layers, the split history
 
 
-def check_config(cfg: Any, hp: Hparams) -> None:
+def check_run(run: RunPlan, hp: Hparams) -> None:
     """CFL's checks, and ``hp.layers`` against the configured model, before any actor starts."""
-    from fedray.data import dataset_info
-    from fedray.models import build_model
-
-    check_participation(cfg)
-    check_size(cfg)  # the updates travel whole; the similarity reads some layers
-    info = dataset_info(cfg)
-    select(build_model(cfg.model, tuple(info.input_shape), info.num_classes, cfg.head_bias), hp.layers)
+    check_participation(run)
+    check_size(run)  # the updates travel whole; the similarity reads some layers
+    select(run.build_model(), hp.layers)
 
 
 @dataclass

@@ -1,0 +1,88 @@
+"""The config's sections: what one layer reads of a run's config, typed and nothing more.
+
+The YAML a user writes stays flat and `Config` stays its schema (one key, one default, one meaning);
+a section is the part of it one layer below the experiment layer reads, built from a checked
+Config (`Config.data_section`) and handed to that layer's functions. Its fields are named as the
+config keys they come from, so a hook written against ``cfg.num_clients`` reads the section the
+same way; a key the section does not hold is an `AttributeError` naming the key and the section,
+rather than a silent reach into the rest of the config.
+
+- `DataSection`: the data layer's (`fedray.data`): the dataset and its own settings, the partition
+  across clients, the clients' test and validation splits, and the seeds and evaluation clients
+  they are drawn from. Every `DatasetKind` and `PartitionScheme` hook takes it.
+
+The other layers take what they use as values: the engine and the federation a `Task` (built
+field by field in `fedray.experiment.local.task_for`), storage the run's id and its config as a
+mapping, an algorithm's check `fedray.algorithms.RunPlan`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from fedray.config.keys import FIELDS, Config, data_root_for, partition_file_for
+
+__all__ = ["DataSection", "data_section"]
+
+
+@dataclass(frozen=True)
+class DataSection:
+    """What makes a run's clients' data: the data layer's part of the config (module docstring).
+    Each field is the config key of its name, documented in `Config`."""
+
+    # the seeds: the run's, and the data's own (null: the dataset's default, `fedray.data.data_seed`)
+    seed: int
+    data_seed: int | None
+    # the dataset and its keys
+    dataset: str
+    data_root: str
+    download: bool
+    emnist_split: str
+    synthetic_size: int
+    synthetic_shape: list[int]
+    synthetic_alpha: float
+    synthetic_beta: float
+    data: dict[str, Any]  # the dataset's own settings (data.NAME), checked by its DatasetKind
+    # the partition across clients
+    num_clients: int
+    partition: str
+    partition_file: str
+    partition_name: str
+    partition_k: int
+    partition_beta: float
+    partition_clusters: int
+    partition_size: int
+    partition_min_size: int
+    shift: str
+    # the clients' own splits, and the clients an evaluation walks (drawn with the data)
+    client_test_fraction: float
+    validation_fraction: float
+    evaluate_on: str
+    eval_clients: int
+
+    def resolved_data_root(self) -> str:
+        """The folder the dataset is read from: data_root, or the dataset's default."""
+        return data_root_for(self.dataset, self.data_root)
+
+    def resolved_partition_file(self) -> str:
+        """The partition file a run reads: ``{seed}`` in partition_file replaced by the run's seed."""
+        return partition_file_for(self.partition_file, self.seed)
+
+    def __getattr__(self, name: str) -> Any:  # only for names that are not fields
+        if name in FIELDS:
+            raise AttributeError(
+                f"config key {name!r} is not in the data section: a dataset's or a partition's hook "
+                f"reads the keys of fedray.config.sections.DataSection ({', '.join(_DATA_KEYS)})"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+_DATA_KEYS = tuple(f.name for f in dataclasses.fields(DataSection))
+
+
+def data_section(cfg: Config) -> DataSection:
+    """The data section of a config, as it stands now (a section is a snapshot: a config changed
+    after, as validation sets num_clients from a dataset's count, needs a new one)."""
+    return DataSection(**{k: getattr(cfg, k) for k in _DATA_KEYS})
