@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ast
 
-from jobs.dev.import_graph import cycles, graph, modules
+from jobs.dev.import_graph import config_reach, cycles, graph, modules
 from tests.conftest import ROOT
 
 # the library: no Ray, nothing above it (but its front door)
@@ -91,7 +91,7 @@ def test_cycle_finder():
 
 def test_no_module_imports_itself_back_even_inside_a_function():
     """No import cycle among the project's modules, function-level imports counted: fedray's config
-    keys import only their own folder's coercion, hparams and plug-ins (the registry checks are
+    keys import only their own folder's coercion, hparams, sections and plug-ins (the registry checks are
     fedray.experiment.validation's; the plug-ins' hashes in the run id come from
     fedray.config.plugins, a leaf itself), and the CLI hands the reference harness its sweep
     runner instead of being imported back."""
@@ -100,7 +100,9 @@ def test_no_module_imports_itself_back_even_inside_a_function():
         "fedray.config.hparams",
         "fedray.config.coercion",
         "fedray.config.plugins",
+        "fedray.config.sections",
     }, graph["fedray.config.keys"]
+    assert not graph["fedray.config.sections"]  # a leaf: the standard library only
     assert not graph["fedray.config.plugins"], graph["fedray.config.plugins"]  # the standard library only
     front = {m for m, deps in graph.items() if "fedray.api" in deps}
     assert front <= {"jobs.cli"}, f"only the command line goes through the front door: {front}"
@@ -169,6 +171,31 @@ def test_no_module_of_fedray_imports_a_layer_above_its_own():
         if dep.startswith("fedray") and _layer(dep) > _layer(module)
     ]
     assert not upward, upward
+
+
+def test_below_the_experiment_layer_no_function_takes_the_whole_config():
+    # each layer takes the section it reads (fedray/config/sections.py: the data layer a
+    # DataSection, an algorithm's check a RunPlan, the engine and the federation a Task)
+    below = (
+        "fedray.models",
+        "fedray.data",
+        "fedray.storage",
+        "fedray.engine",
+        "fedray.federation",
+        "fedray.algorithms",
+    )
+    mods = {name: path for name, path in modules(ROOT).items() if name.startswith(below)}
+    assert len(mods) > 80
+    whole, _ = config_reach(mods, [])
+    assert not whole, whole
+
+
+def test_the_config_reach_finds_a_function_that_takes_the_config(tmp_path):
+    for source in ("def f(cfg):\n    pass\n", "def f(c: Config) -> None:\n    pass\n"):
+        (tmp_path / "m.py").write_text(source)
+        assert config_reach({"m": tmp_path / "m.py"}, [])[0] == ["m"], source
+    (tmp_path / "m.py").write_text("def f(section: DataSection):\n    pass\n")
+    assert config_reach({"m": tmp_path / "m.py"}, [])[0] == []
 
 
 def test_the_layer_rule_catches_an_import_from_above():

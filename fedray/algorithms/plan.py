@@ -45,6 +45,8 @@ class RunPlan:
         return sum(p.numel() for p in self.build_model().parameters() if p.requires_grad)
 
     def __getattr__(self, name: str) -> object:  # only for names that are not fields
+        if name.startswith("__"):  # what copy and pickle look for
+            raise AttributeError(name)
         raise AttributeError(
             f"{name!r} is not in an algorithm's view of the run (fedray.algorithms.RunPlan: "
             f"{', '.join(f.name for f in dataclasses.fields(RunPlan))})"

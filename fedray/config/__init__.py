@@ -1,5 +1,6 @@
-"""What a run is: its config keys (`keys`: `Config`, every key with its default and meaning), an
-algorithm's hyperparameters (`hparams`), typed values from YAML (`coercion`), plug-ins (`plugins`)
+"""What a run is: its config keys (`keys`: `Config`, every key with its default and meaning), the
+parts of it a layer reads (`sections`: the data layer's `DataSection`), an algorithm's
+hyperparameters (`hparams`), typed values from YAML (`coercion`), plug-ins (`plugins`)
 the derived random streams (`seeding`) and the notes a process says once (`notes`).
 
 May import: the standard library, PyYAML, numpy and torch (`seeding`); nothing else of fedray (every other layer reads

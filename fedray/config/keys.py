@@ -27,6 +27,13 @@ import yaml
 
 from fedray.config.coercion import ConfigError
 from fedray.config.hparams import bound
+from fedray.config.sections import (
+    DATA_KEYS,
+    DEFAULT_FMNIST_ROOT,
+    DataSection,
+    data_root_for,
+    partition_file_for,
+)
 
 __all__ = [
     "ADDED_LATER",
@@ -54,7 +61,6 @@ __all__ = [
     "set_dotted",
 ]
 
-DEFAULT_FMNIST_ROOT = "/usr/share/datasets/fashion-mnist"
 # Names people write unquoted (experiment: 2024, output: 1): a number there means its text.
 NAME_KEYS = (
     "experiment",
@@ -347,12 +353,11 @@ class Config:
         return data_root_for(self.dataset, self.data_root)
 
     @property
-    def data_section(self) -> Any:
+    def data_section(self) -> DataSection:
         """What the data layer reads of this config (`fedray.config.sections.DataSection`), as it
-        stands now."""
-        from fedray.config.sections import data_section
-
-        return data_section(self)
+        stands now: a snapshot (a config changed after, as validation sets num_clients from a
+        dataset's count, needs a new one)."""
+        return DataSection(**{k: getattr(self, k) for k in DATA_KEYS})
 
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Config)}
@@ -652,19 +657,6 @@ def _hashed_data(data: Mapping[str, Any]) -> dict[str, Any]:
     if rest:
         out["data"] = rest
     return out
-
-
-def data_root_for(dataset: str, data_root: str) -> str:
-    """The folder a dataset is read from: data_root, or where the dataset lies by default
-    (Fashion-MNIST: Debian's package; the others: ./data)."""
-    if data_root:
-        return data_root
-    return DEFAULT_FMNIST_ROOT if dataset == "fmnist" else "data"
-
-
-def partition_file_for(path_template: str, seed: int) -> str:
-    """The partition file a run reads: ``{seed}`` in the configured path replaced by the run's seed."""
-    return path_template.replace("{seed}", str(seed))
 
 
 _DIGESTS: dict[tuple, str] = {}  # in this process: a file as it stands (inode, size, times) -> its SHA-256

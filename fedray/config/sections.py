@@ -2,7 +2,8 @@
 
 The YAML a user writes stays flat and `Config` stays its schema (one key, one default, one meaning);
 a section is the part of it one layer below the experiment layer reads, built from a checked
-Config (`Config.data_section`) and handed to that layer's functions. Its fields are named as the
+Config (`Config.data_section`) and handed to that layer's functions. This module is a leaf below
+`fedray.config.keys`, which composes the sections from its keys. Its fields are named as the
 config keys they come from, so a hook written against ``cfg.num_clients`` reads the section the
 same way; a key the section does not hold is an `AttributeError` naming the key and the section,
 rather than a silent reach into the rest of the config.
@@ -22,9 +23,22 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from fedray.config.keys import FIELDS, Config, data_root_for, partition_file_for
+__all__ = ["DATA_KEYS", "DEFAULT_FMNIST_ROOT", "DataSection", "data_root_for", "partition_file_for"]
 
-__all__ = ["DataSection", "data_section"]
+DEFAULT_FMNIST_ROOT = "/usr/share/datasets/fashion-mnist"
+
+
+def data_root_for(dataset: str, data_root: str) -> str:
+    """The folder a dataset is read from: data_root, or where the dataset lies by default
+    (Fashion-MNIST: Debian's package; the others: ./data)."""
+    if data_root:
+        return data_root
+    return DEFAULT_FMNIST_ROOT if dataset == "fmnist" else "data"
+
+
+def partition_file_for(path_template: str, seed: int) -> str:
+    """The partition file a run reads: ``{seed}`` in the configured path replaced by the run's seed."""
+    return path_template.replace("{seed}", str(seed))
 
 
 @dataclass(frozen=True)
@@ -71,18 +85,12 @@ class DataSection:
         return partition_file_for(self.partition_file, self.seed)
 
     def __getattr__(self, name: str) -> Any:  # only for names that are not fields
-        if name in FIELDS:
-            raise AttributeError(
-                f"config key {name!r} is not in the data section: a dataset's or a partition's hook "
-                f"reads the keys of fedray.config.sections.DataSection ({', '.join(_DATA_KEYS)})"
-            )
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        if name.startswith("__"):  # what copy and pickle look for
+            raise AttributeError(name)
+        raise AttributeError(
+            f"{name!r} is not in the data section: a dataset's or a partition's hook reads the config "
+            f"keys of fedray.config.sections.DataSection ({', '.join(DATA_KEYS)})"
+        )
 
 
-_DATA_KEYS = tuple(f.name for f in dataclasses.fields(DataSection))
-
-
-def data_section(cfg: Config) -> DataSection:
-    """The data section of a config, as it stands now (a section is a snapshot: a config changed
-    after, as validation sets num_clients from a dataset's count, needs a new one)."""
-    return DataSection(**{k: getattr(cfg, k) for k in _DATA_KEYS})
+DATA_KEYS = tuple(f.name for f in dataclasses.fields(DataSection))

@@ -77,22 +77,21 @@ def rounds_from_hp(hp: Hparams) -> int | None:
 
 
 def check_run(run: RunPlan, hp: Hparams) -> None:
-    name = run.algorithm
     if not run.head_bias:
         raise ValueError(
-            f"config key 'head_bias': {name}'s classifier over the concatenated features has a bias "
+            f"config key 'head_bias': {run.algorithm}'s classifier over the concatenated features has a bias "
             "(the paper's and the code's); head_bias: false is for the other algorithms"
         )
     if hp.classifier_rounds is None:
         if run.rounds < hp.encoder_rounds:
             raise ValueError(
-                f"config key 'rounds': {name} runs hp.encoder_rounds={hp.encoder_rounds} encoder rounds, then "
+                f"config key 'rounds': {run.algorithm} runs hp.encoder_rounds={hp.encoder_rounds} encoder rounds, then "
                 f"rounds - encoder_rounds classifier rounds; rounds is {run.rounds}. Set rounds: "
                 f"{hp.encoder_rounds + 200} for these encoder rounds and the paper's 200 classifier rounds"
             )
     elif run.rounds != (total := hp.encoder_rounds + hp.classifier_rounds):
         raise ValueError(
-            f"config key 'rounds': {name} runs hp.encoder_rounds + hp.classifier_rounds = {hp.encoder_rounds} + "
+            f"config key 'rounds': {run.algorithm} runs hp.encoder_rounds + hp.classifier_rounds = {hp.encoder_rounds} + "
             f"{hp.classifier_rounds} = {total} rounds, but rounds is {run.rounds}; set rounds: {total} "
             "(or leave hp.classifier_rounds unset: it is then rounds - encoder_rounds)"
         )
