@@ -11,8 +11,8 @@ and `check_fields` checks every declared field, with one message for every algor
 key: ``config key 'hp.mu': must be >= 0, got -1.0``, ``config key 'hp.gamma_max': must be in [0, 1),
 got 1.0``, ``config key 'hp.server_update': must be one of paper, code, got 'x'``. An ``Hparams``
 writes a ``check()`` method only for what a declaration cannot say (fields tied together, a
-list-or-string field); an algorithm's ``check_config`` ties its hyperparameters to the rest of the
-config. `hparams_from_dict` runs them in that order: types, declared bounds, ``check()``.
+list-or-string field); an algorithm's ``check_run`` ties its hyperparameters to the rest of the
+run. `hparams_from_dict` runs them in that order: types, declared bounds, ``check()``.
 
 The experiment config's own keys declare their bounds the same way (`fedray.config.Config`).
 
