@@ -13,6 +13,7 @@ algorithms, datasets, partitions and models.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import hashlib
@@ -357,7 +358,7 @@ class Config:
         """What the data layer reads of this config (`fedray.config.sections.DataSection`), as it
         stands now: a snapshot (a config changed after, as validation sets num_clients from a
         dataset's count, needs a new one)."""
-        return DataSection(**{k: getattr(self, k) for k in DATA_KEYS})
+        return DataSection(**{k: copy.deepcopy(getattr(self, k)) for k in DATA_KEYS})
 
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Config)}

@@ -23,7 +23,14 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DATA_KEYS", "DEFAULT_FMNIST_ROOT", "DataSection", "data_root_for", "partition_file_for"]
+__all__ = [
+    "DATA_KEYS",
+    "DATASET_KEYS",
+    "DEFAULT_FMNIST_ROOT",
+    "DataSection",
+    "data_root_for",
+    "partition_file_for",
+]
 
 DEFAULT_FMNIST_ROOT = "/usr/share/datasets/fashion-mnist"
 
@@ -94,3 +101,6 @@ class DataSection:
 
 
 DATA_KEYS = tuple(f.name for f in dataclasses.fields(DataSection))
+# the flat keys a dataset may read as its own (`DatasetKind.keys`), which every other dataset then
+# refuses; the rest of the section every dataset reads alike
+DATASET_KEYS = ("emnist_split", "synthetic_size", "synthetic_shape", "synthetic_alpha", "synthetic_beta")

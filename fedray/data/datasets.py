@@ -21,7 +21,8 @@ import torch
 
 from fedray.config.coercion import ConfigError, suggest
 from fedray.config.hparams import settings_from_dict
-from fedray.config.keys import FIELDS, MOVED_TO_DATA
+from fedray.config.keys import MOVED_TO_DATA
+from fedray.config.sections import DATASET_KEYS
 
 if TYPE_CHECKING:
     from fedray.config.sections import DataSection
@@ -417,8 +418,11 @@ def register_dataset(kind: DatasetKind) -> DatasetKind:
     if kind.name in DATASETS:
         raise ValueError(f"dataset {kind.name!r} is registered already")
     for key in kind.keys:  # its own keys: other datasets refuse them, so none that all datasets read
-        if key not in FIELDS or key in ("dataset", "data_root", "download") or key.startswith("partition"):
-            raise ValueError(f"dataset {kind.name!r}: {key!r} is not a config key of its own")
+        if key not in DATASET_KEYS:
+            raise ValueError(
+                f"dataset {kind.name!r}: {key!r} is not a config key of its own: a dataset's own keys "
+                f"are its settings (data.NAME), or of the flat ones, {', '.join(DATASET_KEYS)}"
+            )
     DATASETS[kind.name] = kind
     return kind
 

@@ -559,11 +559,11 @@ def _check_algorithm(cfg: Config, info: DatasetInfo) -> None:
     try:
         if alg.check_run is not None:
             alg.check_run(run_plan(cfg, info), hp)
-        elif alg.check_config is not None:  # a plug-in written before check_run
+        if alg.check_config is not None:  # a plug-in's written before check_run (both run where both are given)
             say_once(
                 f"algorithm {alg.name} ({alg.module or 'a record'}): check_config(cfg, hp) reads the whole "
                 "config and is deprecated; name it check_run(run, hp), which reads fedray.RunPlan "
-                "(docs/extending.md#adding-an-algorithm)"
+                "(docs/extending.md#an-algorithm)"
             )
             alg.check_config(cfg, hp)
     except ValueError as e:

@@ -117,7 +117,7 @@ def bench(kind: str, root: Path, fraction: float, rounds: int, spill: bool) -> N
             }
         )
         t0 = time.perf_counter()
-        data = leaf_data(FEMNIST if kind == "femnist" else SHAKESPEARE, cfg)
+        data = leaf_data(FEMNIST if kind == "femnist" else SHAKESPEARE, cfg.data_section)
         built = time.perf_counter() - t0
         del data
         seconds = [ev.seconds for ev in execute(cfg, make_local_federation) if isinstance(ev, RoundDone)]

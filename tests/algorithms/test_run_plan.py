@@ -63,3 +63,10 @@ def test_a_plugins_check_config_of_the_whole_config_still_runs_and_says_once_it_
     err = capsys.readouterr().err
     assert err.count("check_config(cfg, hp) reads the whole config and is deprecated") == 1, err
     assert "algorithm old_style" in err and "check_run(run, hp)" in err
+    # a record made from a built-in's that adds an old check keeps the built-in's too
+    both = dataclasses.replace(ALGORITHMS["fedavg"], name="old_style_too", check_config=check_config)
+    monkeypatch.setitem(ALGORITHMS, "old_style_too", both)
+    with pytest.raises(ConfigError, match=r"^config key 'lr': old_style takes lr <= 1$"):
+        from_dict({"algorithm": "old_style_too", "lr": 2.0})
+    with pytest.raises(ConfigError, match=r"hp.stragglers: a straggler runs 1..E-1 local epochs"):
+        from_dict({"algorithm": "old_style_too", "local_epochs": 1, "hp": {"stragglers": 0.5}})

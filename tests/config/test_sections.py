@@ -86,6 +86,26 @@ def test_a_datasets_hooks_read_the_data_section_in_a_run_and_one_reaching_past_i
         DATASETS.pop("pairs", None)
 
 
+def test_a_dataset_claims_as_its_own_only_a_flat_key_of_the_data_section_no_other_dataset_reads():
+    from fedray.data import DATASETS
+
+    load, info = _pairs([])
+    for key in ("lr", "shift", "num_clients", "partition_k", "data_root", "nope"):
+        with pytest.raises(ValueError, match=rf"dataset 'pairs': '{key}' is not a config key of its own"):
+            fedray.register_dataset(fedray.DatasetKind("pairs", load, info, keys=(key,)))
+    assert "pairs" not in DATASETS
+    fedray.register_dataset(fedray.DatasetKind("pairs", load, info, keys=("synthetic_size",)))
+    DATASETS.pop("pairs")
+
+
+def test_a_section_is_a_copy_a_later_change_to_the_config_leaves_alone():
+    cfg = from_dict({"dataset": "synthetic", "synthetic_shape": [1, 4, 4]})
+    section = cfg.data_section
+    cfg.synthetic_shape.append(2)
+    cfg.data["x"] = 1
+    assert section.synthetic_shape == [1, 4, 4] and section.data == {}
+
+
 def test_the_public_data_functions_read_a_config_as_its_section():
     """A plug-in written before sections passes a Config: it has every key a section holds."""
     cfg = from_dict({"num_clients": 4, "partition": "iid"})
