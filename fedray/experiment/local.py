@@ -1,7 +1,7 @@
 """What the experiment layer builds from a run's config for the layers below, field by field, so
 that below it nothing takes the whole config: the `Task` every client and the coordinator share
 (`task_for`), the engine a run's clients train with, decided before any data is read
-(`engine_for`), and the in-process federation (`make_local_federation`, `execute`'s factory for
+(`engine_for`, from `run_model`), and the in-process federation (`make_local_federation`, `execute`'s factory for
 ``--local`` and the tests)."""
 
 from __future__ import annotations
@@ -56,17 +56,19 @@ def task_for(cfg: Config, spec: DataSpec) -> Task:
     )
 
 
+def run_model(cfg: Config) -> nn.Module:
+    """A fresh model of the run's architecture, before any data is read (its inputs and classes
+    from the data set's info)."""
+    info = dataset_info(cfg.data_section)
+    return build_model(cfg.model, tuple(info.input_shape), info.num_classes, head_bias=cfg.head_bias)
+
+
 def engine_for(cfg: Config, device: str | None = None) -> Engine:
-    """`fedray.engine.choice.choose` for a run's config, before any data is read (the model built
-    from the data set's shape). ``device``: where its clients train; by default a GPU where the run
-    may have one (a GPU share, or auto, which may resolve to one)."""
-
-    def model() -> nn.Module:
-        info = dataset_info(cfg.data_section)
-        return build_model(cfg.model, tuple(info.input_shape), info.num_classes, head_bias=cfg.head_bias)
-
+    """`fedray.engine.choice.choose` for a run's config, before any data is read (`run_model`).
+    ``device``: where its clients train; by default a GPU where the run may have one (a GPU share,
+    or auto, which may resolve to one)."""
     where = device or ("cpu" if cfg.num_gpus_per_actor == 0 else "cuda")
-    return choose(cfg.batched_clients, where, model)
+    return choose(cfg.batched_clients, where, lambda: run_model(cfg))
 
 
 def make_local_federation(

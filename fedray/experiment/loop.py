@@ -295,14 +295,15 @@ class _Run:
         if restart:
             self.ckpts.clear()
         latest = self.ckpts.latest()
-        now = identity(cfg.data_section)
+        section = cfg.data_section
+        now = identity(section)
         if latest is not None:  # before any data is read
             self.check_rows(latest.round)
             self.check_data(latest, now)
         t0 = time.perf_counter()
-        data = build_federated_data(cfg.data_section)
+        data = build_federated_data(section)
         if now is None:  # its files there only now (downloaded as the data was built)
-            now = identity(cfg.data_section)
+            now = identity(section)
             if now is not None and latest is not None:
                 self.check_data(latest, now)
         writer.data = now

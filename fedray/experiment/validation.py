@@ -47,9 +47,9 @@ from fedray.data import DATASETS, EVALUATE_ON, PARTITIONS, DatasetInfo, dataset_
 from fedray.data.partitions import readers
 from fedray.data.shift import SHIFTS
 from fedray.engine.choice import MODES
-from fedray.experiment.local import engine_for
+from fedray.experiment.local import engine_for, run_model
 from fedray.federation import participants
-from fedray.models import MODELS, SELF_NORMALIZING, WEIGHT_INITS, build_model
+from fedray.models import MODELS, SELF_NORMALIZING, WEIGHT_INITS
 from fedray.storage.export import initial_params
 from fedray.storage.loggers import check_loggers
 
@@ -403,27 +403,29 @@ def _check_data(cfg: Config, given: Collection[str] | None) -> Any:
     kind = DATASETS[cfg.dataset]
     if kind.settings is not None:  # its settings as the values that differ from their defaults (as hp)
         cfg.data = _not_defaults(kind.make_settings(cfg.data), kind.settings(), cfg.data)
+    section = cfg.data_section
     if kind.check is not None:  # its own keys (emnist_split, synthetic_shape)
-        kind.check(cfg.data_section)
+        kind.check(section)
     if given is not None and "num_clients" not in given and kind.count_clients is not None:
         try:  # the clients it makes (LEAF: the users its filters keep)
-            cfg.num_clients = kind.count_clients(cfg.data_section)
+            cfg.num_clients = kind.count_clients(section)
         except ConfigError:
             raise
         except (ValueError, OSError) as e:  # no client files, no LEAF folder
             raise ConfigError(f"config key 'data_root': {e}") from None
+        section = cfg.data_section  # with the count
     try:
-        info = dataset_info(cfg.data_section)
+        info = dataset_info(section)
     except ConfigError:
         raise
     except ValueError as e:  # client_files: a missing or bad meta.json
         raise ConfigError(f"config key 'data_root': {e}") from None
     _clients_per_round(cfg, given)
     if kind.check_info is not None:  # what needs the data set's info first (client_files: its files)
-        kind.check_info(cfg.data_section, info)
+        kind.check_info(section, info)
     scheme = PARTITIONS[cfg.partition]
     if scheme.check is not None and not kind.own_clients:  # what its keys need from the rest of the config
-        scheme.check(cfg.data_section, info)
+        scheme.check(section, info)
     if info.train_size is not None:
         _check(
             cfg.num_clients <= info.train_size,
@@ -559,7 +561,9 @@ def _check_algorithm(cfg: Config, info: DatasetInfo) -> None:
     try:
         if alg.check_run is not None:
             alg.check_run(run_plan(cfg, info), hp)
-        if alg.check_config is not None:  # a plug-in's written before check_run (both run where both are given)
+        if (
+            alg.check_config is not None
+        ):  # a plug-in's written before check_run (both run where both are given)
             say_once(
                 f"algorithm {alg.name} ({alg.module or 'a record'}): check_config(cfg, hp) reads the whole "
                 "config and is deprecated; name it check_run(run, hp), which reads fedray.RunPlan "
@@ -587,8 +591,7 @@ def check_last_batches(cfg: Config, sizes: Mapping[int, int]) -> None:
     ones = sorted(c for c, n in sizes.items() if n % cfg.batch_size == 1)
     if not ones:
         return
-    info = dataset_info(cfg.data_section)
-    model = build_model(cfg.model, tuple(info.input_shape), info.num_classes, head_bias=cfg.head_bias)
+    model = run_model(cfg)
     norms = [n for n, m in model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
     if norms:
         c = ones[0]
