@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -44,18 +45,20 @@ def _not_of(runs: set[str], where: ds.Expression | None) -> ds.Expression | None
     return apart if where is None else where & apart
 
 
-def _check_owners(dataset: ds.Dataset) -> None:
+# Files a read holds open at once: the parts of a large folder are read this many at a time, under
+# the usual limit of 1,024 open files.
+OPEN_AT_ONCE = 256
+
+
+def _check_owners(fragments: list[tuple[Path, ds.Fragment]]) -> None:
     """Every part file holds rows of the run its name says (``RUN_ID.parquet``,
     ``RUN_ID-NNNNNN.parquet``, ``RUN_ID-clients.parquet``): a file that holds another run's rows
     (copied over this run's, or renamed) would be counted as this run's; it is refused, named. Read
     from each file's footer (its run_id column's smallest and largest value); the column itself
     only where a file has no such statistics. An archive's one file of many runs (`archive`:
     ``archive.parquet``) holds any."""
-    if "run_id" not in dataset.schema.names:
-        return
-    for fragment in dataset.get_fragments():
-        stem = Path(fragment.path).stem
-        if stem == "archive":
+    for path, fragment in fragments:
+        if path.stem == "archive":
             continue
         meta = fragment.metadata
         column = meta.schema.to_arrow_schema().get_field_index("run_id")
@@ -67,9 +70,9 @@ def _check_owners(dataset: ds.Dataset) -> None:
                 break
             found |= {stats.min, stats.max}
         for run_id in sorted(found):
-            if not _owner_ok(stem, run_id):
+            if not _owner_ok(path.stem, run_id):
                 raise DamagedResults(
-                    f"results file {fragment.path!r} holds rows of run {run_id}, not of the run its name "
+                    f"results file {str(path)!r} holds rows of run {run_id}, not of the run its name "
                     "says (another run's file copied or renamed into its place): move it away, or run "
                     "that run again (--restart)"
                 )
@@ -95,11 +98,33 @@ def _known_runs(table_dir: Path) -> set[str] | None:
     known = {
         p.stem for p in runs.glob("*.parquet") if not p.name.startswith((".", "_")) and p.stem != "archive"
     }
-    if (runs / "archive.parquet").is_file():
-        known |= set(
-            ds.dataset(str(runs / "archive.parquet")).to_table(columns=["run_id"]).column(0).to_pylist()
-        )
-    return known
+    return known | _archived_runs(runs)
+
+
+def _archived_runs(table_dir: Path) -> set[str]:
+    """The runs a table's archive file holds rows of (none where it has no archive)."""
+    archive = table_dir / "archive.parquet"
+    if not archive.is_file():
+        return set()
+    return set(read_checked(archive, ["run_id"]).column(0).to_pylist())
+
+
+def _read_files(
+    files: list[Path], schema: pa.Schema | None, where: ds.Expression | None, fmt: ds.FileFormat
+) -> pa.Table:
+    """``files``' rows that ``where`` keeps, each file's owner checked (`_check_owners`). Each file is
+    opened once and read through that descriptor, footer and pages alike: a writer replaces a part
+    by renaming a new file over it, and a reader that opened the path again after its footer would
+    read the new file's pages against the old footer (a report read during a sweep failed so)."""
+    tables = []
+    for group in (files[i : i + OPEN_AT_ONCE] for i in range(0, len(files), OPEN_AT_ONCE)):
+        with contextlib.ExitStack() as held:
+            fragments = [fmt.make_fragment(held.enter_context(pa.OSFile(str(p)))) for p in group]
+            schema = schema or fragments[0].physical_schema
+            if "run_id" in schema.names:
+                _check_owners(list(zip(group, fragments, strict=True)))
+            tables.append(ds.FileSystemDataset(fragments, schema, fmt).to_table(filter=where))
+    return pa.concat_tables(tables)
 
 
 def _parts(path: Path, known: set[str] | None) -> list[Path]:
@@ -137,9 +162,7 @@ def _read_dir(path: Path, where: ds.Expression | None = None) -> pd.DataFrame | 
     try:
         for files, kept in ((own, where), ([p for p in parts if p.stem == "archive"], _not_of(runs, where))):
             if files:
-                dataset = ds.dataset([str(p) for p in files], format=checked, schema=schema)
-                _check_owners(dataset)
-                tables.append(dataset.to_table(filter=kept))
+                tables.append(_read_files(files, schema, kept, checked))
     except DamagedResults:
         raise
     except (OSError, pa.ArrowException):
@@ -147,10 +170,9 @@ def _read_dir(path: Path, where: ds.Expression | None = None) -> pd.DataFrame | 
             read_checked(part)  # names the damaged file
         raise
     if len(tables) == 2 and runs and "run_id" in tables[0].column_names:
-        archived = set(
-            ds.dataset(str(path / "archive.parquet")).to_table(columns=["run_id"]).column(0).to_pylist()
-        )
-        if twice := runs & archived:  # the archive's rows of runs with their own files: theirs twice
+        if twice := runs & _archived_runs(
+            path
+        ):  # the archive's rows of runs with their own files: theirs twice
             say_once(
                 f"{path}/archive.parquet: {len(twice)} of its runs have their own files here: their rows are "
                 "read from those alone"

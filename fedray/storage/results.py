@@ -186,13 +186,20 @@ def run_metric(out_dir: str | Path, run_id: str, metric: str) -> list[tuple[int,
 
 
 def run_state(out_dir: str | Path, run_id: str) -> str:
-    """What a re-submission should know: new | finished | failed | running (now) | interrupted."""
+    """What a re-submission should know: new | finished | failed | running (now) | interrupted.
+
+    A writer takes the run's lock before it writes the run's first row and lets it go only after
+    its last (finished, failed), so a live lock means "running" whatever the row says yet. Where
+    no lock is held the row is read again: its writer may have ended between the first read and
+    the probe, and the row it left is the run's state, not "interrupted"."""
     status = run_status(out_dir, run_id)
+    if status in (None, "running"):
+        if RunLock(out_dir, run_id).held_elsewhere():
+            return "running"
+        status = run_status(out_dir, run_id)
     if status is None:
         return "new"
-    if status == "running":
-        return "running" if RunLock(out_dir, run_id).held_elsewhere() else "interrupted"
-    return status
+    return "interrupted" if status == "running" else status
 
 
 def failure_text(error: BaseException) -> str:

@@ -483,7 +483,7 @@ def test_two_sweeps_over_one_folder_at_once_both_exit_0_each_counting_what_it_ra
         for _ in range(2)
     ]
     outs = [p.communicate(timeout=300) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
+    assert [p.returncode for p in procs] == [0, 0], [out[-2000:] + err[-2000:] for out, err in outs]
     ran = []
     for stdout, _ in outs:
         assert "FAILED" not in stdout and "RunLocked" not in stdout, stdout
