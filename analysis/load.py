@@ -13,7 +13,7 @@ import pyarrow.dataset as ds
 
 from fedray.config.keys import ADDED_LATER
 from fedray.config.notes import say_once
-from fedray.storage.files import DamagedResults, read_checked
+from fedray.storage.files import DamagedResults, open_whole, read_checked
 from fedray.storage.results import (
     ASSIGNMENTS_SCHEMA,
     CLIENTS_SCHEMA,
@@ -111,20 +111,28 @@ def _archived_runs(table_dir: Path) -> set[str]:
 
 def _read_files(
     files: list[Path], schema: pa.Schema | None, where: ds.Expression | None, fmt: ds.FileFormat
-) -> pa.Table:
+) -> pa.Table | None:
     """``files``' rows that ``where`` keeps, each file's owner checked (`_check_owners`). Each file is
-    opened once and read through that descriptor, footer and pages alike: a writer replaces a part
-    by renaming a new file over it, and a reader that opened the path again after its footer would
-    read the new file's pages against the old footer (a report read during a sweep failed so)."""
+    opened once and read through that handle (`open_whole`): a part its writer replaces meanwhile
+    reads as it was when opened (a report read during a sweep failed, before), and one its writer
+    removed since it was listed (a run started over, or cut back to its checkpoint) is left out
+    (None: every one of them was)."""
     tables = []
     for group in (files[i : i + OPEN_AT_ONCE] for i in range(0, len(files), OPEN_AT_ONCE)):
         with contextlib.ExitStack() as held:
-            fragments = [fmt.make_fragment(held.enter_context(pa.OSFile(str(p)))) for p in group]
-            schema = schema or fragments[0].physical_schema
+            opened = []
+            for p in group:
+                with contextlib.suppress(FileNotFoundError):
+                    opened.append((p, held.enter_context(open_whole(p))))
+            if not opened:
+                continue
+            fragments = [(p, fmt.make_fragment(f)) for p, f in opened]
+            schema = schema or fragments[0][1].physical_schema
             if "run_id" in schema.names:
-                _check_owners(list(zip(group, fragments, strict=True)))
-            tables.append(ds.FileSystemDataset(fragments, schema, fmt).to_table(filter=where))
-    return pa.concat_tables(tables)
+                _check_owners(fragments)
+            dataset = ds.FileSystemDataset([f for _, f in fragments], schema, fmt)
+            tables.append(dataset.to_table(filter=where))
+    return pa.concat_tables(tables) if tables else None
 
 
 def _parts(path: Path, known: set[str] | None) -> list[Path]:
@@ -150,7 +158,7 @@ def _read_dir(path: Path, where: ds.Expression | None = None) -> pd.DataFrame | 
     parts = _parts(path, known)
     if not parts:
         return None
-    # pyarrow's discovery skips names starting with "." or "_", i.e. files still being written.
+    # Names starting with "." or "_" (files still being written) are not listed (`_parts`).
     # The table's schema is given, so a file written before a column existed reads it as null.
     schema = _SCHEMAS.get(path.name)
     checked = ds.ParquetFileFormat(
@@ -161,18 +169,20 @@ def _read_dir(path: Path, where: ds.Expression | None = None) -> pd.DataFrame | 
     tables = []
     try:
         for files, kept in ((own, where), ([p for p in parts if p.stem == "archive"], _not_of(runs, where))):
-            if files:
-                tables.append(_read_files(files, schema, kept, checked))
+            if files and (table := _read_files(files, schema, kept, checked)) is not None:
+                tables.append(table)
     except DamagedResults:
         raise
     except (OSError, pa.ArrowException):
         for part in parts:
-            read_checked(part)  # names the damaged file
+            if part.exists():  # one its writer removed meanwhile is not damaged
+                read_checked(part)  # names the damaged file
         raise
+    if not tables:  # every part was removed by its writer since it was listed
+        return None
     if len(tables) == 2 and runs and "run_id" in tables[0].column_names:
-        if twice := runs & _archived_runs(
-            path
-        ):  # the archive's rows of runs with their own files: theirs twice
+        # the archive's rows of runs with their own files: theirs twice
+        if twice := runs & _archived_runs(path):
             say_once(
                 f"{path}/archive.parquet: {len(twice)} of its runs have their own files here: their rows are "
                 "read from those alone"

@@ -11,6 +11,7 @@ import contextlib
 import errno
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,18 +24,29 @@ class DamagedResults(OSError):
     """A results file that does not read back as it was written (a checksum or its structure)."""
 
 
+def open_whole(path: str | Path) -> pa.OSFile:
+    """``path`` opened once for reading, to be read through that one handle, footer and pages alike:
+    a writer replaces a results file by renaming a new one over it (`write_atomic`), and a reader
+    that opened the path again after its footer would read the new file's pages against the old
+    footer ("Page was smaller than expected"). An Arrow file, not a Python one: pyarrow reading a
+    Python file object made a sweep's process abort as it exited ("terminate called without an
+    active exception": 17 of 40 pairs of sweeps run at once, under load). Anything but a regular
+    file (a FIFO planted there) is `DamagedResults`, never opened: opening a FIFO would wait for a
+    writer."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise DamagedResults(f"results file {str(path)!r} is damaged: not a regular file")
+    return pa.OSFile(str(path))
+
+
 def read_checked(path: str | Path, columns: list[str] | None = None) -> pa.Table:
     """A Parquet file of the results, its pages' checksums verified (files written before
-    checksums were read as they are); a damaged file is a `DamagedResults` naming it.
-
-    The file is opened once and read through that one descriptor: a writer replaces a run's row by
-    renaming a new file over it (`write_atomic`), and a reader that opened the path again after
-    reading the footer would read the new file's pages against the old file's footer. An Arrow file,
-    not a Python one: pyarrow reading a Python file object made a sweep's process abort as it exited
-    ("terminate called without an active exception": 17 of 40 pairs of sweeps run at once, under load)."""
+    checksums were read as they are); a damaged file is a `DamagedResults` naming it. Read
+    through one handle (`open_whole`): a file replaced meanwhile reads as it was when opened."""
     try:
-        with pa.OSFile(str(path)) as f:
+        with open_whole(path) as f:
             return pq.read_table(f, columns=columns, page_checksum_verification=True)
+    except DamagedResults:
+        raise
     except (OSError, pa.ArrowException) as e:
         raise DamagedResults(f"results file {str(path)!r} is damaged: {e}") from None
 

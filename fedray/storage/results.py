@@ -188,12 +188,15 @@ def run_metric(out_dir: str | Path, run_id: str, metric: str) -> list[tuple[int,
 def run_state(out_dir: str | Path, run_id: str) -> str:
     """What a re-submission should know: new | finished | failed | running (now) | interrupted.
 
-    A writer takes the run's lock before it writes the run's first row and lets it go only after
-    its last (finished, failed), so a live lock means "running" whatever the row says yet. Where
-    no lock is held the row is read again: its writer may have ended between the first read and
-    the probe, and the row it left is the run's state, not "interrupted"."""
+    A writer takes the run's lock before it writes its first row (which may come long after:
+    the data and the actors are built first) and lets it go only after its last, so a live lock
+    means "running" whatever the row says yet: none, or an earlier attempt's "interrupted" or
+    "failed". A "finished" row stands: its writer may still hold the lock while it removes the
+    run's checkpoints, and a run finished is not run again without ``--force``. Where no lock is
+    held the row is read again: its writer may have ended between the first read and the probe,
+    and the row it left is the run's state, not "interrupted"."""
     status = run_status(out_dir, run_id)
-    if status in (None, "running"):
+    if status != "finished":
         if RunLock(out_dir, run_id).held_elsewhere():
             return "running"
         status = run_status(out_dir, run_id)

@@ -410,12 +410,39 @@ def test_a_run_whose_writer_died_is_recorded_with_the_status_it_is_given(tmp_pat
     assert (events.loc["a-run", "event"], events.loc["b-run", "event"]) == ("failed", "interrupted")
 
 
+def _read_while_rewritten(rewrite, read, reads: int) -> list:
+    """``read()`` ``reads`` times while a thread calls ``rewrite(i)`` (i = 1, 2, ...) over and over;
+    what the reads returned. The rewrites must have overlapped the reads (at least one per ten
+    reads), and an error in the thread fails the test."""
+    import threading
+
+    stop, done, failed = threading.Event(), [0], []
+
+    def loop() -> None:
+        try:
+            while not stop.is_set():
+                done[0] += 1
+                rewrite(done[0])
+        except BaseException as e:  # noqa: BLE001 - raised in the test below
+            failed.append(e)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        got = [read() for _ in range(reads)]
+    finally:
+        stop.set()
+        thread.join()
+    if failed:
+        raise failed[0]
+    assert done[0] >= reads // 10, f"only {done[0]} rewrites during {reads} reads: no race was tried"
+    return got
+
+
 def test_a_row_read_while_its_writer_replaces_it_reads_whole(tmp_path):
     # Two sweeps over one folder: one read a run's row while the other renamed a new row over it,
     # and failed with "results file ... is damaged" (the path was opened again after its footer was
     # read: the old footer, the new file's pages; 814 of 3,000 reads failed so, measured by hand).
-    import threading
-
     from fedray.storage.files import read_checked, write_atomic
 
     path = tmp_path / "row.parquet"
@@ -424,51 +451,50 @@ def test_a_row_read_while_its_writer_replaces_it_reads_whole(tmp_path):
         return pa.table({"status": ["running" if i % 2 else "finished" + "!" * (i % 7)], "n": [i]})
 
     write_atomic(row(0), path)
-    stop = threading.Event()
-
-    def rewrite() -> None:
-        i = 0
-        while not stop.is_set():
-            i += 1
-            write_atomic(row(i), path)
-
-    writer = threading.Thread(target=rewrite, daemon=True)
-    writer.start()
-    try:
-        read = [read_checked(path, ["status"]).column("status")[0].as_py() for _ in range(1500)]
-    finally:
-        stop.set()
-        writer.join()
+    read = _read_while_rewritten(
+        lambda i: write_atomic(row(i), path),
+        lambda: read_checked(path, ["status"]).column("status")[0].as_py(),
+        1500,
+    )
     assert {s.rstrip("!") for s in read} <= {"running", "finished"}
 
 
-def test_a_run_whose_writer_ends_while_its_state_is_read_reads_as_it_ended(tmp_path, monkeypatch):
-    # Before: the row read "running", its writer then finished and let its lock go, and the probe
-    # found no lock: "interrupted", so a second sweep over the folder exited 1 ("NOT FINISHED").
+def test_a_run_another_process_holds_is_running_whatever_its_row_says_until_it_ends(tmp_path, monkeypatch):
+    # Before: a writer that held the lock before its first row was "new" (and record_failure would
+    # have written over it); one that held it over an earlier attempt's row was "interrupted" or
+    # "failed"; and one that finished between the row's read and the lock's probe was "interrupted".
+    # Each made a second sweep over the folder exit 1 ("NOT FINISHED").
     from fedray.storage.lock import RunLock
     from fedray.storage.results import run_state
     from fedray.storage.writer import record_failure
 
-    out = tmp_path / "out"
+    out, config = tmp_path / "out", small_config(tmp_path).to_dict()
     w = _writer(tmp_path)
-    w.acquire()  # the lock taken, no row written yet: another process's run, starting
+    w.acquire()  # the lock taken, no row written yet: the data and actors are being built
     assert run_state(out, "r") == "running"
-    record_failure(
-        out, "r", small_config(tmp_path).to_dict(), "PlacementError: not here"
-    )  # leaves a live writer's run alone
+    record_failure(out, "r", config, "PlacementError: not here")  # leaves a live writer's run alone
     assert run_status(out, "r") is None
+    w.release()
+    for earlier in ("interrupted", "failed"):
+        _writer(tmp_path)._write_run(earlier)
+        assert run_state(out, "r") == earlier
+        w = _writer(tmp_path)
+        w.acquire()  # another process goes on with it
+        assert run_state(out, "r") == "running"
+        w.release()
+    w = _writer(tmp_path)
     w.start()
     w._write_run("running")
     assert run_state(out, "r") == "running"
-    probe = RunLock.held_elsewhere
+    probe, ended = RunLock.held_elsewhere, []
 
     def writer_ends_first(self) -> bool:
-        if w._lock._fd is not None:
-            w.finish({})
+        if not ended:
+            ended.append(w.finish({}))
         return probe(self)
 
     monkeypatch.setattr(RunLock, "held_elsewhere", writer_ends_first)
-    assert run_state(out, "r") == "finished"
+    assert run_state(out, "r") == "finished" and ended
 
 
 def test_a_report_read_while_runs_are_written_reads_every_run_whole(tmp_path, monkeypatch):
@@ -476,8 +502,6 @@ def test_a_report_read_while_runs_are_written_reads_every_run_whole(tmp_path, mo
     # and 54 of 300 reads failed ("Page was smaller than expected") while three runs rewrote their
     # rows (measured by hand). The parts are also read a few files at a time here, as a folder of
     # more parts than may be open at once is.
-    import threading
-
     import analysis.load
 
     monkeypatch.setattr(analysis.load, "OPEN_AT_ONCE", 2)
@@ -485,24 +509,56 @@ def test_a_report_read_while_runs_are_written_reads_every_run_whole(tmp_path, mo
     for w in ws:
         w.start()
         w._write_run("running")
-    stop = threading.Event()
 
-    def write() -> None:
-        rnd = 0
-        while not stop.is_set():
-            rnd += 1
-            for w in ws:
-                w.add(rnd, [rec("accuracy", 0.5)])  # flush_every_s=0: the part is rewritten
-                w.write_progress({"round": rnd, "note": "x" * (rnd % 50)})
+    def write(rnd: int) -> None:
+        for w in ws:
+            w.add(rnd, [rec("accuracy", 0.5)])  # flush_every_s=0: the part is rewritten
+            w.write_progress({"round": rnd, "note": "x" * (rnd % 50)})
 
-    writer = threading.Thread(target=write, daemon=True)
-    writer.start()
-    try:
-        for _ in range(100):
-            assert sorted(load_runs(tmp_path / "out")["run_id"]) == ["r0", "r1", "r2"]
-            load_metrics(tmp_path / "out")
-    finally:
-        stop.set()
-        writer.join()
+    def read() -> None:
+        assert sorted(load_runs(tmp_path / "out")["run_id"]) == ["r0", "r1", "r2"]
+        load_metrics(tmp_path / "out")
+
+    _read_while_rewritten(write, read, 100)
     m = load_metrics(tmp_path / "out")
     assert (m.groupby("run_id")["round"].nunique() == m.groupby("run_id")["round"].max()).all()
+
+
+def test_a_part_removed_since_it_was_listed_is_left_out_and_a_fifo_is_refused_not_waited_on(
+    tmp_path, monkeypatch
+):
+    # A run started over (or cut back to its checkpoint) removes its parts while a report may have
+    # listed them; a FIFO named like a part would block a reader that opened it.
+    import threading
+
+    import analysis.load
+    from fedray.storage.files import DamagedResults, read_checked
+
+    cfg = small_config(tmp_path, rounds=2)
+    list(execute(cfg, make_local_federation))
+    want = load_metrics(cfg.output)
+    metrics = tmp_path / "out" / "metrics"
+    listed = analysis.load._parts
+    monkeypatch.setattr(
+        analysis.load, "_parts", lambda path, known: [*listed(path, known), path / "r-000009.parquet"]
+    )
+    pd.testing.assert_frame_equal(load_metrics(cfg.output), want)
+    monkeypatch.setattr(analysis.load, "_parts", lambda path, known: [path / "r-000009.parquet"])
+    assert load_metrics(cfg.output).empty
+    monkeypatch.undo()
+    fifo = metrics / f"{cfg.run_id()}-000009.parquet"
+    os.mkfifo(fifo)
+    seen: list[BaseException] = []
+
+    def read() -> None:
+        for reader in (lambda: load_metrics(cfg.output), lambda: read_checked(fifo)):
+            try:
+                reader()
+            except DamagedResults as e:
+                seen.append(e)
+
+    probe = threading.Thread(target=read, daemon=True)
+    probe.start()
+    probe.join(timeout=20)
+    assert not probe.is_alive(), "opening the FIFO blocked"
+    assert [str(e) for e in seen] == [f"results file {str(fifo)!r} is damaged: not a regular file"] * 2
