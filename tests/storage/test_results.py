@@ -287,9 +287,30 @@ def test_a_link_planted_at_the_lock_path_is_refused_and_its_target_left_whole(tm
         assert run_state(tmp_path / "out", "r") == "new"  # a probe neither follows nor fails
 
 
-def test_a_fifo_at_the_lock_path_neither_hangs_a_report_nor_a_writer(tmp_path):
+def _unblocked(fn):
+    """``fn()``'s value, or its error raised here, failing the test if it is still running after 20
+    s (a FIFO opened for reading waits for a writer that never comes)."""
     import threading
 
+    ended: list = []
+
+    def call() -> None:
+        try:
+            ended.append((fn(), None))
+        except BaseException as e:  # noqa: BLE001 - raised in the test below
+            ended.append((None, e))
+
+    probe = threading.Thread(target=call, daemon=True)
+    probe.start()
+    probe.join(timeout=20)
+    assert not probe.is_alive(), "opening the FIFO blocked"
+    value, error = ended[0]
+    if error is not None:
+        raise error
+    return value
+
+
+def test_a_fifo_at_the_lock_path_neither_hangs_a_report_nor_a_writer(tmp_path):
     from fedray.storage.lock import UnsafeLockFile
     from fedray.storage.results import run_state
 
@@ -297,12 +318,7 @@ def test_a_fifo_at_the_lock_path_neither_hangs_a_report_nor_a_writer(tmp_path):
     runs.mkdir(parents=True)
     os.mkfifo(runs / ".r.lock")
     _writer(tmp_path, "r")._write_run("running")  # a run whose writer is gone
-    seen = []
-    probe = threading.Thread(target=lambda: seen.append(run_state(tmp_path / "out", "r")), daemon=True)
-    probe.start()
-    probe.join(timeout=20)
-    assert not probe.is_alive(), "opening the FIFO blocked"
-    assert seen == ["interrupted"]
+    assert _unblocked(lambda: run_state(tmp_path / "out", "r")) == "interrupted"
     with pytest.raises(UnsafeLockFile, match="not a regular file"):
         _writer(tmp_path).start()
 
@@ -529,8 +545,6 @@ def test_a_part_removed_since_it_was_listed_is_left_out_and_a_fifo_is_refused_no
 ):
     # A run started over (or cut back to its checkpoint) removes its parts while a report may have
     # listed them; a FIFO named like a part would block a reader that opened it.
-    import threading
-
     import analysis.load
     from fedray.storage.files import DamagedResults, read_checked
 
@@ -548,17 +562,8 @@ def test_a_part_removed_since_it_was_listed_is_left_out_and_a_fifo_is_refused_no
     monkeypatch.undo()
     fifo = metrics / f"{cfg.run_id()}-000009.parquet"
     os.mkfifo(fifo)
-    seen: list[BaseException] = []
-
-    def read() -> None:
-        for reader in (lambda: load_metrics(cfg.output), lambda: read_checked(fifo)):
-            try:
-                reader()
-            except DamagedResults as e:
-                seen.append(e)
-
-    probe = threading.Thread(target=read, daemon=True)
-    probe.start()
-    probe.join(timeout=20)
-    assert not probe.is_alive(), "opening the FIFO blocked"
-    assert [str(e) for e in seen] == [f"results file {str(fifo)!r} is damaged: not a regular file"] * 2
+    said = f"results file {str(fifo)!r} is damaged: not a regular file"
+    for reader in (lambda: load_metrics(cfg.output), lambda: read_checked(fifo)):
+        with pytest.raises(DamagedResults) as e:
+            _unblocked(reader)
+        assert str(e.value) == said
