@@ -73,6 +73,17 @@ class Recovered:
 
 
 @dataclass
+class Stopped:
+    """The run stopped where it was asked to (``execute``'s ``stop_at``: a search's successive
+    halving), before its budget: recorded ``stopped`` at ``round``, its rows of every round it ran
+    written, a checkpoint there to go on from if it is asked to go further."""
+
+    run_id: str
+    round: int
+    summary: dict[str, Any]
+
+
+@dataclass
 class Finished:
     run_id: str
     summary: dict[str, Any]
@@ -81,7 +92,7 @@ class Finished:
     already: bool = False
 
 
-Event = Started | RoundDone | Checkpointed | Recovered | Finished
+Event = Started | RoundDone | Checkpointed | Recovered | Stopped | Finished
 
 
 class HostedFederation(Federation, Protocol):
@@ -138,14 +149,17 @@ def run_rounds(
     start: int = 0,
     save: Saver | None = None,
     on_round: Callable[[int, list[Record]], None] | None = None,
+    until: int | None = None,
 ) -> Generator[RoundDone | Checkpointed, None, Any]:
-    """Rounds ``start`` .. ``cfg.rounds - 1`` from ``state``; returns the final State.
-    ``save(rounds_done, state)`` checkpoints, after the round's rows are on disk (so a checkpoint
-    never runs ahead of the metrics); ``on_round(round, records)`` is told each round's records as
-    they are written (the live loggers)."""
+    """Rounds ``start`` .. ``until - 1`` (``until``: ``cfg.rounds`` where None) from ``state``;
+    returns the last State. ``save(rounds_done, state)`` checkpoints, after the round's rows are on
+    disk (so a checkpoint never runs ahead of the metrics), where due and after the last round run
+    (a run stopped at ``until`` goes on from there); ``on_round(round, records)`` is told each
+    round's records as they are written (the live loggers)."""
     alg = ALGORITHMS[cfg.algorithm]
     hp = alg.make_hparams(cfg.hp)
-    for rnd in range(start, cfg.rounds):
+    until = cfg.rounds if until is None else min(until, cfg.rounds)
+    for rnd in range(start, until):
         # A multi-stage algorithm keeps its stage in State (docs/architecture.md#the-round-loop); the round's own rows carry
         # the stage the round ran in, so `fedray report --stage S --round R` can count its rounds.
         stage = getattr(state, "stage", "")
@@ -179,7 +193,7 @@ def run_rounds(
             on_round(rnd + 1, records)
         calls = (fed.take_batched_calls(), fed.take_packed_calls())
         yield RoundDone(rnd + 1, cfg.rounds, seconds, _global(records), stage, *calls)
-        if save is not None and checkpoint_due(cfg, rnd + 1):
+        if save is not None and (checkpoint_due(cfg, rnd + 1) or rnd + 1 == until):
             writer.flush()
             yield save(rnd + 1, state)
     return state
@@ -379,12 +393,12 @@ class _Run:
         )
         return Checkpointed(st.round, st.seconds, st.bytes)
 
-    def rounds(self, state: Any, start: int) -> Generator[Event, None, Any]:
-        """The rounds from ``start`` (`run_rounds`), each round's global values checked finite;
-        returns the last State."""
+    def rounds(self, state: Any, start: int, until: int | None = None) -> Generator[Event, None, Any]:
+        """The rounds from ``start`` to ``until`` (`run_rounds`), each round's global values checked
+        finite; returns the last State."""
         save = self.save if self.cfg.checkpoint_every > 0 else None
         on_round = self.loggers.log_round if self.loggers is not None else None
-        rounds = run_rounds(self.cfg, self.fed, self.writer, state, start, save, on_round)
+        rounds = run_rounds(self.cfg, self.fed, self.writer, state, start, save, on_round, until)
         while True:
             try:
                 ev = next(rounds)
@@ -419,6 +433,17 @@ class _Run:
             self.loggers.end("finished")
         return summary
 
+    def stop(self, by: str) -> Stopped:
+        """Record the run ``stopped`` after the rounds it ran (``by``: who asked, noted with the
+        event), its rows flushed; its checkpoint there stays for a later call to go on from."""
+        done = self.history[-1].round if self.history else 0
+        summary = self.summary()
+        self.writer.event("stopped", done, by)
+        self.writer.stop(f"stopped after {done} of {self.cfg.rounds} rounds ({by or 'asked to'})", summary)
+        if self.loggers is not None:
+            self.loggers.end("stopped")
+        return Stopped(self.writer.run_id, done, summary)
+
     def ended(self, e: BaseException, failures_left: int) -> None:
         """Record how the attempt ended: interrupted (the consumer stopped: Ctrl-C, a stopped job),
         left running for the caller to start again (a lost worker with recoveries left), or failed."""
@@ -451,12 +476,17 @@ def execute(
     restart: bool = False,
     reason: str = "",
     failures_left: int = 0,
+    stop_at: int | None = None,
+    stopped_by: str = "",
 ) -> Iterator[Event]:
     """Run one experiment end to end; the results writer records success or the failure.
 
     An unfinished run with a checkpoint goes on from it (``restart``: from the start; ``reason`` is
     noted with the resume). A lost worker (`WorkerLost`) with ``failures_left`` > 0 leaves the run
     ``running`` for the caller to start again on new workers; otherwise it fails the run.
+    ``stop_at`` (below the config's rounds): the run stops after that round, recorded ``stopped``
+    (``stopped_by`` says who asked) with a checkpoint there (`Stopped`), and a later call goes on
+    from it; a run already past it stops where its checkpoint is.
     """
     if cfg.gpus_auto:  # its run id and numbers depend on where it runs: resolved before it gets here
         raise ValueError(
@@ -480,6 +510,10 @@ def execute(
     try:
         alg, hp, state, start = run.start(make_federation, restart, reason)
         yield Started(run_id, len(run.fed.client_ids), run.placement, start, run.timings)
+        if stop_at is not None and stop_at < cfg.rounds:
+            yield from run.rounds(state, start, stop_at)
+            yield run.stop(stopped_by)
+            return
         state = yield from run.rounds(state, start)
         yield Finished(run_id, run.finish(alg, hp, state))
     except BaseException as e:

@@ -39,7 +39,11 @@ def other_data(cfg: Config, state: str, force: bool = False, restart: bool = Fal
     ``restart``) on the data it reads now; None where it may."""
     run_id = cfg.run_id()
     finished = state == "finished" and not force
-    resumes = state in ("interrupted", "failed") and not restart and Checkpoints(cfg.output, run_id).exist()
+    resumes = (
+        state in ("interrupted", "stopped", "failed")
+        and not restart
+        and Checkpoints(cfg.output, run_id).exist()
+    )
     if not (finished or resumes):
         return None
     said = changes(run_data(cfg.output, run_id), identity(cfg.data_section))

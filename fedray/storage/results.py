@@ -89,7 +89,7 @@ RUNS_SCHEMA = pa.schema(
         *_RUN_FIELDS,
         ("num_clients", pa.int64()),
         ("rounds", pa.int64()),
-        ("status", pa.string()),  # running | finished | failed | interrupted
+        ("status", pa.string()),  # running | finished | stopped | failed | interrupted
         ("error", pa.string()),
         ("config", pa.string()),  # resolved config, JSON
         ("summary", pa.string()),  # JSON: final/best accuracy, seconds, placement

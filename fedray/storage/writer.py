@@ -49,7 +49,7 @@ from fedray.storage.results import (
 def record_failure(out_dir: str | Path, run_id: str, config: dict[str, Any], error: str) -> None:
     """Record ``run_id`` as failed when it failed before its own writer could (e.g. its actors never
     fit the cluster). Leaves a run that a live process is writing, or that recorded itself, alone."""
-    if run_state(out_dir, run_id) in ("new", "interrupted"):
+    if run_state(out_dir, run_id) in ("new", "interrupted", "stopped"):
         ResultsWriter(out_dir, run_id, config)._write_run("failed", error=error)
 
 
@@ -323,6 +323,15 @@ class ResultsWriter:
             self._write_run("finished", summary=summary)
             if then is not None:
                 then()
+        finally:
+            self._lock.release()
+
+    def stop(self, note: str, summary: dict[str, Any]) -> None:
+        """Record the run as ``stopped`` before its budget, as asked (a search's successive halving):
+        every round it ran is in its rows; it goes on from its checkpoint when asked to go further."""
+        try:
+            self.flush()
+            self._write_run("stopped", error=note, summary=summary)
         finally:
             self._lock.release()
 

@@ -269,6 +269,33 @@ def test_a_stopped_run_resumes_bit_identically_for_every_algorithm(tmp_path, alg
     assert ev["event"].tolist() == ["interrupted", "resumed"] and ev["round"].tolist() == [stop, resumed]
 
 
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "moon", "fedrc"])
+def test_a_run_stopped_at_a_round_records_every_round_it_ran_and_goes_on_bit_identically(tmp_path, algorithm):
+    """``execute(stop_at=R)`` (a search's successive halving): status ``stopped`` at R, its rows of
+    rounds 1..R on disk, a checkpoint at R though checkpoint_every does not fall there, and the run
+    asked to go on from there ends as the uninterrupted run, bit for bit."""
+    from fedray.experiment.loop import Stopped
+    from fedray.storage.results import run_status
+
+    ref = _config(tmp_path / "ref", algorithm, checkpoint_every=2)
+    list(execute(ref, make_local_federation))
+    cfg = _config(tmp_path / "cut", algorithm, checkpoint_every=2)
+    events = list(execute(cfg, make_local_federation, stop_at=3, stopped_by="a rung of the search"))
+    assert isinstance(events[-1], Stopped) and events[-1].round == 3
+    assert [e.round for e in events if isinstance(e, Checkpointed)] == [2, 3]
+    assert run_status(cfg.output, cfg.run_id()) == run_state(cfg.output, cfg.run_id()) == "stopped"
+    assert sorted(set(stored_metrics(cfg.output)["round"])) == [1, 2, 3]
+    ev = load_events(cfg.output)
+    assert ev["event"].tolist() == ["stopped"] and ev["round"].tolist() == [3]
+    assert ev["detail"].tolist() == ["a rung of the search"]
+    events = list(execute(cfg, make_local_federation))
+    assert isinstance(events[0], Started) and events[0].resumed_from == 3
+    assert isinstance(events[-1], Finished)
+    got, want = stored_metrics(cfg.output), stored_metrics(ref.output)
+    assert got.equals(want), got.compare(want)
+    _assert_same_models(cfg, ref)
+
+
 def test_checkpoints_are_kept_as_asked_and_restart_starts_over(tmp_path):
     cfg = small_config(tmp_path, rounds=5, checkpoint_every=2, keep_checkpoints=2)
     got = [e for e in execute(cfg, make_local_federation) if isinstance(e, Checkpointed)]

@@ -297,7 +297,7 @@ class Loggers:
             w.put(("round", rnd, records))
 
     def end(self, status: str) -> None:
-        """End every logger's run with ``status`` (finished | failed | interrupted), waiting at most
+        """End every logger's run with ``status`` (finished | stopped | failed | interrupted), waiting at most
         ``timeout_s`` for them all; a logger still busy then is said once and left to finish on its own
         (its thread does not keep the process alive). A second call does nothing."""
         if self._ended:

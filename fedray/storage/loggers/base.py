@@ -55,7 +55,7 @@ class RunLogger(Protocol):
 
     def log_round(self, rnd: int, records: list[Record]) -> None: ...
 
-    def end(self, status: str) -> None: ...  # "finished" | "failed" | "interrupted"
+    def end(self, status: str) -> None: ...  # "finished" | "stopped" | "failed" | "interrupted"
 
 
 def series(records: Iterable[Record]) -> list[tuple[str, int | None, str, float]]:

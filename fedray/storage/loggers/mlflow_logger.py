@@ -6,8 +6,8 @@ config key ``mlflow_tracking_uri``, by default ``sqlite:///OUTPUT/mlflow.db`` (`
 
 Params: the config's keys (``hp.NAME`` for the algorithm's), as text cut to MLflow's limit; tags: the
 run's labels and ``fedray_run_id``; metrics by round (the step): ``accuracy`` for the global scope,
-``cluster.3.accuracy`` and the like for the others. The end status maps finished / failed /
-interrupted to FINISHED / FAILED / KILLED. A run that goes on reopens the same MLflow run.
+``cluster.3.accuracy`` and the like for the others. The end status maps finished / stopped (by a
+search) / failed / interrupted to FINISHED / FINISHED / FAILED / KILLED. A run that goes on reopens the same MLflow run.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from typing import Any
 from fedray.records import Record
 from fedray.storage.loggers.base import RunInfo, labels, series
 
-STATUS = {"finished": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
+# a run stopped by a search's successive halving ended as asked: FINISHED, as Ray Tune's trials it stops
+STATUS = {"finished": "FINISHED", "stopped": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
 PARAMS_PER_BATCH = 100  # MLflow's limits on one log_batch call
 METRICS_PER_BATCH = 1000
 

@@ -8,7 +8,7 @@ The W&B run is named by the fedray run id and has an id of its own (the run id a
 new at each fresh start), kept in ``OUTPUT/loggers/RUN_ID.json``, so a run that goes on resumes the
 same W&B run. Logged: the config, and each round's values as one history row at step = round, named
 as in TensorBoard (``global/accuracy``, ``cluster/3/accuracy``). Exit code 0 when finished, 1 when
-failed, 255 when interrupted.
+failed, 255 when interrupted (0 for a trial a search stopped).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 from fedray.records import Record
 from fedray.storage.loggers.base import RunInfo, series, slash_name
 
-EXIT_CODES = {"finished": 0, "failed": 1, "interrupted": 255}
+EXIT_CODES = {"finished": 0, "stopped": 0, "failed": 1, "interrupted": 255}
 
 
 def project_name(name: str) -> str:
