@@ -1,116 +1,346 @@
-"""A search on Ray Tune (docs/tuning.md): each trial a fedray run (a run a seed of ``tune.seeds``) at
-the values Tune samples, evaluating on validation, reporting every evaluated round to Tune so ASHA
-stops the weak trials early; its rows, checkpoints and run id are a run's like any other, in the
-results folder.
+"""A search's runs on Ray Tune (docs/tuning.md).
 
-A trial's runs go in the trial's own process (fedray's in-process federation): it starts no
-actor of its own, so it never waits on its placement group for room its trial did not reserve (Ray
-Tune's trap for trials that start actors: ray-project/ray#25239); the trial reserves the CPUs (and
-GPU share) of one of the run's actors. Trials run side by side as the cluster's resources allow.
-Tune's state is kept in ``OUT/tune/CELL`` (CELL: the hash of the searched config and its search):
-the same command after a Ctrl-C or a kill restores it, keeping the finished trials and resuming the unfinished ones,
-whose runs go on from their checkpoints.
+What to run is decided by `fedray.sweeps.search` from the trials' recorded values alone; this
+module runs it. Each step of the cells' searches (every run some cell needs brought to a round) is
+one `ray.tune.Tuner` fit: a Tune trial for each launch unit, a run alone or a pack of runs trained
+in one stack (`fedray.sweeps.pack`, where their runs share a GPU as a sweep's would), on the
+resources one of the run's actors takes (``num_cpus_per_actor``, ``num_gpus_per_actor``, auto
+resolved as a sweep resolves it). The unit's runs go in the trial's own process, on the GPU Ray
+gave it (else the CPU), each stopping at the round its rung asks (recorded ``stopped``, its rows
+and a checkpoint there) or finishing. A trial starts no Ray actor of its own, so it never waits on
+its placement group for room it did not reserve (ray-project/ray#25239).
+
+Tune keeps nothing that is read back: its experiment folder is a scratch folder outside the results
+folder, removed after each fit, and never restored (a search goes on from its runs' records). The
+trials write the results folder from whichever node runs them, so on a cluster of several nodes it
+must be a folder every node sees (a shared file system); a trial that does not see it fails at
+once, naming the node.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import shutil
-from collections.abc import Callable, Sequence
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import ray
 from ray import tune
 
 from fedray.config.keys import Config
-from fedray.sweeps.tuning import Dist, TuneError, TuneSpec, cell_key, trial_mapping
+from fedray.sweeps.search import CellSearch, Outcome, Work
+from fedray.sweeps.tuning import TuneError, TuneSpec
 
 Say = Callable[[str], None] | None
 
-
-def _space(dist: Dist) -> Any:
-    lo_hi = dist.args
-    return {
-        "loguniform": lambda: tune.loguniform(*lo_hi),
-        "uniform": lambda: tune.uniform(*lo_hi),
-        "randint": lambda: tune.randint(*lo_hi),
-        "choice": lambda: tune.choice(list(lo_hi)),
-        "grid": lambda: tune.grid_search(list(lo_hi)),
-    }[dist.kind]()
+# Ray Tune's own lines (its trial tables, its errors with their tracebacks, its advice on restoring):
+# the search prints its own, and a trial's failure is said once, in a line naming the run
+TUNE_LOGGERS = ("ray.tune", "ray.train", "ray.air")
 
 
-def _names(spec: TuneSpec) -> dict[str, str]:
-    """Tune's name of each searched key (p0, p1, ...: dotted names are Tune's own separators)."""
-    return {f"p{i}": key for i, key in enumerate(spec.search)}
+# ------------------------------------------------------------------------------------------------
+# In the trial's process
+# ------------------------------------------------------------------------------------------------
 
 
-def trial_values(config: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
-    return {names[k]: v for k, v in config.items() if k in names}
+@dataclass(frozen=True)
+class UnitRun:
+    """One run of a launch unit as the trial gets it: its config, whether it starts over, and the
+    round it stops at (None: its budget) and why."""
+
+    config: dict[str, Any]
+    restart: bool
+    stop_at: int | None
+    stopped_by: str
 
 
-def _trial(
-    config: dict[str, Any], *, base: dict[str, Any], names: dict[str, str], spec: TuneSpec, restart: bool
+def sees_folder(marker: str) -> str | None:
+    """Why this process cannot write the search's results folder (None: it can): the search puts a
+    file there that a trial on another node, without a shared file system, does not see."""
+    if Path(marker).is_file():
+        return None
+    node = ray.util.get_node_ip_address()
+    return (
+        f"a trial on node {node} does not see the results folder {Path(marker).parent.parent}/ (no "
+        f"{Path(marker).name} there, which the search wrote): on a cluster of several nodes, give "
+        "--output a folder every node mounts (a shared file system)"
+    )
+
+
+def _unit(
+    config: dict[str, Any], *, units: list[list[UnitRun]], marker: str, plugins: dict[str, str]
 ) -> None:
-    """Tune's trainable: the trial's runs (a seed each) in this process, side by side round by
-    round, the mean of their metric reported at every round they all evaluated."""
-    import torch
-
+    """Tune's trainable: the launch unit ``config["unit"]``, its runs in this process on the device
+    Ray gave it. Every round is reported (``run``, ``round``); a run that fails is recorded failed by
+    its own writer and reported (``run``, ``error``), never raised (its traceback is in its row)."""
+    from actors.client_actor import assigned_device
+    from fedray.config.plugins import activate
     from fedray.experiment.local import make_local_federation
-    from fedray.experiment.loop import Finished, RoundDone, execute
+    from fedray.experiment.loop import RoundDone, Started, execute
     from fedray.experiment.validation import from_dict
+    from fedray.federation.host import set_torch_threads
+    from fedray.sweeps.pack import Ended, execute_pack
 
-    cell = from_dict(base)
-    torch.set_num_threads(max(1, int(cell.num_cpus_per_actor)))
-    values = trial_values(config, names)
-    cfgs = [from_dict(trial_mapping(cell, values, s)) for s in spec.seeds]
-    runs = [execute(c, make_local_federation, restart) for c in cfgs]
-    seen: dict[int, list[float]] = {}
+    runs = units[config["unit"]]
+    if refusal := sees_folder(marker):
+        tune.report({"unit_error": refusal})
+        return
+    cfgs = [from_dict(r.config) for r in runs]
+    activate(cfgs[0].plugins, where=f"a tune trial on node {ray.util.get_node_ip_address()}", expect=plugins)
+    threads = set_torch_threads(cfgs[0].num_cpus_per_actor)
+    device = assigned_device()
+    gpus = [str(g) for g in ray.get_gpu_ids()]
+
+    def make(cfg: Config, data: Any, **kw: Any) -> Any:
+        fed, placement = make_local_federation(
+            cfg, data, device=device, num_threads=threads, cpus=cfg.num_cpus_per_actor, **kw
+        )
+        placement.update(mode="tune trial", device=device, gpu_ids=gpus)
+        return fed, placement
+
+    def report(k: int, ev: Any) -> None:
+        run_id = cfgs[k].run_id()
+        if isinstance(ev, RoundDone):
+            tune.report({"run": run_id, "round": ev.round})
+        elif isinstance(ev, Started):
+            tune.report({"run": run_id, "round": ev.resumed_from, "device": device, "gpu_ids": gpus})
+        elif isinstance(ev, Ended) and ev.error is not None:
+            tune.report({"run": run_id, "error": _one_line(ev.error)})
+
+    if len(runs) == 1:
+        r = runs[0]
+        try:
+            for ev in execute(cfgs[0], make, r.restart, stop_at=r.stop_at, stopped_by=r.stopped_by):
+                report(0, ev)
+        except Exception as e:  # noqa: BLE001 - recorded by the run's writer; said by the search
+            report(0, Ended(e))
+        return
+    stops = [(r.stop_at, r.stopped_by) for r in runs]
+    for k, ev in execute_pack(cfgs, make, [r.restart for r in runs], "", stops):
+        report(k, ev)
+
+
+def _one_line(error: BaseException) -> str:
+    """An error as one line: its type and the last line of its message (a client's error names its
+    client there)."""
+    cause = getattr(error, "cause", None) or error
+    text = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {text[-1] if text else ''}".strip()
+
+
+# ------------------------------------------------------------------------------------------------
+# In the driver
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Watch:
+    """What the driver knows of the step in flight, from the trials' reports, and the progress
+    table it prints every ``every_s`` seconds."""
+
+    searches: list[CellSearch]
+    say: Say
+    every_s: float
+    began: float = field(default_factory=time.monotonic)
+    live: dict[str, int] = field(default_factory=dict)  # run id -> the round it reported last
+    errors: dict[str, str] = field(default_factory=dict)  # run id -> its error, as reported
+    unit_errors: list[str] = field(default_factory=list)
+    reported: int = 0  # rounds reported since the search began (its pace)
+    started: set[int] = field(default_factory=set)  # units of the step in flight that began
+    ended: set[int] = field(default_factory=set)  # ... that ended
+    units: int = 0  # the step's units
+    last: float = field(default_factory=time.monotonic)
+
+    def step(self, units: int) -> None:
+        self.units, self.started, self.ended = units, set(), set()
+
+    def result(self, unit: int, result: dict[str, Any]) -> None:
+        self.started.add(unit)
+        if "unit_error" in result:
+            self.unit_errors.append(result["unit_error"])
+        run = result.get("run")
+        if run is None:
+            return
+        if "error" in result:
+            self.errors[run] = result["error"]
+        elif "round" in result:
+            before = self.live.get(run)
+            self.live[run] = int(result["round"])
+            if before is not None and int(result["round"]) > before:
+                self.reported += int(result["round"]) - before
+
+    def tick(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.say is None or (not force and now - self.last < self.every_s):
+            return
+        self.last = now
+        for line in self.table():
+            self.say(line)
+
+    def table(self) -> list[str]:
+        """The search now: each cell's rung and trials, the best so far; trial-rounds spent of the
+        planned, the pace and what is left at it."""
+        done = planned = 0
+        lines = []
+        for s in self.searches:
+            d, p = s.progress(self.live)
+            done, planned = done + d, planned + p
+            lines.append(f"  {s.label or 'search'}: {s.describe_now()}")
+        elapsed = time.monotonic() - self.began
+        pace = self.reported / elapsed if elapsed > 0 else 0.0
+        left = planned - done
+        eta = f", about {_duration(left / pace)} left" if pace > 0 and left > 0 else ""
+        units = (
+            f"; this step {len(self.started - self.ended)} trial(s) running, {len(self.ended)} done, "
+            f"{self.units - len(self.started | self.ended)} waiting"
+            if self.units
+            else ""
+        )
+        head = (
+            f"tune [{time.strftime('%H:%M:%S')}]: {done} of {planned} trial-rounds ({100 * done / max(planned, 1):.0f}%)"
+            f"{units}; {pace:.2f} rounds/s{eta}"
+        )
+        return [head, *lines]
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+# The Watch of the fit in flight, by key: Tune keeps its callbacks with its experiment (pickled into
+# the scratch folder), so the callback holds the key, not the Watch (a lock, a print function).
+_WATCHES: dict[str, Watch] = {}
+
+
+class _Reports(tune.Callback):
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        _WATCHES[self.key].started.add(trial.config["unit"])
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        _WATCHES[self.key].result(trial.config["unit"], result)
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        _WATCHES[self.key].ended.add(trial.config["unit"])
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        _WATCHES[self.key].ended.add(trial.config["unit"])
+
+    def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+        _WATCHES[self.key].tick()
+
+
+def _units(works: Sequence[Work]) -> list[list[int]]:
+    """The step's runs (indices into ``works``) in launch units: packed where a sweep would pack
+    them (`fedray.sweeps.pack.pack_groups`), else alone."""
+    from fedray.sweeps.pack import pack_groups
+
+    return pack_groups([w.config for w in works])
+
+
+def _resources(cfg: Config) -> tune.PlacementGroupFactory:
+    """What a unit's trial reserves: one of its runs' actors (its CPUs and GPU share)."""
+    bundle = {"CPU": cfg.num_cpus_per_actor}
+    if cfg.num_gpus_per_actor > 0:
+        bundle["GPU"] = cfg.num_gpus_per_actor
+    return tune.PlacementGroupFactory([bundle])
+
+
+def run_step(works: Sequence[Work], spec: TuneSpec, watch: Watch, marker: str) -> None:
+    """Bring every run of ``works`` to its round, on Ray Tune; raises `TuneError` naming the first
+    trial that failed, and KeyboardInterrupt when the fit was stopped (Ctrl-C) before its end."""
+    from fedray.config.plugins import digest
+
+    groups = _units(works)
+    units = [
+        [UnitRun(works[i].config.to_dict(), works[i].restart, works[i].until, works[i].stopped_by) for i in g]
+        for g in groups
+    ]
+    first = [works[g[0]].config for g in groups]
+    plugins = {p: digest(p) for p in sorted({p for w in works for p in w.config.plugins})}
+    trainable = tune.with_resources(
+        partial(_unit, units=units, marker=marker, plugins=plugins),
+        lambda config: _resources(first[config["unit"]]),
+    )
+    # Tune's console (its configuration box, its trial tables, where its results are): its old
+    # reporter, which verbose=0 silences; the lines are the search's own
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    key = uuid.uuid4().hex
+    _WATCHES[key] = watch
+    watch.step(len(units))
+    scratch = tempfile.mkdtemp(prefix="fedray-tune-")
+    levels = {name: logging.getLogger(name).level for name in TUNE_LOGGERS}
+    for name in TUNE_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
-        live = list(range(len(runs)))
-        while live:
-            for i in list(live):
-                ev = next(runs[i], None)
-                while ev is not None and not isinstance(ev, (RoundDone, Finished)):
-                    ev = next(runs[i], None)
-                if ev is None or isinstance(ev, Finished):
-                    if isinstance(ev, Finished) and ev.already:  # finished before: its rows say
-                        for rnd, value in _recorded(cfgs[i], spec.metric):
-                            seen.setdefault(rnd, []).append(value)
-                    for _ in runs[i]:  # to its end (closed at Finished, it would say interrupted)
-                        pass
-                    live.remove(i)
-                    continue
-                if ev.round == ev.rounds:  # its last: to its end before Tune hears it (and stops it)
-                    for _ in runs[i]:
-                        pass
-                    live.remove(i)
-                if spec.metric in ev.metrics:
-                    seen.setdefault(ev.round, []).append(ev.metrics[spec.metric])
-                elif any(k.startswith("val_") for k in ev.metrics):
-                    recorded = sorted(k for k in ev.metrics if k.startswith("val_"))
-                    raise TuneError(
-                        f"tune.metric: {cell.algorithm} records no {spec.metric} (it records {', '.join(recorded)})"
-                    )
-            for rnd in sorted(r for r, v in seen.items() if len(v) == len(runs)):
-                tune.report({spec.metric: sum(seen[rnd]) / len(runs), "round": rnd})
-                del seen[rnd]
+        tuner = tune.Tuner(
+            trainable,
+            param_space={"unit": tune.grid_search(list(range(len(units))))},
+            tune_config=tune.TuneConfig(
+                num_samples=1,
+                max_concurrent_trials=spec.max_concurrent_trials or None,
+                reuse_actors=True,
+            ),
+            run_config=tune.RunConfig(
+                name="step",
+                storage_path=scratch,
+                verbose=0,
+                callbacks=[_Reports(key)],
+                failure_config=tune.FailureConfig(max_failures=0),
+            ),
+        )
+        grid = tuner.fit()
     finally:
-        for run in runs:
-            run.close()  # a trial stopped early: its runs recorded as interrupted, checkpoints kept
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+        _WATCHES.pop(key, None)
+        shutil.rmtree(scratch, ignore_errors=True)
+    if watch.unit_errors:
+        raise TuneError(watch.unit_errors[0])
+    failed = [(r, groups[r.config["unit"]]) for r in grid if r.error is not None]
+    if failed:
+        result, group = failed[0]
+        runs = ", ".join(f"{works[i].trial} (run {works[i].run_id})" for i in group)
+        raise TuneError(f"the trial of {runs} failed: {_one_line(result.error)}")
+    for w in works:  # a run's own failure, as it reported it (a diverged run is a result, not a failure)
+        error = watch.errors.get(w.run_id)
+        if error and not error.startswith("FloatingPointError"):
+            raise TuneError(
+                f"trial {w.trial} (run {w.run_id}) failed: {error} (its traceback: {w.config.output}/runs/, "
+                "fedray report)"
+            )
+    if len(watch.ended) < len(units):
+        _mark_interrupted(works, watch)
+        raise KeyboardInterrupt(f"{len(units) - len(watch.ended)} of {len(units)} trials unfinished")
 
 
-def _recorded(cfg: Config, metric: str) -> list[tuple[int, float]]:
-    """A finished run's values of ``metric`` by round, from its rows."""
-    from fedray.storage.results import run_metric
+def _mark_interrupted(works: Sequence[Work], watch: Watch) -> None:
+    """Runs whose trial was stopped from outside (its process ended, not asked): recorded
+    interrupted at the round they reported, as a sweep records its stopped runs."""
+    from fedray.storage.writer import mark_ended
 
-    return run_metric(cfg.output, cfg.run_id(), metric)
+    for w in works:
+        mark_ended(
+            w.config.output, w.run_id, "interrupted", watch.live.get(w.run_id, 0), "the search was stopped"
+        )
 
 
 def _absolute(cfg: Config) -> Config:
     """The config with its paths absolute: a trial runs in a worker whose working folder is Tune's."""
-    from dataclasses import replace
 
     def absolute(p: str) -> str:
         return str(Path(p).resolve()) if p and not Path(p).is_absolute() and Path(p).exists() else p
@@ -124,143 +354,68 @@ def _absolute(cfg: Config) -> Config:
     )
 
 
-class TrialLines(tune.Callback):
-    """A line for each trial as it ends (finished, stopped early, failed). Kept with Tune's state
-    (pickled), so a restored search says its lines too."""
+def resolve_cell(cell: Config) -> Config:
+    """A cell as its trials run it: paths absolute, ``num_gpus_per_actor: auto`` resolved on the
+    connected Ray as a sweep's run resolves it (its trials' run ids depend on it)."""
+    from actors.driver import auto_gpus
 
-    def __init__(self, say: Say, spec: TuneSpec, names: dict[str, str], rounds: int, label: str) -> None:
-        self.say, self.spec, self.names, self.rounds, self.label = say, spec, names, rounds, label
-
-    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._said(trial, trials, False)
-
-    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._said(trial, trials, True)
-
-    def _said(self, trial: Any, trials: list, failed: bool) -> None:
-        if not self.say:
-            return
-        done = sum(t.status in ("TERMINATED", "ERROR") or t is trial for t in trials)
-        values = ", ".join(f"{k}={_short(v)}" for k, v in trial_values(trial.config, self.names).items())
-        last = trial.last_result or {}
-        rnd, value = last.get("round"), last.get(self.spec.metric)
-        if failed:
-            what = "failed"
-        elif value is None:
-            what = "reported nothing"
-        else:
-            stopped = " (stopped early)" if rnd is not None and rnd < self.rounds else ""
-            what = f"{self.spec.metric} {value:.4f} at round {rnd}{stopped}"
-        self.say(f"{self.label}trial {done}/{self.spec.total} {values}: {what}")
-
-
-def _short(v: Any) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-
-def search(
-    cell: Config, spec: TuneSpec, *, restart: bool = False, say: Say = None, label: str = ""
-) -> list[tuple[dict[str, Any], list[str]]]:
-    """Run the search of one cell on the connected Ray (Tune restores an interrupted one kept in
-    ``OUT/tune/CELL``; ``restart`` starts it over, its trials' runs too). Returns every trial's
-    values and run ids (a seed each), in Tune's order."""
-    from functools import partial
-
-    from ray.tune.schedulers import ASHAScheduler
-    from ray.tune.search import ConcurrencyLimiter
-    from ray.tune.search.basic_variant import BasicVariantGenerator
-
-    from fedray.experiment.validation import from_dict
-
-    # Tune's own console tables: the lines are TrialLines'; its note that TensorBoard's writer is
-    # not installed: the trials' record is their runs' rows
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    logging.getLogger("ray.tune.utils.callback").setLevel(logging.ERROR)
-    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
-    logging.getLogger("ray.tune.tune").setLevel(
-        logging.ERROR
-    )  # its "Tuner.restore(...)" advice: the same command is ours
     cell = _absolute(cell)
-    names = _names(spec)
-    space = {p: _space(spec.search[key]) for p, key in names.items()}
-    storage = Path(cell.output) / "tune"
-    name = cell_key(cell, spec)
-    if restart and (storage / name).exists():
-        shutil.rmtree(storage / name)
-    resources = {"cpu": cell.num_cpus_per_actor}
-    if isinstance(cell.num_gpus_per_actor, (int, float)) and cell.num_gpus_per_actor > 0:
-        resources["gpu"] = cell.num_gpus_per_actor
-    trainable = tune.with_resources(
-        partial(_trial, base=cell.to_dict(), names=names, spec=spec, restart=restart), resources
-    )
-    if tune.Tuner.can_restore(str(storage / name)):
-        tuner = tune.Tuner.restore(
-            str(storage / name), trainable, resume_unfinished=True, resume_errored=True
-        )
-    else:
-        scheduler = None
-        if spec.scheduler == "asha":
-            scheduler = ASHAScheduler(
-                time_attr="round",
-                max_t=cell.rounds,
-                grace_period=min(spec.grace_rounds, cell.rounds),
-                reduction_factor=spec.reduction_factor,
-            )
-        if spec.search_alg == "optuna":
-            import optuna
-            from ray.tune.search.optuna import OptunaSearch
-
-            optuna.logging.set_verbosity(optuna.logging.WARNING)  # its "study created" line
-            searcher: Any = OptunaSearch(seed=spec.seed)
-            if spec.max_concurrent_trials:
-                searcher = ConcurrencyLimiter(searcher, spec.max_concurrent_trials)
-        else:
-            searcher = BasicVariantGenerator(
-                random_state=spec.seed, max_concurrent=spec.max_concurrent_trials
-            )
-        tuner = tune.Tuner(
-            trainable,
-            param_space=space,
-            tune_config=tune.TuneConfig(
-                metric=spec.metric,
-                mode=spec.mode,
-                scheduler=scheduler,
-                search_alg=searcher,
-                num_samples=spec.trials,
-            ),
-            run_config=tune.RunConfig(
-                name=name,
-                storage_path=str(storage),
-                verbose=0,
-                callbacks=[TrialLines(say, spec, names, cell.rounds, label)],
-                failure_config=tune.FailureConfig(max_failures=0),
-            ),
-        )
-    grid = tuner.fit()
-    # Tune catches a Ctrl-C itself and returns, its state saved with the unfinished trials pending
-    saved = tune.ExperimentAnalysis(str(storage / name)).trials
-    if unfinished := [t for t in saved if t.status not in ("TERMINATED", "ERROR")]:
-        raise KeyboardInterrupt(f"{len(unfinished)} of {len(saved)} trials unfinished")
-    failed = [r for r in grid if r.error is not None]
-    if failed:
-        first = failed[0]
-        values = trial_values(first.config, names)
-        raise TuneError(
-            f"{len(failed)} of {len(grid)} trials failed; the first, at "
-            f"{', '.join(f'{k}={_short(v)}' for k, v in values.items())}: {_cause(first.error)}"
-        )
-    trials = []
-    for r in grid:
-        values = trial_values(r.config, names)
-        trials.append((values, [from_dict(trial_mapping(cell, values, s)).run_id() for s in spec.seeds]))
-    return trials
+    return cell.with_gpus(auto_gpus(cell.num_cpus_per_actor)) if cell.gpus_auto else cell
 
 
-def _cause(error: BaseException) -> str:
-    """The trial's own exception, as one line (Tune wraps it)."""
-    cause = getattr(error, "cause", None) or error.__cause__ or error
-    text = str(cause).strip().splitlines()
-    return f"{type(cause).__name__}: {text[-1] if text else ''}"
+def search_cells(
+    cells: Sequence[tuple[str, Config]],
+    spec: TuneSpec,
+    *,
+    restart: bool = False,
+    say: Say = None,
+    progress_s: float = 30.0,
+    on_outcome: Callable[[int, Outcome], None] | None = None,
+) -> list[Outcome]:
+    """Every cell's search on the connected Ray, side by side: each step brings every run some cell
+    waits on to its round in one fit, then each cell decides its next step from its runs' records.
+    ``on_outcome(i, outcome)`` is told each cell's outcome as it is made. Returns the outcomes in the
+    cells' order."""
+    out = Path(cells[0][1].output).resolve()
+    marker = out / "tune" / f".search-{uuid.uuid4().hex[:12]}"
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(f"{os.getpid()}\n")
+    searches = [
+        CellSearch(
+            resolve_cell(cell),
+            spec,
+            restart=restart,
+            label=f"[{i + 1}/{len(cells)} {label}] " if len(cells) > 1 else "",
+            say=say,
+        )
+        for i, (label, cell) in enumerate(cells)
+    ]
+    watch = Watch(searches, say, progress_s)
+    steps: dict[int, Iterator[list[Work]]] = {i: s.steps() for i, s in enumerate(searches)}
+    outcomes: dict[int, Outcome] = {}
+    waiting: dict[int, list[Work]] = {}
+    try:
+
+        def advance(i: int, first: bool) -> None:
+            try:
+                waiting[i] = next(steps[i]) if first else steps[i].send(None)
+            except StopIteration as stop:
+                outcomes[i] = stop.value
+                waiting.pop(i, None)
+                if on_outcome is not None:
+                    on_outcome(i, stop.value)
+
+        for i in list(steps):
+            advance(i, True)
+        while waiting:
+            works = [w for i in sorted(waiting) for w in waiting[i]]
+            run_step(works, spec, watch, str(marker))
+            for i in sorted(waiting):
+                advance(i, False)
+            watch.tick(force=bool(waiting))
+    finally:
+        marker.unlink(missing_ok=True)
+    return [outcomes[i] for i in range(len(cells))]
 
 
 def run_cells(
@@ -269,34 +424,24 @@ def run_cells(
     *,
     restart: bool = False,
     say: Say = None,
+    progress_s: float = 30.0,
 ) -> list[dict[str, Any]]:
-    """Every cell's search on the connected Ray, each cell's choice from its trials' rows written to
-    ``OUT/tuned.yaml`` as it is made. Returns the cells' documents
-    (`fedray.sweeps.tuning.tuned_document`)."""
-    import pandas as pd
+    """Every cell's search (`search_cells`), each cell's choice written to ``OUT/tuned.yaml`` as
+    it is made (`fedray.sweeps.tuning.tuned_document`: the same file and seed, the same bytes).
+    Returns the cells' documents, in their order."""
+    from fedray.sweeps.tuning import merged_tuned, tuned_document, write_tuned
 
-    from fedray.storage.results import run_metric
-    from fedray.sweeps.tuning import choose, read_trials, tuned_document, write_tuned
+    out = cells[0][1].output
+    keys = [(cfg.experiment, label) for label, cfg in cells]
+    docs: dict[int, dict[str, Any]] = {}
 
-    docs: list[dict[str, Any]] = []
-    for i, (label, cell) in enumerate(cells):
-        prefix = f"[{i + 1}/{len(cells)} {label}] " if len(cells) > 1 else ""
-        trials = search(cell, spec, restart=restart, say=say, label=prefix)
-        rows = pd.DataFrame(
-            [
-                {"run_id": run, "round": rnd, "metric": spec.metric, "scope": "global", "value": value}
-                for _, runs in trials
-                for run in runs
-                for rnd, value in run_metric(cell.output, run, spec.metric)
-            ],
-            columns=["run_id", "round", "metric", "scope", "value"],
-        )
-        read = read_trials(rows, trials, spec, cell.rounds)
-        chosen = choose(read, spec)
-        docs.append(tuned_document(label, cell, spec, chosen, read))
-        write_tuned(cell.output, docs)
-        if say:
-            values = ", ".join(f"{k}={_short(v)}" for k, v in chosen.values.items())
-            value = "nan" if math.isnan(chosen.value) else f"{chosen.value:.4f}"
-            say(f"{prefix}chosen: {values} ({spec.metric} {value}, {spec.at}, of {len(read)} trials)")
-    return docs
+    def chosen(i: int, outcome: Outcome) -> None:
+        label, cell = cells[i]
+        docs[i] = tuned_document(label, cell, spec, outcome)
+        write_tuned(out, merged_tuned(out, keys, docs))
+
+    search_cells(cells, spec, restart=restart, say=say, progress_s=progress_s, on_outcome=chosen)
+    return [docs[i] for i in range(len(cells))]
+
+
+__all__ = ["resolve_cell", "run_cells", "run_step", "search_cells", "sees_folder"]

@@ -74,6 +74,8 @@ _API = {
     "from_dict": "fedray.experiment.validation",
     "run": "fedray.api",
     "sweep": "fedray.api",
+    "tune": "fedray.api",
+    "Tuned": "fedray.api",
     "RunResult": "fedray.api",
     # what an algorithm plug-in writes with (docs/extending.md#what-is-stable)
     "Federation": "fedray.federation",

@@ -349,6 +349,23 @@ def sweep(
     return [result(r.config) for r in session.sweep.runs]
 
 
+@dataclass
+class Tuned:
+    """What `fedray.tune` did: each cell's choice (its ``tuned.yaml`` document), where the choices
+    went, and for a sweep file the tuned table's runs on test."""
+
+    docs: list[dict[str, Any]]
+    tuned: Path  # OUT/tuned.yaml
+    config: Path | None = None  # OUT/tune/tuned-config.yaml (a config file): `fedray run` runs it on test
+    table: Path | None = None  # OUT/tune/tuned-sweep.yaml (a sweep file), run at its seeds on test
+    results: list[RunResult] = field(default_factory=list)  # the tuned table's runs
+
+    @property
+    def ok(self) -> bool:
+        """Every run of the tuned table finished."""
+        return all(r.status == "finished" for r in self.results)
+
+
 def tune(
     path: str | Path,
     *,
@@ -358,26 +375,77 @@ def tune(
     address: str | None = None,
     restart: bool = False,
     quiet: bool = False,
+    progress_s: float = 30.0,
 ) -> list[dict[str, Any]]:
     """`fedray tune FILE` (docs/tuning.md): search each cell of FILE (a config or a sweep file with a
-    ``tune:`` block) on Ray Tune, on validation alone, choose its values from its trials' rows
-    (written to ``OUT/tuned.yaml``); for a sweep file, then run its seeds at each cell's chosen
-    values on test (``OUT/tune/tuned-sweep.yaml``). Returns each cell's choice. An interrupted
-    search goes on where it stopped when called again (``restart``: from the start). Bad input is
-    raised before anything runs; ``quiet`` prints nothing."""
-    from actors.driver import connect, disconnect
-    from actors.tune import run_cells
-    from fedray.sweeps.tune_plan import open_plan, write_tuned_sweep
+    ``tune:`` block) on Ray Tune, on validation alone, its trials decided from their recorded values
+    (the same file and seed, the same choice), and write each cell's choice to ``OUT/tuned.yaml``;
+    for a config file, the config at its chosen values to ``OUT/tune/tuned-config.yaml``; for a
+    sweep file, then run its seeds at each cell's chosen values on test (``OUT/tune/tuned-sweep.yaml``).
+    Returns each cell's choice. An interrupted search goes on where it stopped when called again
+    (``restart``: from the start); a second search of the same folder waits for the first. Bad
+    input is raised before anything runs; it prints what `fedray tune` prints (the plan, each rung's
+    decision, a progress table every ``progress_s`` seconds, the choices), ``quiet``: nothing."""
+    from fedray.sweeps.tune_plan import describe_plan, open_plan
 
     say = None if quiet else _say
     plan = open_plan(path, sets, output, plugins)
+    for line in describe_plan(plan) if say else ():
+        say(line)
+    return launch_tune(plan, address=address, restart=restart, say=say, progress_s=progress_s).docs
+
+
+def launch_tune(
+    plan: Any, *, address: str | None = None, restart: bool = False, say: Say = None, progress_s: float = 30.0
+) -> Tuned:
+    """The search of a `fedray.sweeps.tune_plan.TunePlan` (opened and checked), then what follows
+    from its choices: `fedray tune`'s sequence and `fedray.tune`'s, the one way both run. Connects
+    to Ray (``address`` / RAY_ADDRESS, else a local Ray), waits for a search another process is
+    running in the same folder, and stops a Ray it started."""
+    from actors.driver import connect, disconnect
+    from actors.tune import run_cells
+    from fedray.storage.lock import SearchLock
+    from fedray.sweeps.tune_plan import write_tuned_config, write_tuned_sweep
+
     started = connect(address, sorted({p for _, c in plan.cells for p in c.plugins}), say)
     try:
-        docs = run_cells(plan.cells, plan.spec, restart=restart, say=say)
-        if plan.seeds:
-            final = write_tuned_sweep(plan, docs)
-            sweep(final, address=address, restart=restart, quiet=quiet)
+        lock = SearchLock(plan.output)
+        _wait_for(lock, say)
+        try:
+            docs = run_cells(plan.cells, plan.spec, restart=restart, say=say, progress_s=progress_s)
+        finally:
+            lock.release()
+        done = Tuned(docs, Path(plan.output) / "tuned.yaml")
+        if say:
+            say(f"chosen values: {done.tuned}")
+        if not plan.seeds:
+            done.config = write_tuned_config(plan, docs)
+            if say:
+                say(f"run it on test: fedray run {done.config}")
+            return done
+        done.table = write_tuned_sweep(plan, docs)
+        if say:
+            say(f"the tuned table: {done.table}")
+        done.results = sweep(done.table, address=address, restart=restart, quiet=say is None)
+        return done
     finally:
         if started:
             disconnect()
-    return docs
+
+
+def _wait_for(lock: Any, say: Say, poll_s: float = 1.0) -> None:
+    """Take ``lock``; while another process holds it, wait (said once)."""
+    from fedray.storage.lock import RunLocked, UnsafeLockFile
+
+    said = False
+    while True:
+        try:
+            lock.acquire()
+            return
+        except UnsafeLockFile:
+            raise
+        except RunLocked as e:
+            if say and not said:
+                say(f"{e}: waiting for it to end (Ctrl-C stops waiting; its choices are read then)")
+                said = True
+            time.sleep(poll_s)

@@ -246,18 +246,6 @@ def _execute_sweep(session, args: argparse.Namespace) -> int:
     return 0 if launch.ok else EXIT_FAILED
 
 
-def _tuned_sweep(path: str, args: argparse.Namespace) -> int:
-    """`fedray tune`'s tuned table: the sweep written from its choices, run as `fedray sweep` runs it."""
-    from fedray.api import open_sweep
-
-    session = open_sweep(path, say=_say, address=args.address, restart=args.restart)
-    with session:
-        _print_plan(session, False)
-        if not session.todo:
-            return 0
-        return _execute_sweep(session, argparse.Namespace(**{**vars(args), "local": False, "verbose": False}))
-
-
 def cmd_report(args: argparse.Namespace) -> int:
     import pandas as pd
 
@@ -468,7 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
         "fidelity (docs/fidelity.md), docs (docs/algorithms.md), reference (docs/reference.md); "
         "`fedray COMMAND --help` for each",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,sweep,report,bench}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,sweep,tune,report,bench}")
     p_run = sub.add_parser("run", help="run one experiment")
     _add_run_args(p_run)
     p_run.set_defaults(func=cmd_run)
@@ -517,6 +505,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the plan and the summary, not a line as each run starts and ends",
     )
     p_sw.set_defaults(func=cmd_sweep)
+    from jobs.tune_cli import add_parser as add_tune
+
+    add_tune(sub)
     p_rep = sub.add_parser(
         "report", help="paper-style table (mean ± std over seeds) and plots from a results folder"
     )
@@ -603,9 +594,6 @@ def build_parser() -> argparse.ArgumentParser:
     p_docs.add_argument("-o", "--output", help="the page (default: docs/algorithms.md)")
     p_docs.set_defaults(func=cmd_docs)
     from jobs.reference.cli import add_parser as add_reference
-    from jobs.tune_cli import add_parser as add_tune
-
-    add_tune(sub, run_sweep=_tuned_sweep)
 
     add_reference(
         sub, run_sweep=lambda path, local=False: main(["sweep", str(path), *(["--local"] if local else [])])

@@ -15,22 +15,15 @@ EXIT_USAGE, EXIT_FAILED = 2, 1
 def cmd_tune(args: argparse.Namespace) -> int:
     from fedray.config.coercion import ConfigError
     from fedray.data import DatasetMissing
-    from fedray.sweeps.tune_plan import open_plan
+    from fedray.sweeps.tune_plan import describe_plan, open_plan
 
     try:
         plan = open_plan(args.config, config_sets(args), args.output, args.plugins)
     except (ConfigError, DatasetMissing, OSError) as e:
         print(f"fedray: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    spec = plan.spec
-    what = f"{len(plan.cells)} cells" if len(plan.cells) > 1 else "one config"
-    print(
-        f"tune {plan.source}: {what}, each {spec.total} trials of {spec.describe()} on validation "
-        f"({spec.metric}, {spec.mode}, {spec.at}; {spec.search_alg} search, "
-        f"{'ASHA' if spec.scheduler == 'asha' else 'no early stopping'}; seeds {list(spec.seeds)}); "
-        f"results in {plan.output}/",
-        flush=True,
-    )
+    for line in describe_plan(plan) if args.dry_run or not args.quiet else ():
+        print(line, flush=True)
     if args.dry_run:
         for label, cfg in plan.cells:
             print(
@@ -47,37 +40,33 @@ def _say(line: str) -> None:
 
 
 def _run(plan: Any, args: argparse.Namespace) -> int:
-    from actors.driver import connect, disconnect
-    from actors.tune import run_cells
-    from fedray.sweeps.tune_plan import write_tuned_config, write_tuned_sweep
+    """`fedray.api.launch_tune` (`fedray.tune`'s sequence too), its ends said as the CLI says them."""
+    from fedray.api import launch_tune
     from fedray.sweeps.tuning import TuneError
 
+    say = (lambda line: None) if args.quiet else _say
     try:
-        started = connect(args.address, sorted({p for _, c in plan.cells for p in c.plugins}), _say)
+        done = launch_tune(
+            plan, address=args.address, restart=args.restart, say=say, progress_s=args.progress_every
+        )
     except ConnectionError as e:
         print(f"fedray: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        docs = run_cells(plan.cells, plan.spec, restart=args.restart, say=_say)
-        print(f"chosen values: {plan.output}/tuned.yaml")
-        if not plan.seeds:
-            print(f"run it on test: fedray run {write_tuned_config(plan, docs)}")
-            return 0
-        print(f"the tuned table: {(path := write_tuned_sweep(plan, docs))}", flush=True)
-        return args.run_sweep(path, args)
     except TuneError as e:
         print(f"fedray: error: {e}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         print(
-            "fedray: tuning interrupted; the same command goes on: finished trials are kept, unfinished "
-            "ones resume from their checkpoints (--restart starts over)",
+            "fedray: tuning interrupted; the same command goes on: the trials' runs are kept and go on from "
+            "their checkpoints, and every decision made is made again the same way (--restart starts over)",
             file=sys.stderr,
         )
         return 130
-    finally:
-        if started:
-            disconnect()
+    if args.quiet:
+        for doc in done.docs:
+            chosen = ", ".join(f"{k}={v}" for k, v in doc["chosen"].items())
+            print(f"{doc['cell'] or doc['algorithm']}: {chosen} ({doc['metric']} {doc['value']})")
+    return 0 if done.ok else EXIT_FAILED
 
 
 def validation_picks(args: argparse.Namespace, values: Any, at: str, way: str) -> Any:
@@ -150,9 +139,8 @@ def cmd_trials(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(sub: Any, run_sweep: Any) -> None:
-    """``fedray tune``; ``run_sweep(path, args)`` runs the tuned table's sweep as `fedray sweep`
-    does (the command line's, handed over so this module never imports it back)."""
+def add_parser(sub: Any) -> None:
+    """``fedray tune``."""
     p = sub.add_parser(
         "tune",
         help="search a config's settings on validation with Ray Tune (a sweep file: each cell, then its seeds on test)",
@@ -165,8 +153,15 @@ def add_parser(sub: Any, run_sweep: Any) -> None:
     )
     p.add_argument("--restart", action="store_true", help="start the search over (its trials too)")
     p.add_argument("--dry-run", action="store_true", help="say what would be searched; run nothing")
-    p.add_argument("--quiet", action="store_true", help="print the choices, not a line a trial")
+    p.add_argument("--quiet", action="store_true", help="print the choices only")
     p.add_argument(
         "--address", help="Ray address to attach to (default: RAY_ADDRESS, else start a local Ray)"
     )
-    p.set_defaults(func=cmd_tune, run_sweep=run_sweep)
+    p.add_argument(
+        "--progress-every",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="print the search's progress table this often (default 30)",
+    )
+    p.set_defaults(func=cmd_tune)

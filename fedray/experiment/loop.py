@@ -512,16 +512,18 @@ def execute(
         yield Started(run_id, len(run.fed.client_ids), run.placement, start, run.timings)
         if stop_at is not None and stop_at < cfg.rounds:
             yield from run.rounds(state, start, stop_at)
-            yield run.stop(stopped_by)
-            return
-        state = yield from run.rounds(state, start)
-        yield Finished(run_id, run.finish(alg, hp, state))
+            end: Stopped | Finished = run.stop(stopped_by)
+        else:
+            state = yield from run.rounds(state, start)
+            end = Finished(run_id, run.finish(alg, hp, state))
     except BaseException as e:
         run.ended(e, failures_left)
         raise
     finally:
         if run.fed is not None:
             run.fed.close()
+    # recorded, its workers released: a consumer that stops here (closes the generator) changes nothing
+    yield end
 
 
 def restore(ckpts: Checkpoints, ckpt: Checkpoint, fed: HostedFederation) -> Any:

@@ -40,6 +40,24 @@ class RunLock:
         self.run_id = run_id
         self._fd: int | None = None
 
+    def held_message(self, owner: str) -> str:
+        """What `acquire` says when another process holds the lock (``owner``: its pid)."""
+        return (
+            f"run {self.run_id} is being written into {self.path.parent.parent}/ by another process "
+            f"(pid {owner} on this machine); wait for it to end, or use another output folder"
+        )
+
+    def owner(self) -> str:
+        """The pid the lock file names ("?" where it names none, or is not there)."""
+        try:
+            fd = self._open(os.O_RDONLY)
+        except (OSError, UnsafeLockFile):
+            return "?"
+        try:
+            return os.read(fd, 64).decode(errors="replace").strip() or "?"
+        finally:
+            os.close(fd)
+
     def _open(self, flags: int) -> int:
         """The lock file's descriptor, opened without following a link or blocking, checked to be a
         regular file of its own."""
@@ -65,10 +83,7 @@ class RunLock:
             except BlockingIOError:
                 owner = os.read(fd, 64).decode(errors="replace").strip() or "?"
                 os.close(fd)
-                raise RunLocked(
-                    f"run {self.run_id} is being written into {self.path.parent.parent}/ by another process "
-                    f"(pid {owner} on this machine); wait for it to end, or use another output folder"
-                ) from None
+                raise RunLocked(self.held_message(owner)) from None
             # Its last owner removes it on release: if that happened between our open and our lock,
             # we hold a file no longer at the path, so open the one there now.
             try:
@@ -104,3 +119,17 @@ class RunLock:
         finally:
             os.close(fd)
         return False
+
+
+class SearchLock(RunLock):
+    """``DIR/tune/.search.lock``: held by the `fedray tune` searching in ``DIR`` (one at a time: its
+    trials' runs and ``tuned.yaml`` are written by one search), the same kind of lock as a run's."""
+
+    def __init__(self, out_dir: str | Path) -> None:
+        super().__init__(out_dir, "search")
+        self.path = Path(out_dir) / "tune" / ".search.lock"
+
+    def held_message(self, owner: str) -> str:
+        return (
+            f"another fedray tune (pid {owner} on this machine) is searching in {self.path.parent.parent}/"
+        )

@@ -156,6 +156,14 @@ def run_status(out_dir: str | Path, run_id: str) -> str | None:
     return read_checked(path, columns=["status"]).column("status")[0].as_py()
 
 
+def read_run_row(out_dir: str | Path, run_id: str) -> dict[str, Any] | None:
+    """``run_id``'s row in ``out_dir``'s ``runs/`` as a dict (checked), or None if it never started there."""
+    path = Path(out_dir) / "runs" / f"{run_id}.parquet"
+    if not path.is_file():
+        return None
+    return read_checked(path).to_pylist()[0]
+
+
 def run_data(out_dir: str | Path, run_id: str) -> dict[str, Any] | None:
     """What ``run_id``'s row in ``out_dir`` records of its data (`fedray.data.identity`); None where
     it records none (its dataset reads no files, or it was written before rows recorded data)."""
@@ -183,6 +191,15 @@ def run_metric(out_dir: str | Path, run_id: str, metric: str) -> list[tuple[int,
             if scope == "global" and name == metric:
                 got[int(rnd)] = float(value)
     return sorted(got.items())
+
+
+def run_metric_names(out_dir: str | Path, run_id: str) -> list[str]:
+    """The metrics a run recorded in the global scope, from its own metric files (checked), sorted."""
+    names: set[str] = set()
+    for path in run_parts(out_dir, run_id, "metrics"):
+        t = read_checked(path, ["scope", "metric"]).to_pydict()
+        names.update(m for s, m in zip(t["scope"], t["metric"], strict=True) if s == "global")
+    return sorted(names)
 
 
 def run_state(out_dir: str | Path, run_id: str) -> str:

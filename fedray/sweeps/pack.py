@@ -254,15 +254,19 @@ def execute_pack(
     make_federation: Callable[..., Any],
     restarts: Sequence[bool] | None = None,
     reason: str = "",
+    stops: Sequence[tuple[int | None, str]] | None = None,
 ) -> Iterator[tuple[int, Any]]:
     """Run ``configs`` as one pack in this process; yields ``(k, event)`` for run ``k``: its
     `fedray.experiment.loop.execute` events, then `Ended`. ``make_federation(cfg, data, packer=)``
     builds each run's federation, its host handing calls to the packer. Leaving the generator
     early stops every run of the pack (recorded interrupted) and waits for their threads. ``reason``
-    is noted with each run's resume (`fedray.experiment.loop.execute`)."""
-    from fedray.experiment.loop import Finished, execute
+    is noted with each run's resume (`fedray.experiment.loop.execute`); ``stops``: for each run, the
+    round it stops at and why (``execute``'s ``stop_at`` and ``stopped_by``; None: its budget). A run
+    that stops leaves the pack, and the others go on."""
+    from fedray.experiment.loop import Finished, Stopped, execute
 
     restarts = list(restarts) if restarts is not None else [False] * len(configs)
+    stops = list(stops) if stops is not None else [(None, "")] * len(configs)
     packer = Packer(len(configs))
     out: queue.Queue[tuple[int, Any]] = queue.Queue()
 
@@ -271,7 +275,9 @@ def execute_pack(
         packer.enter(k)
         try:
             make = lambda cfg, data: make_federation(cfg, data, packer=packer)  # noqa: E731
-            events = execute(configs[k], make, restarts[k], reason)
+            events = execute(
+                configs[k], make, restarts[k], reason, stop_at=stops[k][0], stopped_by=stops[k][1]
+            )
             try:
                 while True:
                     with packer.turn():
@@ -279,7 +285,7 @@ def execute_pack(
                             ev = next(events)
                         except StopIteration:
                             break
-                        if isinstance(ev, Finished):  # recorded finished: its generator ends now, in
+                        if isinstance(ev, (Finished, Stopped)):  # recorded: its generator ends now, in
                             for _ in events:  # this turn, so no stop can land at that yield
                                 pass
                     out.put((k, ev))

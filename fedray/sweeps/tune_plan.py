@@ -49,6 +49,9 @@ def open_plan(
 
     source = str(path)
     rest, block = split_block(read_yaml(path))
+    sets, tune_sets = _split_sets(sets)
+    if tune_sets:
+        block = _with_sets(block, tune_sets)
     if block is None:
         raise TuneError(
             f"{source}: no tune: block to search (docs/tuning.md): `fedray run` or `fedray sweep` runs it"
@@ -68,6 +71,77 @@ def open_plan(
             raise TuneError(f"{source}{f' ({label})' if label else ''}: {e}") from None
     check_writable(cells[0][1].output)
     return TunePlan(source, spec, cells, _seeds(seeds, source), concurrent)
+
+
+def _split_sets(sets: Iterable[str]) -> tuple[list[str], list[str]]:
+    """The ``--set``s of config keys, and those of the ``tune:`` block (``tune.KEY=...``)."""
+    config, tune = [], []
+    for item in sets:
+        key = item.split("=", 1)[0].strip()
+        (tune if key == "tune" or key.startswith("tune.") else config).append(item)
+    return config, tune
+
+
+def _with_sets(block: Any, sets: Sequence[str]) -> dict[str, Any]:
+    """The ``tune:`` block with ``--set tune.KEY=VALUE`` applied, each value read as YAML
+    (``--set tune.trials=4``, ``--set tune.scheduler=none``, ``--set 'tune.search.lr={loguniform: [0.01, 0.5]}'``)."""
+    import copy
+
+    from fedray.config.coercion import ConfigError
+    from fedray.config.keys import load_yaml, set_dotted
+
+    tree = {"tune": copy.deepcopy(block) if block is not None else {}}
+    for item in sets:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected key=value")
+        key, raw = (p.strip() for p in item.split("=", 1))
+        if key == "tune" or not isinstance(tree["tune"], dict):
+            raise ConfigError(
+                f"--set {key}: set a key of the tune: block (tune.trials=4, tune.search.lr=...)"
+            )
+        value = load_yaml(raw, f"--set {key}: value {raw!r}") if raw else ""
+        set_dotted(tree, key, value, f"--set {key}")
+    return tree["tune"]
+
+
+def describe_plan(plan: TunePlan) -> list[str]:
+    """What a search will do, said before it runs (``fedray tune`` and ``fedray.tune`` print it)."""
+    from fedray.sweeps.tuning import describe_schedule, rungs
+
+    spec = plan.spec
+    what = f"{len(plan.cells)} cells" if len(plan.cells) > 1 else "one config"
+    draws = (
+        f"optuna (TPE, seed {spec.seed}), {spec.batch} trials asked at a time"
+        if spec.search_alg == "optuna"
+        else f"{spec.search_alg} (seed {spec.seed})"
+    )
+    lines = [
+        f"tune {plan.source}: {what}, each {spec.total} trials of {spec.describe()} on validation "
+        f"({spec.metric}, {spec.mode}, {spec.at}; {draws}; seeds {list(spec.seeds)}); results in {plan.output}/"
+    ]
+    rounds = sorted({cfg.rounds for _, cfg in plan.cells})
+    for r in rounds:
+        schedule = rungs(spec, spec.total, r)
+        if spec.scheduler == "none":
+            how = f"no early stopping: every trial runs its {r} rounds"
+        elif len(schedule) == 1:
+            how = f"no early stopping ({spec.total} trials are too few to halve at reduction_factor {spec.reduction_factor:g})"
+        else:
+            how = "successive halving: " + describe_schedule(schedule, len(spec.seeds))
+        lines.append(f"  {how}" if len(rounds) == 1 else f"  at {r} rounds: {how}")
+    if (
+        spec.search_alg != "optuna"
+        and spec.total > 1
+        and all(d.kind in ("choice", "grid") for d in spec.search.values())
+    ):
+        size = 1
+        for d in spec.search.values():
+            size *= len(d.args)
+        if spec.total > size:
+            lines.append(
+                f"  {spec.total} draws of {size} settings: a setting drawn again is one trial, run once"
+            )
+    return lines
 
 
 def _cell_label(label: str) -> str:
@@ -99,12 +173,12 @@ def tuned_configs(plan: TunePlan, docs: Sequence[Mapping[str, Any]]) -> list[dic
 def write_tuned_config(plan: TunePlan, docs: Sequence[Mapping[str, Any]]) -> Path:
     """``OUT/tune/tuned-config.yaml``: a config file's config at the values its search chose (without
     its tune: block), which `fedray run` runs on test."""
-    from fedray.storage.files import write_text_atomic
+    from fedray.sweeps.tuning import write_if_changed
 
     path = Path(plan.output) / "tune" / "tuned-config.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     head = f"# {plan.source} at the values its search chose on validation (tuned.yaml). Written by fedray tune.\n"
-    write_text_atomic(head + yaml.safe_dump(tuned_configs(plan, docs)[0], sort_keys=False), path)
+    write_if_changed(path, head + yaml.safe_dump(tuned_configs(plan, docs)[0], sort_keys=False))
     return path
 
 
@@ -118,7 +192,7 @@ def tuned_sweep(plan: TunePlan, docs: Sequence[Mapping[str, Any]]) -> dict[str, 
 
 
 def write_tuned_sweep(plan: TunePlan, docs: Sequence[Mapping[str, Any]]) -> Path:
-    from fedray.storage.files import write_text_atomic
+    from fedray.sweeps.tuning import write_if_changed
 
     path = Path(plan.output) / "tune" / "tuned-sweep.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -126,5 +200,5 @@ def write_tuned_sweep(plan: TunePlan, docs: Sequence[Mapping[str, Any]]) -> Path
         f"# The tuned table of {plan.source}: each cell at the values its search chose on validation "
         "(tuned.yaml), run on test at the file's seeds. Written by fedray tune.\n"
     )
-    write_text_atomic(head + yaml.safe_dump(tuned_sweep(plan, docs), sort_keys=False), path)
+    write_if_changed(path, head + yaml.safe_dump(tuned_sweep(plan, docs), sort_keys=False))
     return path

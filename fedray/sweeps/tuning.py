@@ -9,34 +9,33 @@ here imports Ray.
       search:                           # any config key, dotted hp.* too
         lr: {loguniform: [0.001, 0.5]}  # also uniform: [lo, hi], randint: [lo, hi), choice: [...], grid: [...]
         hp.mu: {choice: [0.001, 0.01, 0.1]}
-      trials: 16                        # samples of the space (a grid's values are each run that often)
+      trials: 16                        # draws of the space (a grid alone: each value once, the default)
       metric: val_accuracy              # val_accuracy | val_loss | val_local_accuracy
       mode: max                         # default: min for a loss, else max
       at: final                         # final | best | mean_last: K (the trial's value that chooses)
-      scheduler: {asha: {grace_rounds: 5, reduction_factor: 3}}   # or none
+      scheduler: {successive_halving: {grace_rounds: 5, reduction_factor: 3}}   # (asha: the same), or none
       search_alg: random                # random | grid (the grid's values only) | optuna (TPE)
+      batch: 4                          # optuna: trials asked at a time
       seed: 0                           # of the search
       seeds: [0]                        # the training seeds every trial runs (their mean chooses)
       max_concurrent_trials: 0          # 0: as many as the cluster's resources take
 
-A trial is one fedray run a seed of ``seeds`` at the sampled values, evaluating on validation
+A trial is one fedray run a seed of ``seeds`` at the drawn values, evaluating on validation
 (``evaluate_on: validation``): it reads no test sample. Each is a run like any other (its run id,
 Parquet rows and checkpoints in the results folder), under the experiment name ``EXPERIMENT-tune``
-so that `fedray report` keeps them apart from the runs on test.
+so that `fedray report` keeps them apart from the runs on test. Which trials run, which are stopped
+and which is chosen is decided from the recorded values alone (`fedray.sweeps.search`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import yaml
 
 from fedray.config.coercion import ConfigError, suggest
@@ -46,7 +45,10 @@ TUNE_KEY = "tune"
 DISTRIBUTIONS = ("loguniform", "uniform", "randint", "choice", "grid")
 NUMERIC = ("loguniform", "uniform", "randint")
 METRICS = ("val_accuracy", "val_loss", "val_local_accuracy")
-SCHEDULERS = ("asha", "none")
+# successive halving at fixed rungs, each decided once it is complete; "asha" is the name files
+# used when Ray Tune's asynchronous ASHA ran it, kept as the same thing
+SCHEDULERS = ("successive_halving", "asha", "none")
+HALVING = "successive_halving"
 SEARCH_ALGS = ("random", "grid", "optuna")
 # What a trial may not vary: what makes the validation data, what the budget is, where and how it is
 # recorded. Tuning the seed would choose a lucky seed, not a setting.
@@ -96,18 +98,26 @@ class TuneSpec:
     mode: str = "max"
     at: str = "final"
     last: int = 1  # at mean_last: K
-    scheduler: str = "asha"
+    scheduler: str = HALVING  # or "none"
     grace_rounds: int = 1
     reduction_factor: float = 3.0
     search_alg: str = "random"
     seed: int = 0
     seeds: tuple[int, ...] = (0,)
     max_concurrent_trials: int = 0
+    batch: int = 4  # optuna: trials asked at a time
+    # the scheduler as the file wrote it (False: the default, which halves only where it stops a trial)
+    scheduler_written: bool = True
 
     @property
     def total(self) -> int:
-        """Trials run: ``trials`` samples, each grid key's values run that often."""
+        """Trials drawn: ``trials`` draws, each grid key's values with every draw."""
         return self.trials * math.prod(d.size() for d in self.search.values())
+
+    @property
+    def grid_only(self) -> bool:
+        """Every searched key is a grid: its values are the trials, each run once."""
+        return all(d.kind == "grid" for d in self.search.values())
 
     def describe(self) -> str:
         return ", ".join(f"{k} {d.kind}{list(d.args)}" for k, d in self.search.items())
@@ -206,6 +216,7 @@ def read_spec(block: Any, algorithms: Iterable[str]) -> TuneSpec:
         "seed",
         "seeds",
         "max_concurrent_trials",
+        "batch",
     }
     for key in block:
         if key not in known:
@@ -239,6 +250,19 @@ def read_spec(block: Any, algorithms: Iterable[str]) -> TuneSpec:
     if problems:
         raise TuneError.of(problems)
     spec = dataclasses.replace(spec, search=search)
+    if search and spec.grid_only:
+        if "trials" not in block:
+            spec = dataclasses.replace(spec, trials=1)
+        elif spec.trials != 1:
+            raise TuneError(
+                f"{_where('trials')}: every searched key is a grid, whose values are each run once (a trial is "
+                f"one run a seed of tune.seeds); trials: {spec.trials} would run each again on the same seeds: "
+                "leave trials out, or give more seeds (tune.seeds: [0, 1])"
+            )
+    if "batch" in block and spec.search_alg != "optuna":
+        raise TuneError(
+            f"{_where('batch')}: only optuna asks for trials in batches ({spec.search_alg} draws them all at once)"
+        )
     if spec.search_alg == "grid" and any(d.kind != "grid" for d in search.values()):
         raise TuneError(
             f"{_where('search_alg')}: grid runs the grid's values, and {', '.join(k for k, d in search.items() if d.kind != 'grid')} is not a grid: write {{grid: [...]}}, or search_alg: random"
@@ -293,7 +317,7 @@ def _scalars(block: Mapping[str, Any], problems: list[str]) -> TuneSpec:
         metric = "val_accuracy"
     mode = one_of("mode", "min" if "loss" in str(metric) else "max", ("max", "min"))
     at, last = _at(block.get("at", "final"), problems)
-    scheduler, grace, factor = _scheduler(block.get("scheduler", {"asha": {}}), problems)
+    scheduler, grace, factor = _scheduler(block.get("scheduler", {HALVING: {}}), problems)
     seeds = seed_list(block.get("seeds", [0]))
     if seeds is None:
         problems.append(f"{_where('seeds')}: a list of seeds (integers >= 0), got {block['seeds']!r}")
@@ -312,6 +336,8 @@ def _scalars(block: Mapping[str, Any], problems: list[str]) -> TuneSpec:
         seed=integer("seed", 0, 0),
         seeds=tuple(dict.fromkeys(seeds)),
         max_concurrent_trials=integer("max_concurrent_trials", 0, 0),
+        batch=integer("batch", 4, 1),
+        scheduler_written="scheduler" in block,
     )
 
 
@@ -339,19 +365,92 @@ def _at(value: Any, problems: list[str]) -> tuple[str, int]:
 def _scheduler(value: Any, problems: list[str]) -> tuple[str, int, float]:
     if value in ("none", None):
         return "none", 1, 3.0
-    if value == "asha":
-        value = {"asha": {}}
-    if isinstance(value, Mapping) and set(value) == {"asha"}:
-        opts = value["asha"] or {}
+    if value in (HALVING, "asha"):
+        value = {value: {}}
+    if isinstance(value, Mapping) and len(value) == 1 and next(iter(value)) in (HALVING, "asha"):
+        opts = next(iter(value.values())) or {}
         if isinstance(opts, Mapping) and set(opts) <= {"grace_rounds", "reduction_factor"}:
             grace, factor = opts.get("grace_rounds", 1), opts.get("reduction_factor", 3)
-            if isinstance(grace, int) and grace >= 1 and isinstance(factor, (int, float)) and factor > 1:
-                return "asha", grace, float(factor)
+            if (
+                isinstance(grace, int)
+                and not isinstance(grace, bool)
+                and grace >= 1
+                and isinstance(factor, (int, float))
+                and not isinstance(factor, bool)
+                and factor > 1
+            ):
+                return HALVING, grace, float(factor)
     problems.append(
-        f"{_where('scheduler')}: asha (with grace_rounds >= 1, reduction_factor > 1) or none, e.g. "
-        f"{{asha: {{grace_rounds: 5, reduction_factor: 3}}}}; got {value!r}"
+        f"{_where('scheduler')}: successive_halving (asha: the same; with grace_rounds >= 1, reduction_factor > 1) "
+        f"or none, e.g. {{successive_halving: {{grace_rounds: 5, reduction_factor: 3}}}}; got {value!r}"
     )
     return "none", 1, 3.0
+
+
+def rungs(spec: TuneSpec, n: int, rounds: int) -> list[tuple[int, int]]:
+    """The search's schedule for ``n`` trials and a budget of ``rounds``: ``(round, trials)`` for
+    each rung, the last the whole budget. Successive halving: the first rung at ``grace_rounds``,
+    each next at ``reduction_factor`` times the round before (rounded down, at least one more); a
+    rung keeps the best ``1/reduction_factor`` of its trials (rounded down) for the next, as long as
+    at least ``reduction_factor`` (rounded up) go on, and those left then run the whole budget. So
+    several trials always reach the full budget, and the choice is made among them."""
+    if spec.scheduler == "none":
+        return [(rounds, n)]
+    least = math.ceil(spec.reduction_factor)
+    out: list[tuple[int, int]] = []
+    r, k, step = spec.grace_rounds, n, 0
+    while r < rounds and math.floor(k / spec.reduction_factor) >= least:
+        out.append((r, k))
+        k = math.floor(k / spec.reduction_factor)
+        step += 1
+        r = max(r + 1, math.floor(spec.grace_rounds * spec.reduction_factor**step + 1e-9))
+    out.append((rounds, k))
+    return out
+
+
+def schedule_rounds(schedule: Sequence[tuple[int, int]], seeds: int = 1) -> int:
+    """The trial-rounds a schedule spends: each trial's rounds up to the rung it stops at."""
+    spent, before = 0, 0
+    for r, k in schedule:
+        spent += k * (r - before)
+        before = r
+    return spent * seeds
+
+
+def describe_schedule(schedule: Sequence[tuple[int, int]], seeds: int = 1) -> str:
+    """``16 trials to round 3, the best 5 to round 30 (183 of 480 trial-rounds)``."""
+    parts = [
+        f"{k} trials to round {r}" if i == 0 else f"the best {k} to round {r}"
+        for i, (r, k) in enumerate(schedule)
+    ]
+    full = schedule[0][1] * schedule[-1][0] * seeds
+    return f"{', '.join(parts)} ({schedule_rounds(schedule, seeds)} of {full} trial-rounds)"
+
+
+def check_schedule(cfg: Config, spec: TuneSpec) -> None:
+    """A written scheduler that cannot stop a trial is refused, naming why: its first rung at or past
+    the budget, before the first evaluation, or too few trials to halve."""
+    if spec.scheduler == "none" or not spec.scheduler_written:
+        return
+    where = f"{_where('scheduler')}.{HALVING}.grace_rounds"
+    if spec.grace_rounds >= cfg.rounds:
+        raise TuneError(
+            f"{where}: {spec.grace_rounds} is not below rounds ({cfg.rounds}): the first rung would be the whole "
+            "budget and no trial would stop; lower it, or scheduler: none"
+        )
+    if spec.grace_rounds < cfg.eval_every:
+        raise TuneError(
+            f"{where}: {spec.grace_rounds} comes before the first evaluation (eval_every {cfg.eval_every}): a rung "
+            f"ranks the trials on their validation values; make it at least {cfg.eval_every}"
+        )
+    if len(rungs(spec, spec.total, cfg.rounds)) == 1:
+        least = math.ceil(spec.reduction_factor)
+        need = math.ceil(least * spec.reduction_factor - 1e-9)
+        raise TuneError(
+            f"{_where('scheduler')}: {spec.total} trials are too few to halve at reduction_factor "
+            f"{spec.reduction_factor:g} (a rung keeps 1/{spec.reduction_factor:g} of its trials, and at least "
+            f"{least} go on to the end: it needs {need} trials or more); draw more trials, or scheduler: none"
+        )
 
 
 def check_base(cfg: Config, spec: TuneSpec) -> None:
@@ -368,6 +467,7 @@ def check_base(cfg: Config, spec: TuneSpec) -> None:
         raise TuneError(
             f"config key 'shift': {cfg.shift}'s test clients are made of the test set: a search cannot read them"
         )
+    check_schedule(cfg, spec)
     base = trial_mapping(cfg, {}, spec.seeds[0])
     problems: list[str] = []
     for key, dist in spec.search.items():
@@ -397,78 +497,12 @@ def trials_experiment(experiment: str) -> str:
     return experiment if experiment.endswith(TRIALS_SUFFIX) else f"{experiment}{TRIALS_SUFFIX}"
 
 
-def cell_key(cfg: Config, spec: TuneSpec) -> str:
-    """A short name of a cell's search (its folder under OUT/tune/): the hash of its config and of
-    the search itself, so a tune: block changed since (more trials, another space) is searched
-    anew rather than restored as it was (its trials' finished runs are found by their run ids)."""
-    tree = cfg.to_dict()
-    tree.pop("seed", None)
-    both = {"config": tree, "search": dataclasses.asdict(spec)}
-    return hashlib.sha256(json.dumps(both, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
-# ------------------------------------------------------------------------------------------------
-# Choosing from the trials' rows
-# ------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Trial:
-    """A trial as its rows tell it: the values it ran, its runs (a seed each), the metric by round
-    (the mean over its seeds), the rounds it ran of the budget, and its value at ``at``."""
-
-    values: dict[str, Any]
-    run_ids: list[str]
-    curve: pd.Series  # round -> the metric's mean over the trial's seeds
-    rounds: int
-    value: float = math.nan
-    stopped: bool = False  # stopped early (ASHA), before the budget
-
-
-def trial_value(curve: pd.Series, spec: TuneSpec) -> float:
-    """A trial's value: its last evaluation's, its best, or the mean of its last K."""
-    if curve.empty:
-        return math.nan
-    if spec.at == "best":
-        return float(curve.max() if spec.mode == "max" else curve.min())
-    if spec.at == "mean_last":
-        return float(curve.iloc[-spec.last :].mean())
-    return float(curve.iloc[-1])
-
-
-def read_trials(
-    metrics: pd.DataFrame, trials: Sequence[tuple[dict[str, Any], list[str]]], spec: TuneSpec, budget: int
-) -> list[Trial]:
-    """Each trial (its values, its run ids) from the results folder's metric rows."""
-    rows = metrics[(metrics["metric"] == spec.metric) & (metrics["scope"] == "global")]
-    out = []
-    for values, run_ids in trials:
-        mine = rows[rows["run_id"].isin(run_ids)]
-        # a round every seed of the trial reached: their mean there
-        per = mine.groupby("round")["value"].agg(["mean", "count"])
-        curve = per.loc[per["count"] == len(run_ids), "mean"].sort_index()
-        done = int(curve.index.max()) if len(curve) else 0
-        t = Trial(values, run_ids, curve, done, stopped=done < budget)
-        t.value = trial_value(curve, spec)
-        out.append(t)
-    return out
-
-
-def choose(trials: Sequence[Trial], spec: TuneSpec) -> Trial:
-    """The chosen trial: the best value among those that ran the whole budget (ASHA lets some; a
-    trial stopped early is compared only where none finished), the first on a tie."""
-    finished = [t for t in trials if not t.stopped and not math.isnan(t.value)]
-    pool = finished or [t for t in trials if not math.isnan(t.value)]
-    if not pool:
-        raise TuneError(f"no trial recorded {spec.metric}: nothing to choose from (see the trials' runs)")
-    pick = max if spec.mode == "max" else min
-    return pick(pool, key=lambda t: t.value)
-
-
-def tuned_document(
-    cell: str, cfg: Config, spec: TuneSpec, chosen: Trial, trials: Sequence[Trial]
-) -> dict[str, Any]:
-    """What ``tuned.yaml`` says of one cell: the values chosen, on what, and the --set that reuses them."""
+def tuned_document(cell: str, cfg: Config, spec: TuneSpec, outcome: Any) -> dict[str, Any]:
+    """What ``tuned.yaml`` says of one cell's search (a `fedray.sweeps.search.Outcome`): the values
+    chosen, on what, the --set that reuses them, the schedule and every trial in the order it was
+    drawn. Nothing in it depends on when or how fast the trials ran: the same file and seed give
+    the same bytes."""
+    chosen = outcome.chosen
     values = {k: _exact(v) for k, v in chosen.values.items()}  # the trial's own: a rounded lr is another run
     return {
         "cell": cell,
@@ -481,10 +515,16 @@ def tuned_document(
         "at": spec.at if spec.at != "mean_last" else f"mean_last {spec.last}",
         "value": _plain(chosen.value),
         "chosen_runs": list(chosen.run_ids),
-        "trials": len(trials),
-        "stopped_early": sum(t.stopped for t in trials),
-        "trial_rounds": int(sum(t.rounds * len(t.run_ids) for t in trials)),
+        "trials": len(outcome.trials),
+        "draws": sum(t.draws for t in outcome.trials),
+        "stopped_early": sum(t.stopped for t in outcome.trials),
+        "diverged": sum(t.diverged for t in outcome.trials),
+        "schedule": [{"round": r, "trials": k} for r, k in outcome.schedule],
+        "trial_rounds": outcome.trial_rounds,
+        "full_trial_rounds": len(outcome.trials) * cfg.rounds * len(spec.seeds),
         "search": {k: {d.kind: list(d.args)} for k, d in spec.search.items()},
+        "search_alg": spec.search_alg,
+        "seed": spec.seed,
         "seeds": list(spec.seeds),
         "trial_list": [
             {
@@ -492,9 +532,11 @@ def tuned_document(
                 "value": _plain(t.value),
                 "rounds": t.rounds,
                 "stopped": t.stopped,
+                "diverged": t.diverged,
+                "draws": t.draws,
                 "runs": list(t.run_ids),
             }
-            for t in sorted(trials, key=lambda t: t.run_ids)  # the same list however Tune ordered them
+            for t in outcome.trials
         ],
     }
 
@@ -513,12 +555,43 @@ def _plain(v: Any) -> Any:
 
 
 def write_tuned(out: str | Path, cells: Sequence[dict[str, Any]]) -> Path:
-    """``OUT/tuned.yaml``: every cell's choice (written whole, then renamed)."""
+    """``OUT/tuned.yaml``: every cell's choice (written whole, then renamed), left as it is where it
+    already says exactly this: a finished search read again changes no file."""
+    path = Path(out) / "tuned.yaml"
+    write_if_changed(path, yaml.safe_dump({"cells": list(cells)}, sort_keys=False))
+    return path
+
+
+def write_if_changed(path: Path, text: str) -> bool:
+    """Write ``text`` to ``path`` whole (then renamed) unless it holds exactly that; whether it wrote."""
     from fedray.storage.files import write_text_atomic
 
-    path = Path(out) / "tuned.yaml"
-    write_text_atomic(yaml.safe_dump({"cells": list(cells)}, sort_keys=False), path)
-    return path
+    try:
+        if path.is_file() and not path.is_symlink() and path.read_text() == text:
+            return False
+    except (OSError, UnicodeDecodeError):
+        pass
+    write_text_atomic(text, path)
+    return True
+
+
+def merged_tuned(
+    out: str | Path, cells: Sequence[tuple[str, str]], docs: Mapping[int, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """``tuned.yaml``'s cells with a search's choices made so far: ``cells`` are the search's
+    (experiment, cell) in its order, ``docs`` its documents by index there. The search's cells come
+    first, in its order (a cell not chosen yet keeps what the file said of it, if anything), then the
+    file's other cells (another file tuned into the same folder) as they were."""
+    old = read_tuned(out)
+    keyed = {(d.get("experiment"), d.get("cell")): d for d in old}
+    mine = []
+    for i, key in enumerate(cells):
+        if i in docs:
+            mine.append(docs[i])
+        elif key in keyed:
+            mine.append(keyed[key])
+    ours = set(cells)
+    return mine + [d for d in old if (d.get("experiment"), d.get("cell")) not in ours]
 
 
 def read_tuned(out: str | Path) -> list[dict[str, Any]]:
@@ -541,18 +614,16 @@ __all__ = [
     "METRICS",
     "TUNE_KEY",
     "Dist",
-    "Trial",
     "TuneError",
     "TuneSpec",
     "check_base",
-    "choose",
     "read_spec",
-    "read_trials",
+    "merged_tuned",
     "read_tuned",
     "split_block",
     "trial_mapping",
-    "trial_value",
     "trials_experiment",
     "tuned_document",
+    "write_if_changed",
     "write_tuned",
 ]
