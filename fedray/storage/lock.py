@@ -130,6 +130,4 @@ class SearchLock(RunLock):
         self.path = Path(out_dir) / "tune" / ".search.lock"
 
     def held_message(self, owner: str) -> str:
-        return (
-            f"another fedray tune (pid {owner} on this machine) is searching in {self.path.parent.parent}/"
-        )
+        return f"another fedray tune (pid {owner} on this machine) is searching in {self.path.parent.parent}/"

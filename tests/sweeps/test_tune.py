@@ -4,6 +4,7 @@ after a Ctrl-C, and every bad tune: block refused in one line before anything ru
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -85,7 +86,22 @@ LR = {"search": {"lr": {"loguniform": [0.01, 0.5]}}}
             {},
             r"^tune\.search_alg: grid runs the grid's values, and lr is not a grid",
         ),
-        ({**LR, "scheduler": {"asha": {"grace": 2}}}, {}, r"^tune\.scheduler: asha \(with grace_rounds >= 1"),
+        (
+            {**LR, "scheduler": {"asha": {"grace": 2}}},
+            {},
+            r"^tune\.scheduler: successive_halving \(asha: the same; with grace_rounds >= 1",
+        ),
+        (
+            {**LR, "scheduler": {"asha": {"grace_rounds": 50}}},
+            {"rounds": 3},
+            r"^.*tune\.scheduler\.successive_halving\.grace_rounds: 50 is not below rounds \(3\)",
+        ),
+        ({**LR, "batch": 2}, {}, r"^tune\.batch: only optuna asks for trials in batches"),
+        (
+            {"search": {"lr": {"grid": [0.1, 0.2]}}, "search_alg": "grid", "trials": 2},
+            {},
+            r"^tune\.trials: every searched key is a grid",
+        ),
         (
             {"search": {"lr": {"loguniform": [0, 0.5]}}},
             {},
@@ -165,7 +181,7 @@ def test_a_tuned_table_searches_each_cell_on_validation_then_runs_its_seeds_on_t
 
     path = tune_file(
         tmp_path,
-        {**LR, "trials": 3, "scheduler": {"asha": {"grace_rounds": 1, "reduction_factor": 2}}, "seed": 3},
+        {**LR, "trials": 4, "scheduler": {"asha": {"grace_rounds": 1, "reduction_factor": 2}}, "seed": 3},
         grid={"algorithm": ["fedavg", "fedprox"]},
         seeds=[0, 1],
     )
@@ -173,7 +189,12 @@ def test_a_tuned_table_searches_each_cell_on_validation_then_runs_its_seeds_on_t
     out = tmp_path / "out"
     assert [d["cell"] for d in docs] == ["algorithm=fedavg", "algorithm=fedprox"]
     for doc in docs:
-        assert doc["trials"] == 3 and doc["trial_rounds"] <= 3 * BASE["rounds"]
+        # successive halving: 4 trials to round 1, the best 2 to round 4: 4 + 2 * 3 trial-rounds
+        assert doc["trials"] == 4 and doc["schedule"] == [
+            {"round": 1, "trials": 4},
+            {"round": 4, "trials": 2},
+        ]
+        assert doc["trial_rounds"] == 10 and doc["stopped_early"] == 2
         best = _best_by_rows(out, doc)
         assert doc["chosen"] == best["values"] and doc["chosen_runs"] == best["runs"]
     runs = load_runs(out)
@@ -194,7 +215,7 @@ def test_a_tuned_table_searches_each_cell_on_validation_then_runs_its_seeds_on_t
     )
     assert p.returncode == 0, p.stderr
     assert "tuned on validation" in p.stdout and f"lr={docs[0]['chosen']['lr']}" in p.stdout
-    assert "6 runs evaluated on validation (tuning's trials) are not in this table" in p.stdout
+    assert "8 runs evaluated on validation (tuning's trials) are not in this table" in p.stdout
     # the same command again: everything is there, nothing runs again
     before = {r: s for r, s in zip(runs["run_id"], runs["started"], strict=True)}
     assert tune(path, quiet=True) == docs
@@ -208,7 +229,8 @@ def test_a_seeded_search_draws_the_same_trials_random_and_optuna(ray_session, tm
     for alg in ("random", "optuna"):
         space = {"lr": {"loguniform": [0.01, 0.5]}, "momentum": {"choice": [0.0, 0.9]}}
         block = {"search": space, "trials": 2, "search_alg": alg, "scheduler": "none", "seed": 7}
-        block["max_concurrent_trials"] = 1  # TPE's draws follow the results before them
+        if alg == "optuna":
+            block["batch"] = 1  # each trial told before the next is asked
         a = tune(tune_file(tmp_path / f"{alg}-a", block, rounds=2), quiet=True)
         b = tune(tune_file(tmp_path / f"{alg}-b", block, rounds=2), quiet=True)
         values = [[t["values"] for t in d["trial_list"]] for d in (a[0], b[0])]
@@ -266,3 +288,252 @@ def test_ctrl_c_then_the_same_command_keeps_finished_trials_and_resumes_the_rest
     rows = m[m["metric"] == "val_accuracy"].groupby("run_id")["round"]
     assert (rows.count() == 24).all() and (rows.nunique() == 24).all()  # every round once, resumed ones too
     assert "chosen:" in q.stdout and sys.executable
+
+
+def _digest(path: Path) -> tuple[str, int]:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_mtime_ns
+
+
+HALVING = {**LR, "trials": 9, "scheduler": {"asha": {"grace_rounds": 1, "reduction_factor": 3}}, "seed": 2}
+
+
+def test_one_trial_at_a_time_or_several_give_the_same_trials_stops_and_choice_and_a_rerun_changes_no_file(
+    ray_session, tmp_path
+):
+    """The choice is a function of the file: one trial at a time and as many as fit give the same
+    tuned.yaml, byte for byte; the search run again runs nothing and rewrites no file. A trial
+    stopped at its rung records every round it ran (rows, TensorBoard, its checkpoint) and says
+    stopped; the trials that go on resume from there."""
+    from analysis.load import load_events, load_metrics, load_runs
+    from fedray.api import tune
+    from tests.storage.test_loggers import _tensorboard
+
+    docs, paths = {}, {}
+    for name, concurrent in (("one", 1), ("many", 0)):
+        block = {**HALVING, "max_concurrent_trials": concurrent}
+        paths[name] = tune_file(tmp_path / name, block, loggers=["tensorboard"])
+        docs[name] = tune(paths[name], quiet=True, progress_s=0.5)
+    one, many = tmp_path / "one" / "out", tmp_path / "many" / "out"
+    assert (one / "tuned.yaml").read_bytes() == (many / "tuned.yaml").read_bytes()
+    (doc,) = docs["one"]
+    assert doc["schedule"] == [{"round": 1, "trials": 9}, {"round": 4, "trials": 3}]
+    assert doc["stopped_early"] == 6 and doc["trial_rounds"] == 9 * 1 + 3 * 3
+
+    runs = load_runs(one).set_index("run_id")
+    metrics = load_metrics(one, scope="global")
+    scalars, texts = _tensorboard(one / "tb")
+    events = load_events(one)
+    for t in doc["trial_list"]:
+        (run,) = t["runs"]
+        rounds = sorted(set(metrics.loc[metrics["run_id"] == run, "round"]))
+        steps = sorted({s for s, _ in scalars[run]["global/val_accuracy"]})
+        mine = events[events["run_id"] == run]
+        if t["stopped"]:
+            assert runs.loc[run, "status"] == "stopped" and t["rounds"] == 1
+            assert rounds == steps == [1]
+            assert (one / "checkpoints" / run / "round-000001").is_dir()
+            assert mine["event"].tolist() == ["stopped"] and mine["round"].tolist() == [1]
+            assert texts[run]["status/text_summary"][-1][1] == "stopped after round 1"
+        else:
+            assert runs.loc[run, "status"] == "finished" and t["rounds"] == 4
+            assert rounds == steps == [1, 2, 3, 4]
+            assert mine["event"].tolist() == ["stopped", "resumed"]  # went on from its rung's checkpoint
+    assert "running" not in set(runs["status"])
+
+    before = {p: _digest(p) for p in (one / "tuned.yaml", one / "tune" / "tuned-config.yaml")}
+    started = dict(zip(runs.index, runs["started"], strict=True))
+    assert tune(paths["one"], quiet=True) == docs["one"]
+    assert {p: _digest(p) for p in before} == before
+    after = load_runs(one)
+    assert dict(zip(after["run_id"], after["started"], strict=True)) == started
+
+
+def test_trials_train_on_the_gpu_share_they_reserve_auto_as_a_sweeps_run_and_pack_where_they_share_it(
+    ray_session, tmp_path
+):
+    """On the suite's Ray (4 CPUs, 2 logical GPUs, no CUDA: a trial given a GPU trains on the CPU),
+    a trial's runs record the GPU Ray gave the trial; auto resolves to what a sweep's run gets; the
+    trials of a rung that share a GPU (pack_runs: auto) train in one pack, their updates in one stack."""
+    from actors.driver import auto_gpus
+    from analysis.load import load_runs
+    from fedray.api import tune
+
+    grid = {"search": {"lr": {"grid": [0.05, 0.1, 0.2]}}, "search_alg": "grid", "scheduler": "none"}
+    path = tune_file(
+        tmp_path,
+        grid,
+        rounds=2,
+        num_cpus_per_actor=1,
+        pack_runs="auto",
+        batched_clients="on",  # stacked on the CPU too (auto stacks on a GPU only)
+        grid={"num_gpus_per_actor": ["auto", 0]},
+    )
+    tune(path, quiet=True)
+    runs = load_runs(tmp_path / "out")
+    trials = runs[runs["experiment"] == "tune-test-tune"]
+    shares = {float(c["num_gpus_per_actor"]) for c in trials["config"]}
+    assert shares == {auto_gpus(1), 0.0} and auto_gpus(1) == 0.5
+    for config, summary in zip(trials["config"], trials["summary"], strict=True):
+        placement = summary["placement"]
+        assert placement["mode"] == "tune trial" and placement["device"] == "cpu"
+        if config["num_gpus_per_actor"] > 0:
+            assert len(placement["gpu_ids"]) == 1  # its share of one GPU
+            assert placement.get("packed") and summary["packed_calls"] > 0  # the rung's three in one stack
+        else:
+            assert placement["gpu_ids"] == [] and not placement.get("packed")
+
+
+def test_a_choice_drawn_more_often_than_it_has_values_runs_each_once_and_a_diverged_trial_is_kept_last(
+    ray_session, tmp_path
+):
+    from analysis.load import load_runs
+    from fedray.api import tune
+
+    block = {"search": {"lr": {"choice": [0.05, 0.1, 1.0e9]}}, "trials": 7, "scheduler": "none", "seed": 1}
+    (doc,) = tune(tune_file(tmp_path, block, rounds=2), quiet=True)
+    assert doc["trials"] == 3 and doc["draws"] == 7
+    assert sorted(t["values"]["lr"] for t in doc["trial_list"]) == [0.05, 0.1, 1.0e9]
+    diverged = [t for t in doc["trial_list"] if t["diverged"]]
+    assert [t["values"]["lr"] for t in diverged] == [1.0e9] and doc["diverged"] == 1
+    assert doc["chosen"]["lr"] in (0.05, 0.1)
+    runs = load_runs(tmp_path / "out")
+    assert len(runs) == 3  # one run a setting, however often it was drawn
+
+
+FAILING = """
+import fedray
+from fedray.algorithms.baselines import fedavg
+from fedray.algorithms.baselines.fedavg import Hparams, State, evaluate, init, models  # noqa: F401
+
+
+def round(state, fed, hp, rnd):
+    if rnd == 1 and fed.task.lr > 0.2:
+        raise RuntimeError(f"boom at lr {fed.task.lr}")
+    return fedavg.round(state, fed, hp, rnd)
+
+
+fedray.register_algorithm("fedavg_boom", __import__(__name__))
+"""
+
+
+def test_a_trial_that_fails_is_one_line_naming_it_and_its_error(ray_session, tmp_path):
+    plugin = tmp_path / "boom.py"
+    plugin.write_text(FAILING)
+    block = {"search": {"lr": {"grid": [0.1, 0.3]}}, "search_alg": "grid", "scheduler": "none"}
+    path = tune_file(tmp_path, block, rounds=3, algorithm="fedavg_boom", plugins=[str(plugin)])
+    env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
+    p = subprocess.run([*FEDRAY, "tune", str(path)], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 1, p.stderr
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in p.stderr + p.stdout, p.stderr
+    assert re.fullmatch(
+        r"fedray: error: trial lr=0\.3 \(run fedavg_boom-digits-s0-\w+\) failed: RuntimeError: boom at lr 0\.3 "
+        r"\(its traceback: .*/runs/, fedray report\)",
+        lines[0],
+    ), lines[0]
+
+
+def test_nothing_in_the_results_folder_is_unpickled_and_a_damaged_record_is_named_not_chosen_around(
+    ray_session, tmp_path
+):
+    """What Ray Tune once restored from OUT/tune/ (a pickle anyone could plant there) is never read:
+    the search goes on from its runs' records. A tuned.yaml cut short is written again, the same;
+    a run's rows damaged stop the search naming the file, never a choice from what is left."""
+    import pickle
+
+    from fedray.api import tune
+    from fedray.storage.files import DamagedResults
+
+    class Planted:
+        def __reduce__(self):
+            return (Path.write_text, (tmp_path / "pwned", "ran"))
+
+    path = tune_file(tmp_path, {**HALVING, "trials": 3, "scheduler": "none"}, rounds=2)
+    out = tmp_path / "out"
+    for folder in ("tune", "tune/0123456789ab", "tune/0123456789ab/step"):
+        (out / folder).mkdir(parents=True, exist_ok=True)
+        (out / folder / "tuner.pkl").write_bytes(pickle.dumps(Planted()))
+    (doc,) = tune(path, quiet=True)
+    assert not (tmp_path / "pwned").exists()
+    whole = (out / "tuned.yaml").read_bytes()
+    (out / "tuned.yaml").write_bytes(whole[: len(whole) // 2])
+    assert tune(path, quiet=True) == [doc]
+    assert (out / "tuned.yaml").read_bytes() == whole
+    (part,) = sorted((out / "metrics").glob(f"{doc['chosen_runs'][0]}-*.parquet"))
+    part.write_bytes(part.read_bytes()[:100])
+    with pytest.raises(DamagedResults, match=re.escape(str(part))):
+        tune(path, quiet=True)
+    assert (out / "tuned.yaml").read_bytes() == whole
+
+
+def test_python_m_jobs_tune_attached_to_a_running_ray_waits_for_another_search_of_the_folder(
+    ray_session, tmp_path
+):
+    """`ray job submit -- python -m jobs.tune FILE`: the search attaches to the cluster it runs on.
+    While another search holds the folder (here: this test, holding its lock as a `fedray tune`
+    would) it says once that it waits, then searches when that one ends; run again, it reads the
+    same choice without running anything."""
+    import threading
+
+    from analysis.load import load_runs
+    from fedray.storage.lock import SearchLock
+
+    path = tune_file(tmp_path, {**HALVING, "trials": 3, "scheduler": "none"}, rounds=2)
+    env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
+    other = SearchLock(tmp_path / "out")
+    other.acquire()
+    p = subprocess.Popen(
+        [sys.executable, "-m", "jobs.tune", str(path)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(p.stdout), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not any("waiting for it to end" in line for line in lines) and time.monotonic() < deadline:
+            assert p.poll() is None, p.stderr.read()
+            time.sleep(0.1)
+        assert not (tmp_path / "out" / "runs").exists()  # nothing ran while it waited
+    finally:
+        other.release()
+    err = p.stderr.read()
+    assert p.wait(timeout=300) == 0, err
+    reader.join(timeout=10)
+    out = "".join(lines)
+    waits = [line for line in lines if "waiting for it to end" in line]
+    assert len(waits) == 1 and re.search(
+        r"another fedray tune \(pid \d+ on this machine\) is searching in ", waits[0]
+    )
+    assert "chosen: lr=" in out and "run it on test: fedray run" in out
+    runs = load_runs(tmp_path / "out")
+    assert len(runs) == 3 and set(runs["status"]) == {"finished"}
+    again = subprocess.run(
+        [sys.executable, "-m", "jobs.tune", str(path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode == 0, again.stderr
+    chosen = next(line for line in out.splitlines() if line.startswith("chosen:"))
+    assert chosen in again.stdout
+    assert load_runs(tmp_path / "out")["started"].tolist() == runs["started"].tolist()
+
+
+def test_set_tune_keys_on_the_command_line(tmp_path):
+    path = tune_file(tmp_path, LR)
+    plan = open_plan(
+        path, ["tune.trials=5", "tune.scheduler=none", "rounds=3", "tune.search.lr={uniform: [0.1, 0.2]}"]
+    )
+    assert plan.spec.trials == 5 and plan.spec.scheduler == "none" and plan.cells[0][1].rounds == 3
+    assert plan.spec.search["lr"].kind == "uniform" and plan.spec.search["lr"].args == (0.1, 0.2)
+    with pytest.raises(TuneError, match=r"^tune\.trials: an integer >= 1, got 0"):
+        open_plan(path, ["tune.trials=0"])
