@@ -23,6 +23,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -240,9 +241,6 @@ class _Reports(tune.Callback):
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         _WATCHES[self.key].ended.add(trial.config["unit"])
 
-    def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
-        _WATCHES[self.key].tick()
-
 
 def _units(works: Sequence[Work]) -> list[list[int]]:
     """The step's runs (indices into ``works``) in launch units: packed where a sweep would pack
@@ -283,6 +281,16 @@ def run_step(works: Sequence[Work], spec: TuneSpec, watch: Watch, marker: str) -
     _WATCHES[key] = watch
     watch.step(len(units))
     scratch = tempfile.mkdtemp(prefix="fedray-tune-")
+    # the progress table on a clock of its own: Tune's loop turns only as trials report, and a round
+    # of a large model may take minutes
+    fitted = threading.Event()
+
+    def tick() -> None:
+        while not fitted.wait(1.0):
+            watch.tick()
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
     levels = {name: logging.getLogger(name).level for name in TUNE_LOGGERS}
     for name in TUNE_LOGGERS:
         logging.getLogger(name).setLevel(logging.CRITICAL)
@@ -305,6 +313,8 @@ def run_step(works: Sequence[Work], spec: TuneSpec, watch: Watch, marker: str) -
         )
         grid = tuner.fit()
     finally:
+        fitted.set()
+        ticker.join()
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
         _WATCHES.pop(key, None)
@@ -371,28 +381,29 @@ def search_cells(
     say: Say = None,
     progress_s: float = 30.0,
     on_outcome: Callable[[int, Outcome], None] | None = None,
-) -> list[Outcome]:
+) -> list[Outcome | None]:
     """Every cell's search on the connected Ray, side by side: each step brings every run some cell
     waits on to its round in one fit, then each cell decides its next step from its runs' records.
     ``on_outcome(i, outcome)`` is told each cell's outcome as it is made. Returns the outcomes in the
-    cells' order."""
+    cells' order (None for a cell with nothing to search)."""
     out = Path(cells[0][1].output).resolve()
     marker = out / "tune" / f".search-{uuid.uuid4().hex[:12]}"
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(f"{os.getpid()}\n")
-    searches = [
-        CellSearch(
+    searches = {
+        i: CellSearch(
             resolve_cell(cell),
-            spec,
+            spec.for_algorithm(cell.algorithm),
             restart=restart,
             label=f"[{i + 1}/{len(cells)} {label}] " if len(cells) > 1 else "",
             say=say,
         )
         for i, (label, cell) in enumerate(cells)
-    ]
-    watch = Watch(searches, say, progress_s)
-    steps: dict[int, Iterator[list[Work]]] = {i: s.steps() for i, s in enumerate(searches)}
-    outcomes: dict[int, Outcome] = {}
+        if spec.for_algorithm(cell.algorithm).search  # a cell with nothing to search runs as it is
+    }
+    watch = Watch(list(searches.values()), say, progress_s)
+    steps: dict[int, Iterator[list[Work]]] = {i: s.steps() for i, s in searches.items()}
+    outcomes: dict[int, Outcome | None] = dict.fromkeys(range(len(cells)))
     waiting: dict[int, list[Work]] = {}
     try:
 
@@ -437,10 +448,15 @@ def run_cells(
 
     def chosen(i: int, outcome: Outcome) -> None:
         label, cell = cells[i]
-        docs[i] = tuned_document(label, cell, spec, outcome)
+        docs[i] = tuned_document(label, cell, spec.for_algorithm(cell.algorithm), outcome)
         write_tuned(out, merged_tuned(out, keys, docs))
 
-    search_cells(cells, spec, restart=restart, say=say, progress_s=progress_s, on_outcome=chosen)
+    outcomes = search_cells(cells, spec, restart=restart, say=say, progress_s=progress_s, on_outcome=chosen)
+    for i, outcome in enumerate(outcomes):
+        if outcome is None:
+            label, cell = cells[i]
+            docs[i] = tuned_document(label, cell, spec.for_algorithm(cell.algorithm), None)
+    write_tuned(out, merged_tuned(out, keys, docs))
     return [docs[i] for i in range(len(cells))]
 
 

@@ -144,6 +144,9 @@ def write_trial_plots(out_dir: str | Path, cells: Sequence[dict[str, Any]]) -> l
         fig, ax = plt.subplots(figsize=(6.5, 4.2))
         for i, t in enumerate(cell.get("trial_list", [])):
             curve = rows[rows["run_id"].isin(t["runs"])].groupby("round")["value"].mean()
+            curve = curve[
+                curve.index <= t.get("rounds", curve.index.max() if len(curve) else 0)
+            ]  # as the search read it
             chosen = t["runs"] == cell["chosen_runs"]
             label = ", ".join(
                 f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in t["values"].items()

@@ -94,9 +94,17 @@ def tuned_lines(out: str) -> list[str]:
     lines = [f"tuned on validation ({out}/tuned.yaml; fedray report {out} --trials lists the trials):"]
     for c in cells:
         chosen = ", ".join(f"{k}={v}" for k, v in c["chosen"].items())
+        if not c.get("trials"):
+            lines.append(f"  {c['experiment']} {c['cell'] or c['algorithm']}: nothing searched (its config as it is)")
+            continue
         lines.append(
             f"  {c['experiment']} {c['cell'] or c['algorithm']}: {chosen} ({c['metric']} {c['value']}, {c['at']}, "
-            f"of {c['trials']} trials, {c['stopped_early']} stopped early)"
+            f"of {c['trials']} trials, {c['stopped_early']} stopped early"
+            + (
+                f"; {c['trial_rounds']} of {c['full_trial_rounds']} trial-rounds)"
+                if "full_trial_rounds" in c
+                else ")"
+            )
         )
     return lines
 
@@ -118,7 +126,8 @@ def cmd_trials(args: argparse.Namespace) -> int:
             **{k: v for k, v in t["values"].items()},
             c["metric"]: t["value"],
             "rounds": t["rounds"],
-            "stopped early": "yes" if t["stopped"] else "",
+            "ended": "diverged" if t.get("diverged") else "stopped" if t["stopped"] else "",
+            "drawn": t.get("draws", 1),
             "chosen": "*" if t["runs"] == c["chosen_runs"] else "",
         }
         for c in cells
@@ -129,7 +138,8 @@ def cmd_trials(args: argparse.Namespace) -> int:
     print(format_table(pd.DataFrame(rows), args.format))
     if args.format in ("text", "markdown"):
         print(
-            f"(each trial's {cells[0]['metric']} at {cells[0]['at']}; rounds: the rounds it ran; *: chosen)"
+            f"(each trial's {cells[0]['metric']} at {cells[0]['at']}, in the order drawn; rounds: the rounds it ran; "
+            "ended: stopped at a rung, or diverged; drawn: how often the search drew it; *: chosen)"
         )
     if not args.no_plots:
         from analysis.plots import write_trial_plots

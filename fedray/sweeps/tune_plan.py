@@ -66,7 +66,7 @@ def open_plan(
     spec = read_spec(block, sorted({c.algorithm for _, c in cells}))
     for label, cfg in cells:
         try:
-            check_base(cfg, spec)
+            check_base(cfg, spec.for_algorithm(cfg.algorithm))
         except TuneError as e:
             raise TuneError(f"{source}{f' ({label})' if label else ''}: {e}") from None
     check_writable(cells[0][1].output)
@@ -105,9 +105,8 @@ def _with_sets(block: Any, sets: Sequence[str]) -> dict[str, Any]:
 
 
 def describe_plan(plan: TunePlan) -> list[str]:
-    """What a search will do, said before it runs (``fedray tune`` and ``fedray.tune`` print it)."""
-    from fedray.sweeps.tuning import describe_schedule, rungs
-
+    """What a search will do, said before it runs (``fedray tune`` and ``fedray.tune`` print it):
+    the search, and each kind of cell's trials and schedule."""
     spec = plan.spec
     what = f"{len(plan.cells)} cells" if len(plan.cells) > 1 else "one config"
     draws = (
@@ -116,32 +115,44 @@ def describe_plan(plan: TunePlan) -> list[str]:
         else f"{spec.search_alg} (seed {spec.seed})"
     )
     lines = [
-        f"tune {plan.source}: {what}, each {spec.total} trials of {spec.describe()} on validation "
-        f"({spec.metric}, {spec.mode}, {spec.at}; {draws}; seeds {list(spec.seeds)}); results in {plan.output}/"
+        f"tune {plan.source}: {what}, searched on validation ({spec.metric}, {spec.mode}, {spec.at}; {draws}; "
+        f"seeds {list(spec.seeds)}); results in {plan.output}/"
     ]
-    rounds = sorted({cfg.rounds for _, cfg in plan.cells})
-    for r in rounds:
-        schedule = rungs(spec, spec.total, r)
-        if spec.scheduler == "none":
-            how = f"no early stopping: every trial runs its {r} rounds"
-        elif len(schedule) == 1:
-            how = f"no early stopping ({spec.total} trials are too few to halve at reduction_factor {spec.reduction_factor:g})"
-        else:
-            how = "successive halving: " + describe_schedule(schedule, len(spec.seeds))
-        lines.append(f"  {how}" if len(rounds) == 1 else f"  at {r} rounds: {how}")
-    if (
-        spec.search_alg != "optuna"
-        and spec.total > 1
-        and all(d.kind in ("choice", "grid") for d in spec.search.values())
-    ):
+    kinds: dict[tuple[str, int], list[str]] = {}
+    for label, cfg in plan.cells:
+        kinds.setdefault((cfg.algorithm, cfg.rounds), []).append(label)
+    for (algorithm, rounds), labels in kinds.items():
+        cell = spec.for_algorithm(algorithm)
+        who = (
+            f"  {algorithm} ({len(labels)} cell{'s' if len(labels) > 1 else ''}): "
+            if len(kinds) > 1
+            else "  "
+        )
+        lines.append(who + cell_plan(cell, rounds))
+    return lines
+
+
+def cell_plan(spec: TuneSpec, rounds: int) -> str:
+    """``16 trials of lr loguniform[0.001, 1.0]; successive halving: 16 trials to round 3, ...``."""
+    from fedray.sweeps.tuning import describe_schedule, rungs
+
+    if not spec.search:
+        return "nothing searched: runs on test as it is"
+    schedule = rungs(spec, spec.total, rounds)
+    if spec.scheduler == "none":
+        how = f"no early stopping: every trial runs its {rounds} rounds"
+    elif len(schedule) == 1:
+        how = f"no early stopping ({spec.total} trials are too few to halve at reduction_factor {spec.reduction_factor:g})"
+    else:
+        how = "successive halving: " + describe_schedule(schedule, len(spec.seeds))
+    said = f"{spec.total} trials of {spec.describe()}; {how}"
+    if spec.search_alg != "optuna" and all(d.kind in ("choice", "grid") for d in spec.search.values()):
         size = 1
         for d in spec.search.values():
             size *= len(d.args)
         if spec.total > size:
-            lines.append(
-                f"  {spec.total} draws of {size} settings: a setting drawn again is one trial, run once"
-            )
-    return lines
+            said += f" ({spec.total} draws of {size} settings: a setting drawn again is one trial, run once)"
+    return said
 
 
 def _cell_label(label: str) -> str:

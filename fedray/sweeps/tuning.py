@@ -108,6 +108,16 @@ class TuneSpec:
     batch: int = 4  # optuna: trials asked at a time
     # the scheduler as the file wrote it (False: the default, which halves only where it stops a trial)
     scheduler_written: bool = True
+    trials_written: bool = True  # False: a grid alone then runs each point once
+    # keys searched only in the cells of an algorithm (``per_algorithm: {moon: {hp.mu: ...}}``)
+    per_algorithm: dict[str, dict[str, Dist]] = dataclasses.field(default_factory=dict)
+
+    def for_algorithm(self, algorithm: str) -> TuneSpec:
+        """The search of a cell of ``algorithm``: the common keys and its algorithm's own."""
+        search = {**self.search, **self.per_algorithm.get(algorithm, {})}
+        grid_only = bool(search) and all(d.kind == "grid" for d in search.values())
+        trials = 1 if grid_only and not self.trials_written else self.trials
+        return dataclasses.replace(self, search=search, trials=trials, per_algorithm={})
 
     @property
     def total(self) -> int:
@@ -127,8 +137,8 @@ def _where(key: str) -> str:
     return f"tune.{key}"
 
 
-def _dist(key: str, value: Any, problems: list[str]) -> Dist | None:
-    where = f"{_where('search')}.{key}"
+def _dist(key: str, value: Any, problems: list[str], section: str = "tune.search") -> Dist | None:
+    where = f"{section}.{key}"
     if not isinstance(value, Mapping) or len(value) != 1:
         problems.append(
             f"{where}: a distribution, one of {', '.join(DISTRIBUTIONS)} (e.g. {{loguniform: [0.001, 0.5]}}), "
@@ -200,13 +210,39 @@ def _numeric(typ: Any) -> bool:
     return typ in (int, float)
 
 
+def _read_search(raw: Any, where: str, algorithms: Sequence[str], problems: list[str]) -> dict[str, Dist]:
+    """A ``search`` mapping (``where`` names it) as distributions, each key checked against
+    ``algorithms`` (an hp.* key must be a hyperparameter of each)."""
+    search: dict[str, Dist] = {}
+    for key, value in _search_items(raw):
+        dist = _dist(key, value, problems, where)
+        typ, wrong = _key_type(key, algorithms)
+        if wrong:
+            problems.append(f"{where}.{key}: {key} {wrong}")
+            continue
+        if dist is not None:
+            if dist.kind in NUMERIC and not _numeric(typ):
+                problems.append(
+                    f"{where}.{key}: {dist.kind} draws numbers, and {key} takes {getattr(typ, '__name__', typ)}: use choice"
+                )
+            elif dist.kind == "randint" and typ is not int:
+                problems.append(
+                    f"{where}.{key}: randint draws integers, and {key} takes {typ.__name__}: use uniform"
+                )
+            else:
+                search[key] = dist
+    return search
+
+
 def read_spec(block: Any, algorithms: Iterable[str]) -> TuneSpec:
-    """The ``tune:`` block as a `TuneSpec`; every problem in one `TuneError`, each naming its key."""
+    """The ``tune:`` block as a `TuneSpec`; every problem in one `TuneError`, each naming its key.
+    ``algorithms``: those of the file's cells, whose searches are each checked."""
     problems: list[str] = []
     if not isinstance(block, Mapping):
         raise TuneError(f"{_where('')[:-1]}: a mapping (search, trials, metric, ...), got {block!r}")
     known = {
         "search",
+        "per_algorithm",
         "trials",
         "metric",
         "mode",
@@ -222,55 +258,39 @@ def read_spec(block: Any, algorithms: Iterable[str]) -> TuneSpec:
         if key not in known:
             problems.append(f"{_where(str(key))}: not a tune key{suggest(str(key), sorted(known))}")
     algorithms = list(algorithms)
-    search: dict[str, Dist] = {}
-    raw = block.get("search")
-    if not isinstance(raw, Mapping) or not raw:
+    per: dict[str, dict[str, Dist]] = {}
+    raw_per = block.get("per_algorithm", {})
+    if not isinstance(raw_per, Mapping):
+        problems.append(
+            f"{_where('per_algorithm')}: each algorithm's own keys to search, e.g. moon: {{hp.mu: {{grid: [0.01, 0.1]}}}}; "
+            f"got {raw_per!r}"
+        )
+        raw_per = {}
+    for alg, raw in raw_per.items():
+        where = f"{_where('per_algorithm')}.{alg}"
+        if alg not in algorithms:
+            problems.append(f"{where}: no cell of the file runs {alg}{suggest(str(alg), algorithms)}")
+        elif not isinstance(raw, Mapping) or not raw:
+            problems.append(f"{where}: {alg}'s keys to search and their distributions; got {raw!r}")
+        else:
+            per[alg] = _read_search(raw, where, [alg], problems)
+    raw = block.get("search", {} if raw_per else None)
+    if not isinstance(raw, Mapping) or not (raw or raw_per):
         problems.append(
             f"{_where('search')}: the keys to search and their distributions, e.g. lr: {{loguniform: [0.001, 0.5]}}; got {raw!r}"
         )
         raw = {}
-    for key, value in _search_items(raw):
-        dist = _dist(key, value, problems)
-        typ, wrong = _key_type(key, algorithms)
-        if wrong:
-            problems.append(f"{_where('search')}.{key}: {key} {wrong}")
-            continue
-        if dist is not None:
-            if dist.kind in NUMERIC and not _numeric(typ):
-                problems.append(
-                    f"{_where('search')}.{key}: {dist.kind} draws numbers, and {key} takes {getattr(typ, '__name__', typ)}: use choice"
-                )
-            elif dist.kind == "randint" and typ is not int:
-                problems.append(
-                    f"{_where('search')}.{key}: randint draws integers, and {key} takes {typ.__name__}: use uniform"
-                )
-            else:
-                search[key] = dist
+    search = _read_search(raw, _where("search"), algorithms, problems)
     spec = _scalars(block, problems)
     if problems:
         raise TuneError.of(problems)
-    spec = dataclasses.replace(spec, search=search)
-    if search and spec.grid_only:
-        if "trials" not in block:
-            spec = dataclasses.replace(spec, trials=1)
-        elif spec.trials != 1:
-            raise TuneError(
-                f"{_where('trials')}: every searched key is a grid, whose values are each run once (a trial is "
-                f"one run a seed of tune.seeds); trials: {spec.trials} would run each again on the same seeds: "
-                "leave trials out, or give more seeds (tune.seeds: [0, 1])"
-            )
+    spec = dataclasses.replace(spec, search=search, per_algorithm=per, trials_written="trials" in block)
     if "batch" in block and spec.search_alg != "optuna":
         raise TuneError(
             f"{_where('batch')}: only optuna asks for trials in batches ({spec.search_alg} draws them all at once)"
         )
-    if spec.search_alg == "grid" and any(d.kind != "grid" for d in search.values()):
-        raise TuneError(
-            f"{_where('search_alg')}: grid runs the grid's values, and {', '.join(k for k, d in search.items() if d.kind != 'grid')} is not a grid: write {{grid: [...]}}, or search_alg: random"
-        )
-    if spec.total > MAX_TRIALS:
-        raise TuneError(
-            f"{_where('trials')}: {spec.total:,} trials; a search runs at most {MAX_TRIALS:,} (the sweep limit)"
-        )
+    for alg in dict.fromkeys(algorithms):
+        _check_cell_search(spec.for_algorithm(alg), alg if per else None)
     if spec.search_alg == "optuna":
         try:
             import optuna  # noqa: F401
@@ -279,11 +299,32 @@ def read_spec(block: Any, algorithms: Iterable[str]) -> TuneSpec:
                 f"{_where('search_alg')}: optuna searches with Optuna's TPE, which is not installed: "
                 "pip install 'fedray[optuna]' (or pip install optuna)"
             ) from None
-        if any(d.kind == "grid" for d in search.values()):
-            raise TuneError(
-                f"{_where('search_alg')}: optuna does not search a grid: write choice: [...] instead"
-            )
     return spec
+
+
+def _check_cell_search(spec: TuneSpec, algorithm: str | None) -> None:
+    """What a cell's search (its common and its algorithm's keys) must be; ``algorithm`` is named
+    where the file has per_algorithm searches."""
+    of = f" ({algorithm}'s cells)" if algorithm else ""
+    search = spec.search
+    if search and spec.grid_only and spec.trials != 1:
+        raise TuneError(
+            f"{_where('trials')}: every searched key{of} is a grid, whose values are each run once (a trial is "
+            f"one run a seed of tune.seeds); trials: {spec.trials} would run each again on the same seeds: "
+            "leave trials out, or give more seeds (tune.seeds: [0, 1])"
+        )
+    if spec.search_alg == "grid" and any(d.kind != "grid" for d in search.values()):
+        raise TuneError(
+            f"{_where('search_alg')}: grid runs the grid's values, and {', '.join(k for k, d in search.items() if d.kind != 'grid')} is not a grid{of}: write {{grid: [...]}}, or search_alg: random"
+        )
+    if spec.total > MAX_TRIALS:
+        raise TuneError(
+            f"{_where('trials')}: {spec.total:,} trials{of}; a search runs at most {MAX_TRIALS:,} (the sweep limit)"
+        )
+    if spec.search_alg == "optuna" and any(d.kind == "grid" for d in search.values()):
+        raise TuneError(
+            f"{_where('search_alg')}: optuna does not search a grid{of}: write choice: [...] instead"
+        )
 
 
 def _scalars(block: Mapping[str, Any], problems: list[str]) -> TuneSpec:
@@ -498,10 +539,26 @@ def trials_experiment(experiment: str) -> str:
 
 
 def tuned_document(cell: str, cfg: Config, spec: TuneSpec, outcome: Any) -> dict[str, Any]:
-    """What ``tuned.yaml`` says of one cell's search (a `fedray.sweeps.search.Outcome`): the values
+    """What ``tuned.yaml`` says of one cell's search (a `fedray.sweeps.search.Outcome`, None for a
+    cell with nothing to search): the values
     chosen, on what, the --set that reuses them, the schedule and every trial in the order it was
     drawn. Nothing in it depends on when or how fast the trials ran: the same file and seed give
     the same bytes."""
+    if outcome is None:  # nothing searched in this cell (its algorithm has no per_algorithm keys)
+        return {
+            "cell": cell,
+            "experiment": cfg.experiment,
+            "algorithm": cfg.algorithm,
+            "chosen": {},
+            "set": [],
+            "metric": spec.metric,
+            "mode": spec.mode,
+            "at": spec.at if spec.at != "mean_last" else f"mean_last {spec.last}",
+            "value": None,
+            "chosen_runs": [],
+            "trials": 0,
+            "note": "nothing searched: its config as it is",
+        }
     chosen = outcome.chosen
     values = {k: _exact(v) for k, v in chosen.values.items()}  # the trial's own: a rounded lr is another run
     return {

@@ -105,7 +105,7 @@ def test_trials_on_a_grid_are_refused_and_a_grid_runs_each_value_once():
         TuneError, match=r"^tune\.trials: every searched key is a grid.*trials: 2 would run each again"
     ):
         spec_of({"search": grid, "search_alg": "grid", "trials": 2}, ["fedprox"])
-    spec = spec_of({"search": grid, "search_alg": "grid"}, ["fedprox"])
+    spec = spec_of({"search": grid, "search_alg": "grid"}, ["fedprox"]).for_algorithm("fedprox")
     assert spec.trials == 1 and [v["hp.mu"] for v in draw(spec)] == [0.001, 0.01, 0.1]
 
 
@@ -284,3 +284,44 @@ def test_a_failed_run_is_named_with_its_trial_and_error(tmp_path, monkeypatch):
     runs.records[works[0].run_id] = Record("failed", 1, None, "ClientError: client 3: boom\ntraceback ...")
     with pytest.raises(TuneError, match=r"trial lr=0\.1 \(run .*\) failed: ClientError: client 3: boom$"):
         steps.send(None)
+
+
+def test_per_algorithm_keys_are_searched_in_that_algorithms_cells_only():
+    block = {
+        "search": {"lr": {"loguniform": [0.01, 0.5]}},
+        "per_algorithm": {
+            "fedprox": {"hp.mu": {"grid": [0.001, 0.01]}},
+            "moon": {"hp.mu": {"choice": [0.1, 1.0]}},
+        },
+        "trials": 3,
+    }
+    spec = spec_of(block, ["fedavg", "fedprox", "moon"])
+    assert list(spec.for_algorithm("fedavg").search) == ["lr"]
+    assert (
+        list(spec.for_algorithm("fedprox").search) == ["lr", "hp.mu"]
+        and spec.for_algorithm("fedprox").total == 6
+    )
+    assert spec.for_algorithm("moon").search["hp.mu"].kind == "choice"
+    grids = spec_of(
+        {"search": {}, "per_algorithm": {"moon": {"hp.mu": {"grid": [0.1, 1.0, 5.0]}}}}, ["fedavg", "moon"]
+    )
+    assert grids.for_algorithm("moon").trials == 1 and not grids.for_algorithm("fedavg").search
+
+
+@pytest.mark.parametrize(
+    "per, message",
+    [
+        (
+            {"fedcat": {"lr": {"uniform": [0.1, 0.2]}}},
+            r"^tune\.per_algorithm\.fedcat: no cell of the file runs fedcat",
+        ),
+        (
+            {"fedavg": {"hp.mu": {"grid": [0.1]}}},
+            r"^tune\.per_algorithm\.fedavg\.hp\.mu: hp\.mu is not a hyperparameter of fedavg",
+        ),
+        ({"fedprox": {}}, r"^tune\.per_algorithm\.fedprox: fedprox's keys to search"),
+    ],
+)
+def test_a_bad_per_algorithm_search_is_named(per, message):
+    with pytest.raises(TuneError, match=message):
+        spec_of({"search": {}, "per_algorithm": per}, ["fedavg", "fedprox"])

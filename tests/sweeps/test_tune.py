@@ -537,3 +537,78 @@ def test_set_tune_keys_on_the_command_line(tmp_path):
     assert plan.spec.search["lr"].kind == "uniform" and plan.spec.search["lr"].args == (0.1, 0.2)
     with pytest.raises(TuneError, match=r"^tune\.trials: an integer >= 1, got 0"):
         open_plan(path, ["tune.trials=0"])
+
+
+def _doc_commands() -> list[list[str]]:
+    """The shell blocks of README.md and docs/tuning.md that run `fedray tune`: their `fedray`
+    commands, in order, each block's a list."""
+    from tests.conftest import ROOT
+
+    blocks = []
+    for page in (ROOT / "README.md", ROOT / "docs" / "tuning.md"):
+        for block in re.findall(r"^```bash\n(.*?)^```", page.read_text(), re.S | re.M):
+            lines = [line.split("#")[0].strip() for line in block.splitlines()]
+            lines = [line for line in lines if line.startswith("fedray ")]
+            if any(line.startswith("fedray tune ") for line in lines):
+                blocks.append(lines)
+    return blocks
+
+
+@pytest.mark.slow
+def test_the_readme_and_tuning_pages_tune_commands_run_against_the_folders_they_name(ray_session, tmp_path):
+    """Every `fedray tune` the pages show, at a budget this suite affords (4 clients, 4 rounds of one
+    epoch), then the commands after it in its block (report, run) on the folders it named."""
+    import shlex
+
+    from tests.conftest import ROOT
+
+    blocks = _doc_commands()
+    assert len(blocks) == 2
+    small = ["--set", "rounds=4", "--set", "num_clients=4", "--set", "local_epochs=1"]
+    env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
+    seen = set()
+    for block in blocks:
+        for line in block:
+            args = [str(ROOT / a) if a.startswith("jobs/configs/") else a for a in shlex.split(line)[1:]]
+            if args[0] == "tune":
+                if "--output" in args:
+                    seen.add(args[args.index("--output") + 1])
+                args += small
+            elif args[0] in ("report", "run"):
+                folder = args[1].split("/tune/")[0]
+                assert folder in seen, f"{line}: names {folder}, which no tune command above wrote"
+            p = subprocess.run(
+                [*FEDRAY, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+            )
+            assert p.returncode == 0, f"{line}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
+            if args[0] == "tune":
+                assert "chosen: " in p.stdout, p.stdout
+    assert {"out/tune-asha", "out/tune-table"} <= seen
+
+
+def test_per_algorithm_searches_tune_each_cell_over_its_own_set_and_run_the_rest_as_they_are(
+    ray_session, tmp_path
+):
+    """A table whose baselines are each tuned over their own set (FedConcat's Table 1 tunes FedProx's
+    mu, MOON's mu and FedLC's tau): FedProx's cell searches its mu on validation, FedAvg's has
+    nothing to search and runs on test as it is."""
+    from analysis.load import load_runs
+    from fedray.api import tune
+
+    block = {"search": {}, "per_algorithm": {"fedprox": {"hp.mu": {"grid": [0.001, 0.1]}}}}
+    path = tune_file(tmp_path, block, rounds=2, grid={"algorithm": ["fedavg", "fedprox"]}, seeds=[0])
+    fedavg, fedprox = tune(path, quiet=True)
+    assert fedavg["trials"] == 0 and fedavg["chosen"] == {} and "nothing searched" in fedavg["note"]
+    assert fedprox["trials"] == 2 and fedprox["chosen"]["hp.mu"] in (0.001, 0.1)
+    runs = load_runs(tmp_path / "out")
+    on_validation = runs[runs["experiment"] == "tune-test-tune"]
+    assert sorted(c["algorithm"] for c in on_validation["config"]) == ["fedprox", "fedprox"]
+    on_test = {c["algorithm"]: c for c in runs[runs["experiment"] == "tune-test"]["config"]}
+    assert (
+        set(on_test) == {"fedavg", "fedprox"} and on_test["fedprox"]["hp"]["mu"] == fedprox["chosen"]["hp.mu"]
+    )
+    p = subprocess.run(
+        [*FEDRAY, "report", str(tmp_path / "out"), "--no-plots"], capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 0, p.stderr
+    assert "algorithm=fedavg: nothing searched (its config as it is)" in p.stdout
