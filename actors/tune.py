@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -284,16 +285,15 @@ def run_step(works: Sequence[Work], spec: TuneSpec, watch: Watch, marker: str) -
     # the progress table on a clock of its own: Tune's loop turns only as trials report, and a round
     # of a large model may take minutes
     fitted = threading.Event()
-
-    def tick() -> None:
-        while not fitted.wait(1.0):
-            watch.tick()
-
-    ticker = threading.Thread(target=tick, daemon=True)
+    ticker = threading.Thread(target=_ticking, args=(watch, fitted), daemon=True)
     ticker.start()
     levels = {name: logging.getLogger(name).level for name in TUNE_LOGGERS}
     for name in TUNE_LOGGERS:
         logging.getLogger(name).setLevel(logging.CRITICAL)
+    # Tune catches Ctrl-C during a fit itself (it stops the trials, then returns) and puts the
+    # handler back only when it caught one: the handlers are put back here after every fit, and a
+    # handler back before that says the fit was stopped
+    handlers = {sig: signal.getsignal(sig) for sig in CAUGHT if _main_thread()}
     try:
         tuner = tune.Tuner(
             trainable,
@@ -308,21 +308,34 @@ def run_step(works: Sequence[Work], spec: TuneSpec, watch: Watch, marker: str) -
                 storage_path=scratch,
                 verbose=0,
                 callbacks=[_Reports(key)],
+                stop=_StopAll(key),
                 failure_config=tune.FailureConfig(max_failures=0),
             ),
         )
         grid = tuner.fit()
+        caught = bool(handlers) and not int(os.getenv("TUNE_DISABLE_SIGINT_HANDLER", "0"))
+        stopped = caught and signal.getsignal(signal.SIGINT) is handlers[signal.SIGINT]
+    except BaseException:  # SIGTERM (the CLI raises KeyboardInterrupt for it) inside Tune's loop, or a bug
+        _mark_interrupted(works, watch, wait_s=2.0)
+        raise
     finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
         fitted.set()
         ticker.join()
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
         _WATCHES.pop(key, None)
         shutil.rmtree(scratch, ignore_errors=True)
+    if stopped or len(watch.ended) < len(units):
+        _mark_interrupted(works, watch)
+        if not watch.unit_errors:
+            raise KeyboardInterrupt(f"{len(units) - len(watch.ended)} of {len(units)} trials unfinished")
     if watch.unit_errors:
         raise TuneError(watch.unit_errors[0])
     failed = [(r, groups[r.config["unit"]]) for r in grid if r.error is not None]
     if failed:
+        _mark_interrupted(works, watch)
         result, group = failed[0]
         runs = ", ".join(f"{works[i].trial} (run {works[i].run_id})" for i in group)
         raise TuneError(f"the trial of {runs} failed: {_one_line(result.error)}")
@@ -333,19 +346,60 @@ def run_step(works: Sequence[Work], spec: TuneSpec, watch: Watch, marker: str) -
                 f"trial {w.trial} (run {w.run_id}) failed: {error} (its traceback: {w.config.output}/runs/, "
                 "fedray report)"
             )
-    if len(watch.ended) < len(units):
-        _mark_interrupted(works, watch)
-        raise KeyboardInterrupt(f"{len(units) - len(watch.ended)} of {len(units)} trials unfinished")
 
 
-def _mark_interrupted(works: Sequence[Work], watch: Watch) -> None:
+# the signals Tune takes over during a fit (SIGUSR1 too, where there is one)
+CAUGHT = (signal.SIGINT, *((signal.SIGUSR1,) if hasattr(signal, "SIGUSR1") else ()))
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _ticking(watch: Watch, fitted: threading.Event) -> None:
+    """The progress table every ``watch.every_s`` until the fit ends; a table that cannot be made
+    (a results file being rewritten as it is read) is said once, and the search goes on without it."""
+    while not fitted.wait(1.0):
+        try:
+            watch.tick()
+        except Exception as e:  # noqa: BLE001 - the table is a view: it never stops a search
+            if watch.say:
+                watch.say(
+                    f"tune: the progress table stops here ({type(e).__name__}: {e}); the search goes on"
+                )
+            return
+
+
+class _StopAll(tune.Stopper):
+    """Ends the fit at once when a trial cannot run at all (it does not see the results folder):
+    every other trial would fail the same way."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        return "unit_error" in result
+
+    def stop_all(self) -> bool:
+        watch = _WATCHES.get(self.key)
+        return bool(watch and watch.unit_errors)
+
+
+def _mark_interrupted(works: Sequence[Work], watch: Watch, wait_s: float = 10.0) -> None:
     """Runs whose trial was stopped from outside (its process ended, not asked): recorded
-    interrupted at the round they reported, as a sweep records its stopped runs."""
+    interrupted at the round they reported, as a sweep records its stopped runs (a run still
+    held by a live process after ``wait_s`` is left to it: its row reads interrupted once it is
+    gone, `fedray.storage.results.run_state`)."""
     from fedray.storage.writer import mark_ended
 
     for w in works:
         mark_ended(
-            w.config.output, w.run_id, "interrupted", watch.live.get(w.run_id, 0), "the search was stopped"
+            w.config.output,
+            w.run_id,
+            "interrupted",
+            watch.live.get(w.run_id, 0),
+            "the search was stopped",
+            wait_s=wait_s,
         )
 
 
@@ -419,7 +473,8 @@ def search_cells(
         for i in list(steps):
             advance(i, True)
         while waiting:
-            works = [w for i in sorted(waiting) for w in waiting[i]]
+            # each run once a step (cells never share one: `fedray.sweeps.tune_plan` refuses it)
+            works = list({w.run_id: w for i in sorted(waiting) for w in waiting[i]}.values())
             run_step(works, spec, watch, str(marker))
             for i in sorted(waiting):
                 advance(i, False)

@@ -44,7 +44,7 @@ def _run(plan: Any, args: argparse.Namespace) -> int:
     from fedray.api import launch_tune
     from fedray.sweeps.tuning import TuneError
 
-    say = (lambda line: None) if args.quiet else _say
+    say = None if args.quiet else _say
     try:
         done = launch_tune(
             plan, address=args.address, restart=args.restart, say=say, progress_s=args.progress_every
@@ -56,16 +56,18 @@ def _run(plan: Any, args: argparse.Namespace) -> int:
         print(f"fedray: error: {e}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
+        again = " (without --restart)" if args.restart else ""
         print(
-            "fedray: tuning interrupted; the same command goes on: the trials' runs are kept and go on from "
-            "their checkpoints, and every decision made is made again the same way (--restart starts over)",
+            f"fedray: tuning interrupted; the same command{again} goes on: the trials' runs are kept and go on "
+            "from their checkpoints, and every decision made is made again the same way (--restart starts over)",
             file=sys.stderr,
         )
         return 130
     if args.quiet:
         for doc in done.docs:
             chosen = ", ".join(f"{k}={v}" for k, v in doc["chosen"].items())
-            print(f"{doc['cell'] or doc['algorithm']}: {chosen} ({doc['metric']} {doc['value']})")
+            said = f"{chosen} ({doc['metric']} {doc['value']})" if doc.get("trials") else "nothing searched"
+            print(f"{doc['cell'] or doc['algorithm']}: {said}")
     return 0 if done.ok else EXIT_FAILED
 
 
@@ -95,7 +97,9 @@ def tuned_lines(out: str) -> list[str]:
     for c in cells:
         chosen = ", ".join(f"{k}={v}" for k, v in c["chosen"].items())
         if not c.get("trials"):
-            lines.append(f"  {c['experiment']} {c['cell'] or c['algorithm']}: nothing searched (its config as it is)")
+            lines.append(
+                f"  {c['experiment']} {c['cell'] or c['algorithm']}: nothing searched (its config as it is)"
+            )
             continue
         lines.append(
             f"  {c['experiment']} {c['cell'] or c['algorithm']}: {chosen} ({c['metric']} {c['value']}, {c['at']}, "
@@ -161,7 +165,11 @@ def add_parser(sub: Any) -> None:
         "override a config key (e.g. --set rounds=10); repeatable",
         "a plug-in every trial imports first (docs/extending.md); repeatable",
     )
-    p.add_argument("--restart", action="store_true", help="start the search over (its trials too)")
+    p.add_argument(
+        "--restart",
+        action="store_true",
+        help="start the search over: its trials' runs, and a sweep file's runs on test, from the start",
+    )
     p.add_argument("--dry-run", action="store_true", help="say what would be searched; run nothing")
     p.add_argument("--quiet", action="store_true", help="print the choices only")
     p.add_argument(

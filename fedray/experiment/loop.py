@@ -396,7 +396,10 @@ class _Run:
     def rounds(self, state: Any, start: int, until: int | None = None) -> Generator[Event, None, Any]:
         """The rounds from ``start`` to ``until`` (`run_rounds`), each round's global values checked
         finite; returns the last State."""
-        save = self.save if self.cfg.checkpoint_every > 0 else None
+        # a run that stops before its budget is paused, not ended: its checkpoint there is what it goes
+        # on from, checkpoint_every or not
+        stops = until is not None and until < self.cfg.rounds
+        save = self.save if self.cfg.checkpoint_every > 0 or stops else None
         on_round = self.loggers.log_round if self.loggers is not None else None
         rounds = run_rounds(self.cfg, self.fed, self.writer, state, start, save, on_round, until)
         while True:

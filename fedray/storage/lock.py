@@ -47,17 +47,6 @@ class RunLock:
             f"(pid {owner} on this machine); wait for it to end, or use another output folder"
         )
 
-    def owner(self) -> str:
-        """The pid the lock file names ("?" where it names none, or is not there)."""
-        try:
-            fd = self._open(os.O_RDONLY)
-        except (OSError, UnsafeLockFile):
-            return "?"
-        try:
-            return os.read(fd, 64).decode(errors="replace").strip() or "?"
-        finally:
-            os.close(fd)
-
     def _open(self, flags: int) -> int:
         """The lock file's descriptor, opened without following a link or blocking, checked to be a
         regular file of its own."""

@@ -36,7 +36,15 @@ from typing import Any
 import numpy as np
 
 from fedray.config.keys import Config
-from fedray.sweeps.tuning import Dist, TuneError, TuneSpec, rungs, schedule_rounds, trial_mapping
+from fedray.sweeps.tuning import (
+    Dist,
+    TuneError,
+    TuneSpec,
+    describe_schedule,
+    rungs,
+    schedule_rounds,
+    trial_mapping,
+)
 
 
 @dataclass(frozen=True)
@@ -286,6 +294,11 @@ class CellSearch:
         for t in trials:
             self._check_metric(t)
             self._measure(t, rnd)
+        if trials and all(math.isnan(t.value) and not t.diverged for t in trials):
+            raise TuneError(
+                f"{self.label}no trial recorded {self.spec.metric} by round {rnd} (eval_every "
+                f"{self.cell.eval_every}): a rung ranks the trials on their validation values"
+            )
 
     def _unreached(self, w: Work, rec: Record) -> str:
         where = f"{self.label}trial {w.trial} (run {w.run_id}, {self.cell.output}/runs/)"
@@ -333,12 +346,17 @@ class CellSearch:
         `Outcome`."""
         spec, budget = self.spec, self.cell.rounds
         if spec.search_alg == "optuna":
-            planned = rungs(spec, spec.total, budget)
+            planned = rungs(spec, spec.total, budget, self.cell.eval_every)
             self.schedule = planned
             yield from self._ask_in_batches(planned[0][0])
         else:
             self._draw_all()
-        self.schedule = rungs(spec, len(self.trials), budget)
+        self.schedule = rungs(spec, len(self.trials), budget, self.cell.eval_every)
+        if len(self.trials) < self.drawn and self.say:
+            self.say(
+                f"{self.label}{self.drawn} draws gave {len(self.trials)} distinct settings (one trial each): "
+                f"{describe_schedule(self.schedule, len(spec.seeds))}"
+            )
         alive = list(self.trials)
         for j, (rnd, _) in enumerate(self.schedule):
             self.rung = j
@@ -392,7 +410,7 @@ class CellSearch:
     def progress(self, live: dict[str, int]) -> tuple[int, int]:
         """Trial-rounds done (``live``: run id -> the round it reported last, for runs in flight) and
         planned by the schedule (at the trials drawn so far; optuna's by the draws it will make)."""
-        schedule = self.schedule or rungs(self.spec, self.spec.total, self.cell.rounds)
+        schedule = self.schedule or rungs(self.spec, self.spec.total, self.cell.rounds, self.cell.eval_every)
         seeds = len(self.spec.seeds)
         planned = schedule_rounds(schedule, seeds)
         done = 0
@@ -405,7 +423,7 @@ class CellSearch:
 
     def describe_now(self) -> str:
         """``rung 1 of 2 (round 3): 16 trials, 0 stopped; best so far lr=0.1439 (val_accuracy 0.9412)``."""
-        schedule = self.schedule or rungs(self.spec, self.spec.total, self.cell.rounds)
+        schedule = self.schedule or rungs(self.spec, self.spec.total, self.cell.rounds, self.cell.eval_every)
         rnd = schedule[min(self.rung, len(schedule) - 1)][0]
         stopped = sum(t.stopped for t in self.trials)
         best = self.best_so_far()

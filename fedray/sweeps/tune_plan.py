@@ -9,6 +9,7 @@ tuned table, whose every cell was tuned the same way and on validation alone.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,8 +70,33 @@ def open_plan(
             check_base(cfg, spec.for_algorithm(cfg.algorithm))
         except TuneError as e:
             raise TuneError(f"{source}{f' ({label})' if label else ''}: {e}") from None
+    _check_distinct(cells, spec, source)
     check_writable(cells[0][1].output)
     return TunePlan(source, spec, cells, _seeds(seeds, source), concurrent)
+
+
+def _check_distinct(cells: Sequence[tuple[str, Config]], spec: TuneSpec, source: str) -> None:
+    """Cells that differ only in what their search sets (a sweep axis that is also a searched key)
+    would run the same trials: refused, naming the keys."""
+    from fedray.config.keys import flatten
+
+    seen: dict[str, tuple[str, dict[str, Any]]] = {}
+    for label, cfg in cells:
+        searched = set(spec.for_algorithm(cfg.algorithm).search) | {"seed", "evaluate_on", "experiment"}
+        flat = {k: v for k, v in flatten(cfg.to_dict()).items() if k not in searched}
+        ident = json.dumps(flat, sort_keys=True, default=str)
+        if ident in seen:
+            other, theirs = seen[ident]
+            keys = sorted(
+                k
+                for k in set(flatten(cfg.to_dict())) | set(theirs)
+                if flatten(cfg.to_dict()).get(k) != theirs.get(k)
+            )
+            raise TuneError(
+                f"{source}: cells {other} and {label} differ only in {', '.join(keys)}, which the search sets: their "
+                "trials would be the same runs; drop the axis, or the key from tune.search"
+            )
+        seen[ident] = (label, flatten(cfg.to_dict()))
 
 
 def _split_sets(sets: Iterable[str]) -> tuple[list[str], list[str]]:
@@ -118,27 +144,27 @@ def describe_plan(plan: TunePlan) -> list[str]:
         f"tune {plan.source}: {what}, searched on validation ({spec.metric}, {spec.mode}, {spec.at}; {draws}; "
         f"seeds {list(spec.seeds)}); results in {plan.output}/"
     ]
-    kinds: dict[tuple[str, int], list[str]] = {}
+    kinds: dict[tuple[str, int, int], list[str]] = {}
     for label, cfg in plan.cells:
-        kinds.setdefault((cfg.algorithm, cfg.rounds), []).append(label)
-    for (algorithm, rounds), labels in kinds.items():
+        kinds.setdefault((cfg.algorithm, cfg.rounds, cfg.eval_every), []).append(label)
+    for (algorithm, rounds, eval_every), labels in kinds.items():
         cell = spec.for_algorithm(algorithm)
         who = (
             f"  {algorithm} ({len(labels)} cell{'s' if len(labels) > 1 else ''}): "
             if len(kinds) > 1
             else "  "
         )
-        lines.append(who + cell_plan(cell, rounds))
+        lines.append(who + cell_plan(cell, rounds, eval_every))
     return lines
 
 
-def cell_plan(spec: TuneSpec, rounds: int) -> str:
+def cell_plan(spec: TuneSpec, rounds: int, eval_every: int = 1) -> str:
     """``16 trials of lr loguniform[0.001, 1.0]; successive halving: 16 trials to round 3, ...``."""
     from fedray.sweeps.tuning import describe_schedule, rungs
 
     if not spec.search:
         return "nothing searched: runs on test as it is"
-    schedule = rungs(spec, spec.total, rounds)
+    schedule = rungs(spec, spec.total, rounds, eval_every)
     if spec.scheduler == "none":
         how = f"no early stopping: every trial runs its {rounds} rounds"
     elif len(schedule) == 1:

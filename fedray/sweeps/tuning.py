@@ -47,7 +47,6 @@ NUMERIC = ("loguniform", "uniform", "randint")
 METRICS = ("val_accuracy", "val_loss", "val_local_accuracy")
 # successive halving at fixed rungs, each decided once it is complete; "asha" is the name files
 # used when Ray Tune's asynchronous ASHA ran it, kept as the same thing
-SCHEDULERS = ("successive_halving", "asha", "none")
 HALVING = "successive_halving"
 SEARCH_ALGS = ("random", "grid", "optuna")
 # What a trial may not vary: what makes the validation data, what the budget is, where and how it is
@@ -428,25 +427,34 @@ def _scheduler(value: Any, problems: list[str]) -> tuple[str, int, float]:
     return "none", 1, 3.0
 
 
-def rungs(spec: TuneSpec, n: int, rounds: int) -> list[tuple[int, int]]:
+def rungs(spec: TuneSpec, n: int, rounds: int, eval_every: int = 1) -> list[tuple[int, int]]:
     """The search's schedule for ``n`` trials and a budget of ``rounds``: ``(round, trials)`` for
     each rung, the last the whole budget. Successive halving: the first rung at ``grace_rounds``,
-    each next at ``reduction_factor`` times the round before (rounded down, at least one more); a
-    rung keeps the best ``1/reduction_factor`` of its trials (rounded down) for the next, as long as
-    at least ``reduction_factor`` (rounded up) go on, and those left then run the whole budget. So
-    several trials always reach the full budget, and the choice is made among them."""
+    each next at ``reduction_factor`` times the round before (rounded down, at least one more),
+    each rung's round rounded up to an evaluated one (a multiple of ``eval_every``); a rung keeps
+    the best ``1/reduction_factor`` of its trials (rounded down) for the next, as long as at least
+    ``reduction_factor`` (rounded up) go on, and those left then run the whole budget. So several
+    trials always reach the full budget, and the choice is made among them."""
     if spec.scheduler == "none":
         return [(rounds, n)]
     least = math.ceil(spec.reduction_factor)
     out: list[tuple[int, int]] = []
-    r, k, step = spec.grace_rounds, n, 0
+    k, step = n, 0
+    r = _evaluated(spec.grace_rounds, eval_every)
     while r < rounds and math.floor(k / spec.reduction_factor) >= least:
         out.append((r, k))
         k = math.floor(k / spec.reduction_factor)
         step += 1
-        r = max(r + 1, math.floor(spec.grace_rounds * spec.reduction_factor**step + 1e-9))
+        r = _evaluated(
+            max(r + 1, math.floor(spec.grace_rounds * spec.reduction_factor**step + 1e-9)), eval_every
+        )
     out.append((rounds, k))
     return out
+
+
+def _evaluated(rnd: int, eval_every: int) -> int:
+    """The first round at or after ``rnd`` that is evaluated (``eval_every``)."""
+    return -(-rnd // eval_every) * eval_every
 
 
 def schedule_rounds(schedule: Sequence[tuple[int, int]], seeds: int = 1) -> int:
@@ -468,10 +476,17 @@ def describe_schedule(schedule: Sequence[tuple[int, int]], seeds: int = 1) -> st
     return f"{', '.join(parts)} ({schedule_rounds(schedule, seeds)} of {full} trial-rounds)"
 
 
+def settings(spec: TuneSpec) -> int | None:
+    """How many settings a space of choices and grids has (None: a continuous or integer range)."""
+    if any(d.kind not in ("choice", "grid") for d in spec.search.values()):
+        return None
+    return math.prod(len(d.args) for d in spec.search.values())
+
+
 def check_schedule(cfg: Config, spec: TuneSpec) -> None:
     """A written scheduler that cannot stop a trial is refused, naming why: its first rung at or past
     the budget, before the first evaluation, or too few trials to halve."""
-    if spec.scheduler == "none" or not spec.scheduler_written:
+    if spec.scheduler == "none" or not spec.scheduler_written or not spec.search:
         return
     where = f"{_where('scheduler')}.{HALVING}.grace_rounds"
     if spec.grace_rounds >= cfg.rounds:
@@ -484,11 +499,13 @@ def check_schedule(cfg: Config, spec: TuneSpec) -> None:
             f"{where}: {spec.grace_rounds} comes before the first evaluation (eval_every {cfg.eval_every}): a rung "
             f"ranks the trials on their validation values; make it at least {cfg.eval_every}"
         )
-    if len(rungs(spec, spec.total, cfg.rounds)) == 1:
+    n = min(spec.total, settings(spec) or spec.total)  # a finite space draws at most its settings
+    if len(rungs(spec, n, cfg.rounds, cfg.eval_every)) == 1:
         least = math.ceil(spec.reduction_factor)
         need = math.ceil(least * spec.reduction_factor - 1e-9)
+        what = f"{n} trials" if n == spec.total else f"{spec.total} draws of a space of {n} settings"
         raise TuneError(
-            f"{_where('scheduler')}: {spec.total} trials are too few to halve at reduction_factor "
+            f"{_where('scheduler')}: {what} are too few to halve at reduction_factor "
             f"{spec.reduction_factor:g} (a rung keeps 1/{spec.reduction_factor:g} of its trials, and at least "
             f"{least} go on to the end: it needs {need} trials or more); draw more trials, or scheduler: none"
         )
@@ -509,12 +526,11 @@ def check_base(cfg: Config, spec: TuneSpec) -> None:
             f"config key 'shift': {cfg.shift}'s test clients are made of the test set: a search cannot read them"
         )
     check_schedule(cfg, spec)
-    base = trial_mapping(cfg, {}, spec.seeds[0])
     problems: list[str] = []
     for key, dist in spec.search.items():
         for value in dist.corners():
             try:
-                from_dict(trial_mapping(cfg, {key: value}, spec.seeds[0]) if key else base)
+                from_dict(trial_mapping(cfg, {key: value}, spec.seeds[0]))
             except ConfigError as e:
                 problems.append(f"{_where('search')}.{key}: {value!r} gives no valid run: {e}")
                 break

@@ -296,6 +296,16 @@ def test_a_run_stopped_at_a_round_records_every_round_it_ran_and_goes_on_bit_ide
     _assert_same_models(cfg, ref)
 
 
+def test_a_run_stopped_at_a_round_keeps_a_checkpoint_there_though_it_keeps_none_otherwise(tmp_path):
+    from fedray.experiment.loop import Stopped
+
+    cfg = _config(tmp_path, "fedavg", checkpoint_every=0)
+    events = list(execute(cfg, make_local_federation, stop_at=2))
+    assert [e.round for e in events if isinstance(e, Checkpointed)] == [2] and isinstance(events[-1], Stopped)
+    events = list(execute(cfg, make_local_federation))
+    assert events[0].resumed_from == 2 and not [e for e in events if isinstance(e, Checkpointed)]
+
+
 def test_checkpoints_are_kept_as_asked_and_restart_starts_over(tmp_path):
     cfg = small_config(tmp_path, rounds=5, checkpoint_every=2, keep_checkpoints=2)
     got = [e for e in execute(cfg, make_local_federation) if isinstance(e, Checkpointed)]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -325,3 +326,57 @@ def test_per_algorithm_keys_are_searched_in_that_algorithms_cells_only():
 def test_a_bad_per_algorithm_search_is_named(per, message):
     with pytest.raises(TuneError, match=message):
         spec_of({"search": {}, "per_algorithm": per}, ["fedavg", "fedprox"])
+
+
+def test_rungs_fall_on_evaluated_rounds():
+    spec = spec_of({"search": LR})  # the default: grace 1, factor 3
+    assert rungs(spec, 27, 40, eval_every=5) == [(5, 27), (10, 9), (40, 3)]
+    assert rungs(spec, 27, 40, eval_every=1) == [(1, 27), (3, 9), (40, 3)]
+
+
+def test_restart_starts_each_run_over_once_then_goes_on_from_its_rung(tmp_path, monkeypatch):
+    """--restart: what the runs held before is not read, each is started over the first time the
+    search asks for it, and goes on from its rung's checkpoint when it is asked further."""
+    runs = FakeRuns(bell, 12)
+    drive(_search(tmp_path, monkeypatch, runs, BLOCK), runs)
+    before = dict(runs.records)
+    worse = FakeRuns(lambda lr, r: -bell(lr, r), 12)  # what the runs would record now
+    worse.records = dict(before)
+    search = _search(tmp_path, monkeypatch, worse, BLOCK)
+    search.restart = True
+    flags = []
+    steps = search.steps()
+    try:
+        works = next(steps)
+        while True:
+            flags.append(sorted({(w.until, w.restart) for w in works}))
+            worse.run(works, lambda ws: ws)
+            works = steps.send(None)
+    except StopIteration as stop:
+        out = stop.value
+    assert flags == [[(2, True)], [(12, False)]]  # every run of the first rung again, from the start
+    again = FakeRuns(lambda lr, r: -bell(lr, r), 12)
+    want = drive(_search(tmp_path, monkeypatch, again, BLOCK), again)
+    assert out.chosen.values == want.chosen.values  # decided on what the runs record now
+
+
+def test_a_run_already_past_its_rung_is_read_there_not_run_again(tmp_path, monkeypatch):
+    runs = FakeRuns(bell, 12)
+    search = _search(tmp_path, monkeypatch, runs, BLOCK)
+    steps = search.steps()
+    first = next(steps)
+    runs.run([replace(w, until=12) for w in first[:4]], lambda ws: ws)  # four of them finished before
+    steps.close()
+    ran = len(runs.ran)
+    out = drive(_search(tmp_path, monkeypatch, runs, BLOCK), runs)
+    asked = runs.ran[ran:]
+    finished_before = {w.run_id for w in first[:4]}
+    assert not [r for r, _ in asked if r in finished_before]  # read at their rungs, never run again
+    t = next(t for t in out.trials if t.run_ids[0] == first[0].run_id)
+    assert t.value == bell(t.values["lr"], t.rounds)  # its value at the round asked, not at 12
+
+
+def test_every_trial_without_a_value_at_a_rung_is_said(tmp_path, monkeypatch):
+    runs = FakeRuns(lambda lr, r: math.nan, 12)
+    with pytest.raises(TuneError, match=r"no trial recorded val_accuracy by round 2 \(eval_every 1\)"):
+        drive(_search(tmp_path, monkeypatch, runs, BLOCK), runs)

@@ -287,7 +287,7 @@ def test_ctrl_c_then_the_same_command_keeps_finished_trials_and_resumes_the_rest
     m = load_metrics(out, scope="global")
     rows = m[m["metric"] == "val_accuracy"].groupby("run_id")["round"]
     assert (rows.count() == 24).all() and (rows.nunique() == 24).all()  # every round once, resumed ones too
-    assert "chosen:" in q.stdout and sys.executable
+    assert "chosen:" in q.stdout
 
 
 def _digest(path: Path) -> tuple[str, int]:
