@@ -194,7 +194,7 @@ class Watch:
         for s in self.searches:
             d, p = s.progress(self.live)
             done, planned = done + d, planned + p
-            lines.append(f"  {s.label or 'search'}: {s.describe_now()}")
+            lines.append(f"  {s.label.strip() or 'search'}: {s.describe_now()}")
         elapsed = time.monotonic() - self.began
         pace = self.reported / elapsed if elapsed > 0 else 0.0
         left = planned - done

@@ -11,6 +11,7 @@
 #   bash scripts/gpu_check.sh kernels  # the stacked step under each CUDA kernel setting (at most 5 minutes)
 #   bash scripts/gpu_check.sh conv     # a stacked round profiled with each convolution, stacked_cnn (at most 6 minutes)
 #   bash scripts/gpu_check.sh pack     # packed runs against runs alone and sharing (at most 4 minutes)
+#   bash scripts/gpu_check.sh tune     # a fedray tune of MOON's mu on FMNIST, packed and not (at most 5 minutes)
 #
 # table (default): every figure the GPU issue's targets and decisions need, each part under its own
 # time limit, in this order (a run cut off by its limit loses the last parts; each part prints as
@@ -46,6 +47,10 @@
 # conv: FedAvg's stacked round on the cell profiled (torch.profiler, 12 costliest operators) with the
 #   grouped convolution and with im2col + batched matmul, and stacked_cnn at 40 and 160 models.
 # engines: per client against stacked for FedAvg (profiled), MOON and FedCat at their papers' budgets.
+# tune: `fedray tune jobs/configs/tune_moon_fmnist_halving.yaml` at 6 rounds of one epoch (9 trials
+#   to round 2, the best 3 to round 6: 36 trial-rounds), its trials a quarter of the GPU each, packed
+#   (pack_runs auto: a rung's trials in one stack) and not: trial-rounds a second of each, against
+#   0.082 on the 2-core development machine at the full config (docs/tuning.md#figures).
 # pack: packed runs (pack_runs): 4 FedAvg seeds of the cell alone one after another against one pack
 #   (jobs.bench.pack: run-rounds a second); then the Table 1 row through `fedray sweep` with
 #   pack_runs auto (packs of one algorithm's runs, four packs sharing the GPU a quarter each), to set
@@ -121,6 +126,26 @@ if [ "${1:-table}" = pack ]; then
         --set num_gpus_per_actor=0.25 --set num_cpus_per_actor=2 --set pack_runs=auto 2>&1 | tail -24 | tee -a "$log"
     say "sweep wall $(($(date +%s) - start)) s"
     python3 -m jobs.bench.row_times $row 4 2>&1 | tee -a "$log"
+    exit 0
+fi
+if [ "${1:-table}" = tune ]; then
+    for pack in auto off; do
+        out=/tmp/tune-moon-$pack
+        say "fedray tune jobs/configs/tune_moon_fmnist_halving.yaml (6 rounds of 1 epoch, a quarter of the GPU a trial, pack_runs $pack)"
+        start=$(date +%s)
+        timeout 140 python3 -m jobs.cli tune jobs/configs/tune_moon_fmnist_halving.yaml --output $out \
+            --set rounds=6 --set local_epochs=1 --set tune.scheduler.successive_halving.grace_rounds=2 \
+            --set num_gpus_per_actor=0.25 --set num_cpus_per_actor=2 --set pack_runs=$pack \
+            --progress-every 20 2>&1 | tail -12 | tee -a "$log"
+        wall=$(($(date +%s) - start))
+        say "tune wall $wall s (pack_runs $pack)"
+        python3 - "$out/tuned.yaml" "$wall" <<'PY' 2>&1 | tee -a "$log"
+import sys, yaml
+cell = yaml.safe_load(open(sys.argv[1]))["cells"][0]
+wall = float(sys.argv[2])
+print(f"trial-rounds {cell['trial_rounds']} of {cell['full_trial_rounds']}; {cell['trial_rounds'] / wall:.3f} trial-rounds/s; chosen {cell['chosen']}")
+PY
+    done
     exit 0
 fi
 if [ "${1:-table}" = engines ]; then

@@ -386,7 +386,7 @@ class CellSearch:
             c = outcome.chosen
             full = len(self.trials) * budget * len(spec.seeds)
             self.say(
-                f"{self.label}chosen: {c.describe()} ({spec.metric} {c.value:.4f}, {spec.at}, of {len(self.trials)} "
+                f"{self.label}chosen: {c.describe()} ({spec.metric} {c.value:.4f}, {spec.at_text}, of {len(self.trials)} "
                 f"trials, {sum(t.stopped for t in self.trials)} stopped early; {outcome.trial_rounds} of {full} trial-rounds)"
             )
         return outcome

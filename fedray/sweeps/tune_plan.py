@@ -141,7 +141,7 @@ def describe_plan(plan: TunePlan) -> list[str]:
         else f"{spec.search_alg} (seed {spec.seed})"
     )
     lines = [
-        f"tune {plan.source}: {what}, searched on validation ({spec.metric}, {spec.mode}, {spec.at}; {draws}; "
+        f"tune {plan.source}: {what}, searched on validation ({spec.metric}, {spec.mode}, {spec.at_text}; {draws}; "
         f"seeds {list(spec.seeds)}); results in {plan.output}/"
     ]
     kinds: dict[tuple[str, int, int], list[str]] = {}

@@ -124,6 +124,11 @@ class TuneSpec:
         return self.trials * math.prod(d.size() for d in self.search.values())
 
     @property
+    def at_text(self) -> str:
+        """``at`` as a line says it: ``final``, ``best``, ``mean_last 3``."""
+        return f"mean_last {self.last}" if self.at == "mean_last" else self.at
+
+    @property
     def grid_only(self) -> bool:
         """Every searched key is a grid: its values are the trials, each run once."""
         return all(d.kind == "grid" for d in self.search.values())
@@ -569,7 +574,7 @@ def tuned_document(cell: str, cfg: Config, spec: TuneSpec, outcome: Any) -> dict
             "set": [],
             "metric": spec.metric,
             "mode": spec.mode,
-            "at": spec.at if spec.at != "mean_last" else f"mean_last {spec.last}",
+            "at": spec.at_text,
             "value": None,
             "chosen_runs": [],
             "trials": 0,
@@ -585,7 +590,7 @@ def tuned_document(cell: str, cfg: Config, spec: TuneSpec, outcome: Any) -> dict
         "set": [f"{k}={v}" for k, v in values.items()],
         "metric": spec.metric,
         "mode": spec.mode,
-        "at": spec.at if spec.at != "mean_last" else f"mean_last {spec.last}",
+        "at": spec.at_text,
         "value": _plain(chosen.value),
         "chosen_runs": list(chosen.run_ids),
         "trials": len(outcome.trials),
