@@ -42,6 +42,7 @@ def _say(line: str) -> None:
 def _run(plan: Any, args: argparse.Namespace) -> int:
     """`fedray.api.launch_tune` (`fedray.tune`'s sequence too), its ends said as the CLI says them."""
     from fedray.api import launch_tune
+    from fedray.storage.lock import RunLocked
     from fedray.sweeps.tuning import TuneError
 
     say = None if args.quiet else _say
@@ -52,7 +53,7 @@ def _run(plan: Any, args: argparse.Namespace) -> int:
     except ConnectionError as e:
         print(f"fedray: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    except TuneError as e:
+    except (TuneError, RunLocked) as e:  # RunLocked: something not fedray's where the search's lock goes
         print(f"fedray: error: {e}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:

@@ -211,7 +211,7 @@ def test_help_sets_the_maintainers_commands_apart(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     out = capsys.readouterr().out
-    assert "{run,sweep,report,bench}" in out and "maintainers' commands" in out
+    assert "{run,sweep,tune,report,bench}" in out and "    tune " in out and "maintainers' commands" in out
     listed = out.split("maintainers' commands")[0]
     assert all(f"    {c} " not in listed for c in ("fidelity", "docs", "reference"))
     assert build_parser().parse_args(["docs", "--check"]).check  # still there for those who use them
