@@ -37,6 +37,7 @@ import ray
 from ray import tune
 
 from fedray.config.keys import Config
+from fedray.progress import duration
 from fedray.sweeps.search import CellSearch, Outcome, Work
 from fedray.sweeps.tuning import TuneError, TuneSpec
 
@@ -198,7 +199,7 @@ class Watch:
         elapsed = time.monotonic() - self.began
         pace = self.reported / elapsed if elapsed > 0 else 0.0
         left = planned - done
-        eta = f", about {_duration(left / pace)} left" if pace > 0 and left > 0 else ""
+        eta = f", about {duration(left / pace)} left" if pace > 0 and left > 0 else ""
         units = (
             f"; this step {len(self.started - self.ended)} trial(s) running, {len(self.ended)} done, "
             f"{self.units - len(self.started | self.ended)} waiting"
@@ -210,15 +211,6 @@ class Watch:
             f"{units}; {pace:.2f} rounds/s{eta}"
         )
         return [head, *lines]
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    if seconds < 60:
-        return f"{seconds} s"
-    if seconds < 3600:
-        return f"{seconds // 60} min {seconds % 60:02d} s"
-    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
 
 
 # The Watch of the fit in flight, by key: Tune keeps its callbacks with its experiment (pickled into

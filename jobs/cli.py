@@ -12,6 +12,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from fedray import progress
 from fedray.config.coercion import count
@@ -448,6 +449,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return bench_main(args.bench_args)
 
 
+def _launch_tune(plan: Any, **kwargs: Any) -> Any:
+    """`fedray tune`'s launch sequence: `fedray.tune`'s (fedray.api.launch_tune)."""
+    from fedray.api import launch_tune
+
+    return launch_tune(plan, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fedray",
@@ -507,7 +515,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_sw.set_defaults(func=cmd_sweep)
     from jobs.tune_cli import add_parser as add_tune
 
-    add_tune(sub)
+    add_tune(sub, launch=_launch_tune)
     p_rep = sub.add_parser(
         "report", help="paper-style table (mean ± std over seeds) and plots from a results folder"
     )

@@ -40,14 +40,14 @@ def _say(line: str) -> None:
 
 
 def _run(plan: Any, args: argparse.Namespace) -> int:
-    """`fedray.api.launch_tune` (`fedray.tune`'s sequence too), its ends said as the CLI says them."""
-    from fedray.api import launch_tune
+    """`fedray.api.launch_tune` (`fedray.tune`'s sequence too; ``args.launch``, handed over by the
+    command line so this module never imports the front door), its ends said as the CLI says them."""
     from fedray.storage.lock import RunLocked
     from fedray.sweeps.tuning import TuneError
 
     say = None if args.quiet else _say
     try:
-        done = launch_tune(
+        done = args.launch(
             plan, address=args.address, restart=args.restart, say=say, progress_s=args.progress_every
         )
     except ConnectionError as e:
@@ -154,8 +154,9 @@ def cmd_trials(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(sub: Any) -> None:
-    """``fedray tune``."""
+def add_parser(sub: Any, launch: Any) -> None:
+    """``fedray tune``; ``launch(plan, ...)`` is `fedray.api.launch_tune` (the command line's, handed
+    over so this module never imports the front door)."""
     p = sub.add_parser(
         "tune",
         help="search a config's settings on validation with Ray Tune (a sweep file: each cell, then its seeds on test)",
@@ -183,4 +184,4 @@ def add_parser(sub: Any) -> None:
         metavar="SECONDS",
         help="print the search's progress table this often (default 30)",
     )
-    p.set_defaults(func=cmd_tune)
+    p.set_defaults(func=cmd_tune, launch=launch)
