@@ -306,7 +306,7 @@ def _digest(path: Path) -> tuple[str, int]:
     return hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_mtime_ns
 
 
-HALVING = {**LR, "trials": 9, "scheduler": {"asha": {"grace_rounds": 1, "reduction_factor": 3}}, "seed": 2}
+HALVING = {**LR, "trials": 4, "scheduler": {"asha": {"grace_rounds": 1, "reduction_factor": 2}}, "seed": 2}
 
 
 def test_one_trial_at_a_time_or_several_give_the_same_trials_stops_and_choice_and_a_rerun_changes_no_file(
@@ -328,8 +328,8 @@ def test_one_trial_at_a_time_or_several_give_the_same_trials_stops_and_choice_an
     one, many = tmp_path / "one" / "out", tmp_path / "many" / "out"
     assert (one / "tuned.yaml").read_bytes() == (many / "tuned.yaml").read_bytes()
     (doc,) = docs["one"]
-    assert doc["schedule"] == [{"round": 1, "trials": 9}, {"round": 4, "trials": 3}]
-    assert doc["stopped_early"] == 6 and doc["trial_rounds"] == 9 * 1 + 3 * 3
+    assert doc["schedule"] == [{"round": 1, "trials": 4}, {"round": 4, "trials": 2}]
+    assert doc["stopped_early"] == 2 and doc["trial_rounds"] == 4 * 1 + 2 * 3
 
     runs = load_runs(one).set_index("run_id")
     metrics = load_metrics(one, scope="global")
