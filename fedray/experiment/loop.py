@@ -24,7 +24,7 @@ from fedray.experiment.same_data import finished_refusal, resume_refusal
 from fedray.federation import Baton, Federation, WorkerLost
 from fedray.records import Record, rec, validation_named
 from fedray.storage.blobs import CheckpointError
-from fedray.storage.checkpoint import Checkpoint, Checkpoints
+from fedray.storage.checkpoint import Checkpoint, Checkpoints, written_format
 from fedray.storage.export import check_shapes, save_models
 from fedray.storage.files import refuse_link
 from fedray.storage.loggers import Loggers, RunInfo
@@ -308,7 +308,9 @@ class _Run:
         refuse_link(models_folder(cfg.output, self.writer.run_id), "the run's models folder")
         if restart:
             self.ckpts.clear()
-        latest = self.ckpts.latest()
+        # the format this run's checkpoints were written in, as its row says (none: written before
+        # rows said it): an older one in its folder is a relabelled one
+        latest = self.ckpts.latest(written_format(self.writer.earlier_summary))
         section = cfg.data_section
         now = identity(section)
         if latest is not None:  # before any data is read

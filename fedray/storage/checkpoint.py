@@ -52,6 +52,24 @@ MANIFEST_FORMATS = (1, 2, 3)  # those read
 OWNERS_FROM = 3  # the first format whose every file names its owner
 
 
+FORMAT_KEY = (
+    "checkpoint_format"  # in a run's row's summary: the manifest format its checkpoints are written in
+)
+
+
+def written_format(summary: dict[str, Any]) -> int | None:
+    """The checkpoint format a run's row says it writes (None: a row written before rows said it;
+    a value that is not a format is read as the newest, the strictest)."""
+    if FORMAT_KEY not in summary:
+        return None
+    found = summary[FORMAT_KEY]
+    return (
+        found
+        if isinstance(found, int) and not isinstance(found, bool) and found in MANIFEST_FORMATS
+        else MANIFEST_FORMAT
+    )
+
+
 # ------------------------------------------------------------------------------------------------
 # A run's checkpoints
 # ------------------------------------------------------------------------------------------------
@@ -248,8 +266,11 @@ class Checkpoints:
         """Remove every checkpoint of the run (``--restart``); a symbolic link is refused."""
         remove_tree(self.root, "the run's checkpoints folder")
 
-    def latest(self) -> Checkpoint | None:
+    def latest(self, least_format: int | None = None) -> Checkpoint | None:
         """The newest complete checkpoint, its files verified; None if there is none.
+        ``least_format``: the manifest format this run wrote (its row in ``runs/`` says so): an
+        older one is refused, so no checkpoint of a run that wrote format 3 is read under a format
+        whose checks are fewer (None: a run whose records predate that, read as they were).
 
         Raises `CheckpointError` (naming the file) if it is damaged or edited, or is another run's.
         """
@@ -274,6 +295,11 @@ class Checkpoints:
             raise CheckpointError(f"{where}: unreadable ({type(e).__name__}: {e}){hint}") from None
         if not ok:
             raise CheckpointError(f"{where}: not a fedray checkpoint of format {MANIFEST_FORMAT}{hint}")
+        if least_format is not None and m["format"] < least_format:
+            raise CheckpointError(
+                f"{where}: says format {m['format']}, but this run writes format {least_format} checkpoints "
+                f"(its row in runs/ says so): relabelled to an older format, whose checks are fewer{hint}"
+            )
         # the manifest checked against itself: its digest (from format 2 on; format 1 has none), its folder's round, and the rounds its history recorded
         if m["format"] >= 2 and m.get("digest") != manifest_digest(m):
             raise CheckpointError(
@@ -305,6 +331,14 @@ class Checkpoints:
                 )
         if m["format"] >= OWNERS_FROM:
             self._check_state_names(path, rnd, files, hint)
+        else:  # files of a format that predates owners name none: one that does was written since
+            for name in files:
+                if read_owner(path / name) is not None:
+                    raise CheckpointError(
+                        f"{path / name}: names its owner, as files of format {OWNERS_FROM} and later do, in a "
+                        f"checkpoint whose manifest says format {m['format']}: relabelled to an older format, "
+                        f"whose checks are fewer{hint}"
+                    )
         return Checkpoint(path, rnd, extra, files, m["format"])
 
     def _check_state_names(self, path: Path, rnd: int, files: dict[str, str], hint: str) -> None:

@@ -28,6 +28,7 @@ import pyarrow.compute  # noqa: F401 - pa.compute
 
 from fedray.data import recorded_partition
 from fedray.records import Record, is_assignment
+from fedray.storage.checkpoint import FORMAT_KEY, MANIFEST_FORMAT
 from fedray.storage.files import read_checked, refuse_link, remove_tree, write_atomic, write_text_atomic
 from fedray.storage.lock import RunLock
 from fedray.storage.results import (
@@ -352,6 +353,9 @@ class ResultsWriter:
 
     def _write_run(self, status: str, error: str = "", summary: dict[str, Any] | None = None) -> None:
         summary = dict(summary or {})
+        # the checkpoint format this fedray writes: a run's older-format checkpoint is then a relabelled
+        # one (`fedray.storage.checkpoint.Checkpoints.latest`), from its first row on
+        summary[FORMAT_KEY] = MANIFEST_FORMAT
         if self.events:
             summary["events"] = self.events
         row = {

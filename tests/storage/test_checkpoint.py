@@ -630,19 +630,74 @@ def test_a_file_of_another_rounds_checkpoint_is_refused_naming_it_and_the_state_
     _resume_fails(cfg, r"000001\.npz: names no owner, which every file of its checkpoint's format does")
 
 
+def _as_format_2(ckpt: Path) -> None:
+    """The checkpoint as a format-2 fedray wrote it: its files naming no owner, its manifest format 2."""
+    for path in [ckpt / "state.npz", *(ckpt / "clients").iterdir()]:
+        _rewrite_head(path, lambda h: {k: v for k, v in h.items() if k != "owner"})
+        _fix_checksum(ckpt, str(path.relative_to(ckpt)))
+    _fix_checksum(ckpt, format=2)
+
+
+def _row_before_formats(cfg) -> None:
+    """The run's row as a fedray that did not yet record its checkpoint format wrote it."""
+    import pyarrow as pa
+
+    from fedray.storage.files import write_atomic
+    from fedray.storage.results import RUNS_SCHEMA, read_run_row
+
+    row = read_run_row(cfg.output, cfg.run_id())
+    summary = json.loads(row["summary"])
+    del summary["checkpoint_format"]
+    row["summary"] = json.dumps(summary)
+    write_atomic(
+        pa.Table.from_pylist([row], schema=RUNS_SCHEMA), Path(cfg.output) / "runs" / f"{cfg.run_id()}.parquet"
+    )
+
+
 def test_a_checkpoint_written_before_files_named_their_owner_is_read_and_its_format_recorded(tmp_path):
     ref = small_config(tmp_path / "ref", rounds=4, checkpoint_every=2, algorithm="scaffold")
     list(execute(ref, make_local_federation))
     cfg, ckpt = _checkpointed_run(tmp_path)
-    for path in [ckpt / "state.npz", *(ckpt / "clients").iterdir()]:  # as a format-2 fedray wrote them
-        _rewrite_head(path, lambda h: {k: v for k, v in h.items() if k != "owner"})
-        _fix_checksum(ckpt, str(path.relative_to(ckpt)))
-    _fix_checksum(ckpt, format=2)
+    _as_format_2(ckpt)
+    _row_before_formats(cfg)  # a run whose records predate the format it is held to
     events = list(execute(cfg, make_local_federation))
     assert events[0].resumed_from == 2 and isinstance(events[-1], Finished)
     assert stored_metrics(cfg.output).equals(stored_metrics(ref.output))
     resumed = load_events(cfg.output).query("event == 'resumed'")["detail"].tolist()
     assert resumed == ["started again (its checkpoint of format 2: files naming no owner read)"]
+
+
+def test_a_checkpoint_relabelled_to_an_older_format_is_refused_whatever_else_is_swapped_in(tmp_path):
+    # Before: "format": 2 set in the manifest (its digest recomputed) skipped the State's round and
+    # client-file checks, and round 1's State or client file resumed in round 2's checkpoint, exit 0.
+    import shutil
+
+    cfg = small_config(tmp_path, rounds=4, checkpoint_every=1, keep_checkpoints=3, algorithm="scaffold")
+    _stop_after(cfg, 2, at=Checkpointed)
+    root = Path(cfg.output) / "checkpoints" / cfg.run_id()
+    ckpt, older = root / "round-000002", root / "round-000001"
+    saved = root.parent / "saved"
+    shutil.copytree(root, saved)
+    for swap in (None, "state.npz", "clients/000001.npz"):
+        shutil.rmtree(root)
+        shutil.copytree(saved, root)
+        if swap is not None:  # another round's file, its checksum made to match
+            shutil.copyfile(older / swap, ckpt / swap)
+            _fix_checksum(ckpt, swap)
+        _fix_checksum(ckpt, format=2)
+        _row_before_formats(cfg)  # even where the run's row does not say which format it writes
+        _resume_fails(
+            cfg,
+            r"names its owner, as files of format 3 and later do, in a checkpoint whose manifest says format 2: relabelled",
+        )  # the files stripped of their owners too (as a format-2 fedray wrote them): the run's row says it
+    # writes format 3
+    shutil.rmtree(root)
+    shutil.copytree(saved, root)
+    _as_format_2(ckpt)
+    _resume_fails(
+        cfg,
+        r"manifest.json: says format 2, but this run writes format 3 checkpoints \(its row in runs/ says so\)",
+    )
 
 
 def test_a_run_whose_rows_before_its_checkpoint_are_missing_is_refused_not_finished_over_the_gap(tmp_path):
