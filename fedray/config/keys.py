@@ -595,6 +595,25 @@ class _BoundedLoader(yaml.SafeLoader):
         _expanded(node, {}, set())
         return super().construct_document(node)
 
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        """A mapping that gives a key twice is refused: YAML would keep the last without a word (a
+        key merged in with ``<<`` and given again is an override, as YAML means it)."""
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value if isinstance(node, yaml.MappingNode) else ():
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in seen:
+                    raise _Refused(
+                        f"key {key!r} is given twice (lines {seen[key]} and {line}); YAML would keep the last"
+                    )
+            except TypeError:  # an unhashable key: the loader says so itself
+                continue
+            seen[key] = line
+        return super().construct_mapping(node, deep)
+
 
 def load_yaml(text: str, where: str) -> Any:
     """``text`` read as YAML within the limits; what is wrong is a `ConfigError` naming ``where``."""

@@ -360,6 +360,19 @@ def name_and_bound_problems(cfg: Config) -> list[str]:
 MAX_NAME = 100  # characters of a name that becomes part of a file's name (file systems allow 255)
 
 
+# the tracking stores MLflow's client writes to ("": a folder, or the default sqlite file in the
+# results folder); its database URIs may name a driver (postgresql+psycopg2://)
+MLFLOW_SCHEMES = ("", "file", "sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
+
+
+def _uri_scheme(uri: str) -> str:
+    """A URI's scheme without its driver (``postgresql+psycopg2://`` -> postgresql); "" for a path."""
+    m = re.match(r"([A-Za-z][A-Za-z0-9.+-]*):", uri)
+    if m is None or (len(m.group(1)) == 1 and uri[1:3] in (":\\", ":/")):  # a path, or C:\ on Windows
+        return ""
+    return m.group(1).split("+")[0].lower()
+
+
 def validate(cfg: Config, given: Collection[str] | None = None) -> None:
     """Value checks and cross-key checks. Cheap: no Ray is started, and no data is read but what a
     dataset that comes with its clients reads to count them. ``given``: the keys the user set (None:
@@ -371,6 +384,11 @@ def validate(cfg: Config, given: Collection[str] | None = None) -> None:
         and not cfg.experiment.startswith("."),
         "experiment",
         f"a name, not a path (it names files under the results folder): {cfg.experiment!r}",
+    )
+    _check(
+        cfg.experiment.isprintable(),
+        "experiment",
+        f"a printable name (a report prints it as it is): {cfg.experiment!r} holds a control character",
     )
     _check(
         len(cfg.experiment) <= MAX_NAME,
@@ -391,6 +409,13 @@ def validate(cfg: Config, given: Collection[str] | None = None) -> None:
     )
     _check(bool(cfg.output), "output", "must name a folder")
     check_loggers(cfg.loggers)  # registered (a plug-in's, imported by now), and their library there
+    scheme = _uri_scheme(cfg.mlflow_tracking_uri)
+    _check(
+        scheme in MLFLOW_SCHEMES,
+        "mlflow_tracking_uri",
+        f"a tracking store MLflow writes to ({', '.join(s + ':' for s in MLFLOW_SCHEMES if s)} or a folder), "
+        f"got {cfg.mlflow_tracking_uri!r}",
+    )
     info = _check_data(cfg, given)
     _check_model(cfg, info)
     _check_engine(cfg)

@@ -197,6 +197,44 @@ def test_bad_yaml_file_errors_name_the_file(tmp_path):
         load_config(lst)
 
 
+def test_a_key_given_twice_is_refused_naming_it_and_its_lines(tmp_path):
+    # Before: YAML kept the last of the two without a word.
+    path = tmp_path / "twice.yaml"
+    path.write_text("rounds: 3\nlr: 0.1\nhp:\n  mu: 0.1\n  mu: 0.01\n")
+    with pytest.raises(
+        ConfigError, match=r"twice.yaml'?: refused: key 'mu' is given twice \(lines 4 and 5\)"
+    ):
+        load_config(path)
+    path.write_text(
+        "base: &b {lr: 0.1}\nother:\n  <<: *b\n  lr: 0.2\n"
+    )  # an override of a merged key is YAML's own
+    assert yaml.safe_load(path.read_text())["other"]["lr"] == 0.2
+    from fedray.config.keys import read_yaml
+
+    assert read_yaml(path)["other"] == {"lr": 0.2}
+
+
+def test_an_empty_logger_name_is_refused_not_read_as_no_logger(capsys):
+    # Before: `--logger ''` set loggers: [] and the run went on with none, without a word.
+    from jobs.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--local", "--logger", " "])
+    assert e.value.code == 2 and "--logger: a logger's name" in capsys.readouterr().err
+    from jobs.cli_args import config_sets
+
+    assert config_sets(type("A", (), {"sets": [], "loggers": ["tensorboard", "a, b"]})) == [
+        'loggers=["tensorboard", "a, b"]'  # a name is never split or read as YAML
+    ]
+
+
+def test_an_experiment_name_with_a_newline_or_an_escape_is_refused():
+    for name in ("two\nlines", "ansi\x1b[31mred", "tab\tbed"):
+        with pytest.raises(ConfigError, match=r"config key 'experiment': a printable name"):
+            from_dict({"experiment": name})
+    assert from_dict({"experiment": "table 1 (Dir 0.5) — é"}).experiment == "table 1 (Dir 0.5) — é"
+
+
 def test_hp_keeps_what_differs_from_the_defaults_so_writing_a_default_out_names_the_same_run():
     a = from_dict({"algorithm": "fedconcat", "rounds": 231, "hp": {"num_clusters": 5, "classifier_steps": 3}})
     b = from_dict({"algorithm": "fedconcat", "rounds": 231})
@@ -243,6 +281,11 @@ BAD_INPUT = [
         "download=true",
     ),
     (["run", "no_such_config.yaml"], "does not exist"),
+    (["run", "--local", "--set", "experiment=a\x1b[2Jb"], "config key 'experiment': a printable name"),
+    (
+        ["run", "--local", "--set", "mlflow_tracking_uri=ftp://x"],
+        "config key 'mlflow_tracking_uri': a tracking store",
+    ),
     (["run", "."], "config file '.' is a folder, not a file"),
     (["run", "--local", "--output", "/etc/passwd"], "'output': '/etc/passwd' is a file, not a folder"),
     (["report", "/etc/passwd"], "results folder '/etc/passwd' is a file, not a folder"),
