@@ -450,10 +450,11 @@ def test_the_kept_arrays_follow_the_jsons_content(tmp_path, capfd):
     now.write_bytes(b"not an npz")
     leaf._READ.clear()
     assert np.array_equal(read_users(FEMNIST, root).y, changed.y)
-    assert (
-        "could not be read back" in capfd.readouterr().err
-        and np.load(now)["y"].tolist() == changed.y.tolist()
+    assert capfd.readouterr().err == (
+        f"fedray: {now} is not arrays fedray kept of this folder's LEAF JSON (damaged, or another file): "
+        "reading the JSON again and keeping them anew\n"
     )
+    assert np.load(now)["y"].tolist() == changed.y.tolist()
 
 
 def test_a_folder_that_cannot_keep_the_arrays_is_read_from_its_json_with_one_note(
