@@ -97,6 +97,69 @@ def recorded_partitions(runs: pd.DataFrame) -> list[str | None]:
     return [None] * len(runs)
 
 
+def data_digest(recorded: Any) -> str | None:
+    """The SHA-256 over the data files a run read, from its runs/ row's ``data`` (JSON,
+    `fedray.data.identity`); None where it recorded none (its dataset reads no files, or it was
+    recorded before fedray recorded data)."""
+    if not isinstance(recorded, str) or not recorded:
+        return None
+    try:
+        found = json.loads(recorded)
+    except ValueError:
+        return None
+    sha = found.get("sha256") if isinstance(found, dict) else None
+    return sha if isinstance(sha, str) else None
+
+
+def one_partition_file(config: Mapping[str, Any]) -> bool:
+    """Whether a run read its partition from a file every seed reads (``partition: file``, a
+    ``partition_file`` without ``{seed}``): the seeds of one setting then share one partition."""
+    path = config.get("partition_file") or ""
+    return config.get("partition") == "file" and bool(path) and "{seed}" not in path
+
+
+def partition_digest(out_dir: str | Path, run_id: str) -> str | None:
+    """The SHA-256 over the clients a run's partition holds, as it wrote them
+    (``DIR/partitions/RUN_ID.parquet``: client, split, index, source; the file's bytes apart, so
+    another pyarrow's writing of the same clients is the same partition); None where it wrote none."""
+    import hashlib
+
+    from fedray.storage.files import read_checked
+
+    path = Path(out_dir) / "partitions" / f"{run_id}.parquet"
+    if not path.is_file():
+        return None
+    rows = read_checked(path, ["client", "split", "index", "source"]).to_pandas()
+    return hashlib.sha256(pd.util.hash_pandas_object(rows, index=False).to_numpy().tobytes()).hexdigest()
+
+
+# A run's inputs that its config names by path alone, told by their content (`run_values`' columns):
+# runs of one setting on other data, or on another partition file's content, are other cells.
+INPUTS = ("data_sha256", "partition_sha256")
+# The keys a config names a file by, whose content a run id hashes (fedray.config.Config.run_id):
+# where two runs of one seed differ in nothing their rows record, one of these files changed.
+_BY_CONTENT = ("partition_file", "init_model", "data_root")
+
+
+def _inputs(runs: pd.DataFrame) -> list[dict[str, str]]:
+    """Each run's `INPUTS` as config-like keys (the digest's first 8 hex digits),
+    where it has them: from `run_values`' columns, or a runs table's ``data`` (`load_runs`)."""
+    out: list[dict[str, str]] = [{} for _ in range(len(runs))]
+    data = (
+        runs["data_sha256"]
+        if "data_sha256" in runs
+        else runs["data"].map(data_digest)
+        if "data" in runs
+        else [None] * len(runs)
+    )
+    parts = runs["partition_sha256"] if "partition_sha256" in runs else [None] * len(runs)
+    for found, d, p in zip(out, data, parts, strict=True):
+        for key, sha in (("data_sha256", d), ("partition_sha256", p)):
+            if isinstance(sha, str) and sha:
+                found[key] = sha[:8]
+    return out
+
+
 def _plugin_text(spec: str) -> str:
     """A recorded plug-in as a label names it: its file or module name and its source's hash,
     ``fedavgm.py@3f2a9c1b`` (the path apart: the same source elsewhere is the same plug-in)."""
@@ -250,18 +313,26 @@ def run_values(
     if round is not None and round < 1:
         raise ReportError(f"--round must be >= 1, got {round}")
     runs = load_runs(out_dir)
-    cols = ["run_id", "status", "config", "started", "hparams", "round", "value"]
+    cols = ["run_id", "status", "config", "started", "hparams", "round", "value", *INPUTS]
     if runs.empty:
-        return pd.DataFrame(columns=cols)
+        empty = pd.DataFrame(columns=cols)
+        empty.attrs.update(left_out=0, left_out_finished=0)
+        return empty
+    every = load_metrics(out_dir, scope="global")
     # runs that evaluated on validation (tuning's trials) have val_* metrics, the others test's: a
-    # table reads one kind; how many of the other were left out is in attrs["left_out"]
+    # table reads one kind (a run that recorded a val_* metric asked for is read, whatever its config
+    # says); how many of the other were left out is in attrs["left_out"], of them finished in
+    # attrs["left_out_finished"]
     on_val = runs["config"].map(lambda c: c.get("evaluate_on") == "validation")
-    wanted = on_val if metric.startswith("val_") else ~on_val
+    if metric.startswith("val_"):
+        wanted = on_val | runs["run_id"].isin(set(every.loc[every["metric"] == metric, "run_id"]))
+    else:
+        wanted = ~on_val
     left_out = int((~wanted).sum())
+    left_out_finished = int((runs.loc[~wanted, "status"] == "finished").sum())
     runs = runs[wanted]
     if not include_unfinished:
         runs = runs[runs["status"] == "finished"]
-    every = load_metrics(out_dir, scope="global")
     m = every[every["run_id"].isin(runs["run_id"])]
     if not m.empty and metric not in set(m["metric"]):
         raise ReportError(
@@ -315,12 +386,32 @@ def run_values(
     # every hp value the run used, defaults included (its config names only non-defaults)
     out["hparams"] = [sm.get("hparams", {}) if isinstance(sm, dict) else {} for sm in runs["summary"]]
     out["partition_label"] = recorded_partitions(runs)
+    # what the runs read, by content: runs of one setting on other data, or on another content of
+    # the one partition file their seeds share, are never seeds of one cell (`label_runs`)
+    out["data_sha256"] = [data_digest(t) for t in runs["data"]] if "data" in runs else None
+    out["partition_sha256"] = [
+        partition_digest(out_dir, r) if one_partition_file(c) else None
+        for r, c in zip(runs["run_id"], runs["config"], strict=True)
+    ]
     out["round"] = [r for r, _ in read]
     out["value"] = [v for _, v in read]
     out["in_stage"] = out["run_id"].isin(staged) if stage is not None else True
     out = out.reset_index(drop=True)
     out.attrs["left_out"] = left_out
+    out.attrs["left_out_finished"] = left_out_finished
     return out
+
+
+def other_split(metric: str) -> tuple[str, str, str | None]:
+    """For a table of ``metric``: the split it reads (test, or validation for a val_* metric), the
+    other, and the metric that reads the runs of the other (None where there is none: a metric an
+    evaluation does not read, train_accuracy, is not renamed on validation)."""
+    from fedray.records import EVALUATED_ON_TEST
+
+    if metric.startswith("val_"):
+        plain = metric.removeprefix("val_")
+        return "validation", "test", plain if plain in EVALUATED_ON_TEST else None
+    return "test", "validation", f"val_{metric}" if metric in EVALUATED_ON_TEST else None
 
 
 # Config keys that do not make one setting another: what a run evaluated on, and the experiment
@@ -357,8 +448,14 @@ def label_runs(
 
     A key that differs between runs of one (experiment, row, column) other than by seed is added to
     that column's label (in every row of its experiment; other columns keep theirs), so a cell only
-    ever holds seeds of one setting. With ``tuned``, differing ``hp.*`` keys go to a ``setting``
-    column instead (the candidates `pivot` picks the best of).
+    ever holds seeds of one setting. So are the data a run read and the one partition file its seeds
+    share, by content (`INPUTS`: ``data_sha256=3f2a9c1b``; a run that recorded none is not
+    told apart by it). With ``tuned``, differing ``hp.*`` keys go to a ``setting`` column instead
+    (the candidates `pivot` picks the best of).
+
+    A seed a cell holds twice (a partition file edited and the seed run again: another run id, the
+    same config) counts once, from the run that started last (``runs`` in the order they started):
+    the others are left out, listed in ``attrs["repeats"]`` (`repeats_line` says them).
     """
     df = runs.copy()
     df["experiment"] = df["config"].map(lambda c: c["experiment"])
@@ -367,20 +464,25 @@ def label_runs(
         tuple(field_label(c, f, p) for f in rows) for c, p in zip(df["config"], recorded, strict=True)
     ]
     df["col"] = [column_label(c, cols, p) for c, p in zip(df["config"], recorded, strict=True)]
+    inputs = _inputs(df)
     covered = _covered([*rows, *cols]) | set(_PER_RUN_KEYS) | {"experiment"}
     if "hp" in cols or "hp" in rows:
         covered |= {k for c in df["config"] for k in flat_config(c) if k.startswith("hp.")}
     extra: dict[tuple[str, str], set[str]] = {}  # (experiment, column) -> the keys its label adds
-    for (exp, _, col), cell in df.groupby(["experiment", "row", "col"], sort=False):
-        flats = [flat_config(c) for c in cell["config"]]
+    for (exp, _, col), cell in df.assign(_at=range(len(df))).groupby(
+        ["experiment", "row", "col"], sort=False
+    ):
+        flats = [flat_config(c) | inputs[i] for c, i in zip(cell["config"], cell["_at"], strict=True)]
         keys = {k for f in flats for k in f} - covered
-        extra.setdefault((exp, col), set()).update(
-            k for k in keys if len({json.dumps(f.get(k, "<unset>"), sort_keys=True) for f in flats}) > 1
-        )
 
-    def suffix(c: dict, hparams: dict, keys: set[str]) -> str:
+        def differs(k: str, flats: list[dict] = flats) -> bool:
+            told = [f[k] for f in flats if k in f] if k in INPUTS else [f.get(k, "<unset>") for f in flats]
+            return len({json.dumps(v, sort_keys=True) for v in told}) > 1
+
+        extra.setdefault((exp, col), set()).update(k for k in keys if differs(k))
+
+    def suffix(f: dict, keys: set[str]) -> str:
         """``k=value`` for the keys; an hp value the config leaves at its default is named too."""
-        f = run_flat(c, hparams)
         return " ".join(f"{k}={value_text(f[k])}" for k in sorted(keys) if k in f)
 
     hps = df["hparams"] if "hparams" in df else [{}] * len(df)
@@ -388,13 +490,82 @@ def label_runs(
     def tunable(exp: str, col: str) -> set[str]:
         return {k for k in extra[exp, col] if k.startswith("hp.") or k in TUNED_KEYS} if tuned else set()
 
-    labels, settings = [], []
-    for exp, col, c, h in zip(df["experiment"], df["col"], df["config"], hps, strict=True):
+    labels, settings, flats = [], [], []
+    for exp, col, c, h, i in zip(df["experiment"], df["col"], df["config"], hps, inputs, strict=True):
         keys, tune = extra[exp, col], tunable(exp, col)
-        labels.append(f"{col} {suffix(c, h, keys - tune)}".strip())
-        settings.append(suffix(c, h, tune))
+        flats.append(run_flat(c, h) | i)
+        labels.append(f"{col} {suffix(flats[-1], keys - tune)}".strip())
+        settings.append(suffix(flats[-1], tune))
     df["col"], df["setting"] = labels, settings
-    return df
+    return _counted_once(df, flats)
+
+
+def _counted_once(df: pd.DataFrame, flats: list[dict[str, Any]]) -> pd.DataFrame:
+    """``df`` (labelled, in the order the runs started) with each cell's seed once: of the runs of
+    one (experiment, row, column, setting) and seed, the last; the others in ``attrs["repeats"]``,
+    each with the run counted and what differs between them (``flats``: each run's `run_flat`)."""
+    cells = list(zip(df["experiment"], df["row"], df["col"], df["setting"], strict=True))
+    seeds = [c.get("seed") for c in df["config"]]
+    last = {(cell, seed): i for i, (cell, seed) in enumerate(zip(cells, seeds, strict=True))}
+    repeats = []
+    for i, (cell, seed) in enumerate(zip(cells, seeds, strict=True)):
+        kept = last[cell, seed]
+        if kept != i:
+            exp, row, col, setting = cell
+            repeats.append(
+                {
+                    "run_id": df["run_id"].iloc[i],
+                    "counted": df["run_id"].iloc[kept],
+                    "seed": seed,
+                    "cell": " ".join([f"{exp}:", *map(str, row), col, setting]).strip(),
+                    "differs": _what_differs(flats[i], flats[kept], df["config"].iloc[i]),
+                }
+            )
+    out = df.iloc[sorted(set(last.values()))] if repeats else df
+    out.attrs["repeats"] = repeats
+    return out
+
+
+def _what_differs(a: dict[str, Any], b: dict[str, Any], config: Mapping[str, Any]) -> str:
+    """What two runs of one cell and seed differ in, in words: the keys their rows record (`INPUTS`
+    too) but those that cannot change a number; else the content of a file the config names by
+    path alone (`_BY_CONTENT`: their run ids hash it); else nothing recorded (one setting under two
+    run ids: the runs recorded by fedray versions that named runs otherwise)."""
+    skip = {*NOT_IN_RUN_ID, "experiment"}
+    keys = [
+        k
+        for k in sorted(a.keys() | b.keys())
+        if k not in skip and json.dumps(a.get(k), sort_keys=True) != json.dumps(b.get(k), sort_keys=True)
+    ]
+    if keys:
+        return ", ".join(f"{k} ({value_text(a.get(k, '-'))}, then {value_text(b.get(k, '-'))})" for k in keys)
+    files = [
+        f"{k} {value_text(config[k])!r}"
+        for k in _BY_CONTENT
+        if config.get(k) and (k != "data_root" or config.get("dataset") == "arrays")
+    ]
+    if len(files) == 1:
+        return f"the content of {files[0]} (the run id hashes it: the file changed between the runs)"
+    if files:
+        return f"the content of {' or '.join(files)} (the run id hashes them: one changed between the runs)"
+    return "nothing their rows record (one setting under two run ids: recorded by another fedray version?)"
+
+
+def repeats_line(repeats: Sequence[Mapping[str, Any]]) -> str | None:
+    """One line naming the runs a table left out because their seed was run again in their cell
+    (`label_runs`' ``attrs["repeats"]``), and what differs; None where there are none."""
+    if not repeats:
+        return None
+    said = [
+        f"{r['run_id']} (seed {r['seed']} of {r['cell']}; {r['counted']} counted; they differ in: {r['differs']})"
+        for r in repeats[:3]
+    ]
+    more = f"; and {len(repeats) - 3} more" if len(repeats) > 3 else ""
+    n = len(repeats)
+    return (
+        f"({n} run{'s' if n > 1 else ''} left out: a seed is counted once in its cell, from its latest run: "
+        f"{'; '.join(said)}{more})"
+    )
 
 
 def tuned_choice(grid: Mapping[str, tuple[list[float], int]], better: str = "higher") -> str:
@@ -467,7 +638,9 @@ def pivot(
         cells = cells[keep].reset_index(drop=True)
     for i, f in enumerate(rows):
         cells[f] = cells["row"].map(lambda r, i=i: r[i])
-    return cells[out_cols]
+    cells = cells[out_cols]
+    cells.attrs["repeats"] = df.attrs.get("repeats", [])
+    return cells
 
 
 def _is_fraction(metric: str) -> bool:

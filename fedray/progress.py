@@ -3,6 +3,7 @@ run summaries) as lines for the terminal."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -100,8 +101,40 @@ def placed(pl: dict) -> str:
     return f"{count(pl.get('actors'), 'actor')} on {count(pl.get('nodes'), 'node')} {pl.get('devices')}"
 
 
+def process_age() -> float | None:
+    """Seconds since this process started (Python's own start and every import included), from
+    ``/proc/self/stat``'s start time against ``/proc/uptime`` (both since boot); None where the
+    system does not tell (no /proc)."""
+    try:
+        with open("/proc/self/stat") as f:
+            # the fields after the command's name in brackets (which may hold spaces): starttime is
+            # the 22nd field, the 20th after the bracket, in clock ticks since boot
+            started = int(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        with open("/proc/uptime") as f:
+            up = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0.0, up - started)
+
+
+# When the `fedray` command began, on time.perf_counter's clock: set as jobs.cli is imported
+# (`command_started`), so a run's done line says what the command took "in all", Python's start and
+# the imports included. None in a process that is not the command (fedray.run from Python): the
+# done line counts from the caller's t0.
+COMMAND_T0: float | None = None
+
+
+def command_started() -> None:
+    """Start the command's clock (`COMMAND_T0`) at this process's start (`process_age`; now where the
+    system does not tell); once a process."""
+    global COMMAND_T0
+    if COMMAND_T0 is None:
+        COMMAND_T0 = time.perf_counter() - (process_age() or 0.0)
+
+
 def run_lines(ev: Any, cfg: Any, quiet: bool, t0: float) -> list[tuple[str, bool]]:
-    """`fedray run`: the lines one event of a run prints, each with whether it goes to stderr."""
+    """`fedray run`: the lines one event of a run prints, each with whether it goes to stderr. The
+    done line's "in all" counts from the command's start (`COMMAND_T0`), else from ``t0``."""
     from fedray.data import partition_label
     from fedray.experiment.loop import Checkpointed, Finished, Recovered, RoundDone, Started
 
@@ -122,10 +155,11 @@ def run_lines(ev: Any, cfg: Any, quiet: bool, t0: float) -> list[tuple[str, bool
         return [(recovered_line(ev), True)]
     if isinstance(ev, Finished):
         s = ev.summary
+        began = t0 if COMMAND_T0 is None else min(COMMAND_T0, t0)
         return [
             (
                 f"done: {outcome(s, 'final accuracy')}; {count(s['rounds_done'], 'round')}, {s.get('steady_round_seconds', 0):.2f} s/round; "
-                f"the run {s.get('total_seconds', 0):.1f} s (runs/ total_seconds), {time.perf_counter() - t0:.1f} s in all for this command; "
+                f"the run {s.get('total_seconds', 0):.1f} s (runs/ total_seconds), {time.perf_counter() - began:.1f} s in all for this command; "
                 f"results in {cfg.output}/ (fedray report {cfg.output})",
                 False,
             )

@@ -18,6 +18,9 @@ from fedray import progress
 from fedray.config.coercion import count
 from jobs.cli_args import add_config_args, config_sets
 
+# the command's clock starts with its process: a run's done line says what it took "in all"
+progress.command_started()
+
 EXIT_USAGE = 2  # bad config, bad data path: the user's input
 EXIT_FAILED = 1  # the run itself failed
 
@@ -256,7 +259,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         better_for,
         describe_value,
         format_table,
+        other_split,
         pivot,
+        repeats_line,
         run_values,
         wide_tables,
     )
@@ -264,6 +269,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not os.path.isdir(args.dir):
         what = "is a file, not a folder" if os.path.exists(args.dir) else "does not exist"
         print(f"fedray: error: results folder {args.dir!r} {what}", file=sys.stderr)
+        return EXIT_USAGE
+    if (inside := _results_folder_above(args.dir)) is not None:
+        print(
+            f"fedray: error: {args.dir!r} is the {os.path.basename(os.path.normpath(args.dir))}/ folder of a results "
+            f"folder: give the results folder, the one with runs/ and metrics/ in it (fedray report {inside})",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     if args.trials:
         from jobs.tune_cli import cmd_trials
@@ -311,9 +323,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"fedray: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     if not texts:
-        unfinished = int(len(statuses) and statuses.sum() - statuses.get("finished", 0))
-        hint = f" ({unfinished} not finished: --all includes them)" if unfinished and not args.all else ""
-        print(f"no {'' if args.all else 'finished '}runs in {args.dir}/{hint}")
+        print(_nothing_to_report(args, statuses, values))
         from jobs.tune_cli import tuned_lines
 
         for line in tuned_lines(args.dir):  # a folder of a search alone: what it chose
@@ -331,6 +341,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     for line in tuned_lines(args.dir) if args.format != "csv" else []:  # the cells' chosen values
         print(line if prose else f"% {line}")
+    if not prose and (said := repeats_line(cells.attrs.get("repeats", []))):  # beside a table to parse
+        print(
+            f"fedray: {said}" if args.format == "csv" else f"% {said}",
+            file=sys.stderr if args.format == "csv" else sys.stdout,
+        )
     if prose:
         print(describe_value(args.metric, at, args.round, args.stage, way))
         if args.stage is not None and not values["in_stage"].all():
@@ -358,12 +373,14 @@ def cmd_report(args: argparse.Namespace) -> int:
                 where = " ".join(str(c[f]) for f in rows)
                 print(f"  {c['experiment']}: {where} {c['col']}: {c['setting']}")
         if left := values.attrs.get("left_out", 0):
-            kind = "test" if args.metric.startswith("val_") else "validation (tuning's trials)"
+            _, other, reads = other_split(args.metric)
+            trials = " (tuning's trials)" if other == "validation" else ""
             print(
-                f"({left} runs evaluated on {kind} are not in this table: --metric val_{args.metric} reads them)"
-                if kind != "test"
-                else f"({left} runs evaluated on test are not in this table)"
+                f"({count(left, 'run')} evaluated on {other}{trials} {'are' if left > 1 else 'is'} not in this "
+                f"table{f': --metric {reads} reads them' if reads else ''})"
             )
+        if said := repeats_line(cells.attrs.get("repeats", [])):
+            print(said)
         missing = int(values["value"].isna().sum())
         if missing:
             print(
@@ -386,6 +403,64 @@ def cmd_report(args: argparse.Namespace) -> int:
         elif not plots and prose:
             print("(no plots: install matplotlib, e.g. pip install 'fedray[plot]')")
     return 0
+
+
+# The folders a results folder holds (docs/output.md): one of them given for the results folder is
+# a slip `fedray report` names
+_RESULTS_TABLES = (
+    "runs",
+    "metrics",
+    "clients",
+    "assignments",
+    "partitions",
+    "configs",
+    "checkpoints",
+    "plots",
+)
+
+
+def _results_folder_above(folder: str) -> str | None:
+    """The results folder ``folder`` is one of the tables of (``DIR/metrics`` given for ``DIR``),
+    where it is one: its name is a table's, it has no runs/ of its own, and the folder above has a
+    runs/ (or it holds a table's Parquet files itself); else None."""
+    from pathlib import Path
+
+    here = Path(folder)
+    if here.resolve().name not in _RESULTS_TABLES or (here / "runs").is_dir():
+        return None
+    above = here.resolve().parent
+    if (above / "runs").is_dir() or any(here.glob("*.parquet")):
+        return os.path.normpath(os.path.join(folder, os.pardir))
+    return None
+
+
+def _nothing_to_report(args: argparse.Namespace, statuses: Any, values: Any) -> str:
+    """The line `fedray report` prints where it has no table: what the folder lacks, and what would
+    show what it has (runs not finished, runs of the other split, or that it is no results folder)."""
+    from pathlib import Path
+
+    from analysis.report import other_split
+
+    where = f"{args.dir.rstrip('/')}/"
+    if not (Path(args.dir) / "runs").is_dir():
+        return (
+            f"no runs in {where}: a results folder holds runs/ (a row per run) and metrics/ (their values "
+            "round by round), as fedray run --output DIR and fedray sweep write it; give that folder"
+        )
+    unfinished = int(len(statuses) and statuses.sum() - statuses.get("finished", 0))
+    hints = [f"{unfinished} not finished: --all includes them"] if unfinished and not args.all else []
+    split, other, reads = other_split(args.metric)
+    left = values.attrs.get("left_out", 0) if args.all else values.attrs.get("left_out_finished", 0)
+    if left:  # every run there evaluated on the other split: another metric reads them
+        them = "it" if left == 1 else "them"
+        trials = " (tuning's trials)" if other == "validation" else ""
+        reading = f": --metric {reads} reads {them}" if reads else f", not read by a table of {args.metric}"
+        hints.append(f"{count(left, 'run')} evaluated on {other}{trials}{reading}")
+        if split == "validation":
+            hints.append("val_* metrics are recorded by runs with evaluate_on: validation (docs/tuning.md)")
+    kind = f" evaluated on {split}" if left else ""
+    hint = f" ({'; '.join(hints)})" if hints else ""
+    return f"no {'' if args.all else 'finished '}runs{kind} in {where}{hint}"
 
 
 def cmd_fidelity(args: argparse.Namespace) -> int:

@@ -567,3 +567,123 @@ def test_a_part_removed_since_it_was_listed_is_left_out_and_a_fifo_is_refused_no
         with pytest.raises(DamagedResults) as e:
             _unblocked(reader)
         assert str(e.value) == said
+
+
+def _one_run(tmp_path, **over):
+    """A small finished run (its clients' own test splits too: client rows); its config."""
+    cfg = small_config(tmp_path, rounds=2, client_test_fraction=0.2, **over)
+    list(execute(cfg, make_local_federation))
+    return cfg
+
+
+def test_a_part_copied_under_another_part_number_is_read_once_said_naming_it(tmp_path, capsys):
+    # Before: metrics/RUN-000077.parquet, a copy of RUN-000000.parquet, doubled the run's rows (78 for
+    # 39) and every mean over them; a copy in clients/ or partitions/ doubled those tables too.
+    from analysis import load_clients, load_partitions
+    from jobs.cli import main
+
+    cfg = _one_run(tmp_path)
+    out, run_id = tmp_path / "out", cfg.run_id()
+    before = {
+        "metrics": load_metrics(out),
+        "clients": load_clients(out),
+        "partitions": load_partitions(out),
+    }
+    copies = {
+        "metrics": (f"{run_id}-000000.parquet", f"{run_id}-000077.parquet"),
+        "clients": (f"{run_id}-clients.parquet", f"{run_id}-000003.parquet"),
+        "partitions": (f"{run_id}.parquet", f"{run_id}-000001.parquet"),
+    }
+    for table, (src, dst) in copies.items():
+        (out / table / dst).write_bytes((out / table / src).read_bytes())
+    capsys.readouterr()
+    pd.testing.assert_frame_equal(load_metrics(out), before["metrics"])
+    pd.testing.assert_frame_equal(load_clients(out), before["clients"])
+    pd.testing.assert_frame_equal(load_partitions(out), before["partitions"])
+    err = capsys.readouterr().err
+    for _, dst in copies.values():  # each copy named once, as the file read around
+        assert err.count(f"{dst}: rows that another file of the same run holds too") == 1, err
+    # the same rows with other values: which one is the run's cannot be told; refused, naming the file
+    part = pq.read_table(out / "metrics" / f"{run_id}-000000.parquet")
+    other = part.set_column(part.schema.get_field_index("value"), "value", pa.array([0.5] * part.num_rows))
+    pq.write_table(other, out / "metrics" / f"{run_id}-000078.parquet")
+    assert main(["report", str(out), "--no-plots"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"fedray: error: results file '{out / 'metrics' / f'{run_id}-000078.parquet'}'")
+    assert "another of its files holds with another value" in err and "Traceback" not in err
+
+
+def test_parts_that_only_follow_each_other_are_read_together_and_whole(tmp_path, monkeypatch):
+    # A run's parts hold rounds one after the other (a resume starts a new part after the rounds
+    # kept): none of them is read apart, so a folder of thousands of parts stays one read.
+    import analysis.load
+    from fedray.storage import writer
+
+    monkeypatch.setattr(writer, "PART_ROWS", 5)
+    w = ResultsWriter(tmp_path, "r", small_config(tmp_path).to_dict(), flush_every_s=0)
+    w.start()
+    for r in range(1, 9):
+        w.add(r, [rec("accuracy", r / 100), rec("loss", r)])
+    w.finish({})
+    apart = []
+    once = analysis.load._once
+    monkeypatch.setattr(
+        analysis.load, "_once", lambda table, again, keys: apart.extend(again) or once(table, again, keys)
+    )
+    m = load_metrics(tmp_path)
+    assert m[m["metric"] == "loss"]["value"].tolist() == list(range(1, 9)) and apart == []
+
+
+def test_rows_that_name_no_run_are_not_read(tmp_path, capsys):
+    # Before: rows with a null run_id passed the owner check (a footer's smallest and largest value
+    # leave nulls out) and were counted; a file of such rows alone failed with a TypeError traceback.
+    from jobs.cli import main
+
+    cfg = _one_run(tmp_path)
+    out, run_id = tmp_path / "out", cfg.run_id()
+    want = load_metrics(out)
+    part = pq.read_table(out / "metrics" / f"{run_id}-000000.parquet")
+    nameless = part.set_column(0, "run_id", pa.nulls(part.num_rows, pa.string()))
+    pq.write_table(pa.concat_tables([part, nameless]), out / "metrics" / f"{run_id}-000000.parquet")
+    pq.write_table(nameless, out / "metrics" / f"{run_id}-000005.parquet")  # no run named at all
+    capsys.readouterr()
+    got = load_metrics(out)
+    pd.testing.assert_frame_equal(got, want)
+    err = capsys.readouterr().err
+    assert err.count("hold rows that name no run (run_id null): those rows are not read") == 1, err
+    assert f"{run_id}-000000.parquet, {run_id}-000005.parquet hold rows" in err
+    assert main(["report", str(out), "--no-plots"]) == 0
+
+
+def test_a_sync_tools_conflict_copy_is_read_around_in_every_table_said_once(tmp_path, capsys):
+    # Before: runs/RUN (1).parquet (Google Drive's, Dropbox's conflict copy) stopped the whole report
+    # ("another run's file copied ..."), while metrics/ skipped the same name with a note.
+    from analysis import load_clients
+    from jobs.cli import main
+
+    cfg = _one_run(tmp_path)
+    out, run_id = tmp_path / "out", cfg.run_id()
+    want_runs, want_metrics = load_runs(out), load_metrics(out)
+    runs, metrics, clients = out / "runs", out / "metrics", out / "clients"
+    copies = {  # copy: its original
+        runs / f"{run_id} (1).parquet": runs / f"{run_id}.parquet",
+        runs / f"{run_id}.sync-conflict-20260101-120000-ABCDEFG.parquet": runs / f"{run_id}.parquet",
+        metrics / f"{run_id}-000000 (conflicted copy 2026-01-01).parquet": metrics
+        / f"{run_id}-000000.parquet",
+        clients / f"{run_id}-clients copy.parquet": clients / f"{run_id}-clients.parquet",
+    }
+    for copy, original in copies.items():
+        copy.write_bytes(original.read_bytes())
+    capsys.readouterr()
+    pd.testing.assert_frame_equal(load_runs(out), want_runs)
+    pd.testing.assert_frame_equal(load_metrics(out), want_metrics)
+    assert len(load_clients(out)) == 6
+    err = capsys.readouterr().err
+    for copy in copies:
+        assert copy.name in err
+    assert err.count(f"{out / 'runs'}: ") == 1, err  # one note a folder
+    assert main(["report", str(out), "--no-plots"]) == 0
+    # a file holding another run's row is still refused (that is no copy beside its original)
+    (out / "runs" / "other-run.parquet").write_bytes((out / "runs" / f"{run_id}.parquet").read_bytes())
+    with pytest.raises(Exception, match=r"other-run\.parquet' holds rows of run"):
+        load_runs(out)
