@@ -81,7 +81,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     except DamagedResults:  # the run's record in its output folder, not Ray: `main` says which file
         raise
     except Exception as e:  # noqa: BLE001 - Ray's start, a plug-in shipped with the job: said, not a traceback
-        print(f"fedray: error: attaching to Ray: {type(e).__name__}: {e}", file=sys.stderr)
+        where = "starting the run in this process" if args.local else "attaching to Ray"
+        print(f"fedray: error: {where}: {type(e).__name__}: {e}", file=sys.stderr)
         return EXIT_FAILED
     cfg, events = begun.cfg, begun.events
     run_id = cfg.run_id()
@@ -707,6 +708,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     _stop_on_sigterm()
     try:
         return args.func(args)
+    except (
+        KeyboardInterrupt
+    ) as e:  # Ctrl-C or SIGTERM where the command does not say more itself (its imports)
+        how = "SIGTERM" if str(e) == f"signal {signal.SIGTERM}" else "Ctrl-C"
+        print(f"fedray: stopped ({how}); the same command run again goes on where it was", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # `fedray sweep --dry-run | head`: the reader left; no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAILED

@@ -197,3 +197,44 @@ def test_jobs_run_attaches_to_a_running_ray(ray_session, tmp_path):
     assert "num_gpus_per_actor: auto shares the GPUs" in p.stderr
     runs = pd.read_parquet(out / "runs")
     assert runs["status"].tolist() == ["finished"]
+
+
+def test_sigterm_while_the_command_imports_is_one_line_not_a_traceback(tmp_path):
+    """`ray job stop` or a scheduler's kill as `fedray run` is still importing torch: once the
+    command's SIGTERM handler is in place, it says it stopped in one line (before: a 30-53-line
+    traceback from inside an import)."""
+    import signal
+    import subprocess
+    import time
+
+    for delay in (0.6, 1.2, 2.0):  # somewhere in the command's imports (torch's take seconds here)
+        p = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "jobs.cli",
+                "run",
+                "--local",
+                "--set",
+                "rounds=1",
+                "--output",
+                str(tmp_path / "out"),
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(delay)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=120)
+        assert "Traceback" not in err, err
+        assert p.returncode in (130, -signal.SIGTERM), (
+            p.returncode,
+            err,
+        )  # said, or killed before the handler
+        if p.returncode == 130:
+            assert err.strip().splitlines()[-1] in (
+                "fedray: stopped (SIGTERM); the same command run again goes on where it was",
+                *(line for line in err.splitlines() if line.startswith("fedray: interrupted")),
+            ), err
