@@ -419,6 +419,63 @@ def resolve_cell(cell: Config) -> Config:
     return cell.with_gpus(auto_gpus(cell.num_cpus_per_actor)) if cell.gpus_auto else cell
 
 
+def _without_worker_exits(lines: Sequence[str]) -> list[str]:
+    """A trial worker's forwarded lines less Ray's own exit noise: a worker stopped after its fit
+    may get its SIGTERM inside a finalizer, and Python then prints the SystemExit that Ray's handler
+    raised ("Exception ignored in ... sigterm_handler ... SystemExit: 1"): not the trial's, not the
+    search's. Every other line, tracebacks included, is kept as it came."""
+    kept: list[str] = []
+    block: list[str] = []
+    for line in lines:
+        if not block and not line.startswith(("Exception ignored in", "Traceback (most recent call last)")):
+            kept.append(line)
+            continue
+        block.append(line)
+        ends = line.strip() and not line[:1].isspace() and len(block) > 1 and not line.startswith("Traceback")
+        if ends:  # the exception's own line ends the block
+            exit_noise = line.startswith("SystemExit") and any("in sigterm_handler" in b for b in block)
+            if not exit_noise:
+                kept.extend(block)
+            block = []
+    kept.extend(block)  # a block cut between two batches is kept whole
+    return kept
+
+
+class _QuietWorkerExits:
+    """While a search runs, the driver prints its workers' lines through `_without_worker_exits`
+    (Ray's log dispatcher; where a Ray release moves it, the lines come as Ray prints them)."""
+
+    def __enter__(self) -> _QuietWorkerExits:
+        self.swapped: list[tuple[str, Callable]] = []
+        try:
+            from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+        except ImportError:
+            return self
+        if not hasattr(dispatcher, "_lock") or not hasattr(dispatcher, "handlers"):
+            return self
+        self.dispatcher = dispatcher
+        with dispatcher._lock:
+            for k, (name, handle) in enumerate(dispatcher.handlers):
+                if name == "ray_print_logs":
+                    self.swapped.append((name, handle))
+                    dispatcher.handlers[k] = (name, partial(_filtered, handle))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.swapped:
+            with self.dispatcher._lock:
+                originals = dict(self.swapped)
+                self.dispatcher.handlers = [
+                    (name, originals.get(name, h)) for name, h in self.dispatcher.handlers
+                ]
+
+
+def _filtered(handle: Callable, data: dict[str, Any]) -> None:
+    lines = _without_worker_exits(data.get("lines", []))
+    if lines:
+        handle({**data, "lines": lines})
+
+
 def search_cells(
     cells: Sequence[tuple[str, Config]],
     spec: TuneSpec,
@@ -451,28 +508,29 @@ def search_cells(
     steps: dict[int, Iterator[list[Work]]] = {i: s.steps() for i, s in searches.items()}
     outcomes: dict[int, Outcome | None] = dict.fromkeys(range(len(cells)))
     waiting: dict[int, list[Work]] = {}
-    try:
+    with _QuietWorkerExits():
+        try:
 
-        def advance(i: int, first: bool) -> None:
-            try:
-                waiting[i] = next(steps[i]) if first else steps[i].send(None)
-            except StopIteration as stop:
-                outcomes[i] = stop.value
-                waiting.pop(i, None)
-                if on_outcome is not None:
-                    on_outcome(i, stop.value)
+            def advance(i: int, first: bool) -> None:
+                try:
+                    waiting[i] = next(steps[i]) if first else steps[i].send(None)
+                except StopIteration as stop:
+                    outcomes[i] = stop.value
+                    waiting.pop(i, None)
+                    if on_outcome is not None:
+                        on_outcome(i, stop.value)
 
-        for i in list(steps):
-            advance(i, True)
-        while waiting:
-            # each run once a step (cells never share one: `fedray.sweeps.tune_plan` refuses it)
-            works = list({w.run_id: w for i in sorted(waiting) for w in waiting[i]}.values())
-            run_step(works, spec, watch, str(marker))
-            for i in sorted(waiting):
-                advance(i, False)
-            watch.tick(force=bool(waiting))
-    finally:
-        marker.unlink(missing_ok=True)
+            for i in list(steps):
+                advance(i, True)
+            while waiting:
+                # each run once a step (cells never share one: `fedray.sweeps.tune_plan` refuses it)
+                works = list({w.run_id: w for i in sorted(waiting) for w in waiting[i]}.values())
+                run_step(works, spec, watch, str(marker))
+                for i in sorted(waiting):
+                    advance(i, False)
+                watch.tick(force=bool(waiting))
+        finally:
+            marker.unlink(missing_ok=True)
     return [outcomes[i] for i in range(len(cells))]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -244,7 +245,12 @@ lr: 0.05
 def sweep_file(tmp_path: Path, body: str, name: str = "sweep.yaml") -> Path:
     tmp_path.mkdir(parents=True, exist_ok=True)
     p = tmp_path / name
-    p.write_text(SWEEP_BASE + f"output: {tmp_path / 'out'}\n" + textwrap.dedent(body))
+    body = textwrap.dedent(body)
+    # a key the body sets replaces the base's line: fedray refuses a YAML key given twice
+    own = set(re.findall(r"^([A-Za-z_][\w.]*):", body, flags=re.M))
+    base = SWEEP_BASE + f"output: {tmp_path / 'out'}\n"
+    kept = [line for line in base.splitlines(keepends=True) if line.split(":", 1)[0] not in own]
+    p.write_text("".join(kept) + body)
     return p
 
 

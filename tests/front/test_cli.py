@@ -229,11 +229,11 @@ def test_sigterm_while_the_command_imports_is_one_line_not_a_traceback(tmp_path)
         p.send_signal(signal.SIGTERM)
         _, err = p.communicate(timeout=120)
         assert "Traceback" not in err, err
-        assert p.returncode in (130, -signal.SIGTERM), (
-            p.returncode,
-            err,
-        )  # said, or killed before the handler
-        if p.returncode == 130:
+        # said (130), or killed before the handler (-SIGTERM). -SIGINT is 130 to a shell too: CPython
+        # ends itself with SIGINT after a KeyboardInterrupt was raised inside code an extension ran
+        # (pybind11's exec during torch's import), even one that main() caught and said
+        assert p.returncode in (130, -signal.SIGINT, -signal.SIGTERM), (p.returncode, err)
+        if p.returncode != -signal.SIGTERM:
             assert err.strip().splitlines()[-1] in (
                 "fedray: stopped (SIGTERM); the same command run again goes on where it was",
                 *(line for line in err.splitlines() if line.startswith("fedray: interrupted")),
