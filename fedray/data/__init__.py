@@ -40,6 +40,7 @@ from fedray.data.federated import (
     SourcedClients,
     evaluation_clients,
 )
+from fedray.data.held_out import check_held_out
 from fedray.data.partition_file import PartitionFileError
 from fedray.data.partitions import (
     GROUPED_PARTITIONS,
@@ -203,6 +204,7 @@ def build_federated_data(section: DataSection) -> FederatedData:
     each client's validation split held out (validation_fraction), and evaluated on in place of the
     test sets where the run evaluates on validation (fedray.data.validation)."""
     data = _federate(section)
+    check_held_out(section, data, DATASETS[section.dataset].checks_held_out)
     if data.eval_clients is None and section.eval_clients:
         testing = set(data.test_clients)
         training = [c for c in sorted(data.clients) if c not in testing]

@@ -383,6 +383,9 @@ class DatasetKind:
     # Its own settings (config key data.NAME), a dataclass with a default for every field and bounds
     # declared as an algorithm's Hparams declare theirs (fedray.config.hparams); None: it has none.
     settings: type | None = None
+    # Its loader refuses a test set that is its training set itself, naming its own keys (hf, LEAF):
+    # the check every data set gets (`fedray.data.held_out`) then leaves its test set out.
+    checks_held_out: bool = False
 
     @property
     def own_clients(self) -> bool:

@@ -946,6 +946,7 @@ def _register() -> None:
                 available=leaf_available,
                 check_info=lambda section, info, kind=kind: check_leaf(kind, section, info),
                 federate=lambda section, kind=kind: leaf_data(kind, section),
+                checks_held_out=True,
                 clients_why="its users are the clients",
                 partition_label=lambda config: "leaf",
                 count_clients=lambda section, kind=kind: count_leaf(kind, section),
