@@ -267,3 +267,16 @@ def draw_borrowed_partition(c) -> list[np.ndarray]:
     path = Path(partition_file_for(partition_template(Path(c.output), c), c.seed))
     partition_file.write_json(path, parts, len(y), dataset=c.dataset)
     return parts
+
+
+def stop_after(cfg, rounds_done):
+    """Run until round ``rounds_done``'s rows are written, then stop it as Ctrl-C would."""
+    from fedray.experiment.loop import RoundDone
+    from fedray.storage.results import run_state
+
+    events = execute(cfg, make_local_federation)
+    for ev in events:
+        if isinstance(ev, RoundDone) and ev.round == rounds_done:
+            break
+    events.close()
+    assert run_state(cfg.output, cfg.run_id()) == "interrupted"

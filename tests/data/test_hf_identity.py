@@ -19,9 +19,10 @@ from fedray.api import begin
 from fedray.data.hf import hf_data
 from fedray.data.identity import DataChanged, identity
 from fedray.experiment.local import make_local_federation
-from fedray.experiment.loop import Finished, RoundDone, execute
-from fedray.storage.results import run_data, run_state
+from fedray.experiment.loop import Finished, execute
+from fedray.storage.results import run_data
 from tests.data.test_hf import femnist_like, hf_config
+from tests.helpers import stop_after
 
 datasets = pytest.importorskip("datasets")
 
@@ -73,16 +74,6 @@ def cache_named(folder):
     state["_data_files"] = [{"filename": CACHE}]
     (split / "state.json").write_text(json.dumps(state))
     return folder
-
-
-def stop_after(cfg, rounds_done):
-    """Run until round ``rounds_done``'s rows are written, then stop it as Ctrl-C would."""
-    events = execute(cfg, make_local_federation)
-    for ev in events:
-        if isinstance(ev, RoundDone) and ev.round == rounds_done:
-            break
-    events.close()
-    assert run_state(cfg.output, cfg.run_id()) == "interrupted"
 
 
 def test_the_files_recorded_are_the_ones_load_from_disk_and_the_run_read(tmp_path, monkeypatch):

@@ -17,22 +17,12 @@ from fedray.api import begin
 from fedray.data import client_files
 from fedray.data.identity import DataChanged, changes, identity
 from fedray.experiment.local import make_local_federation
-from fedray.experiment.loop import Finished, RoundDone, Started, execute
+from fedray.experiment.loop import Finished, Started, execute
 from fedray.experiment.validation import from_dict
 from fedray.storage.checkpoint import Checkpoints
 from fedray.storage.results import run_data, run_state
 from tests.data.test_leaf import leaf_config, write_leaf
-from tests.helpers import FMNIST_NAMES, mnist_like, sweep_file
-
-
-def _stop_after(cfg, rounds_done):
-    """Run until round ``rounds_done``'s rows are written, then stop it as Ctrl-C would."""
-    events = execute(cfg, make_local_federation)
-    for ev in events:
-        if isinstance(ev, RoundDone) and ev.round == rounds_done:
-            break
-    events.close()
-    assert run_state(cfg.output, cfg.run_id()) == "interrupted"
+from tests.helpers import FMNIST_NAMES, mnist_like, stop_after, sweep_file
 
 
 def _relabel(path, user=None):
@@ -51,7 +41,7 @@ def _leaf(tmp_path, **over):
 
 def test_a_leaf_run_resumes_only_on_the_json_its_first_rounds_read(tmp_path):
     root, cfg = _leaf(tmp_path)
-    _stop_after(cfg, 3)  # its checkpoint is after round 2
+    stop_after(cfg, 3)  # its checkpoint is after round 2
     recorded = run_data(cfg.output, cfg.run_id())
     assert recorded["files"] == 2 and set(recorded["digests"]) == {
         "all_data/all_data_0.json",
@@ -101,7 +91,7 @@ def test_data_left_as_it_was_resumes_to_the_uninterrupted_numbers(tmp_path):
         tmp_path / "ref", root, rounds=4, checkpoint_every=2, batch_size=4, local_epochs=1, lr=0.01
     )
     list(execute(ref, make_local_federation))
-    _stop_after(cfg, 3)
+    stop_after(cfg, 3)
     path = root / "all_data" / "all_data_0.json"
     path.write_bytes(path.read_bytes())  # written again, the same bytes: the same data
     events = list(execute(cfg, make_local_federation))
@@ -117,7 +107,7 @@ def test_a_saved_hf_dataset_changed_between_rounds_is_refused_naming_its_file(tm
 
     folder = femnist_like(tmp_path / "femnist")
     cfg = hf_config(tmp_path, folder, rounds=3, checkpoint_every=1, batch_size=4, lr=0.05)
-    _stop_after(cfg, 2)
+    stop_after(cfg, 2)
     shutil.rmtree(folder)
     femnist_like(folder, writers=(("w2", 6), ("w0", 5), ("w1", 5)))  # one more row of w1
     with pytest.raises(DataChanged, match=r"under .*femnist: .*data-00000-of-00001\.arrow changed"):
@@ -205,7 +195,7 @@ def test_a_changed_partition_file_is_another_run_never_the_old_ones_checkpoint(t
     cfg = small_config(
         tmp_path, num_clients=2, partition="file", partition_file=str(path), rounds=3, checkpoint_every=1
     )
-    _stop_after(cfg, 2)
+    stop_after(cfg, 2)
     old = cfg.run_id()
     doc["clients"]["0"]["train"] = list(range(0, 299))
     path.write_text(json.dumps(doc))
