@@ -179,6 +179,7 @@ def check_partition(section: DataSection) -> dict[int, int]:
     kind = DATASETS[section.dataset]
     if kind.own_clients:
         data = kind.federate(section)
+        check_held_out(section, data, kind.checks_held_out)  # the run checks again as it builds its data
         testing = set(data.test_clients)
         return {
             c: len(ix.train) - held_out(len(ix.train), section.validation_fraction)

@@ -3,8 +3,10 @@
 A sample is the same as another where its input, as the model reads it, and its label are the same
 (`row_keys`: a 16-byte BLAKE2b digest of the input's bytes and the label). A run's test samples are
 its data set's test set and the clients' own test splits (a test client's too); its training
-samples are the training clients' training splits. A test set made only of training
-samples is refused before the run starts: its accuracy would be training accuracy. Some shared are
+samples are the training clients' training splits. A test set made only of training samples is
+refused before any round (its accuracy would be training accuracy): by the command's checks, before
+Ray, for a data set that comes with its clients (client_files, hf, LEAF: they are read there
+anyway); as the run builds its data, for one whose test set is read only then. Some shared are
 said once, with how many: the accuracy is then partly training accuracy.
 
 A data set whose own loader checks its test set against its training set, naming its own keys

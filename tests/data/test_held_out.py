@@ -9,7 +9,7 @@ import pytest
 
 import fedray
 from fedray.config.keys import ConfigError
-from fedray.data import build_federated_data
+from fedray.data import build_federated_data, check_partition
 from fedray.data import client_files as cf
 from fedray.experiment.validation import from_dict
 from tests.data.test_client_files import META, client
@@ -83,8 +83,12 @@ def test_client_files_whose_test_clients_and_splits_are_training_samples(tmp_pat
     # test client's test split client 0's last training rows
     copied = [{**c, "x_test": c["x_train"][:4], "y_test": c["y_train"][:4]} for c in clients]
     again = {**client(10, 100), "x_test": clients[0]["x_train"][-5:], "y_test": clients[0]["y_train"][-5:]}
-    with pytest.raises(ConfigError, match=r"dataset client_files: all 17 of its test samples are training"):
-        build_federated_data(files("same", copied, [again]))
+    same = files("same", copied, [again])
+    for check in (check_partition, build_federated_data):  # the command's checks, before Ray; the run's
+        with pytest.raises(
+            ConfigError, match=r"dataset client_files: all 17 of its test samples are training"
+        ):
+            check(same if check is build_federated_data else same.data_section)
     # one client's test split copied from its training rows: said, with how many
     capsys.readouterr()
     build_federated_data(files("some", [copied[0], *clients[1:]], [client(10, 100, test=5)]))
