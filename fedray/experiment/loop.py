@@ -358,7 +358,10 @@ class _Run:
         """What the live loggers are told of the run (`fedray.storage.loggers`)."""
         cfg = self.cfg
         options = {"mlflow_tracking_uri": cfg.mlflow_tracking_uri, "wandb_project": cfg.wandb_project}
-        return RunInfo(self.writer.run_id, cfg.experiment, cfg.output, cfg.recorded(), start, options)
+        hparams = ALGORITHMS[cfg.algorithm].full_hparams(cfg.hp)  # defaults included: shown as params
+        return RunInfo(
+            self.writer.run_id, cfg.experiment, cfg.output, cfg.recorded(), start, options, hparams=hparams
+        )
 
     def check_rows(self, rounds_done: int) -> None:
         """A run goes on from its checkpoint only where the metric rows of the rounds before it are

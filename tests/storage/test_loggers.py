@@ -20,6 +20,7 @@ from fedray.config.coercion import ConfigError
 from fedray.config.keys import Config
 from fedray.records import assignment_rec, rec
 from fedray.storage.loggers import LOGGERS, Loggers, RunInfo, check_loggers, logger_places, register_logger
+from fedray.storage.loggers.base import slash_name
 from fedray.storage.writer import ResultsWriter
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,6 +64,15 @@ SERIES = {
     ("cluster", 1, "accuracy"): lambda r: 0.6 + r / 100,
     ("client", 5, "local_accuracy"): lambda r: 0.7 + r / 1000,
 }
+
+
+def _tag(scope: str, entity: int | None, metric: str) -> str:
+    """A series' name in all three tools: every metric of `_records` is read from the test sets."""
+    return f"test/{metric}" if entity is None else f"test/{scope}/{entity}/{metric}"
+
+
+# the name MLflow and W&B give a run of `_config()` whose run id ends with "-run"
+RUN_NAME = "fedavg dirichlet(0.5) lr=0.05 mu=0.01 s0 run"
 
 
 def _state(tmp_path: Path, run_id: str) -> dict:
@@ -135,6 +145,7 @@ def _tensorboard(tb: Path) -> tuple[dict, dict]:
         texts[run] = {
             t: [(e.step, e.tensor_proto.string_val[0].decode()) for e in mux.Tensors(run, t)]
             for t in tags["tensors"]
+            if t.endswith("/text_summary")  # not the HParams plugin's (tests/storage/test_loggers_once.py)
         }
     return scalars, texts
 
@@ -142,9 +153,9 @@ def _tensorboard(tb: Path) -> tuple[dict, dict]:
 def _expected_slash(rounds: list[int], again: dict[int, float] | None = None) -> dict:
     out = {}
     for (scope, entity, metric), f in SERIES.items():
-        tag = f"{scope}/{metric}" if entity is None else f"{scope}/{entity}/{metric}"
+        tag = _tag(scope, entity, metric)
         out[tag] = [
-            (r, f(r) + ((again or {}).get(r, 0.0) if tag == "global/accuracy" else 0.0)) for r in rounds
+            (r, f(r) + ((again or {}).get(r, 0.0) if tag == "test/accuracy" else 0.0)) for r in rounds
         ]
     return out
 
@@ -161,7 +172,7 @@ def test_tensorboard_shows_each_round_as_it_ends_and_a_resumed_run_once(tmp_path
     logs = Loggers(["tensorboard"], _info(tmp_path, run))
     logs.log_round(1, _records(1))
     # flushed at the round's end: the event files show round 1 while the run runs
-    _wait_for(lambda: tb.is_dir() and _tensorboard(tb)[0].get(run, {}).get("global/accuracy"))
+    _wait_for(lambda: tb.is_dir() and _tensorboard(tb)[0].get(run, {}).get("test/accuracy"))
     for rnd in (2, 3):
         logs.log_round(rnd, _records(rnd))
     logs.end("interrupted")
@@ -216,11 +227,12 @@ def test_mlflow_one_run_per_fedray_run_its_params_tags_metrics_and_status(tmp_pa
     client = mlflow_client(tracking_uri=f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("loggers-test")
     (first,) = client.search_runs([experiment.experiment_id])
-    assert first.info.status == "KILLED" and first.info.run_name == run
+    assert first.info.status == "KILLED" and first.info.run_name == RUN_NAME
     assert _state(tmp_path, run)["mlflow"] == {
         "run_id": first.info.run_id,
         "tracking_uri": f"sqlite:///{(tmp_path / 'out' / 'mlflow.db').resolve()}",
         "experiment_id": experiment.experiment_id,
+        "attempt": first.data.tags["fedray_attempt"],
         "last_round": 3,
     }
     params, tags = first.data.params, first.data.tags
@@ -242,21 +254,16 @@ def test_mlflow_one_run_per_fedray_run_its_params_tags_metrics_and_status(tmp_pa
     logs.end("finished")
     (again,) = client.search_runs([experiment.experiment_id])
     assert again.info.run_id == first.info.run_id and again.info.status == "FINISHED"
-    names = {
-        "global": "{metric}",
-        "cluster": "cluster.{entity}.{metric}",
-        "client": "client.{entity}.{metric}",
-    }
     for (scope, entity, metric), f in SERIES.items():
-        name = names[scope].format(entity=entity, metric=metric)
+        name = _tag(scope, entity, metric)
         steps, values = zip(*_history(client, again.info.run_id, name), strict=True)
         assert steps == (1, 2, 3, 4) and values == pytest.approx([f(r) for r in steps]), name
     assert set(again.data.metrics) == {
-        "accuracy",
-        "loss",
-        "cluster.0.accuracy",
-        "cluster.1.accuracy",
-        "client.5.local_accuracy",
+        "test/accuracy",
+        "test/loss",
+        "test/cluster/0/accuracy",
+        "test/cluster/1/accuracy",
+        "test/client/5/local_accuracy",
     }  # no NaN sgd_loss, no assignment
 
     # a fresh start (--force): a new MLflow run beside the first
@@ -266,7 +273,7 @@ def test_mlflow_one_run_per_fedray_run_its_params_tags_metrics_and_status(tmp_pa
     runs = client.search_runs([experiment.experiment_id])
     assert len(runs) == 2
     (new,) = [r for r in runs if r.info.run_id != first.info.run_id]
-    assert new.info.status == "FAILED" and _history(client, new.info.run_id, "accuracy") == [(1, 0.51)]
+    assert new.info.status == "FAILED" and _history(client, new.info.run_id, "test/accuracy") == [(1, 0.51)]
     assert _state(tmp_path, run)["mlflow"]["run_id"] == new.info.run_id
 
 
@@ -285,7 +292,7 @@ def test_mlflow_runs_logging_at_once_in_one_process_each_get_their_own(tmp_path,
             [client.get_experiment_by_name("loggers-test").experiment_id], f"tags.fedray_run_id = '{run}'"
         )
         assert found.info.status == "FINISHED"
-        steps, values = zip(*_history(client, found.info.run_id, "accuracy"), strict=True)
+        steps, values = zip(*_history(client, found.info.run_id, "test/accuracy"), strict=True)
         assert steps == (1, 2) and values == pytest.approx([i + 0.1, i + 0.2])
 
 
@@ -358,13 +365,13 @@ def test_wandb_offline_run_its_history_and_the_same_run_when_resumed(tmp_path, w
     assert len(folders) == 2
     runs = sorted((_wandb_run(f) for f in folders), key=lambda r: min(r["history"]))
     assert [r["id"] for r in runs] == [state["id"]] * 2  # the attempt that goes on resumes the same run
-    assert [r["name"] for r in runs] == [run, run] and runs[0]["project"] == "loggers-test"
+    assert [r["name"] for r in runs] == [RUN_NAME] * 2 and runs[0]["project"] == "loggers-test"
     assert runs[0]["config"]["algorithm"] == "fedavg" and runs[0]["config"]["hp"] == {"mu": 0.01}
     assert [sorted(r["history"]) for r in runs] == [[1, 2, 3], [4]]  # round 3 not logged twice
     assert [r["exit"] for r in runs] == [255, 0]
     history = {**runs[0]["history"], **runs[1]["history"]}
     for (scope, entity, metric), f in SERIES.items():
-        tag = f"{scope}/{metric}" if entity is None else f"{scope}/{entity}/{metric}"
+        tag = _tag(scope, entity, metric)
         assert [history[r][tag] for r in (1, 2, 3, 4)] == pytest.approx([f(r) for r in (1, 2, 3, 4)])
     assert all(len(row) == len(SERIES) for row in history.values())
 
@@ -586,7 +593,7 @@ def _read_back(out: Path, run_id: str, client) -> dict[str, dict[str, list[tuple
     """The global series each library holds for the run: TensorBoard's event files, MLflow's store,
     W&B's offline run files (every offline folder of the run, in the order written)."""
     scalars, _ = _tensorboard(out / "tb")
-    tb = {t.split("/", 1)[1]: v for t, v in scalars[run_id].items() if t.startswith("global/")}
+    tb = {t: v for t, v in scalars[run_id].items() if t.count("/") == 1}  # the global scope's
     state = json.loads((out / "loggers" / f"{run_id}.json").read_text())
     mlflow_run = state["loggers"]["mlflow"]["run_id"]
     store = client(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
@@ -595,10 +602,7 @@ def _read_back(out: Path, run_id: str, client) -> dict[str, dict[str, list[tuple
     for folder in sorted((out / "wandb").glob("offline-run-*")):
         for step, row in _wandb_run(folder)["history"].items():
             steps.setdefault(step, {}).update(row)
-    wb = {
-        name: sorted((s, row[f"global/{name}"]) for s, row in steps.items() if f"global/{name}" in row)
-        for name in tb
-    }
+    wb = {name: sorted((s, row[name]) for s, row in steps.items() if name in row) for name in tb}
     return {"tensorboard": tb, "mlflow": ml, "wandb": wb}
 
 
@@ -630,7 +634,9 @@ def test_the_three_loggers_hold_the_parquet_rows_of_a_run_stopped_and_resumed(
     first = json.loads((out / "loggers" / f"{run_id}.json").read_text())["loggers"]
     assert all(first[name]["last_round"] == 3 for name in ("tensorboard", "mlflow", "wandb"))
     list(execute(cfg, make_local_federation))  # goes on after round 2: round 3 again, then 4
-    _same_as_parquet(_read_back(out, run_id, mlflow_client), _parquet_series(out))
+    want = {slash_name("global", None, k): v for k, v in _parquet_series(out).items()}
+    assert want["test/accuracy"] and want["system/bytes_up"]
+    _same_as_parquet(_read_back(out, run_id, mlflow_client), want)
     again = json.loads((out / "loggers" / f"{run_id}.json").read_text())["loggers"]
     assert (
         again["mlflow"]["run_id"] == first["mlflow"]["run_id"]
@@ -667,11 +673,11 @@ def test_a_run_on_ray_logs_from_its_coordinator_the_in_process_values(tmp_path, 
     run(output=str(tmp_path / "local"), local=True, **keys)
     done = run(output=str(tmp_path / "ray"), num_actors=2, **keys)
     local, on_ray = (_tensorboard(tmp_path / where / "tb")[0][done.run_id] for where in ("local", "ray"))
-    assert local.keys() == on_ray.keys() and "global/accuracy" in local
+    assert local.keys() == on_ray.keys() and "test/accuracy" in local
     for tag in (t for t in local if "seconds" not in t):  # the numbers; not how long rounds took
         assert on_ray[tag] == local[tag], tag
     want = _parquet_series(tmp_path / "ray")["accuracy"]
-    assert [s for s, _ in on_ray["global/accuracy"]] == [s for s, _ in want]
+    assert [s for s, _ in on_ray["test/accuracy"]] == [s for s, _ in want]
 
 
 def test_the_plugin_logger_docs_show_runs_as_written_and_logs_what_the_parquet_rows_hold(tmp_path, registry):

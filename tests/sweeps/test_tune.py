@@ -338,7 +338,7 @@ def test_one_trial_at_a_time_or_several_give_the_same_trials_stops_and_choice_an
     for t in doc["trial_list"]:
         (run,) = t["runs"]
         rounds = sorted(set(metrics.loc[metrics["run_id"] == run, "round"]))
-        steps = sorted({s for s, _ in scalars[run]["global/val_accuracy"]})
+        steps = sorted({s for s, _ in scalars[run]["val/accuracy"]})
         mine = events[events["run_id"] == run]
         if t["stopped"]:
             assert runs.loc[run, "status"] == "stopped" and t["rounds"] == 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
+import inspect
 import json
 import queue
 import sys
@@ -119,9 +120,9 @@ def check_loggers(names: Sequence[str]) -> None:
 
 
 def _said(e: BaseException) -> str:
-    """An error on one line, cut at 400 characters."""
+    """An error on one line, cut at 800 characters (what to do, with two paths in it, stays whole)."""
     text = f"{type(e).__name__}: {' '.join(str(e).split())}"
-    return text if len(text) <= 400 else text[:397] + "..."
+    return text if len(text) <= 800 else text[:797] + "..."
 
 
 class _Book:
@@ -181,6 +182,16 @@ def _saved(logger: Any) -> dict[str, Any]:
     return dict(saved()) if callable(saved) else {}
 
 
+def _takes_ended(logger: Any) -> bool:
+    """Whether the logger's ``log_round`` takes ``ended`` (when the round ended, seconds since the
+    epoch): the built-ins do; a plug-in's two-argument ``log_round`` is called as before."""
+    try:
+        params = inspect.signature(logger.log_round).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "ended" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
 class _Worker:
     """One logger of a run on a thread of its own, fed through a queue: it is made and started there,
     given each round, then ended. Anything it raises is said once and the logger is dropped."""
@@ -192,6 +203,7 @@ class _Worker:
         self.dropped = False
         self.done = threading.Event()
         self.last = 0  # the last round the logger has
+        self._timed = False  # whether its log_round takes the time the round ended
         self._thread = threading.Thread(
             target=self._run, name=f"fedray-logger-{name}-{info.run_id}", daemon=True
         )
@@ -205,6 +217,7 @@ class _Worker:
         logger = None
         try:
             logger = self._factory()
+            self._timed = _takes_ended(logger)
             self._start(logger)
             while True:
                 item = self._queue.get()
@@ -212,7 +225,7 @@ class _Worker:
                     logger.end(item[1])
                     self._save(logger)
                     break
-                self._round(logger, item[1], item[2])
+                self._round(logger, item[1], item[2], item[3])
         except BaseException as e:  # on its own thread: whatever it raises, the run goes on
             self._fail(logger, e)
         finally:
@@ -222,6 +235,8 @@ class _Worker:
         """Start the logger (with what it kept, where the run goes on), then give it the rounds done
         before this attempt that it does not have, from the run's results."""
         before = self.book.previous.get(self.name, {}) if self.info.resumed_from > 0 else {}
+        if hasattr(logger, "keep"):  # it keeps what finds its own run before it makes it
+            logger.keep = lambda: self._save(logger)
         logger.start(dataclasses.replace(self.info, previous=dict(before)))
         identity = {k: v for k, v in before.items() if k != "last_round"}
         if before and identity == _saved(logger):  # the same logger run goes on
@@ -229,15 +244,21 @@ class _Worker:
         if self.last < self.info.resumed_from:
             for rnd, records in self.book.recorded(self.info.resumed_from).items():
                 if rnd > self.last:
-                    logger.log_round(rnd, records)
+                    self._log(logger, rnd, records, None)
             self.last = self.info.resumed_from
         self._save(logger)
 
-    def _round(self, logger: Any, rnd: int, records: list[Record]) -> None:
+    def _log(self, logger: Any, rnd: int, records: list[Record], ended: float | None) -> None:
+        if self._timed:
+            logger.log_round(rnd, records, ended=ended)
+        else:
+            logger.log_round(rnd, records)
+
+    def _round(self, logger: Any, rnd: int, records: list[Record], ended: float) -> None:
         if rnd <= self.last and not getattr(logger, "replaces_rounds", False):
             return  # logged before the run was stopped, and done again after its checkpoint
-        logger.log_round(rnd, records)
-        self.last = rnd
+        self._log(logger, rnd, records, ended)
+        self.last = rnd  # counted logged only now: the logger returns once its tool has the round
         self._save(logger)
 
     def _save(self, logger: Any) -> None:
@@ -292,9 +313,9 @@ class Loggers:
         """Hand round ``rnd``'s records (all of them: a logger picks what it shows) to every logger."""
         if self._ended or not self._workers:
             return
-        records = list(records)
+        records, ended = list(records), time.time()  # handed over as the round ends
         for w in self._workers:
-            w.put(("round", rnd, records))
+            w.put(("round", rnd, records, ended))
 
     def end(self, status: str) -> None:
         """End every logger's run with ``status`` (finished | stopped | failed | interrupted), waiting at most

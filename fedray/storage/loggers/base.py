@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from fedray.records import GLOBAL_ENTITY, Record, is_assignment
+from fedray.records import EVALUATED_ON_TEST, GLOBAL_ENTITY, TIMING_METRICS, Record, is_assignment
 
 # Client-scope values are logged for a metric of a round only where that round holds at most this many
 # clients' values of it (a cross-device run evaluates thousands: those stay in the Parquet results).
@@ -41,19 +41,27 @@ class RunInfo:
     # what this logger kept the last time (its `saved()`, and ``last_round``) where the run goes on
     # (resumed_from > 0) and ``OUTPUT/loggers/RUN_ID.json`` names it; {} otherwise
     previous: dict[str, Any] = field(default_factory=dict)
+    # every hyperparameter of the algorithm, defaults included (config["hp"] holds only those the
+    # config sets); {} where the round loop did not say
+    hparams: dict[str, Any] = field(default_factory=dict)
 
 
 class RunLogger(Protocol):
     """A live logger: made with no arguments, then driven on a thread of its own (`Loggers`).
 
     Optional, read where present: ``saved() -> dict`` (JSON-able: what identifies its own run, kept
-    for a resume and handed back as ``RunInfo.previous``) and ``replaces_rounds = True`` (it is given
+    for a resume and handed back as ``RunInfo.previous``), ``replaces_rounds = True`` (it is given
     the rounds a resumed run does again and shows the new values in their place, as TensorBoard does;
-    otherwise rounds it logged already are not given again)."""
+    otherwise rounds it logged already are not given again), an attribute ``keep`` (set to a function
+    that writes ``saved()`` to the run's logger file at once: called in ``start`` before the tool's
+    run is made, so a kill then still finds it) and an ``ended`` parameter of ``log_round`` (given the
+    time the round ended, seconds since the epoch; None for a round taken from the results).
+
+    ``log_round`` returns once the tool has the round: only then is it counted logged."""
 
     def start(self, info: RunInfo) -> None: ...
 
-    def log_round(self, rnd: int, records: list[Record]) -> None: ...
+    def log_round(self, rnd: int, records: list[Record]) -> None: ...  # (..., ended=None) optional
 
     def end(self, status: str) -> None: ...  # "finished" | "stopped" | "failed" | "interrupted"
 
@@ -88,9 +96,30 @@ def series(records: Iterable[Record]) -> list[tuple[str, int | None, str, float]
     ]
 
 
+def namespace(metric: str) -> tuple[str, str]:
+    """The section a metric is shown in, and its name there, the same in every tool: ``test`` for what
+    an evaluation reads from the test sets (``accuracy``, ``loss``, ...), ``val`` for the same read from
+    validation splits (``val_accuracy`` -> ``val``, ``accuracy``), ``train`` for training values
+    (``train_loss`` -> ``train``, ``loss``; ``sgd_loss``, update norms), ``system`` for wall times and
+    bytes (``seconds``, ``bytes_up``), ``algorithm`` for the rest (participants, clusters, ...)."""
+    if metric in EVALUATED_ON_TEST:
+        return "test", metric
+    if metric.startswith("val_") and metric[4:] in EVALUATED_ON_TEST:
+        return "val", metric[4:]
+    if metric in TIMING_METRICS or metric.startswith("bytes_"):
+        return "system", metric
+    if metric.startswith("train_"):
+        return "train", metric[len("train_") :]
+    if metric.startswith("sgd_") or metric.endswith("_update_norm"):
+        return "train", metric
+    return "algorithm", metric
+
+
 def slash_name(scope: str, entity: int | None, metric: str) -> str:
-    """TensorBoard's and W&B's name of a series: ``global/accuracy``, ``cluster/3/accuracy``."""
-    return f"{scope}/{metric}" if entity is None else f"{scope}/{entity}/{metric}"
+    """A series' name in every tool: ``test/accuracy`` (global scope), ``test/cluster/3/accuracy``,
+    ``val/client/12/local_accuracy``, ``system/seconds`` (`namespace` says the section)."""
+    section, name = namespace(metric)
+    return f"{section}/{name}" if entity is None else f"{section}/{scope}/{entity}/{name}"
 
 
 def labels(config: Mapping[str, Any]) -> dict[str, str]:
@@ -103,6 +132,45 @@ def labels(config: Mapping[str, Any]) -> dict[str, str]:
     except Exception:  # a config a plug-in's data set reads otherwise: its partition key as it is
         pass
     return out
+
+
+def setting(config: Mapping[str, Any], run_id: str = "") -> str:
+    """The run's setting as a name shows it, the seed left out (a W&B group: seeds plot together):
+    the algorithm, the partition, the learning rate and the hyperparameters the config sets, e.g.
+    ``fedprox dirichlet(0.5) lr=0.05 mu=0.01``."""
+    label = labels(config)
+    parts = [label.get("algorithm", ""), label.get("partition", "")]
+    if config.get("lr") is not None:
+        parts.append(f"lr={config['lr']:g}" if isinstance(config["lr"], float) else f"lr={config['lr']}")
+    hp = config.get("hp")
+    if isinstance(hp, Mapping):
+        parts += [f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(hp.items())]
+    return " ".join(p for p in parts if p) or run_id
+
+
+def group(config: Mapping[str, Any], run_id: str = "") -> str:
+    """The setting less the seed, as one name (a W&B group): `setting` and a short hash of every
+    config key that changes numbers but the seed, so two settings that read alike keep apart."""
+    import hashlib
+
+    from fedray.config.keys import NOT_IN_RUN_ID
+
+    rest = {k: v for k, v in config.items() if k not in ("seed", "loggers", *NOT_IN_RUN_ID)}
+    digest = hashlib.sha256(json.dumps(rest, sort_keys=True, default=str).encode()).hexdigest()[:6]
+    return f"{setting(config, run_id)} {digest}"
+
+
+def run_name(config: Mapping[str, Any], run_id: str) -> str:
+    """A run's name in MLflow and W&B: its setting, the seed, and the end of its run id (two runs
+    that differ in a key not shown keep apart), e.g. ``fedavg dirichlet(0.5) lr=0.05 s0 5103f0``."""
+    seed = f" s{config['seed']}" if config.get("seed") is not None else ""
+    tail = run_id.rsplit("-", 1)[-1][:6]
+    return f"{setting(config, run_id)}{seed} {tail}".strip()
+
+
+def job_type(config: Mapping[str, Any]) -> str:
+    """``trial`` for a run evaluated on validation splits (how a search runs its trials), else ``test``."""
+    return "trial" if config.get("evaluate_on") == "validation" else "test"
 
 
 def state_path(output: str | Path, run_id: str) -> Path:

@@ -3,22 +3,81 @@
 ``tensorboard`` package, ``pip install 'fedray[tensorboard]'``) and flushed as each round ends, so
 ``tensorboard --logdir OUTPUT/tb`` shows a sweep's runs while they run.
 
-A scalar per metric, scope and entity each round (``global/accuracy``, ``cluster/3/accuracy``,
-``client/12/local_accuracy``; `fedray.storage.loggers.base.series` says which), the config as text at
-a fresh start, and the run's end status as text. A run that goes on after round k writes a new event
-file that purges steps after k (``purge_step=k + 1``): the rounds done again show their new values, once.
+A scalar per metric, scope and entity each round (``test/accuracy``, ``test/cluster/3/accuracy``,
+``system/seconds``; `fedray.storage.loggers.base.series` says which, ``slash_name`` how named), the
+config as text at a fresh start, the run's end status as text, and the run as a session of the
+HParams view (`hparams_of` it, grouped with the other seeds of its setting, its end status). A run that goes on writes a new event file that,
+at the first round it is given, purges that step and the later ones of the earlier files (a
+``SessionLog`` START, as ``purge_step`` writes): each step is shown once, the rounds done again with
+their new values. A failing writer (a full disk) is said once by fedray; its thread prints nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from fedray.records import Record
 from fedray.storage.files import refuse_link
-from fedray.storage.loggers.base import RunInfo, series, slash_name
+from fedray.storage.loggers.base import RunInfo, group, labels, series, slash_name
+
+# the end status as TensorBoard's HParams view shows it (an interrupted run goes on later: unknown)
+HPARAMS_STATUS = {"finished": "STATUS_SUCCESS", "stopped": "STATUS_SUCCESS", "failed": "STATUS_FAILURE"}
+
+
+def hparams_of(info: RunInfo) -> dict[str, Any]:
+    """What the HParams view shows of a run: its labels (algorithm, dataset, partition, model, seed),
+    the learning rate and every hyperparameter (``hp.NAME``, defaults included where known)."""
+    out: dict[str, Any] = {k: v for k, v in labels(info.config).items() if k != "experiment"}
+    if isinstance(info.config.get("seed"), int):
+        out["seed"] = info.config["seed"]
+    if info.config.get("lr") is not None:
+        out["lr"] = info.config["lr"]
+    hp = {**(info.config.get("hp") or {}), **info.hparams}
+    out.update({f"hp.{k}": v for k, v in hp.items()})
+    return out
+
+
+def _hparams_summary(**data: Any) -> Any:
+    """A summary of TensorBoard's HParams plugin (``session_start_info=`` or ``session_end_info=``),
+    as its own metadata module names and versions it."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.plugins.hparams import metadata
+    from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+
+    (kind,) = data
+    tag = metadata.SESSION_START_INFO_TAG if kind == "session_start_info" else metadata.SESSION_END_INFO_TAG
+    content = HParamsPluginData(version=metadata.PLUGIN_DATA_VERSION, **data)
+    smd = metadata.create_summary_metadata(content)
+    return Summary(value=[Summary.Value(tag=tag, metadata=smd, tensor=metadata.NULL_TENSOR)])
+
+
+def session_start(info: RunInfo) -> Any:
+    """The run's HParams session: `hparams_of` it, grouped with the other seeds of its setting."""
+    from tensorboard.plugins.hparams.plugin_data_pb2 import SessionStartInfo
+
+    ssi = SessionStartInfo(group_name=group(info.config, info.run_id), start_time_secs=time.time())
+    for k, v in hparams_of(info).items():
+        if isinstance(v, bool):
+            ssi.hparams[k].bool_value = v
+        elif isinstance(v, (int, float)):
+            ssi.hparams[k].number_value = float(v)
+        elif v is not None:
+            ssi.hparams[k].string_value = str(v) if not isinstance(v, (list, dict)) else json.dumps(v)
+    return _hparams_summary(session_start_info=ssi)
+
+
+def session_end(status: str) -> Any:
+    from tensorboard.plugins.hparams import api_pb2
+    from tensorboard.plugins.hparams.plugin_data_pb2 import SessionEndInfo
+
+    code = api_pb2.Status.Value(HPARAMS_STATUS.get(status, "STATUS_UNKNOWN"))
+    return _hparams_summary(session_end_info=SessionEndInfo(status=code, end_time_secs=time.time()))
+
 
 EVENTS = "events.out.tfevents.*"
 
@@ -48,6 +107,26 @@ def _after_earlier_files(events: list[Path]) -> None:
         time.sleep(wait)
 
 
+def _quiet_writer_threads() -> None:
+    """TensorBoard's writer thread re-raises what failed it (a full disk), and Python prints that
+    traceback; the writer raises the same error again at its next flush, which fedray says in one
+    line. So a failure of that thread is not printed: every other thread's goes on as before."""
+    from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
+
+    hook = threading.excepthook
+    if getattr(hook, "_fedray_quiet", False):
+        return
+
+    def quiet(args: threading.ExceptHookArgs) -> None:
+        thread = args.thread
+        if isinstance(thread, _AsyncWriterThread) and getattr(thread, "exception", None) is args.exc_value:
+            return  # kept by the writer, raised at its next flush or write
+        hook(args)
+
+    quiet._fedray_quiet = True  # type: ignore[attr-defined]
+    threading.excepthook = quiet
+
+
 class TensorBoardLogger:
     """A run's scalars as TensorBoard event files in ``OUTPUT/tb/RUN_ID/``."""
 
@@ -57,6 +136,7 @@ class TensorBoardLogger:
         self._writer: Any = None
         self._folder: Path | None = None
         self._last = 0
+        self._purge = False  # at the first round given: the steps from there on, of earlier files, go
 
     def start(self, info: RunInfo) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -70,15 +150,27 @@ class TensorBoardLogger:
                 p.unlink()
         else:
             _after_earlier_files(events)
-        purge = info.resumed_from + 1 if info.resumed_from > 0 else None
-        self._writer = SummaryWriter(log_dir=str(folder), purge_step=purge)
+        with contextlib.suppress(ImportError, AttributeError):  # a tensorboard without that thread
+            _quiet_writer_threads()
+        self._writer = SummaryWriter(log_dir=str(folder))
         self._folder = folder
         self._last = info.resumed_from
+        self._purge = info.resumed_from > 0
         if info.resumed_from == 0 or not info.previous:
             self._writer.add_text("config", config_text(info.config), 0)
+        with contextlib.suppress(ImportError, AttributeError):  # a tensorboard without its HParams plugin
+            self._writer._get_file_writer().add_summary(session_start(info), 0)
         self._writer.flush()
 
     def log_round(self, rnd: int, records: list[Record]) -> None:
+        if self._purge:  # what earlier event files hold from this round on is not shown (once each)
+            from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+            start = SessionLog(status=SessionLog.START)
+            self._writer._get_file_writer().add_event(
+                Event(step=rnd, wall_time=time.time(), session_log=start)
+            )
+            self._purge = False
         for scope, entity, metric, value in series(records):
             self._writer.add_scalar(slash_name(scope, entity, metric), value, rnd)
         self._writer.flush()
@@ -88,6 +180,8 @@ class TensorBoardLogger:
         if self._writer is None:
             return
         self._writer.add_text("status", f"{status} after round {self._last}", self._last)
+        with contextlib.suppress(ImportError, AttributeError):
+            self._writer._get_file_writer().add_summary(session_end(status), self._last)
         self._writer.close()
         self._writer = None
 
