@@ -337,7 +337,8 @@ def test_every_shipped_config_validates(path, tmp_path):
     if raw.get("dataset") == "client_files":
         one = {"x_train": np.zeros((2, 28, 28), np.uint8), "y_train": np.array([0, 1])}
         meta = {"num_classes": 10, "input_shape": [1, 28, 28]}
-        test = {**one, "x_test": one["x_train"], "y_test": one["y_train"]}
+        held_out = np.full((2, 28, 28), 255, np.uint8)  # not a training sample (fedray refuses those)
+        test = {**one, "x_test": held_out, "y_test": one["y_train"]}
         client_files.write(tmp_path / "clients", [one] * raw["num_clients"], meta, [test] * 3)
         sets.append(f"data_root={tmp_path / 'clients'}")
     if raw.get("dataset") in ("femnist", "shakespeare"):  # LEAF's JSON: a few users stand in

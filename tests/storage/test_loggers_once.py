@@ -139,16 +139,7 @@ def test_a_kill_then_a_resume_logs_every_round_once_in_each_tool(tmp_path, wandb
         entries["tensorboard"]["last_round"] = 0
     path.write_text(json.dumps(state))
 
-    logs = Loggers(THREE, _info(tmp_path, run, resumed_from=3))
-    for rnd in (4, 5, 6, 7):
-        logs.log_round(rnd, _records(rnd))
-    logs.end("finished")
-    assert logs.names == THREE
-    got = _steps_in_each_tool(tmp_path, run)
-    once = list(range(1, 8))
-    assert got["tensorboard"] == {_tag(s, e, m): once for s, e, m in SERIES}
-    assert got["mlflow"] == got["tensorboard"]
-    assert got["wandb"] == got["tensorboard"]
+    _resume_then_steps_1_to_7_once(tmp_path, run, resumed_from=3)
     final = json.loads(path.read_text())["loggers"]
     assert all(final[name]["last_round"] == 7 for name in THREE)
 
@@ -187,16 +178,7 @@ def test_a_kill_at_any_moment_then_a_resume_logs_every_round_once(tmp_path, wand
     time.sleep(after_s)
     proc.kill()
     proc.wait(30)
-    logs = Loggers(THREE, _info(tmp_path, run, resumed_from=2))
-    for rnd in range(3, 8):
-        logs.log_round(rnd, _records(rnd))
-    logs.end("finished")
-    assert logs.names == THREE
-    got = _steps_in_each_tool(tmp_path, run)
-    once = list(range(1, 8))
-    assert got["tensorboard"] == {_tag(s, e, m): once for s, e, m in SERIES}
-    assert got["mlflow"] == got["tensorboard"]
-    assert got["wandb"] == got["tensorboard"]
+    _resume_then_steps_1_to_7_once(tmp_path, run, resumed_from=2)
 
 
 MAKING_THE_STORE = """
@@ -207,6 +189,21 @@ print("making", flush=True)
 make_store(Path(sys.argv[1]))
 print("made", flush=True)
 """
+
+
+def _resume_then_steps_1_to_7_once(tmp_path, run, resumed_from):
+    """The run goes on after round ``resumed_from`` to round 7: every tool then holds steps 1..7 of
+    each series once."""
+    logs = Loggers(THREE, _info(tmp_path, run, resumed_from=resumed_from))
+    for rnd in range(resumed_from + 1, 8):
+        logs.log_round(rnd, _records(rnd))
+    logs.end("finished")
+    assert logs.names == THREE
+    got = _steps_in_each_tool(tmp_path, run)
+    once = list(range(1, 8))
+    assert got["tensorboard"] == {_tag(s, e, m): once for s, e, m in SERIES}
+    assert got["mlflow"] == got["tensorboard"]
+    assert got["wandb"] == got["tensorboard"]
 
 
 def test_a_kill_while_the_mlflow_store_is_made_leaves_none_and_a_rerun_logs_every_round(tmp_path):
