@@ -38,6 +38,7 @@ from ray import tune
 
 from fedray.config.keys import Config
 from fedray.progress import duration
+from fedray.storage.loggers.base import write_setting
 from fedray.sweeps.search import CellSearch, Outcome, Work
 from fedray.sweeps.tuning import TuneError, TuneSpec
 
@@ -419,11 +420,20 @@ def resolve_cell(cell: Config) -> Config:
     return cell.with_gpus(auto_gpus(cell.num_cpus_per_actor)) if cell.gpus_auto else cell
 
 
+# Tracebacks a trial's worker prints as Ray stops it, from code that is neither the trial's nor the
+# search's: (the exception that ends the block, a line of the block that marks it)
+EXIT_NOISE = (
+    ("SystemExit", "in sigterm_handler"),  # Ray's SIGTERM handler, raising inside a finalizer
+    ("ConnectionResetError", "teardown_atexit"),  # W&B's exit hook, its service already gone
+)
+
+
 def _without_worker_exits(lines: Sequence[str]) -> list[str]:
-    """A trial worker's forwarded lines less Ray's own exit noise: a worker stopped after its fit
-    may get its SIGTERM inside a finalizer, and Python then prints the SystemExit that Ray's handler
-    raised ("Exception ignored in ... sigterm_handler ... SystemExit: 1"): not the trial's, not the
-    search's. Every other line, tracebacks included, is kept as it came."""
+    """A trial worker's forwarded lines less the tracebacks of its stop (`EXIT_NOISE`): a worker
+    stopped after its fit may get its SIGTERM inside a finalizer, and Python then prints the
+    SystemExit that Ray's handler raised ("Exception ignored in ... sigterm_handler ... SystemExit:
+    1"); W&B's exit hook, run after its service process was stopped with the worker, prints its lost
+    connection. Every other line, tracebacks included, is kept as it came."""
     kept: list[str] = []
     block: list[str] = []
     for line in lines:
@@ -433,8 +443,8 @@ def _without_worker_exits(lines: Sequence[str]) -> list[str]:
         block.append(line)
         ends = line.strip() and not line[:1].isspace() and len(block) > 1 and not line.startswith("Traceback")
         if ends:  # the exception's own line ends the block
-            exit_noise = line.startswith("SystemExit") and any("in sigterm_handler" in b for b in block)
-            if not exit_noise:
+            noise = any(line.startswith(end) and any(mark in b for b in block) for end, mark in EXIT_NOISE)
+            if not noise:
                 kept.extend(block)
             block = []
     kept.extend(block)  # a block cut between two batches is kept whole
@@ -505,6 +515,8 @@ def search_cells(
         if spec.for_algorithm(cell.algorithm).search  # a cell with nothing to search runs as it is
     }
     watch = Watch(list(searches.values()), say, progress_s)
+    where = f"search in {out.name}"  # a search's trials fold under it in MLflow
+    parents = {i: f"{where} {label}" if len(cells) > 1 else where for i, (label, _) in enumerate(cells)}
     steps: dict[int, Iterator[list[Work]]] = {i: s.steps() for i, s in searches.items()}
     outcomes: dict[int, Outcome | None] = dict.fromkeys(range(len(cells)))
     waiting: dict[int, list[Work]] = {}
@@ -525,6 +537,10 @@ def search_cells(
             while waiting:
                 # each run once a step (cells never share one: `fedray.sweeps.tune_plan` refuses it)
                 works = list({w.run_id: w for i in sorted(waiting) for w in waiting[i]}.values())
+                for i in sorted(waiting):  # a live logger shows each trial as one run of its search
+                    for w in waiting[i]:
+                        if w.config.loggers:
+                            write_setting(w.config.output, w.run_id, w.trial, parents[i])
                 run_step(works, spec, watch, str(marker))
                 for i in sorted(waiting):
                     advance(i, False)

@@ -28,6 +28,7 @@ from fedray.storage.checkpoint import Checkpoint, Checkpoints, written_format
 from fedray.storage.export import check_shapes, save_models
 from fedray.storage.files import refuse_link
 from fedray.storage.loggers import Loggers, RunInfo
+from fedray.storage.loggers.base import read_setting
 from fedray.storage.results import failure_text, models_folder, versions
 from fedray.storage.writer import ResultsWriter
 
@@ -359,8 +360,16 @@ class _Run:
         cfg = self.cfg
         options = {"mlflow_tracking_uri": cfg.mlflow_tracking_uri, "wandb_project": cfg.wandb_project}
         hparams = ALGORITHMS[cfg.algorithm].full_hparams(cfg.hp)  # defaults included: shown as params
+        launched = read_setting(cfg.output, self.writer.run_id)  # by a sweep or a search: how it is shown
         return RunInfo(
-            self.writer.run_id, cfg.experiment, cfg.output, cfg.recorded(), start, options, hparams=hparams
+            self.writer.run_id,
+            cfg.experiment,
+            cfg.output,
+            cfg.recorded(),
+            start,
+            options,
+            hparams=hparams,
+            **launched,
         )
 
     def check_rows(self, rounds_done: int) -> None:

@@ -91,7 +91,14 @@ class SweepSession:
 
     def run(self) -> Iterator[SweepEvent]:
         """The runs to run, run (`fedray.sweeps.scheduler.run_sweep`); leaving early cancels those
-        in flight."""
+        in flight. A run with a live logger is shown there as one run of this sweep, by the values
+        its axes give it (`fedray.storage.loggers.base.write_setting`)."""
+        from fedray.storage.loggers.base import write_setting
+
+        parent = f"sweep {Path(self.sweep.source).name}"
+        for r in self.todo:
+            if r.config.loggers:
+                write_setting(r.config.output, r.config.run_id(), r.label, parent)
         return run_sweep(self.todo, self.launcher, self.max_concurrent_runs)
 
     def left_to_others(

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from fedray.storage.loggers import Loggers
+from fedray.storage.loggers import Loggers, logger_places
 from fedray.storage.writer import ResultsWriter
 from tests.storage.test_loggers import (
     SERIES,
@@ -263,6 +263,9 @@ def test_a_half_made_mlflow_store_is_said_in_one_line_with_what_to_do_and_the_ru
         )
         assert f"mv {db} {db}.old" in line and f"mlflow db upgrade sqlite:///{db}" in line
     assert "trace_info" not in {r[0] for r in sqlite3.connect(db).execute("select name from sqlite_master")}
+    # fedray report's pointer says what to do with it, not to open it in mlflow ui
+    (place,) = [line for line in logger_places(str(db.parent)) if line.startswith("MLflow")]
+    assert place.startswith(f"MLflow: MLflow store {db} cannot be used") and "mlflow ui" not in place, place
 
 
 def test_each_mlflow_value_is_timed_when_its_round_ended(tmp_path):
@@ -488,3 +491,40 @@ def test_wandb_disabled_writes_no_file_and_no_round_waits_for_one(tmp_path):
     )
     seconds, names = done.stdout.split(maxsplit=1)
     assert names.strip() == "['wandb']" and float(seconds) < 10, done.stderr
+
+
+def test_a_sweeps_runs_nest_under_one_mlflow_run_named_by_their_values(tmp_path):
+    """A run a sweep or a search launched (`write_setting`, before its process starts) is named in
+    MLflow by the values it was launched with and nested under one run standing for the sweep; a
+    run alone stays on its own, named by its setting."""
+    from mlflow.tracking import MlflowClient
+
+    from fedray.experiment.local import make_local_federation
+    from fedray.experiment.loop import execute
+    from fedray.storage.loggers.base import read_setting, write_setting
+    from tests.storage.test_loggers import _run_config
+
+    cfgs = [_run_config(tmp_path, ["mlflow"], rounds=1, seed=seed) for seed in (0, 1)]
+    for cfg in cfgs:
+        write_setting(cfg.output, cfg.run_id(), f"lr=0.05 seed={cfg.seed}", "sweep grid.yaml")
+        list(execute(cfg, make_local_federation))
+    assert read_setting(cfgs[0].output, cfgs[0].run_id()) == {
+        "label": "lr=0.05 seed=0",
+        "parent": "sweep grid.yaml",
+    }
+    alone = _run_config(tmp_path, ["mlflow"], rounds=1, seed=2)
+    list(execute(alone, make_local_federation))
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{Path(alone.output) / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name(alone.experiment).experiment_id])
+    (parent,) = [r for r in runs if r.data.tags.get("fedray_parent") == "sweep grid.yaml"]
+    assert parent.info.run_name == "sweep grid.yaml" and not parent.data.metrics
+    nested = {r.data.tags["fedray_run_id"]: r for r in runs if r.data.tags.get("mlflow.parentRunId")}
+    assert set(nested) == {c.run_id() for c in cfgs}
+    for cfg in cfgs:
+        run = nested[cfg.run_id()]
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        tail = cfg.run_id().rsplit("-", 1)[-1][:6]
+        assert run.info.run_name == f"{cfg.algorithm} lr=0.05 seed={cfg.seed} {tail}"
+    (own,) = [r for r in runs if r.data.tags.get("fedray_run_id") == alone.run_id()]
+    assert "mlflow.parentRunId" not in own.data.tags and " s2 " in own.info.run_name

@@ -318,6 +318,7 @@ def test_one_trial_at_a_time_or_several_give_the_same_trials_stops_and_choice_an
     stopped; the trials that go on resume from there."""
     from analysis.load import load_events, load_metrics, load_runs
     from fedray.api import tune
+    from fedray.storage.loggers.base import read_setting
     from tests.storage.test_loggers import _tensorboard
 
     docs, paths = {}, {}
@@ -337,6 +338,9 @@ def test_one_trial_at_a_time_or_several_give_the_same_trials_stops_and_choice_an
     events = load_events(one)
     for t in doc["trial_list"]:
         (run,) = t["runs"]
+        # its loggers show it as one trial of the search, by its searched values
+        shown = read_setting(one, run)
+        assert shown["parent"] == "search in out" and shown["label"].startswith("lr="), shown
         rounds = sorted(set(metrics.loc[metrics["run_id"] == run, "round"]))
         steps = sorted({s for s, _ in scalars[run]["val/accuracy"]})
         mine = events[events["run_id"] == run]
@@ -636,6 +640,18 @@ RAY_EXIT_NOISE = [
 ]
 
 
+WANDB_EXIT_NOISE = [
+    "Exception ignored in atexit callback: <function _start_and_connect_service.<locals>.teardown_atexit>",
+    "Traceback (most recent call last):",
+    '  File "/venv/lib/python3.11/site-packages/wandb/sdk/lib/service/service_connection.py", line 79, in '
+    "teardown_atexit",
+    "    conn.teardown(hooks.exit_code)",
+    '  File "/usr/lib/python3.11/asyncio/streams.py", line 166, in _drain_helper',
+    "    raise ConnectionResetError('Connection lost')",
+    "ConnectionResetError: Connection lost",
+]
+
+
 def test_a_trial_workers_sigterm_in_a_finalizer_is_not_printed_and_its_own_lines_are():
     # seen once in CI: a trial's worker stopped after its fit printed Ray's SystemExit from inside a
     # WeakSet callback, ten lines before the search's one line naming the failed trial
@@ -645,6 +661,10 @@ def test_a_trial_workers_sigterm_in_a_finalizer_is_not_printed_and_its_own_lines
 
     own = ["Traceback (most recent call last):", '  File "boom.py", line 3, in f', "RuntimeError: boom"]
     assert _without_worker_exits(["round 1", *RAY_EXIT_NOISE, *own, "done"]) == ["round 1", *own, "done"]
+    # W&B's exit hook in a trial worker stopped with its service (seen with --logger wandb)
+    assert _without_worker_exits([*WANDB_EXIT_NOISE, *own]) == own
+    lost = ["Traceback (most recent call last):", '  File "f.py", line 2, in g', "ConnectionResetError: x"]
+    assert _without_worker_exits(lost) == lost  # a lost connection of the trial's own: kept
     # a SystemExit that is not Ray's handler's, and a block cut between two batches, are kept
     other = ["Traceback (most recent call last):", '  File "x.py", line 1, in main', "SystemExit: 1"]
     assert _without_worker_exits(other) == other

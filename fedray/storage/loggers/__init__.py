@@ -346,6 +346,20 @@ def _mlflow_uris(out: Path) -> list[str]:
     return sorted(str(u) for u in uris if u and u != own)
 
 
+def _mlflow_store_line(db: Path) -> str:
+    """The command that shows the folder's MLflow store, or, where MLflow could not read it (a store
+    left half-made by an older fedray), what to do with it."""
+    problem = ""
+    if _installed("mlflow"):
+        from fedray.storage.loggers.mlflow_logger import refuse_store, store_problem
+
+        with contextlib.suppress(Exception):  # the line is a hint: one that cannot be checked is shown
+            problem = store_problem(db)
+        if problem:
+            return f"MLflow: {refuse_store(db, problem)}"
+    return f"MLflow: mlflow ui --backend-store-uri sqlite:///{db}"
+
+
 def logger_places(output: str) -> list[str]:
     """Where the live logs of the results folder ``output`` are, and the command that shows them: a
     line each for TensorBoard, MLflow and W&B where the folder holds theirs (for `fedray report`)."""
@@ -354,7 +368,7 @@ def logger_places(output: str) -> list[str]:
     if (out / "tb").is_dir():
         lines.append(f"TensorBoard: tensorboard --logdir {out / 'tb'}")
     if (out / "mlflow.db").is_file():
-        lines.append(f"MLflow: mlflow ui --backend-store-uri sqlite:///{out / 'mlflow.db'}")
+        lines.append(_mlflow_store_line(out / "mlflow.db"))
     for uri in _mlflow_uris(out):
         server = uri.startswith(("http://", "https://", "databricks"))
         lines.append(f"MLflow: runs at {uri}" + ("" if server else f" (mlflow ui --backend-store-uri {uri})"))

@@ -44,6 +44,11 @@ class RunInfo:
     # every hyperparameter of the algorithm, defaults included (config["hp"] holds only those the
     # config sets); {} where the round loop did not say
     hparams: dict[str, Any] = field(default_factory=dict)
+    # where a sweep or a search launched the run (`write_setting`): the values that make it its own
+    # there ("lr=0.0412", "partition=labels,partition_k=2 seed=0"), and the sweep or search it is one
+    # run of ("sweep digits_sweep.yaml"); "" for a run alone
+    label: str = ""
+    parent: str = ""
 
 
 class RunLogger(Protocol):
@@ -160,12 +165,48 @@ def group(config: Mapping[str, Any], run_id: str = "") -> str:
     return f"{setting(config, run_id)} {digest}"
 
 
-def run_name(config: Mapping[str, Any], run_id: str) -> str:
+def run_name(config: Mapping[str, Any], run_id: str, label: str = "") -> str:
     """A run's name in MLflow and W&B: its setting, the seed, and the end of its run id (two runs
-    that differ in a key not shown keep apart), e.g. ``fedavg dirichlet(0.5) lr=0.05 s0 5103f0``."""
-    seed = f" s{config['seed']}" if config.get("seed") is not None else ""
+    that differ in a key not shown keep apart), e.g. ``fedavg dirichlet(0.5) lr=0.05 s0 5103f0``.
+    A run of a sweep or a search (``label``: the values it was launched with) is named by those:
+    ``fedavg lr=0.0412 s0 5103f0``."""
+    seed = f" s{config['seed']}" if config.get("seed") is not None and "seed=" not in label else ""
     tail = run_id.rsplit("-", 1)[-1][:6]
+    if label:
+        algorithm = str(config.get("algorithm") or "")
+        return f"{algorithm} {label}{seed} {tail}".strip()
     return f"{setting(config, run_id)}{seed} {tail}".strip()
+
+
+def setting_path(output: str | Path, run_id: str) -> Path:
+    """``OUTPUT/loggers/RUN_ID.setting.json``: where a sweep or a search launched the run."""
+    return Path(output) / "loggers" / f"{run_id}.setting.json"
+
+
+def write_setting(output: str | Path, run_id: str, label: str, parent: str) -> None:
+    """Say, before a sweep or a search launches a run, what the loggers show it as (`RunInfo.label`,
+    `RunInfo.parent`): the run's own process reads it as it starts (`read_setting`), wherever it
+    runs that sees the results folder. Rewritten only where it says something else."""
+    from fedray.storage.files import write_text_atomic
+
+    path = setting_path(output, run_id)
+    text = json.dumps({"label": label, "parent": parent}, sort_keys=True) + "\n"
+    if path.is_file() and path.read_text() == text:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(text, path)
+
+
+def read_setting(output: str | Path, run_id: str) -> dict[str, str]:
+    """What `write_setting` said of the run ({} for a run alone, or a file that cannot be read: the
+    loggers then name it by its config)."""
+    try:
+        got = json.loads(setting_path(output, run_id).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(got, dict):
+        return {}
+    return {k: str(got[k]) for k in ("label", "parent") if isinstance(got.get(k), str)}
 
 
 def job_type(config: Mapping[str, Any]) -> str:

@@ -109,6 +109,8 @@ def store_problem(db: Path) -> str:
     import sqlalchemy
     from mlflow.store.db import utils
 
+    if db.is_file() and db.stat().st_size == 0:  # nothing there yet: a store is made over it
+        return ""
     engine = sqlalchemy.create_engine(f"sqlite:///{db}")
     try:
         if not utils._all_tables_exist(engine):
@@ -175,7 +177,8 @@ class MLflowLogger:
         with one_at_a_time(self.uri):
             db = sqlite_path(self.uri)
             if db is not None:
-                if not db.exists() and self.uri == default_uri(info.output):
+                empty = not db.exists() or db.stat().st_size == 0  # no store yet, or a file with nothing
+                if empty and self.uri == default_uri(info.output):
                     make_store(db)
                 elif db.exists() and (problem := store_problem(db)):
                     raise refuse_store(db, problem)
@@ -193,10 +196,27 @@ class MLflowLogger:
                 "setting": group(info.config, info.run_id),
                 "job_type": job_type(info.config),
             }
-            name = run_name(info.config, info.run_id)
+            if info.parent:  # one run of a sweep or a search: nested under the run that stands for it
+                tags["mlflow.parentRunId"] = self._parent(info.parent)
+            name = run_name(info.config, info.run_id, info.label)
             run = self._client.create_run(self.experiment_id, tags=tags, run_name=name)
             self.run_id = run.info.run_id
         self._log_params(info)
+
+    def _parent(self, parent: str) -> str:
+        """The MLflow run that stands for the sweep or search ``parent`` in this experiment (tag
+        fedray_parent), made the first time one of its runs starts (under `one_at_a_time` where the
+        store is a SQLite file: one such run however many processes start at once). It holds no
+        values: it is where the MLflow UI folds the sweep's or search's runs."""
+        quoted = parent.replace("\\", "\\\\").replace("'", "\\'")
+        found = self._client.search_runs(
+            [self.experiment_id], filter_string=f"tags.fedray_parent = '{quoted}'", max_results=1
+        )
+        if found:
+            return found[0].info.run_id
+        made = self._client.create_run(self.experiment_id, tags={"fedray_parent": parent}, run_name=parent)
+        self._client.set_terminated(made.info.run_id, "FINISHED")
+        return made.info.run_id
 
     def _reopen(self, previous: dict[str, Any], info: RunInfo) -> bool:
         """Go on with the MLflow run ``previous`` names (at this tracking URI, not deleted): by its

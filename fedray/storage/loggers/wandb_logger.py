@@ -164,7 +164,7 @@ class WandbLogger:
         )
         self._run = wandb.init(
             project=self.project,
-            name=run_name(info.config, info.run_id),
+            name=run_name(info.config, info.run_id, info.label),
             id=self.id,
             resume="allow",
             dir=str(info.output),
