@@ -21,6 +21,7 @@ from fedray.config.keys import Config
 from fedray.data import FederatedData, build_federated_data, partition_label
 from fedray.data.identity import DataChanged, changes, identity
 from fedray.experiment.same_data import finished_refusal, resume_refusal
+from fedray.experiment.validation import unread_keys
 from fedray.federation import Baton, Federation, WorkerLost
 from fedray.records import Record, rec, validation_named
 from fedray.storage.blobs import CheckpointError
@@ -361,11 +362,14 @@ class _Run:
         options = {"mlflow_tracking_uri": cfg.mlflow_tracking_uri, "wandb_project": cfg.wandb_project}
         hparams = ALGORITHMS[cfg.algorithm].full_hparams(cfg.hp)  # defaults included: shown as params
         launched = read_setting(cfg.output, self.writer.run_id)  # by a sweep or a search: how it is shown
+        # the keys the run reads: none its partition or dataset leaves unread (partition_beta on a
+        # label partition), which a logger would show as the run's params
+        unread = unread_keys(cfg.to_dict(), include_defaults=True)
         return RunInfo(
             self.writer.run_id,
             cfg.experiment,
             cfg.output,
-            cfg.recorded(),
+            {k: v for k, v in cfg.recorded().items() if k not in unread},
             start,
             options,
             hparams=hparams,

@@ -461,6 +461,10 @@ def test_a_run_gives_mlflow_every_hyperparameter_defaults_included(tmp_path):
     want = ALGORITHMS["fedprox"].full_hparams({"mu": 0.01})
     assert len(want) > 1 and {k[3:] for k in run.data.params if k.startswith("hp.")} == set(want)
     assert run.data.params["hp.mu"] == "0.01"
+    # the keys the run reads: not partition_k (a Dirichlet partition's runs do not read it), nor the
+    # keys of another dataset (emnist_split)
+    assert {"partition_beta", "lr", "seed"} <= set(run.data.params), sorted(run.data.params)
+    assert not {"partition_k", "emnist_split", "partition_clusters"} & set(run.data.params)
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "test/accuracy")) == [1, 2]
 
 

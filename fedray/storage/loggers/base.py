@@ -33,7 +33,9 @@ class RunInfo:
     run_id: str
     experiment: str  # config key `experiment`
     output: str  # the results folder (config key `output`)
-    config: dict[str, Any]  # the run's recorded config (flat; "hp": the algorithm's hyperparameters)
+    # the run's recorded config (flat; "hp": the algorithm's hyperparameters), less the keys its
+    # partition and dataset do not read
+    config: dict[str, Any]
     resumed_from: int = 0  # rounds already done (0: a fresh start, --restart and --force included)
     # logger settings from the config: mlflow_tracking_uri ("" = OUTPUT/mlflow.db), wandb_project ("" =
     # the experiment's name)
