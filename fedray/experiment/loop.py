@@ -336,7 +336,7 @@ class _Run:
             state, start = restore(self.ckpts, latest, self.fed), latest.round
             self.history = [RoundDone(**h) for h in latest.extra["history"]]
         writer.start(keep_through=None if latest is None else start)
-        self.loggers = Loggers(cfg.loggers, self.logged(start))
+        self.loggers = Loggers(cfg.loggers, self.logged(start, continued=not restart))
         writer.write_clients(client_rows(data))
         if not data.sourced:  # clients made on demand are in no data set's arrays: no partition to write
             train_size = data.origin_train_size if data.origin is not None else len(data.dataset.train)
@@ -356,7 +356,7 @@ class _Run:
         self.fed.take_packed_calls()
         return alg, hp, state, start
 
-    def logged(self, start: int) -> RunInfo:
+    def logged(self, start: int, continued: bool = False) -> RunInfo:
         """What the live loggers are told of the run (`fedray.storage.loggers`)."""
         cfg = self.cfg
         options = {"mlflow_tracking_uri": cfg.mlflow_tracking_uri, "wandb_project": cfg.wandb_project}
@@ -373,6 +373,7 @@ class _Run:
             start,
             options,
             hparams=hparams,
+            continued=continued,
             **launched,
         )
 

@@ -5,6 +5,7 @@ time each value carries; TensorBoard's writer thread failing quietly."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -161,10 +162,14 @@ logs.end("finished")
 """
 
 
-@pytest.mark.parametrize("after_s", [1.0, 3.0])
-def test_a_kill_at_any_moment_then_a_resume_logs_every_round_once(tmp_path, wandb_offline, after_s):  # noqa: F811
+@pytest.mark.parametrize("after_s, resumed_from", [(1.0, 2), (3.0, 2), (2.0, 0)])
+def test_a_kill_at_any_moment_then_a_resume_logs_every_round_once(
+    tmp_path, wandb_offline, after_s, resumed_from
+):  # noqa: F811
     """Killed ``after_s`` after it started, wherever it was; resumed from a checkpoint after round 2
-    (the results hold rounds 1-7): each tool holds every step 1..7 once, one MLflow run, one W&B id."""
+    (the results hold rounds 1-7), or, killed before any checkpoint, run again from round 1 (not
+    --restart: the same tool runs go on): each tool holds every step 1..7 once, one MLflow run, one
+    W&B id."""
     run = "any-moment"
     _results(tmp_path, run, range(1, 8))
     proc = subprocess.Popen(
@@ -178,7 +183,7 @@ def test_a_kill_at_any_moment_then_a_resume_logs_every_round_once(tmp_path, wand
     time.sleep(after_s)
     proc.kill()
     proc.wait(30)
-    _resume_then_steps_1_to_7_once(tmp_path, run, resumed_from=2)
+    _resume_then_steps_1_to_7_once(tmp_path, run, resumed_from=resumed_from)
 
 
 MAKING_THE_STORE = """
@@ -194,7 +199,8 @@ print("made", flush=True)
 def _resume_then_steps_1_to_7_once(tmp_path, run, resumed_from):
     """The run goes on after round ``resumed_from`` to round 7: every tool then holds steps 1..7 of
     each series once."""
-    logs = Loggers(THREE, _info(tmp_path, run, resumed_from=resumed_from))
+    info = dataclasses.replace(_info(tmp_path, run, resumed_from=resumed_from), continued=True)
+    logs = Loggers(THREE, info)
     for rnd in range(resumed_from + 1, 8):
         logs.log_round(rnd, _records(rnd))
     logs.end("finished")

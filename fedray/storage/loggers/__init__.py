@@ -138,7 +138,7 @@ class _Book:
         self._reading = threading.Lock()  # the recorded rounds
         self._rounds: dict[int, list[Record]] | None = None
         try:
-            if info.resumed_from > 0:
+            if info.resumed_from > 0 or info.continued:
                 self.previous = read_state(info.output, info.run_id)
             elif self.path.is_file():
                 self.path.unlink()
@@ -234,7 +234,8 @@ class _Worker:
     def _start(self, logger: Any) -> None:
         """Start the logger (with what it kept, where the run goes on), then give it the rounds done
         before this attempt that it does not have, from the run's results."""
-        before = self.book.previous.get(self.name, {}) if self.info.resumed_from > 0 else {}
+        goes_on = self.info.resumed_from > 0 or self.info.continued
+        before = self.book.previous.get(self.name, {}) if goes_on else {}
         if hasattr(logger, "keep"):  # it keeps what finds its own run before it makes it
             logger.keep = lambda: self._save(logger)
         logger.start(dataclasses.replace(self.info, previous=dict(before)))
@@ -284,7 +285,9 @@ class Loggers:
     A run that goes on (``info.resumed_from`` = k > 0) continues each logger's own run where
     ``OUTPUT/loggers/RUN_ID.json`` names it: rounds it logged already are not given to it again
     (but to a logger that replaces them, TensorBoard), and rounds up to k it lacks come from the run's
-    results. At a fresh start (k = 0) that file is removed and each logger starts a new run."""
+    results. So does a run started again from round 1 after an attempt that made no checkpoint
+    (``info.continued``): the rounds it does again are those its tools may have. Where the run is
+    started over (--restart, --force) that file is removed and each logger starts a new run."""
 
     def __init__(self, names: Sequence[str], info: RunInfo, timeout_s: float = END_TIMEOUT_S) -> None:
         self.info = info
@@ -292,7 +295,8 @@ class Loggers:
         self._ended = False
         self._workers: list[_Worker] = []
         names = list(dict.fromkeys([names] if isinstance(names, str) else names))
-        if not names and (info.resumed_from > 0 or not state_path(info.output, info.run_id).exists()):
+        goes_on = info.resumed_from > 0 or info.continued
+        if not names and (goes_on or not state_path(info.output, info.run_id).exists()):
             return
         book = _Book(info)
         for name in names:

@@ -41,7 +41,7 @@ class RunInfo:
     # the experiment's name)
     options: dict[str, Any] = field(default_factory=dict)
     # what this logger kept the last time (its `saved()`, and ``last_round``) where the run goes on
-    # (resumed_from > 0) and ``OUTPUT/loggers/RUN_ID.json`` names it; {} otherwise
+    # (resumed_from > 0, or continued) and ``OUTPUT/loggers/RUN_ID.json`` names it; {} otherwise
     previous: dict[str, Any] = field(default_factory=dict)
     # every hyperparameter of the algorithm, defaults included (config["hp"] holds only those the
     # config sets); {} where the round loop did not say
@@ -51,6 +51,10 @@ class RunInfo:
     # run of ("sweep digits_sweep.yaml"); "" for a run alone
     label: str = ""
     parent: str = ""
+    # the run goes on from an earlier attempt of it, not started over (--restart, --force): its
+    # loggers' runs go on too, where they are, even where no checkpoint was made (resumed_from 0;
+    # the rounds done again give the same numbers, and a tool's rounds are not logged twice)
+    continued: bool = False
 
 
 class RunLogger(Protocol):

@@ -173,7 +173,7 @@ class MLflowLogger:
 
         quiet_store()
         self.uri = str(info.options.get("mlflow_tracking_uri") or "") or default_uri(info.output)
-        previous = info.previous if info.resumed_from > 0 else {}
+        previous = info.previous  # given only where the run goes on (`Loggers`)
         with one_at_a_time(self.uri):
             db = sqlite_path(self.uri)
             if db is not None:

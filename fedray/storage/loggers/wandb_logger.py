@@ -144,7 +144,7 @@ class WandbLogger:
 
         check_credentials(wandb)
         self.project = project_name(str(info.options.get("wandb_project") or "") or info.experiment)
-        previous = info.previous if info.resumed_from > 0 else {}
+        previous = info.previous  # given only where the run goes on (`Loggers`)
         same = previous.get("project") == self.project and previous.get("id")
         self.id = str(previous["id"]) if same else new_id(info.run_id)
         if same:  # the rounds its files hold already are not logged again
