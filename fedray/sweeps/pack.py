@@ -40,12 +40,12 @@ from fedray.engine.choice import STACK_SETTINGS
 from fedray.engine.step_options import StepOptions
 from fedray.experiment.local import engine_for
 
-# What runs of one pack share: the data set (its files and options, and so the augmentation a
-# stack shares), the model, what every update of one stack shares (`STACK_SETTINGS`: runs that
+# What runs of one pack share: the data set (its files and options, its own settings under
+# ``data:``, and so the augmentation a stack shares), the model, what every update of one stack shares (`STACK_SETTINGS`: runs that
 # differ there would train in stacks of their own, so packing them gains nothing) and how they
 # train, and the worker (its CPUs, its GPU share, the process-wide CUDA settings).
 PACK_KEYS = (
-    *("dataset", "data_root", "emnist_split", "synthetic_size", "synthetic_shape", "shift"),
+    *("dataset", "data", "data_root", "emnist_split", "synthetic_size", "synthetic_shape", "shift"),
     *("model", "head_bias"),
     *STACK_SETTINGS,
     *("drop_last", "batched_clients"),

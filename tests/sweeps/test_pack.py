@@ -98,6 +98,9 @@ def test_runs_pack_by_their_key_at_most_pack_size_a_pack(tmp_path):
         small_config(tmp_path, seed=5, **on),
     ]
     assert pack_groups(configs) == [[0, 2, 3, 5], [1], [4], [6], [7]]
+    # a data set's own settings (``data:``, a plug-in's data.noise say) are its data: another pack
+    noisy = [dataclasses.replace(configs[0], data={"noise": 0.1}), configs[2], configs[3]]
+    assert pack_groups(noisy) == [[0], [1, 2]]
     small = [dataclasses.replace(c, pack_size=2) for c in configs]
     assert pack_groups(small) == [[0, 2], [1], [3, 5], [4], [6], [7]]
     # auto: packed where the runs share a GPU (a fractional share), not on CPUs
