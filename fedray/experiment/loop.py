@@ -374,6 +374,7 @@ class _Run:
             options,
             hparams=hparams,
             continued=continued,
+            started=time.time(),
             **launched,
         )
 

@@ -276,11 +276,13 @@ def test_a_half_made_mlflow_store_is_said_in_one_line_with_what_to_do_and_the_ru
 
 def test_each_mlflow_value_is_timed_when_its_round_ended(tmp_path):
     """A value's MLflow timestamp is when the round loop handed its round over (the round's end),
-    not when the logger's thread sent it (MLflow starting takes seconds)."""
+    not when the logger's thread sent it (MLflow starting takes seconds); the MLflow run starts when
+    the fedray run started (`RunInfo.started`), not when its logger made it."""
     from mlflow.tracking import MlflowClient
 
     run = "timed-run"
-    logs = Loggers(["mlflow"], _info(tmp_path, run))
+    started = time.time() - 100.0  # as a run whose data took 100 s to build
+    logs = Loggers(["mlflow"], dataclasses.replace(_info(tmp_path, run), started=started))
     ended = {}
     for rnd in (1, 2, 3):
         ended[rnd] = time.time()
@@ -293,6 +295,7 @@ def test_each_mlflow_value_is_timed_when_its_round_ended(tmp_path):
     ]
     for m in client.get_metric_history(run_id, "test/accuracy"):
         assert abs(m.timestamp / 1000 - ended[m.step]) < 0.1, (m.step, m.timestamp / 1000 - ended[m.step])
+    assert client.get_run(run_id).info.start_time == int(started * 1000)
 
 
 TB_DISK_FULL = """

@@ -55,6 +55,9 @@ class RunInfo:
     # loggers' runs go on too, where they are, even where no checkpoint was made (resumed_from 0;
     # the rounds done again give the same numbers, and a tool's rounds are not logged twice)
     continued: bool = False
+    # when this attempt of the run started (seconds since the epoch; 0: not said): a tool's run
+    # made for it starts then, not when its logger got round to it
+    started: float = 0.0
 
 
 class RunLogger(Protocol):

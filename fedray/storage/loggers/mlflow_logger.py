@@ -199,7 +199,8 @@ class MLflowLogger:
             if info.parent:  # one run of a sweep or a search: nested under the run that stands for it
                 tags["mlflow.parentRunId"] = self._parent(info.parent)
             name = run_name(info.config, info.run_id, info.label)
-            run = self._client.create_run(self.experiment_id, tags=tags, run_name=name)
+            start_ms = int(info.started * 1000) if info.started else None  # the run's start, not the logger's
+            run = self._client.create_run(self.experiment_id, start_time=start_ms, tags=tags, run_name=name)
             self.run_id = run.info.run_id
         self._log_params(info)
 
