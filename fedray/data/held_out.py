@@ -43,6 +43,11 @@ def row_keys(x: np.ndarray, y: np.ndarray) -> list[bytes]:
     ]
 
 
+def count_seen(seen: set[bytes], x: np.ndarray, y: np.ndarray) -> int:
+    """How many rows of ``x``, ``y`` have a key (`row_keys`) in ``seen``."""
+    return sum(k in seen for k in row_keys(x, y))
+
+
 def check_held_out(section: DataSection, data: FederatedData, own_test_checked: bool = False) -> None:
     """Refuse a run whose every test sample is a training sample; say once how many are where some
     are. ``data`` before its validation splits are held out (those are checked by what they are
@@ -62,9 +67,9 @@ def check_held_out(section: DataSection, data: FederatedData, own_test_checked: 
     same = 0
     if local:
         rows = np.concatenate(test_rows)
-        same += sum(k in seen for k in row_keys(ds.train.x[rows], ds.train.y[rows]))
+        same += count_seen(seen, ds.train.x[rows], ds.train.y[rows])
     if whole:
-        same += sum(k in seen for k in row_keys(ds.test.x, ds.test.y))
+        same += count_seen(seen, ds.test.x, ds.test.y)
     n = local + whole
     where = f"dataset {section.dataset}"
     if same == n:
@@ -79,4 +84,4 @@ def check_held_out(section: DataSection, data: FederatedData, own_test_checked: 
         )
 
 
-__all__ = ["check_held_out", "row_keys"]
+__all__ = ["check_held_out", "count_seen", "row_keys"]

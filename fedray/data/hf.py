@@ -59,7 +59,7 @@ from fedray.data.datasets import (
     register_dataset,
 )
 from fedray.data.federated import FederatedData, own_splits
-from fedray.data.held_out import row_keys
+from fedray.data.held_out import count_seen, row_keys
 from fedray.data.leaf import SHAKESPEARE_VOCAB, SYMBOL_INDEX, Recipe, class_ids, make_clients
 
 if TYPE_CHECKING:
@@ -451,8 +451,7 @@ def _refuse_training_rows(section: DataSection, train: tuple, test: tuple) -> No
     n = len(test[1])
     if not n:
         return
-    seen = set(row_keys(*train))
-    same = sum(k in seen for k in row_keys(*test))
+    same = count_seen(set(row_keys(*train)), *test)
     if same == n:
         raise ConfigError(
             f"config key 'data.test_split': the {n} rows of {s.name}'s split {s.test_split!r} are all rows "

@@ -164,25 +164,19 @@ logs.end("finished")
 
 @pytest.mark.parametrize("after_s, resumed_from", [(1.0, 2), (3.0, 2), (2.0, 0)])
 def test_a_kill_at_any_moment_then_a_resume_logs_every_round_once(
-    tmp_path, wandb_offline, after_s, resumed_from
-):  # noqa: F811
+    tmp_path,
+    wandb_offline,  # noqa: F811 (the fixture)
+    after_s,
+    resumed_from,
+):
     """Killed ``after_s`` after it started, wherever it was; resumed from a checkpoint after round 2
     (the results hold rounds 1-7), or, killed before any checkpoint, run again from round 1 (not
     --restart: the same tool runs go on): each tool holds every step 1..7 once, one MLflow run, one
     W&B id."""
     run = "any-moment"
     _results(tmp_path, run, range(1, 8))
-    proc = subprocess.Popen(
-        [sys.executable, "-c", RUNNING, str(tmp_path / "out"), run, json.dumps(_config())],
-        cwd=ROOT,
-        env=_env(tmp_path),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout.readline().strip() == "started"
-    time.sleep(after_s)
-    proc.kill()
-    proc.wait(30)
+    script = [RUNNING, str(tmp_path / "out"), run, json.dumps(_config())]
+    _killed_after(script, _env(tmp_path), "started", after_s)
     _resume_then_steps_1_to_7_once(tmp_path, run, resumed_from=resumed_from)
 
 
@@ -194,6 +188,17 @@ print("making", flush=True)
 make_store(Path(sys.argv[1]))
 print("made", flush=True)
 """
+
+
+def _killed_after(script: list[str], env: dict[str, str], said: str, delay_s: float) -> None:
+    """``python -c SCRIPT ARGS...`` killed (SIGKILL) ``delay_s`` after its first line, ``said``."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", *script], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout.readline().strip() == said
+    time.sleep(delay_s)
+    proc.kill()
+    proc.wait(30)
 
 
 def _resume_then_steps_1_to_7_once(tmp_path, run, resumed_from):
@@ -220,17 +225,7 @@ def test_a_kill_while_the_mlflow_store_is_made_leaves_none_and_a_rerun_logs_ever
     db = tmp_path / "out" / "mlflow.db"
     db.parent.mkdir(parents=True)
     for delay in (0.0, 1.5):
-        proc = subprocess.Popen(
-            [sys.executable, "-c", MAKING_THE_STORE, str(db)],
-            cwd=ROOT,
-            env=dict(os.environ, PYTHONPATH=str(ROOT)),
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert proc.stdout.readline().strip() == "making"
-        time.sleep(delay)
-        proc.kill()
-        proc.wait(30)
+        _killed_after([MAKING_THE_STORE, str(db)], dict(os.environ, PYTHONPATH=str(ROOT)), "making", delay)
         assert not db.exists() or sqlite3.connect(db).execute("select count(*) from experiments").fetchone()
     run = "after-a-kill"
     logs = Loggers(["mlflow"], _info(tmp_path, run))
