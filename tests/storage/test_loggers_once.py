@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -509,7 +510,7 @@ def test_a_sweeps_runs_nest_under_one_mlflow_run_named_by_their_values(tmp_path)
 
     from fedray.experiment.local import make_local_federation
     from fedray.experiment.loop import execute
-    from fedray.storage.loggers.base import read_setting, write_setting
+    from fedray.storage.loggers.base import read_setting, setting_path, write_setting
     from tests.storage.test_loggers import _run_config
 
     cfgs = [_run_config(tmp_path, ["mlflow"], rounds=1, seed=seed) for seed in (0, 1)]
@@ -520,6 +521,11 @@ def test_a_sweeps_runs_nest_under_one_mlflow_run_named_by_their_values(tmp_path)
         "label": "lr=0.05 seed=0",
         "parent": "sweep grid.yaml",
     }
+    # a run's file copied over another's names the run it was written for: not read as this one's
+    copied = setting_path(cfgs[0].output, cfgs[1].run_id())
+    shutil.copy(setting_path(cfgs[0].output, cfgs[0].run_id()), copied)
+    assert read_setting(cfgs[0].output, cfgs[1].run_id()) == {}
+    copied.unlink()
     alone = _run_config(tmp_path, ["mlflow"], rounds=1, seed=2)
     list(execute(alone, make_local_federation))
 

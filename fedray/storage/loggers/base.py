@@ -199,7 +199,7 @@ def write_setting(output: str | Path, run_id: str, label: str, parent: str) -> N
     from fedray.storage.files import write_text_atomic
 
     path = setting_path(output, run_id)
-    text = json.dumps({"label": label, "parent": parent}, sort_keys=True) + "\n"
+    text = json.dumps({"label": label, "parent": parent, "run_id": run_id}, sort_keys=True) + "\n"
     if path.is_file() and path.read_text() == text:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -207,13 +207,13 @@ def write_setting(output: str | Path, run_id: str, label: str, parent: str) -> N
 
 
 def read_setting(output: str | Path, run_id: str) -> dict[str, str]:
-    """What `write_setting` said of the run ({} for a run alone, or a file that cannot be read: the
-    loggers then name it by its config)."""
+    """What `write_setting` said of the run ({} for a run alone, a file that cannot be read, or one
+    that names another run, copied here: the loggers then name it by its config)."""
     try:
         got = json.loads(setting_path(output, run_id).read_text())
     except (OSError, ValueError):
         return {}
-    if not isinstance(got, dict):
+    if not isinstance(got, dict) or got.get("run_id") != run_id:
         return {}
     return {k: str(got[k]) for k in ("label", "parent") if isinstance(got.get(k), str)}
 
