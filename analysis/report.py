@@ -23,13 +23,9 @@ import pandas as pd
 
 from analysis.load import load_metrics, load_runs
 from fedray.config.coercion import suggest
-from fedray.config.keys import NOT_IN_RUN_ID
+from fedray.config.keys import BY_CONTENT, NOT_IN_RUN_ID, PER_RUN_KEYS, TRIAL_KEYS
+from fedray.config.run_ids import content_file
 
-# Keys that tell replicates of one setting apart or cannot change a number (fedray.config.NOT_IN_RUN_ID),
-# and where the work ran (CPUs and GPUs per actor, and whether the run trained packed with other runs:
-# at most the last bits of a float sum, as another machine would): runs that differ only there are
-# seeds of one cell, never columns of their own.
-_PER_RUN_KEYS = ("seed", *NOT_IN_RUN_ID, "num_cpus_per_actor", "num_gpus_per_actor", "pack_runs")
 AT = ("final", "best-train", "best")
 # Besides the hp.* keys, what `--tuned` picks the best of: the local learning rate (the FedRC paper
 # tunes every algorithm's from {0.01, 0.03, 0.06, 0.1}).
@@ -136,9 +132,6 @@ def partition_digest(out_dir: str | Path, run_id: str) -> str | None:
 # A run's inputs that its config names by path alone, told by their content (`run_values`' columns):
 # runs of one setting on other data, or on another partition file's content, are other cells.
 INPUTS = ("data_sha256", "partition_sha256")
-# The keys a config names a file by, whose content a run id hashes (fedray.config.Config.run_id):
-# where two runs of one seed differ in nothing their rows record, one of these files changed.
-_BY_CONTENT = ("partition_file", "init_model", "data_root")
 
 
 def _inputs(runs: pd.DataFrame) -> list[dict[str, str]]:
@@ -414,15 +407,11 @@ def other_split(metric: str) -> tuple[str, str, str | None]:
     return "test", "validation", f"val_{metric}" if metric in EVALUATED_ON_TEST else None
 
 
-# Config keys that do not make one setting another: what a run evaluated on, and the experiment
-# its tuning trials are filed under (EXPERIMENT-tune)
-_NOT_A_SETTING = ("evaluate_on", "experiment", "output")
-
-
 def _setting_key(config: Mapping[str, Any]) -> str:
-    return json.dumps(
-        {k: v for k, v in config.items() if k not in _NOT_A_SETTING}, sort_keys=True, default=str
-    )
+    """A run's setting and seed, but the keys a search's trials set otherwise than the test runs
+    of the settings they tune (`fedray.config.keys.TRIAL_KEYS`: what a run evaluated on, the
+    experiment its trials are filed under, EXPERIMENT-tune, and the folder)."""
+    return json.dumps({k: v for k, v in config.items() if k not in TRIAL_KEYS}, sort_keys=True, default=str)
 
 
 def validation_picks(values: pd.DataFrame, validation: pd.DataFrame) -> pd.DataFrame | None:
@@ -465,7 +454,7 @@ def label_runs(
     ]
     df["col"] = [column_label(c, cols, p) for c, p in zip(df["config"], recorded, strict=True)]
     inputs = _inputs(df)
-    covered = _covered([*rows, *cols]) | set(_PER_RUN_KEYS) | {"experiment"}
+    covered = _covered([*rows, *cols]) | set(PER_RUN_KEYS) | {"experiment"}
     if "hp" in cols or "hp" in rows:
         covered |= {k for c in df["config"] for k in flat_config(c) if k.startswith("hp.")}
     extra: dict[tuple[str, str], set[str]] = {}  # (experiment, column) -> the keys its label adds
@@ -529,7 +518,7 @@ def _counted_once(df: pd.DataFrame, flats: list[dict[str, Any]]) -> pd.DataFrame
 def _what_differs(a: dict[str, Any], b: dict[str, Any], config: Mapping[str, Any]) -> str:
     """What two runs of one cell and seed differ in, in words: the keys their rows record (`INPUTS`
     too) but those that cannot change a number; else the content of a file the config names by
-    path alone (`_BY_CONTENT`: their run ids hash it); else nothing recorded (one setting under two
+    path alone (`fedray.config.keys.BY_CONTENT`: their run ids hash it); else nothing recorded (one setting under two
     run ids: the runs recorded by fedray versions that named runs otherwise)."""
     skip = {*NOT_IN_RUN_ID, "experiment"}
     keys = [
@@ -539,11 +528,7 @@ def _what_differs(a: dict[str, Any], b: dict[str, Any], config: Mapping[str, Any
     ]
     if keys:
         return ", ".join(f"{k} ({value_text(a.get(k, '-'))}, then {value_text(b.get(k, '-'))})" for k in keys)
-    files = [
-        f"{k} {value_text(config[k])!r}"
-        for k in _BY_CONTENT
-        if config.get(k) and (k != "data_root" or config.get("dataset") == "arrays")
-    ]
+    files = [f"{k} {value_text(config[k])!r}" for k in BY_CONTENT if content_file(config, k) is not None]
     if len(files) == 1:
         return f"the content of {files[0]} (the run id hashes it: the file changed between the runs)"
     if files:

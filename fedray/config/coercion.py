@@ -62,10 +62,6 @@ def all_problems(problems: Sequence[str]) -> str:
     return f"{len(problems)} problems in the config:\n" + "\n".join(f"  - {p}" for p in problems)
 
 
-# String keys whose values include "on" and "off", which YAML 1.1 (PyYAML) reads as booleans.
-ON_OFF_KEYS = frozenset({"batched_clients", "pack_runs"})
-
-
 def suggest(name: str, candidates: Iterable[str], prefix: str = "") -> str:
     """``; did you mean 'X'?`` for the candidate closest to ``name`` (as typed: ``prefix`` + X); where
     none is close, the candidates that contain ``name`` (``cnn``: ``one of 'fedrc_cnn', 'leaf_cnn',
@@ -89,7 +85,8 @@ def coerce(
 
     ``str_from_number``: a number where a string is expected is taken as its text (names such as
     ``experiment: 2024``). ``choices``: a string key's allowed values; where "on" or "off" is one
-    (or the key is in `ON_OFF_KEYS`), the boolean YAML 1.1 reads a bare on / off as is that word.
+    (a config key declared ``on_off``, `fedray.config.keys.ON_OFF_KEYS`), the boolean YAML 1.1
+    reads a bare on / off as is that word.
     """
     origin = typing.get_origin(typ)
     if typ is bool:
@@ -117,7 +114,7 @@ def coerce(
     if typ is str:
         if isinstance(value, bool):  # YAML 1.1 (and --set) reads a bare on / off as a boolean
             word = "on" if value else "off"
-            if key in ON_OFF_KEYS or word in choices:
+            if word in choices:
                 return word
         if isinstance(value, str):
             return value

@@ -17,10 +17,9 @@ import copy
 import dataclasses
 import functools
 import hashlib
-import json
 import typing
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ import yaml
 
 from fedray.config.coercion import ConfigError
 from fedray.config.hparams import bound
+from fedray.config.roles import SECTIONS, Role, key, roles_of
 from fedray.config.sections import (
     DATA_KEYS,
     DEFAULT_FMNIST_ROOT,
@@ -62,188 +62,209 @@ __all__ = [
     "set_dotted",
 ]
 
-# Names people write unquoted (experiment: 2024, output: 1): a number there means its text.
-NAME_KEYS = (
-    "experiment",
-    "output",
-    "data_root",
-    "partition_file",
-    "partition_name",
-    "init_model",
-)
-
 
 @dataclass
 class Config:
-    # --- what to run -------------------------------------------------------------------------
-    experiment: str = "default"  # free-form name; groups runs in `fedray report`
-    algorithm: str = "fedavg"  # a name from fedray.algorithms.ALGORITHMS
+    # --- run: what to run ------------------------------------------------------------
+    # free-form name; groups runs in `fedray report`
+    experiment: str = key("run", "default", text=True, label=True, tunable=False, trial_differs=True)
+    # a name from fedray.algorithms.ALGORITHMS
+    algorithm: str = key("run", "fedavg", label=True, registry=True)
     # Modules that register algorithms, models, datasets and partitions (docs/extending.md): a .py
     # file or package folder (relative to the config file naming it) or an importable module name.
     # The resolved config names every plug-in the run uses; the run id, their content.
-    plugins: list[str] = field(default_factory=list)  # e.g. [my_fedavgm.py]
+    # e.g. [my_fedavgm.py]
+    plugins: list[str] = key("run", factory=list, as_before=[], pack=True, tunable=False)
     # Algorithm hyperparameters, `hp.<name>`; checked against the chosen algorithm's Hparams. The
     # resolved config keeps those that differ from the algorithm's defaults (the run summary has all).
-    hp: dict[str, Any] = field(default_factory=dict)  # e.g. {server_lr: 0.5} for fedavg
+    hp: dict[str, Any] = key("run", factory=dict)  # e.g. {server_lr: 0.5} for fedavg
     # master seed; every random stream derives from (seed, purpose, client, round)
-    seed: int = field(default=0, metadata=bound(ge=0))
+    seed: int = key("run", 0, rule=bound(ge=0), label=True, setting=False, tunable=False)
     # The seed of what makes the data (fedray/data/__init__.py's data_seed): the partition's draw,
     # each client's test split (and validation split), LEAF's sampling and split, hf's split, FedRC's
     # shift assignments, FedProx's synthetic clients. null = the dataset's default: a dataset that
     # comes with its clients (LEAF, hf, client_files) is read with data seed 0 whatever the run's
     # seed, so seeds vary training only; every other dataset draws its data from `seed`, as before
     # this key existed. A sweep can vary either.
-    data_seed: int | None = field(default=None, metadata=bound(ge=0, note="null = the dataset's default"))
+    data_seed: int | None = key(
+        "run", None, rule=bound(ge=0, note="null = the dataset's default"), as_before=None, tunable=False
+    )
 
-    # --- data ------------------------------------------------------------------------------------
+    # --- source: the dataset the samples come from ----------------------------------------
     # A name from fedray.data.DATASETS: digits | fmnist | mnist | emnist | cifar10 | cifar100 | svhn |
     # synthetic | fedprox_synthetic (FedProx's Synthetic(alpha, beta), which comes with its clients) |
     # client_files (one file per client in data_root, fedray/data/client_files.py: the files are the
     # clients, so no partition key may be set and num_clients must match them)
-    dataset: str = "digits"  # the dataset
+    dataset: str = key("source", "digits", label=True, registry=True, pack=True, tunable=False)  # the dataset
     # "" = the dataset's default: fmnist -> /usr/share/datasets/fashion-mnist (Debian), others -> ./data
-    data_root: str = ""  # folder with the dataset files
-    download: bool = False  # let torchvision download a missing dataset into data_root (needs internet)
-    emnist_split: str = "byclass"  # EMNIST split: byclass | bymerge | balanced | letters | digits | mnist
+    # folder with the dataset files
+    data_root: str = key("source", "", text=True, by_content=True, pack=True, tunable=False)
+    # let torchvision download a missing dataset into data_root (needs internet)
+    download: bool = key("source", False)
+    # EMNIST split: byclass | bymerge | balanced | letters | digits | mnist
+    emnist_split: str = key("source", "byclass", dataset_own=True, pack=True)
     # synthetic only: number of training samples (test set is a quarter of it)
-    synthetic_size: int = field(default=2000, metadata=bound(ge=10))
-    synthetic_shape: list[int] = field(default_factory=lambda: [1, 8, 8])  # synthetic only: [C, H, W] or [D]
+    synthetic_size: int = key("source", 2000, rule=bound(ge=10), dataset_own=True, pack=True)
+    # synthetic only: [C, H, W] or [D]
+    synthetic_shape: list[int] = key("source", factory=lambda: [1, 8, 8], dataset_own=True, pack=True)
     # fedprox_synthetic (FedProx's Synthetic(alpha, beta), fedray/data/fedprox_synthetic.py): how far
     # the clients' models (alpha) and their inputs (beta) differ; its clients come with it
-    synthetic_alpha: float = field(default=1.0, metadata=bound(ge=0))  # fedprox_synthetic only: alpha
-    synthetic_beta: float = field(default=1.0, metadata=bound(ge=0))  # fedprox_synthetic only: beta
+    # fedprox_synthetic only: alpha
+    synthetic_alpha: float = key("source", 1.0, rule=bound(ge=0), as_before=1.0, dataset_own=True, pack=True)
+    # fedprox_synthetic only: beta
+    synthetic_beta: float = key("source", 1.0, rule=bound(ge=0), as_before=1.0, dataset_own=True, pack=True)
     # The dataset's own settings (data.NAME), which its DatasetKind declares as a dataclass (as an
     # algorithm declares its hp.*): femnist/shakespeare take LEAF's sampling and split
     # (data.sample_fraction, data.min_samples, data.train_fraction, data.split_seed), hf its dataset
     # and columns (data.name, data.client_column, ...); `fedray docs` lists them for every dataset.
-    data: dict[str, Any] = field(default_factory=dict)  # the dataset's own settings
+    data: dict[str, Any] = key("source", factory=dict, as_before={}, pack=True)  # the dataset's own settings
 
-    # --- partition across clients (docs/algorithms/partitions.md#partitions) -------------------------------------------
+    # --- clients: the partition across clients (docs/algorithms/partitions.md#partitions) ------
     # N. A dataset that comes with its clients (LEAF, hf, client_files) counts them itself where this
     # is left out (the clients kept after its filters); a given number that differs is refused.
-    num_clients: int = field(default=10, metadata=bound(ge=1))
+    num_clients: int = key("clients", 10, rule=bound(ge=1))
     # A name from fedray.data.PARTITIONS (fedray/data/partitions.py: iid, labels (#C=k), dirichlet, ...),
     # where each partition declares the keys below that it reads: setting one it does not read is an error.
-    partition: str = "dirichlet"  # how training samples are split across clients
+    # how training samples are split across clients
+    partition: str = key("clients", "dirichlet", label=True, registry=True)
     # file: a partition another tool drew (format: fedray/data/partition_file.py; a run's own is in
     # DIR/partitions/RUN_ID.parquet). "{seed}" in the path is replaced by the run's seed.
-    partition_file: str = ""  # JSON or Parquet; its content, not its path, goes into the run id
-    partition_name: str = ""  # file: how reports name the partition (e.g. "#C=2"); "" = the file's name
-    partition_k: int = 2  # labels: classes per client (#C=k)
+    # JSON or Parquet; its content, not its path, goes into the run id
+    partition_file: str = key("clients", "", text=True, as_before="", by_content=True)
+    # file: how reports name the partition (e.g. "#C=2"); "" = the file's name
+    partition_name: str = key("clients", "", text=True, in_run_id=False, setting=False)
+    partition_k: int = key("clients", 2)  # labels: classes per client (#C=k)
     # Dirichlet concentration; for dominant: the dominant-class fraction
-    partition_beta: float = field(default=0.5, metadata=bound(gt=0))
-    partition_clusters: int = 4  # dominant / rotation: groups i mod K (own dominant class / c*360/K degrees)
+    partition_beta: float = key("clients", 0.5, rule=bound(gt=0))
+    # dominant / rotation: groups i mod K (own dominant class / c*360/K degrees)
+    partition_clusters: int = key("clients", 4)
     # dominant / rotation: samples per client (0 = the most the pools allow, <= n/N)
-    partition_size: int = field(default=0, metadata=bound(ge=0, note="0 = automatic"))
+    partition_size: int = key("clients", 0, rule=bound(ge=0, note="0 = automatic"))
     # dirichlet/quantity: redraw until every client has this many samples
-    partition_min_size: int = field(default=10, metadata=bound(ge=1))
+    partition_min_size: int = key("clients", 10, rule=bound(ge=1))
     # share of each client's samples kept as its test split (FedRC: 0.1)
-    client_test_fraction: float = field(default=0.0, metadata=bound(ge=0, lt=1))
+    client_test_fraction: float = key("clients", 0.0, rule=bound(ge=0, lt=1))
     # Share of each client's training samples held out as its validation split (docs/tuning.md):
     # round(f n), drawn from the data seed, at most n - 1 (a client keeps a sample to train on; one
     # of a single sample gives none). Its training is on the rest, whatever evaluate_on says.
-    validation_fraction: float = field(default=0.0, metadata=bound(ge=0, lt=1))
+    validation_fraction: float = key("clients", 0.0, rule=bound(ge=0, lt=1), as_before=0.0, tunable=False)
     # FedRC's shift benchmark on top of the partition (fedray/data/shift.py): corruptions and label
     # maps per client, plus 3 non-participating test clients. A preset keeps 10% of each client's data
     # as its test split (client_test_fraction: 0.1, FedRC's protocol) unless client_test_fraction is set.
-    shift: str = "none"  # none | fedrc_paper | fedrc_code
+    shift: str = key("clients", "none", as_before="none", pack=True)  # none | fedrc_paper | fedrc_code
 
-    # --- model and local training (docs/algorithms/common.md#the-fedavg-core) ------------------------------------------------
+    # --- training: the model and local training (docs/algorithms/common.md#the-fedavg-core) -----
     # The defaults are the embedded default run (digits, MLP; about 96% in 30 rounds). Paper
     # settings (NIID-Bench/FedConcat: lr 0.01, batch 64, momentum 0.9, 10 epochs) are in jobs/configs/.
     # a name from fedray.models.MODELS (mlp, simple_cnn, mcmahan_cnn, fedrc_cnn, resnet18, mobilenet_v2,
     # vgg16)
-    model: str = "mlp"
+    model: str = key("training", "mlp", label=True, registry=True, pack=True)
     # FedConcat's concatenated heads always keep theirs (head_bias: false is refused there).
     # false: the model's last layer has no bias (FedRepo's models: FedRS's reference code)
-    head_bias: bool = True
+    head_bias: bool = key("training", True, as_before=True, pack=True)
     # How the initial model(s) are drawn. derived: model k from its own stream of (seed, k), so no two
     # seeds share a model. seed_plus_k: model k right after torch.manual_seed(seed + k), as the
     # FedEM/FedRC code draws its K learners: bit for bit its models, and seeds s and s + 1 then share
     # K - 1 of their K initial models (which narrows the seed-to-seed spread of a K-model method).
-    model_init: str = "derived"  # derived | seed_plus_k
+    model_init: str = key("training", "derived", as_before="derived")  # derived | seed_plus_k
     # Whose initialisation a fresh model gets. model: its authors' code's, where the model declares one
     # (fedray/models: leaf_cnn and leaf_lstm draw LEAF's TensorFlow 1 defaults: Glorot-uniform conv,
     # dense, embedding and LSTM kernels, an LSTM layer's bound from TF's joint [input + hidden,
     # 4 * hidden] kernel, zero biases but the LSTM forget gate's 1.0 in bias_ih, TF's forget_bias),
     # PyTorch's elsewhere. torch: PyTorch's default for every model. Either way from model_init's draw.
-    weight_init: str = "model"  # model | torch
+    weight_init: str = key("training", "model", as_before="model")  # model | torch
     # Start from a trained model instead of a fresh draw: a finished run's saved models folder
     # (DIR/models/RUN_ID/: its global model) or one model file in it (global.npz, cluster-2.npz).
     # Every initial model the algorithm draws (the global one, each of K cluster models) starts from it;
     # it must be of the run's architecture (model, inputs, classes). Its content, not its path, goes
     # into the run id. Fine-tuning, continuing a finished run with another algorithm, warm starts.
-    init_model: str = ""  # "" = a fresh draw (model_init)
-    rounds: int = field(default=30, metadata=bound(ge=1))  # communication rounds
-    local_epochs: int = field(default=5, metadata=bound(ge=1))  # full passes over the local data per round
+    # "" = a fresh draw (model_init)
+    init_model: str = key("training", "", text=True, as_before="", by_content=True)
+    rounds: int = key("training", 30, rule=bound(ge=1), tunable=False)  # communication rounds
+    # full passes over the local data per round
+    local_epochs: int = key("training", 5, rule=bound(ge=1), stack=True, pack=True)
     # local mini-batch size (the last partial batch kept, as in NIID-Bench, unless drop_last)
-    batch_size: int = field(default=32, metadata=bound(ge=1))
+    batch_size: int = key("training", 32, rule=bound(ge=1), stack=True, pack=True)
     # Drop each epoch's last partial batch in every client's local training, whatever the algorithm
     # (an algorithm's hp.drop_last does it for that algorithm alone). A model with BatchNorm needs it
     # where a client's last batch would hold one sample (checked before the run).
-    drop_last: bool = False
-    lr: float = field(default=0.05, metadata=bound(gt=0))  # local SGD learning rate
+    drop_last: bool = key("training", False, as_before=False, pack=True)
+    lr: float = key("training", 0.05, rule=bound(gt=0))  # local SGD learning rate
     # local SGD momentum (optimizer re-created every round)
-    momentum: float = field(default=0.9, metadata=bound(ge=0, lt=1))
-    weight_decay: float = field(default=1e-5, metadata=bound(ge=0))  # local SGD weight decay
+    momentum: float = key("training", 0.9, rule=bound(ge=0, lt=1), stack=True, pack=True)
+    # local SGD weight decay
+    weight_decay: float = key("training", 1e-5, rule=bound(ge=0), stack=True, pack=True)
     # fraction of clients sampled per round (first floor(N * p) of a permutation)
-    participation: float = field(default=1.0, metadata=bound(gt=0, le=1))
+    participation: float = key("training", 1.0, rule=bound(gt=0, le=1))
     # Clients a round as a number (LEAF's and FedScale's settings: 3 writers a round), exclusive with
     # participation, which it sets to clients_per_round / num_clients. 0 = participation decides.
-    clients_per_round: int = field(default=0, metadata=bound(ge=0, note="0 = participation"))
+    clients_per_round: int = key(
+        "training", 0, rule=bound(ge=0, note="0 = participation"), in_run_id=False, setting=False
+    )
 
     # --- evaluation --------------------------------------------------------------------------------
     # What the evaluations read (docs/tuning.md). test: the test sets, as ever. validation: each
     # client's validation split where a test split would be read, and their pool where the global
     # test set would be; the metrics read so are named val_* (val_accuracy, val_loss, ...), and the
     # run reads no test sample: how tuning runs its trials. Needs validation_fraction > 0.
-    evaluate_on: str = "test"  # test | validation
+    # test | validation
+    evaluate_on: str = key("evaluation", "test", as_before="test", tunable=False, trial_differs=True)
     # evaluate every this many rounds (the last round, and each stage's last, always)
-    eval_every: int = field(default=1, metadata=bound(ge=1))
+    eval_every: int = key("evaluation", 1, rule=bound(ge=1))
     # batch size for evaluation (does not change the numbers)
-    eval_batch_size: int = field(default=512, metadata=bound(ge=1))
+    eval_batch_size: int = key("evaluation", 512, rule=bound(ge=1))
     # train_accuracy and train_loss at each evaluation: every training client's predictor on its own
     # training split, as many samples as the training set (on 100 FMNIST clients 60,000, three times
     # the global test set). false skips them: `fedray report --at best-train` then has nothing to read.
-    eval_train: bool = True  # train_accuracy / train_loss at each evaluation (see above)
+    # train_accuracy / train_loss at each evaluation (see above)
+    eval_train: bool = key("evaluation", True, as_before=True)
     # The training clients an evaluation walks for local_accuracy and train_accuracy: this many,
     # drawn once from the seed; with fedprox_synthetic also the clients whose test splits pool into
     # the global test set. Cross-device runs (10^5 clients and more) need it: otherwise every
     # evaluation visits every client. 0 = every client.
     # clients the evaluation walks, drawn once; 0 = all
-    eval_clients: int = field(default=0, metadata=bound(ge=0))
+    eval_clients: int = key("evaluation", 0, rule=bound(ge=0), as_before=0)
+
+    # --- resources: placement, kernels, batched and packed training (docs/cluster.md#placement-fractional-gpus) --
     # Images (and convolution weights) in channels-last memory format: faster CNN steps on a CPU
     # (docs/benchmark.md#figures-behind-defaults); runs differ in the last bits from false, how runs
     # were computed before this key existed.
-    channels_last: bool = True  # channels-last memory format for images and convolution weights
+    # channels-last memory format for images and convolution weights
+    channels_last: bool = key("resources", True, as_before=False, stack=True, pack=True)
 
-    # --- placement (docs/cluster.md#placement-fractional-gpus) -----------------------------------------------------------------------
     # CPUs reserved per client actor; torch threads = max(1, floor(this))
-    num_cpus_per_actor: float = field(default=1.0, metadata=bound(gt=0))
+    num_cpus_per_actor: float = key("resources", 1.0, rule=bound(gt=0), setting=False, pack=True)
     # GPUs per client actor, fractional (e.g. 0.25 puts 4 actors on a GPU). auto: the cluster
     # decides when the run (the sweep) attaches to it: no GPU, 0; else each GPU shared by as many
     # actors as its node's CPUs hold, at most 4 (`fedray.federation.placement.auto_gpus_per_actor`), said in
     # one line. The run id, the saved config and the records carry the fraction it resolved to.
-    num_gpus_per_actor: float | str = field(default=0.0, metadata=bound(ge=0, words=("auto",)))
+    num_gpus_per_actor: float | str = key(
+        "resources", 0.0, rule=bound(ge=0, words=("auto",)), setting=False, pack=True
+    )
     # client actors to start; 0 = as many as the cluster's resources allow (at most N)
-    num_actors: int = field(default=0, metadata=bound(ge=0, note="0 = from resources"))
+    num_actors: int = key(
+        "resources", 0, rule=bound(ge=0, note="0 = from resources"), in_run_id=False, setting=False
+    )
     # On a GPU, CUDA's deterministic kernels (torch.use_deterministic_algorithms, cuDNN without
     # autotuning): the same config and seed give the same numbers run after run. false: CUDA's
     # default kernels, some of which sum in a varying order (runs then differ in the last bits, and
     # an unstable algorithm amplifies that). No effect on the CPU, which is deterministic anyway.
-    cuda_deterministic: bool = True  # deterministic CUDA kernels on a GPU (see above)
+    # deterministic CUDA kernels on a GPU (see above)
+    cuda_deterministic: bool = key("resources", True, as_before=True, pack=True)
     # On an Ampere or later GPU, cuDNN's convolutions in TF32 (10-bit mantissas), torch's default and
     # how the papers' code ran. false: float32 throughout, which brings batched and per-client GPU
     # training closer at some cost a step (docs/benchmark.md#figures-behind-defaults). No effect on
     # the CPU.
-    cuda_tf32: bool = True  # TF32 convolutions on an Ampere+ GPU (torch's default); false: float32
+    # TF32 convolutions on an Ampere+ GPU (torch's default); false: float32
+    cuda_tf32: bool = key("resources", True, as_before=True, pack=True)
     # Batched client training (fedray/engine/batched.py): the clients a worker runs in one call train as
     # one stacked model, each on its own batches, through torch.func.vmap: on a GPU many small
     # models per step instead of one. The numbers equal the per-client path's up to float
     # round-off. on: always (a model with BatchNorm or dropout is refused); auto: where the clients
     # run on a GPU and the model allows it; off: one client at a time. docs/batched.md lists the
     # client functions it covers (others run per client).
-    batched_clients: str = "auto"  # off | on | auto
+    # off | on | auto
+    batched_clients: str = key("resources", "auto", as_before="auto", pack=True, on_off=True)
     # Packed runs (fedray/sweeps/pack.py): a sweep's runs that share the data set, the model and the local
     # training's batch, momentum, weight decay and epochs (each may have its own lr) train in one worker, each
     # round's client updates of all of them in one stack (each run keeps its own run id, results,
@@ -252,9 +273,9 @@ class Config:
     # (a fractional num_gpus_per_actor); off: every run alone. A pack is one worker of one client
     # actor's resources; its runs take no client actors. Sweeps only (`fedray run` runs one run:
     # nothing to pack). docs/batched.md#packed-runs.
-    pack_runs: str = "off"  # off | on | auto
+    pack_runs: str = key("resources", "off", as_before="off", setting=False, on_off=True)  # off | on | auto
     # at most this many runs a pack
-    pack_size: int = field(default=4, metadata=bound(ge=1))
+    pack_size: int = key("resources", 4, rule=bound(ge=1), in_run_id=False, setting=False)
     # Clients' persistent state (SCAFFOLD's c_i, kept SGD buffers, FedEM/FedRC's weights, ...) held in
     # memory per worker up to this many MB; beyond it, the least recently used go to local disk and
     # come back exactly when their client is next sampled (fedray/federation/client_states.py). 0 = a quarter
@@ -262,36 +283,55 @@ class Config:
     # c/n of it; workers on every core keep a quarter between them), all of it in-process (--local).
     # Changes no number.
     # per worker, MB
-    client_state_memory_mb: float = field(
-        default=0.0,
-        metadata=bound(ge=0, note="0 = a quarter of the machine's memory, shared out by the workers' CPUs"),
+    client_state_memory_mb: float = key(
+        "resources",
+        0.0,
+        rule=bound(ge=0, note="0 = a quarter of the machine's memory, shared out by the workers' CPUs"),
+        in_run_id=False,
+        setting=False,
     )
     # give up (loudly) if the actors cannot be placed within this time (a local Ray fedray started fails
     # at once)
-    placement_timeout_s: float = field(default=300.0, metadata=bound(gt=0))
+    placement_timeout_s: float = key("resources", 300.0, rule=bound(gt=0), in_run_id=False, setting=False)
 
-    # --- output (docs/output.md#output) -------------------------------------------------------------------------
-    output: str = "out"  # results folder: metrics/, runs/, configs/, checkpoints/, models/
-    save_models: bool = True  # write the trained models to DIR/models/RUN_ID/ when the run finishes
+    # --- results: where results go, and the live loggers (docs/output.md#output) ----------------
+    # results folder: metrics/, runs/, configs/, checkpoints/, models/
+    output: str = key(
+        "results",
+        "out",
+        text=True,
+        in_run_id=False,
+        setting=False,
+        pack=True,
+        tunable=False,
+        trial_differs=True,
+    )
+    # write the trained models to DIR/models/RUN_ID/ when the run finishes
+    save_models: bool = key("results", True, in_run_id=False, setting=False)
     # Live loggers (docs/loggers.md), each an optional extra: tensorboard (DIR/tb/RUN_ID/), mlflow,
     # wandb, or a plug-in's (fedray.storage.loggers.register_logger); none by default
-    loggers: list[str] = field(default_factory=list)  # the live loggers (--logger NAME)
-    mlflow_tracking_uri: str = ""  # mlflow's tracking URI ("": sqlite:///DIR/mlflow.db)
-    wandb_project: str = ""  # W&B's project ("": the experiment's name); WANDB_MODE=offline honoured
+    # the live loggers (--logger NAME)
+    loggers: list[str] = key("results", factory=list, in_run_id=False, setting=False)
+    # mlflow's tracking URI ("": sqlite:///DIR/mlflow.db)
+    mlflow_tracking_uri: str = key("results", "", in_run_id=False, setting=False)
+    # W&B's project ("": the experiment's name); WANDB_MODE=offline honoured
+    wandb_project: str = key("results", "", in_run_id=False, setting=False)
 
-    # --- surviving failures (none of these changes a number, so none is in the run id) ---------------
+    # --- recovery: surviving failures (none of these changes a number, so none is in the run id) ----
     # An unfinished run started again goes on from its latest checkpoint (--restart starts over).
     # checkpoint every this many rounds, and after the last; 0 = never
-    checkpoint_every: int = field(default=10, metadata=bound(ge=0, note="0 = never"))
+    checkpoint_every: int = key(
+        "recovery", 10, rule=bound(ge=0, note="0 = never"), in_run_id=False, setting=False
+    )
     # how many of the latest checkpoints DIR/checkpoints/RUN_ID/ keeps
-    keep_checkpoints: int = field(default=1, metadata=bound(ge=1))
+    keep_checkpoints: int = key("recovery", 1, rule=bound(ge=1), in_run_id=False, setting=False)
     # false: a run's checkpoints are removed once it has finished (its rows and models written); an
     # unfinished run keeps them
-    keep_finished_checkpoints: bool = True
+    keep_finished_checkpoints: bool = key("recovery", True, in_run_id=False, setting=False)
     # Ray runs only: after losing client actors (a node lost, out of memory), new actors on what is
     # left of the cluster go on from the latest checkpoint.
     # times a run goes on after such a loss; 0 = fail at the first
-    max_failures: int = field(default=3, metadata=bound(ge=0))
+    max_failures: int = key("recovery", 3, rule=bound(ge=0), in_run_id=False, setting=False)
 
     # ------------------------------------------------------------------------------------------------
 
@@ -320,32 +360,11 @@ class Config:
         return dataclasses.replace(self, num_gpus_per_actor=float(share)) if self.gpus_auto else self
 
     def run_id(self) -> str:
-        """Stable id of the run: the same resolved config gives the same id.
+        """Stable id of the run: the same resolved config gives the same id
+        (`fedray.config.run_ids.run_id`, which names every run by one versioned rule)."""
+        from fedray.config.run_ids import run_id
 
-        Keys that cannot change a number are left out (`NOT_IN_RUN_ID`): where results go, and how
-        many actors serve the clients (bit-identical for any count, docs/running.md#running-experiments), which a sweep
-        chooses from the resources it has at the time.
-        """
-        d = self.to_dict()
-        for key in NOT_IN_RUN_ID:
-            d.pop(key)
-        if self.partition_file:  # the clients the file holds, wherever it lies
-            d["partition_file"] = "sha256:" + file_digest(self.resolved_partition_file())
-        if self.plugins:  # each plug-in by its module name and the hash of its source, wherever it lies
-            from fedray.config.plugins import describe, digest
-
-            d["plugins"] = [f"{describe(s).name}:sha256:{digest(s)}" for s in self.plugins]
-        # the user's arrays (fedray.from_arrays), wherever they lie
-        if self.dataset == "arrays" and self.data_root:
-            d["data_root"] = "sha256:" + file_digest(self.data_root)
-        if self.init_model:  # the model the file holds, wherever it lies
-            d["init_model"] = "sha256:" + file_digest(init_model_file(self.init_model))
-        d.update(_hashed_data(d.pop("data")))
-        for key, default in ADDED_LATER.items():
-            if key in d and d[key] == default:
-                d.pop(key)
-        digest = hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
-        return f"{self.algorithm}-{self.dataset}-s{self.seed}-{digest}"
+        return run_id(self)
 
     def resolved_partition_file(self) -> str:
         return partition_file_for(self.partition_file, self.seed)
@@ -362,50 +381,43 @@ class Config:
 
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Config)}
-NOT_IN_RUN_ID = (
-    "output",
-    "num_actors",
-    "placement_timeout_s",
-    "save_models",
-    "checkpoint_every",
-    "keep_checkpoints",
-    "max_failures",
-    "partition_name",
-    "keep_finished_checkpoints",
-    "loggers",
-    "mlflow_tracking_uri",
-    "wandb_project",
-    "client_state_memory_mb",
-    "pack_size",
-    # the participation it sets is in the run id: clients_per_round: 3 names the same run as
-    # participation: 3 / num_clients
-    "clients_per_round",
-)
+ROLES: dict[str, Role] = roles_of(Config)  # each key's roles, as its field declares them
+
+
+def keys_where(test: Callable[[Role], bool]) -> tuple[str, ...]:
+    """The config keys whose `Role` passes ``test``, in the order `Config` declares them."""
+    return tuple(name for name, role in ROLES.items() if test(role))
+
+
+# The lists of keys the rest of fedray reads, each from the keys' own roles (fedray/config/roles.py):
+# Names people write unquoted (experiment: 2024, output: 1): a number there means its text.
+NAME_KEYS = keys_where(lambda r: r.text)
+# Keys that cannot change a number, left out of the run id.
+NOT_IN_RUN_ID = keys_where(lambda r: not r.in_run_id)
 # Keys added after results existed, with the value that means "as before": at that value they stay
 # out of the run id, so every earlier run keeps its id (and a re-submitted sweep skips it).
-ADDED_LATER = {
-    "shift": "none",
-    "partition_file": "",
-    "channels_last": False,
-    "eval_train": True,
-    "cuda_deterministic": True,
-    "head_bias": True,
-    "model_init": "derived",
-    "weight_init": "model",
-    "init_model": "",
-    "plugins": [],
-    "batched_clients": "auto",
-    "synthetic_alpha": 1.0,
-    "synthetic_beta": 1.0,
-    "eval_clients": 0,
-    "cuda_tf32": True,
-    "drop_last": False,
-    "pack_runs": "off",
-    "validation_fraction": 0.0,
-    "evaluate_on": "test",
-    "data_seed": None,
-    "data": {},
-}
+ADDED_LATER = {name: role.as_before for name, role in ROLES.items() if role.added_later}
+# Keys runs of one setting may differ in: the seed, what cannot change a number, where the work ran.
+PER_RUN_KEYS = keys_where(lambda r: not r.setting)
+# Keys that name a run (the results' columns, the report's and the loggers' labels).
+LABEL_KEYS = keys_where(lambda r: r.label)
+# Keys a search may not vary (what makes the validation data, the budget, the record).
+FIXED_IN_SEARCH = keys_where(lambda r: not r.tunable)
+# Keys whose values are registry names, which a plug-in adds to.
+REGISTERED = keys_where(lambda r: r.registry)
+# String keys whose values include on and off.
+ON_OFF_KEYS = keys_where(lambda r: r.on_off)
+# Flat keys a dataset may read as its own (`DatasetKind.keys`), which every other dataset refuses.
+DATASET_KEYS = keys_where(lambda r: r.dataset_own)
+# Keys that name a file by its path, whose content the run id hashes.
+BY_CONTENT = keys_where(lambda r: r.by_content)
+# Keys the runs of one pack share, and those the updates of one stack share.
+PACK_KEYS = keys_where(lambda r: r.pack)
+STACK_KEYS = keys_where(lambda r: r.stack)
+# Keys a search's trials set otherwise than the test runs of the settings they tune.
+TRIAL_KEYS = keys_where(lambda r: r.trial_differs)
+# Each section's keys (a config file may be written in sections, fedray/config/roles.py SECTIONS).
+SECTION_KEYS = {section: keys_where(lambda r, s=section: r.section == s) for section in SECTIONS}
 # Flat keys that moved into a dataset's own settings (config key data.NAME): old name -> (its name
 # under data, its default). A config naming the old key still loads (it is moved, with a note), and a
 # run id hashes a moved value under its old name, so every run keeps the id it had.
@@ -662,21 +674,6 @@ def init_model_file(path: str | Path) -> Path:
     """The model file ``init_model`` names: the file itself, or a models folder's ``global.npz``."""
     p = Path(path)
     return p / "global.npz" if p.is_dir() else p
-
-
-def _hashed_data(data: Mapping[str, Any]) -> dict[str, Any]:
-    """A config's data settings as its run id hashes them: a setting that moved there from a flat
-    key (`MOVED_TO_DATA`) under that key where it is not its default (as the flat key was hashed),
-    the others under ``data`` (left out where there are none)."""
-    old = {new: (flat, default) for flat, (new, default) in MOVED_TO_DATA.items()}
-    out: dict[str, Any] = {}
-    rest = {k: v for k, v in data.items() if k not in old}
-    for key, value in data.items():
-        if key in old and value != old[key][1]:
-            out[old[key][0]] = value
-    if rest:
-        out["data"] = rest
-    return out
 
 
 _DIGESTS: dict[tuple, str] = {}  # in this process: a file as it stands (inode, size, times) -> its SHA-256

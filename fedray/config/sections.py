@@ -25,7 +25,6 @@ from typing import Any
 
 __all__ = [
     "DATA_KEYS",
-    "DATASET_KEYS",
     "DEFAULT_FMNIST_ROOT",
     "DataSection",
     "data_root_for",
@@ -101,6 +100,3 @@ class DataSection:
 
 
 DATA_KEYS = tuple(f.name for f in dataclasses.fields(DataSection))
-# the flat keys a dataset may read as its own (`DatasetKind.keys`), which every other dataset then
-# refuses; the rest of the section every dataset reads alike
-DATASET_KEYS = ("emnist_split", "synthetic_size", "synthetic_shape", "synthetic_alpha", "synthetic_beta")

@@ -21,8 +21,7 @@ import torch
 
 from fedray.config.coercion import ConfigError, suggest
 from fedray.config.hparams import settings_from_dict
-from fedray.config.keys import MOVED_TO_DATA
-from fedray.config.sections import DATASET_KEYS
+from fedray.config.keys import DATASET_KEYS, MOVED_TO_DATA
 
 if TYPE_CHECKING:
     from fedray.config.sections import DataSection

@@ -8,8 +8,9 @@ The config key ``batched_clients``: ``off`` trains one client at a time; ``on`` 
 model or a client function that cannot be stacked is an error naming it; ``auto`` stacks where the
 clients run on a GPU and the model can be stacked, else trains one client at a time.
 
-The settings that let updates share a stack are declared once (`STACK_SETTINGS`): the stacked
-engine keys its stacks by them (`stack_key`) and packs of runs by them (`fedray.sweeps.pack`).
+The settings that let updates share a stack are the config keys declared so (their role ``stack``,
+`fedray.config.keys.STACK_KEYS`): the stacked engine keys its stacks by them (`stack_key`) and
+packs of runs by them (`fedray.sweeps.pack`).
 """
 
 from __future__ import annotations
@@ -20,21 +21,19 @@ from typing import Any
 
 from torch import nn
 
+from fedray.config.keys import STACK_KEYS
 from fedray.engine import step_options
 
 MODES = ("off", "on", "auto")
 
-# The settings of a client's task that every update of one stack shares (the learning rate may
-# differ row by row): config keys that are `fedray.engine.client.Task` fields of the same name. The
-# data's augmentation is shared too (`stack_key`), which the data set's own keys decide.
-STACK_SETTINGS = ("batch_size", "momentum", "weight_decay", "local_epochs", "channels_last")
-
 
 def stack_key(task: Any) -> tuple:
-    """What the stacked engine reads from its clients' task, but the learning rate: updates whose
-    clients' tasks differ here (the runs of a pack with different momenta, `fedray.sweeps.pack`)
+    """What the stacked engine reads from its clients' task, but the learning rate: the settings
+    of `STACK_KEYS` (config keys that are `fedray.engine.client.Task` fields of the same name) and
+    the data's augmentation, which the data set's own keys decide. Updates whose clients' tasks
+    differ here (the runs of a pack with different momenta, `fedray.sweeps.pack`)
     train in different stacks."""
-    return (*(getattr(task, name) for name in STACK_SETTINGS), task.spec.augment)
+    return (*(getattr(task, name) for name in STACK_KEYS), task.spec.augment)
 
 
 def refusal(model: nn.Module) -> str | None:

@@ -32,6 +32,8 @@ from fedray.config.keys import (
     MISNAMED,
     MOVED_TO_DATA,
     NAME_KEYS,
+    ON_OFF_KEYS,
+    REGISTERED,
     RETIRED,
     SWEEP_KEYS,
     Config,
@@ -102,7 +104,10 @@ def from_dict(raw: Mapping[str, Any]) -> Config:
             problems.append(f"unknown config key '{key}'{key_hint(key, raw.get('algorithm'))}")
             continue
         try:
-            values[key] = coerce(key, value, field_type(key), str_from_number=key in NAME_KEYS)
+            on_off = ("on", "off") if key in ON_OFF_KEYS else ()
+            values[key] = coerce(
+                key, value, field_type(key), str_from_number=key in NAME_KEYS, choices=on_off
+            )
         except ConfigError as e:
             several = key == "seed" and isinstance(value, list)
             problems.append(f"{e}; several seeds are a sweep's key seeds: {value}" if several else str(e))
@@ -301,10 +306,6 @@ def key_hint(key: str, algorithm: Any = None) -> str:
     if not found:
         return suggest(key, [*FIELDS, *SWEEP_KEYS])  # a sweep file's own keys too (grid, seeds, ...)
     return f"; did you mean {' or '.join(found)}?"
-
-
-# The keys whose values are registry names, which a plug-in adds to.
-REGISTERED = ("algorithm", "model", "dataset", "partition")
 
 
 def _choice(key: str, value: str, allowed: Iterable[str]) -> str | None:

@@ -34,23 +34,10 @@ from typing import Any
 
 import torch
 
-from fedray.config.keys import Config
+from fedray.config.keys import PACK_KEYS, Config
 from fedray.engine import drive
-from fedray.engine.choice import STACK_SETTINGS
 from fedray.engine.step_options import StepOptions
 from fedray.experiment.local import engine_for
-
-# What runs of one pack share: the data set (its files and options, its own settings under
-# ``data:``, and so the augmentation a stack shares), the model, what every update of one stack shares (`STACK_SETTINGS`: runs that
-# differ there would train in stacks of their own, so packing them gains nothing) and how they
-# train, and the worker (its CPUs, its GPU share, the process-wide CUDA settings).
-PACK_KEYS = (
-    *("dataset", "data", "data_root", "emnist_split", "synthetic_size", "synthetic_shape", "shift"),
-    *("model", "head_bias"),
-    *STACK_SETTINGS,
-    *("drop_last", "batched_clients"),
-    *("num_cpus_per_actor", "num_gpus_per_actor", "cuda_deterministic", "cuda_tf32", "plugins", "output"),
-)
 
 
 def packs(cfg: Config) -> bool:
@@ -67,7 +54,12 @@ def packs(cfg: Config) -> bool:
 
 
 def pack_key(cfg: Config) -> tuple:
-    """Runs with equal keys may pack together (`PACK_KEYS`)."""
+    """Runs with equal keys may pack together: those the runs of one pack share (the config keys
+    whose role is ``pack``, `fedray.config.keys.PACK_KEYS`): the data set (its files and options,
+    its own settings under ``data:``, and so the augmentation a stack shares), the model, what every
+    update of one stack shares (runs that differ there would train in stacks of their own, so
+    packing them gains nothing) and how they train, and the worker (its CPUs, its GPU share, the
+    process-wide CUDA settings)."""
     d = cfg.to_dict()
     return tuple((k, repr(d[k])) for k in PACK_KEYS)
 

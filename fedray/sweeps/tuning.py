@@ -39,7 +39,7 @@ from typing import Any
 import yaml
 
 from fedray.config.coercion import ConfigError, suggest
-from fedray.config.keys import FIELDS, Config, field_type, set_dotted
+from fedray.config.keys import FIELDS, FIXED_IN_SEARCH, Config, field_type, set_dotted
 
 TUNE_KEY = "tune"
 DISTRIBUTIONS = ("loguniform", "uniform", "randint", "choice", "grid")
@@ -49,20 +49,6 @@ METRICS = ("val_accuracy", "val_loss", "val_local_accuracy")
 # used when Ray Tune's asynchronous ASHA ran it, kept as the same thing
 HALVING = "successive_halving"
 SEARCH_ALGS = ("random", "grid", "optuna")
-# What a trial may not vary: what makes the validation data, what the budget is, where and how it is
-# recorded. Tuning the seed would choose a lucky seed, not a setting.
-FIXED = (
-    "seed",
-    "data_seed",
-    "validation_fraction",
-    "evaluate_on",
-    "rounds",
-    "output",
-    "experiment",
-    "plugins",
-    "dataset",
-    "data_root",
-)
 MAX_TRIALS = 10_000  # the sweep limit: trials a search may run
 TRIALS_SUFFIX = "-tune"  # the trials' experiment: the cell's experiment and this
 
@@ -199,7 +185,7 @@ def _key_type(key: str, algorithms: Iterable[str]) -> tuple[Any, str | None]:
         return typing_hints(ALGORITHMS[next(iter(algorithms))].Hparams)[name], None
     if key not in FIELDS:
         return None, f"is not a config key{suggest(key, list(FIELDS))}"
-    if key in FIXED:
+    if key in FIXED_IN_SEARCH:  # the keys declared untunable: what a search holds fixed
         return None, "is fixed in a search (it makes the validation data, the budget or the record)"
     return field_type(key), None
 

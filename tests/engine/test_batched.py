@@ -753,15 +753,15 @@ def test_one_place_decides_the_engine_and_says_why():
 
 
 def test_the_settings_a_stack_shares_are_declared_once_and_key_stacks_and_packs():
-    from fedray.config.keys import Config
-    from fedray.sweeps.pack import PACK_KEYS
+    from fedray.config.keys import PACK_KEYS, STACK_KEYS, Config
 
     task_fields = {f.name for f in dataclasses.fields(Task)}
     config_keys = {f.name for f in dataclasses.fields(Config)}
-    assert set(choice.STACK_SETTINGS) <= task_fields & config_keys & set(PACK_KEYS)
+    assert set(STACK_KEYS) == {"batch_size", "momentum", "weight_decay", "local_epochs", "channels_last"}
+    assert set(STACK_KEYS) <= task_fields & config_keys & set(PACK_KEYS)
     task = _host().task
-    assert choice.stack_key(task) == (*(getattr(task, k) for k in choice.STACK_SETTINGS), task.spec.augment)
-    for name in choice.STACK_SETTINGS:  # each one splits a stack
+    assert choice.stack_key(task) == (*(getattr(task, k) for k in STACK_KEYS), task.spec.augment)
+    for name in STACK_KEYS:  # each one splits a stack
         changed = dataclasses.replace(
             task, **{name: not getattr(task, name) if name == "channels_last" else 7}
         )

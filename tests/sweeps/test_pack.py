@@ -101,6 +101,10 @@ def test_runs_pack_by_their_key_at_most_pack_size_a_pack(tmp_path):
     # a data set's own settings (``data:``, a plug-in's data.noise say) are its data: another pack
     noisy = [dataclasses.replace(configs[0], data={"noise": 0.1}), configs[2], configs[3]]
     assert pack_groups(noisy) == [[0], [1, 2]]
+    # so are a dataset's flat keys (each declared pack with the rest of its data set): FedProx's
+    # Synthetic(alpha, beta) of another alpha is another data set, never one pack
+    other = [dataclasses.replace(configs[0], synthetic_alpha=0.5), configs[2], configs[3]]
+    assert pack_groups(other) == [[0], [1, 2]]
     small = [dataclasses.replace(c, pack_size=2) for c in configs]
     assert pack_groups(small) == [[0, 2], [1], [3, 5], [4], [6], [7]]
     # auto: packed where the runs share a GPU (a fractional share), not on CPUs

@@ -23,7 +23,6 @@ from fedray.records import EVALUATED_ON_TEST, GLOBAL_ENTITY, TIMING_METRICS, Rec
 MAX_CLIENT_SERIES = 100
 
 # the run's config keys that a logger shows as the run's labels (MLflow tags)
-LABEL_KEYS = ("experiment", "algorithm", "dataset", "partition", "model", "seed")
 
 
 @dataclass(frozen=True)
@@ -137,7 +136,9 @@ def slash_name(scope: str, entity: int | None, metric: str) -> str:
 
 
 def labels(config: Mapping[str, Any]) -> dict[str, str]:
-    """The run's labels (`LABEL_KEYS`), the partition as the results name it (``dirichlet(0.5)``...)."""
+    """The run's labels (the config keys declared to label runs, `fedray.config.keys.LABEL_KEYS`), the partition as the results name it (``dirichlet(0.5)``...)."""
+    from fedray.config.keys import LABEL_KEYS
+
     out = {k: str(config[k]) for k in LABEL_KEYS if config.get(k) is not None}
     try:
         from fedray.data import partition_label
