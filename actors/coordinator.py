@@ -38,8 +38,8 @@ class CoordinatorCode:
         # Imported here, not at module level: the actors already import torch while we do.
         from actors.federation import make_ray_federation
         from fedray.config.plugins import activate
+        from fedray.experiment.checks import from_dict
         from fedray.experiment.loop import execute
-        from fedray.experiment.validation import from_dict
         from fedray.federation.host import set_torch_threads
 
         activate(  # checked against what the driver read, as the client actors check theirs
@@ -78,8 +78,8 @@ class PackWorkerCode:
             os.chdir(cwd)
         from actors.client_actor import assigned_device
         from fedray.config.plugins import activate
+        from fedray.experiment.checks import from_dict
         from fedray.experiment.local import make_local_federation
-        from fedray.experiment.validation import from_dict
         from fedray.federation.host import set_torch_threads
         from fedray.sweeps.pack import Ended, execute_pack
 

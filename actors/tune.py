@@ -86,9 +86,9 @@ def _unit(
     its own writer and reported (``run``, ``error``), never raised (its traceback is in its row)."""
     from actors.client_actor import assigned_device
     from fedray.config.plugins import activate
+    from fedray.experiment.checks import from_dict
     from fedray.experiment.local import make_local_federation
     from fedray.experiment.loop import RoundDone, Started, execute
-    from fedray.experiment.validation import from_dict
     from fedray.federation.host import set_torch_threads
     from fedray.sweeps.pack import Ended, execute_pack
 

@@ -70,8 +70,8 @@ _API = {
     "DataSection": "fedray.config.sections",
     "RunPlan": "fedray.algorithms.plan",
     "ConfigError": "fedray.config",
-    "load_config": "fedray.experiment.validation",
-    "from_dict": "fedray.experiment.validation",
+    "load_config": "fedray.experiment.checks",
+    "from_dict": "fedray.experiment.checks",
     "run": "fedray.api",
     "sweep": "fedray.api",
     "tune": "fedray.api",
@@ -140,7 +140,8 @@ MOVED_MODULES = {
         }.items()
         for name in names
     },
-    "fedray.validation": "fedray.experiment.validation",
+    "fedray.validation": "fedray.experiment.checks",
+    "fedray.experiment.validation": "fedray.experiment.checks",
 }
 
 

@@ -97,7 +97,7 @@ def prepare(
     """The checked Config of a run, with its data and partition checked too: every error a bad
     config or a missing data set can give, before any training (and before Ray)."""
     from fedray.data import check_available, check_partition
-    from fedray.experiment.validation import check_last_batches, from_dict, load_config
+    from fedray.experiment.checks import check_last_batches, from_dict, load_config
     from fedray.storage.results import check_writable
 
     mapping, path = _config_mapping(config)

@@ -16,7 +16,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import pytest  # noqa: E402
 
 from fedray.config.keys import Config  # noqa: E402
-from fedray.experiment.validation import from_dict  # noqa: E402
+from fedray.experiment.checks import from_dict  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

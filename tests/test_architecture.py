@@ -91,8 +91,8 @@ def test_cycle_finder():
 
 def test_no_module_imports_itself_back_even_inside_a_function():
     """No import cycle among the project's modules, function-level imports counted: fedray's config
-    keys import only their own folder's coercion, hparams, sections and plug-ins (the registry checks are
-    fedray.experiment.validation's; the plug-ins' hashes in the run id come from
+    keys import only their own folder's coercion, hparams, roles, run ids, sections and plug-ins (the registry checks are
+    fedray.experiment.checks's; the plug-ins' hashes in the run id come from
     fedray.config.plugins, a leaf itself), and the CLI hands the reference harness its sweep
     runner instead of being imported back."""
     graph = _module_graph()
@@ -100,8 +100,17 @@ def test_no_module_imports_itself_back_even_inside_a_function():
         "fedray.config.hparams",
         "fedray.config.coercion",
         "fedray.config.plugins",
+        "fedray.config.roles",
+        "fedray.config.run_ids",
         "fedray.config.sections",
     }, graph["fedray.config.keys"]
+    # the run id's rule reads the roles a config's class declares, never the config's module
+    assert graph["fedray.config.run_ids"] <= {
+        "fedray.config.plugins",
+        "fedray.config.roles",
+        "fedray.config.sections",
+    }, graph["fedray.config.run_ids"]
+    assert not graph["fedray.config.roles"]  # a leaf: the standard library only
     assert not graph["fedray.config.sections"]  # a leaf: the standard library only
     assert not graph["fedray.config.plugins"], graph["fedray.config.plugins"]  # the standard library only
     front = {m for m, deps in graph.items() if "fedray.api" in deps}

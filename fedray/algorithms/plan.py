@@ -5,7 +5,7 @@ encoder and classifier rounds against ``rounds``, FedCat's groups against the pa
 N x N similarities against this machine's memory). What those checks read is here, typed: the
 run's scale and schedule, its partition's ground-truth groups, and its model with the data's
 shape, so a check can build the model without reading the data. The experiment layer builds it
-once the config is checked (`fedray.experiment.validation`); the fields are named as the config
+once the config is checked (`fedray.experiment.checks`); the fields are named as the config
 keys they come from.
 """
 

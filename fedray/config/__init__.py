@@ -5,7 +5,7 @@ the derived random streams (`seeding`) and the notes a process says once (`notes
 
 May import: the standard library, PyYAML, numpy and torch (`seeding`); nothing else of fedray (every other layer reads
 a config). Checking a config against what is registered (algorithms, datasets, models) is
-`fedray.experiment.validation`'s.
+`fedray.experiment.checks`'s.
 """
 
 from fedray.config.keys import Config, ConfigError

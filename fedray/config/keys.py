@@ -1,13 +1,13 @@
 """The typed experiment config (docs/running.md#running-experiments): YAML files plus ``--set key=value`` overrides.
 
 Every key, its default and its meaning is in `Config` below. Building a Config
-(`fedray.experiment.validation.from_dict`, `load_config`) raises `ConfigError` naming the key (and suggesting
+(`fedray.experiment.checks.from_dict`, `load_config`) raises `ConfigError` naming the key (and suggesting
 a close match) for an unknown key or a bad value, before any data is read or Ray is started.
 Algorithm hyperparameters live under ``hp.`` and are checked against the chosen algorithm's
 ``Hparams`` dataclass.
 
 This module is a leaf: it parses and types keys, and knows no registry. Building a checked Config
-(`fedray.experiment.validation.from_dict`, `load_config`) checks the values against the registries of
+(`fedray.experiment.checks.from_dict`, `load_config`) checks the values against the registries of
 algorithms, datasets, partitions and models.
 """
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import hashlib
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -25,12 +24,14 @@ from typing import Any
 
 import yaml
 
-from fedray.config.coercion import ConfigError
+from fedray.config.coercion import ConfigError, suggest
 from fedray.config.hparams import bound
 from fedray.config.roles import SECTIONS, Role, key, roles_of
+from fedray.config.run_ids import file_digest, init_model_file, run_id
 from fedray.config.sections import (
     DATA_KEYS,
     DEFAULT_FMNIST_ROOT,
+    MOVED_TO_DATA,
     DataSection,
     data_root_for,
     partition_file_for,
@@ -362,8 +363,6 @@ class Config:
     def run_id(self) -> str:
         """Stable id of the run: the same resolved config gives the same id
         (`fedray.config.run_ids.run_id`, which names every run by one versioned rule)."""
-        from fedray.config.run_ids import run_id
-
         return run_id(self)
 
     def resolved_partition_file(self) -> str:
@@ -418,21 +417,6 @@ STACK_KEYS = keys_where(lambda r: r.stack)
 TRIAL_KEYS = keys_where(lambda r: r.trial_differs)
 # Each section's keys (a config file may be written in sections, fedray/config/roles.py SECTIONS).
 SECTION_KEYS = {section: keys_where(lambda r, s=section: r.section == s) for section in SECTIONS}
-# Flat keys that moved into a dataset's own settings (config key data.NAME): old name -> (its name
-# under data, its default). A config naming the old key still loads (it is moved, with a note), and a
-# run id hashes a moved value under its old name, so every run keeps the id it had.
-MOVED_TO_DATA = {
-    "leaf_sample_fraction": ("sample_fraction", None),
-    "leaf_min_samples": ("min_samples", 0),
-    "leaf_train_fraction": ("train_fraction", 0.9),
-    "leaf_split_seed": ("split_seed", None),
-    "hf_name": ("name", ""),
-    "hf_split": ("split", "train"),
-    "hf_test_split": ("test_split", ""),
-    "hf_client_column": ("client_column", ""),
-    "hf_input_column": ("input_column", ""),
-    "hf_label_column": ("label_column", ""),
-}
 # Keys of a sweep file that are not config keys (fedray/sweeps/sweep_file.py expands them into runs).
 SWEEP_KEYS = ("grid", "seeds", "cases", "max_concurrent_runs")
 # What other tools (and papers) call a key: an unknown key named here says "did you mean ...?"
@@ -533,6 +517,50 @@ def set_dotted(tree: dict[str, Any], key: str, value: Any, where: str) -> None:
         if not isinstance(node, dict):
             raise ConfigError(f"{where}: '{p}' is not a section")
     node[parts[-1]] = value
+
+
+def unsection(tree: Mapping[str, Any], where: str = "config") -> dict[str, Any]:
+    """A config mapping written in sections (``run:``, ``training:``, ... `SECTIONS`) as the flat
+    mapping `Config` reads: each section's keys lifted to the top. A flat mapping, or one mixing
+    sections and top-level keys, loads the same. A key in a section that does not hold it, a key
+    given both at the top and in its section, and a section that is not a mapping are refused in
+    one error naming each (``where``: what the mapping is, for the message)."""
+    out = {k: v for k, v in tree.items() if k not in SECTIONS}
+    problems = []
+    for section in SECTIONS:
+        body = tree.get(section)
+        if section not in tree or body is None:  # an empty section holds nothing
+            continue
+        if not isinstance(body, Mapping):
+            problems.append(f"{where}: section '{section}' must be a mapping of its keys, got {body!r}")
+            continue
+        for name, value in body.items():
+            name = str(name)
+            owner = ROLES[name].section if name in ROLES else "source" if name in MOVED_TO_DATA else None
+            if owner is None:
+                hint = suggest(name, [*SECTION_KEYS[section], *ROLES])
+                problems.append(f"unknown config key '{section}.{name}'{hint}")
+            elif owner != section:
+                problems.append(
+                    f"config key '{section}.{name}': {name} is in section '{owner}', not '{section}'"
+                )
+            elif name in out:
+                problems.append(f"config key '{name}' is given twice: at the top and in section '{section}'")
+            else:
+                out[name] = value
+    if problems:
+        raise ConfigError.of(problems)
+    return out
+
+
+def flat_key(name: str) -> str:
+    """A dotted key as `Config` names it: ``training.lr`` is ``lr`` (checked to be in that section),
+    ``run.hp.mu`` is ``hp.mu``; any other name as it is."""
+    section, dot, rest = name.partition(".")
+    if not dot or section not in SECTIONS:
+        return name
+    unsection({section: {rest.split(".")[0]: None}}, name)  # the key is the section's, or an error
+    return rest
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -668,32 +696,6 @@ def _config_hints() -> dict[str, Any]:
 
 def field_type(name: str) -> Any:
     return _config_hints()[name]
-
-
-def init_model_file(path: str | Path) -> Path:
-    """The model file ``init_model`` names: the file itself, or a models folder's ``global.npz``."""
-    p = Path(path)
-    return p / "global.npz" if p.is_dir() else p
-
-
-_DIGESTS: dict[tuple, str] = {}  # in this process: a file as it stands (inode, size, times) -> its SHA-256
-
-
-def file_digest(path: str | Path) -> str:
-    """The SHA-256 of a file's content (what names a partition file in a run id, so the same clients
-    give the same run wherever the file lies; what names the files a run's data was read from),
-    computed once a process for the file as it stands: a write changes its ctime, which no tool
-    sets back."""
-    p = Path(path)
-    st = p.stat()
-    key = (str(p.resolve()), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    if key not in _DIGESTS:
-        h = hashlib.sha256()
-        with open(p, "rb") as f:
-            while chunk := f.read(1 << 22):
-                h.update(chunk)
-        _DIGESTS[key] = h.hexdigest()
-    return _DIGESTS[key]
 
 
 def dump_yaml(cfg: Config) -> str:

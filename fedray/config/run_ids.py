@@ -11,7 +11,7 @@ Version 1, the rule every run so far was named by (`RUN_ID_VERSION`), reads each
    starts from, the arrays of ``fedray.from_arrays``. Each plug-in is its module name and the hash
    of its source.
 3. The dataset's own settings (``data``): one that was a flat key before it moved under ``data``
-   (`fedray.config.keys.MOVED_TO_DATA`) is hashed under that key where it is not its default, as
+   (`fedray.config.sections.MOVED_TO_DATA`) is hashed under that key where it is not its default, as
    the flat key was; the others under ``data``, left out where there are none.
 4. A key added after results existed (`Role.as_before`) is left out at the value that means "as
    before", so every earlier run keeps its id.
@@ -19,54 +19,55 @@ Version 1, the rule every run so far was named by (`RUN_ID_VERSION`), reads each
    left, as JSON with sorted keys.
 
 A later rule would be version 2, beside this one, so that the runs version 1 named keep their ids.
+
+Config layer: a leaf below `fedray.config.keys` (it reads the roles a config's class declares, and
+the data section's history); it also holds how a file named by a key is read, `file_digest`.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from fedray.config.keys import (
-    ADDED_LATER,
-    BY_CONTENT,
-    MOVED_TO_DATA,
-    NOT_IN_RUN_ID,
-    file_digest,
-    init_model_file,
-)
-from fedray.config.sections import partition_file_for
+from fedray.config.roles import Role, roles_of
+from fedray.config.sections import MOVED_TO_DATA, partition_file_for
 
-if TYPE_CHECKING:
-    from fedray.config.keys import Config
-
-__all__ = ["RUN_ID_VERSION", "content_file", "run_id"]
+__all__ = ["RUN_ID_VERSION", "content_file", "file_digest", "init_model_file", "run_id"]
 
 RUN_ID_VERSION = 1
 
 
-def run_id(cfg: Config, version: int = RUN_ID_VERSION) -> str:
-    """The id of the run ``cfg`` resolves to, by rule ``version`` (module docstring)."""
+def run_id(cfg: Any, version: int = RUN_ID_VERSION) -> str:
+    """The id of the run ``cfg`` (a `fedray.config.Config`) resolves to, by rule ``version`` (module
+    docstring)."""
     if version != 1:
         raise ValueError(f"run id version {version}: fedray knows version 1")
+    roles = _roles(type(cfg))
     d = cfg.to_dict()
-    for key in NOT_IN_RUN_ID:
-        d.pop(key)
-    for key in BY_CONTENT:
-        if (file := content_file(d, key)) is not None:
+    for key, role in roles.items():
+        if not role.in_run_id:
+            d.pop(key)
+        elif role.by_content and (file := content_file(d, key)) is not None:
             d[key] = "sha256:" + file_digest(file)
     if cfg.plugins:
         from fedray.config.plugins import describe, digest
 
         d["plugins"] = [f"{describe(s).name}:sha256:{digest(s)}" for s in cfg.plugins]
     d.update(_hashed_data(d.pop("data")))
-    for key, as_before in ADDED_LATER.items():
-        if key in d and d[key] == as_before:
+    for key, role in roles.items():
+        if role.added_later and key in d and d[key] == role.as_before:
             d.pop(key)
     hashed = hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
     return f"{cfg.algorithm}-{cfg.dataset}-s{cfg.seed}-{hashed}"
+
+
+@functools.cache
+def _roles(cls: type) -> dict[str, Role]:
+    return roles_of(cls)
 
 
 def content_file(config: Mapping[str, Any], key: str) -> Path | None:
@@ -96,3 +97,29 @@ def _hashed_data(data: Mapping[str, Any]) -> dict[str, Any]:
     if rest:
         out["data"] = rest
     return out
+
+
+def init_model_file(path: str | Path) -> Path:
+    """The model file ``init_model`` names: the file itself, or a models folder's ``global.npz``."""
+    p = Path(path)
+    return p / "global.npz" if p.is_dir() else p
+
+
+_DIGESTS: dict[tuple, str] = {}  # in this process: a file as it stands (inode, size, times) -> its SHA-256
+
+
+def file_digest(path: str | Path) -> str:
+    """The SHA-256 of a file's content (what names a partition file in a run id, so the same clients
+    give the same run wherever the file lies; what names the files a run's data was read from),
+    computed once a process for the file as it stands: a write changes its ctime, which no tool
+    sets back."""
+    p = Path(path)
+    st = p.stat()
+    key = (str(p.resolve()), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if key not in _DIGESTS:
+        h = hashlib.sha256()
+        with open(p, "rb") as f:
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+        _DIGESTS[key] = h.hexdigest()
+    return _DIGESTS[key]

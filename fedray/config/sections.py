@@ -25,6 +25,7 @@ from typing import Any
 
 __all__ = [
     "DATA_KEYS",
+    "MOVED_TO_DATA",
     "DEFAULT_FMNIST_ROOT",
     "DataSection",
     "data_root_for",
@@ -100,3 +101,19 @@ class DataSection:
 
 
 DATA_KEYS = tuple(f.name for f in dataclasses.fields(DataSection))
+
+# Flat keys that moved into a dataset's own settings (config key data.NAME): old name -> (its name
+# under data, its default). A config naming the old key still loads (it is moved, with a note), and a
+# run id hashes a moved value under its old name, so every run keeps the id it had.
+MOVED_TO_DATA = {
+    "leaf_sample_fraction": ("sample_fraction", None),
+    "leaf_min_samples": ("min_samples", 0),
+    "leaf_train_fraction": ("train_fraction", 0.9),
+    "leaf_split_seed": ("split_seed", None),
+    "hf_name": ("name", ""),
+    "hf_split": ("split", "train"),
+    "hf_test_split": ("test_split", ""),
+    "hf_client_column": ("client_column", ""),
+    "hf_input_column": ("input_column", ""),
+    "hf_label_column": ("label_column", ""),
+}

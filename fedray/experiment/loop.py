@@ -20,8 +20,8 @@ from fedray.algorithms import ALGORITHMS
 from fedray.config.keys import Config
 from fedray.data import FederatedData, build_federated_data, partition_label
 from fedray.data.identity import DataChanged, changes, identity
+from fedray.experiment.checks import unread_keys
 from fedray.experiment.same_data import finished_refusal, resume_refusal
-from fedray.experiment.validation import unread_keys
 from fedray.federation import Baton, Federation, WorkerLost
 from fedray.records import Record, rec, validation_named
 from fedray.storage.blobs import CheckpointError

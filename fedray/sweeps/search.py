@@ -232,7 +232,7 @@ class CellSearch:
     # --- the trials ----------------------------------------------------------------------------------
     def _trial(self, values: dict[str, Any]) -> Trial:
         """The trial of these values: a new one, or the one drawn before (one draw more)."""
-        from fedray.experiment.validation import from_dict
+        from fedray.experiment.checks import from_dict
 
         self.drawn += 1
         key = _identity(values)

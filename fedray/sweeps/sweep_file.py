@@ -48,13 +48,15 @@ from fedray.config.keys import (
     SWEEP_KEYS,
     Config,
     ConfigError,
+    flat_key,
     flatten,
     parse_sets,
     read_yaml,
     set_dotted,
     typed_sets,
+    unsection,
 )
-from fedray.experiment.validation import Unread, at_default, check_last_batches, from_dict, unread_keys
+from fedray.experiment.checks import Unread, at_default, check_last_batches, from_dict, unread_keys
 from fedray.storage.results import run_state
 
 _LISTED = 8  # runs named under one error before "... and N more"
@@ -173,7 +175,7 @@ def _product(axes: Sequence[tuple[str, list[Choice]]]) -> Iterator[tuple[Choice,
 
 def _case(case: Mapping[str, Any], where: str, errors: list[str]) -> list[Choice]:
     """A mapping on an axis: its keys set together; its own ``grid:`` expands inside it."""
-    fixed = flatten({k: v for k, v in case.items() if k != "grid"})
+    fixed = _flat_keys(flatten({k: v for k, v in case.items() if k != "grid"}))
     label = ",".join(f"{k}={_fmt(v)}" for k, v in fixed.items())
     sources = dict.fromkeys(fixed, where)
     if "grid" not in case:
@@ -193,6 +195,12 @@ def _case(case: Mapping[str, Any], where: str, errors: list[str]) -> list[Choice
     return out
 
 
+def _flat_keys(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Dotted keys as the config names them: an axis or case may name a key with its section
+    (``training.lr``), as a sectioned file writes it (`fedray.config.keys.flat_key`)."""
+    return {flat_key(k): v for k, v in values.items()}
+
+
 def _choices(axis: str, values: Any, where: str, errors: list[str], cases_only: bool = False) -> list[Choice]:
     if not isinstance(values, list) or not values:
         errors.append(f"{where}: expected a non-empty list of values, got {values!r}")
@@ -205,7 +213,7 @@ def _choices(axis: str, values: Any, where: str, errors: list[str], cases_only: 
         elif isinstance(v, Mapping) and axis not in ("hp", "data"):
             out += _case(v, here, errors)
         else:
-            flat = flatten({axis: v}) if isinstance(v, Mapping) else {axis: v}
+            flat = _flat_keys(flatten({axis: v}) if isinstance(v, Mapping) else {axis: v})
             label = ",".join(f"{k}={_fmt(x)}" for k, x in flat.items()) or f"{axis}={{}}"
             out.append(Choice(flat, label, dict.fromkeys(flat, where)))
     return out
@@ -327,7 +335,7 @@ def _read_sweep(
     plugins: Iterable[str],
     raw: Mapping[str, Any] | None = None,
 ) -> _SweepParts:
-    from fedray.experiment.validation import resolve_plugins
+    from fedray.experiment.checks import resolve_plugins
 
     source = str(path)
     raw = dict(read_yaml(path) if raw is None else raw)
@@ -348,17 +356,17 @@ def _read_sweep(
         )
     if errors:
         raise SweepError("\n  ".join([f"{source}: invalid sweep; nothing was started:", *errors]))
-    base = {k: v for k, v in raw.items() if k not in SWEEP_KEYS}
+    base = unsection({k: v for k, v in raw.items() if k not in SWEEP_KEYS}, source)
     if base.get("plugins"):
         base["plugins"] = resolve_plugins(base["plugins"], Path(path).resolve().parent, f"{source}: plugins")
     sets = list(sets)
-    over = flatten(parse_sets(sets))
+    over = _flat_keys(flatten(parse_sets(sets)))
     from_set = typed_sets(sets)
     if plugins:
         over["plugins"] = [*base.get("plugins", []), *resolve_plugins(list(plugins), None, "--plugin")]
     if output is not None:
         over["output"] = output
-    wanted = flatten(parse_sets(only, flag="--only"))
+    wanted = _flat_keys(flatten(parse_sets(only, flag="--only")))
     return _SweepParts(source, axes, max_concurrent, base, from_set, flatten(base), over, wanted)
 
 

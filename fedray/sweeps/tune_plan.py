@@ -44,7 +44,7 @@ def open_plan(
 ) -> TunePlan:
     """Read FILE's ``tune:`` block and its cells; check the block, each cell's config and the
     values its space reaches. Every problem is one `ConfigError` (`TuneError`, `SweepError`)."""
-    from fedray.experiment.validation import load_config
+    from fedray.experiment.checks import load_config
     from fedray.storage.results import check_writable
     from fedray.sweeps.sweep_file import load_sweep
 

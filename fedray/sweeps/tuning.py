@@ -39,7 +39,7 @@ from typing import Any
 import yaml
 
 from fedray.config.coercion import ConfigError, suggest
-from fedray.config.keys import FIELDS, FIXED_IN_SEARCH, Config, field_type, set_dotted
+from fedray.config.keys import FIELDS, FIXED_IN_SEARCH, Config, field_type, flat_key, set_dotted
 
 TUNE_KEY = "tune"
 DISTRIBUTIONS = ("loguniform", "uniform", "randint", "choice", "grid")
@@ -204,7 +204,12 @@ def _read_search(raw: Any, where: str, algorithms: Sequence[str], problems: list
     """A ``search`` mapping (``where`` names it) as distributions, each key checked against
     ``algorithms`` (an hp.* key must be a hyperparameter of each)."""
     search: dict[str, Dist] = {}
-    for key, value in _search_items(raw):
+    for written, value in _search_items(raw):
+        try:
+            key = flat_key(written)  # training.lr, as a config written in sections names it, is lr
+        except ConfigError as e:
+            problems.append(f"{where}.{written}: {e}")
+            continue
         dist = _dist(key, value, problems, where)
         typ, wrong = _key_type(key, algorithms)
         if wrong:
@@ -505,7 +510,7 @@ def check_schedule(cfg: Config, spec: TuneSpec) -> None:
 def check_base(cfg: Config, spec: TuneSpec) -> None:
     """What the cell's config must be for its search: validation held out, and every value the
     space reaches a valid config (its corners checked now, not hours into the search)."""
-    from fedray.experiment.validation import from_dict
+    from fedray.experiment.checks import from_dict
 
     if cfg.validation_fraction <= 0:
         raise TuneError(

@@ -37,8 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the scratch folder")
     args = ap.parse_args(argv)
 
+    from fedray.experiment.checks import from_dict
     from fedray.experiment.loop import Checkpointed, RoundDone, Started
-    from fedray.experiment.validation import from_dict
     from fedray.storage.blobs import read_blob
     from fedray.storage.checkpoint import Checkpoints
 

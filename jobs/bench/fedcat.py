@@ -43,7 +43,7 @@ def measure(algorithm: str, cycles: int, epochs: int, actors: int, out: str) -> 
 
     from actors.driver import run_on_ray
     from fedray.data import dataset_info
-    from fedray.experiment.validation import from_dict
+    from fedray.experiment.checks import from_dict
     from fedray.models import build_model
     from fedray.params import get_params, payload_nbytes
 
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from actors.driver import connect
     from fedray.data import check_available
-    from fedray.experiment.validation import from_dict
+    from fedray.experiment.checks import from_dict
 
     check_available(from_dict({k: v for k, v in WORKLOAD.items() if k in ("dataset", "model")}).data_section)
     connect()

@@ -37,7 +37,7 @@ import torch
 
 from fedray.config.keys import Config
 from fedray.data import build_federated_data, check_available
-from fedray.experiment.validation import from_dict
+from fedray.experiment.checks import from_dict
 from jobs.bench import one_run
 
 WORKLOAD = dict(

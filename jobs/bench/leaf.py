@@ -77,9 +77,9 @@ def peak_mb() -> float:
 
 def bench(kind: str, root: Path, fraction: float, rounds: int, spill: bool) -> None:
     import fedray.data.leaf as leaf
+    from fedray.experiment.checks import from_dict
     from fedray.experiment.local import make_local_federation
     from fedray.experiment.loop import RoundDone, execute
-    from fedray.experiment.validation import from_dict
 
     t0 = time.perf_counter()
     samples = write_json(kind, root, fraction)

@@ -33,7 +33,7 @@ from jobs.bench import one_run
 
 def varied(cfg: Any, vary: str, runs: int) -> list[Any]:
     """``runs`` configs: seeds 0.. (``seed``), or ``KEY=V1,V2,...``'s values (hp.NAME for an hp)."""
-    from fedray.experiment.validation import from_dict
+    from fedray.experiment.checks import from_dict
 
     if vary == "seed":
         return [dataclasses.replace(cfg, seed=s) for s in range(runs)]

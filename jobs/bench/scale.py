@@ -40,7 +40,7 @@ from typing import Any
 import pandas as pd
 
 from fedray.config.keys import dump_yaml
-from fedray.experiment.validation import load_config
+from fedray.experiment.checks import load_config
 from fedray.federation.client_states import PREFIX
 from jobs.bench import one_run
 

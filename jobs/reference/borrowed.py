@@ -99,7 +99,7 @@ def client_data(a: argparse.Namespace, prog: str) -> tuple[Any, Any, dict[int, A
     import numpy as np
 
     from fedray.data import build_federated_data, partition_file
-    from fedray.experiment.validation import from_dict
+    from fedray.experiment.checks import from_dict
 
     n = len(partition_file.read(a.partition_file).train)
     cfg = from_dict(

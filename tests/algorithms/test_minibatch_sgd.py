@@ -14,9 +14,9 @@ from fedray.config.coercion import ConfigError
 from fedray.data import ArrayDataset, ClientIndices, DataSpec, build_federated_data
 from fedray.engine.client import Task
 from fedray.engine.update import LocalUpdate
+from fedray.experiment.checks import from_dict
 from fedray.experiment.local import make_local_federation
 from fedray.experiment.loop import execute
-from fedray.experiment.validation import from_dict
 from fedray.federation.local import LocalFederation
 from tests.conftest import small_config
 from tests.helpers import round_metrics, run_metrics

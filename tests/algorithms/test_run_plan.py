@@ -11,7 +11,7 @@ import pytest
 import fedray
 from fedray.algorithms import ALGORITHMS
 from fedray.config.keys import FIELDS, ConfigError
-from fedray.experiment.validation import from_dict, run_plan
+from fedray.experiment.checks import from_dict, run_plan
 
 
 def test_a_run_plan_is_the_configs_values_and_the_datasets_shape():

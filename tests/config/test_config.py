@@ -7,8 +7,8 @@ import pytest
 import yaml
 
 from fedray.config.keys import Config, ConfigError, parse_sets
+from fedray.experiment.checks import from_dict, load_config
 from fedray.experiment.local import task_for
-from fedray.experiment.validation import from_dict, load_config
 from tests.conftest import ROOT
 from tests.helpers import clis_without_ray
 

@@ -212,7 +212,7 @@ def test_every_config_key_bound_is_declared_and_refused_with_the_one_message(tmp
 def test_a_bare_off_read_as_false_by_yaml_is_the_word_where_it_is_a_choice():
     # FedRC's adam: off | paper | code. `--set hp.adam=off` (or `adam: off` in YAML) reached it as
     # False: "expected a string, got False", and FedRC-Adam could not be switched off by name.
-    from fedray.experiment.validation import from_dict
+    from fedray.experiment.checks import from_dict
 
     assert (
         from_dict({"algorithm": "fedrc", "hp": {"adam": False}}).run_id()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedray.experiment.validation import load_config
+from fedray.experiment.checks import load_config
 from fedray.sweeps.sweep_file import load_sweep
 from tests.conftest import ROOT
 

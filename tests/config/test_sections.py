@@ -5,14 +5,15 @@ key and which section, rather than reading the rest of the config."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import fedray
-from fedray.config.keys import FIELDS
+from fedray.config.keys import FIELDS, ConfigError
 from fedray.config.sections import DataSection
-from fedray.experiment.validation import from_dict
+from fedray.experiment.checks import from_dict
 from tests.conftest import small_config
 
 
@@ -117,3 +118,100 @@ def test_the_public_data_functions_read_a_config_as_its_section():
     assert {c: ix.train.tolist() for c, ix in one.clients.items()} == {
         c: ix.train.tolist() for c, ix in two.clients.items()
     }
+
+
+def _in_sections(flat: dict) -> dict:
+    """``flat``'s keys, each in its section (a sweep file's own keys left at the top)."""
+    from fedray.config.keys import ROLES
+
+    out: dict = {}
+    for k, v in flat.items():
+        if k in ROLES:
+            out.setdefault(ROLES[k].section, {})[k] = v
+        else:
+            out[k] = v
+    return out
+
+
+SHIPPED = sorted(p.name for p in (Path(__file__).parents[2] / "jobs" / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_config_and_sweep_written_in_sections_is_the_one_written_flat(name):
+    import warnings
+
+    import yaml
+
+    from fedray.experiment.checks import load_config
+    from fedray.sweeps.sweep_file import load_sweep
+    from fedray.sweeps.tuning import split_block
+    from tests.conftest import ROOT
+
+    path = ROOT / "jobs" / "configs" / name
+    flat, _ = split_block(yaml.safe_load(path.read_text()))  # a search's block apart: its keys are flat
+    sectioned = _in_sections(flat)
+    if any(k in flat for k in ("grid", "seeds", "cases")):
+        load = lambda raw: [(r.label, r.config) for r in load_sweep(path, raw=raw).runs]  # noqa: E731
+    else:
+        load = lambda raw: load_config(path, raw=raw)  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            want = load(flat)
+        except Exception as e:  # a data set this machine lacks: the same error either way
+            with pytest.raises(type(e)) as same:
+                load(sectioned)
+            assert str(same.value) == str(e)
+            return
+        got = load(sectioned)
+    assert got == want
+
+
+def test_the_shipped_default_in_sections_keeps_its_run_id_and_set_names_a_key_with_its_section():
+    from fedray.experiment.checks import load_config
+    from tests.conftest import ROOT
+
+    path = ROOT / "jobs" / "configs" / "digits.yaml"
+    cfg = load_config(path)
+    assert (cfg.experiment, cfg.algorithm, cfg.partition_beta, cfg.lr) == ("digits", "fedavg", 0.5, 0.05)
+    assert load_config(path, sets=["training.lr=0.1"]).lr == load_config(path, sets=["lr=0.1"]).lr == 0.1
+    with pytest.raises(ConfigError, match=r"config key 'run.lr': lr is in section 'training', not 'run'"):
+        load_config(path, sets=["run.lr=0.1"])
+
+
+def test_a_key_in_the_wrong_section_given_twice_or_unknown_is_refused_naming_each(tmp_path):
+    from fedray.experiment.checks import load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("run:\n  lr: 0.1\n  algoritm: fedavg\ntraining:\n  rounds: 3\nrounds: 4\nclients: 10\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    said = str(e.value)
+    assert "config key 'run.lr': lr is in section 'training', not 'run'" in said
+    assert "unknown config key 'run.algoritm'; did you mean 'algorithm'?" in said
+    assert "config key 'rounds' is given twice: at the top and in section 'training'" in said
+    assert f"config file {str(path)!r}: section 'clients' must be a mapping of its keys, got 10" in said
+    # an empty section is no section
+    path.write_text("run:\ntraining:\n  rounds: 3\n")
+    assert load_config(path).rounds == 3
+
+
+def test_a_sweep_and_a_search_may_name_keys_with_their_sections(tmp_path):
+    from fedray.sweeps.sweep_file import load_sweep
+    from fedray.sweeps.tuning import read_spec
+
+    flat = tmp_path / "flat.yaml"
+    flat.write_text(
+        "rounds: 2\nnum_clients: 4\ngrid:\n  lr: [0.1, 0.2]\n  hp.mu: [0.01]\nalgorithm: fedprox\nseeds: [0, 1]\n"
+    )
+    sectioned = tmp_path / "sectioned.yaml"
+    sectioned.write_text(
+        "training: {rounds: 2}\nclients: {num_clients: 4}\nrun: {algorithm: fedprox}\n"
+        "grid:\n  training.lr: [0.1, 0.2]\n  run.hp.mu: [0.01]\nseeds: [0, 1]\n"
+    )
+    a, b = load_sweep(flat), load_sweep(sectioned)
+    assert [r.config.run_id() for r in a.runs] == [r.config.run_id() for r in b.runs]
+    assert [r.label for r in a.runs] == [r.label for r in b.runs]  # labelled by the keys' own names
+    assert [r.config.lr for r in load_sweep(sectioned, sets=["training.lr=0.3"]).runs] == [0.3, 0.3]
+    spec = read_spec({"search": {"training.lr": {"loguniform": [0.01, 0.1]}}}, ["fedavg"])
+    assert list(spec.search) == ["lr"]

@@ -10,9 +10,9 @@ from analysis import load_metrics
 from fedray.config.keys import ConfigError
 from fedray.data import build_federated_data
 from fedray.data import client_files as cf
+from fedray.experiment.checks import from_dict
 from fedray.experiment.local import make_local_federation
 from fedray.experiment.loop import execute
-from fedray.experiment.validation import from_dict
 from tests.conftest import ROOT
 from tests.helpers import clis_without_ray
 

@@ -12,7 +12,7 @@ import torch
 
 from fedray.data import DatasetMissing, build_federated_data, check_available, dataset_info, load_dataset
 from fedray.data.datasets import crop_flip
-from fedray.experiment.validation import from_dict
+from fedray.experiment.checks import from_dict
 from tests.helpers import FMNIST_NAMES, G, mnist_like
 
 

@@ -15,8 +15,8 @@ from fedray.data.fedprox_synthetic import DIM, client_arrays, client_size
 from fedray.engine.batched import train_stacked
 from fedray.engine.train import train_update
 from fedray.engine.update import LocalUpdate
+from fedray.experiment.checks import from_dict
 from fedray.experiment.local import make_local_federation
-from fedray.experiment.validation import from_dict
 from fedray.models import build_model
 from fedray.params import get_params, weighted_average
 from tests.conftest import small_config

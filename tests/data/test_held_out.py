@@ -11,7 +11,7 @@ import fedray
 from fedray.config.keys import ConfigError
 from fedray.data import build_federated_data, check_partition
 from fedray.data import client_files as cf
-from fedray.experiment.validation import from_dict
+from fedray.experiment.checks import from_dict
 from tests.data.test_client_files import META, client
 
 

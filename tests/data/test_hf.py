@@ -11,7 +11,7 @@ import pytest
 from fedray.config.keys import ConfigError
 from fedray.data.hf import HfSettings, hf_data
 from fedray.data.leaf import SHAKESPEARE_VOCAB
-from fedray.experiment.validation import from_dict
+from fedray.experiment.checks import from_dict
 
 datasets = pytest.importorskip("datasets")  # fedray[hf], in the test extras
 

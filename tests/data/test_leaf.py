@@ -13,7 +13,7 @@ import pytest
 
 from fedray.config.keys import ConfigError
 from fedray.data.leaf import FEMNIST, SHAKESPEARE, SHAKESPEARE_VOCAB, LeafSettings, leaf_data, read_users
-from fedray.experiment.validation import from_dict
+from fedray.experiment.checks import from_dict
 
 
 def _femnist_user(rng: np.random.Generator, n: int) -> dict:
@@ -419,7 +419,7 @@ def test_clients_are_counted_and_clients_per_round_is_leafs_clients_a_round(tmp_
     ):
         leaf_config(tmp_path, root, clients_per_round=9)
     # the resolved config (num_clients and participation written out) loads as the same run
-    from fedray.experiment.validation import from_dict as again
+    from fedray.experiment.checks import from_dict as again
 
     assert again(cfg.to_dict()).run_id() == cfg.run_id()
 

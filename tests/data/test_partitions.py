@@ -266,9 +266,9 @@ def test_a_plugged_in_partition_is_chosen_validated_drawn_and_labelled(tmp_path)
     checked as a built-in's are, runs draw it, and reports name it."""
     from fedray.config.keys import ConfigError
     from fedray.data import build_federated_data, partition_label, register_partition
+    from fedray.experiment.checks import from_dict
     from fedray.experiment.local import make_local_federation
     from fedray.experiment.loop import execute
-    from fedray.experiment.validation import from_dict
     from tests.conftest import small_config
 
     def check(cfg, info):

@@ -16,9 +16,9 @@ from analysis import load_metrics, load_runs
 from fedray.api import begin
 from fedray.data import client_files
 from fedray.data.identity import DataChanged, changes, identity
+from fedray.experiment.checks import from_dict
 from fedray.experiment.local import make_local_federation
 from fedray.experiment.loop import Finished, Started, execute
-from fedray.experiment.validation import from_dict
 from fedray.storage.checkpoint import Checkpoints
 from fedray.storage.results import run_data, run_state
 from tests.data.test_leaf import leaf_config, write_leaf

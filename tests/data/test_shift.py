@@ -12,9 +12,9 @@ from fedray.config.keys import ConfigError
 from fedray.data import build_federated_data, partition_for
 from fedray.data.corruptions import corrupt
 from fedray.data.shift import assign_shifts, label_map, roles
+from fedray.experiment.checks import from_dict
 from fedray.experiment.local import make_local_federation
 from fedray.experiment.loop import execute
-from fedray.experiment.validation import from_dict
 from tests.helpers import FMNIST_NAMES, mnist_like, round_metrics
 
 

@@ -13,9 +13,9 @@ from fedray.config.keys import ConfigError
 from fedray.data import build_federated_data
 from fedray.data.datasets import ArrayDataset
 from fedray.data.validation import held_out
+from fedray.experiment.checks import from_dict
 from fedray.experiment.local import make_local_federation
 from fedray.experiment.loop import Finished, execute
-from fedray.experiment.validation import from_dict
 from tests.helpers import round_metrics
 
 

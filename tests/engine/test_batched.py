@@ -21,9 +21,9 @@ from fedray.engine.evaluation import evaluate_requests
 from fedray.engine.stats import EvalStats
 from fedray.engine.train import optimizer_state, sgd, train_update
 from fedray.engine.update import Evaluation, Frozen, LocalUpdate, Step, cross_entropy, proximal
+from fedray.experiment.checks import from_dict
 from fedray.experiment.local import make_local_federation, task_for
 from fedray.experiment.loop import execute
-from fedray.experiment.validation import from_dict
 from fedray.federation import ClientError
 from fedray.federation import host as host_module
 from fedray.federation.host import ClientHost
@@ -800,7 +800,7 @@ def test_a_model_that_cannot_train_batched_is_refused_before_the_run(tmp_path):
 
 
 def test_yaml_reads_a_bare_on_and_off_as_the_words(tmp_path):
-    from fedray.experiment.validation import load_config
+    from fedray.experiment.checks import load_config
 
     path = tmp_path / "c.yaml"
     for word in ("on", "off"):

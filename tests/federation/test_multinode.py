@@ -65,7 +65,7 @@ print("plugin on", on_ray.summary["placement"]["nodes"], "nodes: same numbers", 
 import json
 from actors.driver import RunHandle, stream_run
 from fedray.experiment.loop import Recovered, RoundDone, Started
-from fedray.experiment.validation import from_dict
+from fedray.experiment.checks import from_dict
 ray.shutdown()
 ray.init(address=cluster.address, log_to_driver=False, runtime_env=job_runtime_env())
 cfg = from_dict(json.loads(sys.argv[1]))

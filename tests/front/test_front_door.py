@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from fedray.config.keys import ConfigError
+from fedray.experiment.checks import from_dict
 from fedray.experiment.local import make_local_federation
 from fedray.experiment.loop import execute
-from fedray.experiment.validation import from_dict
 from fedray.records import TIMING_METRICS
 from tests.conftest import ROOT, small_config
 

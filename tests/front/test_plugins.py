@@ -95,7 +95,7 @@ def test_fedavgm_with_no_momentum_is_fedavg_exactly(tmp_path, isolated):
 def test_a_plugins_bad_hyperparameter_is_refused_before_anything_runs_with_the_builtins_message(
     tmp_path, isolated
 ):
-    from fedray.experiment.validation import load_config
+    from fedray.experiment.checks import load_config
 
     # without the plug-in, no such algorithm
     with pytest.raises(ConfigError, match=r"unknown value 'fedavgm'"):
@@ -114,7 +114,7 @@ def test_a_plugins_bad_hyperparameter_is_refused_before_anything_runs_with_the_b
 
 def test_a_changed_plugin_is_another_run_and_never_resumes_or_skips_the_old_one(tmp_path, isolated):
     from analysis import load_runs
-    from fedray.experiment.validation import load_config
+    from fedray.experiment.checks import load_config
     from tests.helpers import run
 
     mine = tmp_path / "mine"
@@ -248,7 +248,7 @@ def test_a_packages_digest_covers_its_data_files_too(tmp_path):
 
 
 def test_an_installed_package_registers_through_its_entry_point(tmp_path, isolated, monkeypatch):
-    from fedray.experiment.validation import from_dict
+    from fedray.experiment.checks import from_dict
 
     site = tmp_path / "site"
     (site / "labmodels").mkdir(parents=True)
@@ -278,7 +278,7 @@ def test_a_registration_made_in_main_is_refused_with_what_to_do(isolated, monkey
     import types
 
     import fedray
-    from fedray.experiment.validation import from_dict
+    from fedray.experiment.checks import from_dict
     from fedray.models import mlp
 
     main = types.ModuleType("__main__")
@@ -296,7 +296,7 @@ def test_a_registration_made_in_main_is_refused_with_what_to_do(isolated, monkey
 
 
 def test_a_plugin_name_that_shadows_another_module_is_refused(tmp_path, isolated):
-    from fedray.experiment.validation import from_dict
+    from fedray.experiment.checks import from_dict
 
     shadow = tmp_path / "json.py"  # a module named json is imported already, from the standard library
     shadow.write_text("x = 1\n")
@@ -317,7 +317,7 @@ def test_registering_a_name_twice_is_refused(isolated):
 
 
 def test_the_plugin_path_of_a_config_is_relative_to_the_config(tmp_path, isolated):
-    from fedray.experiment.validation import load_config
+    from fedray.experiment.checks import load_config
 
     cfg = load_config(EXAMPLE / "config.yaml", ["rounds=1"])
     assert cfg.plugins == [str(EXAMPLE / "fedavgm.py")] and Path(cfg.plugins[0]).is_absolute()
@@ -508,7 +508,7 @@ def test_a_file_plugin_is_imported_by_its_path_and_what_lies_beside_it_shadows_n
     # the plug-in file then stood in for the installed module everywhere in the process.
     import importlib.util
 
-    from fedray.experiment.validation import load_config
+    from fedray.experiment.checks import load_config
 
     lab = tmp_path / "lab"
     lab.mkdir()

@@ -159,7 +159,7 @@ def test_head_bias_false_drops_only_the_last_layers_bias():
 def test_head_bias_false_runs_saves_and_loads_back(tmp_path):
     from analysis import load_models
     from fedray.config.keys import ConfigError
-    from fedray.experiment.validation import validate
+    from fedray.experiment.checks import validate
     from tests.conftest import small_config
     from tests.helpers import run_metrics
 
@@ -395,7 +395,7 @@ def test_the_same_seed_gives_the_same_leaf_weights(name, shape, classes):
 def test_weight_init_is_a_checked_config_key_threaded_into_the_task(tmp_path):
     from fedray.config.keys import ConfigError
     from fedray.data import DataSpec
-    from fedray.experiment.validation import validate
+    from fedray.experiment.checks import validate
     from tests.conftest import small_config
 
     cfg = small_config(tmp_path)

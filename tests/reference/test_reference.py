@@ -18,7 +18,7 @@ import torch
 from analysis.fidelity import agreement, section_table
 from analysis.fidelity import cells as fidelity_cells
 from analysis.report import pivot, run_values
-from fedray.experiment.validation import from_dict
+from fedray.experiment.checks import from_dict
 from jobs.reference import harness
 from jobs.reference.harness import Job, Reference, ReferenceError
 from jobs.reference.niid_bench import FEDCONCAT, NIID_BENCH, eval_round

@@ -14,7 +14,7 @@ import pytest
 
 from fedray.config.coercion import ConfigError
 from fedray.data import build_federated_data
-from fedray.experiment.validation import from_dict
+from fedray.experiment.checks import from_dict
 from jobs.reference import fedrc
 from jobs.reference.harness import ReferenceError
 

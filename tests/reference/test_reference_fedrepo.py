@@ -15,7 +15,7 @@ import pytest
 from analysis.report import run_values
 from fedray.config.keys import partition_file_for
 from fedray.data.datasets import train_labels
-from fedray.experiment.validation import from_dict
+from fedray.experiment.checks import from_dict
 from jobs.cli import main as cli
 from jobs.reference import harness
 from jobs.reference.fedrepo import FEDREPO

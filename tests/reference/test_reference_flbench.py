@@ -15,7 +15,7 @@ import pytest
 
 from analysis.report import run_values
 from fedray.data.datasets import load_dataset, train_labels
-from fedray.experiment.validation import from_dict
+from fedray.experiment.checks import from_dict
 from jobs.cli import main as cli
 from jobs.reference import flbench_wrapper, harness
 from jobs.reference.flbench import FLBENCH

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fedray.algorithms import ALGORITHMS
-from fedray.experiment.validation import from_dict
+from fedray.experiment.checks import from_dict
 from jobs.cli import build_parser
 from jobs.cli import main as cli
 from jobs.reference import fedrc

@@ -12,7 +12,7 @@ import yaml
 
 from analysis import load_runs
 from fedray.config.keys import ConfigError
-from fedray.experiment.validation import from_dict
+from fedray.experiment.checks import from_dict
 from fedray.storage.lock import RunLock
 from fedray.storage.results import run_state
 from fedray.storage.writer import ResultsWriter

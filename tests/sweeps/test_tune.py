@@ -134,7 +134,7 @@ def test_optuna_asked_for_but_not_installed_names_the_extra(tmp_path, monkeypatc
 
 
 def test_a_tune_block_given_to_run_or_sweep_says_fedray_tune(tmp_path):
-    from fedray.experiment.validation import load_config
+    from fedray.experiment.checks import load_config
     from fedray.sweeps.sweep_file import SweepError, load_sweep
 
     path = tune_file(tmp_path, LR)

@@ -42,6 +42,7 @@ from fedray.config.keys import (
     merge,
     parse_sets,
     read_yaml,
+    unsection,
 )
 from fedray.config.notes import say_once
 from fedray.config.plugins import PluginError, activate, describe, origin, resolve
@@ -69,11 +70,12 @@ def load_config(
     relative to the working directory. ``raw``: the file's keys, read already (a file whose
     ``tune:`` block was taken out)."""
     file: dict[str, Any] = dict(raw) if raw is not None else read_yaml(path) if path is not None else {}
+    file = unsection(file, f"config file {str(path)!r}" if path is not None else "config")
     if path is not None and file.get("plugins"):
         file["plugins"] = resolve_plugins(file["plugins"], Path(path).resolve().parent, f"{path}: plugins")
     if plugins:
         overrides["plugins"] = [*file.get("plugins", []), *resolve_plugins(list(plugins), None, "--plugin")]
-    later = merge(parse_sets(sets), {k: v for k, v in overrides.items() if v is not None})
+    later = merge(unsection(parse_sets(sets), "--set"), {k: v for k, v in overrides.items() if v is not None})
     raw = merge(file, later)
     own = unread_keys(file)  # what the file sets that its own partition and dataset do not read
     for key, unread in unread_keys(raw).items():
@@ -84,7 +86,8 @@ def load_config(
 
 
 def from_dict(raw: Mapping[str, Any]) -> Config:
-    """Build and validate a Config from a (possibly nested) mapping."""
+    """Build and validate a Config from a (possibly nested) mapping, flat or written in sections."""
+    raw = unsection(raw)
     for key in SWEEP_KEYS:
         if key in raw:
             raise ConfigError(f"key '{key}' belongs to sweeps: run it with `fedray sweep`, not `fedray run`")
