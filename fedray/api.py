@@ -1,7 +1,8 @@
 """fedray from Python (a notebook, a script): ``fedray.run`` and ``fedray.sweep``. The command line
 (`jobs/cli.py`) goes through the same `prepare` and `events`, so the same config and seed give the
 same numbers; errors are raised, not printed. Progress prints as `fedray run` prints it (one line a
-round), ``quiet=True`` prints nothing.
+round), ``quiet=True`` prints nothing. A sweep's launch sequence, the same for `fedray sweep` and
+``fedray.sweep``, is `SweepLaunch`, over the session `open_sweep` plans.
 
     import fedray
     result = fedray.run("jobs/configs/digits.yaml", rounds=5, local=True)
@@ -19,6 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedray import progress
+from fedray.config.coercion import count
 from fedray.config.keys import Config, ConfigError, merge, parse_sets
 
 Say = Callable[[str], None] | None  # where a line about Ray's start goes (None: nowhere)
@@ -125,7 +128,6 @@ def resolve_gpus(
     to ``address`` / RAY_ADDRESS, else a local Ray started). Returns the config, whether Ray was
     started for it (None: not connected here; pass it on to `events`) and the line that says what
     auto chose (None: nothing was auto)."""
-    from fedray import progress
 
     if not cfg.gpus_auto:
         return cfg, None, None
@@ -152,15 +154,16 @@ def sweep_launcher(sw: Any, local: bool = False, address: str | None = None, say
 
 
 def open_sweep(
-    path: str | Path, *, local: bool = False, address: str | None = None, say: Say = None, **options: Any
+    path: str | Path, options: Any = None, *, local: bool = False, address: str | None = None, say: Say = None
 ) -> Any:
-    """The sweep flow `fedray sweep` and `fedray.sweep` share (`fedray.sweeps.flow.open_sweep`,
-    which takes ``options``), its runs going in this process (``local``) or to Ray (attached to
-    ``address`` / RAY_ADDRESS, else a local Ray started for the sweep and stopped when the session
-    closes)."""
-    from fedray.sweeps.flow import open_sweep as open_
+    """The sweep flow `fedray sweep` and `fedray.sweep` share (`fedray.sweeps.flow.plan_sweep`,
+    with its `fedray.sweeps.flow.SweepOptions`), its runs going in this process (``local``) or to
+    Ray (attached to ``address`` / RAY_ADDRESS, else a local Ray started for the sweep and stopped
+    when the session closes)."""
+    from fedray.sweeps.flow import SweepOptions, plan_sweep
 
-    return open_(path, lambda sw: sweep_launcher(sw, local, address, say), local=local, **options)
+    launcher = lambda sw: sweep_launcher(sw, local, address, say)  # noqa: E731
+    return plan_sweep(path, launcher, options or SweepOptions(), local=local)
 
 
 def events(
@@ -264,7 +267,6 @@ def run(
     """
     import sys
 
-    from fedray import progress
 
     cfg = prepare(config, sets, plugins, **overrides)
     begun = begin(cfg, local, address, force, restart, None if quiet else _say)
@@ -297,6 +299,93 @@ def result(cfg: Config) -> RunResult:
     return RunResult(cfg.run_id(), Path(cfg.output), status, cfg, summary)
 
 
+class SweepLaunch:
+    """One launch sequence of a planned sweep (`fedray.sweeps.flow.SweepSession`), the same for
+    `fedray sweep` and `fedray.sweep`: where the runs go (`header`), the runs run with a line as
+    each starts and ends (`run`), the runs another process was writing waited for (`wait`), and the
+    closing count (`summary`). Its callers print the lines, and say what a Ctrl-C stopped."""
+
+    def __init__(self, session: Any, local: bool, verbose: bool) -> None:
+        self.session = session
+        self.shown = progress.SweepProgress(len(session.todo), local, verbose)
+        self.local = local
+        self.left: list[tuple[Any, str]] = []
+
+    def header(self) -> list[str]:
+        """Where the runs go (raises ConnectionError where no Ray can be reached), the packs
+        declined there, and the GPUs no run asks for."""
+        session, todo, limit = self.session, self.session.todo, self.session.max_concurrent_runs
+        res = session.launcher.resources()
+        if self.local:
+            where = "in-process, one at a time"
+        else:
+            at_once = (
+                f"at most {count(limit, 'run')} at once"
+                if limit
+                else "as many runs at once as fit (max_concurrent_runs=0)"
+            )
+            where = f"on Ray with {res.get('CPU', 0):g} CPUs and {res.get('GPU', 0):g} GPUs; {at_once}"
+        units, _ = session.units()  # as the sweep launches them: where this node can hold a pack
+        packed = [u for u in units if len(u) > 1]
+        if packed:
+            where += f"; {sum(map(len, packed))} of them in {count(len(packed), 'pack')} (pack_runs)"
+        lines = [f"running {count(len(todo), 'run')} {where}"]
+        lines += [f"  {line}" for line in session.packs_declined(units)]
+        if said := session.unused_gpus():
+            lines.append(f"  {said}")
+        return lines
+
+    def run(self) -> Iterator[str]:
+        """The runs, run: each event's lines (the runs still in flight are stopped where the caller
+        leaves early: a Ctrl-C)."""
+        events = self.session.run()
+        try:
+            for ev in events:
+                yield from self.shown.lines(ev)  # read either way: it counts the runs ended and in flight
+        finally:
+            events.close()
+
+    def wait(self, say: Callable[[str], None]) -> None:
+        """Wait for the runs another process is writing, so the count is what was done."""
+        self.left = self.session.left_to_others(self.shown.ended, say=say)
+
+    @property
+    def failed(self) -> list[Any]:
+        return [e for e in self.shown.ended if not e.ok]
+
+    @property
+    def ok(self) -> bool:
+        """Every run finished (here, or by the other process that was writing it)."""
+        return not self.failed and not self.left
+
+    def summary(self) -> list[str]:
+        """The closing count, each failed and unfinished run, and where the results are."""
+        shown, failed = self.shown, self.failed
+        others = [e for e in shown.ended if e.skipped]  # another process's: not run here
+        lines = [
+            f"sweep done in {progress.duration(time.perf_counter() - shown.t0)}: "
+            f"{len(shown.ended) - len(failed) - len(others)} finished, {len(failed)} failed, "
+            f"{self.session.skipped + len(others)} skipped"
+            + (f" ({len(others)} of them another process's)" if others else "")
+        ]
+        for e in failed:
+            lines.append(
+                f"  FAILED #{e.run.index} {e.run.label} ({e.run.run_id}): {type(e.error).__name__}: {e.error}"
+            )
+        for run, state in self.left:
+            lines.append(
+                f"  NOT FINISHED #{run.index} {run.label} ({run.run_id}): {state} by the process that was writing it"
+            )
+        if self.left:
+            verb = "is" if len(self.left) == 1 else "are"
+            lines.append(
+                f"{count(len(self.left), 'run')} of this sweep that another process was writing {verb} not "
+                "finished: submit the sweep again"
+            )
+        output = self.session.sweep.output
+        return [*lines, f"results: {output}/  (fedray report {output})"]
+
+
 def sweep(
     path: str | Path,
     *,
@@ -318,27 +407,24 @@ def sweep(
     sweep file, a results folder that cannot be written and missing data are raised before anything
     runs. It prints what `fedray sweep` prints (a line as each run starts and ends); ``verbose``:
     every round of every run too; ``quiet``: nothing."""
-    from fedray import progress
+    from fedray.sweeps.flow import SweepOptions
 
-    session = open_sweep(
-        path,
-        say=None if quiet else _say,
-        sets=sets,
+    options = SweepOptions(
+        sets=tuple(sets),
         output=output,
-        only=only,
-        plugins=plugins,
-        local=local,
-        address=address,
+        only=tuple(only),
+        plugins=tuple(plugins),
         force=force,
         restart=restart,
         max_concurrent_runs=max_concurrent_runs,
     )
+    session = open_sweep(path, options, local=local, address=address, say=None if quiet else _say)
     with session:
         say = (lambda line: None) if quiet else (lambda line: print(line, flush=True))
         for line in progress.sweep_auto_lines(session):
             say(line)
-        if session.todo:  # the launch sequence `fedray sweep` prints (`fedray.progress.SweepLaunch`)
-            launch = progress.SweepLaunch(session, local, verbose)
+        if session.todo:  # the launch sequence `fedray sweep` prints
+            launch = SweepLaunch(session, local, verbose)
             for line in launch.header():
                 say(line)
             for line in launch.run():  # as each run starts and ends

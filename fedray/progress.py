@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
 from typing import Any
 
 from fedray.config.coercion import count
@@ -218,90 +217,3 @@ class SweepProgress:
             first = str(ev.error).splitlines()[0] if str(ev.error) else ""
             return [f"{tag} FAILED [{done}/{self.total}] {type(ev.error).__name__}: {first}{eta}"]
         return []
-
-
-class SweepLaunch:
-    """One launch sequence of a planned sweep (`fedray.sweeps.flow.SweepSession`), the same for
-    `fedray sweep` and `fedray.sweep`: where the runs go (`header`), the runs run with a line as
-    each starts and ends (`run`), the runs another process was writing waited for (`wait`), and the
-    closing count (`summary`). Its callers print the lines, and say what a Ctrl-C stopped."""
-
-    def __init__(self, session: Any, local: bool, verbose: bool) -> None:
-        self.session = session
-        self.shown = SweepProgress(len(session.todo), local, verbose)
-        self.local = local
-        self.left: list[tuple[Any, str]] = []
-
-    def header(self) -> list[str]:
-        """Where the runs go (raises ConnectionError where no Ray can be reached), the packs
-        declined there, and the GPUs no run asks for."""
-        session, todo, limit = self.session, self.session.todo, self.session.max_concurrent_runs
-        res = session.launcher.resources()
-        if self.local:
-            where = "in-process, one at a time"
-        else:
-            at_once = (
-                f"at most {count(limit, 'run')} at once"
-                if limit
-                else "as many runs at once as fit (max_concurrent_runs=0)"
-            )
-            where = f"on Ray with {res.get('CPU', 0):g} CPUs and {res.get('GPU', 0):g} GPUs; {at_once}"
-        units, _ = session.units()  # as the sweep launches them: where this node can hold a pack
-        packed = [u for u in units if len(u) > 1]
-        if packed:
-            where += f"; {sum(map(len, packed))} of them in {count(len(packed), 'pack')} (pack_runs)"
-        lines = [f"running {count(len(todo), 'run')} {where}"]
-        lines += [f"  {line}" for line in session.packs_declined(units)]
-        if said := session.unused_gpus():
-            lines.append(f"  {said}")
-        return lines
-
-    def run(self) -> Iterator[str]:
-        """The runs, run: each event's lines (the runs still in flight are stopped where the caller
-        leaves early: a Ctrl-C)."""
-        events = self.session.run()
-        try:
-            for ev in events:
-                yield from self.shown.lines(ev)  # read either way: it counts the runs ended and in flight
-        finally:
-            events.close()
-
-    def wait(self, say: Callable[[str], None]) -> None:
-        """Wait for the runs another process is writing, so the count is what was done."""
-        self.left = self.session.left_to_others(self.shown.ended, say=say)
-
-    @property
-    def failed(self) -> list[Any]:
-        return [e for e in self.shown.ended if not e.ok]
-
-    @property
-    def ok(self) -> bool:
-        """Every run finished (here, or by the other process that was writing it)."""
-        return not self.failed and not self.left
-
-    def summary(self) -> list[str]:
-        """The closing count, each failed and unfinished run, and where the results are."""
-        shown, failed = self.shown, self.failed
-        others = [e for e in shown.ended if e.skipped]  # another process's: not run here
-        lines = [
-            f"sweep done in {duration(time.perf_counter() - shown.t0)}: "
-            f"{len(shown.ended) - len(failed) - len(others)} finished, {len(failed)} failed, "
-            f"{self.session.skipped + len(others)} skipped"
-            + (f" ({len(others)} of them another process's)" if others else "")
-        ]
-        for e in failed:
-            lines.append(
-                f"  FAILED #{e.run.index} {e.run.label} ({e.run.run_id}): {type(e.error).__name__}: {e.error}"
-            )
-        for run, state in self.left:
-            lines.append(
-                f"  NOT FINISHED #{run.index} {run.label} ({run.run_id}): {state} by the process that was writing it"
-            )
-        if self.left:
-            verb = "is" if len(self.left) == 1 else "are"
-            lines.append(
-                f"{count(len(self.left), 'run')} of this sweep that another process was writing {verb} not "
-                "finished: submit the sweep again"
-            )
-        output = self.session.sweep.output
-        return [*lines, f"results: {output}/  (fedray report {output})"]

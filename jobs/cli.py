@@ -160,22 +160,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from fedray.api import open_sweep
     from fedray.config.coercion import ConfigError
     from fedray.data import DatasetMissing
+    from fedray.sweeps.flow import SweepOptions
 
     try:  # every error before anything runs (max_concurrent_runs below 0 too: open_sweep checks it)
-        session = open_sweep(
-            args.config,
-            say=_say,
-            sets=config_sets(args),
+        options = SweepOptions(
+            sets=tuple(config_sets(args)),
             output=args.output,
-            only=args.only,
-            plugins=args.plugins,
-            local=args.local,
-            address=args.address,
+            only=tuple(args.only),
+            plugins=tuple(args.plugins),
             force=args.force,
             restart=args.restart,
             dry_run=args.dry_run,
             max_concurrent_runs=args.max_concurrent_runs,
         )
+        session = open_sweep(args.config, options, local=args.local, address=args.address, say=_say)
     except (ConfigError, DatasetMissing, OSError, ConnectionError) as e:
         print(f"fedray: error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -221,8 +219,10 @@ def _print_dry_run(session) -> None:
 
 
 def _execute_sweep(session, args: argparse.Namespace) -> int:
-    """The sweep's launch sequence (`fedray.progress.SweepLaunch`, `fedray.sweep`'s too), printed."""
-    launch = progress.SweepLaunch(session, args.local, args.verbose)
+    """The sweep's launch sequence (`fedray.api.SweepLaunch`, `fedray.sweep`'s too), printed."""
+    from fedray.api import SweepLaunch
+
+    launch = SweepLaunch(session, args.local, args.verbose)
     try:
         header = launch.header()
     except ConnectionError as e:

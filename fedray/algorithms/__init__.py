@@ -64,18 +64,18 @@ class Algorithm:
     @classmethod
     def from_module(cls, name: str, module: ModuleType) -> Algorithm:
         return cls(
-            name,
-            module.Hparams,
-            module.init,
-            module.round,
-            module.evaluate,
-            getattr(module, "check_config", None),
-            getattr(module, "evaluate_after", None),
-            module.models,
-            getattr(module, "personal_model", None),
-            getattr(module, "rounds_from_hp", None),
-            module.__name__,
-            getattr(module, "check_run", None),
+            name=name,
+            Hparams=module.Hparams,
+            init=module.init,
+            round=module.round,
+            evaluate=module.evaluate,
+            check_config=getattr(module, "check_config", None),
+            evaluate_after=getattr(module, "evaluate_after", None),
+            models=module.models,
+            personal_model=getattr(module, "personal_model", None),
+            rounds_from_hp=getattr(module, "rounds_from_hp", None),
+            module=module.__name__,
+            check_run=getattr(module, "check_run", None),
         )
 
 

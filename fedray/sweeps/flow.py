@@ -1,6 +1,7 @@
 """One sweep from its file to its last event, the same for `fedray sweep` and `fedray.sweep`.
 
-`open_sweep` loads and checks the sweep file, checks that its results folder can be written,
+`plan_sweep` loads and checks the sweep file (with the `SweepOptions` a command line or a caller
+gives), checks that its results folder can be written,
 resolves ``num_gpus_per_actor: auto`` where the runs go (connecting the launcher for it), and plans
 which runs to run; the `SweepSession` it returns connects the launcher when a run needs it, says
 how the runs launch (packs, packs declined, GPUs left unused), runs them, and closes the launcher
@@ -14,7 +15,7 @@ process, or on Ray), so nothing here imports Ray.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -148,43 +149,51 @@ def refuse_other_data(sweep: Sweep, planned: list[PlannedRun], force: bool, rest
         )
 
 
-def open_sweep(
+@dataclass(frozen=True)
+class SweepOptions:
+    """How a sweep file is run, beside the file: what `fedray sweep`'s flags and `fedray.sweep`'s
+    keywords say."""
+
+    sets: Sequence[str] = ()  # --set KEY=VALUE, over every run
+    output: str | None = None  # the results folder (None: the file's)
+    only: Sequence[str] = ()  # --only KEY=VALUE: the runs that have these values
+    plugins: Sequence[str] = ()  # --plugin: modules every run imports
+    force: bool = False  # run finished runs again, from their start
+    restart: bool = False  # start unfinished runs over instead of going on from their checkpoints
+    dry_run: bool = False  # nothing is written (the results folder is not made)
+    max_concurrent_runs: int | None = None  # None: the sweep file's own
+
+
+def plan_sweep(
     path: str | Path,
     connect: Callable[[Sweep], Launcher],
-    *,
-    sets: Iterable[str] = (),
-    output: str | None = None,
-    only: Iterable[str] = (),
-    plugins: Iterable[str] = (),
+    options: SweepOptions = SweepOptions(),
     local: bool = False,
-    force: bool = False,
-    restart: bool = False,
-    dry_run: bool = False,
-    max_concurrent_runs: int | None = None,
 ) -> SweepSession:
     """Load, check and plan a sweep (every error before anything runs: `SweepError`, `ConfigError`,
     `DatasetMissing`, `OSError` naming the results folder, `ConnectionError` where no Ray can be
-    reached to resolve auto). ``force``: run finished runs again, from their start; ``restart``:
-    start unfinished runs over instead of going on from their checkpoints; ``dry_run``: nothing is
-    written (the results folder is not made). ``max_concurrent_runs``: None takes the sweep's own."""
-    if max_concurrent_runs is not None and max_concurrent_runs < 0:
+    reached to resolve auto), its runs going in this process (``local``) or where ``connect`` sends
+    them."""
+    limit = options.max_concurrent_runs
+    if limit is not None and limit < 0:
         raise ConfigError(
-            f"max_concurrent_runs (--max-concurrent-runs) must be >= 0 (0 = from resources), got {max_concurrent_runs}"
+            f"max_concurrent_runs (--max-concurrent-runs) must be >= 0 (0 = from resources), got {limit}"
         )
-    sweep = load_sweep(path, sets, output=output, only=only, plugins=plugins)
-    check_writable(sweep.output, create=not dry_run)
+    sweep = load_sweep(path, options.sets, output=options.output, only=options.only, plugins=options.plugins)
+    check_writable(sweep.output, create=not options.dry_run)
     launcher = None
     auto: dict[float, float] = {}
     try:
         if sweep.gpus_auto:  # before run ids are read: they carry the share auto resolves to
             launcher = connect(sweep)
             sweep, auto = sweep.with_gpus(launcher.auto_gpus)
-        planned = plan(sweep, force=force)
+        planned = plan(sweep, force=options.force)
     except BaseException:
         if launcher is not None:
             launcher.close()
         raise
+    force, restart = options.force, options.restart
     refuse_other_data(sweep, planned, force, restart)
     todo = [replace(p.run, restart=restart or p.state == "finished") for p in planned if p.action == "run"]
-    limit = sweep.max_concurrent_runs if max_concurrent_runs is None else max_concurrent_runs
+    limit = sweep.max_concurrent_runs if limit is None else limit
     return SweepSession(sweep, planned, todo, auto, local, limit, connect, launcher)

@@ -268,7 +268,7 @@ def run_sweep(
     if auto := [r.index for r in runs if r.config.gpus_auto]:  # run ids depend on where they go
         raise ValueError(
             f"runs {auto} have num_gpus_per_actor auto: resolve it on the cluster first "
-            "(fedray.sweeps.flow.open_sweep)"
+            "(fedray.sweeps.flow.plan_sweep)"
         )
     events: queue.Queue[SweepEvent | _UnitDone] = queue.Queue()
     # launch units: a run, or the runs of a pack (pack_runs, `fedray.sweeps.pack.pack_groups`), which go

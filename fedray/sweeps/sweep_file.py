@@ -425,7 +425,7 @@ def _only(runs: list[SweepRun], wanted: dict[str, Any], source: str, other_probl
     runs = [r for r in runs if all(resolved[r.index].get(k, object()) == v for k, v in wanted.items())]
     if runs or other_problems:
         return runs
-    # a run's auto is resolved only where it goes (`fedray.sweeps.flow.open_sweep`), so --only sees
+    # a run's auto is resolved only where it goes (`fedray.sweeps.flow.plan_sweep`), so --only sees
     # the word, not the share it becomes: say so where the word would match
     as_auto = {**wanted, "num_gpus_per_actor": "auto"}
     auto = wanted.get("num_gpus_per_actor", "auto") != "auto" and any(
