@@ -112,3 +112,63 @@ def test_run_ids_have_one_versioned_rule_and_a_file_key_is_its_content(tmp_path)
     assert content_file(conf, "data_root") is None  # a folder of a dataset, named by its path
     assert content_file({**conf, "dataset": "arrays"}, "data_root").name == "d"
     assert content_file({**conf, "init_model": ""}, "init_model") is None
+
+
+# A key added the way docs/architecture.md says: one declaration in Config, nothing else.
+NEW_KEY = '    demo_scale: float = key("training", 1.0, rule=bound(gt=0), as_before=1.0, pack=True)\n'
+ONE_DECLARATION = """
+import importlib.util, json, pathlib, sys, warnings
+source = pathlib.Path("fedray/config/keys.py").read_text()
+anchor = "    lr: float = key("
+source = source.replace(anchor, NEW_KEY + anchor, 1)
+import fedray.config  # its leaves, and the package, first; then the keys as the new source has them
+spec = importlib.util.spec_from_loader("fedray.config.keys", loader=None, origin="fedray/config/keys.py")
+module = importlib.util.module_from_spec(spec)
+module.__file__ = "fedray/config/keys.py"
+sys.modules["fedray.config.keys"] = module
+exec(compile(source, "fedray/config/keys.py", "exec"), module.__dict__)
+fedray.config.keys, fedray.config.Config = module, module.Config
+warnings.simplefilter("ignore")
+from fedray.config import keys
+from fedray.experiment.checks import load_config
+from fedray.sweeps.pack import pack_key
+from fedray.sweeps.sweep_file import load_sweep
+kept = json.loads(pathlib.Path("tests/config/run_ids_f4b49b0.json").read_text())
+same = [load_config("jobs/configs/digits.yaml").run_id()] == kept["digits.yaml"]
+same_sweep = sorted(r.run_id for r in load_sweep("jobs/configs/digits_sweep.yaml").runs) == kept["digits_sweep.yaml"]
+base = load_config("jobs/configs/digits.yaml")
+set_ = load_config("jobs/configs/digits.yaml", sets=["training.demo_scale=2"])
+print(json.dumps({
+    "kept": same and same_sweep,
+    "added_later": keys.ADDED_LATER.get("demo_scale"),
+    "section": "demo_scale" in keys.SECTION_KEYS["training"],
+    "pack": "demo_scale" in keys.PACK_KEYS,
+    "set": set_.demo_scale,
+    "new_id": set_.run_id() != base.run_id(),
+    "new_pack": pack_key(set_) != pack_key(base),
+}))
+"""
+
+
+def test_a_new_key_is_one_declaration_and_every_run_keeps_its_id():
+    """Add a key by its one declaration (in a fresh interpreter): every list that must know it does,
+    runs that leave it at its old value keep their ids, and it loads, flat or in its section."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    code = f"NEW_KEY = {NEW_KEY!r}\n" + ONE_DECLARATION
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    assert said == {
+        "kept": True,
+        "added_later": 1.0,
+        "section": True,
+        "pack": True,
+        "set": 2.0,
+        "new_id": True,
+        "new_pack": True,
+    }
