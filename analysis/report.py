@@ -25,8 +25,9 @@ from analysis.load import load_metrics, load_runs
 from fedray.config.coercion import suggest
 from fedray.config.keys import BY_CONTENT, NOT_IN_RUN_ID, PER_RUN_KEYS, TRIAL_KEYS
 from fedray.config.run_ids import content_file
+from fedray.sweeps.choosing import At, parse_at, ranked, read_at
 
-AT = ("final", "best-train", "best")
+AT = ("final", "best-train", "best", "mean_last:K")  # where --at reads a run (fedray.sweeps.choosing)
 # Besides the hp.* keys, what `--tuned` picks the best of: the local learning rate (the FedRC paper
 # tunes every algorithm's from {0.01, 0.03, 0.06, 0.1}).
 TUNED_KEYS = ("lr",)
@@ -245,10 +246,11 @@ def _covered(fields: Sequence[str]) -> set[str]:
 
 
 def _value_at(
-    rows: pd.DataFrame, metric: str, at: str, round_: int | None, stage: str | None, better: str = "higher"
+    rows: pd.DataFrame, metric: str, at: At, round_: int | None, stage: str | None, better: str = "higher"
 ) -> tuple[float, float]:
-    """(round, value) for one run's global rows (already cut to the stage); NaNs where absent. ``at``
-    best: the first round of the highest value, or with ``better`` lower the lowest."""
+    """(round, value) for one run's global rows (already cut to the stage); NaNs where absent: at
+    ``round_``, else read at ``at`` by the rule every chooser shares (`fedray.sweeps.choosing.read_at`:
+    best, the first round of the highest value, or with ``better`` lower the lowest)."""
     vals = rows[rows["metric"] == metric].drop_duplicates("round", keep="last").set_index("round")["value"]
     if vals.empty:
         return math.nan, math.nan
@@ -261,19 +263,14 @@ def _value_at(
                 return math.nan, math.nan
             target = stage_rounds[round_ - 1]
         return (float(target), float(vals[target])) if target in vals.index else (math.nan, math.nan)
-    if at == "final":
-        r = vals.index.max()
-    elif at == "best":
-        r = vals.idxmax() if better == "higher" else vals.idxmin()
-    else:  # best-train: the round with the best training accuracy among those where the metric exists
-        train = (
-            rows[rows["metric"] == "train_accuracy"].drop_duplicates("round", keep="last").set_index("round")
-        )
-        train = train["value"].reindex(vals.index).dropna()
-        if train.empty:
-            return math.nan, math.nan
-        r = train.idxmax()  # the first round with the best value
-    return float(r), float(vals[r])
+    curve = list(vals.sort_index().items())
+    train = None
+    if (
+        at.how == "best-train"
+    ):  # the round with the best training accuracy among those where the metric exists
+        seen = rows[rows["metric"] == "train_accuracy"].drop_duplicates("round", keep="last")
+        train = list(seen.set_index("round")["value"].sort_index().items())
+    return read_at(curve, at, better, train)
 
 
 def _short(rows: pd.DataFrame, rounds_done: Any) -> bool:
@@ -300,9 +297,11 @@ def run_values(
     finished runs unless ``include_unfinished``. Raises `ReportError` for a metric or stage the
     folder never recorded, and for a best whose direction nothing tells.
     """
-    if at not in AT:
-        raise ReportError(f"--at must be one of {', '.join(AT)}, got {at!r}")
-    way = better_for(metric, better, "--at best") if at == "best" and round is None else "higher"
+    try:
+        where = parse_at(at)
+    except ValueError as e:
+        raise ReportError(f"--at: {e}") from None
+    way = better_for(metric, better, "--at best") if where.how == "best" and round is None else "higher"
     if round is not None and round < 1:
         raise ReportError(f"--round must be >= 1, got {round}")
     runs = load_runs(out_dir)
@@ -360,12 +359,19 @@ def run_values(
     for r in runs["run_id"]:
         if r not in by_run:
             read.append((math.nan, math.nan))
-        elif at == "final" and round is None and stage is None and _short(by_run[r], done[r]):
-            read.append((math.nan, math.nan))  # its last rows are missing: no round of it is its final
+        elif (
+            where.how in ("final", "mean_last")
+            and round is None
+            and stage is None
+            and _short(by_run[r], done[r])
+        ):
+            read.append(
+                (math.nan, math.nan)
+            )  # its last rows are missing: no round of it is its final (nor its last K)
         elif stage is None or r in staged:
-            read.append(_value_at(by_run[r], metric, at, round, stage, way))
+            read.append(_value_at(by_run[r], metric, where, round, stage, way))
         else:
-            read.append(_value_at(by_run[r], metric, "final", None, None))
+            read.append(_value_at(by_run[r], metric, At("final"), None, None))
     if round is not None and by_run and all(math.isnan(v) for _, v in read):
         # a round beyond every run is a question the folder cannot answer (a round some run reached
         # without a value there, under eval_every, is a table of "-")
@@ -554,7 +560,8 @@ def repeats_line(repeats: Sequence[Mapping[str, Any]]) -> str | None:
 
 
 def tuned_choice(grid: Mapping[str, tuple[list[float], int]], better: str = "higher") -> str:
-    """The best setting of a tuned cell: {setting: (per-seed values, runs that diverged)}. Settings
+    """The best setting of a tuned cell: {setting: (per-seed values, runs that diverged)}, by the
+    rule a search ranks its trials by too (`fedray.sweeps.choosing.ranked`). Settings
     with no value (every run diverged, or none read) cannot win. Of the others, only those run with
     the most seeds (values and diverged runs together) compete, so a grid point that one lucky seed
     has reached cannot win over one run in full; among them, those with the fewest diverged runs,
@@ -563,16 +570,8 @@ def tuned_choice(grid: Mapping[str, tuple[list[float], int]], better: str = "hig
     first."""
     if not grid:
         raise ValueError("tuned_choice: no settings")
-    clean = {s: ([x for x in v if not math.isnan(x)], d) for s, (v, d) in grid.items()}
-    valued = {s: (v, d) for s, (v, d) in clean.items() if v}
-    if not valued:
-        return next(iter(grid))
-    most = max(len(v) + d for v, d in valued.values())
-    full = {s: (v, d) for s, (v, d) in valued.items() if len(v) + d == most}
-    fewest = min(d for _, d in full.values())
-    scored = [(sum(v) / len(v), s) for s, (v, d) in full.items() if d == fewest]
-    best = (max if better == "higher" else min)(m for m, _ in scored)
-    return next(s for m, s in scored if m == best)
+    names = list(grid)
+    return names[ranked([grid[n] for n in names], better)[0]]
 
 
 def pivot(

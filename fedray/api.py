@@ -267,7 +267,6 @@ def run(
     """
     import sys
 
-
     cfg = prepare(config, sets, plugins, **overrides)
     begun = begin(cfg, local, address, force, restart, None if quiet else _say)
     cfg, evs = begun.cfg, begun.events

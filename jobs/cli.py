@@ -608,8 +608,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     when.add_argument(
         "--at",
-        choices=("final", "best-train", "best"),
-        help="final round (default), round of best train_accuracy (FedRC's protocol), or best value",
+        metavar="WHERE",
+        help="final (default), best-train (the round of best train_accuracy: FedRC's protocol), best, "
+        "or mean_last:K (the mean of the last K evaluations); a search's at: reads the same way",
     )
     p_rep.add_argument(
         "--rows", default="dataset,partition", help="fields for rows (default dataset,partition)"

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from fedray.config.keys import Config
+from fedray.sweeps.choosing import At, ranked, read_at
 from fedray.sweeps.tuning import (
     Dist,
     TuneError,
@@ -185,25 +186,21 @@ def _optuna_distributions(spec: TuneSpec) -> dict[str, Any]:
 
 
 def rank(trials: Sequence[Trial], spec: TuneSpec) -> list[Trial]:
-    """Best first by value (``mode``); equal values in draw order; a value that is not a number
-    after every other."""
-    sign = -1.0 if spec.mode == "max" else 1.0
-    return sorted(
-        trials, key=lambda t: (math.isnan(t.value), 0.0 if math.isnan(t.value) else sign * t.value, t.index)
+    """Best first, by the rule every chooser shares (`fedray.sweeps.choosing.ranked`): a trial is
+    one candidate of one value (``mode``); equal values in draw order; a diverged trial, or one not
+    read, after every other."""
+    trials = sorted(trials, key=lambda t: t.index)
+    order = ranked(
+        [([t.value], int(t.diverged)) for t in trials], "higher" if spec.mode == "max" else "lower"
     )
+    return [trials[i] for i in order]
 
 
 def value_at(curve: Sequence[tuple[int, float]], rnd: int, spec: TuneSpec) -> float:
-    """``at`` over the values of rounds up to ``rnd``: the last, the best, or the mean of the last K."""
-    values = [v for r, v in curve if r <= rnd]
-    if not values:
-        return math.nan
-    if spec.at == "best":
-        return float(max(values) if spec.mode == "max" else min(values))
-    if spec.at == "mean_last":
-        tail = values[-spec.last :]
-        return float(sum(tail) / len(tail))
-    return float(values[-1])
+    """``at`` over the values of rounds up to ``rnd`` (`fedray.sweeps.choosing.read_at`): the last,
+    the best, or the mean of the last K."""
+    upto = [(r, v) for r, v in curve if r <= rnd]
+    return read_at(upto, At(spec.at, spec.last), "higher" if spec.mode == "max" else "lower")[1]
 
 
 class CellSearch:

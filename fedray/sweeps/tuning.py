@@ -40,6 +40,7 @@ import yaml
 
 from fedray.config.coercion import ConfigError, suggest
 from fedray.config.keys import FIELDS, FIXED_IN_SEARCH, Config, field_type, flat_key, set_dotted
+from fedray.sweeps.choosing import At, parse_at
 
 TUNE_KEY = "tune"
 DISTRIBUTIONS = ("loguniform", "uniform", "randint", "choice", "grid")
@@ -112,7 +113,7 @@ class TuneSpec:
     @property
     def at_text(self) -> str:
         """``at`` as a line says it: ``final``, ``best``, ``mean_last 3``."""
-        return f"mean_last {self.last}" if self.at == "mean_last" else self.at
+        return At(self.at, self.last).text
 
     @property
     def grid_only(self) -> bool:
@@ -388,14 +389,19 @@ def seed_list(value: Any) -> list[int] | None:
 
 
 def _at(value: Any, problems: list[str]) -> tuple[str, int]:
-    if value in ("final", "best"):
-        return value, 1
-    if isinstance(value, Mapping) and set(value) == {"mean_last"}:
-        k = value["mean_last"]
-        if isinstance(k, int) and not isinstance(k, bool) and k >= 1:
-            return "mean_last", k
-    problems.append(f"{_where('at')}: final, best, or mean_last: K (K >= 1 evaluations), got {value!r}")
-    return "final", 1
+    """Where a trial's curve is read (`fedray.sweeps.choosing.parse_at`, as `fedray report --at`)."""
+    try:
+        at = parse_at(value)
+    except ValueError as e:
+        problems.append(f"{_where('at')}: {e}")
+        return "final", 1
+    if at.how == "best-train":  # a trial's record is its metric's curve alone
+        problems.append(
+            f"{_where('at')}: best-train reads training accuracy, which a search does not record for its "
+            "trials: final, best or mean_last: K"
+        )
+        return "final", 1
+    return at.how, at.last
 
 
 def _scheduler(value: Any, problems: list[str]) -> tuple[str, int, float]:

@@ -262,6 +262,12 @@ def test_at_best_train_reads_the_round_of_best_training_accuracy(results):
     assert protocol("best") == "70.0 (1)"
     # train accuracy is best (0.95) at rounds 2 and 4 among rounds with an accuracy: the first wins
     assert protocol("best-train") == "60.0 (1)"
+    # the mean of the last two evaluations, (65 + 66) / 2, as a search's at: {mean_last: 2} reads
+    assert protocol("mean_last:2") == "65.5 (1)"
+    with pytest.raises(
+        ReportError, match=r"--at: final, best, best-train or mean_last: K \(K >= 1 evaluations\), got 'last'"
+    ):
+        run_values(results, at="last")
     with pytest.raises(
         ReportError,
         match=r"metric 'acuracy' was not recorded; did you mean 'accuracy'\? \(global metrics: accuracy, seconds",
