@@ -1,5 +1,7 @@
-"""What a run is: its config keys (`keys`: `Config`, every key with its default and meaning), the
-parts of it a layer reads (`sections`: the data layer's `DataSection`), an algorithm's
+"""What a run is: its config keys (`keys`: `Config`, every key with its default, meaning and roles,
+and the lists of keys derived from the roles), what a key is (`roles`: its section and roles,
+declared once with the key), the run id's one versioned rule (`run_ids`), the parts of it a layer
+reads (`sections`: the data layer's `DataSection`), an algorithm's
 hyperparameters (`hparams`), typed values from YAML (`coercion`), plug-ins (`plugins`)
 the derived random streams (`seeding`) and the notes a process says once (`notes`).
 
