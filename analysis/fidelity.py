@@ -63,6 +63,7 @@ from analysis.report import (
     tuned_choice,
     value_text,
 )
+from fedray.sweeps.choosing import parse_at
 
 FEDRAY = "fedray"
 AGREE_POINTS = 1.0  # percentage points
@@ -592,11 +593,13 @@ def _reading(read: Mapping[str, Any] | None) -> str:
             f" of stage {read['stage']} (other runs: their final round)" if read.get("stage") else ""
         )
     else:
+        at = parse_at(read.get("at", "final"))
         where = {
             "final": "the final round",
             "best-train": "the round of best train_accuracy",
             "best": "the best round",
-        }[read.get("at", "final")]
+            "mean_last": f"the mean of the last {at.last} evaluations",
+        }[at.how]
     return f"{what} at {where}"
 
 

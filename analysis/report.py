@@ -673,11 +673,13 @@ def describe_value(
     metric: str, at: str, round_: int | None, stage: str | None, better: str = "higher"
 ) -> str:
     unit = " (%)" if _is_fraction(metric) else ""
+    read = parse_at(at)
     where = {
         "final": "the final round",
         "best-train": "the round of best train_accuracy",
         "best": f"its best round (its {'highest' if better == 'higher' else 'lowest'} value)",
-    }[at]
+        "mean_last": f"the mean of its last {read.last} evaluations",
+    }[read.how]
     if round_ is not None:
         where = f"round {round_}" + (f" of stage {stage!r}" if stage else "")
     elif stage:

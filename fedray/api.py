@@ -22,7 +22,7 @@ from typing import Any
 
 from fedray import progress
 from fedray.config.coercion import count
-from fedray.config.keys import Config, ConfigError, merge, parse_sets
+from fedray.config.keys import Config, ConfigError, merge, parse_sets, unsection
 
 Say = Callable[[str], None] | None  # where a line about Ray's start goes (None: nowhere)
 
@@ -109,9 +109,10 @@ def prepare(
     else:
         if plugins:
             overrides["plugins"] = [*mapping.get("plugins", []), *plugins]
-        cfg = from_dict(
-            merge(merge(mapping, parse_sets(sets)), {k: v for k, v in overrides.items() if v is not None})
-        )
+        found: list[str] = []  # each part flat before they merge: one key, written in its section or not
+        given = unsection({k: v for k, v in overrides.items() if v is not None}, "overrides", found)
+        parts = [unsection(mapping, "config", found), unsection(parse_sets(sets), "--set", found), given]
+        cfg = from_dict(merge(merge(parts[0], parts[1]), parts[2]), found)
     check_available(cfg.data_section)
     check_writable(cfg.output)
     # a partition that cannot be drawn fails in seconds, and so does a BatchNorm model that would

@@ -610,7 +610,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--at",
         metavar="WHERE",
         help="final (default), best-train (the round of best train_accuracy: FedRC's protocol), best, "
-        "or mean_last:K (the mean of the last K evaluations); a search's at: reads the same way",
+        "or mean_last:K (the mean of the last K evaluations); a search's at: reads final, best and mean_last alike",
     )
     p_rep.add_argument(
         "--rows", default="dataset,partition", help="fields for rows (default dataset,partition)"

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from fedray.config.coercion import ConfigError, suggest
+from fedray.config.coercion import ConfigError
 from fedray.config.hparams import bound
 from fedray.config.roles import SECTIONS, Role, key, roles_of
 from fedray.config.run_ids import file_digest, init_model_file, run_id
@@ -488,7 +488,9 @@ def parse_sets(sets: Iterable[str], flag: str = "--set") -> dict[str, Any]:
             raise ConfigError(f"{flag} {item!r}: empty key")
         text = raw.strip()
         try:
-            if key in NAME_KEYS and not (len(text) > 1 and text[0] == text[-1] and text[0] in "'\""):
+            if plain_key(key) in NAME_KEYS and not (
+                len(text) > 1 and text[0] == text[-1] and text[0] in "'\""
+            ):
                 value = text  # a name or path as typed: '#C=2' is not a YAML comment, 2024 not a number
             else:
                 value = load_yaml(raw, f"{flag} {key}: value {raw!r}") if text else ""
@@ -499,12 +501,13 @@ def parse_sets(sets: Iterable[str], flag: str = "--set") -> dict[str, Any]:
 
 
 def typed_sets(sets: Iterable[str]) -> dict[str, str]:
-    """``--set``s as the user typed them, by (dotted) key: what a message echoes back (``on``, not
-    the ``true`` YAML reads it as; ``1e-2``, not ``0.01``). The last of a key's --sets wins."""
+    """``--set``s as the user typed them, by (dotted) key as the config names it (``training.lr``:
+    ``lr``): what a message echoes back (``on``, not the ``true`` YAML reads it as; ``1e-2``, not
+    ``0.01``). The last of a key's --sets wins."""
     out: dict[str, str] = {}
     for item in sets:
         key, _, raw = item.partition("=")
-        out[key.strip()] = raw.strip()
+        out[plain_key(key.strip())] = raw.strip()
     return out
 
 
@@ -519,47 +522,57 @@ def set_dotted(tree: dict[str, Any], key: str, value: Any, where: str) -> None:
     node[parts[-1]] = value
 
 
-def unsection(tree: Mapping[str, Any], where: str = "config") -> dict[str, Any]:
+def unsection(
+    tree: Mapping[str, Any], where: str = "config", problems: list[str] | None = None
+) -> dict[str, Any]:
     """A config mapping written in sections (``run:``, ``training:``, ... `SECTIONS`) as the flat
     mapping `Config` reads: each section's keys lifted to the top. A flat mapping, or one mixing
     sections and top-level keys, loads the same. A key in a section that does not hold it, a key
     given both at the top and in its section, and a section that is not a mapping are refused in
-    one error naming each (``where``: what the mapping is, for the message)."""
+    one error naming each (``where``: what the mapping is, for the message); with ``problems``
+    they are added to it instead, for the config's checks to say with the rest. A name no config
+    key has is lifted as it is: the config's checks name it, with their hints (``learning_rate``:
+    did you mean ``lr``?)."""
     out = {k: v for k, v in tree.items() if k not in SECTIONS}
-    problems = []
+    found = []
     for section in SECTIONS:
         body = tree.get(section)
         if section not in tree or body is None:  # an empty section holds nothing
             continue
         if not isinstance(body, Mapping):
-            problems.append(f"{where}: section '{section}' must be a mapping of its keys, got {body!r}")
+            hint = f"; did you mean '{MISNAMED[section]}'?" if section in MISNAMED else ""
+            found.append(f"{where}: section '{section}' must be a mapping of its keys, got {body!r}{hint}")
             continue
         for name, value in body.items():
             name = str(name)
             owner = ROLES[name].section if name in ROLES else "source" if name in MOVED_TO_DATA else None
-            if owner is None:
-                hint = suggest(name, [*SECTION_KEYS[section], *ROLES])
-                problems.append(f"unknown config key '{section}.{name}'{hint}")
-            elif owner != section:
-                problems.append(
+            if owner is not None and owner != section:
+                found.append(
                     f"config key '{section}.{name}': {name} is in section '{owner}', not '{section}'"
                 )
             elif name in out:
-                problems.append(f"config key '{name}' is given twice: at the top and in section '{section}'")
+                found.append(f"config key '{name}' is given twice: at the top and in section '{section}'")
             else:
                 out[name] = value
-    if problems:
-        raise ConfigError.of(problems)
+    if found and problems is None:
+        raise ConfigError.of(found)
+    if problems is not None:
+        problems.extend(found)
     return out
+
+
+def plain_key(name: str) -> str:
+    """A dotted key without the section it may be written with (``training.lr``: ``lr``), unchecked."""
+    section, dot, rest = name.partition(".")
+    return rest if dot and section in SECTIONS else name
 
 
 def flat_key(name: str) -> str:
     """A dotted key as `Config` names it: ``training.lr`` is ``lr`` (checked to be in that section),
     ``run.hp.mu`` is ``hp.mu``; any other name as it is."""
-    section, dot, rest = name.partition(".")
-    if not dot or section not in SECTIONS:
-        return name
-    unsection({section: {rest.split(".")[0]: None}}, name)  # the key is the section's, or an error
+    rest = plain_key(name)
+    if rest != name:  # the key is the section's, or an error
+        unsection({name.partition(".")[0]: {rest.split(".")[0]: None}}, name)
     return rest
 
 

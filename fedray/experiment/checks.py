@@ -70,24 +70,28 @@ def load_config(
     relative to the working directory. ``raw``: the file's keys, read already (a file whose
     ``tune:`` block was taken out)."""
     file: dict[str, Any] = dict(raw) if raw is not None else read_yaml(path) if path is not None else {}
-    file = unsection(file, f"config file {str(path)!r}" if path is not None else "config")
+    found: list[str] = []  # what is wrong with the sections, said with the rest (`from_dict`)
+    file = unsection(file, f"config file {str(path)!r}" if path is not None else "config", found)
     if path is not None and file.get("plugins"):
         file["plugins"] = resolve_plugins(file["plugins"], Path(path).resolve().parent, f"{path}: plugins")
     if plugins:
         overrides["plugins"] = [*file.get("plugins", []), *resolve_plugins(list(plugins), None, "--plugin")]
-    later = merge(unsection(parse_sets(sets), "--set"), {k: v for k, v in overrides.items() if v is not None})
+    given = unsection({k: v for k, v in overrides.items() if v is not None}, "overrides", found)
+    later = merge(unsection(parse_sets(sets), "--set", found), given)
     raw = merge(file, later)
     own = unread_keys(file)  # what the file sets that its own partition and dataset do not read
     for key, unread in unread_keys(raw).items():
         if key in later or key in own:
             raise ConfigError(unread.message())
         del raw[key]  # the file's key for its own partition (dataset), which --set replaced
-    return from_dict(raw)
+    return from_dict(raw, found)
 
 
-def from_dict(raw: Mapping[str, Any]) -> Config:
-    """Build and validate a Config from a (possibly nested) mapping, flat or written in sections."""
-    raw = unsection(raw)
+def from_dict(raw: Mapping[str, Any], found: Iterable[str] = ()) -> Config:
+    """Build and validate a Config from a (possibly nested) mapping, flat or written in sections.
+    ``found``: what is wrong with the sections it was merged from, said with every other problem."""
+    found = list(found)
+    raw = unsection(raw, "config", found)
     for key in SWEEP_KEYS:
         if key in raw:
             raise ConfigError(f"key '{key}' belongs to sweeps: run it with `fedray sweep`, not `fedray run`")
@@ -95,7 +99,7 @@ def from_dict(raw: Mapping[str, Any]) -> Config:
         raise ConfigError("key 'tune' belongs to tuning: run it with `fedray tune`, not `fedray run`")
     values: dict[str, Any] = {}
     moved: dict[str, Any] = {}  # flat keys that moved into the dataset's settings (data.NAME)
-    problems = []  # every unknown key and wrong type at once
+    problems = found  # every misplaced, unknown key and wrong type at once
     for key, value in raw.items():
         if key in MOVED_TO_DATA:
             values[key] = moved[key] = value  # for unread_keys; then under data (`_move_to_data`)

@@ -64,7 +64,8 @@ def read_at(
     train: Sequence[tuple[int, float]] | None = None,
 ) -> tuple[float, float]:
     """(round, value) of ``curve`` (its evaluations, (round, value) in round order) read at ``at``;
-    NaNs where there is nothing to read. best: the first round of the best value (``better``);
+    NaNs where there is nothing to read. best: the first round of the best value (``better``; a
+    NaN is none);
     best-train: the round, among those ``curve`` has, of the best of ``train`` (training accuracy,
     the first on a tie); mean_last: the mean of the last K values, at the last round."""
     if better not in BETTER:
@@ -78,9 +79,12 @@ def read_at(
     if at.how == "mean_last":
         tail = values[-at.last :]
         return float(rounds[-1]), float(sum(tail) / len(tail))
-    if at.how == "best":
-        best = (max if better == "higher" else min)(values)
-        i = values.index(best)
+    if at.how == "best":  # a value that is not a number is no best
+        valued = [(v, i) for i, v in enumerate(values) if not math.isnan(v)]
+        if not valued:
+            return math.nan, math.nan
+        best = (max if better == "higher" else min)(v for v, _ in valued)
+        i = next(i for v, i in valued if v == best)
         return float(rounds[i]), float(values[i])
     if at.how == "best-train":
         there = {r: v for r, v in (train or ()) if not math.isnan(v)}

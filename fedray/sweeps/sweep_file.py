@@ -51,6 +51,7 @@ from fedray.config.keys import (
     flat_key,
     flatten,
     parse_sets,
+    plain_key,
     read_yaml,
     set_dotted,
     typed_sets,
@@ -175,7 +176,7 @@ def _product(axes: Sequence[tuple[str, list[Choice]]]) -> Iterator[tuple[Choice,
 
 def _case(case: Mapping[str, Any], where: str, errors: list[str]) -> list[Choice]:
     """A mapping on an axis: its keys set together; its own ``grid:`` expands inside it."""
-    fixed = _flat_keys(flatten({k: v for k, v in case.items() if k != "grid"}))
+    fixed = _flat_keys(flatten({k: v for k, v in case.items() if k != "grid"}), where, errors)
     label = ",".join(f"{k}={_fmt(v)}" for k, v in fixed.items())
     sources = dict.fromkeys(fixed, where)
     if "grid" not in case:
@@ -195,10 +196,24 @@ def _case(case: Mapping[str, Any], where: str, errors: list[str]) -> list[Choice
     return out
 
 
-def _flat_keys(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Dotted keys as the config names them: an axis or case may name a key with its section
-    (``training.lr``), as a sectioned file writes it (`fedray.config.keys.flat_key`)."""
-    return {flat_key(k): v for k, v in values.items()}
+def _flat_keys(values: Mapping[str, Any], where: str, errors: list[str] | None = None) -> dict[str, Any]:
+    """Dotted keys as the config names them: an axis, a case or a --set may name a key with its
+    section (``training.lr``), as a sectioned file writes it (`fedray.config.keys.flat_key`). A key
+    in a section that does not hold it, or one key given twice (``lr`` and ``training.lr``), is an
+    error added to ``errors`` (raised where there is none to add to)."""
+    out: dict[str, Any] = {}
+    for written, value in values.items():
+        try:
+            name = flat_key(written)
+            if name in out:
+                raise ConfigError(f"key '{name}' is given twice (as '{written}' too)")
+        except ConfigError as e:
+            if errors is None:
+                raise ConfigError(f"{where}: {e}") from None
+            errors.append(f"{where}: {e}")
+            continue
+        out[name] = value
+    return out
 
 
 def _choices(axis: str, values: Any, where: str, errors: list[str], cases_only: bool = False) -> list[Choice]:
@@ -210,10 +225,10 @@ def _choices(axis: str, values: Any, where: str, errors: list[str], cases_only: 
         here = f"{where}[{i}]"
         if cases_only and not isinstance(v, Mapping):
             errors.append(f"{here}: a case must be a mapping of keys to values, got {v!r}")
-        elif isinstance(v, Mapping) and axis not in ("hp", "data"):
+        elif isinstance(v, Mapping) and plain_key(axis) not in ("hp", "data"):
             out += _case(v, here, errors)
         else:
-            flat = _flat_keys(flatten({axis: v}) if isinstance(v, Mapping) else {axis: v})
+            flat = _flat_keys(flatten({axis: v}) if isinstance(v, Mapping) else {axis: v}, here, errors)
             label = ",".join(f"{k}={_fmt(x)}" for k, x in flat.items()) or f"{axis}={{}}"
             out.append(Choice(flat, label, dict.fromkeys(flat, where)))
     return out
@@ -360,13 +375,13 @@ def _read_sweep(
     if base.get("plugins"):
         base["plugins"] = resolve_plugins(base["plugins"], Path(path).resolve().parent, f"{source}: plugins")
     sets = list(sets)
-    over = _flat_keys(flatten(parse_sets(sets)))
+    over = _flat_keys(flatten(parse_sets(sets)), "--set")
     from_set = typed_sets(sets)
     if plugins:
         over["plugins"] = [*base.get("plugins", []), *resolve_plugins(list(plugins), None, "--plugin")]
     if output is not None:
         over["output"] = output
-    wanted = _flat_keys(flatten(parse_sets(only, flag="--only")))
+    wanted = _flat_keys(flatten(parse_sets(only, flag="--only")), "--only")
     return _SweepParts(source, axes, max_concurrent, base, from_set, flatten(base), over, wanted)
 
 

@@ -205,12 +205,17 @@ def _read_search(raw: Any, where: str, algorithms: Sequence[str], problems: list
     """A ``search`` mapping (``where`` names it) as distributions, each key checked against
     ``algorithms`` (an hp.* key must be a hyperparameter of each)."""
     search: dict[str, Dist] = {}
+    seen: set[str] = set()
     for written, value in _search_items(raw):
         try:
             key = flat_key(written)  # training.lr, as a config written in sections names it, is lr
         except ConfigError as e:
             problems.append(f"{where}.{written}: {e}")
             continue
+        if key in search or key in seen:
+            problems.append(f"{where}.{written}: {key} is searched twice")
+            continue
+        seen.add(key)
         dist = _dist(key, value, problems, where)
         typ, wrong = _key_type(key, algorithms)
         if wrong:
@@ -392,14 +397,15 @@ def _at(value: Any, problems: list[str]) -> tuple[str, int]:
     """Where a trial's curve is read (`fedray.sweeps.choosing.parse_at`, as `fedray report --at`)."""
     try:
         at = parse_at(value)
-    except ValueError as e:
-        problems.append(f"{_where('at')}: {e}")
-        return "final", 1
-    if at.how == "best-train":  # a trial's record is its metric's curve alone
-        problems.append(
-            f"{_where('at')}: best-train reads training accuracy, which a search does not record for its "
-            "trials: final, best or mean_last: K"
+    except ValueError:
+        at = None
+    if at is None or at.how == "best-train":  # a trial's record is its metric's curve alone
+        why = (
+            "best-train reads training accuracy, which a search does not record for its trials"
+            if at is not None
+            else f"got {value!r}"
         )
+        problems.append(f"{_where('at')}: final, best or mean_last: K (K >= 1 evaluations); {why}")
         return "final", 1
     return at.how, at.last
 

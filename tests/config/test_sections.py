@@ -188,7 +188,7 @@ def test_a_key_in_the_wrong_section_given_twice_or_unknown_is_refused_naming_eac
         load_config(path)
     said = str(e.value)
     assert "config key 'run.lr': lr is in section 'training', not 'run'" in said
-    assert "unknown config key 'run.algoritm'; did you mean 'algorithm'?" in said
+    assert "unknown config key 'algoritm'; did you mean 'algorithm'?" in said  # with the flat key's hints
     assert "config key 'rounds' is given twice: at the top and in section 'training'" in said
     assert f"config file {str(path)!r}: section 'clients' must be a mapping of its keys, got 10" in said
     # an empty section is no section
@@ -215,3 +215,53 @@ def test_a_sweep_and_a_search_may_name_keys_with_their_sections(tmp_path):
     assert [r.config.lr for r in load_sweep(sectioned, sets=["training.lr=0.3"]).runs] == [0.3, 0.3]
     spec = read_spec({"search": {"training.lr": {"loguniform": [0.01, 0.1]}}}, ["fedavg"])
     assert list(spec.search) == ["lr"]
+
+
+def test_a_key_written_with_its_section_is_the_key_everywhere_a_config_is_made(tmp_path):
+    from fedray.api import prepare
+    from fedray.experiment.checks import load_config
+    from fedray.sweeps.sweep_file import SweepError, load_sweep
+    from fedray.sweeps.tuning import read_spec
+
+    # a name is taken as typed with its section too
+    assert load_config(sets=["run.experiment=007"]).experiment == "007"
+    from fedray.config.keys import parse_sets
+
+    assert parse_sets(["clients.partition_name=#C=2"]) == {"clients": {"partition_name": "#C=2"}}
+    # the API: a sectioned mapping with flat keyword overrides and --sets, and the other way round
+    out = str(tmp_path / "out")
+    cfg = prepare({"training": {"lr": 0.05, "rounds": 3}}, sets=["lr=0.1"], rounds=5, output=out)
+    assert (cfg.lr, cfg.rounds) == (0.1, 5)
+    assert prepare({"lr": 0.05}, sets=["training.lr=0.2"], output=out).lr == 0.2
+    assert load_config(training={"rounds": 4}).rounds == 4  # an override named like a section
+    # every problem at once, with the hints a flat key gets
+    with pytest.raises(ConfigError) as e:
+        load_config(raw={"training": {"learning_rate": 0.1}, "run": {"lr": 1}, "clients": 10, "rounds": 0})
+    said = str(e.value)
+    assert "unknown config key 'learning_rate'; did you mean 'lr'?" in said
+    assert "config key 'run.lr': lr is in section 'training', not 'run'" in said
+    assert "section 'clients' must be a mapping of its keys, got 10; did you mean 'num_clients'?" in said
+    assert "config key 'rounds': must be >= 1, got 0" in said
+    # a sweep: --set with a section blames --set; a misplaced axis is one of the file's errors; a
+    # run.hp axis is hp's values; one key given twice is refused
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(
+        "lr: 0.1\nrounds: 2\nnum_clients: 4\nalgorithm: fedprox\ngrid:\n  run.hp: [{mu: 0.1}, {mu: 0.2}]\n"
+    )
+    assert [r.config.hp for r in load_sweep(sweep).runs] == [{"mu": 0.1}, {"mu": 0.2}]
+    with pytest.raises(ConfigError, match=r"config key 'lr': must be > 0, got -1\.0 \(set by --set lr=-1\)"):
+        load_sweep(sweep, sets=["training.lr=-1"])
+    with pytest.raises(ConfigError, match="--set: key 'lr' is given twice"):
+        load_sweep(sweep, sets=["lr=0.2", "training.lr=0.3"])
+    sweep.write_text("rounds: 2\ngrid:\n  training.dataset: [digits]\n  seedz: 1\n")
+    with pytest.raises(SweepError) as e:
+        load_sweep(sweep)
+    assert "grid.training.dataset[0]: config key 'training.dataset': dataset is in section 'source'" in str(
+        e.value
+    )
+    assert "grid.seedz: expected a non-empty list of values, got 1" in str(e.value)
+    # a search: one key twice
+    with pytest.raises(ConfigError, match=r"tune.search.training.lr: lr is searched twice"):
+        read_spec(
+            {"search": {"lr": {"loguniform": [0.01, 0.1]}, "training.lr": {"choice": [0.5]}}}, ["fedavg"]
+        )

@@ -73,3 +73,15 @@ def test_a_searchs_trials_rank_by_the_same_rule_in_draw_order_on_a_tie():
     assert [t.index for t in rank(shuffled, Spec())] == [2, 3, 4, 0, 1]
     Spec.mode = "min"
     assert [t.index for t in rank(shuffled, Spec())] == [0, 4, 2, 3, 1]
+
+
+def test_a_value_that_is_not_a_number_is_no_best_and_the_report_says_how_it_read():
+    from analysis.fidelity import _reading
+    from analysis.report import describe_value
+
+    assert read_at([(1, NAN), (2, 0.5), (3, 0.4)], At("best")) == (2.0, 0.5)
+    assert all(math.isnan(x) for x in read_at([(1, NAN)], At("best")))
+    assert "accuracy (%) at the mean of its last 3 evaluations" in describe_value(
+        "accuracy", "mean_last:3", None, None
+    )
+    assert _reading({"at": {"mean_last": 3}}) == "accuracy at the mean of the last 3 evaluations"

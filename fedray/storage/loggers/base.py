@@ -22,8 +22,6 @@ from fedray.records import EVALUATED_ON_TEST, GLOBAL_ENTITY, TIMING_METRICS, Rec
 # clients' values of it (a cross-device run evaluates thousands: those stay in the Parquet results).
 MAX_CLIENT_SERIES = 100
 
-# the run's config keys that a logger shows as the run's labels (MLflow tags)
-
 
 @dataclass(frozen=True)
 class RunInfo:
