@@ -63,7 +63,6 @@ def kept_optimizer_update(
     buffers: dict | None,
     *,
     keep: bool,
-    drop_last: bool = False,
     weights: np.ndarray | None = None,
 ) -> Generator[LocalUpdate, Trained, tuple[dict[str, Any], dict | None]]:
     """Train ``params`` for the local epochs with SGD whose buffers (momentum) continue from
@@ -73,7 +72,6 @@ def kept_optimizer_update(
     trained = yield LocalUpdate(
         params,
         rnd,
-        drop_last=drop_last,
         weights=weights,
         buffers=buffers if keep else None,
         keep_buffers=keep,
@@ -84,8 +82,8 @@ def kept_optimizer_update(
 def kept_update(client: Client, cstate: Any, msg: Mapping[str, Any]):
     """Client function with the FedRC code's local SGD (FedAvg with ``persistent_optimizer``, CFL):
     ``msg["params"]`` trained for the local epochs, the client's momentum buffers (its state)
-    carried over with ``msg["persistent_optimizer"]``, the last partial batch dropped with
-    ``msg["drop_last"]``."""
+    carried over with ``msg["persistent_optimizer"]``; the last partial batch dropped where the run
+    drops it (`fedray.experiment.local.drops_last`: the algorithm's hp.drop_last or the config key)."""
     return (
         yield from kept_optimizer_update(
             client,
@@ -93,7 +91,6 @@ def kept_update(client: Client, cstate: Any, msg: Mapping[str, Any]):
             msg["round"],
             cstate,
             keep=msg["persistent_optimizer"],
-            drop_last=msg["drop_last"],
         )
     )
 

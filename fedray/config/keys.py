@@ -189,7 +189,7 @@ class Config:
     # Drop each epoch's last partial batch in every client's local training, whatever the algorithm
     # (an algorithm's hp.drop_last does it for that algorithm alone). A model with BatchNorm needs it
     # where a client's last batch would hold one sample (checked before the run).
-    drop_last: bool = key("training", False, as_before=False, pack=True)
+    drop_last: bool = key("training", False, as_before=False, stack=True, pack=True)
     lr: float = key("training", 0.05, rule=bound(gt=0))  # local SGD learning rate
     # local SGD momentum (optimizer re-created every round)
     momentum: float = key("training", 0.9, rule=bound(ge=0, lt=1), stack=True, pack=True)

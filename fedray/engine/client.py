@@ -87,7 +87,7 @@ class Task:
     model_init: str = "derived"  # how initial models are seeded (config key model_init)
     weight_init: str = "model"  # model | torch: whose initialisation (config key weight_init)
     batched_clients: str = "auto"  # batched client training: off | on | auto (fedray/engine/batched.py)
-    drop_last: bool = False  # every local update drops each epoch's last partial batch (config key drop_last)
+    drop_last: bool = False  # every local update drops each epoch's last partial batch (`fedray.experiment.local.drops_last`)
     client_state_memory_mb: float = (
         0.0  # clients' state in memory per host, MB (fedray/federation/client_states.py)
     )

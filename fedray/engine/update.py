@@ -178,7 +178,9 @@ class LocalUpdate:
     trainable: Sequence[str] | None = None  # the parameter names that train (the rest stay fixed); None: all
     epochs: int | None = None  # local epochs; None: the task's
     max_steps: int | None = None  # stop after this many optimizer steps
-    drop_last: bool = False  # drop each epoch's last partial batch
+    drop_last: bool = (
+        False  # drop each epoch's last partial batch (also where the run drops it: Task.drop_last)
+    )
     weights: np.ndarray | None = None  # one loss weight per training sample, in the split's order
     correction: Params | None = None  # subtracted, times lr, from these entries after every step (SCAFFOLD)
     # momentum buffers to go on from (`fedray.engine.train.optimizer_state`'s form)
@@ -244,8 +246,10 @@ Request = LocalUpdate | Evaluation
 
 def requests(yielded: Any, drop_last: bool = False) -> list[Request]:
     """What a client function yielded, as a list of requests (one or several updates and
-    evaluations); with ``drop_last`` (the run's config key) every update drops each epoch's last
-    partial batch."""
+    evaluations); with ``drop_last`` (the run's, `Task.drop_last`: decided once a run by
+    `fedray.experiment.local.drops_last`) every update drops each epoch's last partial batch, and
+    an update a plug-in's client function asks to drop it (``LocalUpdate(drop_last=True)``) drops
+    it whatever the run says."""
     if isinstance(yielded, (LocalUpdate, Evaluation)):
         asked = [yielded]
     elif isinstance(yielded, (list, tuple)) and all(

@@ -50,7 +50,7 @@ from fedray.data import DATASETS, EVALUATE_ON, PARTITIONS, DatasetInfo, dataset_
 from fedray.data.partitions import readers
 from fedray.data.shift import SHIFTS
 from fedray.engine.choice import MODES
-from fedray.experiment.local import engine_for, run_model
+from fedray.experiment.local import drops_last, engine_for, run_model
 from fedray.federation import participants
 from fedray.models import MODELS, SELF_NORMALIZING, WEIGHT_INITS
 from fedray.storage.export import initial_params
@@ -574,7 +574,7 @@ def run_plan(cfg: Config, info: DatasetInfo) -> RunPlan:
         participation=cfg.participation,
         rounds=cfg.rounds,
         local_epochs=cfg.local_epochs,
-        drop_last=cfg.drop_last,
+        drop_last=drops_last(cfg),
         partition=cfg.partition,
         partition_clusters=cfg.partition_clusters,
         model=cfg.model,
@@ -619,7 +619,7 @@ def check_last_batches(cfg: Config, sizes: Mapping[int, int]) -> None:
     """A model with BatchNorm cannot train on a batch of one sample ("Expected more than 1 value
     per channel when training"): refuse, before anything trains, a run whose clients (``sizes``:
     training samples by client) keep a last batch of one, naming the client and the key."""
-    if cfg.drop_last or getattr(ALGORITHMS[cfg.algorithm].make_hparams(cfg.hp), "drop_last", False):
+    if drops_last(cfg):
         return
     ones = sorted(c for c, n in sizes.items() if n % cfg.batch_size == 1)
     if not ones:

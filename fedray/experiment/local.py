@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fedray.algorithms import ALGORITHMS
 from fedray.config.keys import Config
 from fedray.data import DataSpec, FederatedData, dataset_info
 from fedray.engine.choice import Engine, choose
@@ -20,6 +21,17 @@ from fedray.federation.client_states import default_budget_mb
 from fedray.federation.local import LocalFederation
 from fedray.models import build_model
 from fedray.storage.export import initial_params
+
+
+def drops_last(cfg: Config) -> bool:
+    """Whether every local update of the run drops each epoch's last partial batch, decided here
+    once a run: the config key ``drop_last``, or the algorithm's own ``hp.drop_last`` (the FedRC
+    code's loaders: fedavg, ifca, fesem and cfl take it, false by default; fedem and fedrc, true by
+    default). The `Task` carries it to every client, the engine applies it to every update
+    (`fedray.engine.update.requests`), and the checks before a run read it (`RunPlan.drop_last`, a
+    BatchNorm model's last batches)."""
+    hp = ALGORITHMS[cfg.algorithm].make_hparams(cfg.hp)
+    return cfg.drop_last or bool(getattr(hp, "drop_last", False))
 
 
 def task_for(cfg: Config, spec: DataSpec) -> Task:
@@ -49,7 +61,7 @@ def task_for(cfg: Config, spec: DataSpec) -> Task:
         model_init=cfg.model_init,
         weight_init=cfg.weight_init,
         batched_clients=cfg.batched_clients,
-        drop_last=cfg.drop_last,
+        drop_last=drops_last(cfg),
         client_state_memory_mb=cfg.client_state_memory_mb,
         init_params=init,
         run_id=cfg.run_id(),

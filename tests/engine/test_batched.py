@@ -757,13 +757,21 @@ def test_the_settings_a_stack_shares_are_declared_once_and_key_stacks_and_packs(
 
     task_fields = {f.name for f in dataclasses.fields(Task)}
     config_keys = {f.name for f in dataclasses.fields(Config)}
-    assert set(STACK_KEYS) == {"batch_size", "momentum", "weight_decay", "local_epochs", "channels_last"}
+    # drop_last too: the run's (the config key or the algorithm's hp.drop_last), which the Task carries
+    assert set(STACK_KEYS) == {
+        "batch_size",
+        "momentum",
+        "weight_decay",
+        "local_epochs",
+        "channels_last",
+        "drop_last",
+    }
     assert set(STACK_KEYS) <= task_fields & config_keys & set(PACK_KEYS)
     task = _host().task
     assert choice.stack_key(task) == (*(getattr(task, k) for k in STACK_KEYS), task.spec.augment)
     for name in STACK_KEYS:  # each one splits a stack
         changed = dataclasses.replace(
-            task, **{name: not getattr(task, name) if name == "channels_last" else 7}
+            task, **{name: not getattr(task, name) if isinstance(getattr(task, name), bool) else 7}
         )
         assert choice.stack_key(changed) != choice.stack_key(task), name
 

@@ -127,7 +127,6 @@ def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, 
             rnd,
             kept_update,
             persistent_optimizer=hp.persistent_optimizer,
-            drop_last=hp.drop_last,
         )
     return fedavg_round(state, fed, hp, rnd)
 

@@ -68,7 +68,7 @@ def center_distance(local: Params, center: Params) -> float:
 def fesem_update(client: Client, cstate: Any, msg: dict):
     """Client function: train the assigned centre (every centre, first time) and reassign."""
     models, k, buffers = msg["models"], msg["assigned"], dict(cstate or {})
-    keep, rnd, last = msg["persistent_optimizer"], msg["round"], msg["drop_last"]
+    keep, rnd = msg["persistent_optimizer"], msg["round"]
     # first participation: a trained copy of every centre (all at once), keep the lowest-loss one
     if k is None:
         split = np.full(client.num_examples, 1.0 / len(models)) if msg["first_round"] == "split" else None
@@ -76,7 +76,6 @@ def fesem_update(client: Client, cstate: Any, msg: dict):
             LocalUpdate(
                 m,
                 rnd,
-                drop_last=last,
                 weights=split,
                 buffers=buffers.get(j) if keep else None,
                 keep_buffers=keep,
@@ -91,9 +90,7 @@ def fesem_update(client: Client, cstate: Any, msg: dict):
                 buffers[j] = kept
         reply = tried[new][0]
     else:
-        reply, kept = yield from kept_optimizer_update(
-            client, models[k], rnd, buffers.get(k), keep=keep, drop_last=last
-        )
+        reply, kept = yield from kept_optimizer_update(client, models[k], rnd, buffers.get(k), keep=keep)
         if kept is not None:
             buffers[k] = kept
         new = int(np.argmin([center_distance(reply["params"], m) for m in models]))
@@ -108,7 +105,6 @@ def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, 
         "models": state.models,
         "round": rnd,
         "persistent_optimizer": hp.persistent_optimizer,
-        "drop_last": hp.drop_last,
         "switch": hp.switch,
         "first_round": hp.first_round,
     }

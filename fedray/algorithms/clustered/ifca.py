@@ -80,7 +80,6 @@ def ifca_update(client: Client, cstate: Any, msg: dict):
         msg["round"],
         buffers.get(k),
         keep=msg["persistent_optimizer"],
-        drop_last=msg["drop_last"],
     )
     if kept is not None:
         buffers[k] = kept
@@ -116,7 +115,6 @@ def round(state: State, fed: Federation, hp: Hparams, rnd: int) -> tuple[State, 
         "models": state.models,
         "round": rnd,
         "persistent_optimizer": hp.persistent_optimizer,
-        "drop_last": hp.drop_last,
     }
     return close_round(state, fed, fed.map(ifca_update, cids, msg), hp.empty_cluster)
 

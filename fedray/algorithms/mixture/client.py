@@ -104,7 +104,6 @@ def train_models(client: Client, state: ClientMixture, models: list[Params], msg
             models[r],
             msg["round"],
             weights=state.gamma[r],
-            drop_last=msg["drop_last"],
             buffers=state.opt.get(state.ids[r]) if keep else None,
             keep_buffers=keep,
         )

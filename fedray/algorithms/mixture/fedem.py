@@ -113,7 +113,6 @@ def mixture_round(
         "models": [state.models[i] for i in ids],
         "round": rnd,
         "persistent_optimizer": hp.persistent_optimizer,
-        "drop_last": hp.drop_last,
         **extra,
     }
     # Each reply is folded into the per-model sums as it arrives (3 models x 300 clients would be

@@ -110,12 +110,7 @@ def finetuned_eval(client: Client, cstate: Any, msg: dict):
     gamma-weighted loss, then its ensemble on its test split. The client's state is unchanged."""
     state = aligned(cstate, msg["ids"], client.num_examples)
     live = [row for row in range(len(msg["models"])) if state.omega[row] > 0]
-    updates = [
-        LocalUpdate(
-            msg["models"][r], msg["round"], epochs=1, weights=state.gamma[r], drop_last=msg["drop_last"]
-        )
-        for r in live
-    ]
+    updates = [LocalUpdate(msg["models"][r], msg["round"], epochs=1, weights=state.gamma[r]) for r in live]
     trained = (yield updates) if updates else []
     tuned = list(msg["models"])
     for r, t in zip(live, trained, strict=True):
@@ -133,7 +128,6 @@ def evaluate(state: State, fed: Federation, hp: Hparams, rnd: int) -> list[Recor
             "models": [state.models[i] for i in ids],
             "hard": hp.hard_predict,
             "round": rnd,
-            "drop_last": hp.drop_last,
         }
         tuned = fed.map(finetuned_eval, with_test, msg)
         records.append(

@@ -105,7 +105,7 @@ def round(  # noqa: A001
     state: SplitState, fed: Federation, hp: SplitHparams, rnd: int, sim: Similarity = UPDATES_COSINE
 ) -> tuple[SplitState, list[Record]]:
     """Train every cluster's model on its members, split the clusters the rule picks, average."""
-    msg = {"round": rnd, "persistent_optimizer": hp.persistent_optimizer, "drop_last": hp.drop_last}
+    msg = {"round": rnd, "persistent_optimizer": hp.persistent_optimizer}
     replies = fed.map_groups(
         kept_update,
         [(members, {"params": m, **msg}) for members, m in zip(state.clusters, state.models, strict=True)],
