@@ -62,7 +62,9 @@ def _two_client_data() -> tuple[np.ndarray, np.ndarray]:
     return g.normal(size=(30, 4)).astype(np.float32), g.integers(0, 3, size=30).astype(np.int64)
 
 
-def _two_client_federation(local_epochs: int, batch_size: int, momentum: float = 0.0) -> LocalFederation:
+def _two_client_federation(
+    local_epochs: int, batch_size: int, momentum: float = 0.0, drop_last: bool = False
+) -> LocalFederation:
     x, y = _two_client_data()
     task = Task(
         seed=0,
@@ -75,6 +77,7 @@ def _two_client_federation(local_epochs: int, batch_size: int, momentum: float =
         weight_decay=0.0,
         participation=1.0,
         eval_batch_size=64,
+        drop_last=drop_last,
     )
     clients = {
         0: ClientIndices(np.arange(0, 10), np.zeros(0, np.int64)),
@@ -176,11 +179,11 @@ def test_the_fedrc_codes_kept_optimizer_carries_momentum_across_rounds(persisten
 
 
 def test_the_fedrc_codes_loaders_drop_the_last_partial_batch():
-    fed = _two_client_federation(local_epochs=1, batch_size=8)  # clients of 10 and 20 samples
-    state = fedavg.init(fed, fedavg.Hparams())
     steps = {}
-    for drop in (False, True):
-        msg = {"params": state.params, "round": 0, "persistent_optimizer": False, "drop_last": drop}
+    for drop in (False, True):  # the run's drop_last (hp.drop_last or the config key), in its Task
+        fed = _two_client_federation(local_epochs=1, batch_size=8, drop_last=drop)  # clients of 10 and 20
+        state = fedavg.init(fed, fedavg.Hparams())
+        msg = {"params": state.params, "round": 0, "persistent_optimizer": False}
         replies = fed.map(fedavg.kept_update, [0, 1], msg)
         steps[drop] = [replies[c]["steps"] for c in (0, 1)]
     assert steps == {False: [2, 3], True: [1, 2]}  # 10 = 8 + 2, 20 = 8 + 8 + 4
