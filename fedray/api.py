@@ -22,7 +22,7 @@ from typing import Any
 
 from fedray import progress
 from fedray.config.coercion import count
-from fedray.config.keys import Config, ConfigError, merge, parse_sets, unsection
+from fedray.config.keys import Config, ConfigError, merge, unsection
 
 Say = Callable[[str], None] | None  # where a line about Ray's start goes (None: nowhere)
 
@@ -100,19 +100,19 @@ def prepare(
     """The checked Config of a run, with its data and partition checked too: every error a bad
     config or a missing data set can give, before any training (and before Ray)."""
     from fedray.data import check_available, check_partition
-    from fedray.experiment.checks import check_last_batches, from_dict, load_config
+    from fedray.experiment.checks import check_last_batches, flat_overrides, from_dict, load_config
     from fedray.storage.results import check_writable
 
     mapping, path = _config_mapping(config)
     if path is not None or not mapping:
         cfg = load_config(path, sets, plugins=plugins, **overrides)
     else:
-        if plugins:
-            overrides["plugins"] = [*mapping.get("plugins", []), *plugins]
         found: list[str] = []  # each part flat before they merge: one key, written in its section or not
-        given = unsection({k: v for k, v in overrides.items() if v is not None}, "overrides", found)
-        parts = [unsection(mapping, "config", found), unsection(parse_sets(sets), "--set", found), given]
-        cfg = from_dict(merge(merge(parts[0], parts[1]), parts[2]), found)
+        flat = unsection(mapping, "config", found)
+        if plugins:  # after the mapping's own, wherever it wrote them (plugins, or run: {plugins})
+            overrides["plugins"] = [*flat.get("plugins", []), *plugins]
+        from_sets, given = flat_overrides(sets, overrides, found)
+        cfg = from_dict(merge(merge(flat, from_sets), given), found)
     check_available(cfg.data_section)
     check_writable(cfg.output)
     # a partition that cannot be drawn fails in seconds, and so does a BatchNorm model that would

@@ -76,8 +76,7 @@ def load_config(
         file["plugins"] = resolve_plugins(file["plugins"], Path(path).resolve().parent, f"{path}: plugins")
     if plugins:
         overrides["plugins"] = [*file.get("plugins", []), *resolve_plugins(list(plugins), None, "--plugin")]
-    given = unsection({k: v for k, v in overrides.items() if v is not None}, "overrides", found)
-    later = merge(unsection(parse_sets(sets), "--set", found), given)
+    later = merge(*flat_overrides(sets, overrides, found))
     raw = merge(file, later)
     own = unread_keys(file)  # what the file sets that its own partition and dataset do not read
     for key, unread in unread_keys(raw).items():
@@ -85,6 +84,16 @@ def load_config(
             raise ConfigError(unread.message())
         del raw[key]  # the file's key for its own partition (dataset), which --set replaced
     return from_dict(raw, found)
+
+
+def flat_overrides(
+    sets: Iterable[str], overrides: Mapping[str, Any], found: list[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What overrides a config, each part flat (a key written with its section or not is one key):
+    the ``--set``s, and the keyword overrides that are not None. What is wrong with their sections
+    goes into ``found``, for `from_dict` to say with the rest."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return unsection(parse_sets(sets), "--set", found), unsection(given, "overrides", found)
 
 
 def from_dict(raw: Mapping[str, Any], found: Iterable[str] = ()) -> Config:

@@ -265,3 +265,15 @@ def test_a_key_written_with_its_section_is_the_key_everywhere_a_config_is_made(t
         read_spec(
             {"search": {"lr": {"loguniform": [0.01, 0.1]}, "training.lr": {"choice": [0.5]}}}, ["fedavg"]
         )
+
+
+def test_the_apis_plugins_go_after_the_mappings_own_wherever_it_wrote_them(tmp_path):
+    from fedray.api import prepare
+
+    for name in ("a_plug.py", "b_plug.py"):
+        (tmp_path / name).write_text("VALUE = 1\n")
+    a, b = str(tmp_path / "a_plug.py"), str(tmp_path / "b_plug.py")
+    out = str(tmp_path / "out")
+    flat = prepare({"plugins": [a]}, plugins=[b], output=out)
+    sectioned = prepare({"run": {"plugins": [a]}}, plugins=[b], output=out)
+    assert flat.plugins == sectioned.plugins == [a, b]
