@@ -212,7 +212,7 @@ def _read_search(raw: Any, where: str, algorithms: Sequence[str], problems: list
         except ConfigError as e:
             problems.append(f"{where}.{written}: {e}")
             continue
-        if key in search or key in seen:
+        if key in seen:  # every key read so far, searched or refused
             problems.append(f"{where}.{written}: {key} is searched twice")
             continue
         seen.add(key)
