@@ -27,7 +27,6 @@ from fedray.config.keys import BY_CONTENT, NOT_IN_RUN_ID, PER_RUN_KEYS, TRIAL_KE
 from fedray.config.run_ids import content_file
 from fedray.sweeps.choosing import At, parse_at, ranked, read_at
 
-AT = ("final", "best-train", "best", "mean_last:K")  # where --at reads a run (fedray.sweeps.choosing)
 # Besides the hp.* keys, what `--tuned` picks the best of: the local learning rate (the FedRC paper
 # tunes every algorithm's from {0.01, 0.03, 0.06, 0.1}).
 TUNED_KEYS = ("lr",)
@@ -265,9 +264,8 @@ def _value_at(
         return (float(target), float(vals[target])) if target in vals.index else (math.nan, math.nan)
     curve = list(vals.sort_index().items())
     train = None
-    if (
-        at.how == "best-train"
-    ):  # the round with the best training accuracy among those where the metric exists
+    # best-train: the round with the best training accuracy among those where the metric exists
+    if at.how == "best-train":
         seen = rows[rows["metric"] == "train_accuracy"].drop_duplicates("round", keep="last")
         train = list(seen.set_index("round")["value"].sort_index().items())
     return read_at(curve, at, better, train)
@@ -365,9 +363,8 @@ def run_values(
             and stage is None
             and _short(by_run[r], done[r])
         ):
-            read.append(
-                (math.nan, math.nan)
-            )  # its last rows are missing: no round of it is its final (nor its last K)
+            # its last rows are missing: no round of it is its final (nor its last K)
+            read.append((math.nan, math.nan))
         elif stage is None or r in staged:
             read.append(_value_at(by_run[r], metric, where, round, stage, way))
         else:
