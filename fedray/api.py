@@ -14,6 +14,7 @@ A config is a path, a mapping or a `fedray.config.Config`; keyword arguments ove
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -163,8 +164,8 @@ def open_sweep(
     when the session closes)."""
     from fedray.sweeps.flow import SweepOptions, plan_sweep
 
-    launcher = lambda sw: sweep_launcher(sw, local, address, say)  # noqa: E731
-    return plan_sweep(path, launcher, options or SweepOptions(), local=local)
+    connect = functools.partial(sweep_launcher, local=local, address=address, say=say)
+    return plan_sweep(path, connect, options or SweepOptions(), local=local)
 
 
 def events(
